@@ -1,0 +1,293 @@
+"""The synchronous client: a thin I/O shell over :mod:`redlock.core`.
+
+It only sends, waits and sleeps. Parallel means parallel on one thread: a
+request's commands are written to every node first (scatter), then the replies
+are read against one shared deadline (gather), so N nodes cost one round trip
+and one node timeout at most, not N.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Hashable, Sequence
+from types import TracebackType
+from typing import Any
+
+import redis
+import structlog
+from redis.backoff import NoBackoff
+from redis.exceptions import NoScriptError
+from redis.retry import Retry
+
+from redlock.core import (
+    Broadcast,
+    Call,
+    LockState,
+    Protocol,
+    RedlockCore,
+    RepairReport,
+    Replies,
+    Request,
+    Settings,
+    T,
+    run_to_completion,
+)
+from redlock.handle import LockHandleBase
+from redlock.nodes import address_of, check_node_list, pool_overrides
+
+logger = structlog.get_logger(__name__)
+
+OnLost = Callable[["Lock"], object]
+
+
+def _command(call: Call, *, evalsha: bool) -> tuple[Any, ...]:
+    if call.script is None:
+        return call.args
+    head = ("EVALSHA", call.script.sha) if evalsha else ("EVAL", call.script.source)
+    return (*head, len(call.keys), *call.keys, *call.args)
+
+
+class _Nodes:
+    """One connection pool per node, and scatter/gather over raw connections."""
+
+    def __init__(self, nodes: Sequence[str | redis.Redis], node_timeout: float) -> None:
+        overrides = pool_overrides(node_timeout, Retry(NoBackoff(), 0))
+        self.pools: list[redis.ConnectionPool] = []
+        for node in check_node_list(nodes, redis.Redis, "redis.Redis"):
+            if isinstance(node, str):
+                pool = redis.ConnectionPool.from_url(node, **overrides)
+            else:  # the caller's client: same settings, our own bounded pool
+                source = node.connection_pool
+                pool = redis.ConnectionPool(
+                    connection_class=source.connection_class,
+                    **{**source.connection_kwargs, **overrides})
+            self.pools.append(pool)
+        self.addresses = [address_of(pool.connection_kwargs) for pool in self.pools]
+
+    def broadcast(self, request: Broadcast) -> list[object]:
+        deadline = time.monotonic() + request.timeout
+        replies: list[object] = [None] * len(request.calls)
+        pending: list[tuple[int, Call, Any]] = []
+        try:
+            for index, call in enumerate(request.calls):  # scatter
+                pool = self.pools[call.node]
+                conn = None
+                try:
+                    conn = pool.get_connection()
+                    conn.send_command(*_command(call, evalsha=True))
+                    pending.append((index, call, conn))
+                except Exception as exc:
+                    replies[index] = exc
+                    if conn is not None:
+                        conn.disconnect()
+                        pool.release(conn)
+            while pending:  # gather against one deadline
+                index, call, conn = pending[0]
+                replies[index] = self._read(conn, call, deadline)
+                pending.pop(0)
+                self.pools[call.node].release(conn)
+        finally:
+            for _, call, conn in pending:  # interrupted: these replies will never be read
+                conn.disconnect()
+                self.pools[call.node].release(conn)
+        return replies
+
+    @staticmethod
+    def _read(conn: Any, call: Call, deadline: float) -> object:
+        try:
+            try:
+                return conn.read_response(timeout=max(deadline - time.monotonic(), 0.0005))
+            except NoScriptError:  # first use on this node (or SCRIPT FLUSH): send the body
+                conn.send_command(*_command(call, evalsha=False))
+                return conn.read_response(timeout=max(deadline - time.monotonic(), 0.0005))
+        except Exception as exc:
+            conn.disconnect()  # a late reply must never be read as the next command's
+            return exc
+
+    def close(self) -> None:
+        for pool in self.pools:
+            pool.disconnect()
+
+
+class Redlock:
+    """A distributed lock manager over N independent Redis masters.
+
+    Args:
+        nodes: URLs (``redis://host:port``, ``rediss://user:pass@host:port``) or
+            ``redis.Redis`` clients, one per independent master. An odd N is best.
+        namespace: key prefix; keys are ``{namespace}:{{resource}}:lock`` / ``:fence``.
+        node_timeout: seconds each node may take to answer one request (connect
+            included). Keep it small relative to the TTL: 5-50 ms for a 10 s TTL.
+        drift_factor: clock-drift allowance as a fraction of the TTL (plus 2 ms).
+        retry_delay_min, retry_delay_max: jittered exponential backoff between attempts.
+        max_ttl: the largest TTL accepted, and how long an amnesiac node stays out
+            before it is re-seeded and rejoins (every old lock has expired by then).
+        clock: a monotonic clock in seconds (injectable for tests).
+        sleep: how to wait between attempts (injectable for tests).
+    """
+
+    def __init__(
+        self,
+        nodes: Sequence[str | redis.Redis],
+        *,
+        namespace: str = "redlock",
+        node_timeout: float = 0.05,
+        drift_factor: float = 0.01,
+        retry_delay_min: float = 0.005,
+        retry_delay_max: float = 0.25,
+        max_ttl: float = 3600.0,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], object] = time.sleep,
+    ) -> None:
+        settings = Settings(namespace=namespace, node_timeout=node_timeout,
+                            drift_factor=drift_factor, retry_delay_min=retry_delay_min,
+                            retry_delay_max=retry_delay_max, max_ttl=max_ttl)
+        self._nodes = _Nodes(nodes, settings.node_timeout)
+        try:
+            self._core = RedlockCore(self._nodes.addresses, settings, clock)
+        except BaseException:
+            self._nodes.close()
+            raise
+        self._sleep = sleep
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        """The nodes' addresses, in the order given."""
+        return self._core.addresses
+
+    @property
+    def quorum(self) -> int:
+        return self._core.quorum
+
+    def lock(
+        self,
+        resource: str,
+        ttl: float = 10.0,
+        *,
+        blocking: bool = True,
+        timeout: float | None = None,
+        auto_extend: bool = False,
+        on_lost: OnLost | None = None,
+        reentrant: bool = False,
+    ) -> Lock:
+        """A lock handle for ``resource``; nothing is sent until it is acquired."""
+        return Lock(self, resource, ttl, blocking=blocking, timeout=timeout,
+                    auto_extend=auto_extend, on_lost=on_lost, reentrant=reentrant)
+
+    def repair(self, *, force: bool = False) -> list[RepairReport]:
+        """Find nodes that lost their data and re-seed those whose rejoin delay passed.
+
+        ``force=True`` skips the delay: only when you know every lock held before the
+        node lost its data has expired (one max_ttl has passed).
+        """
+        return self._run(self._core.repair(force=force))
+
+    def close(self) -> None:
+        """Close the connections this manager opened (the caller's clients stay open)."""
+        self._nodes.close()
+
+    def __enter__(self) -> Redlock:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _execute(self, request: Request, sleep: Callable[[float], object] | None = None) -> Replies:
+        if isinstance(request, Broadcast):
+            return self._nodes.broadcast(request)
+        (sleep or self._sleep)(request.seconds)
+        return ()
+
+    def _run(self, protocol: Protocol[T]) -> T:
+        return run_to_completion(protocol, self._execute)
+
+
+class Lock(LockHandleBase):
+    """One resource's lock handle. Safe to share across threads: each thread that
+    acquires through it gets its own acquisition (own owner value and token).
+
+    Use as a context manager, or call :meth:`acquire` / :meth:`release`. While held,
+    :attr:`token` is the fencing token to pass to the protected resource.
+    """
+
+    def __init__(self, redlock: Redlock, resource: str, ttl: float = 10.0, *,
+                 blocking: bool = True, timeout: float | None = None, auto_extend: bool = False,
+                 on_lost: OnLost | None = None, reentrant: bool = False) -> None:
+        super().__init__(redlock._core, resource, ttl, blocking=blocking, timeout=timeout,
+                         auto_extend=auto_extend, reentrant=reentrant)
+        self._redlock = redlock
+        self.on_lost = on_lost
+        self._watchdog_stops: dict[LockState, threading.Event] = {}
+
+    def _owner_key(self) -> Hashable:
+        return threading.get_ident()
+
+    def acquire(self, blocking: bool | None = None, timeout: float | None = None) -> bool:
+        """Acquire on a quorum; True when held.
+
+        ``blocking=False`` makes exactly one attempt. Blocking waits up to ``timeout``
+        seconds (None: this handle's timeout, which may be None: no deadline). Returns
+        False when others hold the lock; raises :class:`QuorumUnavailable` when too few
+        nodes answer at all (an outage is not contention).
+        """
+        owner = self._owner_key()
+        blocking, timeout = self._options(blocking, timeout)
+        if self._prepare_acquire(owner) is not None:
+            return True
+        result = self._redlock._run(self._core.acquire(
+            self.resource, self.ttl, blocking=blocking, timeout=timeout))
+        state = self._finish_acquire(result, owner)
+        if state is None:
+            return False
+        if self.auto_extend:
+            self._start_watchdog(state)
+        return True
+
+    def release(self) -> None:
+        """Release on every node. Idempotent; a re-entered lock is released at depth 0."""
+        state = self._prepare_release(self._owner_key())
+        if state is None:
+            return
+        stop = self._watchdog_stops.pop(state, None)
+        if stop is not None:
+            stop.set()
+        self._redlock._run(self._core.release(state))
+
+    def extend(self, ttl: float | None = None) -> None:
+        """Reset the TTL on a quorum; raises :class:`LockLost` when that fails in time."""
+        state = self._held()
+        self._redlock._run(self._core.extend_or_lose(
+            state, self.ttl if ttl is None else self._core.check_ttl(ttl)))
+
+    def _start_watchdog(self, state: LockState) -> None:
+        stop = self._watchdog_stops[state] = threading.Event()
+
+        def execute(request: Request) -> Replies:
+            return self._redlock._execute(request, stop.wait)  # a release wakes it at once
+
+        def run() -> None:
+            try:
+                lost = run_to_completion(self._core.watchdog(state), execute)
+            except Exception:
+                # The watchdog itself failed: the holder must not go on believing.
+                logger.exception("redlock.watchdog_crashed", resource=self.resource)
+                lost = state.mark_lost("the auto-extend watchdog crashed")
+            self._watchdog_stops.pop(state, None)
+            if lost and self.on_lost is not None:
+                try:
+                    self.on_lost(self)
+                except Exception:
+                    logger.exception("redlock.on_lost_failed", resource=self.resource)
+
+        threading.Thread(target=run, name=f"redlock-watchdog:{self.resource}",
+                         daemon=True).start()
+
+    def __enter__(self) -> Lock:
+        if not self.acquire():
+            raise self._entered_failure()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.release()

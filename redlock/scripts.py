@@ -1,0 +1,154 @@
+"""Lua scripts run atomically on each Redis node.
+
+Every script is a module constant with a header naming its KEYS, ARGV and
+replies. Reply codes are small integers; :mod:`redlock.core` translates them
+into outcomes in one place (:func:`redlock.core.classify_acquire_reply`).
+
+Keys of one resource share a hash tag (``ns:{resource}:lock`` and
+``ns:{resource}:fence``) so the lock and its fence counter live in one slot.
+The node marker (``ns:node-marker``) is per node: it tells a node that still
+remembers its counters from one that lost its data (amnesia, DESIGN.md §3).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+# Reply codes of ACQUIRE (first element of the reply array).
+ACQUIRE_REFUSED = 0  # another owner holds the key; second element: its PTTL in ms
+ACQUIRE_GRANTED = 1  # we set the key; second element: the new fence counter
+ACQUIRE_ALREADY_OURS = 2  # our owner value was already there (a retry); counter as is
+ACQUIRE_AMNESIAC = -1  # the node has no marker: it may have forgotten locks and counters
+
+
+@dataclass(frozen=True)
+class Script:
+    """A Lua script with its SHA1, so shells can EVALSHA and fall back to EVAL."""
+
+    name: str
+    source: str
+    sha: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "sha", hashlib.sha1(self.source.encode()).hexdigest())
+
+
+ACQUIRE = Script(
+    "acquire",
+    """
+-- KEYS[1] lock key, KEYS[2] fence counter key, KEYS[3] node marker key
+-- ARGV[1] owner value, ARGV[2] ttl in ms, ARGV[3] token floor (highest token the client saw)
+-- returns {1, counter}   granted: SET NX PX done and counter = max(counter, floor) + 1
+--         {2, counter}   the key already holds our owner value: TTL refreshed, counter unchanged
+--         {0, pttl}      held by another owner, pttl ms left
+--         {-1, 0}        no node marker: amnesiac node, refuses until repaired
+if redis.call('EXISTS', KEYS[3]) == 0 then
+    return {-1, 0}
+end
+local holder = redis.call('GET', KEYS[1])
+if holder == ARGV[1] then
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    return {2, tonumber(redis.call('GET', KEYS[2]) or '0')}
+end
+if holder then
+    return {0, redis.call('PTTL', KEYS[1])}
+end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+local counter = tonumber(redis.call('GET', KEYS[2]) or '0')
+local floor = tonumber(ARGV[3])
+local target = math.max(counter, floor) + 1
+-- INCRBY keeps the stored value an integer string (no Lua float formatting).
+return {1, redis.call('INCRBY', KEYS[2], target - counter)}
+""",
+)
+
+WRITE_BACK = Script(
+    "write_back",
+    """
+-- KEYS[1] lock key, KEYS[2] fence counter key, KEYS[3] node marker key
+-- ARGV[1] owner value, ARGV[2] token
+-- returns 1 when the node still holds our lock key and now has counter >= token, else 0
+-- The owner check is what makes the write-back safe: raising a counter on a node that
+-- does not hold our key could let a stale token overtake a committed one.
+if redis.call('EXISTS', KEYS[3]) == 0 then
+    return 0
+end
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+    return 0
+end
+local counter = tonumber(redis.call('GET', KEYS[2]) or '0')
+local token = tonumber(ARGV[2])
+if token > counter then
+    redis.call('INCRBY', KEYS[2], token - counter)
+end
+return 1
+""",
+)
+
+RELEASE = Script(
+    "release",
+    """
+-- KEYS[1] lock key, KEYS[2] release notification channel
+-- ARGV[1] owner value
+-- returns 1 when our key was deleted, 0 when the key is absent or another owner's
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+    redis.call('DEL', KEYS[1])
+    redis.call('PUBLISH', KEYS[2], '1')
+    return 1
+end
+return 0
+""",
+)
+
+EXTEND = Script(
+    "extend",
+    """
+-- KEYS[1] lock key
+-- ARGV[1] owner value, ARGV[2] new ttl in ms
+-- returns 1 when our key was still there and its TTL was reset, else 0
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    return 1
+end
+return 0
+""",
+)
+
+SEED_COUNTERS = Script(
+    "seed_counters",
+    """
+-- KEYS[1] repair guard key, KEYS[2..n] fence counter keys
+-- ARGV[1] repair id, ARGV[2..n] counter values (same order as KEYS[2..n])
+-- returns 1 when seeded, 0 when the guard is gone (the node restarted mid-repair)
+-- Counters only ever go up: counter = max(counter, seed).
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+    return 0
+end
+for i = 2, #KEYS do
+    local current = tonumber(redis.call('GET', KEYS[i]) or '0')
+    local seed = tonumber(ARGV[i])
+    if seed > current then
+        redis.call('INCRBY', KEYS[i], seed - current)
+    end
+end
+return 1
+""",
+)
+
+FINISH_REPAIR = Script(
+    "finish_repair",
+    """
+-- KEYS[1] repair guard key, KEYS[2] node marker key
+-- ARGV[1] repair id, ARGV[2] marker value
+-- returns 1 when the marker was written, 0 when the guard is gone (node lost data again)
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+    return 0
+end
+redis.call('SET', KEYS[2], ARGV[2])
+redis.call('DEL', KEYS[1])
+return 1
+""",
+)
+
+ALL_SCRIPTS = (ACQUIRE, WRITE_BACK, RELEASE, EXTEND, SEED_COUNTERS, FINISH_REPAIR)
