@@ -385,6 +385,10 @@ class NodeHealth:
             self.amnesiac_since[node] = now
             return True
 
+    def is_amnesiac(self, node: int) -> bool:
+        with self._mutex:
+            return node in self.amnesiac_since
+
     def note_healthy(self, node: int) -> None:
         with self._mutex:
             self.amnesiac_since.pop(node, None)
@@ -636,6 +640,20 @@ class RedlockCore:
             logger.info("redlock.cluster_initialised", nodes=self.n)
             return AttemptResult(None, tuple(outcomes), retry_now=True,
                                  reason="cluster initialised")
+        newly_missing = [i for i in amnesiac if not self.health.is_amnesiac(i)]
+        if newly_missing:
+            # A marker missing beside markers present is most often another client
+            # initialising a new cluster right now: its SET NX broadcast is still in
+            # flight. Look again once that broadcast must have landed before calling it
+            # amnesia (which would bench the node for max_ttl).
+            yield Sleep(self.settings.node_timeout)
+            probe = yield Broadcast(tuple(Call(i, ("EXISTS", self.keys.marker))
+                                          for i in newly_missing), self.settings.node_timeout)
+            assert probe is not None
+            arrived = [i for i, reply in zip(newly_missing, probe, strict=True) if reply == 1]
+            if arrived:
+                return AttemptResult(None, tuple(outcomes), retry_now=True,
+                                     reason="cluster initialisation in progress")
         if len(amnesiac) >= self.quorum and (with_marker or self.health.marker_seen):
             raise ClusterAmnesiaError(
                 f"{len(amnesiac)} of {self.n} nodes lost their node marker at once (restart"

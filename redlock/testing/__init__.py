@@ -1,0 +1,17 @@
+"""Real redis-server processes for tests, demos and benchmarks.
+
+    from redlock.testing import RedisNodes
+
+    with RedisNodes(3) as nodes:            # three redis-server processes on loopback
+        dlm = Redlock(nodes.urls)
+        nodes[0].pause()                    # SIGSTOP: the node hangs, sockets stay open
+        nodes[0].resume()
+        nodes[1].restart(keep_data=False)   # comes back empty on the same port: amnesia
+
+Everything started here is stopped on ``close()``, on leaving the ``with`` block and,
+as a last resort, at interpreter exit.
+"""
+
+from redlock.testing.redis_nodes import RedisNode, RedisNodes, find_redis_server, free_port
+
+__all__ = ["RedisNode", "RedisNodes", "find_redis_server", "free_port"]

@@ -1,0 +1,69 @@
+"""Shared fixtures: real redis-server processes on loopback, started once per session
+and reset (resumed, restarted if dead, flushed) before every test that uses them."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+
+import pytest
+import structlog
+
+from redlock.testing import RedisNodes
+
+# The library never configures logging; the test suite (an application) does.
+structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+
+
+@pytest.fixture(scope="session")
+def _pool1() -> Iterator[RedisNodes]:
+    with RedisNodes(1) as nodes:
+        yield nodes
+
+
+@pytest.fixture(scope="session")
+def _pool3() -> Iterator[RedisNodes]:
+    with RedisNodes(3) as nodes:
+        yield nodes
+
+
+@pytest.fixture(scope="session")
+def _pool5() -> Iterator[RedisNodes]:
+    with RedisNodes(5) as nodes:
+        yield nodes
+
+
+@pytest.fixture
+def nodes1(_pool1: RedisNodes) -> Iterator[RedisNodes]:
+    _pool1.reset()
+    yield _pool1
+    _pool1.reset()
+
+
+@pytest.fixture
+def nodes3(_pool3: RedisNodes) -> Iterator[RedisNodes]:
+    _pool3.reset()
+    yield _pool3
+    _pool3.reset()
+
+
+@pytest.fixture
+def nodes5(_pool5: RedisNodes) -> Iterator[RedisNodes]:
+    _pool5.reset()
+    yield _pool5
+    _pool5.reset()
+
+
+@pytest.fixture
+def fresh_nodes() -> Iterator[Callable[..., RedisNodes]]:
+    """Factory for nodes private to one test (AOF, passwords, ...); all closed afterwards."""
+    made: list[RedisNodes] = []
+
+    def make(count: int = 3, **options: object) -> RedisNodes:
+        nodes = RedisNodes(count, **options)  # type: ignore[arg-type]
+        made.append(nodes)
+        return nodes
+
+    yield make
+    for nodes in made:
+        nodes.close()
