@@ -35,11 +35,14 @@ Errors: see :mod:`fencing.errors` for the tree.
 from fencing._validate import MAX_TOKEN
 from fencing.errors import FencingError, RowNotFoundError, StaleTokenError
 from fencing.redis_store import AsyncRedisFencedStore, RedisFencedStore
+from fencing.sql import FencedTable, Guard
 
 __all__ = [
     "MAX_TOKEN",
     "AsyncRedisFencedStore",
+    "FencedTable",
     "FencingError",
+    "Guard",
     "RedisFencedStore",
     "RowNotFoundError",
     "StaleTokenError",
