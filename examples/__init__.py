@@ -1,0 +1,1 @@
+"""Runnable examples of redlock + fencing; see examples/README.md."""
