@@ -21,32 +21,35 @@ def quiet_logging() -> None:
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
 
 
-def parser(doc: str | None) -> argparse.ArgumentParser:
+def parser(doc: str | None, *, store: bool = True) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=(doc or "").strip().splitlines()[0] if doc else None,
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog=doc)
     p.add_argument("--urls", nargs="+", metavar="URL",
                    help="Redis lock nodes to use (default: start 3 local redis-server nodes)")
-    p.add_argument("--store-url", metavar="URL",
-                   help="Redis node holding the fenced data (default: a 4th local node, or "
-                        "the first of --urls)")
+    if store:
+        p.add_argument("--store-url", metavar="URL",
+                       help="Redis node holding the fenced data (default: a 4th local node, "
+                            "or the first of --urls)")
     return p
 
 
 @contextlib.contextmanager
-def redis_nodes(urls: Sequence[str] | None, store_url: str | None,
-                count: int = 3) -> Iterator[tuple[list[str], str]]:
-    """(lock node URLs, store URL): the given ones, or local redis-server processes."""
+def redis_nodes(urls: Sequence[str] | None, store_url: str | None, count: int = 3,
+                *, store: bool = True) -> Iterator[tuple[list[str], str]]:
+    """(lock node URLs, store URL): the given ones, or local redis-server processes
+    (``count`` lock nodes, plus one for the fenced data when ``store``)."""
     if urls:
         yield list(urls), store_url or urls[0]
         return
     from redlock.testing import RedisNodes
 
-    with RedisNodes(count + 1) as nodes:
-        lock_urls, store = nodes.urls[:count], store_url or nodes.urls[count]
-        print(f"started {count} local redis-server lock nodes ({', '.join(lock_urls)}) "
-              f"and a data store ({store})")
-        yield lock_urls, store
+    with RedisNodes(count + (1 if store else 0)) as nodes:
+        lock_urls = nodes.urls[:count]
+        data = store_url or (nodes.urls[count] if store else "")
+        print(f"started {count} local redis-server lock nodes ({', '.join(lock_urls)})"
+              + (f" and a data store ({data})" if store else ""))
+        yield lock_urls, data
 
 
 class Helpers:
