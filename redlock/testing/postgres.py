@@ -196,6 +196,8 @@ class PostgresServer:
     def _wait_ready(self) -> None:
         import psycopg  # the "postgres" extra; only needed by whoever starts a server
 
+        assert self.base_dir is not None
+        data_dir = self.base_dir / "data"
         deadline = time.monotonic() + self.start_timeout
         last_error: Exception | None = None
         while time.monotonic() < deadline:
@@ -205,8 +207,11 @@ class PostgresServer:
                 raise RuntimeError(f"postgres exited with {code}: {self.log_tail()}")
             try:
                 with psycopg.connect(self.dsn, connect_timeout=2) as conn:
-                    conn.execute("SELECT 1")
+                    row = conn.execute("SHOW data_directory").fetchone()
+                # Someone else's server on that port must not pass for ours.
+                if row is not None and Path(row[0]) == data_dir:
                     return
+                last_error = RuntimeError(f"port {self.port} is served from {row}")
             except psycopg.OperationalError as error:
                 last_error = error
             time.sleep(0.05)
