@@ -151,10 +151,10 @@ class FencedTable:
 
     # -- transactions ---------------------------------------------------------
 
-    def _begin(self, cursor: Any) -> bool:
+    def _begin(self, cursor: Any, write: bool) -> bool:
         """Open a transaction when we own it and none is open; True if we sent BEGIN."""
-        if not self.commit:
-            return False
+        if not self.commit or not write:
+            return False  # a lone SELECT needs no explicit transaction (nor a write lock)
         if self.dialect == "sqlite":
             if not self.conn.in_transaction:
                 # IMMEDIATE: take the write lock now, not at the first write.
@@ -177,10 +177,10 @@ class FencedTable:
             self.conn.rollback()
 
     @contextmanager
-    def _transaction(self) -> Iterator[Any]:
+    def _transaction(self, write: bool = True) -> Iterator[Any]:
         cursor = self.conn.cursor()
         try:
-            began = self._begin(cursor)
+            began = self._begin(cursor, write)
             try:
                 yield cursor
             except BaseException:
@@ -253,7 +253,7 @@ class FencedTable:
 
     def read(self, key: object) -> dict[str, Any] | None:
         """The row as a dict (fence included), or None."""
-        with self._transaction() as cursor:
+        with self._transaction(write=False) as cursor:
             return self._read(cursor, key)
 
     def _read(self, cursor: Any, key: object) -> dict[str, Any] | None:
@@ -266,7 +266,7 @@ class FencedTable:
 
     def highest(self, key: object) -> int:
         """The row's fence: the highest token accepted for it (0 when there is no row)."""
-        with self._transaction() as cursor:
+        with self._transaction(write=False) as cursor:
             _, fence = self._fence_of(cursor, key)
         return fence or 0
 
