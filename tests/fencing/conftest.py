@@ -7,8 +7,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import sys
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,8 @@ from redlock.testing.postgres import PostgresServer, postgres_available
 
 # fence_history.py (the history checker) sits next to the tests that use it.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from fence_history import Backend
 
 
 @pytest.fixture(scope="session")
@@ -30,25 +31,6 @@ def postgres() -> Iterator[PostgresServer]:
         pytest.skip(message)
     with PostgresServer() as server:
         yield server
-
-
-@dataclass
-class Backend:
-    """One SQL database: how to connect to it and where it is (file path or DSN)."""
-
-    name: str  # "sqlite" or "postgres"
-    target: str
-    connect: Callable[..., Any]
-    blob: str  # the binary column type
-
-    def execute(self, *statements: str) -> None:
-        conn = self.connect()
-        try:
-            for statement in statements:
-                conn.execute(statement)
-            conn.commit()
-        finally:
-            conn.close()
 
 
 @pytest.fixture(params=["sqlite", "postgres"])

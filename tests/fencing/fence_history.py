@@ -27,6 +27,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from fencing import StaleTokenError
 
@@ -282,3 +283,22 @@ def run_mixed(store: str, target: str, make_write: Callable[[], tuple[Write, Cal
     finally:
         workers.close()
     return records
+
+
+@dataclass
+class Backend:
+    """One SQL database: how to connect to it and where it is (file path or DSN)."""
+
+    name: str  # "sqlite" or "postgres"
+    target: str
+    connect: Callable[..., Any]
+    blob: str  # the binary column type
+
+    def execute(self, *statements: str) -> None:
+        conn = self.connect()
+        try:
+            for statement in statements:
+                conn.execute(statement)
+            conn.commit()
+        finally:
+            conn.close()

@@ -10,8 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from conftest import Backend
-from fence_history import Write, check, run_mixed, run_threads
+from fence_history import Backend, Write, check, run_mixed, run_threads
 
 from fencing import FencedTable, FencingError, RowNotFoundError, StaleTokenError
 from fencing.sql import detect_dialect, quote_identifier
