@@ -137,7 +137,13 @@ class PostgresServer:
         """subprocess options that run the child as ``os_user`` (when set)."""
         if self.os_user is None:
             return {}
-        entry = pwd.getpwnam(self.os_user)
+        try:
+            entry = pwd.getpwnam(self.os_user)
+        except KeyError:
+            raise RuntimeError(
+                f"no OS user {self.os_user!r} to run PostgreSQL as (it refuses to run as "
+                f"root): install Debian's postgresql package, which creates it, or pass "
+                f"os_user=") from None
         return {"user": entry.pw_uid, "group": entry.pw_gid, "extra_groups": []}
 
     def _env(self) -> dict[str, str]:
@@ -147,16 +153,21 @@ class PostgresServer:
         return env
 
     def start(self) -> PostgresServer:
+        """initdb (first time only) and start the server; on failure nothing is left."""
         if self.running:
             return self
-        if self.base_dir is None:
-            self.base_dir = Path(tempfile.mkdtemp(prefix="redlock-pg-"))
-            _LIVE.add(self)
-            as_user = self._as_user()
-            if as_user:
-                os.chown(self.base_dir, as_user["user"], as_user["group"])
-            self._initdb()
-        self._start_server()
+        try:
+            if self.base_dir is None:
+                as_user = self._as_user()
+                self.base_dir = Path(tempfile.mkdtemp(prefix="redlock-pg-"))
+                _LIVE.add(self)
+                if as_user:
+                    os.chown(self.base_dir, as_user["user"], as_user["group"])
+                self._initdb()
+            self._start_server()
+        except BaseException:
+            self.close()
+            raise
         return self
 
     def _initdb(self) -> None:
@@ -252,11 +263,7 @@ class PostgresServer:
         _LIVE.discard(self)
 
     def __enter__(self) -> PostgresServer:
-        try:
-            return self.start()
-        except BaseException:
-            self.close()
-            raise
+        return self.start()
 
     def __exit__(
         self,

@@ -39,3 +39,10 @@ def test_a_server_that_cannot_start_reports_why(postgres: PostgresServer) -> Non
     with pytest.raises(RuntimeError, match="postgres exited"), \
             PostgresServer(port=postgres.port):  # the port is taken
         pass
+
+
+def test_a_missing_os_user_is_reported_and_nothing_is_left(postgres: PostgresServer) -> None:
+    server = PostgresServer(os_user="no-such-user-here")
+    with pytest.raises(RuntimeError, match="no OS user"):
+        server.start()
+    assert server.base_dir is None and not server.running
