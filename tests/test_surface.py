@@ -1,0 +1,173 @@
+"""The sync and asyncio public surfaces are the same, apart from sync vs async.
+
+Redlock/AsyncRedlock and Lock/AsyncLock must offer the same public names, and each
+method the same parameters (names, kinds, defaults). Only I/O methods differ, by being
+coroutine functions in the asyncio client. Also: the package's exports, the exception
+tree and the py.typed marker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.resources
+import inspect
+import time
+from typing import Any
+
+import pytest
+
+import redlock
+import redlock.errors
+from redlock import (
+    AsyncLock,
+    AsyncRedlock,
+    ClusterAmnesiaError,
+    Lock,
+    LockLost,
+    LockNotAcquired,
+    NotHeld,
+    QuorumUnavailable,
+    Redlock,
+    RedlockError,
+)
+
+# Methods that talk to Redis: plain in the sync client, coroutines in the asyncio one.
+IO_METHODS = {
+    (Redlock, AsyncRedlock): {"repair", "close"},
+    (Lock, AsyncLock): {"acquire", "release", "extend"},
+}
+# Context-manager protocol: the same role under sync and async names.
+CONTEXT = {"__enter__": "__aenter__", "__exit__": "__aexit__"}
+# Injected defaults that are by nature different between the two worlds.
+ALLOWED_DEFAULT_DIFFERENCES = {("__init__", "sleep"): (time.sleep, asyncio.sleep)}
+
+PAIRS = list(IO_METHODS)
+
+
+def public_names(cls: type) -> set[str]:
+    return {name for name in dir(cls) if not name.startswith("_")}
+
+
+def instance_names(obj: object) -> set[str]:
+    return {name for name in vars(obj) if not name.startswith("_")}
+
+
+def params(func: Any) -> list[tuple[str, Any, Any]]:
+    return [(p.name, p.kind, p.default) for p in inspect.signature(func).parameters.values()]
+
+
+@pytest.mark.parametrize(("sync_cls", "async_cls"), PAIRS, ids=["Redlock", "Lock"])
+def test_same_public_names(sync_cls: type, async_cls: type) -> None:
+    assert public_names(sync_cls) == public_names(async_cls)
+    assert public_names(sync_cls)  # not vacuous
+
+
+def test_same_public_instance_attributes() -> None:
+    # Constructing sends nothing, so an address nobody listens on is fine here.
+    url = "redis://127.0.0.1:1"
+    sync_dlm = Redlock([url])
+    async_dlm = AsyncRedlock([url])
+    try:
+        assert instance_names(sync_dlm) == instance_names(async_dlm)
+        sync_lock = sync_dlm.lock("r", ttl=5.0)
+        async_lock = async_dlm.lock("r", ttl=5.0)
+        assert instance_names(sync_lock) == instance_names(async_lock)
+        assert {"resource", "ttl", "timeout", "blocking", "auto_extend", "reentrant",
+                "on_lost"} <= instance_names(sync_lock)
+        assert isinstance(sync_lock, Lock) and isinstance(async_lock, AsyncLock)
+    finally:
+        sync_dlm.close()
+
+
+@pytest.mark.parametrize(("sync_cls", "async_cls"), PAIRS, ids=["Redlock", "Lock"])
+def test_same_signatures_and_only_io_methods_are_coroutines(sync_cls: type,
+                                                            async_cls: type) -> None:
+    io = IO_METHODS[(sync_cls, async_cls)]
+    checked = 0
+    for name in sorted(public_names(sync_cls) | {"__init__"}):
+        sync_attr = inspect.getattr_static(sync_cls, name)
+        async_attr = inspect.getattr_static(async_cls, name)
+        if isinstance(sync_attr, property):
+            assert isinstance(async_attr, property), name
+            continue
+        assert callable(sync_attr) and callable(async_attr), name
+        sync_params, async_params = params(sync_attr), params(async_attr)
+        assert [p[:2] for p in sync_params] == [p[:2] for p in async_params], name
+        for (pname, _, sync_default), (_, _, async_default) in zip(sync_params, async_params,
+                                                                    strict=True):
+            allowed = ALLOWED_DEFAULT_DIFFERENCES.get((name, pname))
+            if allowed is not None:
+                assert (sync_default, async_default) == allowed
+            else:
+                assert sync_default == async_default, f"{name}({pname}=...)"
+        assert not inspect.iscoroutinefunction(sync_attr), name
+        assert inspect.iscoroutinefunction(async_attr) == (name in io), name
+        checked += 1
+    assert checked >= len(io) + 1
+
+
+@pytest.mark.parametrize(("sync_cls", "async_cls"), PAIRS, ids=["Redlock", "Lock"])
+def test_context_managers_match(sync_cls: type, async_cls: type) -> None:
+    for sync_name, async_name in CONTEXT.items():
+        sync_method = getattr(sync_cls, sync_name)
+        async_method = getattr(async_cls, async_name)
+        assert not inspect.iscoroutinefunction(sync_method)
+        assert inspect.iscoroutinefunction(async_method)
+        assert len(params(sync_method)) == len(params(async_method))
+    # The asyncio client must not pretend to be a sync context manager, nor vice versa.
+    assert not hasattr(async_cls, "__enter__")
+    assert not hasattr(sync_cls, "__aenter__")
+
+
+def test_lock_factory_defaults_match_the_handle_constructor() -> None:
+    for manager, handle in ((Redlock, Lock), (AsyncRedlock, AsyncLock)):
+        factory = {p.name: p.default for p in inspect.signature(manager.lock).parameters
+                   .values() if p.name != "self"}
+        ctor = {p.name: p.default for p in inspect.signature(handle.__init__).parameters
+                .values() if p.name not in ("self", "redlock")}
+        assert factory == ctor
+
+
+def test_exports_cover_the_contract() -> None:
+    contract = {"Redlock", "AsyncRedlock", "RedlockError", "LockNotAcquired", "LockLost"}
+    assert contract <= set(redlock.__all__)
+    assert {"Lock", "AsyncLock", "QuorumUnavailable", "NotHeld", "ClusterAmnesiaError",
+            "NodeResult", "Outcome"} <= set(redlock.__all__)
+    assert len(redlock.__all__) == len(set(redlock.__all__))
+    for name in redlock.__all__:
+        assert getattr(redlock, name) is not None, name
+    namespace: dict[str, object] = {}
+    exec("from redlock import *", namespace)
+    assert contract <= set(namespace)
+
+
+def test_exception_tree_is_rooted_at_redlock_error() -> None:
+    assert issubclass(LockNotAcquired, RedlockError)
+    assert issubclass(QuorumUnavailable, LockNotAcquired)
+    assert issubclass(LockLost, RedlockError)
+    assert issubclass(NotHeld, RedlockError)
+    assert issubclass(ClusterAmnesiaError, RedlockError)
+    assert issubclass(RedlockError, Exception)
+    # Every exception class the errors module defines hangs off the root...
+    defined = [obj for obj in vars(redlock.errors).values()
+               if isinstance(obj, type) and issubclass(obj, BaseException)
+               and obj.__module__ == "redlock.errors"]
+    assert len(defined) >= 6
+    assert all(issubclass(cls, RedlockError) for cls in defined)
+    # ...and is exported.
+    assert {cls.__name__ for cls in defined} <= set(redlock.__all__)
+    # Bad arguments are the builtins, not library errors.
+    assert not issubclass(RedlockError, (TypeError, ValueError))
+
+
+def test_failures_carry_resource_and_outcomes() -> None:
+    for cls in (LockNotAcquired, QuorumUnavailable, LockLost):
+        err = cls("msg", resource="r")
+        assert err.resource == "r"
+        assert err.outcomes == ()
+    assert ClusterAmnesiaError("msg").outcomes == ()
+
+
+def test_py_typed_is_shipped() -> None:
+    marker = importlib.resources.files("redlock").joinpath("py.typed")
+    assert marker.is_file()
