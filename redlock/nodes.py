@@ -10,8 +10,12 @@ the lock's validity), no health-check pings, raw (undecoded) replies.
 
 from __future__ import annotations
 
+import ipaddress
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+from redis.connection import parse_url
 
 
 def pool_overrides(node_timeout: float, retry: Any) -> dict[str, Any]:
@@ -34,8 +38,28 @@ def address_of(kwargs: Mapping[str, Any]) -> str:
     return f"{base}/{db}" if db else base
 
 
+def server_identity(kwargs: Mapping[str, Any]) -> str:
+    """Which Redis *server* a node's settings point at, however the address is spelled.
+
+    The database number, user and password are ignored (two databases of one server are
+    one failure domain, not two nodes); host names are compared case-insensitively
+    without a trailing dot, IP literals in canonical form, ``localhost`` as 127.0.0.1,
+    unix socket paths normalised. No name resolution: other aliases are not detected.
+    """
+    if kwargs.get("path"):
+        return f"unix:{os.path.normpath(str(kwargs['path']))}"
+    host = str(kwargs.get("host") or "localhost").strip("[]").rstrip(".").lower()
+    try:
+        host = ipaddress.ip_address(host).compressed
+    except ValueError:
+        if host == "localhost":
+            host = "127.0.0.1"
+    return f"{host}:{int(kwargs.get('port') or 6379)}"
+
+
 def check_node_list(nodes: object, client_type: type, client_name: str) -> list[Any]:
-    """Reject a bare string, an empty list or items of the wrong type at the call site."""
+    """Reject a bare string, an empty list, items of the wrong type, unparsable URLs and
+    the same server listed twice, at the call site."""
     if isinstance(nodes, str | bytes) or not isinstance(nodes, Sequence):
         raise TypeError(
             f"nodes must be a list of URLs or {client_name} clients, not {type(nodes).__name__}")
@@ -46,4 +70,23 @@ def check_node_list(nodes: object, client_type: type, client_name: str) -> list[
         if not isinstance(item, str | client_type):
             raise TypeError(
                 f"each node must be a URL string or a {client_name}, not {type(item).__name__}")
+    seen: dict[str, str] = {}
+    for item in items:
+        kwargs = (parse_url(item) if isinstance(item, str)
+                  else item.connection_pool.connection_kwargs)
+        identity = server_identity(kwargs)
+        shown = _shown(item, kwargs)
+        if identity in seen:
+            raise ValueError(
+                f"nodes {seen[identity]} and {shown} are the same Redis server ({identity}):"
+                " each node must be an independent server")
+        seen[identity] = shown
     return items
+
+
+def _shown(node: object, kwargs: Mapping[str, Any]) -> str:
+    """A node for an error message, without its password."""
+    if isinstance(node, str):
+        password = kwargs.get("password")
+        return repr(node.replace(f":{password}@", ":***@") if password else node)
+    return f"{type(node).__name__}({address_of(kwargs)})"
