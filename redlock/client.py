@@ -70,18 +70,21 @@ class _Nodes:
         replies: list[object] = [None] * len(request.calls)
         pending: list[tuple[int, Call, Any]] = []
         try:
-            for index, call in enumerate(request.calls):  # scatter
-                pool = self.pools[call.node]
-                conn = None
-                try:
-                    conn = pool.get_connection()
-                    conn.send_command(*_command(call, evalsha=True))
-                    pending.append((index, call, conn))
-                except Exception as exc:
-                    replies[index] = exc
-                    if conn is not None:
-                        conn.disconnect()
-                        pool.release(conn)
+            # Scatter. A node with an idle open connection costs a write; a node that
+            # needs a new connection (first use, or after a timeout closed it) may take
+            # up to a node timeout to connect and handshake (a hung node accepts TCP but
+            # never answers AUTH / CLIENT SETINFO). Those connect in parallel, so k hung
+            # nodes cost one node timeout, not k.
+            slow: list[tuple[int, Call]] = []
+            for index, call in enumerate(request.calls):
+                if self._has_idle_connection(self.pools[call.node]):
+                    self._connect_and_send(index, call, replies, pending)
+                else:
+                    slow.append((index, call))
+            if len(slow) == 1:
+                self._connect_and_send(*slow[0], replies, pending)
+            elif slow:
+                self._connect_in_parallel(slow, replies, pending)
             while pending:  # gather against one deadline
                 index, call, conn = pending[0]
                 replies[index] = self._read(conn, call, deadline)
@@ -92,6 +95,60 @@ class _Nodes:
                 conn.disconnect()
                 self.pools[call.node].release(conn)
         return replies
+
+    @staticmethod
+    def _has_idle_connection(pool: redis.ConnectionPool) -> bool:
+        """True when the pool can hand out an already open connection (no connect)."""
+        idle = getattr(pool, "_available_connections", None)
+        try:
+            newest = idle[-1] if idle else None  # the one get_connection() pops next
+        except IndexError:  # another thread took it meanwhile
+            return False
+        return getattr(newest, "_sock", None) is not None
+
+    def _connect_and_send(self, index: int, call: Call, replies: list[object],
+                          pending: list[tuple[int, Call, Any]]) -> None:
+        pool = self.pools[call.node]
+        conn = None
+        try:
+            conn = pool.get_connection()
+            conn.send_command(*_command(call, evalsha=True))
+            pending.append((index, call, conn))
+        except Exception as exc:
+            replies[index] = exc
+            if conn is not None:
+                conn.disconnect()
+                pool.release(conn)
+
+    def _connect_in_parallel(self, calls: list[tuple[int, Call]], replies: list[object],
+                             pending: list[tuple[int, Call, Any]]) -> None:
+        """One short-lived thread per new connection; each is bounded by the socket
+        timeouts. If the caller is interrupted meanwhile, late connections are closed
+        by their own thread instead of leaking."""
+        mutex = threading.Lock()
+        abandoned = False
+
+        def work(index: int, call: Call) -> None:
+            mine: list[tuple[int, Call, Any]] = []
+            self._connect_and_send(index, call, replies, mine)
+            with mutex:
+                if not abandoned:
+                    pending.extend(mine)
+                    return
+            for _, _, conn in mine:
+                conn.disconnect()
+                self.pools[call.node].release(conn)
+
+        threads = [threading.Thread(target=work, args=item, name="redlock-connect",
+                                    daemon=True) for item in calls]
+        try:
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+        finally:
+            with mutex:
+                abandoned = True
 
     @staticmethod
     def _read(conn: Any, call: Call, deadline: float) -> object:
