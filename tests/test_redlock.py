@@ -212,6 +212,52 @@ def test_processes_mutual_exclusion_exact_counter(cluster: RedisNodes) -> None:
         assert strictly_increasing(tokens), tokens
 
 
+@pytest.mark.parametrize("nodes_fixture", ["nodes3", "nodes5"])
+def test_threads_mutual_exclusion_with_a_hung_node(
+    request: pytest.FixtureRequest, make_dlm: MakeRedlock, nodes_fixture: str,
+) -> None:
+    """Every acquire and release round also waits out a SIGSTOPped node (and reconnects
+    to it): the failure path runs concurrently in every thread."""
+    nodes: RedisNodes = request.getfixturevalue(nodes_fixture)
+    dlm = make_dlm(nodes, node_timeout=0.05)
+    with dlm.lock("mx:hung", timeout=5.0):
+        pass
+    nodes[1].pause()
+    threads, rounds = 4, 5
+    counter = 0
+    holds: list[tuple[float, float, int]] = []
+    errors: list[BaseException] = []
+    record = threading.Lock()
+
+    def worker() -> None:
+        nonlocal counter
+        handle = dlm.lock("mx:hung", ttl=10.0, timeout=45.0)
+        try:
+            for _ in range(rounds):
+                with handle as held:
+                    entered, token = time.monotonic(), held.token
+                    value = counter
+                    time.sleep(0.002)
+                    counter = value + 1
+                    left = time.monotonic()
+                with record:
+                    holds.append((entered, left, token))
+        except BaseException as exc:
+            errors.append(exc)
+
+    pool = [threading.Thread(target=worker) for _ in range(threads)]
+    for thread in pool:
+        thread.start()
+    for thread in pool:
+        thread.join(timeout=90)
+    assert not errors, errors
+    assert counter == threads * rounds
+    holds.sort()
+    assert strictly_increasing([token for _, _, token in holds])
+    for (_, left, _), (entered, _, _) in itertools.pairwise(holds):
+        assert left <= entered, "two holders overlapped"
+
+
 # ---------------------------------------------------------------------------
 # Quorum under node failures (SIGSTOP)
 # ---------------------------------------------------------------------------
@@ -299,6 +345,29 @@ def test_paused_nodes_cost_one_node_timeout_not_one_each(
         assert duration < 4 * node_timeout  # parallel: ~2; one at a time: 4-6
 
 
+def test_extend_with_a_minority_hung_succeeds_with_a_majority_hung_raises(
+    nodes5: RedisNodes, make_dlm: MakeRedlock,
+) -> None:
+    dlm = make_dlm(nodes5, node_timeout=0.1)
+    lock = dlm.lock("q:extend", ttl=10.0)
+    assert lock.acquire(timeout=5.0)
+    nodes5[0].pause()
+    nodes5[3].pause()
+    lock.extend(20.0)
+    assert lock.validity > 19.0
+    nodes5[4].pause()
+    started = time.monotonic()
+    with pytest.raises(LockLost) as caught:
+        lock.extend()
+    assert time.monotonic() - started < 2.0
+    assert outcomes_by_node(caught.value, nodes5) == [
+        Outcome.ERROR, Outcome.GRANTED, Outcome.GRANTED, Outcome.ERROR, Outcome.ERROR]
+    assert lock.lost
+    with pytest.raises(LockLost):
+        lock.check()
+    lock.release()
+
+
 # ---------------------------------------------------------------------------
 # Fencing tokens
 # ---------------------------------------------------------------------------
@@ -337,6 +406,34 @@ def test_diverged_counters_all_nodes_up_token_is_max_and_written_back(
         assert held.token == 11
     # The write-back raised the four lower counters to the token.
     assert fence_counters(nodes5, resource) == [11] * 5
+
+
+def test_counters_agreeing_on_a_quorum_need_no_write_back(
+    nodes5: RedisNodes, make_dlm: MakeRedlock,
+) -> None:
+    """The second round runs only when fewer than a quorum returned the token."""
+    resource = "fence:agreeing"
+    with make_dlm(nodes5).lock(resource, timeout=5.0):
+        pass
+    set_fence_counters(nodes5, resource, [10, 10, 10, 5, 5])
+    with make_dlm(nodes5).lock(resource, timeout=5.0) as held:
+        assert held.token == 11
+    assert fence_counters(nodes5, resource) == [11, 11, 11, 6, 6]
+
+
+def test_token_stops_below_2_pow_53(nodes3: RedisNodes, make_dlm: MakeRedlock) -> None:
+    resource = "fence:limit"
+    dlm = make_dlm(nodes3)
+    with dlm.lock(resource, timeout=5.0):
+        pass
+    set_fence_counters(nodes3, resource, [2**53 - 2] * 3)
+    with dlm.lock(resource, timeout=5.0) as held:
+        assert held.token == 2**53 - 1  # still exact on the nodes (Lua numbers)
+    lock = dlm.lock(resource)
+    assert not lock.acquire(blocking=False)
+    assert lock.last_failure is not None
+    assert "fence counter reached" in str(lock.last_failure)
+    assert lock_key_on(nodes3, resource) == [False] * 3
 
 
 def test_tokens_increase_across_different_majorities_after_divergence(
@@ -440,6 +537,45 @@ def test_explicit_repair_force_reseeds_an_empty_node(
     with make_dlm(nodes3).lock(resource, timeout=5.0) as held:
         assert held.token > seen[-1]
     resume_and_settle([nodes3[0]])
+
+
+def test_a_node_restarted_empty_cannot_grant_a_held_lock(
+    nodes3: RedisNodes, make_dlm: MakeRedlock,
+) -> None:
+    """The restarted node forgot the holder's key; it must not help anyone else win."""
+    resource = "amnesia:held"
+    holder = make_dlm(nodes3).lock(resource, ttl=10.0)
+    assert holder.acquire(timeout=5.0)
+    nodes3[2].restart(keep_data=False)
+    other = make_dlm(nodes3).lock(resource, ttl=10.0)
+    assert not other.acquire(blocking=False)
+    assert other.last_failure is not None
+    assert [r.outcome for r in other.last_failure.outcomes] == [
+        Outcome.REFUSED, Outcome.REFUSED, Outcome.AMNESIAC]
+    assert get(nodes3[2], KEYS.lock(resource)) is None
+    holder.extend()  # two of three still hold the holder's key
+    token = holder.token
+    holder.release()
+    assert other.acquire(timeout=5.0)
+    assert other.token > token
+    other.release()
+
+
+def test_durable_nodes_restarted_with_their_data_are_not_amnesiac(
+    fresh_nodes: Callable[..., RedisNodes], make_dlm: MakeRedlock,
+) -> None:
+    nodes = fresh_nodes(3, appendonly=True)
+    dlm = make_dlm(nodes)
+    seen = []
+    with dlm.lock("aof:x", timeout=5.0) as held:
+        seen.append(held.token)
+    for node in nodes:  # kill -9 each one in turn; appendfsync always kept everything
+        node.restart(keep_data=True)
+        assert get(node, KEYS.marker) is not None
+        with dlm.lock("aof:x", timeout=5.0) as held:
+            seen.append(held.token)
+    assert strictly_increasing(seen)
+    assert all(report.status == "healthy" for report in dlm.repair())
 
 
 def test_majority_amnesia_raises_cluster_amnesia_error(
