@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import inspect
 import time
 from collections.abc import Awaitable, Callable, Hashable, Sequence
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
@@ -22,6 +24,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import NoScriptError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from redlock import scripts
 from redlock.core import (
     Broadcast,
     Call,
@@ -40,7 +43,35 @@ from redlock.nodes import address_of, check_node_list, pool_overrides
 logger = structlog.get_logger(__name__)
 
 OnLost = Callable[["AsyncLock"], object]
+# Set only inside a watchdog task while it runs on_lost (each task has its own context).
+_ACTING_FOR: contextvars.ContextVar[Hashable | None] = contextvars.ContextVar(
+    "redlock_acting_for", default=None)
 AsyncSleep = Callable[[float], Awaitable[object]]
+
+
+_PARKED_PER_NODE = 16
+
+
+def _command(call: Call, *, evalsha: bool) -> tuple[Any, ...]:
+    if call.script is None:
+        return call.args
+    head = ("EVALSHA", call.script.sha) if evalsha else ("EVAL", call.script.source)
+    return (*head, len(call.keys), *call.keys, *call.args)
+
+
+@dataclass(frozen=True)
+class _Parked:
+    """A connection whose acquire script got no reply in time (timeout or cancellation).
+
+    The node may still run that script later (a hung node works through its socket
+    when it comes back). The connection is kept, not closed, so that the release for
+    the same owner can be written *behind* it on the same socket: the node then runs
+    our release after our acquire, in order, whenever it gets to them.
+    """
+
+    conn: Any
+    lock_key: str
+    owner: object
 
 
 class _Nodes:
@@ -48,7 +79,7 @@ class _Nodes:
 
     def __init__(self, nodes: Sequence[str | redis.asyncio.Redis], node_timeout: float) -> None:
         overrides = pool_overrides(node_timeout, Retry(NoBackoff(), 0))
-        self.clients: list[redis.asyncio.Redis] = []
+        self.pools: list[redis.asyncio.ConnectionPool] = []
         for node in check_node_list(nodes, redis.asyncio.Redis, "redis.asyncio.Redis"):
             if isinstance(node, str):
                 pool = redis.asyncio.ConnectionPool.from_url(node, **overrides)
@@ -57,35 +88,95 @@ class _Nodes:
                 pool = redis.asyncio.ConnectionPool(
                     connection_class=source.connection_class,
                     **{**source.connection_kwargs, **overrides})
-            self.clients.append(redis.asyncio.Redis(connection_pool=pool))
-        self.addresses = [address_of(c.connection_pool.connection_kwargs) for c in self.clients]
+            self.pools.append(pool)
+        self.addresses = [address_of(pool.connection_kwargs) for pool in self.pools]
+        self._parked: list[list[_Parked]] = [[] for _ in self.pools]
 
     async def broadcast(self, request: Broadcast) -> list[object]:
         return list(await asyncio.gather(*(self._bounded(call, request.timeout)
                                            for call in request.calls)))
 
     async def _bounded(self, call: Call, timeout: float) -> object:
-        try:
-            return await asyncio.wait_for(self._send(call), timeout)
-        except asyncio.TimeoutError:
-            return RedisTimeoutError(f"no reply within {timeout * 1000:.0f} ms")
-        except Exception as exc:
-            return exc
+        if call.script is scripts.RELEASE:
+            parked = self._unpark(call)
+            if parked:
+                reply, _ = await asyncio.gather(self._exchange(call, timeout),
+                                                self._trail(parked, call, timeout))
+                return reply
+        return await self._exchange(call, timeout)
 
-    async def _send(self, call: Call) -> object:
-        client = self.clients[call.node]
-        if call.script is None:
-            return await client.execute_command(*call.args)
-        tail = (len(call.keys), *call.keys, *call.args)
+    async def _exchange(self, call: Call, timeout: float) -> object:
+        """Send one call and read its reply (raw, like the sync shell), within ``timeout``."""
+        pool = self.pools[call.node]
+        conn: Any = None
+        sent = False
+
+        async def exchange() -> object:
+            nonlocal conn, sent
+            conn = await pool.get_connection()
+            await conn.send_command(*_command(call, evalsha=True), check_health=False)
+            sent = True
+            try:
+                return await conn.read_response(timeout=timeout, disconnect_on_error=False)
+            except NoScriptError:  # first use on this node (or SCRIPT FLUSH): send the body
+                await conn.send_command(*_command(call, evalsha=False), check_health=False)
+                return await conn.read_response(timeout=timeout, disconnect_on_error=False)
+
         try:
-            return await client.execute_command("EVALSHA", call.script.sha, *tail)
-        except NoScriptError:  # first use on this node (or SCRIPT FLUSH): send the body
-            return await client.execute_command("EVAL", call.script.source, *tail)
+            reply = await asyncio.wait_for(exchange(), timeout)
+        except (asyncio.TimeoutError, RedisTimeoutError):
+            await self._no_reply(call, conn, sent)
+            return RedisTimeoutError(f"no reply within {timeout * 1000:.0f} ms")
+        except asyncio.CancelledError:
+            await self._no_reply(call, conn, sent)
+            raise
+        except Exception as exc:
+            if conn is not None:  # a late reply must never be read as the next command's
+                await self._discard(call.node, conn)
+            return exc
+        await pool.release(conn)
+        return reply
+
+    async def _no_reply(self, call: Call, conn: Any, sent: bool) -> None:
+        if conn is None:
+            return  # never connected: the pool took its connection back itself
+        if sent and call.script is scripts.ACQUIRE and conn.is_connected:
+            parked = self._parked[call.node]
+            parked.append(_Parked(conn, call.keys[0], call.args[0]))
+            if len(parked) > _PARKED_PER_NODE:
+                await self._discard(call.node, parked.pop(0).conn)
+            return
+        await self._discard(call.node, conn)
+
+    def _unpark(self, release: Call) -> list[_Parked]:
+        parked = self._parked[release.node]
+        mine = [p for p in parked
+                if (p.lock_key, p.owner) == (release.keys[0], release.args[0])]
+        self._parked[release.node] = [p for p in parked if p not in mine]
+        return mine
+
+    async def _trail(self, parked: list[_Parked], release: Call, timeout: float) -> None:
+        """Write the release behind each unanswered acquire, then close (FIN after it)."""
+        for item in parked:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(item.conn.send_command(
+                    *_command(release, evalsha=False), check_health=False), timeout)
+            await self._discard(release.node, item.conn)
+
+    async def _discard(self, node: int, conn: Any) -> None:
+        """Close a connection (pending writes are flushed first) and hand it back."""
+        with contextlib.suppress(Exception):
+            await conn.disconnect(nowait=True)
+        with contextlib.suppress(Exception):
+            await self.pools[node].release(conn)
 
     async def close(self) -> None:
-        for client in self.clients:
-            await client.aclose()
-            await client.connection_pool.disconnect()
+        for node, parked in enumerate(self._parked):
+            for item in parked:
+                await self._discard(node, item.conn)
+            parked.clear()
+        for pool in self.pools:
+            await pool.disconnect()
 
 
 class AsyncRedlock:
@@ -181,6 +272,9 @@ class AsyncLock(LockHandleBase):
         self._watchdogs: dict[LockState, tuple[asyncio.Event, asyncio.Task[None]]] = {}
 
     def _owner_key(self) -> Hashable:
+        acting_for = _ACTING_FOR.get()
+        if acting_for is not None:  # inside on_lost: the handle shows the lost acquisition
+            return acting_for
         task = asyncio.current_task()
         if task is None:
             raise RuntimeError("AsyncLock must be used from inside an asyncio task")
@@ -198,7 +292,7 @@ class AsyncLock(LockHandleBase):
         if state is None:
             return False
         if self.auto_extend:
-            self._start_watchdog(state)
+            self._start_watchdog(state, owner)
         return True
 
     async def release(self) -> None:
@@ -217,7 +311,7 @@ class AsyncLock(LockHandleBase):
         await self._redlock._run(self._core.extend_or_lose(
             state, self.ttl if ttl is None else self._core.check_ttl(ttl)))
 
-    def _start_watchdog(self, state: LockState) -> None:
+    def _start_watchdog(self, state: LockState, owner: Hashable) -> None:
         stop = asyncio.Event()
 
         async def wait(seconds: float) -> None:  # a release wakes it at once
@@ -234,6 +328,9 @@ class AsyncLock(LockHandleBase):
                 lost = state.mark_lost("the auto-extend watchdog crashed")
             self._watchdogs.pop(state, None)
             if lost and self.on_lost is not None:
+                # The callback runs in this watchdog task, not in the owner's: let the
+                # handle's token/lost/check() answer for the owner's acquisition in here.
+                _ACTING_FOR.set(owner)
                 try:
                     outcome: Any = self.on_lost(self)
                     if inspect.isawaitable(outcome):
