@@ -476,23 +476,34 @@ def test_tokens_increase_across_different_majorities_after_divergence(
 def test_minority_amnesia_is_excluded_then_repaired_and_tokens_keep_increasing(
     nodes5: RedisNodes, make_dlm: MakeRedlock,
 ) -> None:
-    resource = "amnesia:minority"
+    """Token t is committed on {0, 1, 2} only (3 and 4 lag far behind), then 0 and 1
+    come back empty. They must stay out until one max_ttl has passed, then be re-seeded
+    from a healthy majority (which includes node 2), so that the majority {0, 1, 3}
+    still hands out a token above t. Without the re-seed it would hand out ~5."""
+    fenced, busy = "amnesia:fenced", "amnesia:busy"
     max_ttl = 1.0
     dlm = make_dlm(nodes5, max_ttl=max_ttl)
-    seen = []
-    for _ in range(5):
-        with dlm.lock(resource, ttl=max_ttl, timeout=5.0) as held:
-            seen.append(held.token)
+    with dlm.lock(busy, ttl=max_ttl, timeout=5.0) as held:
+        busy_seen = [held.token]  # also initialises the cluster
+    set_fence_counters(nodes5, fenced, [10, 10, 10, 3, 3])
+    for i in (3, 4):
+        nodes5[i].pause()
+    with make_dlm(nodes5).lock(fenced, ttl=max_ttl, timeout=5.0) as held:
+        committed = held.token
+    resume_and_settle(nodes5[3:], fenced)
+    assert committed == 11
+    assert max(fence_counters(nodes5[3:], fenced)) < 10
+
     amnesiac = [nodes5[0], nodes5[1]]
     for node in amnesiac:
         node.restart(keep_data=False)
         assert get(node, KEYS.marker) is None
 
-    # Detected and excluded: the lock is granted by the three healthy nodes only.
-    lock = dlm.lock(resource, ttl=max_ttl)
+    # Detected and excluded: locks are granted by the three healthy nodes only.
+    lock = dlm.lock(busy, ttl=max_ttl)
     assert lock.acquire(timeout=5.0)
-    seen.append(lock.token)
-    assert lock_key_on(nodes5, resource) == [False, False, True, True, True]
+    busy_seen.append(lock.token)
+    assert lock_key_on(nodes5, busy) == [False, False, True, True, True]
     lock.release()
     reports = {r.node: r for r in dlm.repair()}
     for node in amnesiac:
@@ -500,21 +511,23 @@ def test_minority_amnesia_is_excluded_then_repaired_and_tokens_keep_increasing(
         assert report.status == "waiting", report
     assert [get(node, KEYS.marker) for node in amnesiac] == [None, None]
 
-    # After one max_ttl the next acquire re-seeds them and gives their markers back.
+    # After one max_ttl the next acquire (of any resource) re-seeds every fence counter
+    # of the namespace on them and gives their markers back.
     time.sleep(max_ttl + 0.1)
-    with dlm.lock(resource, ttl=max_ttl, timeout=5.0) as held:
-        seen.append(held.token)
+    with dlm.lock(busy, ttl=max_ttl, timeout=5.0) as held:
+        busy_seen.append(held.token)
     assert all(get(node, KEYS.marker) is not None for node in amnesiac)
-    assert min(fence_counters(amnesiac, resource)) >= seen[-2]
+    assert fence_counters(amnesiac, fenced) == [committed, committed]
+    assert strictly_increasing(busy_seen), busy_seen
 
-    # The repaired nodes now carry a majority ({0, 1, 4}): tokens still go up, also for
-    # a fresh client that has no floor of its own.
-    for i in (2, 3):
+    # The majority {0, 1, 3}: two repaired nodes and a lagging one. A fresh client (no
+    # floor of its own) must still get a token above the committed one.
+    for i in (2, 4):
         nodes5[i].pause()
-    with make_dlm(nodes5, max_ttl=max_ttl).lock(resource, ttl=max_ttl, timeout=5.0) as held:
-        seen.append(held.token)
-    resume_and_settle(nodes5[2:4], resource)
-    assert strictly_increasing(seen), seen
+    with make_dlm(nodes5, max_ttl=max_ttl).lock(fenced, ttl=max_ttl, timeout=5.0) as held:
+        after = held.token
+    resume_and_settle([nodes5[2], nodes5[4]], fenced)
+    assert after > committed
 
 
 def test_explicit_repair_force_reseeds_an_empty_node(
