@@ -3,6 +3,12 @@
 Same algorithm, same surface as :mod:`redlock.client` (a test keeps them equal);
 here a request's commands run concurrently with ``asyncio.gather``, each bounded
 by the node timeout. Cancelling an acquire releases whatever it may have set.
+
+An acquire script that got no reply in time (timeout, or the caller was cancelled)
+may still run on its node later: a hung node works through its socket when it
+comes back. Its connection is therefore kept, and the release for the same owner is
+written behind it on that same socket (as well as sent on a fresh one), so the node
+runs the release after the acquire and no key of ours survives there.
 """
 
 from __future__ import annotations

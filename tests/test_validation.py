@@ -74,9 +74,9 @@ async def make(kind: str) -> Any:
 
 
 async def bounded(work: Callable[[], Any], limit: float = HANG_LIMIT) -> tuple[Any, float]:
-    """Run ``work`` (sync, or returning an awaitable) with a hard limit.
+    """Run ``work`` (sync, or async as made by for_lock) with a hard limit.
 
-    Returns (result or the exception it raised, seconds taken). Sync work runs in a
+    Returns (its result or the exception it raised, seconds taken). Sync work runs in a
     daemon thread so that a hang fails this test instead of blocking the suite.
     """
     loop = asyncio.get_running_loop()
@@ -94,24 +94,26 @@ async def bounded(work: Callable[[], Any], limit: float = HANG_LIMIT) -> tuple[A
             value = exc
         loop.call_soon_threadsafe(settle, value)
 
+    async def run_async() -> None:
+        try:
+            settle(await work())
+        except Exception as exc:
+            settle(exc)
+
+    runner = None
+    if getattr(work, "is_async", False):
+        runner = asyncio.create_task(run_async())  # a task of its own owns any lock taken
+    else:
+        threading.Thread(target=target, daemon=True).start()
     try:
-        if probe_is_async(work):
-            try:
-                value = await asyncio.wait_for(work(), limit)
-            except asyncio.TimeoutError:
-                raise
-            except BaseException as exc:
-                value = exc
-        else:
-            threading.Thread(target=target, daemon=True).start()
-            value = await asyncio.wait_for(done, limit)
+        value = await asyncio.wait_for(asyncio.shield(done), limit)
     except asyncio.TimeoutError:
+        if runner is not None:
+            runner.cancel()
         pytest.fail(f"hung: no answer within {limit} s")
+    if runner is not None:
+        await runner
     return value, time.monotonic() - started
-
-
-def probe_is_async(work: Callable[[], Any]) -> bool:
-    return bool(getattr(work, "is_async", False))
 
 
 def for_lock(lock: Lock | AsyncLock, action: Callable[[Any], Any]) -> Callable[[], Any]:
