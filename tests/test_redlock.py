@@ -185,7 +185,7 @@ def test_threads_mutual_exclusion_exact_counter_and_increasing_tokens(
 
 
 def test_processes_mutual_exclusion_exact_counter(cluster: RedisNodes) -> None:
-    processes, rounds = 3, 10
+    processes, rounds = 3, 20
     counter_node = cluster[0]
     workers = [
         subprocess.Popen([sys.executable, str(WORKER), counter_node.url, str(rounds),
@@ -210,6 +210,68 @@ def test_processes_mutual_exclusion_exact_counter(cluster: RedisNodes) -> None:
     assert len(set(every)) == len(every), "two holders got the same token"
     for tokens in outputs:  # each process saw its own tokens strictly increase
         assert strictly_increasing(tokens), tokens
+
+
+# A holder that reports when it held the lock: CLOCK_MONOTONIC is system-wide on Linux,
+# so hold intervals of different processes can be ordered.
+TIMED_WORKER = """
+import sys, time, logging, structlog, redis
+from redlock import Redlock
+structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+counter_url, processes, rounds, *urls = sys.argv[1:]
+counter = redis.Redis.from_url(counter_url)
+with Redlock(urls, node_timeout=0.25, retry_delay_max=0.05) as dlm:
+    counter.incr("mx:ready")  # start together, so that the processes really contend
+    while int(counter.get("mx:ready")) < int(processes):
+        time.sleep(0.005)
+    for _ in range(int(rounds)):
+        with dlm.lock("mx:timed", ttl=10.0, timeout=60.0) as held:
+            entered = time.monotonic()
+            token = held.token
+            value = int(counter.get("mx:timed-count") or 0)
+            time.sleep(0.003)
+            counter.set("mx:timed-count", value + 1)
+            left = time.monotonic()
+        print(entered, left, token, flush=True)
+        time.sleep(0.01)  # give the others a chance: waiters poll, they are not woken
+"""
+
+
+@pytest.mark.parametrize("nodes_fixture", ["nodes3", "nodes5"])
+def test_processes_tokens_increase_in_hold_order(
+    request: pytest.FixtureRequest, nodes_fixture: str,
+) -> None:
+    nodes: RedisNodes = request.getfixturevalue(nodes_fixture)
+    processes, rounds = 3, 8
+    workers = [
+        subprocess.Popen([sys.executable, "-c", TIMED_WORKER, nodes[0].url, str(processes),
+                          str(rounds), *nodes.urls],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(processes)
+    ]
+    holds: list[tuple[float, float, int, int]] = []
+    try:
+        for proc in workers:
+            out, err = proc.communicate(timeout=90)
+            assert proc.returncode == 0, err
+            for line in out.splitlines():
+                entered, left, token = line.split()
+                holds.append((float(entered), float(left), int(token), proc.pid))
+    finally:
+        for proc in workers:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert len(holds) == processes * rounds
+    assert int(get(nodes[0], "mx:timed-count") or 0) == processes * rounds
+    holds.sort()
+    assert strictly_increasing([token for _, _, token, _ in holds])
+    for (_, left, _, _), (entered, _, _, _) in itertools.pairwise(holds):
+        assert left <= entered, "holders in two processes overlapped"
+    # The lock really changed hands between processes (not three runs one after another).
+    handovers = sum(1 for a, b in itertools.pairwise(holds) if a[3] != b[3])
+    print(f"\n{handovers} handovers between processes in {len(holds)} holds")
+    assert handovers >= processes
 
 
 @pytest.mark.parametrize("nodes_fixture", ["nodes3", "nodes5"])
