@@ -312,8 +312,9 @@ class Bench:
         except Exception as exc:
             self.skipped["python-redis-lock"] = f"{type(exc).__name__}: {exc}"
 
-        # -- reference floor: the same two Lua calls as ours, no client logic ----------
+        # -- reference floors: the same two Lua calls as ours, no client logic ---------
         self.peers.append(self._raw_floor(urls3))
+        self.peers.append(self._raw_floor_async(urls3))
 
     def _raw_floor(self, urls3: list[str]) -> Peer:
         """Scatter EVALSHA acquire to all nodes, gather; the same for release. No quorum
@@ -360,6 +361,48 @@ class Bench:
 
         return Peer("floor", "(ref) raw 2x scatter/gather", 3, "sync", make=lambda r: r,
                     acquire=acquire, release=release, handle_memory=False, reference=True)
+
+    def _raw_floor_async(self, urls3: list[str]) -> Peer:
+        """The asyncio floor: asyncio.gather of one send+read per node on redis.asyncio
+        connections (what ours asyncio builds on), twice per cycle; no per-call timeout."""
+        import redis.asyncio
+        from redis.asyncio.retry import Retry
+        from redis.backoff import NoBackoff
+
+        from redlock import scripts
+        from redlock.nodes import pool_overrides
+
+        overrides = pool_overrides(1.0, Retry(NoBackoff(), 0))
+        pools = [redis.asyncio.ConnectionPool.from_url(u, **overrides) for u in urls3]
+        self.closers += [lambda p=p: self.loop.run_until_complete(p.disconnect())
+                         for p in pools]
+
+        async def one(pool: Any, command: tuple[Any, ...]) -> Any:
+            conn = await pool.get_connection()
+            try:
+                await conn.send_command(*command, check_health=False)
+                return await conn.read_response()
+            finally:
+                await pool.release(conn)
+
+        async def acquire(resource: str) -> str:
+            owner = secrets.token_hex(16)
+            command = ("EVALSHA", scripts.ACQUIRE.sha, 3, f"redlock:{{{resource}}}:lock",
+                       f"redlock:{{{resource}}}:fence", "redlock:node-marker", owner,
+                       int(TTL_S * 1000), 0)
+            replies = await asyncio.gather(*(one(p, command) for p in pools))
+            if sum(1 for r in replies if int(r[0]) == 1) < 2:
+                raise RuntimeError(f"floor acquire failed: {replies}")
+            return owner
+
+        async def release(resource: str, owner: str) -> None:
+            command = ("EVALSHA", scripts.RELEASE.sha, 2, f"redlock:{{{resource}}}:lock",
+                       f"redlock:{{{resource}}}:released", owner)
+            await asyncio.gather(*(one(p, command) for p in pools))
+
+        return Peer("floor_async", "(ref) raw asyncio 2x gather", 3, "async",
+                    make=lambda r: r, acquire=acquire, release=release, handle_memory=False,
+                    reference=True)
 
     def _find_redlock_py(self) -> Path | None:
         target = Path(self.args.redlock_py_dir)
@@ -564,6 +607,11 @@ def uncontended_section(bench: Bench, peers: list[Peer], urls3: list[str],
                          vs3, vs1])
         print(table(["library", "N", "p50 us [min-max]", "p99 us [min-max]",
                      "ops/s [min-max]", "p50 vs ours sync N=3", "p50 vs ours N=1"], rows))
+        for ours, floor in (("ours", "floor"), ("ours_async", "floor_async")):
+            if ours in med and floor in med:
+                extra = med[ours]["p50_us"] - med[floor]["p50_us"]
+                print(f"   {ours}: p50 {extra:+.0f} us ({extra / med[floor]['p50_us']:+.0%}) "
+                      f"against its raw floor ({floor}: same Lua, same redis-py connections)")
     return runs
 
 
