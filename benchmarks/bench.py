@@ -611,7 +611,7 @@ def uncontended_section(bench: Bench, peers: list[Peer], urls3: list[str],
             if ours in med and floor in med:
                 extra = med[ours]["p50_us"] - med[floor]["p50_us"]
                 print(f"   {ours}: p50 {extra:+.0f} us ({extra / med[floor]['p50_us']:+.0%}) "
-                      f"against its raw floor ({floor}: same Lua, same redis-py connections)")
+                      f"against its raw floor ({floor}: same Lua and connection settings)")
     return runs
 
 
