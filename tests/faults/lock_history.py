@@ -4,7 +4,8 @@ Records, with ``time.monotonic`` invoke/completion times: committed acquisitions
 hold intervals (from the acquire's completion to the release's invocation, cut at the
 lock's validity deadline), and fenced writes with their outcome. Checks:
 
-* no two committed acquisitions of a resource share a token;
+* no two committed acquisitions of a resource share a token, and an acquisition
+  invoked after another one completed has a larger token;
 * accepted fenced writes never go backwards per resource: when accepted write A
   completed before accepted write B was invoked, A.token <= B.token, and equal tokens
   come from the same acquisition (one holder writing again); so across holders the
@@ -27,8 +28,9 @@ class Hold:
     client: str
     resource: str
     token: int
-    start: float
-    end: float
+    start: float  # the acquire completed
+    end: float  # released, lost, or its validity ran out (whichever came first)
+    invoked: float | None = None  # the acquire was invoked (None: same as start)
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,17 @@ class History:
             seen[key] = hold
         return problems
 
+    def tokens_out_of_order(self) -> list[str]:
+        problems = []
+        for later in self.holds:
+            invoked = later.start if later.invoked is None else later.invoked
+            for earlier in self.holds:
+                if (earlier.resource == later.resource and earlier.start < invoked
+                        and earlier.token >= later.token):
+                    problems.append(f"{later.resource}: token {later.token} acquired after "
+                                    f"token {earlier.token} was")
+        return problems
+
     def writes_out_of_order(self) -> list[str]:
         accepted = [w for w in self.writes if w.outcome == ACCEPTED]
         problems = []
@@ -99,7 +112,8 @@ class History:
     def violations(self, *, exclusive: bool) -> list[str]:
         """Safety violations; hold overlaps count only when ``exclusive`` (no clock or
         pause faults in the run)."""
-        problems = self.duplicate_tokens() + self.writes_out_of_order()
+        problems = (self.duplicate_tokens() + self.tokens_out_of_order()
+                    + self.writes_out_of_order())
         if exclusive:
             problems += [f"holds overlap: {a} and {b}" for a, b in self.overlaps()]
         return problems

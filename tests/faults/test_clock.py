@@ -208,6 +208,7 @@ def test_clock_drift_random_workload_fenced_writes_stay_in_order(
                 while not stop.is_set():
                     lock = dlm.lock(resource, ttl=ttl)
                     bump("attempted")
+                    invoked = time.monotonic()
                     try:
                         got = lock.acquire(timeout=3.0)
                     except LockNotAcquired:
@@ -221,7 +222,7 @@ def test_clock_drift_random_workload_fenced_writes_stay_in_order(
                     time.sleep(rng.uniform(0.05, 0.95))
                     _write(history, store, name, resource, token)
                     end = time.monotonic()
-                    history.held(Hold(name, resource, token, start, min(end, deadline)))
+                    history.held(Hold(name, resource, token, start, min(end, deadline), invoked))
                     lock.release()
                     time.sleep(rng.uniform(0.0, 0.1))
             except BaseException as exc:  # surfaced by the main thread
