@@ -245,10 +245,10 @@ def test_minority_amnesia_detected_excluded_rejoins_late_and_reseeded(
         for i in (3, 4):
             nodes5[i].pause()
         committed = [t for t in (tokens.acquire(dlm, fenced) for _ in range(5)) if t]
-        settle(nodes5[3:])
+        settle(nodes5.nodes[3:])
         top = committed[-1]
         assert fence_counters(nodes5, fenced)[:3] == [top] * 3
-        assert max(fence_counters(nodes5[3:], fenced)) < top
+        assert max(fence_counters(nodes5.nodes[3:], fenced)) < top
 
         holder = dlm.lock(held_res, ttl=max_ttl)
         figures.attempted += 1
@@ -312,7 +312,7 @@ def test_minority_amnesia_detected_excluded_rejoins_late_and_reseeded(
         assert rejoined_at is not None, "the amnesiac nodes never rejoined"
         figures.recovery_s = rejoined_at - crashed_at
         assert figures.recovery_s >= max_ttl, "rejoined before one max_ttl had passed"
-        assert fence_counters(nodes5[:2], fenced) == [top, top]
+        assert fence_counters(nodes5.nodes[:2], fenced) == [top, top]
 
         # A fresh client on the majority {0, 1, 4} (4 lags far behind): above top.
         for i in (2, 3):
@@ -320,7 +320,7 @@ def test_minority_amnesia_detected_excluded_rejoins_late_and_reseeded(
         try:
             after = tokens.acquire(make_dlm(nodes5, max_ttl=max_ttl), fenced)
         finally:
-            settle(nodes5[2:4])
+            settle(nodes5.nodes[2:4])
         assert after is not None and after > top, (after, top)
         figures.extra.update(committed_before_crash=top, token_after_rejoin=after,
                              max_ttl_s=max_ttl, waiting_checked=waiting_checked)
