@@ -8,10 +8,30 @@
         nodes[0].resume()
         nodes[1].restart(keep_data=False)   # comes back empty on the same port: amnesia
 
+Network faults go through a real Toxiproxy server (``ToxiproxyServer``, one ``Proxy`` in
+front of each node: refuse, blackhole, lose replies, latency, reset connections).
+
 Everything started here is stopped on ``close()``, on leaving the ``with`` block and,
 as a last resort, at interpreter exit.
 """
 
 from redlock.testing.redis_nodes import RedisNode, RedisNodes, find_redis_server, free_port
+from redlock.testing.toxiproxy import (
+    Proxies,
+    Proxy,
+    ToxiproxyError,
+    ToxiproxyServer,
+    find_toxiproxy_server,
+)
 
-__all__ = ["RedisNode", "RedisNodes", "find_redis_server", "free_port"]
+__all__ = [
+    "Proxies",
+    "Proxy",
+    "RedisNode",
+    "RedisNodes",
+    "ToxiproxyError",
+    "ToxiproxyServer",
+    "find_redis_server",
+    "find_toxiproxy_server",
+    "free_port",
+]
