@@ -30,6 +30,8 @@ if [ ${#need_apt[@]} -gt 0 ]; then
 fi
 
 mkdir -p .tools/bin
+# Go is preinstalled under /usr/local/go on our machines, not always on PATH.
+[ -x /usr/local/go/bin/go ] && ! command -v go >/dev/null 2>&1 && export PATH="$PATH:/usr/local/go/bin"
 if [ ! -x .tools/bin/toxiproxy-server ]; then
     if command -v go >/dev/null 2>&1; then
         log "go install toxiproxy server ${TOXIPROXY_VERSION}"
