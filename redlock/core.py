@@ -126,7 +126,10 @@ def validate_seconds(name: str, value: object, *, upper: float | None = None) ->
     """A finite, positive number of seconds (bool is rejected: True is not a duration)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise TypeError(f"{name} must be a number of seconds, not {type(value).__name__}")
-    seconds = float(value)
+    try:
+        seconds = float(value)
+    except OverflowError:  # an int beyond float range: absurd, not a crash
+        raise ValueError(f"{name}={value!r} s is larger than any usable duration") from None
     if math.isnan(seconds) or math.isinf(seconds):
         raise ValueError(f"{name} must be finite, got {value!r}")
     if seconds <= 0:
@@ -143,9 +146,13 @@ def validate_timeout(timeout: object) -> float | None:
     if isinstance(timeout, bool) or not isinstance(timeout, int | float):
         raise TypeError(
             f"timeout must be a number of seconds or None, not {type(timeout).__name__}")
-    if math.isnan(timeout) or math.isinf(timeout) or timeout < 0:
+    try:
+        seconds = float(timeout)
+    except OverflowError:  # an int beyond float range
+        raise ValueError(f"timeout={timeout!r} s is larger than any usable duration") from None
+    if math.isnan(seconds) or math.isinf(seconds) or seconds < 0:
         raise ValueError(f"timeout must be a finite number >= 0 or None, got {timeout!r}")
-    return float(timeout)
+    return seconds
 
 
 def validate_node_addresses(addresses: Sequence[str]) -> None:
@@ -251,7 +258,10 @@ def classify_acquire_reply(node: str, reply: object) -> NodeResult:
         return NodeResult(node, Outcome.ERROR, error_detail(reply))
     if not isinstance(reply, list | tuple) or len(reply) != 2:
         return NodeResult(node, Outcome.ERROR, f"unexpected reply {reply!r}")
-    code, value = int(reply[0]), int(reply[1])
+    try:
+        code, value = int(reply[0]), int(reply[1])
+    except (TypeError, ValueError):  # a proxy or a foreign script answering: not ours
+        return NodeResult(node, Outcome.ERROR, f"unexpected reply {reply!r}")
     if code in (scripts.ACQUIRE_GRANTED, scripts.ACQUIRE_ALREADY_OURS):
         return NodeResult(node, Outcome.GRANTED, counter=value)
     if code == scripts.ACQUIRE_REFUSED:

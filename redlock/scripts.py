@@ -94,7 +94,9 @@ RELEASE = Script(
 -- returns 1 when our key was deleted, 0 when the key is absent or another owner's
 if redis.call('GET', KEYS[1]) == ARGV[1] then
     redis.call('DEL', KEYS[1])
-    redis.call('PUBLISH', KEYS[2], '1')
+    -- Only a hint that wakes waiters early: a user without channel permissions
+    -- (Redis 7 ACL resetchannels) must still release cleanly, so errors are ignored.
+    redis.pcall('PUBLISH', KEYS[2], '1')
     return 1
 end
 return 0

@@ -230,11 +230,6 @@ def test_classify_acquire_reply_exception_is_an_error_naming_the_type(exc: Excep
     assert result.detail.startswith(type(exc).__name__ + ":")
 
 
-@pytest.mark.xfail(strict=True, raises=(ValueError, TypeError), reason=(
-    "core.classify_acquire_reply calls int() on both elements of any 2-element reply"
-    " without a guard, so a malformed reply such as [b'x', 1] or [None, None] raises"
-    " ValueError/TypeError out of the acquire protocol instead of becoming an"
-    " Outcome.ERROR like every other unexpected reply"))
 @pytest.mark.parametrize("reply", [[b"x", 1], [None, None]])
 def test_classify_acquire_reply_malformed_pair_is_an_error_not_a_crash(reply: object) -> None:
     assert classify_acquire_reply("n", reply).outcome is Outcome.ERROR
@@ -345,10 +340,6 @@ def test_validate_seconds_rejects(value: object, error: type[Exception]) -> None
         validate_seconds("ttl", value, upper=3600)
 
 
-@pytest.mark.xfail(strict=True, raises=OverflowError, reason=(
-    "core.validate_seconds does float(value) and core.validate_timeout math.isnan(value)"
-    " on a huge int (10**400) before any range check: OverflowError escapes, which is"
-    " neither ValueError nor TypeError"))
 @pytest.mark.parametrize("check", [lambda v: validate_seconds("ttl", v, upper=3600),
                                    validate_timeout])
 def test_validators_reject_an_absurdly_large_int_with_value_error(

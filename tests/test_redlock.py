@@ -972,10 +972,6 @@ def test_acl_user_url_works(fresh_nodes: Callable[..., RedisNodes],
         bad.acquire(blocking=False)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "redlock/scripts.py RELEASE calls PUBLISH: a Redis 7 ACL user without channel"
-    " permissions (acl-pubsub-default resetchannels) gets a script error on every release"
-    " (the key is deleted, but the node reports an error and release_incomplete is logged)"))
 def test_acl_user_without_channel_permission_releases_cleanly(
     fresh_nodes: Callable[..., RedisNodes], make_dlm: MakeRedlock,
 ) -> None:
