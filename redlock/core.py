@@ -281,6 +281,27 @@ def classify_ack_reply(node: str, reply: object, *, refused: str) -> NodeResult:
     return NodeResult(node, Outcome.REFUSED, refused)
 
 
+def unsafe_config(info: object) -> list[str]:
+    """What in a node's ``INFO`` reply makes it unsafe for locks (DESIGN.md §3): a replica
+    (writes go elsewhere, and a failover can promote a copy that lacks our keys), or a
+    memory limit with an eviction policy (lock keys carry a TTL, so even the volatile-*
+    policies can evict them; allkeys-* also evicts fence counters). Anything unreadable
+    yields no findings: this is advice, not a gate."""
+    if isinstance(info, bytes):
+        info = info.decode("utf-8", "replace")
+    if not isinstance(info, str):
+        return []
+    fields = dict(line.split(":", 1) for line in info.splitlines() if ":" in line)
+    findings = []
+    if fields.get("role", "").strip() == "slave":
+        findings.append("node is a replica (role:slave): lock writes belong on primaries")
+    policy = fields.get("maxmemory_policy", "noeviction").strip()
+    if fields.get("maxmemory", "0").strip() not in ("", "0") and policy != "noeviction":
+        findings.append(f"maxmemory is set with maxmemory-policy {policy}: Redis may evict"
+                        " lock keys or fence counters under memory pressure (use noeviction)")
+    return findings
+
+
 # ---------------------------------------------------------------------------
 # Token rule (DESIGN.md §3): pure decisions
 # ---------------------------------------------------------------------------
@@ -369,7 +390,7 @@ class NodeHealth:
         self.marker_seen = False  # this instance has seen an initialised cluster
         self.amnesiac_since: dict[int, float] = {}
         self.last_repair_try: dict[int, float] = {}
-        self.inspected = False
+        self.inspected = False  # node configurations were read once (see unsafe_config)
         self._floors: OrderedDict[str, int] = OrderedDict()
         self._mutex = threading.Lock()
 
@@ -537,9 +558,10 @@ class RedlockCore:
         owner = secrets.token_hex(16)  # 128 bits, secret: only we can release our key
         started = self.clock()
         deadline = None if timeout is None else started + timeout
-        backoff = _Backoff(tenacity.wait_random_exponential(
-            multiplier=self.settings.retry_delay_min, max=self.settings.retry_delay_max))
+        backoff: _Backoff | None = None  # built on the first retry: most acquires need none
         attempts = 0
+        if not self.health.inspected:
+            yield from self._inspect_nodes()
         while True:
             yield from self._repair_due_nodes(force=False)
             attempts += 1
@@ -550,6 +572,9 @@ class RedlockCore:
                 return AcquireResult(result.state, result.outcomes, attempts,
                                      result.unavailable, result.reason)
             now = self.clock()
+            if backoff is None:
+                backoff = _Backoff(tenacity.wait_random_exponential(
+                    multiplier=self.settings.retry_delay_min, max=self.settings.retry_delay_max))
             delay = backoff.next_delay(attempts)
             # The holder's key cannot free itself before its PTTL: no point polling faster
             # than that, but never sleep past it either.
@@ -562,6 +587,20 @@ class RedlockCore:
                                          result.reason)
                 delay = min(delay, deadline - now)
             yield Sleep(delay, self.keys.channel(resource))
+
+    def _inspect_nodes(self) -> Protocol[None]:
+        """Once per client, on its first acquire: read every node's INFO and warn about
+        configurations that break the lock's assumptions (DESIGN.md §3). One round, in
+        parallel, bounded by the node timeout; a node that does not answer is not asked
+        again (its acquire replies say what is wrong with it)."""
+        self.health.inspected = True
+        replies = yield Broadcast(tuple(Call(i, ("INFO",)) for i in range(self.n)),
+                                  self.settings.node_timeout)
+        assert replies is not None
+        for i, reply in enumerate(replies):
+            for finding in unsafe_config(reply):
+                logger.warning("redlock.node_unsafe_config", node=self.addresses[i],
+                               problem=finding)
 
     def _attempt(self, resource: str, owner: str, ttl: float) -> Protocol[AttemptResult]:
         settings = self.settings

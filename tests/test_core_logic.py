@@ -14,6 +14,7 @@ from itertools import combinations
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from structlog.testing import capture_logs
 
 from redlock import scripts
 from redlock.core import (
@@ -444,6 +445,8 @@ class ScriptedNodes:
                 del db[lock]
                 return 1
             return 0
+        if call.script is None and call.args == ("INFO",):
+            return b"# Replication\r\nrole:slave\r\n" if call.node == 1 else b"role:master\r\n"
         raise AssertionError(f"unexpected call {call}")
 
     def scripts_sent(self) -> list[str]:
@@ -452,7 +455,28 @@ class ScriptedNodes:
 
 
 def make_core(n: int, clock: FakeClock | None = None) -> RedlockCore:
-    return RedlockCore([f"n{i}:6379" for i in range(n)], Settings(), clock or FakeClock())
+    """A core past its one-time node inspection (tested on its own below), so each test
+    sees only the protocol round trips it is about."""
+    core = RedlockCore([f"n{i}:6379" for i in range(n)], Settings(), clock or FakeClock())
+    core.health.inspected = True
+    return core
+
+
+def test_first_acquire_inspects_every_node_once_then_never_again() -> None:
+    nodes = ScriptedNodes(3)
+    core = RedlockCore([f"n{i}:6379" for i in range(3)], Settings(), FakeClock())
+    with capture_logs() as events:
+        for _ in range(2):
+            result = run_to_completion(core.acquire("r", 10.0, blocking=False, timeout=None),
+                                       nodes.execute)
+            assert result.state is not None
+            run_to_completion(core.release(result.state), nodes.execute)
+    first = nodes.requests[0]
+    assert isinstance(first, Broadcast)
+    assert [(c.node, c.args) for c in first.calls] == [(i, ("INFO",)) for i in range(3)]
+    assert nodes.scripts_sent() == ["acquire", "release", "acquire", "release"]
+    warnings = [e for e in events if e["event"] == "redlock.node_unsafe_config"]
+    assert [e["node"] for e in warnings] == ["n1:6379"]
 
 
 def test_acquire_protocol_steady_state_is_one_round_trip() -> None:
