@@ -268,7 +268,7 @@ def classify_acquire_reply(node: str, reply: object) -> NodeResult:
         return NodeResult(node, Outcome.REFUSED, f"held by another owner, {value} ms left",
                           pttl_ms=value)
     if code == scripts.ACQUIRE_AMNESIAC:
-        return NodeResult(node, Outcome.AMNESIAC, "no node marker: lost its data, awaiting repair")
+        return NodeResult(node, Outcome.AMNESIAC, "no node marker: new, or lost its data")
     return NodeResult(node, Outcome.ERROR, f"unexpected reply code {code}")
 
 
@@ -689,6 +689,15 @@ class RedlockCore:
             logger.info("redlock.cluster_initialised", nodes=self.n)
             return AttemptResult(None, tuple(outcomes), retry_now=True,
                                  reason="cluster initialised")
+        if not with_marker and not self.health.marker_seen:
+            # No node we reached has a marker and we never saw one: most likely a new
+            # cluster with some node not answering. Only a full view may initialise it
+            # (a partial one could be a majority that lost its data), and these nodes
+            # are not amnesiac as far as anyone knows: do not bench them.
+            silent = self.n - len(amnesiac)
+            return AttemptResult(None, tuple(outcomes), unavailable=True, reason=(
+                f"new cluster not initialised yet: all {self.n} nodes must answer once,"
+                f" {silent} did not"))
         newly_missing = [i for i in amnesiac if not self.health.is_amnesiac(i)]
         if newly_missing:
             # A marker missing beside markers present is most often another client
