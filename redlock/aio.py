@@ -17,11 +17,12 @@ import asyncio
 import contextlib
 import contextvars
 import inspect
+import sys
 import time
-from collections.abc import Awaitable, Callable, Hashable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Hashable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 import redis.asyncio
 import structlog
@@ -56,6 +57,18 @@ AsyncSleep = Callable[[float], Awaitable[object]]
 
 
 _PARKED_PER_NODE = 16
+
+_T = TypeVar("_T")
+
+
+async def _within(awaitable: Coroutine[Any, Any, _T], timeout: float) -> _T:
+    """``asyncio.wait_for`` without its extra Task per call where the language allows:
+    ``asyncio.timeout`` (3.11+) cancels the current task in place, which is ~100 us
+    cheaper per acquire+release on three nodes (benchmarks/async_overhead.py)."""
+    if sys.version_info >= (3, 11):
+        async with asyncio.timeout(timeout):
+            return await awaitable
+    return await asyncio.wait_for(awaitable, timeout)  # pragma: no cover (3.10)
 
 
 def _command(call: Call, *, evalsha: bool) -> tuple[Any, ...]:
@@ -129,7 +142,7 @@ class _Nodes:
                 return await conn.read_response(timeout=timeout, disconnect_on_error=False)
 
         try:
-            reply = await asyncio.wait_for(exchange(), timeout)
+            reply = await _within(exchange(), timeout)
         except (asyncio.TimeoutError, RedisTimeoutError):
             await self._no_reply(call, conn, sent)
             return RedisTimeoutError(f"no reply within {timeout * 1000:.0f} ms")
