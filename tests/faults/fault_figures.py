@@ -63,3 +63,24 @@ def scenario(name: str) -> Iterator[Figures]:
     finally:
         figures.extra.setdefault("duration_s", round(time.monotonic() - started, 3))
         figures.emit()
+
+
+def render(rows: list[dict[str, Any]]) -> str:
+    """A Markdown table of report rows (the last row per scenario wins)."""
+    latest = {row["scenario"]: row for row in rows}
+    core = ("scenario", "attempted", "succeeded", "failed_cleanly", "violations",
+            "recovery_s")
+    lines = ["| " + " | ".join(core) + " | other figures |",
+             "|" + "---|" * (len(core) + 1)]
+    for row in latest.values():
+        others = ", ".join(f"{k}={v}" for k, v in row.items() if k not in core)
+        cells = ["-" if row.get(k) is None else str(row[k]) for k in core]
+        lines.append("| " + " | ".join(cells) + f" | {others} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":  # python tests/faults/fault_figures.py report.jsonl
+    import sys
+
+    with open(sys.argv[1], encoding="utf-8") as report:
+        print(render([json.loads(line) for line in report if line.strip()]))
