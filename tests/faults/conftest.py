@@ -1,7 +1,8 @@
 """Fixtures of the fault suite: a real Toxiproxy server with one proxy per node.
 
-Without a toxiproxy-server binary the network-fault tests are skipped on a developer
-machine and fail under CI (``$CI`` set): CI must run them.
+Without a toxiproxy-server binary, or a redis-server that runs under libfaketime, the
+tests that need them are skipped on a developer machine and fail under CI (``$CI``
+set): CI must run them.
 """
 
 from __future__ import annotations
@@ -12,6 +13,13 @@ from collections.abc import Iterator
 import pytest
 
 from redlock.testing import Proxies, RedisNodes, ToxiproxyServer, find_toxiproxy_server
+from redlock.testing.faketime import FaketimeRedis, FaketimeUnavailable, find_faketime_redis
+
+
+def _missing(what: str) -> None:
+    if os.environ.get("CI"):
+        pytest.fail(f"{what}; CI must run these fault tests")
+    pytest.skip(what)
 
 
 @pytest.fixture(scope="session")
@@ -19,9 +27,7 @@ def toxiproxy() -> Iterator[ToxiproxyServer]:
     try:
         find_toxiproxy_server()
     except FileNotFoundError as exc:
-        if os.environ.get("CI"):
-            pytest.fail(f"{exc}; CI must run the network-fault tests")
-        pytest.skip(str(exc))
+        _missing(str(exc))
     with ToxiproxyServer() as server:
         yield server
 
@@ -39,3 +45,13 @@ def proxied5(nodes5: RedisNodes, _proxies5: Proxies,
     toxiproxy.heal()
     yield _proxies5
     toxiproxy.heal()
+
+
+@pytest.fixture(scope="session")
+def fake() -> FaketimeRedis:
+    """A redis-server build that runs under libfaketime (clock-drift tests)."""
+    try:
+        return find_faketime_redis()
+    except FaketimeUnavailable as exc:
+        _missing(f"no redis-server under libfaketime: {exc}")
+        raise  # unreachable: skip/fail raise

@@ -33,7 +33,7 @@ from lock_history import ACCEPTED, ERROR, REJECTED, History, Hold, WriteRecord
 from fencing import RedisFencedStore, StaleTokenError
 from redlock import LockNotAcquired, Redlock
 from redlock.testing import RedisNode
-from redlock.testing.faketime import FaketimeRedis, FaketimeUnavailable, find_faketime_redis
+from redlock.testing.faketime import FaketimeRedis
 from redlock.testing.faketime import measure_clock_rate as clock_rate
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(240)]
@@ -41,14 +41,6 @@ pytestmark = [pytest.mark.faults, pytest.mark.timeout(240)]
 NODE_TIMEOUT = 0.25
 FAST = 0  # the node whose clock runs fast
 Cluster = Callable[[float], list[RedisNode]]
-
-
-@pytest.fixture(scope="module")
-def fake() -> FaketimeRedis:
-    try:
-        return find_faketime_redis()
-    except FaketimeUnavailable as exc:
-        pytest.skip(f"no redis-server under libfaketime: {exc}")
 
 
 @pytest.fixture

@@ -15,10 +15,8 @@ import pytest
 from redlock.testing import RedisNode
 from redlock.testing.faketime import (
     FaketimeRedis,
-    FaketimeUnavailable,
     check_under_faketime,
     find_faketime_lib,
-    find_faketime_redis,
     links_system_jemalloc,
     measure_clock_rate,
 )
@@ -26,14 +24,6 @@ from redlock.testing.faketime import (
 pytestmark = pytest.mark.faults
 
 MakeNode = Callable[[float], RedisNode]
-
-
-@pytest.fixture(scope="module")
-def fake() -> FaketimeRedis:
-    try:
-        return find_faketime_redis()
-    except FaketimeUnavailable as exc:
-        pytest.skip(f"no redis-server under libfaketime: {exc}")
 
 
 @pytest.fixture

@@ -114,6 +114,18 @@ class Worker:
         assert self.process.returncode in (0, -signal.SIGKILL), stderr
 
 
+def next_holder(workers: list[Worker], timeout: float) -> Worker | None:
+    """The first worker to announce a new hold from now on (whoever wins the lock)."""
+    marks = [len(worker.events) for worker in workers]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for worker, mark in zip(workers, marks, strict=True):
+            if worker.wait_holding(mark, timeout=0) is not None:
+                return worker
+        time.sleep(0.005)
+    return None
+
+
 def merge(workers: list[Worker], history: History) -> None:
     """Per worker: each hold from the acquire's completion to the release's invocation,
     cut at the validity the holder was given."""
@@ -140,7 +152,8 @@ def merge(workers: list[Worker], history: History) -> None:
 
 def test_paused_holders_are_fenced_off_and_the_lock_recovers(
         nodes5: RedisNodes, store_node: RedisNode) -> None:
-    rng = random.Random(int(os.environ.get("REDLOCK_FAULT_SEED", random.randrange(2**32))))
+    seed = int(os.environ.get("REDLOCK_FAULT_SEED", random.randrange(2**32)))
+    rng = random.Random(seed)
     with store_node.client() as client:
         client.delete(PLAIN_KEY)
     with scenario("paused-holder-sigstop") as figures:
@@ -148,10 +161,10 @@ def test_paused_holders_are_fenced_off_and_the_lock_recovers(
         paused_for: list[float] = []
         try:
             time.sleep(0.5)
-            for _ in range(PAUSES):
-                victim = rng.choice(workers)
-                held = victim.wait_holding(len(victim.events), timeout=3.0)
-                if held is None:
+            stop_pausing = time.monotonic() + SECONDS - 2.0
+            while len(paused_for) < PAUSES and time.monotonic() < stop_pausing:
+                victim = next_holder(workers, timeout=3.0)
+                if victim is None:
                     continue
                 victim.signal(signal.SIGSTOP)
                 pause = TTL + rng.uniform(0.3, 0.8)
@@ -191,7 +204,7 @@ def test_paused_holders_are_fenced_off_and_the_lock_recovers(
             plain = [int(t) for t in client.lrange(PLAIN_KEY, 0, -1)]
         backwards = sum(1 for a, b in itertools.pairwise(plain) if b < a)
         figures.extra.update(
-            pauses=len(paused_for), pause_s=[round(p, 2) for p in paused_for],
+            seed=seed, pauses=len(paused_for), pause_s=[round(p, 2) for p in paused_for],
             ttl_s=TTL, writes_tried=len(history.writes),
             writes_accepted=history.count(ACCEPTED), writes_rejected=history.count(REJECTED),
             overlaps_within_validity=len(history.overlaps()),
