@@ -8,9 +8,11 @@ and one node timeout at most, not N.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
@@ -20,6 +22,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import NoScriptError
 from redis.retry import Retry
 
+from redlock import scripts
 from redlock.core import (
     Broadcast,
     Call,
@@ -40,12 +43,33 @@ logger = structlog.get_logger(__name__)
 
 OnLost = Callable[["Lock"], object]
 
+# Set only in a watchdog thread while it runs on_lost (threading.local: per thread).
+_acting = threading.local()
+
+_PARKED_PER_NODE = 16
+
 
 def _command(call: Call, *, evalsha: bool) -> tuple[Any, ...]:
     if call.script is None:
         return call.args
     head = ("EVALSHA", call.script.sha) if evalsha else ("EVAL", call.script.source)
     return (*head, len(call.keys), *call.keys, *call.args)
+
+
+@dataclass(frozen=True)
+class _Parked:
+    """A connection whose acquire script got no reply in time.
+
+    The node may still run that script later (a hung node works through its socket
+    when it comes back, a lost reply means it already did). The connection is kept,
+    not closed, so that the release for the same owner is written *behind* it on the
+    same socket: the node then runs our release after our acquire, in order. A release
+    on a new connection would wait for a handshake the hung node never answers.
+    """
+
+    conn: Any
+    lock_key: str
+    owner: object
 
 
 class _Nodes:
@@ -64,8 +88,12 @@ class _Nodes:
                     **{**source.connection_kwargs, **overrides})
             self.pools.append(pool)
         self.addresses = [address_of(pool.connection_kwargs) for pool in self.pools]
+        self._parked: list[list[_Parked]] = [[] for _ in self.pools]
+        self._parked_mutex = threading.Lock()
 
     def broadcast(self, request: Broadcast) -> list[object]:
+        if any(self._parked):
+            self._trail_releases(request)
         deadline = time.monotonic() + request.timeout
         replies: list[object] = [None] * len(request.calls)
         pending: list[tuple[int, Call, Any]] = []
@@ -87,14 +115,53 @@ class _Nodes:
                 self._connect_in_parallel(slow, replies, pending)
             while pending:  # gather against one deadline
                 index, call, conn = pending[0]
-                replies[index] = self._read(conn, call, deadline)
+                replies[index], parked = self._read(conn, call, deadline)
                 pending.pop(0)
-                self.pools[call.node].release(conn)
+                if not parked:
+                    self.pools[call.node].release(conn)
         finally:
             for _, call, conn in pending:  # interrupted: these replies will never be read
-                conn.disconnect()
-                self.pools[call.node].release(conn)
+                if not self._park(call, conn):
+                    self._discard(call.node, conn)
         return replies
+
+    def _park(self, call: Call, conn: Any) -> bool:
+        """Keep the connection of an unanswered acquire (see _Parked); False if not one."""
+        if call.script is not scripts.ACQUIRE or getattr(conn, "_sock", None) is None:
+            return False
+        evicted = None
+        with self._parked_mutex:
+            parked = self._parked[call.node]
+            parked.append(_Parked(conn, call.keys[0], call.args[0]))
+            if len(parked) > _PARKED_PER_NODE:
+                evicted = parked.pop(0)
+        if evicted is not None:
+            self._discard(call.node, evicted.conn)
+        return True
+
+    def _trail_releases(self, request: Broadcast) -> None:
+        """Write each release behind the unanswered acquires of the same owner, then
+        close those connections (the FIN follows the release; the node runs both)."""
+        for call in request.calls:
+            if call.script is not scripts.RELEASE:
+                continue
+            key = (call.keys[0], call.args[0])
+            with self._parked_mutex:
+                parked = self._parked[call.node]
+                mine = [p for p in parked if (p.lock_key, p.owner) == key]
+                if not mine:
+                    continue
+                self._parked[call.node] = [p for p in parked if p not in mine]
+            for item in mine:
+                with contextlib.suppress(Exception):  # the normal release still runs
+                    item.conn.send_command(*_command(call, evalsha=False), check_health=False)
+                self._discard(call.node, item.conn)
+
+    def _discard(self, node: int, conn: Any) -> None:
+        with contextlib.suppress(Exception):
+            conn.disconnect()
+        with contextlib.suppress(Exception):
+            self.pools[node].release(conn)
 
     @staticmethod
     def _has_idle_connection(pool: redis.ConnectionPool) -> bool:
@@ -150,19 +217,32 @@ class _Nodes:
             with mutex:
                 abandoned = True
 
-    @staticmethod
-    def _read(conn: Any, call: Call, deadline: float) -> object:
+    def _read(self, conn: Any, call: Call, deadline: float) -> tuple[object, bool]:
+        """The reply (or the error) and whether the connection was parked."""
         try:
             try:
-                return conn.read_response(timeout=max(deadline - time.monotonic(), 0.0005))
+                return conn.read_response(timeout=max(deadline - time.monotonic(), 0.0005),
+                                          disconnect_on_error=False), False
             except NoScriptError:  # first use on this node (or SCRIPT FLUSH): send the body
                 conn.send_command(*_command(call, evalsha=False))
-                return conn.read_response(timeout=max(deadline - time.monotonic(), 0.0005))
-        except Exception as exc:
+                return conn.read_response(timeout=max(deadline - time.monotonic(), 0.0005),
+                                          disconnect_on_error=False), False
+        except redis.TimeoutError as exc:
+            if self._park(call, conn):
+                return exc, True
             conn.disconnect()  # a late reply must never be read as the next command's
-            return exc
+            return exc, False
+        except Exception as exc:
+            conn.disconnect()
+            return exc, False
 
     def close(self) -> None:
+        with self._parked_mutex:
+            parked = [(node, item) for node, items in enumerate(self._parked)
+                      for item in items]
+            self._parked = [[] for _ in self.pools]
+        for node, item in parked:
+            self._discard(node, item.conn)
         for pool in self.pools:
             pool.disconnect()
 
@@ -278,6 +358,9 @@ class Lock(LockHandleBase):
         self._watchdog_stops: dict[LockState, threading.Event] = {}
 
     def _owner_key(self) -> Hashable:
+        acting_for: Hashable | None = getattr(_acting, "owner", None)
+        if acting_for is not None:  # inside on_lost: the handle shows the lost acquisition
+            return acting_for
         return threading.get_ident()
 
     def acquire(self, blocking: bool | None = None, timeout: float | None = None) -> bool:
@@ -298,7 +381,7 @@ class Lock(LockHandleBase):
         if state is None:
             return False
         if self.auto_extend:
-            self._start_watchdog(state)
+            self._start_watchdog(state, owner)
         return True
 
     def release(self) -> None:
@@ -317,7 +400,7 @@ class Lock(LockHandleBase):
         self._redlock._run(self._core.extend_or_lose(
             state, self.ttl if ttl is None else self._core.check_ttl(ttl)))
 
-    def _start_watchdog(self, state: LockState) -> None:
+    def _start_watchdog(self, state: LockState, owner: Hashable) -> None:
         stop = self._watchdog_stops[state] = threading.Event()
 
         def execute(request: Request) -> Replies:
@@ -332,10 +415,15 @@ class Lock(LockHandleBase):
                 lost = state.mark_lost("the auto-extend watchdog crashed")
             self._watchdog_stops.pop(state, None)
             if lost and self.on_lost is not None:
+                # The callback runs in this watchdog thread, not in the owner's: let the
+                # handle's token/lost/check() answer for the owner's acquisition in here.
+                _acting.owner = owner
                 try:
                     self.on_lost(self)
                 except Exception:
                     logger.exception("redlock.on_lost_failed", resource=self.resource)
+                finally:
+                    _acting.owner = None
 
         threading.Thread(target=run, name=f"redlock-watchdog:{self.resource}",
                          daemon=True).start()

@@ -664,12 +664,6 @@ async def test_async_clients_with_credentials(fresh_nodes: Callable[..., RedisNo
 # ---------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "client.py _Nodes closes the connection of an acquire that got no reply in time and"
-    " sends the release on a new connection, whose handshake a hung node never answers;"
-    " when the node comes back it runs the acquire from the old socket and no release,"
-    " so our key stays there until its TTL (aio.py writes the release behind the"
-    " unanswered acquire on the same socket instead)"))
 def test_sync_client_leaves_no_key_on_a_node_that_hung_during_the_acquire(
         nodes5: RedisNodes) -> None:
     from redlock import Redlock
@@ -691,10 +685,6 @@ def test_sync_client_leaves_no_key_on_a_node_that_hung_during_the_acquire(
     assert any_lock_keys(nodes5) == [[]] * 5
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "client.py Lock runs on_lost in the watchdog thread, and the handle's lost/token/"
-    "check() look up the acquisition of the *calling* thread, so inside the callback"
-    " handle.lost is False (aio.py makes the handle answer for the owner in on_lost)"))
 def test_sync_on_lost_sees_the_lost_acquisition_through_the_handle(
         nodes3: RedisNodes) -> None:
     from redlock import Lock, Redlock

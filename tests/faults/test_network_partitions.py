@@ -310,8 +310,9 @@ def test_lost_replies_on_a_majority_fail_release_and_recover_within_the_ttl(
     assert not problems, problems
     assert ran_unheard == [1, 1, 1]
     assert figures.recovery_s < TTL + 1.0
-    # On the reachable nodes the failed attempt's release ran for sure.
-    assert left_after_heal[3:] == [False, False]
+    # The release was written behind the unanswered acquire on the same socket, so the
+    # nodes whose replies were lost ran it too: nothing waits for the TTL.
+    assert left_after_heal == [False] * 5
 
 
 def test_lost_replies_on_a_majority_asyncio_client(
