@@ -19,7 +19,7 @@ import contextvars
 import inspect
 import sys
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Hashable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Hashable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, TypeVar
@@ -198,6 +198,51 @@ class _Nodes:
             await pool.disconnect()
 
 
+class _LocalWakeups:
+    """See :class:`redlock.client._LocalWakeups`: the same, for tasks of one loop."""
+
+    def __init__(self) -> None:
+        self._waiting: dict[str, list[asyncio.Event]] = {}
+
+    async def wait(self, channel: str, seconds: float) -> None:
+        event = asyncio.Event()
+        self._waiting.setdefault(channel, []).append(event)
+        try:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await _within(event.wait(), seconds)
+        finally:
+            waiters = self._waiting.get(channel)
+            if waiters is not None:
+                waiters.remove(event)
+                if not waiters:
+                    del self._waiting[channel]
+
+    def notify(self, channel: str) -> None:
+        for event in self._waiting.get(channel, ()):  # the longest waiter only
+            if not event.is_set():
+                event.set()
+                return
+
+
+class _Turns:
+    """See :class:`redlock.client._Turns`: the same, for tasks of one loop."""
+
+    def __init__(self) -> None:
+        self._sections: dict[str, tuple[asyncio.Lock, list[int]]] = {}
+
+    @contextlib.asynccontextmanager
+    async def turn(self, key: str) -> AsyncIterator[None]:
+        lock, users = self._sections.setdefault(key, (asyncio.Lock(), [0]))
+        users[0] += 1
+        try:
+            async with lock:
+                yield
+        finally:
+            users[0] -= 1
+            if users[0] == 0:
+                del self._sections[key]
+
+
 class AsyncRedlock:
     """The asyncio twin of :class:`redlock.Redlock`; see there for the arguments."""
 
@@ -220,6 +265,8 @@ class AsyncRedlock:
         self._nodes = _Nodes(nodes, settings.node_timeout)
         self._core = RedlockCore(self._nodes.addresses, settings, clock)
         self._sleep = sleep
+        self._wakeups = _LocalWakeups()
+        self._turns = _Turns()
 
     @property
     def nodes(self) -> tuple[str, ...]:
@@ -264,10 +311,17 @@ class AsyncRedlock:
         while True:
             try:
                 reply: Replies
-                if isinstance(request, Broadcast):
+                if isinstance(request, Broadcast) and request.one_at_a_time is not None:
+                    async with self._turns.turn(request.one_at_a_time):
+                        reply = await self._nodes.broadcast(request)
+                elif isinstance(request, Broadcast):
                     reply = await self._nodes.broadcast(request)
                 else:
-                    await (sleep or self._sleep)(request.seconds)
+                    if (sleep is None and request.wake_channel is not None
+                            and self._sleep is asyncio.sleep):
+                        await self._wakeups.wait(request.wake_channel, request.seconds)
+                    else:  # an injected sleep (tests) is honoured as given
+                        await (sleep or self._sleep)(request.seconds)
                     reply = ()
             except BaseException as exc:  # cancelled: the protocol cleans up, then re-raises
                 request = protocol.throw(exc)
@@ -322,7 +376,10 @@ class AsyncLock(LockHandleBase):
         watchdog = self._watchdogs.pop(state, None)
         if watchdog is not None:
             watchdog[0].set()
-        await self._redlock._run(self._core.release(state))
+        try:
+            await self._redlock._run(self._core.release(state))
+        finally:
+            self._redlock._wakeups.notify(self._core.keys.channel(self.resource))
 
     async def extend(self, ttl: float | None = None) -> None:
         """See :meth:`redlock.Lock.extend`."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
@@ -247,6 +247,66 @@ class _Nodes:
             pool.disconnect()
 
 
+class _LocalWakeups:
+    """Release notices between the handles of one Redlock in this process.
+
+    A blocking waiter sleeps between attempts (jittered backoff); when a handle of the
+    same manager releases that resource, the longest waiter wakes at once and tries
+    again, instead of whichever waiter's backoff happens to end first winning (under
+    exponential backoff the longest waiter has the longest sleep, so it starves).
+    Waiters in other processes still rely on their backoff."""
+
+    def __init__(self) -> None:
+        self._mutex = threading.Lock()
+        self._waiting: dict[str, list[threading.Event]] = {}
+
+    def wait(self, channel: str, seconds: float) -> None:
+        event = threading.Event()
+        with self._mutex:
+            self._waiting.setdefault(channel, []).append(event)
+        try:
+            event.wait(seconds)
+        finally:
+            with self._mutex:
+                waiters = self._waiting.get(channel)
+                if waiters is not None:
+                    waiters.remove(event)
+                    if not waiters:
+                        del self._waiting[channel]
+
+    def notify(self, channel: str) -> None:
+        """Wake the longest waiter only: waking all of them at once makes them split the
+        nodes between them (each wins some, none a quorum) and all back off again."""
+        with self._mutex:
+            for event in self._waiting.get(channel, ()):
+                if not event.is_set():
+                    event.set()
+                    return
+
+
+class _Turns:
+    """One-at-a-time sections per key (Broadcast.one_at_a_time), created on demand and
+    dropped when nobody waits, so idle resources cost nothing."""
+
+    def __init__(self) -> None:
+        self._mutex = threading.Lock()
+        self._sections: dict[str, tuple[threading.Lock, list[int]]] = {}
+
+    @contextlib.contextmanager
+    def turn(self, key: str) -> Iterator[None]:
+        with self._mutex:
+            lock, users = self._sections.setdefault(key, (threading.Lock(), [0]))
+            users[0] += 1
+        try:
+            with lock:
+                yield
+        finally:
+            with self._mutex:
+                users[0] -= 1
+                if users[0] == 0:
+                    del self._sections[key]
+
+
 class Redlock:
     """A distributed lock manager over N independent Redis masters.
 
@@ -257,7 +317,8 @@ class Redlock:
         node_timeout: seconds each node may take to answer one request (connect
             included). Keep it small relative to the TTL: 5-50 ms for a 10 s TTL.
         drift_factor: clock-drift allowance as a fraction of the TTL (plus 2 ms).
-        retry_delay_min, retry_delay_max: jittered exponential backoff between attempts.
+        retry_delay_min, retry_delay_max: bounds of the jittered exponential backoff
+            between attempts (a release by a handle of this manager wakes a waiter early).
         max_ttl: the largest TTL accepted, and how long an amnesiac node stays out
             before it is re-seeded and rejoins (every old lock has expired by then).
         clock: a monotonic clock in seconds (injectable for tests).
@@ -287,6 +348,8 @@ class Redlock:
             self._nodes.close()
             raise
         self._sleep = sleep
+        self._wakeups = _LocalWakeups()
+        self._turns = _Turns()
 
     @property
     def nodes(self) -> tuple[str, ...]:
@@ -332,8 +395,14 @@ class Redlock:
 
     def _execute(self, request: Request, sleep: Callable[[float], object] | None = None) -> Replies:
         if isinstance(request, Broadcast):
-            return self._nodes.broadcast(request)
-        (sleep or self._sleep)(request.seconds)
+            if request.one_at_a_time is None:
+                return self._nodes.broadcast(request)
+            with self._turns.turn(request.one_at_a_time):
+                return self._nodes.broadcast(request)
+        if sleep is None and request.wake_channel is not None and self._sleep is time.sleep:
+            self._wakeups.wait(request.wake_channel, request.seconds)
+        else:  # an injected sleep (tests) is honoured as given
+            (sleep or self._sleep)(request.seconds)
         return ()
 
     def _run(self, protocol: Protocol[T]) -> T:
@@ -392,7 +461,10 @@ class Lock(LockHandleBase):
         stop = self._watchdog_stops.pop(state, None)
         if stop is not None:
             stop.set()
-        self._redlock._run(self._core.release(state))
+        try:
+            self._redlock._run(self._core.release(state))
+        finally:
+            self._redlock._wakeups.notify(self._core.keys.channel(self.resource))
 
     def extend(self, ttl: float | None = None) -> None:
         """Reset the TTL on a quorum; raises :class:`LockLost` when that fails in time."""

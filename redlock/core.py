@@ -75,10 +75,17 @@ class Call:
 
 @dataclass(frozen=True)
 class Broadcast:
-    """Run ``calls`` in parallel; each must answer within ``timeout`` seconds."""
+    """Run ``calls`` in parallel; each must answer within ``timeout`` seconds.
+
+    ``one_at_a_time``: broadcasts with the same key from one manager must not overlap.
+    Acquire attempts on one resource carry it: two attempts racing from the same
+    process split the nodes between them (each wins some, neither a quorum), and both
+    fail and back off; taking turns costs at most one attempt's wait.
+    """
 
     calls: tuple[Call, ...]
     timeout: float
+    one_at_a_time: str | None = None
 
 
 @dataclass(frozen=True)
@@ -575,7 +582,9 @@ class RedlockCore:
             if backoff is None:
                 backoff = _Backoff(tenacity.wait_random_exponential(
                     multiplier=self.settings.retry_delay_min, max=self.settings.retry_delay_max))
-            delay = backoff.next_delay(attempts)
+            # tenacity's full jitter draws from [0, cap]; retry_delay_min is the floor its
+            # name promises (a near-zero wait only hammers the nodes the holder still owns).
+            delay = max(self.settings.retry_delay_min, backoff.next_delay(attempts))
             # The holder's key cannot free itself before its PTTL: no point polling faster
             # than that, but never sleep past it either.
             pttls = [r.pttl_ms for r in result.outcomes if r.pttl_ms is not None and r.pttl_ms > 0]
@@ -610,7 +619,7 @@ class RedlockCore:
         request = Broadcast(
             self._all(scripts.ACQUIRE, (lock_key, fence_key, self.keys.marker),
                       (owner, ttl_ms, self.health.floor(resource))),
-            settings.node_timeout)
+            settings.node_timeout, one_at_a_time=lock_key)
         try:
             replies = yield request
             assert replies is not None

@@ -581,4 +581,8 @@ def test_acquire_protocol_blocking_backs_off_and_stops_at_the_deadline() -> None
     assert result.attempts > 1
     sleeps = [r for r in nodes.requests if isinstance(r, Sleep)]
     assert sleeps and all(s.wake_channel == "redlock:{r}:released" for s in sleeps)
+    # Between retry_delay_min and retry_delay_max, except the last one cut at the deadline.
+    settings = Settings()
+    assert all(settings.retry_delay_min <= s.seconds <= settings.retry_delay_max
+               for s in sleeps[:-1])
     assert clock() - 1000.0 == pytest.approx(1.0, abs=0.3)  # stopped at the deadline
