@@ -20,7 +20,7 @@ import inspect
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -33,6 +33,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from redlock import scripts
 from redlock.core import (
+    HANDOFF_GRACE,
     Broadcast,
     Call,
     LockState,
@@ -198,49 +199,109 @@ class _Nodes:
             await pool.disconnect()
 
 
-class _LocalWakeups:
-    """See :class:`redlock.client._LocalWakeups`: the same, for tasks of one loop."""
+class _Ticket:
+    """See :class:`redlock.client._Ticket`."""
+
+    __slots__ = ("key", "wake")
 
     def __init__(self) -> None:
-        self._waiting: dict[str, list[asyncio.Event]] = {}
-
-    async def wait(self, channel: str, seconds: float) -> None:
-        event = asyncio.Event()
-        self._waiting.setdefault(channel, []).append(event)
-        try:
-            with contextlib.suppress(asyncio.TimeoutError):
-                await _within(event.wait(), seconds)
-        finally:
-            waiters = self._waiting.get(channel)
-            if waiters is not None:
-                waiters.remove(event)
-                if not waiters:
-                    del self._waiting[channel]
-
-    def notify(self, channel: str) -> None:
-        for event in self._waiting.get(channel, ()):  # the longest waiter only
-            if not event.is_set():
-                event.set()
-                return
+        self.key: str | None = None
+        self.wake: asyncio.Event | None = None
 
 
-class _Turns:
-    """See :class:`redlock.client._Turns`: the same, for tasks of one loop."""
+@dataclass(eq=False)
+class _Line:
+    turn: asyncio.Lock = field(default_factory=asyncio.Lock)
+    waiting: list[_Ticket] = field(default_factory=list)
+    handoff_to: _Ticket | None = None
+    handoff_done: asyncio.Event = field(default_factory=asyncio.Event)
+    handoff_until: float = 0.0
+    users: int = 0
+
+    def idle(self) -> bool:
+        return self.users == 0 and not self.waiting and self.handoff_to is None
+
+
+class _LocalLines:
+    """See :class:`redlock.client._LocalLines`: the same, for the tasks of one event loop
+    (no mutex: nothing here awaits between reading and updating a line)."""
 
     def __init__(self) -> None:
-        self._sections: dict[str, tuple[asyncio.Lock, list[int]]] = {}
+        self._lines: dict[str, _Line] = {}
+
+    def _enter(self, key: str) -> _Line:
+        line = self._lines.get(key)
+        if line is None:
+            line = self._lines[key] = _Line()
+        line.users += 1
+        return line
+
+    def _exit(self, key: str, line: _Line) -> None:
+        line.users -= 1
+        if line.idle():
+            del self._lines[key]
+
+    @staticmethod
+    def _end_handoff(line: _Line) -> None:
+        line.handoff_to = None
+        line.handoff_done.set()
 
     @contextlib.asynccontextmanager
-    async def turn(self, key: str) -> AsyncIterator[None]:
-        lock, users = self._sections.setdefault(key, (asyncio.Lock(), [0]))
-        users[0] += 1
+    async def attempt(self, key: str, ticket: _Ticket) -> AsyncIterator[None]:
+        line = self._enter(key)
+        if ticket.wake is not None:
+            ticket.wake.clear()
         try:
-            async with lock:
+            if line.handoff_to is not None and line.handoff_to is not ticket:
+                left = line.handoff_until - time.monotonic()
+                if left > 0:
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        await _within(line.handoff_done.wait(), left)
+            async with line.turn:
                 yield
         finally:
-            users[0] -= 1
-            if users[0] == 0:
-                del self._sections[key]
+            if line.handoff_to is ticket:
+                self._end_handoff(line)
+            self._exit(key, line)
+
+    async def wait(self, key: str, ticket: _Ticket, seconds: float) -> None:
+        line = self._enter(key)
+        if ticket.key is None:
+            ticket.key = key
+            line.waiting.append(ticket)
+        if ticket.wake is None:
+            ticket.wake = asyncio.Event()
+        try:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await _within(ticket.wake.wait(), seconds)
+        finally:
+            self._exit(key, line)
+
+    def leave(self, ticket: _Ticket) -> None:
+        if ticket.key is None:
+            return
+        line = self._lines.get(ticket.key)
+        if line is None:
+            return
+        if ticket in line.waiting:
+            line.waiting.remove(ticket)
+        if line.handoff_to is ticket:
+            self._end_handoff(line)
+        if line.idle():
+            del self._lines[ticket.key]
+
+    def notify(self, key: str) -> None:
+        line = self._lines.get(key)
+        if line is None or not line.waiting:
+            return
+        first = line.waiting[0]
+        now = time.monotonic()
+        if line.handoff_to is None or now >= line.handoff_until:
+            line.handoff_to = first
+            line.handoff_done = asyncio.Event()
+            line.handoff_until = now + HANDOFF_GRACE
+        if first.wake is not None:
+            first.wake.set()
 
 
 class AsyncRedlock:
@@ -265,8 +326,7 @@ class AsyncRedlock:
         self._nodes = _Nodes(nodes, settings.node_timeout)
         self._core = RedlockCore(self._nodes.addresses, settings, clock)
         self._sleep = sleep
-        self._wakeups = _LocalWakeups()
-        self._turns = _Turns()
+        self._lines = _LocalLines()
 
     @property
     def nodes(self) -> tuple[str, ...]:
@@ -307,19 +367,27 @@ class AsyncRedlock:
         await self.close()
 
     async def _run(self, protocol: Protocol[T], sleep: AsyncSleep | None = None) -> T:
+        ticket = _Ticket()
+        try:
+            return await self._drive(protocol, sleep, ticket)
+        finally:
+            self._lines.leave(ticket)
+
+    async def _drive(self, protocol: Protocol[T], sleep: AsyncSleep | None,
+                     ticket: _Ticket) -> T:
         request: Request = next(protocol)
         while True:
             try:
                 reply: Replies
                 if isinstance(request, Broadcast) and request.one_at_a_time is not None:
-                    async with self._turns.turn(request.one_at_a_time):
+                    async with self._lines.attempt(request.one_at_a_time, ticket):
                         reply = await self._nodes.broadcast(request)
                 elif isinstance(request, Broadcast):
                     reply = await self._nodes.broadcast(request)
                 else:
                     if (sleep is None and request.wake_channel is not None
                             and self._sleep is asyncio.sleep):
-                        await self._wakeups.wait(request.wake_channel, request.seconds)
+                        await self._lines.wait(request.wake_channel, ticket, request.seconds)
                     else:  # an injected sleep (tests) is honoured as given
                         await (sleep or self._sleep)(request.seconds)
                     reply = ()
@@ -379,7 +447,7 @@ class AsyncLock(LockHandleBase):
         try:
             await self._redlock._run(self._core.release(state))
         finally:
-            self._redlock._wakeups.notify(self._core.keys.channel(self.resource))
+            self._redlock._lines.notify(self._core.keys.channel(self.resource))
 
     async def extend(self, ttl: float | None = None) -> None:
         """See :meth:`redlock.Lock.extend`."""

@@ -73,14 +73,21 @@ class Call:
     keys: tuple[str, ...] = ()
 
 
+# How long a release's handoff to the longest local waiter holds off other local
+# attempts on that resource: long enough for the woken thread or task to be scheduled, short
+# enough that a waiter that died or stalls costs the others little.
+HANDOFF_GRACE = 0.1
+
+
 @dataclass(frozen=True)
 class Broadcast:
     """Run ``calls`` in parallel; each must answer within ``timeout`` seconds.
 
     ``one_at_a_time``: broadcasts with the same key from one manager must not overlap.
-    Acquire attempts on one resource carry it: two attempts racing from the same
-    process split the nodes between them (each wins some, neither a quorum), and both
-    fail and back off; taking turns costs at most one attempt's wait.
+    Acquire attempts on one resource carry it (the resource's release channel, the
+    ``wake_channel`` of its waits): two attempts racing from the same process split the
+    nodes between them (each wins some, neither a quorum), and both fail and back off;
+    taking turns costs at most one attempt's wait.
     """
 
     calls: tuple[Call, ...]
@@ -619,7 +626,7 @@ class RedlockCore:
         request = Broadcast(
             self._all(scripts.ACQUIRE, (lock_key, fence_key, self.keys.marker),
                       (owner, ttl_ms, self.health.floor(resource))),
-            settings.node_timeout, one_at_a_time=lock_key)
+            settings.node_timeout, one_at_a_time=self.keys.channel(resource))
         try:
             replies = yield request
             assert replies is not None
