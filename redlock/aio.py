@@ -19,8 +19,8 @@ import contextvars
 import inspect
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Hashable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Coroutine, Hashable, Sequence
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -209,14 +209,18 @@ class _Ticket:
         self.wake: asyncio.Event | None = None
 
 
-@dataclass(eq=False)
 class _Line:
-    turn: asyncio.Lock = field(default_factory=asyncio.Lock)
-    waiting: list[_Ticket] = field(default_factory=list)
-    handoff_to: _Ticket | None = None
-    handoff_done: asyncio.Event = field(default_factory=asyncio.Event)
-    handoff_until: float = 0.0
-    users: int = 0
+    """See :class:`redlock.client._Line`."""
+
+    __slots__ = ("handoff_done", "handoff_to", "handoff_until", "turn", "users", "waiting")
+
+    def __init__(self) -> None:
+        self.turn = asyncio.Lock()
+        self.waiting: list[_Ticket] = []
+        self.handoff_to: _Ticket | None = None
+        self.handoff_done: asyncio.Event | None = None
+        self.handoff_until = 0.0
+        self.users = 0
 
     def idle(self) -> bool:
         return self.users == 0 and not self.waiting and self.handoff_to is None
@@ -244,25 +248,32 @@ class _LocalLines:
     @staticmethod
     def _end_handoff(line: _Line) -> None:
         line.handoff_to = None
-        line.handoff_done.set()
+        if line.handoff_done is not None:
+            line.handoff_done.set()
+            line.handoff_done = None
 
-    @contextlib.asynccontextmanager
-    async def attempt(self, key: str, ticket: _Ticket) -> AsyncIterator[None]:
+    async def begin_attempt(self, key: str, ticket: _Ticket) -> _Line:
         line = self._enter(key)
         if ticket.wake is not None:
             ticket.wake.clear()
         try:
-            if line.handoff_to is not None and line.handoff_to is not ticket:
+            done = line.handoff_done
+            if done is not None and line.handoff_to is not ticket:
                 left = line.handoff_until - time.monotonic()
                 if left > 0:
                     with contextlib.suppress(asyncio.TimeoutError):
-                        await _within(line.handoff_done.wait(), left)
-            async with line.turn:
-                yield
-        finally:
-            if line.handoff_to is ticket:
-                self._end_handoff(line)
+                        await _within(done.wait(), left)
+            await line.turn.acquire()
+        except BaseException:
             self._exit(key, line)
+            raise
+        return line
+
+    def end_attempt(self, key: str, line: _Line, ticket: _Ticket) -> None:
+        line.turn.release()
+        if line.handoff_to is ticket:
+            self._end_handoff(line)
+        self._exit(key, line)
 
     async def wait(self, key: str, ticket: _Ticket, seconds: float) -> None:
         line = self._enter(key)
@@ -380,8 +391,11 @@ class AsyncRedlock:
             try:
                 reply: Replies
                 if isinstance(request, Broadcast) and request.one_at_a_time is not None:
-                    async with self._lines.attempt(request.one_at_a_time, ticket):
+                    line = await self._lines.begin_attempt(request.one_at_a_time, ticket)
+                    try:
                         reply = await self._nodes.broadcast(request)
+                    finally:
+                        self._lines.end_attempt(request.one_at_a_time, line, ticket)
                 elif isinstance(request, Broadcast):
                     reply = await self._nodes.broadcast(request)
                 else:

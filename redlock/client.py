@@ -11,8 +11,8 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Callable, Hashable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
@@ -259,14 +259,18 @@ class _Ticket:
         self.wake: threading.Event | None = None  # made on the first wait only
 
 
-@dataclass(eq=False)
 class _Line:
-    turn: threading.Lock = field(default_factory=threading.Lock)
-    waiting: list[_Ticket] = field(default_factory=list)
-    handoff_to: _Ticket | None = None
-    handoff_done: threading.Event = field(default_factory=threading.Event)
-    handoff_until: float = 0.0
-    users: int = 0  # threads inside attempt() or wait() right now
+    """One resource's local line (see _LocalLines)."""
+
+    __slots__ = ("handoff_done", "handoff_to", "handoff_until", "turn", "users", "waiting")
+
+    def __init__(self) -> None:
+        self.turn = threading.Lock()
+        self.waiting: list[_Ticket] = []
+        self.handoff_to: _Ticket | None = None
+        self.handoff_done: threading.Event | None = None  # made by a handoff only
+        self.handoff_until = 0.0
+        self.users = 0  # threads inside an attempt or a wait right now
 
     def idle(self) -> bool:
         return self.users == 0 and not self.waiting and self.handoff_to is None
@@ -308,26 +312,37 @@ class _LocalLines:
 
     def _end_handoff(self, line: _Line) -> None:  # with self._mutex held
         line.handoff_to = None
-        line.handoff_done.set()
+        if line.handoff_done is not None:
+            line.handoff_done.set()
+            line.handoff_done = None
 
-    @contextlib.contextmanager
-    def attempt(self, key: str, ticket: _Ticket) -> Iterator[None]:
+    def begin_attempt(self, key: str, ticket: _Ticket) -> _Line:
+        """Wait for a pending handoff to another waiter, then for our turn; pair with
+        end_attempt (a plain pair, not a context manager: this is the hot path)."""
         with self._mutex:
             line = self._enter(key)
             if ticket.wake is not None:
                 ticket.wake.clear()  # a release from here on wakes the next wait at once
-            handed_to_another = line.handoff_to is not None and line.handoff_to is not ticket
-            done, until = line.handoff_done, line.handoff_until
+            done = None
+            if line.handoff_to is not None and line.handoff_to is not ticket:
+                done = line.handoff_done
+            until = line.handoff_until
         try:
-            if handed_to_another:
+            if done is not None:
                 done.wait(max(0.0, until - time.monotonic()))
-            with line.turn:
-                yield
-        finally:
+            line.turn.acquire()
+        except BaseException:
             with self._mutex:
-                if line.handoff_to is ticket:
-                    self._end_handoff(line)
                 self._exit(key, line)
+            raise
+        return line
+
+    def end_attempt(self, key: str, line: _Line, ticket: _Ticket) -> None:
+        line.turn.release()
+        with self._mutex:
+            if line.handoff_to is ticket:
+                self._end_handoff(line)
+            self._exit(key, line)
 
     def wait(self, key: str, ticket: _Ticket, seconds: float) -> None:
         with self._mutex:
@@ -466,8 +481,12 @@ class Redlock:
         if isinstance(request, Broadcast):
             if request.one_at_a_time is None:
                 return self._nodes.broadcast(request)
-            with self._lines.attempt(request.one_at_a_time, ticket or _Ticket()):
+            ticket = ticket or _Ticket()
+            line = self._lines.begin_attempt(request.one_at_a_time, ticket)
+            try:
                 return self._nodes.broadcast(request)
+            finally:
+                self._lines.end_attempt(request.one_at_a_time, line, ticket)
         if (sleep is None and ticket is not None and request.wake_channel is not None
                 and self._sleep is time.sleep):
             self._lines.wait(request.wake_channel, ticket, request.seconds)
