@@ -115,3 +115,24 @@ async def test_async_contending_tasks_all_get_turns(nodes3: RedisNodes) -> None:
         assert sum(counts) == 160
         assert min(counts) >= 5, counts
         assert dlm._lines._lines == {}
+
+
+def test_sync_waiters_that_time_out_leave_the_line(nodes3: RedisNodes) -> None:
+    with Redlock(nodes3.urls, node_timeout=0.5) as dlm:
+        holder = dlm.lock("gone", ttl=10.0)
+        assert holder.acquire(blocking=False)
+        failed: list[bool] = []
+
+        def wait() -> None:
+            failed.append(not dlm.lock("gone", ttl=10.0).acquire(timeout=0.3))
+
+        threads = [threading.Thread(target=wait) for _ in range(3)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(10)
+        assert failed == [True, True, True]
+        assert dlm._lines._lines == {}
+        holder.release()  # nobody waits: the notice is a no-op
+        assert dlm._lines._lines == {}
+        assert dlm.lock("gone", ttl=10.0).acquire(blocking=False)
