@@ -79,14 +79,6 @@ class Call:
 HANDOFF_GRACE = 0.1
 
 
-# After a node fails to answer in time, acquire attempts leave it out for this long and
-# then ask it again: a hung (blackholed) node then costs one node timeout per second
-# instead of one per acquire and one per release. Only while the others can still make a
-# quorum, and an attempt that failed for want of the nodes it left out is retried at
-# once with every node.
-LEAVE_OUT_AFTER_TIMEOUT = 1.0
-
-
 @dataclass(frozen=True)
 class Broadcast:
     """Run ``calls`` in parallel; each must answer within ``timeout`` seconds.
@@ -266,12 +258,6 @@ def error_detail(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}"
 
 
-def is_timeout(reply: object) -> bool:
-    """A node that did not answer in time (builtin, asyncio or redis-py TimeoutError)."""
-    return isinstance(reply, BaseException) and (
-        isinstance(reply, TimeoutError) or type(reply).__name__ == "TimeoutError")
-
-
 def is_permanent_error(exc: BaseException) -> bool:
     """Errors that retrying will not fix: credentials, permissions, wrong node type."""
     name = type(exc).__name__
@@ -370,10 +356,9 @@ class LockState:
     """One acquisition: shared by the handles that re-entered it and by its watchdog."""
 
     def __init__(self, resource: str, owner: str, ttl: float, token: int, deadline: float,
-                 clock: Callable[[], float], nodes: tuple[int, ...] | None = None) -> None:
+                 clock: Callable[[], float]) -> None:
         self.resource = resource
         self.owner = owner
-        self.nodes = nodes  # the nodes the acquire asked (None: all); no key elsewhere
         self.ttl = ttl
         self.token = token
         self.deadline = deadline  # monotonic time when validity runs out
@@ -420,7 +405,6 @@ class NodeHealth:
         self.amnesiac_since: dict[int, float] = {}
         self.last_repair_try: dict[int, float] = {}
         self.inspected = False  # node configurations were read once (see unsafe_config)
-        self.timed_out_at: dict[int, float] = {}  # last timeout of nodes not heard since
         self._floors: OrderedDict[str, int] = OrderedDict()
         self._mutex = threading.Lock()
 
@@ -454,24 +438,6 @@ class NodeHealth:
         with self._mutex:
             self.amnesiac_since.pop(node, None)
 
-    def note_replies(self, nodes: Sequence[int], replies: Sequence[object], now: float) -> None:
-        """Remember which nodes timed out, and forget those that answered."""
-        for node, reply in zip(nodes, replies, strict=True):
-            if is_timeout(reply):
-                with self._mutex:
-                    self.timed_out_at[node] = now
-            elif self.timed_out_at:
-                with self._mutex:
-                    self.timed_out_at.pop(node, None)
-
-    def left_out(self, now: float) -> dict[int, float]:
-        """Nodes that timed out less than LEAVE_OUT_AFTER_TIMEOUT ago, with that time."""
-        if not self.timed_out_at:
-            return {}
-        with self._mutex:
-            return {node: at for node, at in self.timed_out_at.items()
-                    if now - at < LEAVE_OUT_AFTER_TIMEOUT}
-
     def due_for_repair(self, now: float, settings: Settings, *, force: bool) -> list[int]:
         with self._mutex:
             due = []
@@ -498,7 +464,6 @@ class AttemptResult:
     permanent: bool = False  # ...and retrying cannot help (auth, permissions)
     retry_now: bool = False  # the cluster was just initialised: try again at once
     reason: str = ""
-    ask_all: bool = False  # nodes left out may have made the difference: ask them next
 
 
 @dataclass(frozen=True)
@@ -570,41 +535,9 @@ class RedlockCore:
         targets = range(self.n) if nodes is None else nodes
         return tuple(Call(i, args, script, keys) for i in targets)
 
-    def _release_calls(self, resource: str, owner: str,
-                       nodes: tuple[int, ...] | None = None) -> Broadcast:
+    def _release_calls(self, resource: str, owner: str) -> Broadcast:
         keys = (self.keys.lock(resource), self.keys.channel(resource))
-        return Broadcast(self._all(scripts.RELEASE, keys, (owner,), nodes),
-                         self.settings.node_timeout)
-
-    def _nodes_to_ask(self, now: float) -> tuple[tuple[int, ...] | None, dict[int, float]]:
-        """All nodes (None), or all but those that timed out just now, if the rest can
-        still make a quorum (LEAVE_OUT_AFTER_TIMEOUT)."""
-        left_out = self.health.left_out(now)
-        if not left_out or self.n - len(left_out) < self.quorum:
-            return None, {}
-        return tuple(i for i in range(self.n) if i not in left_out), left_out
-
-    def _by_node(self, asked: tuple[int, ...] | None, replies: Sequence[object],
-                 classify: Callable[[str, object], NodeResult],
-                 not_asked: Callable[[int], NodeResult]) -> tuple[NodeResult, ...]:
-        """One result per node, in node order, from the replies of the nodes asked."""
-        if asked is None:
-            return tuple(classify(self.addresses[i], reply) for i, reply in enumerate(replies))
-        answered = dict(zip(asked, replies, strict=True))
-        return tuple(classify(self.addresses[i], answered[i]) if i in answered
-                     else not_asked(i) for i in range(self.n))
-
-    def _note_replies(self, asked: tuple[int, ...] | None, replies: Sequence[object],
-                      now: float) -> None:
-        self.health.note_replies(range(self.n) if asked is None else asked, replies, now)
-
-    def _ack_outcomes(self, state: LockState, replies: Sequence[object],
-                      refused: str) -> tuple[NodeResult, ...]:
-        return self._by_node(
-            state.nodes, replies, lambda node, reply: classify_ack_reply(
-                node, reply, refused=refused),
-            lambda i: NodeResult(self.addresses[i], Outcome.REFUSED,
-                                 "not asked: the acquire left it out (timed out before)"))
+        return Broadcast(self._all(scripts.RELEASE, keys, (owner,)), self.settings.node_timeout)
 
     # -- reentrancy ----------------------------------------------------------
 
@@ -641,14 +574,12 @@ class RedlockCore:
         deadline = None if timeout is None else started + timeout
         backoff: _Backoff | None = None  # built on the first retry: most acquires need none
         attempts = 0
-        ask_all = False
         if not self.health.inspected:
             yield from self._inspect_nodes()
         while True:
             yield from self._repair_due_nodes(force=False)
             attempts += 1
-            result = yield from self._attempt(resource, owner, ttl, ask_all=ask_all)
-            ask_all = result.ask_all
+            result = yield from self._attempt(resource, owner, ttl)
             if result.retry_now and attempts < 3:
                 continue
             if result.state is not None or not blocking or result.permanent:
@@ -687,29 +618,23 @@ class RedlockCore:
                 logger.warning("redlock.node_unsafe_config", node=self.addresses[i],
                                problem=finding)
 
-    def _attempt(self, resource: str, owner: str, ttl: float, *,
-                 ask_all: bool = False) -> Protocol[AttemptResult]:
+    def _attempt(self, resource: str, owner: str, ttl: float) -> Protocol[AttemptResult]:
         settings = self.settings
         lock_key, fence_key = self.keys.lock(resource), self.keys.fence(resource)
         ttl_ms = max(1, int(ttl * 1000))
         started = self.clock()
-        asked, left_out = (None, {}) if ask_all else self._nodes_to_ask(started)
         request = Broadcast(
             self._all(scripts.ACQUIRE, (lock_key, fence_key, self.keys.marker),
-                      (owner, ttl_ms, self.health.floor(resource)), asked),
+                      (owner, ttl_ms, self.health.floor(resource))),
             settings.node_timeout, one_at_a_time=self.keys.channel(resource))
         try:
             replies = yield request
             assert replies is not None
-            self._note_replies(asked, replies, started)
-            outcomes = self._by_node(
-                asked, replies, classify_acquire_reply,
-                lambda i: NodeResult(
-                    self.addresses[i], Outcome.ERROR,
-                    f"left out: no reply in time {started - left_out[i]:.2f} s ago"))
+            outcomes = tuple(classify_acquire_reply(self.addresses[i], reply)
+                             for i, reply in enumerate(replies))
             amnesia = yield from self._handle_amnesia(outcomes, started)
             if amnesia is not None:
-                yield self._release_calls(resource, owner, asked)
+                yield self._release_calls(resource, owner)
                 return amnesia
             granted = {i: r.counter for i, r in enumerate(outcomes)
                        if r.outcome is Outcome.GRANTED and r.counter is not None}
@@ -732,7 +657,7 @@ class RedlockCore:
                 if committed >= self.quorum and validity > 0 and choice.token < MAX_TOKEN:
                     self.health.raise_floor(resource, choice.token)
                     state = LockState(resource, owner, ttl, choice.token,
-                                      started + ttl - settings.drift(ttl), self.clock, asked)
+                                      started + ttl - settings.drift(ttl), self.clock)
                     logger.debug("redlock.acquired", resource=resource, token=choice.token,
                                  validity_ms=round(validity * 1000, 3), granted=len(granted),
                                  nodes=self.n)
@@ -747,13 +672,10 @@ class RedlockCore:
             raise
         except BaseException:
             # Interrupted (cancelled) after sending: the SET may have happened anywhere.
-            yield self._release_calls(resource, owner, asked)
+            yield self._release_calls(resource, owner)
             raise
-        # Failure: release everywhere asked, including nodes that timed out (reply lost
-        # after the SET).
-        yield self._release_calls(resource, owner, asked)
-        # The nodes left out could have made the quorum: ask everyone, at once.
-        ask_all = bool(left_out) and len(granted) + len(left_out) >= self.quorum
+        # Failure: release everywhere, including nodes that timed out (reply lost after SET).
+        yield self._release_calls(resource, owner)
         healthy = sum(1 for r in outcomes if r.outcome in (Outcome.GRANTED, Outcome.REFUSED))
         unavailable = healthy < self.quorum
         permanent = unavailable and any(
@@ -761,8 +683,7 @@ class RedlockCore:
         logger.info("redlock.quorum_failed", resource=resource, reason=reason,
                     granted=len(granted), needed=self.quorum, nodes=self.n,
                     unavailable=unavailable, outcomes=describe(outcomes))
-        return AttemptResult(None, outcomes, unavailable, permanent, retry_now=ask_all,
-                             reason=reason, ask_all=ask_all)
+        return AttemptResult(None, outcomes, unavailable, permanent, reason=reason)
 
     def _handle_amnesia(self, outcomes: Sequence[NodeResult],
                         now: float) -> Protocol[AttemptResult | None]:
@@ -828,10 +749,10 @@ class RedlockCore:
             if state.status == Status.HELD:
                 state.status = Status.RELEASED
         self.forget_reentrant(state)
-        replies = yield self._release_calls(state.resource, state.owner, state.nodes)
+        replies = yield self._release_calls(state.resource, state.owner)
         assert replies is not None
-        self._note_replies(state.nodes, replies, self.clock())
-        outcomes = self._ack_outcomes(state, replies, "key already gone")
+        outcomes = tuple(classify_ack_reply(self.addresses[i], reply, refused="key already gone")
+                         for i, reply in enumerate(replies))
         errors = [r for r in outcomes if r.outcome is Outcome.ERROR]
         if errors:
             # The keys on those nodes expire by their TTL; say so rather than hide it.
@@ -848,12 +769,12 @@ class RedlockCore:
             return ()
         ttl_ms = max(1, int(ttl * 1000))
         replies = yield Broadcast(
-            self._all(scripts.EXTEND, (self.keys.lock(state.resource),), (state.owner, ttl_ms),
-                      state.nodes),
+            self._all(scripts.EXTEND, (self.keys.lock(state.resource),), (state.owner, ttl_ms)),
             min(self.settings.node_timeout, state.deadline - started))
         assert replies is not None
-        self._note_replies(state.nodes, replies, started)
-        outcomes = self._ack_outcomes(state, replies, "our key is gone (expired or taken)")
+        outcomes = tuple(classify_ack_reply(self.addresses[i], reply,
+                                            refused="our key is gone (expired or taken)")
+                         for i, reply in enumerate(replies))
         acks = sum(1 for r in outcomes if r.outcome is Outcome.GRANTED)
         # Success needs a quorum of acks *before* the old validity ran out.
         if acks >= self.quorum and self.clock() < state.deadline:
@@ -884,7 +805,7 @@ class RedlockCore:
                            reason=reason, outcomes=describe(outcomes))
             self.forget_reentrant(state)
             # Drop what is left of our keys so the next holder need not wait for the TTL.
-            yield self._release_calls(state.resource, state.owner, state.nodes)
+            yield self._release_calls(state.resource, state.owner)
         return first
 
     def watchdog(self, state: LockState) -> Protocol[bool]:

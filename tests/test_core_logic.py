@@ -18,7 +18,6 @@ from structlog.testing import capture_logs
 
 from redlock import scripts
 from redlock.core import (
-    LEAVE_OUT_AFTER_TIMEOUT,
     MAX_TOKEN,
     Broadcast,
     Call,
@@ -32,7 +31,6 @@ from redlock.core import (
     classify_ack_reply,
     classify_acquire_reply,
     is_permanent_error,
-    is_timeout,
     quorum,
     run_to_completion,
     validate_node_addresses,
@@ -441,8 +439,6 @@ class ScriptedNodes:
                 return 0
             db[fence] = max(int(db.get(fence, 0)), int(call.args[1]))  # type: ignore[call-overload]
             return 1
-        if call.script is scripts.EXTEND:
-            return 1 if db.get(call.keys[0]) == call.args[0] else 0
         if call.script is scripts.RELEASE:
             lock = call.keys[0]
             if db.get(lock) == call.args[0]:
@@ -590,95 +586,3 @@ def test_acquire_protocol_blocking_backs_off_and_stops_at_the_deadline() -> None
     assert all(settings.retry_delay_min <= s.seconds <= settings.retry_delay_max
                for s in sleeps[:-1])
     assert clock() - 1000.0 == pytest.approx(1.0, abs=0.3)  # stopped at the deadline
-
-
-# ---------------------------------------------------------------------------
-# Nodes that timed out are left out for a while (LEAVE_OUT_AFTER_TIMEOUT)
-# ---------------------------------------------------------------------------
-
-
-def asked(request: Broadcast | Sleep) -> list[int]:
-    assert isinstance(request, Broadcast)
-    return sorted(call.node for call in request.calls)
-
-
-def test_is_timeout_knows_builtin_and_redis_timeouts() -> None:
-    import redis.exceptions
-    assert is_timeout(TimeoutError("x")) and is_timeout(redis.exceptions.TimeoutError("x"))
-    assert not is_timeout(ConnectionRefusedError("x")) and not is_timeout(1)
-
-
-def test_a_node_that_timed_out_is_left_out_then_asked_again() -> None:
-    clock = FakeClock()
-    core = make_core(5, clock)
-    nodes = ScriptedNodes(5, down=frozenset({4}))
-
-    def cycle() -> tuple[list[int], list[int], tuple[NodeResult, ...]]:
-        start = len(nodes.requests)
-        result = run_to_completion(core.acquire("r", 10.0, blocking=False, timeout=None),
-                                   nodes.execute)
-        assert result.state is not None
-        run_to_completion(core.release(result.state), nodes.execute)
-        acquire, release = nodes.requests[start:]
-        return asked(acquire), asked(release), result.outcomes
-
-    assert cycle()[:2] == ([0, 1, 2, 3, 4], [0, 1, 2, 3, 4])  # node 4 times out here
-    clock.advance(LEAVE_OUT_AFTER_TIMEOUT / 2)
-    acquire, release, outcomes = cycle()
-    assert (acquire, release) == ([0, 1, 2, 3], [0, 1, 2, 3])  # no key can be on node 4
-    assert outcomes[4].outcome is Outcome.ERROR and "left out" in outcomes[4].detail
-    clock.advance(LEAVE_OUT_AFTER_TIMEOUT / 2)
-    assert cycle()[0] == [0, 1, 2, 3, 4]  # asked again once the time is up
-    nodes.down = frozenset()
-    clock.advance(LEAVE_OUT_AFTER_TIMEOUT)
-    cycle()
-    assert cycle()[:2] == ([0, 1, 2, 3, 4], [0, 1, 2, 3, 4])  # it answered: forgiven
-
-
-def test_extend_and_release_go_to_the_nodes_the_acquire_asked() -> None:
-    clock = FakeClock()
-    core = make_core(3, clock)
-    nodes = ScriptedNodes(3, down=frozenset({2}))
-    first = run_to_completion(core.acquire("r", 10.0, blocking=False, timeout=None),
-                              nodes.execute)
-    assert first.state is not None and first.state.nodes is None
-    run_to_completion(core.release(first.state), nodes.execute)
-    result = run_to_completion(core.acquire("r", 10.0, blocking=False, timeout=None),
-                               nodes.execute)
-    assert result.state is not None and result.state.nodes == (0, 1)
-    run_to_completion(core.extend_or_lose(result.state, 10.0), nodes.execute)
-    assert asked(nodes.requests[-1]) == [0, 1]
-    outcomes = run_to_completion(core.release(result.state), nodes.execute)
-    assert asked(nodes.requests[-1]) == [0, 1]
-    assert outcomes[2].outcome is Outcome.REFUSED and "not asked" in outcomes[2].detail
-
-
-def test_nodes_left_out_are_asked_at_once_when_they_could_have_made_the_quorum() -> None:
-    core = make_core(3)
-    nodes = ScriptedNodes(3, down=frozenset({2}))
-    first = run_to_completion(core.acquire("r", 10.0, blocking=False, timeout=None),
-                              nodes.execute)
-    assert first.state is not None
-    run_to_completion(core.release(first.state), nodes.execute)
-    nodes.down = frozenset({1})  # node 2 is back, node 1 hangs now
-    start = len(nodes.requests)
-    result = run_to_completion(core.acquire("r", 10.0, blocking=False, timeout=None),
-                               nodes.execute)
-    assert result.state is not None  # one attempt without node 2 failed; then all asked
-    acquires = [asked(r) for r in nodes.requests[start:]
-                if isinstance(r, Broadcast) and r.calls[0].script is scripts.ACQUIRE]
-    assert acquires == [[0, 1], [0, 1, 2]]
-    assert result.attempts == 2
-
-
-def test_no_node_is_left_out_when_the_rest_cannot_make_a_quorum() -> None:
-    core = make_core(3)
-    nodes = ScriptedNodes(3, down=frozenset({1, 2}))
-    assert run_to_completion(core.acquire("r", 10.0, blocking=False, timeout=None),
-                             nodes.execute).state is None
-    nodes.down = frozenset()
-    start = len(nodes.requests)
-    result = run_to_completion(core.acquire("r", 10.0, blocking=False, timeout=None),
-                               nodes.execute)
-    assert result.state is not None
-    assert asked(nodes.requests[start]) == [0, 1, 2]

@@ -222,14 +222,10 @@ def test_minority_partition_keeps_granting_within_the_node_timeout(
         recorder.contend(dlms, resource, seconds=2.0)
         problems = recorder.check()
         figures.extra["uncontended_max_ms"] = round(max(solo_latencies) * 1000, 1)
-        figures.extra["uncontended_p50_ms"] = round(statistics.median(solo_latencies) * 1000, 1)
     assert not problems, problems
     # A hung node costs at most about one node timeout per acquire (bounded generously
-    # for a loaded 2-core machine; the figures print the real values)...
+    # for a loaded 2-core machine; the figures print the real values).
     assert max(solo_latencies) < NODE_TIMEOUT + 0.5
-    # ...and is then left out for LEAVE_OUT_AFTER_TIMEOUT instead of being waited for by
-    # every acquire and release: most of the 12 cycles take far less than a node timeout.
-    assert statistics.median(solo_latencies) < NODE_TIMEOUT
     assert figures.succeeded > 12  # the contended phase got the lock too
     assert figures.extra["writes_accepted"] == figures.succeeded
 
