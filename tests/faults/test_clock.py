@@ -65,9 +65,9 @@ def cluster(fake: FaketimeRedis, tmp_path: Path) -> Iterator[Cluster]:
 
 
 @pytest.fixture
-def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisFencedStore]:
+def store(tmp_path: Path) -> Iterator[RedisFencedStore]:
     """The protected resource: a fenced store on its own node with a normal clock."""
-    node = RedisNode(data_dir=tmp_path_factory.mktemp("fence-store")).start()
+    node = RedisNode(data_dir=tmp_path / "fence-store").start()
     client = node.client()
     try:
         yield RedisFencedStore(client)

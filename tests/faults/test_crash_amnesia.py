@@ -23,6 +23,7 @@ import os
 import random
 import time
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 
 import pytest
 from fault_figures import Figures, scenario
@@ -71,9 +72,9 @@ def make_dlm() -> Iterator[Callable[..., Redlock]]:
 
 
 @pytest.fixture
-def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisFencedStore]:
+def store(tmp_path: Path) -> Iterator[RedisFencedStore]:
     """A fenced store on its own, healthy node (never faulted): the protected resource."""
-    node = RedisNode(data_dir=tmp_path_factory.mktemp("fence-store")).start()
+    node = RedisNode(data_dir=tmp_path / "fence-store").start()
     client = node.client()
     try:
         yield RedisFencedStore(client)

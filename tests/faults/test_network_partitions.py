@@ -29,6 +29,7 @@ import statistics
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 
 import pytest
 import redis
@@ -53,9 +54,9 @@ TTL = 1.0
 
 
 @pytest.fixture
-def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisFencedStore]:
+def store(tmp_path: Path) -> Iterator[RedisFencedStore]:
     """The protected resource: a fenced store on its own node, never faulted."""
-    node = RedisNode(data_dir=tmp_path_factory.mktemp("fence-store")).start()
+    node = RedisNode(data_dir=tmp_path / "fence-store").start()
     client = node.client()
     try:
         yield RedisFencedStore(client)

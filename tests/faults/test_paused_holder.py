@@ -51,8 +51,8 @@ PAUSES = 5
 
 
 @pytest.fixture
-def store_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisNode]:
-    node = RedisNode(data_dir=tmp_path_factory.mktemp("fence-store")).start()
+def store_node(tmp_path: Path) -> Iterator[RedisNode]:
+    node = RedisNode(data_dir=tmp_path / "fence-store").start()
     try:
         yield node
     finally:

@@ -26,6 +26,7 @@ import os
 import secrets
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import redis
@@ -58,8 +59,8 @@ STEPS = 25
 
 
 @pytest.fixture
-def store_client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[redis.Redis]:
-    node = RedisNode(data_dir=tmp_path_factory.mktemp("fence-store")).start()
+def store_client(tmp_path: Path) -> Iterator[redis.Redis]:
+    node = RedisNode(data_dir=tmp_path / "fence-store").start()
     client = node.client()
     try:
         yield client
