@@ -33,7 +33,6 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from redlock import scripts
 from redlock.core import (
-    HANDOFF_GRACE,
     Broadcast,
     Call,
     LockState,
@@ -46,6 +45,7 @@ from redlock.core import (
     T,
 )
 from redlock.handle import LockHandleBase
+from redlock.lines import LocalLines, Ticket
 from redlock.nodes import address_of, check_node_list, pool_overrides
 
 logger = structlog.get_logger(__name__)
@@ -199,120 +199,9 @@ class _Nodes:
             await pool.disconnect()
 
 
-class _Ticket:
-    """See :class:`redlock.client._Ticket`."""
-
-    __slots__ = ("key", "wake")
-
-    def __init__(self) -> None:
-        self.key: str | None = None
-        self.wake: asyncio.Event | None = None
-
-
-class _Line:
-    """See :class:`redlock.client._Line`."""
-
-    __slots__ = ("handoff_done", "handoff_to", "handoff_until", "turn", "users", "waiting")
-
-    def __init__(self) -> None:
-        self.turn = asyncio.Lock()
-        self.waiting: list[_Ticket] = []
-        self.handoff_to: _Ticket | None = None
-        self.handoff_done: asyncio.Event | None = None
-        self.handoff_until = 0.0
-        self.users = 0
-
-    def idle(self) -> bool:
-        return self.users == 0 and not self.waiting and self.handoff_to is None
-
-
-class _LocalLines:
-    """See :class:`redlock.client._LocalLines`: the same, for the tasks of one event loop
-    (no mutex: nothing here awaits between reading and updating a line)."""
-
-    def __init__(self) -> None:
-        self._lines: dict[str, _Line] = {}
-
-    def _enter(self, key: str) -> _Line:
-        line = self._lines.get(key)
-        if line is None:
-            line = self._lines[key] = _Line()
-        line.users += 1
-        return line
-
-    def _exit(self, key: str, line: _Line) -> None:
-        line.users -= 1
-        if line.idle():
-            del self._lines[key]
-
-    @staticmethod
-    def _end_handoff(line: _Line) -> None:
-        line.handoff_to = None
-        if line.handoff_done is not None:
-            line.handoff_done.set()
-            line.handoff_done = None
-
-    async def begin_attempt(self, key: str, ticket: _Ticket) -> _Line:
-        line = self._enter(key)
-        if ticket.wake is not None:
-            ticket.wake.clear()
-        try:
-            done = line.handoff_done
-            if done is not None and line.handoff_to is not ticket:
-                left = line.handoff_until - time.monotonic()
-                if left > 0:
-                    with contextlib.suppress(asyncio.TimeoutError):
-                        await _within(done.wait(), left)
-            await line.turn.acquire()
-        except BaseException:
-            self._exit(key, line)
-            raise
-        return line
-
-    def end_attempt(self, key: str, line: _Line, ticket: _Ticket) -> None:
-        line.turn.release()
-        if line.handoff_to is ticket:
-            self._end_handoff(line)
-        self._exit(key, line)
-
-    async def wait(self, key: str, ticket: _Ticket, seconds: float) -> None:
-        line = self._enter(key)
-        if ticket.key is None:
-            ticket.key = key
-            line.waiting.append(ticket)
-        if ticket.wake is None:
-            ticket.wake = asyncio.Event()
-        try:
-            with contextlib.suppress(asyncio.TimeoutError):
-                await _within(ticket.wake.wait(), seconds)
-        finally:
-            self._exit(key, line)
-
-    def leave(self, ticket: _Ticket) -> None:
-        if ticket.key is None:
-            return
-        line = self._lines.get(ticket.key)
-        if line is None:
-            return
-        if ticket in line.waiting:
-            line.waiting.remove(ticket)
-        if line.handoff_to is ticket:
-            self._end_handoff(line)
-        if line.idle():
-            del self._lines[ticket.key]
-
-    def notify(self, key: str) -> None:
-        line = self._lines.get(key)
-        if line is None or not line.waiting:
-            return
-        first = line.waiting[0]
-        now = time.monotonic()
-        if line.handoff_to is None or now >= line.handoff_until:
-            line.handoff_to = first
-            line.handoff_done = asyncio.Event()
-            line.handoff_until = now + HANDOFF_GRACE
-        if first.wake is not None:
-            first.wake.set()
+# The asyncio shell's lines: tasks wait on asyncio events and locks.
+_AsyncLines = LocalLines[asyncio.Event, asyncio.Lock]
+_AsyncTicket = Ticket[asyncio.Event]
 
 
 class AsyncRedlock:
@@ -337,7 +226,7 @@ class AsyncRedlock:
         self._nodes = _Nodes(nodes, settings.node_timeout)
         self._core = RedlockCore(self._nodes.addresses, settings, clock)
         self._sleep = sleep
-        self._lines = _LocalLines()
+        self._lines: _AsyncLines = LocalLines(asyncio.Event, asyncio.Lock)
 
     @property
     def nodes(self) -> tuple[str, ...]:
@@ -377,31 +266,21 @@ class AsyncRedlock:
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
 
-    async def _run(self, protocol: Protocol[T], sleep: AsyncSleep | None = None) -> T:
-        ticket = _Ticket()
-        try:
-            return await self._drive(protocol, sleep, ticket)
-        finally:
-            self._lines.leave(ticket)
-
-    async def _drive(self, protocol: Protocol[T], sleep: AsyncSleep | None,
-                     ticket: _Ticket) -> T:
+    async def _run(self, protocol: Protocol[T], sleep: AsyncSleep | None = None,
+                   ticket: _AsyncTicket | None = None) -> T:
         request: Request = next(protocol)
         while True:
             try:
                 reply: Replies
                 if isinstance(request, Broadcast) and request.one_at_a_time is not None:
-                    line = await self._lines.begin_attempt(request.one_at_a_time, ticket)
-                    try:
-                        reply = await self._nodes.broadcast(request)
-                    finally:
-                        self._lines.end_attempt(request.one_at_a_time, line, ticket)
+                    reply = await self._attempt_in_turn(request, request.one_at_a_time,
+                                                        ticket or Ticket())
                 elif isinstance(request, Broadcast):
                     reply = await self._nodes.broadcast(request)
                 else:
-                    if (sleep is None and request.wake_channel is not None
+                    if (sleep is None and ticket is not None and request.wake_channel is not None
                             and self._sleep is asyncio.sleep):
-                        await self._lines.wait(request.wake_channel, ticket, request.seconds)
+                        await self._wait_in_line(request.wake_channel, ticket, request.seconds)
                     else:  # an injected sleep (tests) is honoured as given
                         await (sleep or self._sleep)(request.seconds)
                     reply = ()
@@ -412,6 +291,40 @@ class AsyncRedlock:
                 request = protocol.send(reply)
             except StopIteration as stop:
                 return stop.value  # type: ignore[no-any-return]
+
+    async def _run_in_line(self, protocol: Protocol[T]) -> T:
+        """_run for acquire: its attempts and waits keep one place in the local line."""
+        ticket: _AsyncTicket = Ticket()
+        try:
+            return await self._run(protocol, ticket=ticket)
+        finally:
+            self._lines.leave(ticket)
+
+    async def _attempt_in_turn(self, request: Broadcast, key: str,
+                               ticket: _AsyncTicket) -> Replies:
+        line, handoff, until = self._lines.start_attempt(key, ticket)
+        try:
+            left = until - time.monotonic()
+            if handoff is not None and left > 0:
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await _within(handoff.wait(), left)
+            await line.turn.acquire()
+        except BaseException:
+            self._lines.exit(key, line)
+            raise
+        try:
+            return await self._nodes.broadcast(request)
+        finally:
+            line.turn.release()
+            self._lines.end_attempt(key, line, ticket)
+
+    async def _wait_in_line(self, key: str, ticket: _AsyncTicket, seconds: float) -> None:
+        line, wake = self._lines.start_wait(key, ticket)
+        try:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await _within(wake.wait(), seconds)
+        finally:
+            self._lines.exit(key, line)
 
 
 class AsyncLock(LockHandleBase):
@@ -441,7 +354,7 @@ class AsyncLock(LockHandleBase):
         blocking, timeout = self._options(blocking, timeout)
         if self._prepare_acquire(owner) is not None:
             return True
-        result = await self._redlock._run(self._core.acquire(
+        result = await self._redlock._run_in_line(self._core.acquire(
             self.resource, self.ttl, blocking=blocking, timeout=timeout))
         state = self._finish_acquire(result, owner)
         if state is None:

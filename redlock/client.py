@@ -24,7 +24,6 @@ from redis.retry import Retry
 
 from redlock import scripts
 from redlock.core import (
-    HANDOFF_GRACE,
     Broadcast,
     Call,
     LockState,
@@ -38,6 +37,7 @@ from redlock.core import (
     run_to_completion,
 )
 from redlock.handle import LockHandleBase
+from redlock.lines import LocalLines, Ticket
 from redlock.nodes import address_of, check_node_list, pool_overrides
 
 logger = structlog.get_logger(__name__)
@@ -248,147 +248,9 @@ class _Nodes:
             pool.disconnect()
 
 
-class _Ticket:
-    """One blocking acquire call's place in its resource's local line, kept across its
-    attempts (a waiter that loses a race keeps its place instead of going to the back)."""
-
-    __slots__ = ("key", "wake")
-
-    def __init__(self) -> None:
-        self.key: str | None = None
-        self.wake: threading.Event | None = None  # made on the first wait only
-
-
-class _Line:
-    """One resource's local line (see _LocalLines)."""
-
-    __slots__ = ("handoff_done", "handoff_to", "handoff_until", "turn", "users", "waiting")
-
-    def __init__(self) -> None:
-        self.turn = threading.Lock()
-        self.waiting: list[_Ticket] = []
-        self.handoff_to: _Ticket | None = None
-        self.handoff_done: threading.Event | None = None  # made by a handoff only
-        self.handoff_until = 0.0
-        self.users = 0  # threads inside an attempt or a wait right now
-
-    def idle(self) -> bool:
-        return self.users == 0 and not self.waiting and self.handoff_to is None
-
-
-class _LocalLines:
-    """Fair handoff between the waiters of one Redlock in this process.
-
-    Without it, blocking waiters poll with jittered backoff, and the thread that has just
-    released usually re-acquires before any waiter wakes (under exponential backoff the
-    longest waiter sleeps longest, so it starves: 1 acquisition of 125 in our benchmark).
-    Here, per resource (its release channel names it):
-
-    * acquire attempts from this manager take turns: two racing attempts would split the
-      nodes between them (each wins some, neither a quorum) and both back off;
-    * waiters queue in arrival order; a release by a handle of this manager wakes the
-      first one at once and, for HANDOFF_GRACE, holds other local attempts back until it
-      has made its attempt.
-
-    Waiters in other processes still rely on their backoff (capped by the holder's PTTL).
-    Lines exist only while used, so idle resources cost nothing.
-    """
-
-    def __init__(self) -> None:
-        self._mutex = threading.Lock()
-        self._lines: dict[str, _Line] = {}
-
-    def _enter(self, key: str) -> _Line:  # with self._mutex held
-        line = self._lines.get(key)
-        if line is None:
-            line = self._lines[key] = _Line()
-        line.users += 1
-        return line
-
-    def _exit(self, key: str, line: _Line) -> None:  # with self._mutex held
-        line.users -= 1
-        if line.idle():
-            del self._lines[key]
-
-    def _end_handoff(self, line: _Line) -> None:  # with self._mutex held
-        line.handoff_to = None
-        if line.handoff_done is not None:
-            line.handoff_done.set()
-            line.handoff_done = None
-
-    def begin_attempt(self, key: str, ticket: _Ticket) -> _Line:
-        """Wait for a pending handoff to another waiter, then for our turn; pair with
-        end_attempt (a plain pair, not a context manager: this is the hot path)."""
-        with self._mutex:
-            line = self._enter(key)
-            if ticket.wake is not None:
-                ticket.wake.clear()  # a release from here on wakes the next wait at once
-            done = None
-            if line.handoff_to is not None and line.handoff_to is not ticket:
-                done = line.handoff_done
-            until = line.handoff_until
-        try:
-            if done is not None:
-                done.wait(max(0.0, until - time.monotonic()))
-            line.turn.acquire()
-        except BaseException:
-            with self._mutex:
-                self._exit(key, line)
-            raise
-        return line
-
-    def end_attempt(self, key: str, line: _Line, ticket: _Ticket) -> None:
-        line.turn.release()
-        with self._mutex:
-            if line.handoff_to is ticket:
-                self._end_handoff(line)
-            self._exit(key, line)
-
-    def wait(self, key: str, ticket: _Ticket, seconds: float) -> None:
-        with self._mutex:
-            line = self._enter(key)
-            if ticket.key is None:
-                ticket.key = key
-                line.waiting.append(ticket)
-            if ticket.wake is None:
-                ticket.wake = threading.Event()
-            wake = ticket.wake
-        try:
-            wake.wait(seconds)
-        finally:
-            with self._mutex:
-                self._exit(key, line)
-
-    def leave(self, ticket: _Ticket) -> None:
-        """The acquire call is over (held, timed out or failed): out of the line."""
-        if ticket.key is None:
-            return
-        with self._mutex:
-            line = self._lines.get(ticket.key)
-            if line is None:
-                return
-            if ticket in line.waiting:
-                line.waiting.remove(ticket)
-            if line.handoff_to is ticket:
-                self._end_handoff(line)
-            if line.idle():
-                del self._lines[ticket.key]
-
-    def notify(self, key: str) -> None:
-        """A handle of this manager released: hand the lock to the first waiter. One
-        only: waking them all makes them split the nodes and all back off again."""
-        with self._mutex:
-            line = self._lines.get(key)
-            if line is None or not line.waiting:
-                return
-            first = line.waiting[0]
-            now = time.monotonic()
-            if line.handoff_to is None or now >= line.handoff_until:
-                line.handoff_to = first
-                line.handoff_done = threading.Event()
-                line.handoff_until = now + HANDOFF_GRACE
-            if first.wake is not None:
-                first.wake.set()
+# The sync shell's lines: threads wait on threading events and locks.
+_SyncLines = LocalLines[threading.Event, threading.Lock]
+_SyncTicket = Ticket[threading.Event]
 
 
 class Redlock:
@@ -432,7 +294,7 @@ class Redlock:
             self._nodes.close()
             raise
         self._sleep = sleep
-        self._lines = _LocalLines()
+        self._lines: _SyncLines = LocalLines(threading.Event, threading.Lock)
 
     @property
     def nodes(self) -> tuple[str, ...]:
@@ -477,25 +339,42 @@ class Redlock:
         self.close()
 
     def _execute(self, request: Request, sleep: Callable[[float], object] | None = None,
-                 ticket: _Ticket | None = None) -> Replies:
+                 ticket: _SyncTicket | None = None) -> Replies:
         if isinstance(request, Broadcast):
-            if request.one_at_a_time is None:
+            key = request.one_at_a_time
+            if key is None:
                 return self._nodes.broadcast(request)
-            ticket = ticket or _Ticket()
-            line = self._lines.begin_attempt(request.one_at_a_time, ticket)
+            ticket = ticket or Ticket()
+            line, handoff, until = self._lines.start_attempt(key, ticket)
+            try:
+                if handoff is not None:
+                    handoff.wait(max(0.0, until - time.monotonic()))
+                line.turn.acquire()
+            except BaseException:
+                self._lines.exit(key, line)
+                raise
             try:
                 return self._nodes.broadcast(request)
             finally:
-                self._lines.end_attempt(request.one_at_a_time, line, ticket)
+                line.turn.release()
+                self._lines.end_attempt(key, line, ticket)
         if (sleep is None and ticket is not None and request.wake_channel is not None
                 and self._sleep is time.sleep):
-            self._lines.wait(request.wake_channel, ticket, request.seconds)
+            line, wake = self._lines.start_wait(request.wake_channel, ticket)
+            try:
+                wake.wait(request.seconds)
+            finally:
+                self._lines.exit(request.wake_channel, line)
         else:  # an injected sleep (tests) is honoured as given
             (sleep or self._sleep)(request.seconds)
         return ()
 
     def _run(self, protocol: Protocol[T]) -> T:
-        ticket = _Ticket()
+        return run_to_completion(protocol, self._execute)
+
+    def _run_in_line(self, protocol: Protocol[T]) -> T:
+        """_run for acquire: its attempts and waits keep one place in the local line."""
+        ticket: _SyncTicket = Ticket()
         try:
             return run_to_completion(
                 protocol, lambda request: self._execute(request, ticket=ticket))
@@ -538,7 +417,7 @@ class Lock(LockHandleBase):
         blocking, timeout = self._options(blocking, timeout)
         if self._prepare_acquire(owner) is not None:
             return True
-        result = self._redlock._run(self._core.acquire(
+        result = self._redlock._run_in_line(self._core.acquire(
             self.resource, self.ttl, blocking=blocking, timeout=timeout))
         state = self._finish_acquire(result, owner)
         if state is None:
