@@ -38,7 +38,7 @@ async def measure(urls: list[str], rounds: int, cycles: int) -> dict[str, list[f
     from redis.backoff import NoBackoff
 
     from redlock import AsyncRedlock, scripts
-    from redlock.nodes import pool_overrides
+    from redlock._node_config import pool_overrides
 
     pools = [redis.asyncio.ConnectionPool.from_url(
         u, **pool_overrides(TIMEOUT, Retry(NoBackoff(), 0))) for u in urls]

@@ -323,8 +323,8 @@ class Bench:
         from redis.backoff import NoBackoff
         from redis.retry import Retry
 
-        from redlock import scripts
-        from redlock.nodes import pool_overrides
+        from redlock import _scripts as scripts
+        from redlock._node_config import pool_overrides
 
         # The same connection settings our client uses (no retries, raw replies).
         overrides = pool_overrides(1.0, Retry(NoBackoff(), 0))
@@ -369,8 +369,8 @@ class Bench:
         from redis.asyncio.retry import Retry
         from redis.backoff import NoBackoff
 
-        from redlock import scripts
-        from redlock.nodes import pool_overrides
+        from redlock import _scripts as scripts
+        from redlock._node_config import pool_overrides
 
         overrides = pool_overrides(1.0, Retry(NoBackoff(), 0))
         pools = [redis.asyncio.ConnectionPool.from_url(u, **overrides) for u in urls3]

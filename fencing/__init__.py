@@ -32,13 +32,13 @@ fenced write (e.g. write an "outbox" row with the token, and send from there).
 Errors: see :mod:`fencing.errors` for the tree.
 """
 
-from fencing._validate import MAX_TOKEN
+from fencing._validate import MAX_STORED_TOKEN
 from fencing.errors import FencingError, RowNotFoundError, StaleTokenError
 from fencing.redis_store import AsyncRedisFencedStore, RedisFencedStore
 from fencing.sql import FencedTable, Guard
 
 __all__ = [
-    "MAX_TOKEN",
+    "MAX_STORED_TOKEN",
     "AsyncRedisFencedStore",
     "FencedTable",
     "FencingError",

@@ -3,17 +3,18 @@ a wrong value)."""
 
 from __future__ import annotations
 
-#: Tokens are stored as SQL BIGINT and as decimal strings in Redis: 0 <= token < 2**63.
-MAX_TOKEN = 2**63 - 1
+#: The largest token a store accepts: tokens are stored as SQL BIGINT and as decimal
+#: strings in Redis, 0 <= token < 2**63. (redlock issues tokens below 2**53.)
+MAX_STORED_TOKEN = 2**63 - 1
 
 
 def validate_token(token: object) -> int:
-    """A non-negative int no larger than :data:`MAX_TOKEN` (bool is not a token)."""
+    """A non-negative int no larger than :data:`MAX_STORED_TOKEN` (bool is not a token)."""
     if isinstance(token, bool) or not isinstance(token, int):
         raise TypeError(f"token must be an int, not {type(token).__name__}")
     if token < 0:
         raise ValueError(f"token must be non-negative, got {token}")
-    if token > MAX_TOKEN:
+    if token > MAX_STORED_TOKEN:
         raise ValueError(f"token must be at most 2**63 - 1, got {token}")
     return int(token)
 

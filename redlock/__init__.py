@@ -5,14 +5,16 @@
     with dlm.lock("orders:42", ttl=10.0, timeout=5.0) as held:
         store.write("orders:42", held.token, b"...")   # the resource rejects stale tokens
 
-See :mod:`redlock.errors` for the exception tree and :mod:`redlock.core` for the
-algorithm (both clients are thin I/O shells over it).
+See :mod:`redlock.errors` for the exception tree and docs/design.md for the
+algorithm (it lives in :mod:`redlock._algorithm`; both clients are thin I/O shells
+over :mod:`redlock._base`).
 """
 
+from redlock._amnesia import RepairReport
 from redlock.aio import AsyncLock, AsyncRedlock
 from redlock.client import Lock, Redlock
-from redlock.core import RepairReport
 from redlock.errors import (
+    AlreadyHeld,
     ClusterAmnesiaError,
     LockLost,
     LockNotAcquired,
@@ -24,6 +26,7 @@ from redlock.errors import (
 )
 
 __all__ = [
+    "AlreadyHeld",
     "AsyncLock",
     "AsyncRedlock",
     "ClusterAmnesiaError",

@@ -9,13 +9,16 @@ The tree::
     ├── LockLost                     a lock we held can no longer be trusted
     │                                (extend failed, watchdog gave up, validity ran out)
     ├── NotHeld                      release/extend/token on a lock that is not held
+    ├── AlreadyHeld                  acquire again through the same handle while holding
+    │                                (not reentrant)
     └── ClusterAmnesiaError          a majority of nodes lost their data at once;
                                      refusing rather than silently resetting tokens
 
 Bad arguments raise the built-in ``TypeError`` / ``ValueError`` at the call site.
 
-Failures that involve nodes carry ``outcomes``: one :class:`NodeResult` per node,
-so "quorum not reached" says which node granted, refused, failed or was amnesiac.
+Every error carries ``resource`` (None for cluster-wide ones) and ``outcomes``: one
+:class:`NodeResult` per node when nodes were asked, so "quorum not reached" says which
+node granted, refused, failed or was amnesiac. They survive pickling.
 """
 
 from __future__ import annotations
@@ -54,18 +57,25 @@ def describe(outcomes: Sequence[NodeResult]) -> str:
 
 
 class RedlockError(Exception):
-    """Root of every error this library raises on purpose."""
+    """Root of every error this library raises on purpose.
+
+    ``resource``: the resource involved (None when the error is about the cluster);
+    ``outcomes``: one :class:`NodeResult` per node when nodes were asked (else empty).
+    Every error here pickles (they cross process boundaries in pools and task queues).
+    """
+
+    def __init__(self, message: str = "", *, resource: str | None = None,
+                 outcomes: Sequence[NodeResult] = ()) -> None:
+        super().__init__(message)
+        self.resource = resource
+        self.outcomes: tuple[NodeResult, ...] = tuple(outcomes)
+
+    # Pickling uses the default (class, args, __dict__): __init__ accepts the message
+    # alone, and resource/outcomes come back with __dict__.
 
 
 class LockNotAcquired(RedlockError):
     """The lock could not be acquired before the deadline."""
-
-    def __init__(
-        self, message: str, *, resource: str, outcomes: Sequence[NodeResult] = ()
-    ) -> None:
-        super().__init__(message)
-        self.resource = resource
-        self.outcomes: tuple[NodeResult, ...] = tuple(outcomes)
 
 
 class QuorumUnavailable(LockNotAcquired):
@@ -75,21 +85,14 @@ class QuorumUnavailable(LockNotAcquired):
 class LockLost(RedlockError):
     """A held lock can no longer be trusted: stop touching the protected resource."""
 
-    def __init__(
-        self, message: str, *, resource: str, outcomes: Sequence[NodeResult] = ()
-    ) -> None:
-        super().__init__(message)
-        self.resource = resource
-        self.outcomes: tuple[NodeResult, ...] = tuple(outcomes)
-
 
 class NotHeld(RedlockError):
     """The operation needs a held lock and this handle holds none."""
 
 
+class AlreadyHeld(RedlockError):
+    """This owner already holds the lock through this handle (and it is not reentrant)."""
+
+
 class ClusterAmnesiaError(RedlockError):
     """A majority of nodes lost their data (markers) at once; tokens cannot be trusted."""
-
-    def __init__(self, message: str, *, outcomes: Sequence[NodeResult] = ()) -> None:
-        super().__init__(message)
-        self.outcomes: tuple[NodeResult, ...] = tuple(outcomes)

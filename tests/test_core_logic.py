@@ -1,4 +1,5 @@
-"""Pure unit tests of the sans-IO core (:mod:`redlock.core`): no servers, no sockets.
+"""Pure unit tests of the sans-IO core (:mod:`redlock._algorithm`, :mod:`redlock._rules`):
+no servers, no sockets.
 
 Quorum, validity and drift, the token rule, reply classification, LockState with an
 injected clock, the validators, and the acquire/release protocols driven by a scripted
@@ -16,29 +17,25 @@ from hypothesis import given
 from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
-from redlock import scripts
-from redlock.core import (
-    MAX_TOKEN,
-    Broadcast,
-    Call,
+from redlock import _scripts as scripts
+from redlock._algorithm import RedlockCore
+from redlock._protocol import Broadcast, Call, Sleep, drive
+from redlock._rules import (
+    TOKEN_LIMIT,
     Keys,
-    LockState,
-    RedlockCore,
     Settings,
-    Sleep,
-    Status,
     choose_token,
     classify_ack_reply,
     classify_acquire_reply,
     is_permanent_error,
     quorum,
-    run_to_completion,
     validate_node_addresses,
     validate_resource,
     validate_seconds,
     validate_timeout,
     validity_left,
 )
+from redlock._state import LockState, Status
 from redlock.errors import LockLost, NodeResult, NotHeld, Outcome, RedlockError
 
 
@@ -137,7 +134,7 @@ def test_choose_token_only_looks_at_granting_nodes() -> None:
 
 
 @given(st.dictionaries(st.integers(min_value=0, max_value=6),
-                       st.integers(min_value=1, max_value=MAX_TOKEN - 1),
+                       st.integers(min_value=1, max_value=TOKEN_LIMIT - 1),
                        min_size=1))
 def test_choose_token_properties(counters: dict[int, int]) -> None:
     choice = choose_token(counters)
@@ -382,12 +379,12 @@ def test_settings_reject_bad_values(options: dict[str, object]) -> None:
 
 
 def test_ttl_must_exceed_the_drift_allowance_and_max_ttl() -> None:
-    core = RedlockCore(["a:1"], Settings(max_ttl=60.0))
-    assert core.check_ttl(1) == 1.0
+    settings = Settings(max_ttl=60.0)
+    assert settings.check_ttl(1) == 1.0
     with pytest.raises(ValueError, match="drift"):
-        core.check_ttl(0.002)  # drift alone is 2 ms + 1 %
+        settings.check_ttl(0.002)  # drift alone is 2 ms + 1 %
     with pytest.raises(ValueError, match="maximum"):
-        core.check_ttl(61)
+        settings.check_ttl(61)
 
 
 def test_keys_share_one_hash_tag_per_resource() -> None:
@@ -458,7 +455,7 @@ def make_core(n: int, clock: FakeClock | None = None) -> RedlockCore:
     """A core past its one-time node inspection (tested on its own below), so each test
     sees only the protocol round trips it is about."""
     core = RedlockCore([f"n{i}:6379" for i in range(n)], Settings(), clock or FakeClock())
-    core.health.inspected = True
+    core.amnesia.health.inspected = True
     return core
 
 
@@ -467,10 +464,10 @@ def test_first_acquire_inspects_every_node_once_then_never_again() -> None:
     core = RedlockCore([f"n{i}:6379" for i in range(3)], Settings(), FakeClock())
     with capture_logs() as events:
         for _ in range(2):
-            result = run_to_completion(core.acquire("r", 10.0, blocking=False, timeout=None),
+            result = drive(core.acquire("r", 10.0, blocking=False, timeout=None),
                                        nodes.execute)
             assert result.state is not None
-            run_to_completion(core.release(result.state), nodes.execute)
+            drive(core.release(result.state), nodes.execute)
     first = nodes.requests[0]
     assert isinstance(first, Broadcast)
     assert [(c.node, c.args) for c in first.calls] == [(i, ("INFO",)) for i in range(3)]
@@ -481,7 +478,7 @@ def test_first_acquire_inspects_every_node_once_then_never_again() -> None:
 
 def test_acquire_protocol_steady_state_is_one_round_trip() -> None:
     nodes = ScriptedNodes(3, counters=[4, 4, 4])
-    result = run_to_completion(make_core(3).acquire("r", 10.0, blocking=False, timeout=None),
+    result = drive(make_core(3).acquire("r", 10.0, blocking=False, timeout=None),
                                nodes.execute)
     assert result.state is not None
     assert result.state.token == 5
@@ -495,7 +492,7 @@ def test_acquire_protocol_diverged_counters_write_back_to_lower_nodes_only() -> 
     nodes = ScriptedNodes(5, counters=[10, 5, 5, 5, 5])
     nodes.data[0]["redlock:{r}:lock"] = "someone else"
     nodes.data[1]["redlock:{r}:lock"] = "someone else"
-    result = run_to_completion(make_core(5).acquire("r", 10.0, blocking=False, timeout=None),
+    result = drive(make_core(5).acquire("r", 10.0, blocking=False, timeout=None),
                                nodes.execute)
     assert result.state is not None
     assert result.state.token == 6
@@ -504,7 +501,7 @@ def test_acquire_protocol_diverged_counters_write_back_to_lower_nodes_only() -> 
     nodes = ScriptedNodes(5, counters=[5, 5, 10, 5, 5])
     nodes.data[0]["redlock:{r}:lock"] = "someone else"
     nodes.data[1]["redlock:{r}:lock"] = "someone else"
-    result = run_to_completion(make_core(5).acquire("r", 10.0, blocking=False, timeout=None),
+    result = drive(make_core(5).acquire("r", 10.0, blocking=False, timeout=None),
                                nodes.execute)
     assert result.state is not None
     assert result.state.token == 11
@@ -517,7 +514,7 @@ def test_acquire_protocol_diverged_counters_write_back_to_lower_nodes_only() -> 
 
 def test_acquire_protocol_failure_releases_on_every_node() -> None:
     nodes = ScriptedNodes(3, down=frozenset({1, 2}))
-    result = run_to_completion(make_core(3).acquire("r", 10.0, blocking=False, timeout=None),
+    result = drive(make_core(3).acquire("r", 10.0, blocking=False, timeout=None),
                                nodes.execute)
     assert result.state is None
     assert result.unavailable
@@ -539,7 +536,7 @@ def test_acquire_protocol_never_returns_an_expired_lock() -> None:
         clock.advance(10.0)  # the round trip ate the whole ttl
         return nodes.execute(request)
 
-    result = run_to_completion(make_core(3, clock).acquire("r", 10.0, blocking=False,
+    result = drive(make_core(3, clock).acquire("r", 10.0, blocking=False,
                                                            timeout=None), slow)
     assert result.state is None
     assert "validity" in result.reason
@@ -574,13 +571,13 @@ def test_acquire_protocol_blocking_backs_off_and_stops_at_the_deadline() -> None
             clock.advance(request.seconds)
         return nodes.execute(request)
 
-    result = run_to_completion(make_core(3, clock).acquire("r", 10.0, blocking=True,
+    result = drive(make_core(3, clock).acquire("r", 10.0, blocking=True,
                                                            timeout=1.0), execute)
     assert result.state is None
     assert not result.unavailable  # contention, not an outage
     assert result.attempts > 1
     sleeps = [r for r in nodes.requests if isinstance(r, Sleep)]
-    assert sleeps and all(s.wake_channel == "redlock:{r}:released" for s in sleeps)
+    assert sleeps and all(s.line == "redlock:{r}:released" for s in sleeps)
     # Between retry_delay_min and retry_delay_max, except the last one cut at the deadline.
     settings = Settings()
     assert all(settings.retry_delay_min <= s.seconds <= settings.retry_delay_max

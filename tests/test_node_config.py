@@ -9,7 +9,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from redlock import AsyncRedlock, Redlock
-from redlock.core import unsafe_config
+from redlock._rules import unsafe_config
 from redlock.testing import RedisNodes
 
 

@@ -33,7 +33,7 @@ from redlock import (
     Redlock,
     RedlockError,
 )
-from redlock.core import Keys
+from redlock._rules import Keys
 from redlock.testing import RedisNode, RedisNodes
 from redlock.testing.redis_nodes import free_port
 

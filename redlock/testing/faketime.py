@@ -3,7 +3,7 @@
 libfaketime (``LD_PRELOAD=libfaketimeMT.so.1``, ``FAKETIME="+0 x2"``) makes every
 clock the process reads run at a rate: ``x2`` is twice as fast, ``x0.5`` half as
 fast, starting from the real time when the process starts. A Redis node under it
-expires keys early (fast) or late (slow): the clock-drift fault of DESIGN.md §6.
+expires keys early (fast) or late (slow): the clock-drift fault of docs/design.md §8.
 
 Not every redis-server survives libfaketime. Debian's (dynamically linked to the
 system ``libjemalloc.so.2``) never starts: jemalloc's initialisation calls

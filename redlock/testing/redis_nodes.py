@@ -214,7 +214,7 @@ class RedisNode:
         """kill -9 and start again on the same port, with or without its files.
 
         Without AOF there is nothing on disk, so the node comes back empty either way:
-        the node amnesia of DESIGN.md §3.
+        the node amnesia of docs/design.md §4.
         """
         self.kill()
         if not keep_data:

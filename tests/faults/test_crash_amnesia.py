@@ -36,7 +36,7 @@ from redlock import (
     QuorumUnavailable,
     Redlock,
 )
-from redlock.core import Keys
+from redlock._rules import Keys
 from redlock.testing import RedisNode, RedisNodes
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(240)]

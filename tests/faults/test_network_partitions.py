@@ -38,7 +38,7 @@ from lock_history import ACCEPTED, ERROR, REJECTED, History, Hold, WriteRecord
 
 from fencing import RedisFencedStore, StaleTokenError
 from redlock import AsyncRedlock, LockNotAcquired, Outcome, QuorumUnavailable, Redlock
-from redlock.core import Keys
+from redlock._rules import Keys
 from redlock.testing import Proxies, Proxy, RedisNode
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(180)]

@@ -44,7 +44,7 @@ from lock_history import ACCEPTED, ERROR, REJECTED, History, Hold, WriteRecord
 
 from fencing import RedisFencedStore, StaleTokenError
 from redlock import Lock, LockLost, LockNotAcquired, NotHeld, Redlock
-from redlock.core import Keys
+from redlock._rules import Keys
 from redlock.testing import RedisNode, RedisNodes
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(300)]

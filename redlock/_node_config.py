@@ -1,21 +1,25 @@
-"""Turning the user's node list into connection settings with bounded timeouts.
+"""The caller's node list: checked, named, and turned into bounded connection pools.
 
 Nodes are given as URLs (``redis://``, ``rediss://user:pass@host``, ``unix://``)
-or as redis-py clients. Either way each shell builds its *own* connection pool
+or as redis-py clients. Either way each manager builds its *own* connection pool
 for every node from the node's connection settings, overriding what must be
 bounded for Redlock to keep its deadlines: socket and connect timeouts equal to
 the node timeout, no hidden redis-py retries (each of which could sleep past
-the lock's validity), no health-check pings, raw (undecoded) replies.
+the lock's validity), no health-check pings, raw (undecoded) replies. The
+overrides win over a URL's query string too (``?socket_timeout=30`` would
+otherwise unbound a node).
 """
 
 from __future__ import annotations
 
 import ipaddress
 import os
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 from redis.connection import parse_url
+
+PoolT = TypeVar("PoolT")
 
 
 def pool_overrides(node_timeout: float, retry: Any) -> dict[str, Any]:
@@ -90,3 +94,13 @@ def _shown(node: object, kwargs: Mapping[str, Any]) -> str:
         password = kwargs.get("password")
         return repr(node.replace(f":{password}@", ":***@") if password else node)
     return f"{type(node).__name__}({address_of(kwargs)})"
+
+
+def build_pool(node: Any, pool_class: Callable[..., PoolT],
+               parse: Callable[[str], Mapping[str, Any]], overrides: Mapping[str, Any]) -> PoolT:
+    """Our own pool for one node (a URL, or a client whose settings we copy)."""
+    if isinstance(node, str):
+        return pool_class(**{**parse(node), **overrides})
+    source = node.connection_pool
+    return pool_class(connection_class=source.connection_class,
+                      **{**source.connection_kwargs, **overrides})

@@ -1,13 +1,13 @@
 """Lua scripts run atomically on each Redis node.
 
 Every script is a module constant with a header naming its KEYS, ARGV and
-replies. Reply codes are small integers; :mod:`redlock.core` translates them
-into outcomes in one place (:func:`redlock.core.classify_acquire_reply`).
+replies. Reply codes are small integers; :mod:`redlock._rules` translates them
+into outcomes in one place (:func:`redlock._rules.classify_acquire_reply`).
 
 Keys of one resource share a hash tag (``ns:{resource}:lock`` and
 ``ns:{resource}:fence``) so the lock and its fence counter live in one slot.
 The node marker (``ns:node-marker``) is per node: it tells a node that still
-remembers its counters from one that lost its data (amnesia, DESIGN.md §3).
+remembers its counters from one that lost its data (amnesia, docs/design.md §4).
 """
 
 from __future__ import annotations

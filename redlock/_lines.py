@@ -3,8 +3,8 @@ bookkeeping, shared by the sync and asyncio shells, which only add the waiting.
 
 Without it, blocking waiters poll with jittered backoff, and the thread or task that
 has just released usually re-acquires before any waiter wakes (under exponential
-backoff the longest waiter sleeps longest, so it starves: 1 acquisition of 125 in our
-benchmark). Here, per resource (its release channel names it):
+backoff the longest waiter sleeps longest, so it starves; BENCHMARKS.md has the
+figures). Here, per resource (its release channel names it):
 
 * acquire attempts from one manager take turns: two racing attempts would split the
   nodes between them (each wins some, neither a quorum) and both back off;
@@ -21,19 +21,16 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import Generic, Protocol, TypeVar
+from typing import Generic, TypeVar
 
-from redlock.core import HANDOFF_GRACE
+from redlock._protocol import Wakeable
 
+# How long a release's handoff to the first local waiter holds off other local
+# attempts on that resource: long enough for the woken thread or task to be scheduled,
+# short enough that a waiter that died or stalls costs the others little.
+HANDOFF_GRACE = 0.1
 
-class Event(Protocol):
-    """What the shells' events share (threading.Event, asyncio.Event)."""
-
-    def set(self) -> None: ...
-    def clear(self) -> None: ...
-
-
-E = TypeVar("E", bound=Event)
+E = TypeVar("E", bound=Wakeable)
 L = TypeVar("L")  # the shell's lock type for taking turns
 
 

@@ -1,0 +1,107 @@
+"""Mutable state shared between threads or tasks: one acquisition, and token floors."""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from redlock.errors import LockLost, NodeResult, NotHeld
+
+
+class Status:
+    HELD = "held"
+    RELEASED = "released"
+    LOST = "lost"
+
+
+class LockState:
+    """One acquisition: shared by the handles that re-entered it and by its watchdog."""
+
+    def __init__(self, resource: str, owner: str, ttl: float, token: int, deadline: float,
+                 clock: Callable[[], float]) -> None:
+        self.resource = resource
+        self.owner = owner
+        self.ttl = ttl
+        self.token = token
+        self.deadline = deadline  # monotonic time when validity runs out
+        self.depth = 1  # re-entries by the same owner (reentrant locks)
+        self.status = Status.HELD
+        self.lost_reason = ""
+        self.lost_outcomes: tuple[NodeResult, ...] = ()
+        self.mutex = threading.Lock()
+        self._clock = clock
+
+    def validity(self) -> float:
+        if self.status != Status.HELD:
+            return 0.0
+        return max(0.0, self.deadline - self._clock())
+
+    def check(self) -> None:
+        """Raise unless the lock is held and still valid."""
+        if self.status == Status.LOST:
+            raise LockLost(f"lock on {self.resource!r} was lost: {self.lost_reason}",
+                           resource=self.resource, outcomes=self.lost_outcomes)
+        if self.status == Status.RELEASED:
+            raise NotHeld(f"lock on {self.resource!r} was released", resource=self.resource)
+        if self._clock() >= self.deadline:
+            raise LockLost(f"lock on {self.resource!r} expired: its validity ran out",
+                           resource=self.resource)
+
+    def mark_lost(self, reason: str, outcomes: Sequence[NodeResult] = ()) -> bool:
+        """Returns True for the caller that made the transition (it fires callbacks)."""
+        with self.mutex:
+            if self.status != Status.HELD:
+                return False
+            self.status = Status.LOST
+            self.lost_reason = reason
+            self.lost_outcomes = tuple(outcomes)
+            return True
+
+
+class TokenFloors:
+    """The highest token this manager saw per resource, sent with each acquire as the
+    counter's floor (docs/design.md §3). An optimisation only: forgetting one is safe,
+    so the table is bounded (least recently used resources are dropped)."""
+
+    CAPACITY = 4096
+
+    def __init__(self) -> None:
+        self._floors: OrderedDict[str, int] = OrderedDict()
+        self._mutex = threading.Lock()
+
+    def get(self, resource: str) -> int:
+        with self._mutex:
+            return self._floors.get(resource, 0)
+
+    def raise_to(self, resource: str, token: int) -> None:
+        with self._mutex:
+            if token > self._floors.get(resource, 0):
+                self._floors[resource] = token
+            self._floors.move_to_end(resource)
+            while len(self._floors) > self.CAPACITY:
+                self._floors.popitem(last=False)
+
+
+@dataclass(frozen=True)
+class AcquireResult:
+    """What an acquire protocol ended with: a state, or why not."""
+
+    state: LockState | None
+    outcomes: tuple[NodeResult, ...]
+    attempts: int
+    unavailable: bool  # fewer than a quorum of nodes answered healthily
+    reason: str
+
+
+@dataclass(frozen=True)
+class AttemptResult:
+    """What one acquire attempt ended with."""
+
+    state: LockState | None
+    outcomes: tuple[NodeResult, ...]
+    unavailable: bool = False  # fewer than a quorum of nodes answered healthily
+    permanent: bool = False  # ...and retrying cannot help (auth, permissions)
+    retry_now: bool = False  # the cluster was just initialised: try again at once
+    reason: str = ""
