@@ -84,7 +84,7 @@ def main() -> int:
     parser.add_argument("--cycles", type=int, default=1500)
     args = parser.parse_args()
     configure_logging()
-    from redlock.testing.redis_nodes import RedisNodes
+    from redlock.testing import RedisNodes
 
     with RedisNodes(3) as nodes:
         results = asyncio.run(measure(nodes.urls, args.rounds, args.cycles))

@@ -42,7 +42,7 @@ QUICK = {"rounds": 3, "cycles": 300, "warmup": 30, "total": 200, "contended_roun
 
 def run(args: argparse.Namespace) -> int:
     configure_logging()
-    from redlock.testing.redis_nodes import RedisNodes
+    from redlock.testing import RedisNodes
 
     print("redlock-fenced benchmark" + (" (--quick)" if args.quick else ""))
     for line in machine_lines():

@@ -68,7 +68,7 @@ def main() -> int:
 
     from _environment import loadavg_text
 
-    from redlock.testing.redis_nodes import RedisNodes
+    from redlock.testing import RedisNodes
 
     results: dict[str, list[dict[str, float]]] = {s: [] for s in SETUPS}
     with RedisNodes(3) as nodes:
