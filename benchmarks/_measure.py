@@ -1,4 +1,7 @@
-"""Timing, contention and memory loops shared by bench.py and the redlock-py worker.
+"""The measuring loops on one peer: uncontended, contended and memory, sync and asyncio.
+
+Shared by bench.py (through ``_peers``), async_overhead.py, logging_cost.py and the
+redlock-py worker.
 
 Nothing here imports the ``redlock`` package under test: the redlock-py worker runs in a
 subprocess whose ``redlock`` module is the *other* library of that name.

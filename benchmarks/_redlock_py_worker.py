@@ -1,8 +1,9 @@
 """Measure the classic ``redlock-py`` package in its own process.
 
-Its module is also called ``redlock``, like ours, so bench.py runs this file with
-PYTHONPATH pointing at a separate ``pip install --target`` directory and reads one JSON
-line from stdout. Usage (bench.py does this):
+Its module is also called ``redlock``, like ours, so the redlock-py peer
+(``_peers.SubprocessPeer``) runs this file with PYTHONPATH pointing at a separate
+``pip install --target`` directory and reads one JSON line from stdout. Usage (the peer
+does this):
 
     PYTHONPATH=DIR python _redlock_py_worker.py MODE '{"urls": [...], ...}'
 

@@ -8,7 +8,7 @@ runs in its own subprocess (structlog's lazy loggers keep the first configuratio
 cache), rounds interleaved, against one shared RedisNodes(3):
 
 * warning-cached:   filtering bound logger at WARNING, cache_logger_on_first_use=True
-                    (what bench.py uses)
+                    (what bench.py uses: _environment.configure_logging)
 * warning-uncached: the same without caching (structlog's default for that flag)
 * unconfigured:     structlog's defaults, which print every level, debug included;
                     output sent to /dev/null so the terminal is not measured
@@ -44,15 +44,13 @@ def child(setup: str, urls: list[str], cycles: int) -> None:
             file=open(os.devnull, "w")))  # noqa: SIM115 - lives as long as the process
 
     import _measure
+    from _peers import TTL_S, checked
 
     from redlock import Redlock
 
     with Redlock(urls) as dlm:
-        def acquire(handle: object) -> None:
-            if not handle.acquire():  # type: ignore[attr-defined]
-                raise RuntimeError("blocking acquire returned False")
-
-        result = _measure.uncontended(lambda r: dlm.lock(r, ttl=10.0), acquire,
+        result = _measure.uncontended(lambda r: dlm.lock(r, ttl=TTL_S),
+                                      checked(lambda h: h.acquire(), "redlock-fenced"),
                                       lambda h, _c: h.release(), f"bench:logcost:{setup}",
                                       cycles=cycles, warmup=200)
     print(json.dumps(result))
@@ -68,7 +66,9 @@ def main() -> int:
         child(args.child[0], json.loads(args.child[1]), args.cycles)
         return 0
 
-    from redlock.testing.redis_nodes import RedisNodes
+    from _environment import loadavg_text
+
+    from redlock.testing import RedisNodes
 
     results: dict[str, list[dict[str, float]]] = {s: [] for s in SETUPS}
     with RedisNodes(3) as nodes:
@@ -82,7 +82,7 @@ def main() -> int:
                 results[setup].append(json.loads(done.stdout.strip().splitlines()[-1]))
     base = statistics.median(r["p50_us"] for r in results["warning-cached"])
     print(f"ours sync N=3, uncontended acquire+release, {args.cycles} cycles x {args.rounds}"
-          f" rounds; loadavg {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+          f" rounds; loadavg {loadavg_text()}")
     for setup in SETUPS:
         p50 = [r["p50_us"] for r in results[setup]]
         med = statistics.median(p50)

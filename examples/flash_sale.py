@@ -4,35 +4,38 @@
     python examples/flash_sale.py --buyers 50 --tickets 10 --processes 5
     python -m examples.flash_sale --urls redis://h1:6379 redis://h2:6379 redis://h3:6379
 
-Half the buyers are threads of this process, the other half threads of helper
-processes (separate Python interpreters), all released at the same instant. Each
-buyer takes the Redlock on the sale, raises the sale record's fence to its token
-and reads the stock, and if a ticket is left writes the new stock and its name
-with the same token. The stock and the list of buyers are one fenced value, so a
-buyer whose lock expired mid-purchase could not sell a ticket twice.
+Each buyer takes the Redlock on the sale, raises the sale record's fence to its token
+and reads the stock, and if a ticket is left writes the new stock and its name with the
+same token. The stock and the list of buyers are one fenced value, so a buyer whose
+lock expired mid-purchase could not sell a ticket twice.
 
-Exits non-zero unless exactly the number of tickets is sold, no buyer ever sees a
+The demo runs half the buyers as threads of this process and the other half as threads
+of helper processes (separate Python interpreters), all released at the same instant.
+It exits non-zero unless exactly the number of tickets is sold, no buyer ever sees a
 negative stock, and the sold tickets carry strictly increasing fencing tokens.
 """
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import json
 import sys
-import threading
 import time
 from typing import Any
 
-import redis
+from fencing import RedisFencedStore, StaleTokenError
+from redlock import Redlock
 
 if __package__:
     from examples import _common as common
 else:  # python examples/flash_sale.py
-    import _common as common  # type: ignore[no-redef]
+    import _common as common  # type: ignore[no-redef, import-not-found]
 
-from fencing import RedisFencedStore, StaleTokenError
-from redlock import Redlock
+# -- The part to copy -----------------------------------------------------------------------
+# One lock manager and one fenced store per process, shared by all its threads:
+#     dlm = Redlock(["redis://h1:6379", "redis://h2:6379", "redis://h3:6379"])
+#     store = RedisFencedStore(redis.Redis.from_url("redis://data:6379"))
 
 SALE = "sale:tickets"
 
@@ -57,62 +60,47 @@ def buy(dlm: Redlock, store: RedisFencedStore, buyer: str) -> dict[str, Any]:
         return {"buyer": buyer, "bought": True, "token": token, "stock_seen": stock}
 
 
+# -- The demo around it (the harness is in examples/_common.py) -----------------------------
+
+
 def buyers(lock_urls: list[str], store_url: str, names: list[str]) -> list[dict[str, Any]]:
-    """Run one thread per buyer name in this process."""
-    results: list[dict[str, Any]] = []
-    client = redis.Redis.from_url(store_url)
-    store = RedisFencedStore(client)
-    with Redlock(lock_urls) as dlm:
-        def run(name: str) -> None:
-            try:
-                results.append(buy(dlm, store, name))
-            except Exception as exc:
-                results.append({"buyer": name, "bought": False, "error": repr(exc)})
-
-        threads = [threading.Thread(target=run, args=(name,)) for name in names]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-    client.close()
-    return results
+    """One thread per buyer name in this process."""
+    with common.clients(lock_urls, store_url) as (dlm, store):
+        results = common.in_threads(lambda name: buy(dlm, store, name), names)
+    return [r if not isinstance(r, Exception) else
+            {"buyer": name, "bought": False, "error": repr(r)}
+            for name, r in zip(names, results, strict=True)]
 
 
-def child(argv: list[str]) -> int:
-    """A helper process: ``--child STORE_URL NAME... -- LOCK_URL...``."""
-    split = argv.index("--")
-    store_url, *names = argv[:split]
-    common.quiet_logging()
-    common.child_handshake()
-    for result in buyers(argv[split + 1:], store_url, names):
+def child(values: list[str], lock_urls: list[str]) -> None:
+    """A helper process: ``STORE_URL NAME...``."""
+    store_url, *names = values
+    for result in buyers(lock_urls, store_url, names):
         common.emit(**result)
-    return 0
 
 
-def run(lock_urls: list[str], store_url: str, n_buyers: int, tickets: int,
-        processes: int) -> int:
-    client = redis.Redis.from_url(store_url)
-    store = RedisFencedStore(client)
-    client.delete(store.key(SALE))
-    store.write(SALE, 0, json.dumps({"stock": tickets, "sold": []}).encode())
-    in_processes = n_buyers // 2 if processes else 0
-    local = [f"thread-buyer-{i + 1}" for i in range(n_buyers - in_processes)]
-    remote = [[f"process{p + 1}-buyer-{i + 1}" for i in range(p, in_processes, processes)]
-              for p in range(processes)]
-    print(f"{n_buyers} buyers compete for {tickets} tickets: {len(local)} threads here and "
-          f"{in_processes} threads in {processes} helper processes")
-    helpers = common.Helpers(__file__, [[store_url, *names, "--", *lock_urls]
-                                        for names in remote if names])
-    try:
-        started = time.monotonic()
-        helpers.go()  # every buyer starts at the same moment
-        results = buyers(lock_urls, store_url, local)
-        results += helpers.results()
-        elapsed = time.monotonic() - started
-    finally:
-        helpers.close()
-    raw = store.read(SALE)
-    client.close()
+def run(args: argparse.Namespace, lock_urls: list[str], store_url: str) -> int:
+    n_buyers, tickets, processes = args.buyers, args.tickets, args.processes
+    with common.fenced_store(store_url) as store:
+        store.client.delete(store.key(SALE))
+        store.write(SALE, 0, json.dumps({"stock": tickets, "sold": []}).encode())
+        in_processes = n_buyers // 2 if processes else 0
+        local = [f"thread-buyer-{i + 1}" for i in range(n_buyers - in_processes)]
+        remote = [[f"process{p + 1}-buyer-{i + 1}" for i in range(p, in_processes, processes)]
+                  for p in range(processes)]
+        print(f"{n_buyers} buyers compete for {tickets} tickets: {len(local)} threads here "
+              f"and {in_processes} threads in {processes} helper processes")
+        helpers = common.Helpers(__file__, lock_urls,
+                                 [[store_url, *names] for names in remote if names])
+        try:
+            started = time.monotonic()
+            helpers.go()  # every buyer starts at the same moment
+            results = buyers(lock_urls, store_url, local)
+            results += helpers.results()
+            elapsed = time.monotonic() - started
+        finally:
+            helpers.close()
+        raw = store.read(SALE)
     assert raw is not None
     sale = json.loads(raw)
 
@@ -141,19 +129,11 @@ def run(lock_urls: list[str], store_url: str, n_buyers: int, tickets: int,
                               "no oversell, stock never negative, tokens increasing")
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["--child"]:
-        return child(argv[1:])
-    p = common.parser(__doc__)
+def options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--buyers", type=int, default=50)
     p.add_argument("--tickets", type=int, default=10)
     p.add_argument("--processes", type=int, default=5, help="helper processes (default 5)")
-    args = p.parse_args(argv)
-    common.quiet_logging()
-    with common.redis_nodes(args.urls, args.store_url) as (lock_urls, store_url):
-        return run(lock_urls, store_url, args.buyers, args.tickets, args.processes)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(common.main(__doc__, run, options=options, child=child))

@@ -3,36 +3,65 @@
     python -m examples.scheduled_job          # starts its own local redis-server nodes
     python examples/scheduled_job.py --workers 4 --runs 6
 
-Every worker (a separate process, as on separate machines) has the same schedule
-and fires at every tick. For each run id it tries the lock ``job:<run id>``
-without waiting: a worker that does not get it skips the run (someone else is
-running it). The worker that gets it raises the run record's fence to its token
-and reads it: a record means the run already happened (a late worker arriving
-after the first one finished and released the lock), so it skips; otherwise it
-runs the job and writes the record with its token.
+Every worker has the same schedule and fires at every tick. For each run id it tries
+the lock ``job:<run id>`` without waiting: a worker that does not get it skips the run
+(someone else is running it). The worker that gets it raises the run record's fence to
+its token and reads it: a record means the run already happened (a late worker arriving
+after the first one finished and released the lock), so it skips; otherwise it runs
+the job and writes the record with its token.
 
-One worker's clock is deliberately late, so it always arrives after the run is
-done: the lock alone (already released) would let it run the job a second time;
-the record stops it. Exits non-zero unless every run executed exactly once.
+In the demo the workers are separate processes (as on separate machines), and one
+worker's clock is deliberately late, so it always arrives after the run is done: the
+lock alone (already released) would let it run the job a second time; the record stops
+it. It exits non-zero unless every run executed exactly once.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import time
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from typing import Any
 
-import redis
+from fencing import RedisFencedStore, StaleTokenError
+from redlock import Redlock
 
 if __package__:
     from examples import _common as common
 else:  # python examples/scheduled_job.py
-    import _common as common  # type: ignore[no-redef]
+    import _common as common  # type: ignore[no-redef, import-not-found]
 
-from fencing import RedisFencedStore, StaleTokenError
-from redlock import Redlock
+# -- The part to copy -----------------------------------------------------------------------
+# One lock manager and one fenced store per worker process:
+#     dlm = Redlock(["redis://h1:6379", "redis://h2:6379", "redis://h3:6379"])
+#     store = RedisFencedStore(redis.Redis.from_url("redis://data:6379"))
+
+
+def run_once(dlm: Redlock, store: RedisFencedStore, run_id: str, worker: str,
+             job: Callable[[], None]) -> dict[str, Any]:
+    """Run ``job`` for the scheduled run ``run_id`` unless another worker is running it
+    or already ran it."""
+    lock = dlm.lock(f"job:{run_id}", ttl=5.0, blocking=False)
+    if not lock.acquire():
+        return {"outcome": "skipped: lock busy"}
+    try:
+        token = lock.token
+        record = store.fence(f"job:{run_id}", token)  # raise the fence, then read
+        if record is not None:
+            return {"outcome": f"skipped: already done by {json.loads(record)['by']}"}
+        job()
+        store.write(f"job:{run_id}", token, json.dumps({"by": worker, "token": token}).encode())
+        return {"outcome": "ran", "token": token}
+    except StaleTokenError as exc:  # our lock expired and a newer holder took the run
+        return {"outcome": f"stale: {exc}"}
+    finally:
+        lock.release()
+
+
+# -- The demo around it (the harness is in examples/_common.py) -----------------------------
 
 EXECUTIONS = "job:executions"  # run id -> how many times the job body ran
 
@@ -41,57 +70,41 @@ def run_id(tick: int) -> str:
     return f"nightly-report#{tick + 1}"
 
 
-def worker(name: str, late: float, runs: int, interval: float, store_url: str,
-           lock_urls: list[str]) -> None:
-    """A worker process: at each tick, try to run that tick's job."""
-    client = redis.Redis.from_url(store_url)
-    store = RedisFencedStore(client)
-    with Redlock(lock_urls) as dlm:
+def worker(values: list[str], lock_urls: list[str]) -> None:
+    """A worker process (``NAME LATE RUNS INTERVAL STORE_URL``): at each tick, try to run
+    that tick's job; the job itself counts its executions and takes a while."""
+    name, late, runs, interval, store_url = values
+    with common.clients(lock_urls, store_url) as (dlm, store):
         start = time.monotonic()
-        for tick in range(runs):
-            time.sleep(max(0.0, start + tick * interval + late - time.monotonic()))
+        for tick in range(int(runs)):
+            time.sleep(max(0.0, start + tick * float(interval) + float(late) - time.monotonic()))
             job = run_id(tick)
-            lock = dlm.lock(f"job:{job}", ttl=5.0, blocking=False)
-            if not lock.acquire():
-                common.emit(worker=name, run=job, outcome="skipped: lock busy")
-                continue
-            try:
-                token = lock.token
-                record = store.fence(f"job:{job}", token)  # raise the fence, then read
-                if record is not None:
-                    by = json.loads(record)["by"]
-                    common.emit(worker=name, run=job, outcome=f"skipped: already done by {by}")
-                    continue
-                client.hincrby(EXECUTIONS, job, 1)  # the job itself
+
+            def body(job: str = job) -> None:
+                store.client.hincrby(EXECUTIONS, job, 1)
                 time.sleep(0.05)
-                store.write(f"job:{job}", token, json.dumps({"by": name, "token": token}).encode())
-                common.emit(worker=name, run=job, outcome="ran", token=token)
-            except StaleTokenError as exc:
-                common.emit(worker=name, run=job, outcome=f"stale: {exc}")
-            finally:
-                lock.release()
-    client.close()
+
+            common.emit(worker=name, run=job, **run_once(dlm, store, job, name, body))
 
 
-def run(lock_urls: list[str], store_url: str, workers: int, runs: int,
-        interval: float) -> int:
-    client = redis.Redis.from_url(store_url)
-    store = RedisFencedStore(client)
-    client.delete(EXECUTIONS, *(store.key(f"job:{run_id(t)}") for t in range(runs)))
+def run(args: argparse.Namespace, lock_urls: list[str], store_url: str) -> int:
+    workers, runs, interval = args.workers, args.runs, args.interval
     late = interval / 2
     names = [f"worker-{i + 1}" for i in range(workers)]
-    print(f"{workers} worker processes, {runs} scheduled runs, one tick every "
-          f"{interval * 1000:.0f} ms; {names[-1]}'s clock is {late * 1000:.0f} ms late")
-    helpers = common.Helpers(__file__, [
-        [name, str(late if i == workers - 1 else 0.0), str(runs), str(interval), store_url,
-         "--", *lock_urls] for i, name in enumerate(names)])
-    try:
-        helpers.go()
-        results = helpers.results()
-    finally:
-        helpers.close()
-    executions = {key.decode(): int(value) for key, value in client.hgetall(EXECUTIONS).items()}
-    client.close()
+    with common.fenced_store(store_url) as store:
+        store.client.delete(EXECUTIONS, *(store.key(f"job:{run_id(t)}") for t in range(runs)))
+        print(f"{workers} worker processes, {runs} scheduled runs, one tick every "
+              f"{interval * 1000:.0f} ms; {names[-1]}'s clock is {late * 1000:.0f} ms late")
+        helpers = common.Helpers(__file__, lock_urls, [
+            [name, str(late if i == workers - 1 else 0.0), str(runs), str(interval), store_url]
+            for i, name in enumerate(names)])
+        try:
+            helpers.go()
+            results = helpers.results()
+        finally:
+            helpers.close()
+        executions = {common.text(key): int(value)
+                      for key, value in store.client.hgetall(EXECUTIONS).items()}
 
     by_run: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for result in results:
@@ -114,26 +127,15 @@ def run(lock_urls: list[str], store_url: str, workers: int, runs: int,
                               f"across {workers} workers")
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["--child"]:
-        split = argv.index("--")
-        name, late, runs, interval, store_url = argv[1:split]
-        common.quiet_logging()
-        common.child_handshake()
-        worker(name, float(late), int(runs), float(interval), store_url, argv[split + 1:])
-        return 0
-    p = common.parser(__doc__)
+def options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--runs", type=int, default=6)
     p.add_argument("--interval", type=float, default=0.25, help="seconds between ticks")
-    args = p.parse_args(argv)
-    if args.workers < 2:
-        p.error("--workers must be at least 2")
-    common.quiet_logging()
-    with common.redis_nodes(args.urls, args.store_url) as (lock_urls, store_url):
-        return run(lock_urls, store_url, args.workers, args.runs, args.interval)
+
+
+def check(args: argparse.Namespace) -> str | None:
+    return "--workers must be at least 2" if args.workers < 2 else None
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(common.main(__doc__, run, options=options, check=check, child=worker))

@@ -3,6 +3,9 @@
     python -m examples.stale_writer          # starts its own local redis-server nodes
     python examples/stale_writer.py --ttl 1.0
 
+A holder builds a report under the lock and stores it with the lock's fencing token;
+the fenced store refuses a token lower than one it has already accepted. In the demo:
+
 1. Holder A (a separate process) takes the lock with a short TTL and gets a
    fencing token; it is about to write a report.
 2. A is frozen with SIGSTOP (think: a long GC pause, a VM migration) for longer
@@ -12,58 +15,68 @@
    store rejects it and keeps B's report. The same stale write to a plain Redis key
    (no fencing) silently overwrites B's work: that is what fencing prevents.
 
-Exits non-zero unless A is rejected and B's value survives in the fenced store.
+It exits non-zero unless A is rejected and B's value survives in the fenced store.
 """
 
 from __future__ import annotations
 
-import json
+import argparse
 import os
 import signal
-import subprocess
 import sys
 import time
+from collections.abc import Callable
+from typing import Any
 
-import redis
+from fencing import RedisFencedStore, StaleTokenError
+from redlock import Redlock
 
 if __package__:
     from examples import _common as common
 else:  # python examples/stale_writer.py
-    import _common as common  # type: ignore[no-redef]
+    import _common as common  # type: ignore[no-redef, import-not-found]
 
-from fencing import RedisFencedStore, StaleTokenError
-from redlock import LockLost, Redlock
+# -- The part to copy -----------------------------------------------------------------------
+# One lock manager and one fenced store per process:
+#     dlm = Redlock(["redis://h1:6379", "redis://h2:6379", "redis://h3:6379"])
+#     store = RedisFencedStore(redis.Redis.from_url("redis://data:6379"))
 
 RESOURCE = "report:daily"
-PLAIN_KEY = "report:daily:unfenced"
 
 
-def holder_a(store_url: str, ttl: float, lock_urls: list[str]) -> int:
-    """Child process: take the lock, announce the token, 'work', then write."""
-    common.quiet_logging()
-    client = redis.Redis.from_url(store_url)
-    store = RedisFencedStore(client)
-    with Redlock(lock_urls) as dlm:
-        lock = dlm.lock(RESOURCE, ttl=ttl, timeout=10.0)
-        with lock:
-            token = lock.token  # A keeps its token, as any real worker would
+def write_report(dlm: Redlock, store: RedisFencedStore, ttl: float,
+                 build: Callable[[int], bytes]) -> dict[str, Any]:
+    """Build the report under the lock, then store it with the lock's token."""
+    lock = dlm.lock(RESOURCE, ttl=ttl, timeout=10.0)
+    with lock:
+        token = lock.token  # taken once, at the start, as any real worker would
+        report = build(token)
+        try:
+            store.write(RESOURCE, token, report)
+        except StaleTokenError as exc:  # a newer holder wrote: our lock expired meanwhile
+            return {"written": False, "token": token, "highest": exc.highest,
+                    "lock_expired": not lock.locked()}
+        return {"written": True, "token": token}
+
+
+# -- The demo around it (the harness is in examples/_common.py) -----------------------------
+
+PLAIN_KEY = "report:daily:unfenced"  # the same report without fencing, for comparison
+
+
+def holder_a(values: list[str], lock_urls: list[str]) -> None:
+    """Helper process A (``STORE_URL TTL``): announces its token, then 'works' (and is
+    frozen there by the parent), then writes."""
+    store_url, ttl = values
+    with common.clients(lock_urls, store_url) as (dlm, store):
+        def build(token: int) -> bytes:
             common.emit(event="acquired", token=token, pid=os.getpid())
             time.sleep(0.5)  # building the report... (the parent freezes us in here)
-            value = f"report by A (token {token})".encode()
-            client.set(PLAIN_KEY, value)  # an unfenced copy: nothing checks A
-            try:
-                store.write(RESOURCE, token, value)
-                common.emit(event="written", token=token)
-            except StaleTokenError as exc:
-                common.emit(event="rejected", token=token, highest=exc.highest,
-                            message=str(exc))
-            try:
-                _ = lock.token
-                common.emit(event="handle", lost=False)
-            except LockLost:
-                common.emit(event="handle", lost=True)
-    client.close()
-    return 0
+            report = f"report by A (token {token})".encode()
+            store.client.set(PLAIN_KEY, report)  # an unfenced copy: nothing checks A
+            return report
+
+        common.emit(event="done", **write_report(dlm, store, float(ttl), build))
 
 
 def process_state(pid: int) -> str:
@@ -72,80 +85,63 @@ def process_state(pid: int) -> str:
         return stat.read().rsplit(")", 1)[1].split()[0]
 
 
-def run(lock_urls: list[str], store_url: str, ttl: float) -> int:
-    clock = common.Clock()
-    client = redis.Redis.from_url(store_url)
-    store = RedisFencedStore(client)
-    client.delete(store.key(RESOURCE), PLAIN_KEY)
+def run(args: argparse.Namespace, lock_urls: list[str], store_url: str) -> int:
+    ttl, clock = args.ttl, common.Clock()
+    with common.fenced_store(store_url) as store:
+        store.client.delete(store.key(RESOURCE), PLAIN_KEY)
+        helpers = common.Helpers(__file__, lock_urls, [[store_url, str(ttl)]])
+        try:
+            helpers.go()
+            token_a = helpers.next_event()["token"]
+            helpers.signal(signal.SIGSTOP)
+            print(f"{clock()}  A (pid {helpers.pid()}) took the lock for {ttl:.1f} s with "
+                  f"fencing token {token_a}, and starts writing its report")
+            time.sleep(0.05)
+            print(f"{clock()}  A is frozen with SIGSTOP (process state "
+                  f"{process_state(helpers.pid())!r}) in the middle of its work")
+            pause = ttl + 0.5
+            time.sleep(pause)
+            print(f"{clock()}  {pause:.1f} s later A's lock has expired, but A, frozen, "
+                  "cannot know")
 
-    a = subprocess.Popen([sys.executable, __file__, "--child", store_url, str(ttl), *lock_urls],
-                         stdout=subprocess.PIPE, text=True)
-    try:
-        assert a.stdout is not None
-        acquired = json.loads(a.stdout.readline())
-        a.send_signal(signal.SIGSTOP)
-        token_a = acquired["token"]
-        print(f"{clock()}  A (pid {a.pid}) took the lock for {ttl:.1f} s with fencing token "
-              f"{token_a}, and starts writing its report")
-        time.sleep(0.05)
-        state = process_state(a.pid)
-        print(f"{clock()}  A is frozen with SIGSTOP (process state {state!r}) in the middle "
-              f"of its work")
-        pause = ttl + 0.5
-        time.sleep(pause)
-        print(f"{clock()}  {pause:.1f} s later A's lock has expired, but A, frozen, cannot know")
+            def build_b(token: int) -> bytes:
+                print(f"{clock()}  B took the lock with fencing token {token}")
+                report = f"report by B (token {token})".encode()
+                store.client.set(PLAIN_KEY, report)
+                return report
 
-        with Redlock(lock_urls) as dlm, dlm.lock(RESOURCE, ttl=5.0, timeout=10.0) as held:
-            token_b = held.token
-            print(f"{clock()}  B took the lock with fencing token {token_b}")
-            value_b = f"report by B (token {token_b})".encode()
-            store.write(RESOURCE, token_b, value_b)
-            client.set(PLAIN_KEY, value_b)
-            print(f"{clock()}  B wrote {value_b.decode()!r}")
-        print(f"{clock()}  B released the lock")
+            with common.clients(lock_urls, store_url) as (dlm, _):
+                b = write_report(dlm, store, 5.0, build_b)
+            token_b, value_b = b["token"], f"report by B (token {b['token']})".encode()
+            print(f"{clock()}  B wrote {value_b.decode()!r} and released the lock")
 
-        a.send_signal(signal.SIGCONT)
-        print(f"{clock()}  A is resumed with SIGCONT and carries on where it stopped")
-        out, _ = a.communicate(timeout=30)
-    finally:
-        if a.poll() is None:
-            a.send_signal(signal.SIGCONT)
-            a.kill()
-            a.communicate()
-    events = {e["event"]: e for e in (json.loads(line) for line in out.splitlines() if line)}
-    rejected = events.get("rejected")
-    if rejected:
-        print(f"{clock()}  A tried to write with its old token {token_a}: the store REJECTED it "
-              f"(it had already accepted token {rejected['highest']})")
+            helpers.signal(signal.SIGCONT)
+            print(f"{clock()}  A is resumed with SIGCONT and carries on where it stopped")
+            a = next(e for e in helpers.results(timeout=30) if e["event"] == "done")
+        finally:
+            helpers.close()
+        final, highest = store.read(RESOURCE), store.highest(RESOURCE)
+        plain = store.client.get(PLAIN_KEY)
+
+    if not a["written"]:
+        print(f"{clock()}  A tried to write with its old token {token_a}: the store REJECTED "
+              f"it (it had already accepted token {a['highest']})")
     else:
         print(f"{clock()}  A's write with token {token_a} was accepted: fencing failed")
-    if events.get("handle", {}).get("lost"):
-        print(f"{clock()}  (A's lock handle, asked afterwards, also reports the lock as lost)")
-    final = store.read(RESOURCE)
-    highest = store.highest(RESOURCE)
-    plain = client.get(PLAIN_KEY)
-    client.close()
-    print(f"fenced store now holds:   {final.decode() if final else None!r} "
+    if a.get("lock_expired"):
+        print(f"{clock()}  (A's lock handle, asked afterwards, also reports the lock as expired)")
+    print(f"fenced store now holds:   {common.text(final)!r} "
           f"(highest accepted token {highest})")
-    print(f"unfenced key now holds:   {plain.decode() if plain else None!r}"
+    print(f"unfenced key now holds:   {common.text(plain)!r}"
           + ("   <- A's stale write clobbered B's work" if plain != final else ""))
-    ok = (a.returncode == 0 and rejected is not None and token_a < token_b
-          and rejected["highest"] == token_b and final == value_b and highest == token_b)
+    ok = (b["written"] and not a["written"] and token_a < token_b
+          and a["highest"] == token_b and final == value_b and highest == token_b)
     return common.verdict(ok, "the stale holder A was rejected and B's value was kept")
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["--child"]:
-        store_url, ttl, *lock_urls = argv[1:]
-        return holder_a(store_url, float(ttl), lock_urls)
-    p = common.parser(__doc__)
+def options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ttl", type=float, default=1.0, help="A's lock TTL in seconds (default 1)")
-    args = p.parse_args(argv)
-    common.quiet_logging()
-    with common.redis_nodes(args.urls, args.store_url) as (lock_urls, store_url):
-        return run(lock_urls, store_url, args.ttl)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(common.main(__doc__, run, options=options, child=holder_a))

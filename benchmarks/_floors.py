@@ -1,0 +1,155 @@
+"""The raw floors: what the I/O of one acquire+release costs with no lock logic at all.
+
+A floor sends the same two Lua scripts as our client (ACQUIRE and RELEASE, by EVALSHA)
+to every node, on connection pools built with our connection settings, and does nothing
+else: no quorum or validity logic, no retries, no bookkeeping, no logging. The gap
+between our client and its floor is the client's own cost.
+
+* :class:`SyncFloor`: write the command to every node, then read every reply (what our
+  sync client does on one thread);
+* :class:`AsyncFloor`: ``asyncio.gather`` of one send+read per node on redis.asyncio
+  (what our asyncio client builds on), optionally with the timeout layers our asyncio
+  client adds per node call (benchmarks/async_overhead.py measures each layer).
+
+This is the only module of benchmarks/ that imports internals of the library.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import sys
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import redis
+import redis.asyncio
+from redis.asyncio.retry import Retry as AsyncRetry
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from redlock import _scripts as scripts
+from redlock._node_config import pool_overrides
+
+MARKER = "redlock:node-marker"
+
+
+def _acquire_command(resource: str, owner: str, ttl_s: float) -> tuple[Any, ...]:
+    return ("EVALSHA", scripts.ACQUIRE.sha, 3, f"redlock:{{{resource}}}:lock",
+            f"redlock:{{{resource}}}:fence", MARKER, owner, int(ttl_s * 1000), 0)
+
+
+def _release_command(resource: str, owner: str) -> tuple[Any, ...]:
+    return ("EVALSHA", scripts.RELEASE.sha, 2, f"redlock:{{{resource}}}:lock",
+            f"redlock:{{{resource}}}:released", owner)
+
+
+def _check_quorum(replies: list[Any]) -> None:
+    if sum(1 for r in replies if int(r[0]) == 1) < len(replies) // 2 + 1:
+        raise RuntimeError(f"floor acquire failed: {replies}")
+
+
+class SyncFloor:
+    """Scatter EVALSHA to all nodes, gather the replies; twice per cycle."""
+
+    def __init__(self, urls: list[str], *, node_timeout: float, ttl_s: float) -> None:
+        overrides = pool_overrides(node_timeout, Retry(NoBackoff(), 0))
+        self.pools = [redis.ConnectionPool.from_url(u, **overrides) for u in urls]
+        self.ttl_s = ttl_s
+        for pool in self.pools:
+            with redis.Redis(connection_pool=pool) as client:
+                client.set(MARKER, "bench", nx=True)
+                client.script_load(scripts.ACQUIRE.source)
+                client.script_load(scripts.RELEASE.source)
+
+    def _scatter(self, *command: Any) -> list[Any]:
+        conns = [p.get_connection() for p in self.pools]
+        try:
+            for conn in conns:
+                conn.send_command(*command)
+            return [conn.read_response() for conn in conns]
+        finally:
+            for pool, conn in zip(self.pools, conns, strict=True):
+                pool.release(conn)
+
+    def acquire(self, resource: str) -> str:
+        owner = secrets.token_hex(16)
+        _check_quorum(self._scatter(*_acquire_command(resource, owner, self.ttl_s)))
+        return owner
+
+    def release(self, resource: str, owner: str) -> None:
+        self._scatter(*_release_command(resource, owner))
+
+    def close(self) -> None:
+        for pool in self.pools:
+            pool.disconnect()
+
+
+AsyncCall = Callable[..., Awaitable[Any]]
+
+
+class AsyncFloor:
+    """``asyncio.gather`` of one exchange per node; twice per cycle.
+
+    ``calls(per_call_timeout, read_timeout)`` gives the acquire/release pair with the
+    layers our asyncio client puts around each node's exchange:
+
+    * ``per_call_timeout``: None (bare), ``"wait_for"`` (``asyncio.wait_for``: a Task and
+      a timer per call) or ``"timeout"`` (``asyncio.timeout``, 3.11+: cancels in place);
+    * ``read_timeout``: also pass ``read_response(timeout=...)``.
+    """
+
+    def __init__(self, urls: list[str], *, node_timeout: float, ttl_s: float) -> None:
+        overrides = pool_overrides(node_timeout, AsyncRetry(NoBackoff(), 0))
+        self.pools = [redis.asyncio.ConnectionPool.from_url(u, **overrides) for u in urls]
+        self.node_timeout = node_timeout
+        self.ttl_s = ttl_s
+
+    async def prepare(self) -> None:
+        for pool in self.pools:
+            client = redis.asyncio.Redis(connection_pool=pool)
+            await client.set(MARKER, "bench", nx=True)
+            await client.script_load(scripts.ACQUIRE.source)
+            await client.script_load(scripts.RELEASE.source)
+
+    async def _one(self, pool: Any, command: tuple[Any, ...], per_call_timeout: str | None,
+                   read_timeout: bool) -> Any:
+        conn = await pool.get_connection()
+        try:
+            async def exchange() -> Any:
+                await conn.send_command(*command, check_health=False)
+                if read_timeout:
+                    return await conn.read_response(timeout=self.node_timeout,
+                                                    disconnect_on_error=False)
+                return await conn.read_response()
+
+            if per_call_timeout == "wait_for":
+                return await asyncio.wait_for(exchange(), self.node_timeout)
+            if per_call_timeout == "timeout":
+                if sys.version_info < (3, 11):
+                    raise RuntimeError("asyncio.timeout needs Python 3.11+")
+                async with asyncio.timeout(self.node_timeout):
+                    return await exchange()
+            return await exchange()
+        finally:
+            await pool.release(conn)
+
+    def calls(self, per_call_timeout: str | None = None, read_timeout: bool = False
+              ) -> tuple[AsyncCall, AsyncCall]:
+        async def gather(command: tuple[Any, ...]) -> list[Any]:
+            return await asyncio.gather(*(self._one(p, command, per_call_timeout, read_timeout)
+                                          for p in self.pools))
+
+        async def acquire(resource: str) -> str:
+            owner = secrets.token_hex(16)
+            _check_quorum(await gather(_acquire_command(resource, owner, self.ttl_s)))
+            return owner
+
+        async def release(resource: str, owner: str) -> None:
+            await gather(_release_command(resource, owner))
+
+        return acquire, release
+
+    async def close(self) -> None:
+        for pool in self.pools:
+            await pool.disconnect()
