@@ -15,7 +15,7 @@ import redis.asyncio
 from redis.asyncio.connection import parse_url
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.exceptions import NoScriptError
+from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from redlock._node_config import address_of, build_pool, check_node_list, pool_overrides
@@ -23,6 +23,8 @@ from redlock._protocol import Broadcast, Call
 from redlock._transport import ParkedAcquires, render
 
 T = TypeVar("T")
+
+_UNREAD: object = object()  # a reply not read yet (None is a real reply)
 
 
 async def within(awaitable: Coroutine[Any, Any, T], timeout: float) -> T:
@@ -55,66 +57,109 @@ class AsyncTransport:
         self._parked: ParkedAcquires[Any] = ParkedAcquires(len(self.pools))
 
     async def broadcast(self, request: Broadcast) -> list[object]:
-        return list(await asyncio.gather(*(self._bounded(call, request.timeout)
-                                           for call in request.calls)))
+        """Every call's reply or exception. Calls for one node share one connection
+        and one write (a pipeline); the nodes are asked concurrently."""
+        by_node: dict[int, list[int]] = {}
+        for index, call in enumerate(request.calls):
+            by_node.setdefault(call.node, []).append(index)
+        replies: list[object] = [None] * len(request.calls)
+        await asyncio.gather(*(self._node(node, [request.calls[i] for i in indexes],
+                                          indexes, replies, request.timeout)
+                               for node, indexes in by_node.items()))
+        return replies
 
-    async def _bounded(self, call: Call, timeout: float) -> object:
-        parked = self._parked.take_for(call)
+    async def _node(self, node: int, calls: list[Call], indexes: list[int],
+                    replies: list[object], timeout: float) -> None:
+        parked = [conn for call in calls for conn in self._parked.take_for(call)]
+        exchange = self._exchange(node, calls, timeout)
         if parked:
-            reply, _ = await asyncio.gather(self._exchange(call, timeout),
-                                            self._trail(parked, call, timeout))
-            return reply
-        return await self._exchange(call, timeout)
+            results, _ = await asyncio.gather(exchange, self._trail(parked, calls, timeout))
+        else:
+            results = await exchange
+        for index, result in zip(indexes, results, strict=True):
+            replies[index] = result
 
-    async def _exchange(self, call: Call, timeout: float) -> object:
-        """Send one call and read its reply (raw, like the sync transport) in ``timeout``."""
-        pool = self.pools[call.node]
+    async def _exchange(self, node: int, calls: list[Call], timeout: float) -> list[object]:
+        """Send one node's calls and read their replies (raw), all within ``timeout``."""
+        pool = self.pools[node]
         conn: Any = None
         sent = False
+        results: list[object] = []
 
-        async def exchange() -> object:
+        async def exchange() -> None:
             nonlocal conn, sent
             conn = await pool.get_connection()
-            await conn.send_command(*render(call, evalsha=True), check_health=False)
+            await conn.send_packed_command(conn.pack_commands(
+                [render(call, evalsha=True) for call in calls]), check_health=False)
             sent = True
-            try:
-                return await conn.read_response(timeout=timeout, disconnect_on_error=False)
-            except NoScriptError:  # first use on this node (or SCRIPT FLUSH): send the body
-                await conn.send_command(*render(call, evalsha=False), check_health=False)
-                return await conn.read_response(timeout=timeout, disconnect_on_error=False)
+            unknown = await self._read_replies(conn, calls, results, timeout)
+            if unknown:  # first use of a script on this node (or SCRIPT FLUSH): send bodies
+                await conn.send_packed_command(conn.pack_commands(
+                    [render(calls[i], evalsha=False) for i in unknown]), check_health=False)
+                retried: list[object] = []
+                await self._read_replies(conn, [calls[i] for i in unknown], retried, timeout)
+                for i, result in zip(unknown, retried, strict=True):
+                    results[i] = result
 
         try:
-            reply = await within(exchange(), timeout)
+            await within(exchange(), timeout)
         except (asyncio.TimeoutError, RedisTimeoutError):
-            await self._no_reply(call, conn, sent)
-            return RedisTimeoutError(f"no reply within {timeout * 1000:.0f} ms")
+            await self._no_reply(node, calls, conn, sent)
+            return self._fill(results, calls,
+                              RedisTimeoutError(f"no reply within {timeout * 1000:.0f} ms"))
         except asyncio.CancelledError:
-            await self._no_reply(call, conn, sent)
+            await self._no_reply(node, calls, conn, sent)
             raise
         except Exception as exc:
             if conn is not None:  # a late reply must never be read as the next command's
-                await self._discard(call.node, conn)
-            return exc
+                await self._discard(node, conn)
+            return self._fill(results, calls, exc)
         await pool.release(conn)
-        return reply
+        return results
 
-    async def _no_reply(self, call: Call, conn: Any, sent: bool) -> None:
+    @staticmethod
+    async def _read_replies(conn: Any, calls: list[Call], results: list[object],
+                            timeout: float) -> list[int]:
+        """Append one reply per call (an error reply is that call's result); returns
+        the positions answered NOSCRIPT. Timeouts and connection errors propagate."""
+        unknown = []
+        for position in range(len(calls)):
+            try:
+                results.append(await conn.read_response(timeout=timeout,
+                                                        disconnect_on_error=False))
+            except NoScriptError:
+                unknown.append(position)
+                results.append(_UNREAD)
+            except ResponseError as exc:
+                results.append(exc)
+        return unknown
+
+    @staticmethod
+    def _fill(results: list[object], calls: list[Call], exc: BaseException) -> list[object]:
+        """The replies read so far, ``exc`` for every call left without one."""
+        padded = results + [_UNREAD] * (len(calls) - len(results))
+        return [exc if result is _UNREAD else result for result in padded]
+
+    async def _no_reply(self, node: int, calls: list[Call], conn: Any, sent: bool) -> None:
         if conn is None:
             return  # never connected: the pool took its connection back itself
-        if sent and ParkedAcquires.wants(call) and conn.is_connected:
-            evicted = self._parked.park(call, conn)
+        if sent and len(calls) == 1 and ParkedAcquires.wants(calls[0]) and conn.is_connected:
+            evicted = self._parked.park(calls[0], conn)
             if evicted is not None:
-                await self._discard(call.node, evicted)
+                await self._discard(node, evicted)
             return
-        await self._discard(call.node, conn)
+        await self._discard(node, conn)
 
-    async def _trail(self, parked: list[Any], release: Call, timeout: float) -> None:
-        """Write the release behind each unanswered acquire, then close (FIN after it)."""
+    async def _trail(self, parked: list[Any], calls: list[Call], timeout: float) -> None:
+        """Write the releases behind each unanswered acquire, then close (FIN after them):
+        the node runs our release after our acquire, in order."""
+        releases = [render(call, evalsha=False) for call in calls
+                    if ParkedAcquires.wants_trail(call)]
         for conn in parked:
             with contextlib.suppress(Exception):
-                await within(conn.send_command(*render(release, evalsha=False),
-                                               check_health=False), timeout)
-            await self._discard(release.node, conn)
+                await within(conn.send_packed_command(conn.pack_commands(releases),
+                                                      check_health=False), timeout)
+            await self._discard(calls[0].node, conn)
 
     async def _discard(self, node: int, conn: Any) -> None:
         """Close a connection (pending writes are flushed first) and hand it back."""

@@ -23,7 +23,35 @@ from redlock._node_config import address_of, build_pool, check_node_list, pool_o
 from redlock._protocol import Broadcast, Call
 from redlock._transport import ParkedAcquires, render
 
-_Pending = tuple[int, Call, Any]  # (index in the request, call, connection)
+_UNREAD: object = object()  # a reply slot not filled yet (None is a real reply)
+
+
+class _Group:
+    """The calls of one request for one node, sent on one connection (pipelined)."""
+
+    __slots__ = ("calls", "conn", "indexes", "node")
+
+    def __init__(self, node: int) -> None:
+        self.node = node
+        self.indexes: list[int] = []
+        self.calls: list[Call] = []
+        self.conn: Any = None
+
+    @property
+    def one_acquire(self) -> bool:
+        """An acquire alone on its connection: the kind that is parked when unanswered."""
+        return len(self.calls) == 1 and ParkedAcquires.wants(self.calls[0])
+
+
+def _groups(request: Broadcast) -> list[_Group]:
+    by_node: dict[int, _Group] = {}
+    for index, call in enumerate(request.calls):
+        group = by_node.get(call.node)
+        if group is None:
+            group = by_node[call.node] = _Group(call.node)
+        group.indexes.append(index)
+        group.calls.append(call)
+    return list(by_node.values())
 
 
 class SyncTransport:
@@ -38,46 +66,48 @@ class SyncTransport:
         self._parked: ParkedAcquires[Any] = ParkedAcquires(len(self.pools))
 
     def broadcast(self, request: Broadcast) -> list[object]:
+        """Every call's reply or exception. Calls for one node share one connection
+        and one write (a pipeline); all nodes are written to before any is read."""
         if self._parked.any():
             self._trail_releases(request)
         deadline = time.monotonic() + request.timeout
-        replies: list[object] = [None] * len(request.calls)
-        pending: list[_Pending] = []
+        replies: list[object] = [_UNREAD] * len(request.calls)
+        pending: list[_Group] = []
         try:
             # Scatter. A node with an idle open connection costs a write; a node that
             # needs a new connection (first use, or after a timeout closed it) may take
             # up to a node timeout to connect and handshake (a hung node accepts TCP but
             # never answers AUTH / CLIENT SETINFO). Those connect in parallel, so k hung
             # nodes cost one node timeout, not k.
-            slow: list[tuple[int, Call]] = []
-            for index, call in enumerate(request.calls):
-                if self._has_idle_connection(self.pools[call.node]):
-                    self._connect_and_send(index, call, replies, pending)
+            slow: list[_Group] = []
+            for group in _groups(request):
+                if self._has_idle_connection(self.pools[group.node]):
+                    self._connect_and_send(group, replies, pending)
                 else:
-                    slow.append((index, call))
+                    slow.append(group)
             if len(slow) == 1:
-                self._connect_and_send(*slow[0], replies, pending)
+                self._connect_and_send(slow[0], replies, pending)
             elif slow:
                 self._connect_in_parallel(slow, replies, pending)
             while pending:  # gather against one deadline
-                index, call, conn = pending[0]
-                replies[index], parked = self._read(conn, call, deadline)
+                group = pending[0]
+                parked = self._read(group, replies, deadline)
                 pending.pop(0)
                 if not parked:
-                    self.pools[call.node].release(conn)
+                    self.pools[group.node].release(group.conn)
         finally:
-            for _, call, conn in pending:  # interrupted: these replies will never be read
-                if not self._park(call, conn):
-                    self._discard(call.node, conn)
+            for group in pending:  # interrupted: these replies will never be read
+                if not self._park(group):
+                    self._discard(group.node, group.conn)
         return replies
 
-    def _park(self, call: Call, conn: Any) -> bool:
+    def _park(self, group: _Group) -> bool:
         """Keep the connection of an unanswered acquire; False if it is not one."""
-        if not ParkedAcquires.wants(call) or getattr(conn, "_sock", None) is None:
+        if not group.one_acquire or getattr(group.conn, "_sock", None) is None:
             return False
-        evicted = self._parked.park(call, conn)
+        evicted = self._parked.park(group.calls[0], group.conn)
         if evicted is not None:
-            self._discard(call.node, evicted)
+            self._discard(group.node, evicted)
         return True
 
     def _trail_releases(self, request: Broadcast) -> None:
@@ -105,40 +135,40 @@ class SyncTransport:
             return False
         return getattr(newest, "_sock", None) is not None
 
-    def _connect_and_send(self, index: int, call: Call, replies: list[object],
-                          pending: list[_Pending]) -> None:
-        pool = self.pools[call.node]
-        conn = None
+    def _connect_and_send(self, group: _Group, replies: list[object],
+                          pending: list[_Group]) -> None:
+        pool = self.pools[group.node]
         try:
-            conn = pool.get_connection()
-            conn.send_command(*render(call, evalsha=True))
-            pending.append((index, call, conn))
+            group.conn = pool.get_connection()
+            group.conn.send_packed_command(group.conn.pack_commands(
+                [render(call, evalsha=True) for call in group.calls]), check_health=False)
+            pending.append(group)
         except Exception as exc:
-            replies[index] = exc
-            if conn is not None:
-                conn.disconnect()
-                pool.release(conn)
+            for index in group.indexes:
+                replies[index] = exc
+            if group.conn is not None:
+                self._discard(group.node, group.conn)
 
-    def _connect_in_parallel(self, calls: list[tuple[int, Call]], replies: list[object],
-                             pending: list[_Pending]) -> None:
+    def _connect_in_parallel(self, groups: list[_Group], replies: list[object],
+                             pending: list[_Group]) -> None:
         """One short-lived thread per new connection; each is bounded by the socket
         timeouts. If the caller is interrupted meanwhile, late connections are closed
         by their own thread instead of leaking."""
         mutex = threading.Lock()
         abandoned = False
 
-        def work(index: int, call: Call) -> None:
-            mine: list[_Pending] = []
-            self._connect_and_send(index, call, replies, mine)
+        def work(group: _Group) -> None:
+            mine: list[_Group] = []
+            self._connect_and_send(group, replies, mine)
             with mutex:
                 if not abandoned:
                     pending.extend(mine)
                     return
-            for _, _, conn in mine:
-                self._discard(call.node, conn)
+            for late in mine:
+                self._discard(late.node, late.conn)
 
-        threads = [threading.Thread(target=work, args=item, name="redlock-connect",
-                                    daemon=True) for item in calls]
+        threads = [threading.Thread(target=work, args=(group,), name="redlock-connect",
+                                    daemon=True) for group in groups]
         try:
             for thread in threads:
                 thread.start()
@@ -148,24 +178,42 @@ class SyncTransport:
             with mutex:
                 abandoned = True
 
-    def _read(self, conn: Any, call: Call, deadline: float) -> tuple[object, bool]:
-        """The reply (or the error) and whether the connection was parked."""
+    def _read(self, group: _Group, replies: list[object], deadline: float) -> bool:
+        """Read the group's replies in order; True if its connection was parked."""
+        conn = group.conn
         try:
-            try:
-                return conn.read_response(timeout=max(deadline - time.monotonic(), 0.0005),
-                                          disconnect_on_error=False), False
-            except NoScriptError:  # first use on this node (or SCRIPT FLUSH): send the body
-                conn.send_command(*render(call, evalsha=False))
-                return conn.read_response(timeout=max(deadline - time.monotonic(), 0.0005),
-                                          disconnect_on_error=False), False
-        except redis.TimeoutError as exc:
-            if self._park(call, conn):
-                return exc, True
-            conn.disconnect()  # a late reply must never be read as the next command's
-            return exc, False
+            unknown = self._read_replies(conn, group.indexes, replies, deadline)
+            if unknown:  # first use of a script on this node (or SCRIPT FLUSH): send bodies
+                by_index = dict(zip(group.indexes, group.calls, strict=True))
+                conn.send_packed_command(conn.pack_commands(
+                    [render(by_index[i], evalsha=False) for i in unknown]), check_health=False)
+                self._read_replies(conn, unknown, replies, deadline)
         except Exception as exc:
-            conn.disconnect()
-            return exc, False
+            # A timeout or a broken connection: this and every later reply are lost.
+            for index in group.indexes:
+                if replies[index] is _UNREAD:
+                    replies[index] = exc
+            if isinstance(exc, redis.TimeoutError) and self._park(group):
+                return True
+            conn.disconnect()  # a late reply must never be read as the next command's
+        return False
+
+    @staticmethod
+    def _read_replies(conn: Any, indexes: list[int], replies: list[object],
+                      deadline: float) -> list[int]:
+        """Read one reply per index (an error reply is that call's result); returns the
+        indexes answered NOSCRIPT. Timeouts and connection errors propagate."""
+        unknown = []
+        for index in indexes:
+            try:
+                replies[index] = conn.read_response(
+                    timeout=max(deadline - time.monotonic(), 0.0005), disconnect_on_error=False)
+            except NoScriptError:
+                unknown.append(index)
+                replies[index] = _UNREAD
+            except redis.ResponseError as exc:
+                replies[index] = exc
+        return unknown
 
     def close(self) -> None:
         for node, conn in self._parked.drain():

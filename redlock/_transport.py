@@ -53,6 +53,11 @@ class ParkedAcquires(Generic[Conn]):
         """Only acquires are parked: other calls leave no key behind."""
         return call.script is scripts.ACQUIRE
 
+    @staticmethod
+    def wants_trail(call: Call) -> bool:
+        """Releases are what is written behind a parked acquire."""
+        return call.script is scripts.RELEASE
+
     def park(self, call: Call, conn: Conn) -> Conn | None:
         """Keep ``conn`` for ``call``'s owner; returns an evicted connection to close."""
         with self._mutex:
@@ -67,7 +72,7 @@ class ParkedAcquires(Generic[Conn]):
 
     def take_for(self, release: Call) -> list[Conn]:
         """The parked connections of the release's owner on its node (removed)."""
-        if release.script is not scripts.RELEASE:
+        if not self.wants_trail(release):
             return []
         key = (release.keys[0], release.args[0])
         with self._mutex:
