@@ -38,7 +38,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from fencing import AsyncRedisFencedStore, StaleTokenError
-from redlock import AsyncLock, AsyncRedlock
+from redlock import AsyncLock, AsyncRedlock, LockLost
 
 if __package__:
     from examples import _common as common
@@ -63,23 +63,29 @@ async def build_once(dlm: AsyncRedlock, store: AsyncRedisFencedStore, account: s
         if work is not None:
             work.cancel()
 
-    async with dlm.lock(resource, ttl=ttl, timeout=60.0, auto_extend=True,
-                        on_lost=stop_work) as held:
-        token = held.token
-        if await store.fence(resource, token) is not None:  # raise the fence, then read
-            return "skipped: already built"
-        work = asyncio.create_task(build(account))
-        try:
-            report = await work
-        except asyncio.CancelledError:
-            if not held.lost:
-                raise  # this task itself is being cancelled
-            return "stopped by on_lost: the lock was lost"
-        try:
-            await store.write(resource, token, report)
-        except StaleTokenError:
-            return "refused by the store: a newer holder took over"
-        return "built"
+    outcome = "built"
+    try:
+        async with dlm.lock(resource, ttl=ttl, timeout=60.0, auto_extend=True,
+                            on_lost=stop_work) as held:
+            token = held.token
+            if await store.fence(resource, token) is not None:  # raise the fence, then read
+                return "skipped: already built"
+            work = asyncio.create_task(build(account))
+            try:
+                report = await work
+            except asyncio.CancelledError:
+                if not held.lost:
+                    raise  # this task itself is being cancelled
+                outcome = "stopped by on_lost: the lock was lost"
+            else:
+                try:
+                    await store.write(resource, token, report)
+                except StaleTokenError:
+                    outcome = "refused by the store: a newer holder took over"
+    except LockLost:  # leaving the block says so too; on_lost already stopped the build
+        if outcome == "built":
+            outcome = "lost after the write"
+    return outcome
 
 
 async def worker_pool(dlm: AsyncRedlock, store: AsyncRedisFencedStore, accounts: list[str],

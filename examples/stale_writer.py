@@ -29,7 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 from fencing import RedisFencedStore, StaleTokenError
-from redlock import Redlock
+from redlock import LockLost, Redlock
 
 if __package__:
     from examples import _common as common
@@ -47,16 +47,19 @@ RESOURCE = "report:daily"
 def write_report(dlm: Redlock, store: RedisFencedStore, ttl: float,
                  build: Callable[[int], bytes]) -> dict[str, Any]:
     """Build the report under the lock, then store it with the lock's token."""
-    lock = dlm.lock(RESOURCE, ttl=ttl, timeout=10.0)
-    with lock:
-        token = lock.token  # taken once, at the start, as any real worker would
-        report = build(token)
-        try:
-            store.write(RESOURCE, token, report)
-        except StaleTokenError as exc:  # a newer holder wrote: our lock expired meanwhile
-            return {"written": False, "token": token, "highest": exc.highest,
-                    "lock_expired": not lock.locked()}
-        return {"written": True, "token": token}
+    outcome: dict[str, Any] = {}
+    try:
+        with dlm.lock(RESOURCE, ttl=ttl, timeout=10.0) as lock:
+            token = lock.token  # taken once, at the start, as any real worker would
+            report = build(token)
+            try:
+                store.write(RESOURCE, token, report)
+                outcome = {"written": True, "token": token}
+            except StaleTokenError as exc:  # a newer holder wrote: our lock expired meanwhile
+                outcome = {"written": False, "token": token, "highest": exc.highest}
+    except LockLost:  # leaving the block: the lock had expired before we were done
+        outcome["lock_expired"] = True
+    return outcome
 
 
 # -- The demo around it (the harness is in examples/_common.py) -----------------------------

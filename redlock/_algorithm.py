@@ -19,7 +19,7 @@ import tenacity
 
 from redlock import _scripts as scripts
 from redlock._amnesia import AmnesiaGuard, RepairReport
-from redlock._protocol import Broadcast, Call, CommandArg, Protocol, Sleep, Wakeable
+from redlock._protocol import Broadcast, Call, CommandArg, Protocol, Sleep
 from redlock._rules import (
     TOKEN_LIMIT,
     Keys,
@@ -86,10 +86,16 @@ class RedlockCore:
 
     def acquire(self, resource: str, ttl: float, *, blocking: bool,
                 timeout: float | None) -> Protocol[AcquireResult]:
-        """Attempts until success, the deadline, or (non-blocking) after one attempt."""
+        """Attempts until success, the deadline, or (non-blocking) after one attempt.
+
+        A blocking acquire also gives up once the cluster has been unavailable (too few
+        nodes answering, not contention) for ``outage_timeout``: waiting longer would
+        hide an outage from the caller."""
         owner = secrets.token_hex(16)  # 128 bits, secret: only we can release our key
         started = self.clock()
         deadline = None if timeout is None else started + timeout
+        outage_limit = self.settings.outage_timeout
+        outage_since: float | None = None
         backoff: _Backoff | None = None  # built on the first retry: most acquires need none
         attempts = 0
         if not self.amnesia.health.inspected:
@@ -97,6 +103,7 @@ class RedlockCore:
         while True:
             yield from self.amnesia.repair_due(force=False)
             attempts += 1
+            attempt_started = self.clock()
             result = yield from self._attempt(resource, owner, ttl)
             if result.retry_now and attempts < 3:
                 continue
@@ -104,6 +111,14 @@ class RedlockCore:
                 return AcquireResult(result.state, result.outcomes, attempts,
                                      result.unavailable, result.reason)
             now = self.clock()
+            if result.unavailable:
+                outage_since = attempt_started if outage_since is None else outage_since
+                if outage_limit is not None and now - outage_since >= outage_limit:
+                    return AcquireResult(None, result.outcomes, attempts, True,
+                                         f"{result.reason}; the cluster has been unavailable"
+                                         f" for {now - outage_since:.1f} s (outage_timeout)")
+            else:
+                outage_since = None
             if backoff is None:
                 backoff = _Backoff(tenacity.wait_random_exponential(
                     multiplier=self.settings.retry_delay_min, max=self.settings.retry_delay_max))
@@ -190,11 +205,21 @@ class RedlockCore:
     # -- release / extend --------------------------------------------------------
 
     def release(self, state: LockState) -> Protocol[tuple[NodeResult, ...]]:
-        """Compare-and-delete on every node; idempotent; never deletes another's key."""
-        with state.mutex:
-            if state.status == Status.HELD:
-                state.status = Status.RELEASED
-        replies = yield self._release_calls(state.resource, state.owner)
+        """Compare-and-delete on every node; idempotent; never deletes another's key.
+
+        The acquisition counts as released only once the release was sent: if the
+        caller is interrupted (cancelled) meanwhile, it is sent again before the
+        interruption propagates, as a cancelled acquire does."""
+        request = self._release_calls(state.resource, state.owner)
+        try:
+            replies = yield request
+        except GeneratorExit:
+            raise
+        except BaseException:
+            yield request
+            state.mark_released()
+            raise
+        state.mark_released()
         outcomes = tuple(classify_ack_reply(self.addresses[i], reply, refused="key already gone")
                          for i, reply in enumerate(replies))
         errors = [r for r in outcomes if r.outcome is Outcome.ERROR]
@@ -206,34 +231,41 @@ class RedlockCore:
             logger.debug("redlock.released", resource=state.resource, token=state.token)
         return outcomes
 
-    def extend(self, state: LockState, ttl: float) -> Protocol[tuple[NodeResult, ...] | None]:
-        """One extend round; returns None on success, else the per-node outcomes."""
+    def extend_many(self, items: Sequence[tuple[LockState, float]],
+                    ) -> Protocol[list[tuple[NodeResult, ...] | None]]:
+        """One extend round for several acquisitions (one request: each node gets its
+        calls pipelined). Per acquisition: None on success, else the per-node outcomes.
+        Success needs a quorum of acks before the old validity ran out; the new
+        validity is measured from this round's start."""
         started = self.clock()
-        if state.status != Status.HELD or started >= state.deadline:
-            return ()
-        ttl_ms = max(1, int(ttl * 1000))
-        replies = yield Broadcast(
-            self._all(scripts.EXTEND, (self.keys.lock(state.resource),), (state.owner, ttl_ms)),
-            min(self.settings.node_timeout, state.deadline - started))
-        outcomes = tuple(classify_ack_reply(self.addresses[i], reply,
-                                            refused="our key is gone (expired or taken)")
-                         for i, reply in enumerate(replies))
-        acks = sum(1 for r in outcomes if r.outcome is Outcome.GRANTED)
-        # Success needs a quorum of acks *before* the old validity ran out.
-        if acks >= self.quorum and self.clock() < state.deadline:
-            with state.mutex:
-                if state.status == Status.HELD:
-                    state.deadline = started + ttl - self.settings.drift(ttl)
-                    state.ttl = ttl
-            logger.debug("redlock.extended", resource=state.resource, token=state.token,
-                         acks=acks, ttl_s=ttl)
-            return None
-        return outcomes
+        live = [(state, ttl) for state, ttl in items
+                if state.status == Status.HELD and started < state.deadline]
+        results: dict[LockState, tuple[NodeResult, ...] | None] = {}
+        if live:
+            calls = tuple(call for state, ttl in live for call in self._all(
+                scripts.EXTEND, (self.keys.lock(state.resource),),
+                (state.owner, max(1, int(ttl * 1000)))))
+            replies = yield Broadcast(calls, min(self.settings.node_timeout,
+                                                 min(s.deadline for s, _ in live) - started))
+            finished = self.clock()
+            for k, (state, ttl) in enumerate(live):
+                outcomes = tuple(classify_ack_reply(self.addresses[i], reply,
+                                                    refused="our key is gone (expired or taken)")
+                                 for i, reply in enumerate(replies[k * self.n:(k + 1) * self.n]))
+                acks = sum(1 for r in outcomes if r.outcome is Outcome.GRANTED)
+                if acks >= self.quorum and finished < state.deadline and state.renewed(
+                        started + ttl - self.settings.drift(ttl), ttl):
+                    logger.debug("redlock.extended", resource=state.resource,
+                                 token=state.token, acks=acks, ttl_s=ttl)
+                    results[state] = None
+                else:
+                    results[state] = outcomes
+        return [results.get(state, ()) for state, _ in items]
 
     def extend_or_lose(self, state: LockState, ttl: float) -> Protocol[None]:
         """Explicit extend(): success, or the lock is marked lost, released and LockLost raised."""
         state.check()
-        failure = yield from self.extend(state, ttl)
+        [failure] = yield from self.extend_many([(state, ttl)])
         if failure is None:
             return
         reason = "extend did not reach a quorum within the remaining validity"
@@ -250,38 +282,6 @@ class RedlockCore:
             # Drop what is left of our keys so the next holder need not wait for the TTL.
             yield self._release_calls(state.resource, state.owner)
         return first
-
-    def watchdog(self, state: LockState, stop: Wakeable) -> Protocol[bool]:
-        """Auto-extend at about ttl/3 until released; True if it ended by losing the lock.
-
-        A failed renewal is retried quickly while validity remains; when validity runs
-        out (or a majority says our key is gone) the lock is marked lost, so the holder
-        learns it: ``check()``/``token`` raise and the shell fires ``on_lost``. ``stop``
-        cuts the waits short (a release sets it).
-        """
-        while True:
-            with state.mutex:
-                if state.status != Status.HELD:
-                    return state.status == Status.LOST
-                interval = state.ttl / 3.0
-            yield Sleep(interval, until=stop)
-            retry_delay = self.settings.retry_delay_min
-            while True:
-                if state.status != Status.HELD:
-                    return state.status == Status.LOST
-                failure = yield from self.extend(state, state.ttl)
-                if failure is None:
-                    break
-                gone = sum(1 for r in failure if r.outcome is Outcome.REFUSED)
-                left = state.deadline - self.clock()
-                if gone > self.n - self.quorum or left <= 0:
-                    reason = ("a majority of nodes no longer hold our key" if left > 0
-                              else "renewal failed until the validity ran out")
-                    return (yield from self.lose(state, reason, failure))
-                logger.warning("redlock.extend_retry", resource=state.resource,
-                               validity_left_s=round(left, 3), outcomes=describe(failure))
-                yield Sleep(min(retry_delay, left), until=stop)
-                retry_delay = min(retry_delay * 2, self.settings.retry_delay_max)
 
     # -- repair ------------------------------------------------------------------
 

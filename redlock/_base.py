@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextvars
 import threading
 import time
+import weakref
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any, Generic, TypeVar
 
@@ -25,9 +26,18 @@ import structlog
 from redlock._algorithm import RedlockCore
 from redlock._lines import LocalLines
 from redlock._protocol import Invoke, Protocol, Wakeable
+from redlock._renewals import Renewals
 from redlock._rules import Settings, validate_resource, validate_timeout
 from redlock._state import AcquireResult, LockState, Status
-from redlock.errors import AlreadyHeld, LockNotAcquired, NotHeld, QuorumUnavailable, describe
+from redlock.errors import (
+    AlreadyHeld,
+    LockLost,
+    LockNotAcquired,
+    NotHeld,
+    Outcome,
+    QuorumUnavailable,
+    describe,
+)
 
 logger = structlog.get_logger(__name__)
 
@@ -38,6 +48,12 @@ M = TypeVar("M", bound="ManagerBase[Any]")
 # answers token/lost/check() for the lost acquisition instead of the caller's own.
 _ACTING_FOR: contextvars.ContextVar[Hashable | None] = contextvars.ContextVar(
     "redlock_acting_for", default=None)
+
+
+def _check_mode(blocking: bool, timeout: float | None) -> None:
+    if not blocking and timeout is not None:
+        raise ValueError("a timeout makes no sense with blocking=False (one attempt):"
+                         " pass one or the other")
 
 
 class ManagerBase(Generic[H]):
@@ -54,6 +70,9 @@ class ManagerBase(Generic[H]):
             between attempts (a release by a handle of this manager wakes a waiter early).
         max_ttl: the largest TTL accepted, and how long an amnesiac node stays out
             before it is re-seeded and rejoins (every old lock has expired by then).
+        outage_timeout: a blocking acquire raises :class:`QuorumUnavailable` once the
+            cluster has been unavailable (too few nodes answering, not contention) for
+            this long, whatever its own timeout; None waits through outages.
         clock: a monotonic clock in seconds (injectable for tests).
         sleep: how to wait between attempts (injectable for tests; the default waits
             in the manager's local line, where a release wakes the first waiter).
@@ -71,21 +90,29 @@ class ManagerBase(Generic[H]):
         retry_delay_min: float = 0.005,
         retry_delay_max: float = 0.25,
         max_ttl: float = 3600.0,
+        outage_timeout: float | None = 5.0,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Any] | None = None,
     ) -> None:
         settings = Settings(namespace=namespace, node_timeout=node_timeout,
                             drift_factor=drift_factor, retry_delay_min=retry_delay_min,
-                            retry_delay_max=retry_delay_max, max_ttl=max_ttl)
+                            retry_delay_max=retry_delay_max, max_ttl=max_ttl,
+                            outage_timeout=outage_timeout)
         # The transport checks the node list; it opens no connection before first use,
         # so nothing leaks if anything below raises.
         self._transport = self._open_transport(nodes, settings.node_timeout)
         self._core = RedlockCore(self._transport.addresses, settings, clock)
         self._sleep = sleep
         self._lines: LocalLines[Any, Any] = LocalLines(self._new_event, self._new_turn)
-        self._reentrant: dict[tuple[str, Hashable], LockState] = {}
+        # Per owner (a thread or task, held weakly: a finished one takes its entries
+        # along), the acquisitions it may re-enter, by resource.
+        self._reentrant: weakref.WeakKeyDictionary[Any, dict[str, LockState]] = (
+            weakref.WeakKeyDictionary())
         self._reentrant_mutex = threading.Lock()
         self._background: set[Any] = set()  # asyncio keeps only weak refs to tasks
+        self._renewals = Renewals(self._core, self._new_event,
+                                  lambda loop: self._spawn(loop, "redlock-renewals"),
+                                  self._notify_lost)
 
     # -- what each shell provides ----------------------------------------------
 
@@ -133,28 +160,34 @@ class ManagerBase(Generic[H]):
 
     # -- reentrancy: per (resource, owner) across this manager's handles -------
 
-    def _reenter(self, resource: str, owner: Hashable) -> LockState | None:
-        """Re-enter a lock this owner (thread/task) already holds, without any I/O."""
+    def _reentered(self, resource: str, owner: Hashable) -> LockState | None:
+        """The acquisition of ``resource`` this owner may re-enter, if any."""
         with self._reentrant_mutex:
-            state = self._reentrant.get((resource, owner))
-            if state is None:
+            held = self._reentrant.get(owner, {})
+            state = held.get(resource)
+            if state is not None and state.status != Status.HELD:
+                del held[resource]
                 return None
-            if state.status != Status.HELD:
-                del self._reentrant[(resource, owner)]
-                return None
-        state.check()  # re-entering a lock whose validity ran out must not pass silently
-        with state.mutex:
-            state.depth += 1
-        return state
+            return state
 
     def _register_reentrant(self, state: LockState, owner: Hashable) -> None:
         with self._reentrant_mutex:
-            self._reentrant[(state.resource, owner)] = state
+            self._reentrant.setdefault(owner, {})[state.resource] = state
 
-    def _forget_reentrant(self, state: LockState) -> None:
+    def _forget_reentrant(self, state: LockState, owner: Hashable | None) -> None:
+        if owner is None:
+            return
         with self._reentrant_mutex:
-            for key in [k for k, v in self._reentrant.items() if v is state]:
-                del self._reentrant[key]
+            held = self._reentrant.get(owner)
+            if held is not None and held.get(state.resource) is state:
+                del held[state.resource]
+
+    def _notify_lost(self, state: LockState, handles: list[Any]) -> None:
+        """The renewals lost ``state``: tell each handle, each in a thread/task of its own
+        (a slow callback must not hold up the renewal of other locks)."""
+        for handle in handles:
+            if handle.on_lost is not None:
+                self._spawn(handle._lost_flow(state), f"redlock-on-lost:{state.resource}")
 
 
 class LockBase(Generic[M]):
@@ -170,12 +203,14 @@ class LockBase(Generic[M]):
         self.ttl = self._core.settings.check_ttl(ttl)
         self.blocking = bool(blocking)
         self.timeout = validate_timeout(timeout)
+        _check_mode(self.blocking, self.timeout)
         self.auto_extend = bool(auto_extend)
         self.on_lost = on_lost
         self.reentrant = bool(reentrant)
         self.last_failure: LockNotAcquired | None = None
-        self._states: dict[Hashable, LockState] = {}
-        self._watchdog_stops: dict[LockState, Wakeable] = {}
+        # Per owner (thread or task, held weakly), its acquisition through this handle;
+        # kept after a release so that a second release() is a no-op.
+        self._states: weakref.WeakKeyDictionary[Any, LockState] = weakref.WeakKeyDictionary()
         self._mutex = threading.Lock()
 
     def _owner_key(self) -> Hashable:
@@ -188,9 +223,11 @@ class LockBase(Generic[M]):
 
     def _acquire_flow(self, blocking: bool | None, timeout: float | None) -> Protocol[bool]:
         owner = self._owner_key()
+        if blocking is not None and timeout is not None:
+            _check_mode(bool(blocking), validate_timeout(timeout))
         blocking = self.blocking if blocking is None else bool(blocking)
         timeout = self.timeout if timeout is None else validate_timeout(timeout)
-        if self._reenter(owner):
+        if (yield from self._reenter_flow(owner)):
             return True
         result = yield from self._core.acquire(self.resource, self.ttl, blocking=blocking,
                                                timeout=timeout)
@@ -198,49 +235,89 @@ class LockBase(Generic[M]):
         if state is None:
             return False
         if self.auto_extend:
-            self._start_watchdog(state, owner)
+            self._manager._renewals.add(state, self)
         return True
 
+    def _reenter_flow(self, owner: Hashable) -> Protocol[bool]:
+        """True when the owner re-entered an acquisition it holds (a reentrant lock);
+        raises :class:`AlreadyHeld` if it holds one through this handle and may not nest.
+        Re-entry through another handle honours that handle's options: a longer TTL is
+        extended to, and auto_extend starts renewing."""
+        state = self._manager._reentered(self.resource, owner) if self.reentrant else None
+        if state is not None:
+            state.check()  # re-entering a lock whose validity ran out must not pass silently
+            with state.mutex:
+                state.depth += 1
+            with self._mutex:
+                self._states[owner] = state
+            if self.ttl > state.ttl:
+                yield from self._core.extend_or_lose(state, self.ttl)
+                self._manager._renewals.rescheduled(state)
+            if self.auto_extend:
+                self._manager._renewals.add(state, self)
+            return True
+        with self._mutex:
+            current = self._states.get(owner)
+        if current is not None and current.status == Status.HELD and not current.expired():
+            raise AlreadyHeld(
+                f"this owner already holds {self.resource!r} through this handle: release it"
+                " first, or create the lock with reentrant=True to nest",
+                resource=self.resource)
+        return False
+
     def _release_flow(self) -> Protocol[None]:
-        state = self._prepare_release(self._owner_key())
-        if state is None:
-            return
-        stop = self._watchdog_stops.pop(state, None)
-        if stop is not None:
-            stop.set()
-        self._manager._forget_reentrant(state)
+        """Release at depth 0. Raises :class:`LockLost` (after cleaning up) when the
+        acquisition had been lost, had expired, or a majority no longer held our key:
+        the critical section may have run unprotected. A second release is a no-op."""
+        owner = self._owner_key()
+        state = self._held(owner)
+        with state.mutex:
+            if state.depth > 1:
+                state.depth -= 1
+                return
+            if state.release_called:
+                return
+            state.release_called = True
+        self._manager._renewals.remove(state)
+        self._manager._forget_reentrant(state, owner)
+        if state.status == Status.LOST:  # its keys were dropped when it was lost
+            state.check()
+        expired = state.expired()
         try:
-            yield from self._core.release(state)
+            outcomes = yield from self._core.release(state)
         finally:
             self._manager._lines.notify(self._core.keys.channel(self.resource))
+        taken = sum(1 for r in outcomes if r.outcome is Outcome.REFUSED)
+        if expired or taken > self._core.n - self._core.quorum:
+            why = ("its validity had run out" if expired
+                   else f"{taken} of {self._core.n} nodes no longer held our key")
+            raise LockLost(f"lock on {self.resource!r} was not held to the end ({why}): the"
+                           " critical section may have run unprotected",
+                           resource=self.resource, outcomes=outcomes)
+
+    def _exit_flow(self, propagating: bool) -> Protocol[None]:
+        """Leaving a ``with`` block: release; a lost lock raises unless another
+        exception is already on its way (that one says more; the loss is logged)."""
+        try:
+            yield from self._release_flow()
+        except LockLost as lost:
+            if not propagating:
+                raise
+            logger.warning("redlock.lost_on_exit", resource=self.resource, reason=str(lost))
 
     def _extend_flow(self, ttl: float | None) -> Protocol[None]:
-        state = self._held()
+        state = self._held(self._owner_key())
         ttl = self.ttl if ttl is None else self._core.settings.check_ttl(ttl)
         yield from self._core.extend_or_lose(state, ttl)
+        self._manager._renewals.rescheduled(state)
 
-    def _start_watchdog(self, state: LockState, owner: Hashable) -> None:
-        stop = self._watchdog_stops[state] = self._manager._new_event()
-        self._manager._spawn(self._watchdog_flow(state, owner, stop),
-                             f"redlock-watchdog:{self.resource}")
-
-    def _watchdog_flow(self, state: LockState, owner: Hashable,
-                       stop: Wakeable) -> Protocol[None]:
-        try:
-            lost = yield from self._core.watchdog(state, stop)
-        except Exception:
-            # The watchdog itself failed: the holder must not go on believing.
-            logger.exception("redlock.watchdog_crashed", resource=self.resource)
-            lost = state.mark_lost("the auto-extend watchdog crashed")
-        self._watchdog_stops.pop(state, None)
-        if not lost:
-            return
-        self._manager._forget_reentrant(state)
+    def _lost_flow(self, state: LockState) -> Protocol[None]:
+        """Tell this handle's on_lost that ``state`` was lost while renewed."""
         if self.on_lost is None:
             return
-        # The callback runs in the watchdog's thread or task, not in the owner's: let
-        # the handle's token/lost/check() answer for the owner's acquisition in there.
-        acting = _ACTING_FOR.set(owner)
+        # The callback runs in a thread or task of its own, not in the owner's: let the
+        # handle's token/lost/check() answer for the owner's acquisition in there.
+        acting = _ACTING_FOR.set(state.holder())
         try:
             yield Invoke(self.on_lost, (self,))
         except Exception:
@@ -249,23 +326,6 @@ class LockBase(Generic[M]):
             _ACTING_FOR.reset(acting)
 
     # -- bookkeeping -------------------------------------------------------------
-
-    def _reenter(self, owner: Hashable) -> bool:
-        """True when the owner re-entered (no I/O); raises if it may not nest."""
-        if self.reentrant:
-            state = self._manager._reenter(self.resource, owner)
-            if state is not None:
-                with self._mutex:
-                    self._states[owner] = state
-                return True
-        with self._mutex:
-            state = self._states.get(owner)
-        if state is not None and state.status == Status.HELD:
-            raise AlreadyHeld(
-                f"this owner already holds {self.resource!r} through this handle: release it"
-                " first, or create the lock with reentrant=True to nest",
-                resource=self.resource)
-        return False
 
     def _finish_acquire(self, result: AcquireResult, owner: Hashable) -> LockState | None:
         """Record a success, or build (and for outages raise) the failure."""
@@ -278,24 +338,12 @@ class LockBase(Generic[M]):
             if result.unavailable:
                 raise self.last_failure
             return None
+        result.state.holder = weakref.ref(owner)
         with self._mutex:
             self._states[owner] = result.state
         if self.reentrant:
             self._manager._register_reentrant(result.state, owner)
         return result.state
-
-    def _prepare_release(self, owner: Hashable) -> LockState | None:
-        """The state to release on the nodes, or None (nested re-entry, or already done)."""
-        with self._mutex:
-            state = self._states.get(owner)
-        if state is None:
-            raise NotHeld(f"{self.resource!r} is not held by this owner through this handle",
-                          resource=self.resource)
-        with state.mutex:
-            if state.depth > 1:
-                state.depth -= 1
-                return None
-        return state if state.status == Status.HELD else None
 
     def _entered_failure(self) -> LockNotAcquired:
         return self.last_failure or LockNotAcquired(
@@ -307,8 +355,9 @@ class LockBase(Generic[M]):
         with self._mutex:
             return self._states.get(self._owner_key())
 
-    def _held(self) -> LockState:
-        state = self._current()
+    def _held(self, owner: Hashable | None = None) -> LockState:
+        with self._mutex:
+            state = self._states.get(self._owner_key() if owner is None else owner)
         if state is None:
             raise NotHeld(f"{self.resource!r} is not held by this owner through this handle",
                           resource=self.resource)

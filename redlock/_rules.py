@@ -95,6 +95,7 @@ class Settings:
     max_ttl: float = DEFAULT_MAX_TTL
     repair_interval: float = 5.0
     repair_timeout: float = 2.0
+    outage_timeout: float | None = 5.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.namespace, str) or not _NAMESPACE_RE.match(self.namespace):
@@ -105,6 +106,8 @@ class Settings:
         for name in ("node_timeout", "retry_delay_min", "retry_delay_max", "max_ttl",
                      "repair_interval", "repair_timeout"):
             validate_seconds(name, getattr(self, name))
+        if self.outage_timeout is not None:
+            validate_seconds("outage_timeout", self.outage_timeout)
         if isinstance(self.drift_factor, bool) or not 0 <= self.drift_factor < 0.5:
             raise ValueError(f"drift_factor must be in [0, 0.5), got {self.drift_factor!r}")
         if self.retry_delay_min > self.retry_delay_max:

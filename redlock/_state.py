@@ -10,6 +10,10 @@ from dataclasses import dataclass
 from redlock.errors import LockLost, NodeResult, NotHeld
 
 
+def _nobody() -> None:
+    return None
+
+
 class Status:
     HELD = "held"
     RELEASED = "released"
@@ -30,6 +34,8 @@ class LockState:
         self.status = Status.HELD
         self.lost_reason = ""
         self.lost_outcomes: tuple[NodeResult, ...] = ()
+        self.release_called = False  # the owner released it (a second release is a no-op)
+        self.holder: Callable[[], object] = _nobody  # the owner thread or task, weakly
         self.mutex = threading.Lock()
         self._clock = clock
 
@@ -48,6 +54,25 @@ class LockState:
         if self._clock() >= self.deadline:
             raise LockLost(f"lock on {self.resource!r} expired: its validity ran out",
                            resource=self.resource)
+
+    def expired(self) -> bool:
+        """Held, but its validity ran out (or it was lost): it no longer protects."""
+        return self.status == Status.LOST or (
+            self.status == Status.HELD and self._clock() >= self.deadline)
+
+    def renewed(self, deadline: float, ttl: float) -> bool:
+        """Record a successful extend; False if the acquisition ended meanwhile."""
+        with self.mutex:
+            if self.status != Status.HELD:
+                return False
+            self.deadline = deadline
+            self.ttl = ttl
+            return True
+
+    def mark_released(self) -> None:
+        with self.mutex:
+            if self.status == Status.HELD:
+                self.status = Status.RELEASED
 
     def mark_lost(self, reason: str, outcomes: Sequence[NodeResult] = ()) -> bool:
         """Returns True for the caller that made the transition (it fires callbacks)."""

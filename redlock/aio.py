@@ -54,7 +54,7 @@ class AsyncLock(LockBase["AsyncRedlock"]):
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> None:
-        await self.release()
+        await self._manager._drive(self._exit_flow(exc_type is not None))
 
 
 class AsyncRedlock(ManagerBase[AsyncLock]):

@@ -40,7 +40,13 @@ class Lock(LockBase["Redlock"]):
         return self._manager._drive(self._acquire_flow(blocking, timeout))
 
     def release(self) -> None:
-        """Release on every node. Idempotent; a re-entered lock is released at depth 0."""
+        """Release on every node (a re-entered lock at depth 0); a second call is a no-op.
+
+        Raises :class:`LockLost` (after cleaning up) when the lock was lost, its validity
+        had run out, or a majority of nodes no longer held our key: the critical section
+        may have run unprotected. Leaving a ``with`` block raises it too, unless another
+        exception is already propagating.
+        """
         self._manager._drive(self._release_flow())
 
     def extend(self, ttl: float | None = None) -> None:
@@ -54,7 +60,7 @@ class Lock(LockBase["Redlock"]):
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        self.release()
+        self._manager._drive(self._exit_flow(exc_type is not None))
 
 
 class Redlock(ManagerBase[Lock]):
@@ -93,7 +99,7 @@ class Redlock(ManagerBase[Lock]):
         return threading.Lock()
 
     def _current_owner(self) -> Hashable:
-        return threading.get_ident()
+        return threading.current_thread()
 
     def _spawn(self, protocol: Protocol[None], name: str) -> None:
         threading.Thread(target=self._drive, args=(protocol,), name=name, daemon=True).start()

@@ -209,7 +209,9 @@ async def test_expired_lock_reports_lost_and_frees_the_resource(dlm3: AsyncRedlo
     other = dlm3.lock("r", ttl=5.0)
     assert await other.acquire(blocking=False)
     await other.release()
-    await lock.release()  # our key is gone: nothing to do, no error
+    with pytest.raises(LockLost, match="validity had run out"):
+        await lock.release()  # our key is gone: nothing to delete, but the caller learns it
+    await lock.release()  # a second release is a no-op
 
 
 # ---------------------------------------------------------------------------
@@ -491,7 +493,8 @@ async def test_watchdog_on_lost_sync_callback_when_a_majority_drops_the_key(
         _ = lock.token
     with pytest.raises(LockLost):
         await lock.extend()
-    await lock.release()  # no error on a lost lock
+    with pytest.raises(LockLost):
+        await lock.release()  # a lost lock: release says so
     assert keys_present(nodes3, "r") == [0, 0, 0]  # the watchdog dropped what was left
 
 
@@ -521,7 +524,8 @@ async def test_watchdog_on_lost_async_callback_when_a_majority_hangs(
         finally:
             nodes3[1].resume()
             nodes3[2].resume()
-        await lock.release()
+        with pytest.raises(LockLost):
+            await lock.release()
 
 
 async def test_explicit_extend_fails_with_lock_lost_and_outcomes(
@@ -702,5 +706,6 @@ def test_sync_on_lost_sees_the_lost_acquisition_through_the_handle(
         assert lock.acquire()
         on_nodes(nodes3[1:], lambda c: c.delete(lock_key("r")))
         assert fired.wait(5.0)
-        lock.release()
+        with pytest.raises(LockLost):
+            lock.release()
     assert seen == [True]

@@ -427,7 +427,8 @@ def test_extend_with_a_minority_hung_succeeds_with_a_majority_hung_raises(
     assert lock.lost
     with pytest.raises(LockLost):
         lock.check()
-    lock.release()
+    with pytest.raises(LockLost):  # it was lost: release says so
+        lock.release()
 
 
 # ---------------------------------------------------------------------------
@@ -709,7 +710,8 @@ def test_expiry_frees_the_lock_for_another_client(
     # delete any of them.
     before = [get(node, KEYS.lock(resource)) for node in cluster]
     assert sum(1 for value in before if value is not None) >= dlm.quorum
-    first.release()
+    with pytest.raises(LockLost):  # it expired: release says so
+        first.release()
     assert [get(node, KEYS.lock(resource)) for node in cluster] == before
     second.extend()
     second.release()
@@ -757,7 +759,8 @@ def test_extend_after_majority_lost_the_key_raises_lock_lost(
     assert lock_key_on(cluster, resource) == [False] * len(cluster)
     assert make_dlm(cluster).lock(resource).acquire(blocking=False)
     before = [get(node, KEYS.lock(resource)) for node in cluster]
-    lock.release()  # no error, and it does not touch the new owner's key
+    with pytest.raises(LockLost):  # it was lost: release says so
+        lock.release()  # and it does not touch the new owner's key
     assert [get(node, KEYS.lock(resource)) for node in cluster] == before
 
 
@@ -809,7 +812,8 @@ def test_auto_extend_signals_loss_when_keys_vanish(
     with pytest.raises(LockLost):
         lock.extend()
     assert make_dlm(cluster).lock(resource).acquire(blocking=False)
-    lock.release()
+    with pytest.raises(LockLost):  # it was lost: release says so
+        lock.release()
 
 
 def test_auto_extend_signals_loss_when_a_majority_hangs(
@@ -832,7 +836,8 @@ def test_auto_extend_signals_loss_when_a_majority_hangs(
     assert "validity ran out" in str(caught.value)
     with pytest.raises(LockLost):
         lock.extend()
-    lock.release()
+    with pytest.raises(LockLost):  # it was lost: release says so
+        lock.release()
 
 
 # ---------------------------------------------------------------------------
@@ -906,7 +911,8 @@ def test_release_never_deletes_another_owners_key(
     for node in nodes3:
         with node.client() as client:
             client.set(KEYS.lock(resource), "someone-else", px=10_000)
-    mine.release()
+    with pytest.raises(LockLost):  # another owner's key: ours was taken
+        mine.release()
     assert [get(node, KEYS.lock(resource)) for node in nodes3] == [b"someone-else"] * 3
 
 

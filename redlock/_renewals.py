@@ -1,0 +1,174 @@
+"""Auto-extend for every lock of one manager from one loop (docs/design.md §5).
+
+Each auto-extended acquisition is renewed when a third of the validity it has left
+has passed (measured from the acquire or the last renewal, never from the TTL: an
+acquire may return late). The renewals due together are sent in one request, so
+each node gets them pipelined on one connection; a thousand auto-extended locks
+cost one loop, not a thousand threads. A failed renewal is retried quickly while
+validity remains; when it runs out, or a majority says our key is gone, the lock is
+lost: its keys are dropped and the handles are told (``on_lost``).
+
+The loop holds acquisitions strongly and their handles weakly: an acquisition whose
+handles were all garbage-collected without a release is released, not renewed for
+ever.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import structlog
+
+from redlock._algorithm import RedlockCore
+from redlock._protocol import Protocol, Sleep, Wakeable
+from redlock._state import LockState, Status
+from redlock.errors import NodeResult, Outcome, describe
+
+logger = structlog.get_logger(__name__)
+
+# Renewals due within this many seconds of the first one go out with it (early is fine).
+_BATCH_WINDOW = 0.01
+
+
+class Renewal:
+    """One auto-extended acquisition: when it is due, and who holds it."""
+
+    __slots__ = ("due", "handles", "retry_delay", "state")
+
+    def __init__(self, state: LockState, due: float) -> None:
+        self.state = state
+        self.due = due
+        self.retry_delay = 0.0  # 0: the last renewal succeeded
+        self.handles: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def next_renewal(state: LockState, now: float) -> float:
+    """When to renew: after a third of the validity left (never later than half)."""
+    return now + max(0.0, state.deadline - now) / 3.0
+
+
+class Renewals:
+    """The auto-extended acquisitions of one manager, and the loop that renews them.
+
+    ``start_loop`` runs a protocol in the background (the shell's thread or task);
+    ``lost`` is told of every acquisition lost while renewed, with its live handles.
+    """
+
+    def __init__(self, core: RedlockCore, new_event: Callable[[], Wakeable],
+                 start_loop: Callable[[Protocol[None]], None],
+                 lost: Callable[[LockState, list[Any]], None]) -> None:
+        self._core = core
+        self._new_event = new_event
+        self._start_loop = start_loop
+        self._lost = lost
+        self._renewals: dict[LockState, Renewal] = {}
+        self._mutex = threading.Lock()
+        self._wake: Wakeable | None = None  # made by the first loop (an asyncio.Event binds late)
+        self._running = False
+
+    def __len__(self) -> int:
+        return len(self._renewals)
+
+    def add(self, state: LockState, handle: Any) -> None:
+        """Renew ``state`` for ``handle`` (weakly held) until released or lost."""
+        now = self._core.clock()
+        with self._mutex:
+            renewal = self._renewals.get(state)
+            if renewal is None:
+                renewal = self._renewals[state] = Renewal(state, next_renewal(state, now))
+            renewal.handles.add(handle)
+            start = not self._running
+            self._running = True
+            if self._wake is None:
+                self._wake = self._new_event()
+            wake = self._wake
+        if start:
+            self._start_loop(self._loop(wake))
+        else:
+            wake.set()  # the new renewal may be due before the loop's next wake-up
+
+    def remove(self, state: LockState) -> None:
+        with self._mutex:
+            self._renewals.pop(state, None)
+
+    def rescheduled(self, state: LockState) -> None:
+        """An explicit extend() renewed ``state``: the next renewal moves accordingly."""
+        with self._mutex:
+            renewal = self._renewals.get(state)
+            if renewal is not None:
+                renewal.due = next_renewal(state, self._core.clock())
+
+    def _loop(self, wake: Wakeable) -> Protocol[None]:
+        try:
+            while True:
+                wake.clear()
+                now = self._core.clock()
+                with self._mutex:
+                    if not self._renewals:
+                        self._running = False
+                        return
+                    first = min(r.due for r in self._renewals.values())
+                    due = [r for r in self._renewals.values()
+                           if r.due <= max(now, first) + _BATCH_WINDOW]
+                if first > now:
+                    yield Sleep(first - now, until=wake)
+                    continue
+                yield from self._renew(due)
+        except BaseException:  # the loop died (a bug, or its event loop is closing)
+            with self._mutex:
+                self._running = False
+            raise
+
+    def _renew(self, due: list[Renewal]) -> Protocol[None]:
+        live = []
+        for renewal in due:
+            if renewal.state.status != Status.HELD:
+                self.remove(renewal.state)
+            elif not renewal.handles:
+                yield from self._abandoned(renewal)
+            else:
+                live.append(renewal)
+        if not live:
+            return
+        failures = yield from self._core.extend_many([(r.state, r.state.ttl) for r in live])
+        now = self._core.clock()
+        for renewal, failure in zip(live, failures, strict=True):
+            if failure is None:
+                renewal.retry_delay = 0.0
+                renewal.due = next_renewal(renewal.state, now)
+            else:
+                yield from self._failed(renewal, failure, now)
+
+    def _failed(self, renewal: Renewal, failure: tuple[NodeResult, ...],
+                now: float) -> Protocol[None]:
+        state = renewal.state
+        if state.status != Status.HELD:  # released (or lost) meanwhile
+            self.remove(state)
+            return
+        core = self._core
+        gone = sum(1 for r in failure if r.outcome is Outcome.REFUSED)
+        left = state.deadline - now
+        if gone > core.n - core.quorum or left <= 0:
+            reason = ("a majority of nodes no longer hold our key" if left > 0
+                      else "renewal failed until the validity ran out")
+            self.remove(state)
+            if (yield from core.lose(state, reason, failure)):
+                self._lost(state, list(renewal.handles))
+            return
+        settings = core.settings
+        renewal.retry_delay = (settings.retry_delay_min if not renewal.retry_delay
+                               else min(renewal.retry_delay * 2, settings.retry_delay_max))
+        renewal.due = now + min(renewal.retry_delay, left)
+        logger.warning("redlock.extend_retry", resource=state.resource,
+                       validity_left_s=round(left, 3), outcomes=describe(failure))
+
+    def _abandoned(self, renewal: Renewal) -> Protocol[None]:
+        """Every handle holding the acquisition is gone: release it instead of renewing."""
+        self.remove(renewal.state)
+        logger.warning("redlock.abandoned", resource=renewal.state.resource,
+                       token=renewal.state.token,
+                       reason="auto-extended lock's handle was garbage-collected unreleased")
+        yield from self._core.release(renewal.state)
