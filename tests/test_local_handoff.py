@@ -10,6 +10,7 @@ import time
 
 from redlock import AsyncRedlock, Redlock
 from redlock.testing import RedisNodes
+from tests.internals import lines_idle
 
 SLOW_BACKOFF = {"retry_delay_min": 1.5, "retry_delay_max": 3.0}
 
@@ -35,7 +36,7 @@ def test_sync_release_wakes_a_local_waiter_before_its_backoff_ends(nodes3: Redis
         assert acquired_at
         # Woken by the release, not by its backoff (which had at least 1.2 s to go).
         assert acquired_at[0] - released_at < 1.0
-        assert dlm._lines.idle()
+        assert lines_idle(dlm)
 
 
 async def test_async_release_wakes_a_local_waiter_before_its_backoff_ends(
@@ -57,7 +58,7 @@ async def test_async_release_wakes_a_local_waiter_before_its_backoff_ends(
         await holder.release()
         acquired_at = await asyncio.wait_for(waiter, 15)
         assert acquired_at - released_at < 1.0
-        assert dlm._lines.idle()
+        assert lines_idle(dlm)
 
 
 def test_sync_contending_threads_all_get_turns(nodes3: RedisNodes) -> None:
@@ -92,7 +93,7 @@ def test_sync_contending_threads_all_get_turns(nodes3: RedisNodes) -> None:
         assert not any(t.is_alive() for t in threads)
         assert sum(counts) == 160
         assert min(counts) >= 5, counts
-        assert dlm._lines.idle()
+        assert lines_idle(dlm)
 
 
 async def test_async_contending_tasks_all_get_turns(nodes3: RedisNodes) -> None:
@@ -114,7 +115,7 @@ async def test_async_contending_tasks_all_get_turns(nodes3: RedisNodes) -> None:
         await asyncio.wait_for(asyncio.gather(*(work(i) for i in range(8))), 60)
         assert sum(counts) == 160
         assert min(counts) >= 5, counts
-        assert dlm._lines.idle()
+        assert lines_idle(dlm)
 
 
 def test_sync_waiters_that_time_out_leave_the_line(nodes3: RedisNodes) -> None:
@@ -132,7 +133,7 @@ def test_sync_waiters_that_time_out_leave_the_line(nodes3: RedisNodes) -> None:
         for thread in threads:
             thread.join(10)
         assert failed == [True, True, True]
-        assert dlm._lines.idle()
+        assert lines_idle(dlm)
         holder.release()  # nobody waits: the notice is a no-op
-        assert dlm._lines.idle()
+        assert lines_idle(dlm)
         assert dlm.lock("gone", ttl=10.0).acquire(blocking=False)

@@ -27,14 +27,14 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from fault_figures import scenario
-from lock_history import ACCEPTED, ERROR, REJECTED, History, Hold, WriteRecord
 
 from fencing import RedisFencedStore, StaleTokenError
 from redlock import LockNotAcquired, Redlock
 from redlock.testing import RedisNode
 from redlock.testing.faketime import FaketimeRedis
 from redlock.testing.faketime import measure_clock_rate as clock_rate
+from tests.faults.fault_figures import scenario
+from tests.history import ACCEPTED, ERROR, REJECTED, History, Hold, Write
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(240)]
 
@@ -91,7 +91,7 @@ def _write(history: History, store: RedisFencedStore, client: str, resource: str
         outcome = REJECTED
     except Exception:
         outcome = ERROR
-    history.wrote(WriteRecord(client, resource, token, invoke, time.monotonic(), outcome))
+    history.wrote(Write(client, resource, token, invoke, time.monotonic(), outcome))
     return outcome
 
 

@@ -26,7 +26,6 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
-from fault_figures import Figures, scenario
 
 from fencing import RedisFencedStore, StaleTokenError
 from redlock import (
@@ -36,12 +35,12 @@ from redlock import (
     QuorumUnavailable,
     Redlock,
 )
-from redlock.core import Keys
 from redlock.testing import RedisNode, RedisNodes
+from tests.faults.fault_figures import Figures, scenario
+from tests.internals import KEYS
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(240)]
 
-KEYS = Keys("redlock")
 NODE_TIMEOUT = 0.25  # a healthy node on a busy 2-core machine must not look dead
 MAX_TTL = 1.0  # how long an amnesiac node stays out; every lock here has ttl <= MAX_TTL
 # The single-amnesia test checks that the nodes are still out before one max_ttl has

@@ -33,17 +33,16 @@ from pathlib import Path
 
 import pytest
 import redis
-from fault_figures import Figures, scenario
-from lock_history import ACCEPTED, ERROR, REJECTED, History, Hold, WriteRecord
 
 from fencing import RedisFencedStore, StaleTokenError
 from redlock import AsyncRedlock, LockNotAcquired, Outcome, QuorumUnavailable, Redlock
-from redlock.core import Keys
 from redlock.testing import Proxies, Proxy, RedisNode
+from tests.faults.fault_figures import Figures, scenario
+from tests.history import ACCEPTED, ERROR, REJECTED, History, Hold, Write
+from tests.internals import KEYS
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(180)]
 
-KEYS = Keys("redlock")
 NODE_TIMEOUT = 0.15  # per node and request; small against the TTLs below
 TTL = 1.0
 
@@ -162,7 +161,7 @@ class Recorder:
             outcome = REJECTED
         except redis.RedisError:
             outcome = ERROR
-        self.history.wrote(WriteRecord(client, resource, token, invoked, time.monotonic(),
+        self.history.wrote(Write(client, resource, token, invoked, time.monotonic(),
                                        outcome))
 
     def contend(self, dlms: Sequence[Redlock], resource: str, seconds: float) -> None:

@@ -30,7 +30,6 @@ from pathlib import Path
 
 import pytest
 import redis
-from fault_figures import scenario
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -40,16 +39,16 @@ from hypothesis.stateful import (
     rule,
     run_state_machine_as_test,
 )
-from lock_history import ACCEPTED, ERROR, REJECTED, History, Hold, WriteRecord
 
 from fencing import RedisFencedStore, StaleTokenError
 from redlock import Lock, LockLost, LockNotAcquired, NotHeld, Redlock
-from redlock.core import Keys
 from redlock.testing import RedisNode, RedisNodes
+from tests.faults.fault_figures import scenario
+from tests.history import ACCEPTED, ERROR, REJECTED, History, Hold, Write
+from tests.internals import KEYS
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(300)]
 
-KEYS = Keys("redlock")
 RESOURCE = "stateful:r"
 TTL = 1.0
 NODE_TIMEOUT = 0.1
@@ -201,7 +200,7 @@ class LockMachine(RuleBasedStateMachine):
         except redis.RedisError:
             outcome = ERROR
         self.totals.writes[outcome] += 1
-        self.history.wrote(WriteRecord(name, RESOURCE, token, invoke, time.monotonic(),
+        self.history.wrote(Write(name, RESOURCE, token, invoke, time.monotonic(),
                                        outcome))
 
     # -- faults ----------------------------------------------------------------

@@ -1,0 +1,70 @@
+"""Every non-public name of the library that the tests use, imported in this one place.
+
+The library's internals move (issue 9 splits ``redlock/core.py`` into underscore
+modules); when they do, only the imports below change. Tests import these names from
+here, never from the library's private modules.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from redlock.core import (
+    MAX_TOKEN,
+    Broadcast,
+    Call,
+    Keys,
+    LockState,
+    RedlockCore,
+    RepairReport,
+    Settings,
+    Sleep,
+    Status,
+    choose_token,
+    classify_ack_reply,
+    classify_acquire_reply,
+    is_permanent_error,
+    quorum,
+    unsafe_config,
+    validate_node_addresses,
+    validate_resource,
+    validate_seconds,
+    validate_timeout,
+    validity_left,
+)
+from redlock.core import run_to_completion as drive
+
+__all__ = [
+    "KEYS",
+    "MAX_TOKEN",
+    "Broadcast",
+    "Call",
+    "Keys",
+    "LockState",
+    "RedlockCore",
+    "RepairReport",
+    "Settings",
+    "Sleep",
+    "Status",
+    "choose_token",
+    "classify_ack_reply",
+    "classify_acquire_reply",
+    "drive",
+    "is_permanent_error",
+    "lines_idle",
+    "quorum",
+    "unsafe_config",
+    "validate_node_addresses",
+    "validate_resource",
+    "validate_seconds",
+    "validate_timeout",
+    "validity_left",
+]
+
+KEYS = Keys("redlock")  # the key names of the default namespace
+
+
+def lines_idle(manager: Any) -> bool:
+    """True when no thread or task of ``manager`` waits in, or holds a turn of, a local
+    line (Redlock and AsyncRedlock keep them in a private attribute)."""
+    return bool(manager._lines.idle())
