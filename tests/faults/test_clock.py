@@ -25,20 +25,21 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from fencing import RedisFencedStore, StaleTokenError
-from redlock import LockNotAcquired, Redlock
+from redlock import LockNotAcquired
 from redlock.testing import RedisNode
 from redlock.testing.faketime import FaketimeRedis
 from redlock.testing.faketime import measure_clock_rate as clock_rate
+from tests.faults.conftest import DLM_OPTIONS, MakeDlm
 from tests.faults.fault_figures import scenario
 from tests.history import ACCEPTED, ERROR, REJECTED, History, Hold, Write
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(240)]
 
-NODE_TIMEOUT = 0.25
 FAST = 0  # the node whose clock runs fast
 Cluster = Callable[[float], list[RedisNode]]
 
@@ -65,20 +66,9 @@ def cluster(fake: FaketimeRedis, tmp_path: Path) -> Iterator[Cluster]:
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Iterator[RedisFencedStore]:
-    """The protected resource: a fenced store on its own node with a normal clock."""
-    node = RedisNode(data_dir=tmp_path / "fence-store").start()
-    client = node.client()
-    try:
-        yield RedisFencedStore(client)
-    finally:
-        client.close()
-        node.close()
-
-
-def _dlm(nodes: list[RedisNode]) -> Redlock:
-    return Redlock([node.url for node in nodes], node_timeout=NODE_TIMEOUT,
-                   retry_delay_max=0.05, max_ttl=30.0)
+def dlm_options() -> dict[str, Any]:
+    # Room for the long TTLs these scenarios use under a clock running twice as fast.
+    return {**DLM_OPTIONS, "max_ttl": 30.0}
 
 
 def _write(history: History, store: RedisFencedStore, client: str, resource: str,
@@ -97,7 +87,7 @@ def _write(history: History, store: RedisFencedStore, client: str, resource: str
 
 @pytest.mark.parametrize("rate", [1.0, 2.0], ids=["clock-1x", "clock-2x"])
 def test_clock_drift_lets_a_second_holder_in_but_fencing_rejects_the_stale_one(
-    rate: float, cluster: Cluster, store: RedisFencedStore,
+    rate: float, cluster: Cluster, store: RedisFencedStore, make_dlm: MakeDlm,
 ) -> None:
     """Kleppmann's example. Nodes 3 and 4 are down while A takes the lock (ttl 4 s) on
     {0, 1, 2}; they come back (AOF: not amnesiac). B keeps trying. At 1x, node 0 holds
@@ -111,7 +101,7 @@ def test_clock_drift_lets_a_second_holder_in_but_fencing_rejects_the_stale_one(
     history = History()
     name = f"clock-drift-{rate:g}x-kleppmann"
     with scenario(name) as figures:
-        dlm_a, dlm_b = _dlm(nodes), _dlm(nodes)
+        dlm_a, dlm_b = make_dlm(nodes), make_dlm(nodes)
         try:
             with dlm_a.lock(resource, timeout=5.0):
                 pass  # initialises the cluster while all five are up
@@ -171,7 +161,7 @@ def test_clock_drift_lets_a_second_holder_in_but_fencing_rejects_the_stale_one(
 
 @pytest.mark.parametrize("rate", [1.0, 2.0], ids=["clock-1x", "clock-2x"])
 def test_clock_drift_random_workload_fenced_writes_stay_in_order(
-    rate: float, cluster: Cluster, store: RedisFencedStore,
+    rate: float, cluster: Cluster, store: RedisFencedStore, make_dlm: MakeDlm,
 ) -> None:
     """Three clients contend for one resource for ~12 s (ttl 1 s, holds of 0.05-0.95 s,
     one fenced write at the end of each hold, valid or not) while a fault thread keeps
@@ -195,7 +185,7 @@ def test_clock_drift_random_workload_fenced_writes_stay_in_order(
                 counts[key] += 1
 
         def client(name: str, rng: random.Random) -> None:
-            dlm = _dlm(nodes)
+            dlm = make_dlm(nodes)
             try:
                 while not stop.is_set():
                     lock = dlm.lock(resource, ttl=ttl)
@@ -235,7 +225,7 @@ def test_clock_drift_random_workload_fenced_writes_stay_in_order(
             except BaseException as exc:
                 errors.append(exc)
 
-        with _dlm(nodes) as init, init.lock(resource, ttl=ttl, timeout=5.0):
+        with make_dlm(nodes) as init, init.lock(resource, ttl=ttl, timeout=5.0):
             pass  # initialise the cluster (node markers) before any node goes down
         rng = random.Random(seed)
         threads = [threading.Thread(target=client, args=(f"c{i}", random.Random(rng.random())))
@@ -253,7 +243,7 @@ def test_clock_drift_random_workload_fenced_writes_stay_in_order(
 
         # Recovery: how long until a new client gets the lock once the faults stopped.
         healed_at = time.monotonic()
-        dlm = _dlm(nodes)
+        dlm = make_dlm(nodes)
         try:
             with dlm.lock(resource, ttl=ttl, timeout=10.0) as held:
                 figures.recovery_s = time.monotonic() - healed_at

@@ -25,8 +25,7 @@ import contextlib
 import os
 import secrets
 import time
-from collections.abc import Iterator
-from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -41,8 +40,9 @@ from hypothesis.stateful import (
 )
 
 from fencing import RedisFencedStore, StaleTokenError
-from redlock import Lock, LockLost, LockNotAcquired, NotHeld, Redlock
-from redlock.testing import RedisNode, RedisNodes
+from redlock import Lock, LockLost, LockNotAcquired, NotHeld
+from redlock.testing import RedisNodes
+from tests.faults.conftest import DLM_OPTIONS, MakeDlm
 from tests.faults.fault_figures import scenario
 from tests.history import ACCEPTED, ERROR, REJECTED, History, Hold, Write
 from tests.internals import KEYS
@@ -51,21 +51,17 @@ pytestmark = [pytest.mark.faults, pytest.mark.timeout(300)]
 
 RESOURCE = "stateful:r"
 TTL = 1.0
-NODE_TIMEOUT = 0.1
 CLIENTS = ("a", "b")
 EXAMPLES = int(os.environ.get("REDLOCK_STATEFUL_EXAMPLES", "15"))
 STEPS = 25
 
 
 @pytest.fixture
-def store_client(tmp_path: Path) -> Iterator[redis.Redis]:
-    node = RedisNode(data_dir=tmp_path / "fence-store").start()
-    client = node.client()
-    try:
-        yield client
-    finally:
-        client.close()
-        node.close()
+def dlm_options() -> dict[str, Any]:
+    # Nodes are paused for whole steps and locks live TTL = 1 s: each attempt waits a
+    # node timeout for a paused node, which must leave most of the TTL as validity. The
+    # clients' max_ttl is the TTL, so an amnesiac node rejoins within a few steps.
+    return {**DLM_OPTIONS, "node_timeout": 0.1, "max_ttl": TTL}
 
 
 class Totals:
@@ -92,6 +88,7 @@ class LockMachine(RuleBasedStateMachine):
     nodes: RedisNodes
     store_client: redis.Redis
     totals: Totals
+    make_dlm: MakeDlm
 
     def __init__(self) -> None:
         super().__init__()
@@ -99,8 +96,7 @@ class LockMachine(RuleBasedStateMachine):
         self.totals.examples += 1
         self.store = RedisFencedStore(self.store_client,
                                       namespace=f"stateful-{secrets.token_hex(4)}")
-        self.dlms = {name: Redlock(self.nodes.urls, node_timeout=NODE_TIMEOUT,
-                                   retry_delay_max=0.05, max_ttl=TTL) for name in CLIENTS}
+        self.dlms = {name: self.make_dlm(self.nodes) for name in CLIENTS}
         self.history = History()
         # client -> (lock, acquire invoked, acquire completed, token, validity deadline)
         self.held: dict[str, tuple[Lock, float, float, int, float]] = {}
@@ -269,11 +265,12 @@ class LockMachine(RuleBasedStateMachine):
 
 
 def test_randomised_fault_schedules_keep_the_history_safe(
-    nodes5: RedisNodes, store_client: redis.Redis,
+    nodes5: RedisNodes, store_client: redis.Redis, make_dlm: MakeDlm,
 ) -> None:
     totals = Totals()
-    machine = type("Machine", (LockMachine,),
-                   {"nodes": nodes5, "store_client": store_client, "totals": totals})
+    machine = type("Machine", (LockMachine,), {
+        "nodes": nodes5, "store_client": store_client, "totals": totals,
+        "make_dlm": staticmethod(make_dlm)})
     with scenario("randomised-stateful") as figures:
         try:
             run_state_machine_as_test(machine, settings=settings(
