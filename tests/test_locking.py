@@ -148,6 +148,7 @@ async def test_contention_is_refused_with_reasons_not_reported_as_an_outage(
     assert await holder.acquire(blocking=False)
     other, them = flavour.manager(cluster), flavour.actor("them")
     rival = them.on(other.lock(resource, ttl=5.0))
+    overall = Stopwatch()
     assert await rival.acquire(blocking=False) is False
     assert rival.last_failure is not None
     outcomes = rival.last_failure.outcomes
@@ -165,6 +166,7 @@ async def test_contention_is_refused_with_reasons_not_reported_as_an_outage(
     assert [r.outcome for r in error.outcomes] == [Outcome.REFUSED] * len(cluster)
     assert "held by another owner" in str(error)
     assert all(r.pttl_ms is not None and r.pttl_ms > 0 for r in error.outcomes)
+    assert overall() < 10.0
     assert lock_keys(cluster, resource) == [True] * len(cluster)  # the holder's keys stay
     await holder.release()
 
