@@ -150,6 +150,16 @@ class Actor:
                 pytest.fail(f"{self.name} hung: no answer within {seconds} s")
             raise  # the call itself raised a TimeoutError
 
+    async def call_all(self, *steps: Callable[[], Any], limit: float | None = None) -> list[Any]:
+        """Several calls back to back as this owner: the test (and, for the asyncio
+        client, any other task) gets no turn between them. Their results."""
+        if self.is_async:
+            async def chain() -> list[Any]:
+                return [await resolve(step()) for step in steps]
+
+            return list(await self.call(chain, limit=limit))
+        return list(await self.call(lambda: [step() for step in steps], limit=limit))
+
     async def close(self) -> None:
         if self._thread is not None:
             self._thread_jobs.put(None)

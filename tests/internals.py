@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from redlock import scripts
 from redlock.core import (
     MAX_TOKEN,
     Broadcast,
@@ -53,6 +54,7 @@ __all__ = [
     "is_permanent_error",
     "lines_idle",
     "quorum",
+    "scripts",
     "unsafe_config",
     "validate_node_addresses",
     "validate_resource",
