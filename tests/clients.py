@@ -151,8 +151,9 @@ class Actor:
             raise  # the call itself raised a TimeoutError
 
     async def call_all(self, *steps: Callable[[], Any], limit: float | None = None) -> list[Any]:
-        """Several calls back to back as this owner: the test (and, for the asyncio
-        client, any other task) gets no turn between them. Their results."""
+        """Several calls back to back as this owner, their results: each step starts as
+        soon as the previous one returned (for the asyncio client, in the same turn of
+        the event loop), without a round trip to the test in between."""
         if self.is_async:
             async def chain() -> list[Any]:
                 return [await resolve(step()) for step in steps]
@@ -273,7 +274,7 @@ class Flavour:
 
     def bare_manager(self, nodes: RedisNodes | Sequence[Any] | Any, **options: Any) -> Any:
         """Like :meth:`manager`, with the library's own defaults (and any argument)."""
-        given = nodes.urls if isinstance(nodes, RedisNodes) else nodes
+        given: Any = nodes.urls if isinstance(nodes, RedisNodes) else nodes  # bad ones too
         dlm = self.manager_class(given, **options)
         self._managers.append(dlm)
         return dlm
