@@ -7,6 +7,7 @@ here, never from the library's private modules.
 
 from __future__ import annotations
 
+from collections.abc import Generator
 from typing import Any
 
 from redlock import scripts
@@ -54,6 +55,8 @@ __all__ = [
     "is_permanent_error",
     "lines_idle",
     "quorum",
+    "read_counters",
+    "repair_node",
     "scripts",
     "unsafe_config",
     "validate_node_addresses",
@@ -70,3 +73,13 @@ def lines_idle(manager: Any) -> bool:
     """True when no thread or task of ``manager`` waits in, or holds a turn of, a local
     line (Redlock and AsyncRedlock keep them in a private attribute)."""
     return bool(manager._lines.idle())
+
+
+def repair_node(core: RedlockCore, node: int) -> Generator[Any, Any, RepairReport]:
+    """The protocol that re-seeds one amnesiac node and gives it its marker back."""
+    return core._repair_node(node)
+
+
+def read_counters(core: RedlockCore, node: int) -> Generator[Any, Any, dict[str, int] | None]:
+    """The protocol that reads every fence counter of one node (None: it could not)."""
+    return core._read_counters(node)

@@ -20,6 +20,8 @@ from tests.internals import (
     Sleep,
     Status,
     drive,
+    read_counters,
+    repair_node,
     scripts,
 )
 from tests.scripted import (
@@ -530,7 +532,7 @@ def test_repair_claims_the_node_reads_every_healthy_node_seeds_the_max_and_marks
     nodes = amnesiac_cluster()
     core = make_core(5)
     core.health.note_amnesiac(0, core.clock())
-    report = drive(core._repair_node(0), nodes.execute)
+    report = drive(repair_node(core, 0), nodes.execute)
     assert (report.node, report.status) == ("n0:6379", "repaired")
     assert report.detail == "3 fence counters re-seeded"
     assert {k: v for k, v in nodes.data[0].items() if k != MARKER} == {
@@ -551,7 +553,7 @@ def test_repair_fails_cleanly_when_fewer_than_a_quorum_of_healthy_nodes_answer()
     nodes = amnesiac_cluster(down={3})
     nodes.data[4].clear()  # another amnesiac node: no source
     core = make_core(5)
-    report = drive(core._repair_node(0), nodes.execute)
+    report = drive(repair_node(core, 0), nodes.execute)
     assert report.status == "failed"
     assert report.detail == "read counters from 2 healthy nodes, need 3"
     assert nodes.commands_sent()[-1] == "DEL"  # gave the claim back
@@ -569,7 +571,7 @@ def test_repair_does_not_count_a_source_whose_counters_could_not_be_read(broken:
         return PASS
 
     nodes.intercept = sources_2_and_3_fail  # type: ignore[assignment]
-    report = drive(core._repair_node(0), nodes.execute)
+    report = drive(repair_node(core, 0), nodes.execute)
     assert report.status == "failed"
     assert report.detail == "read counters from 2 healthy nodes, need 3"
     assert nodes.data[0] == {}
@@ -581,7 +583,7 @@ def test_repair_that_cannot_claim_the_node_does_nothing(claim: object, detail: s
     nodes = amnesiac_cluster()
     core = make_core(5)
     nodes.intercept = lambda call: claim if call.args[:1] == ("SET",) else PASS
-    report = drive(core._repair_node(0), nodes.execute)
+    report = drive(repair_node(core, 0), nodes.execute)
     assert report.status == "failed"
     assert report.detail.startswith("could not claim the repair: " + detail)
     assert nodes.commands_sent() == ["SET"]
@@ -595,7 +597,7 @@ def test_repair_interrupted_by_the_node_losing_the_guard_writes_no_marker(
     core = make_core(5)
     core.health.note_amnesiac(0, core.clock())
     nodes.intercept = lambda call: 0 if call.script is step else PASS
-    report = drive(core._repair_node(0), nodes.execute)
+    report = drive(repair_node(core, 0), nodes.execute)
     assert report.status == "failed" and report.detail.startswith(detail)
     assert MARKER not in nodes.data[0]
     assert core.health.is_amnesiac(0)
@@ -608,7 +610,7 @@ def test_repair_reads_counters_page_by_page_and_seeds_them_in_batches() -> None:
         for source in (1, 2):
             nodes.data[source][fence_key(f"r{i}")] = i + source
     core = make_core(3)
-    report = drive(core._repair_node(0), nodes.execute)
+    report = drive(repair_node(core, 0), nodes.execute)
     assert report.status == "repaired" and report.detail == "1200 fence counters re-seeded"
     assert all(nodes.data[0][fence_key(f"r{i}")] == i + 2 for i in range(1200))
     seeds = [b for b in nodes.broadcasts() if b.calls[0].script is scripts.SEED_COUNTERS]
@@ -627,11 +629,11 @@ def test_read_counters_skips_keys_that_vanished_and_gives_up_on_a_malformed_page
                                     if call.args[:1] == ("MGET",) else PASS)
     # Pages of two keys (a, b then c; never the lock key): on each, MGET answers for the
     # first key only; the others vanished meanwhile.
-    assert drive(core._read_counters(1), nodes.execute) == {fence_key("a"): 7,
+    assert drive(read_counters(core, 1), nodes.execute) == {fence_key("a"): 7,
                                                             fence_key("c"): 7}
     assert nodes.commands_sent() == ["SCAN", "MGET", "SCAN", "MGET"]
     nodes.intercept = lambda call: b"garbage" if call.args[:1] == ("SCAN",) else PASS
-    assert drive(core._read_counters(1), nodes.execute) is None
+    assert drive(read_counters(core, 1), nodes.execute) is None
 
 
 def test_repair_reports_every_node_and_repairs_only_after_one_max_ttl_unless_forced() -> None:
