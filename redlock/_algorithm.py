@@ -262,10 +262,15 @@ class RedlockCore:
                     results[state] = outcomes
         return [results.get(state, ()) for state, _ in items]
 
+    def extend(self, state: LockState, ttl: float) -> Protocol[tuple[NodeResult, ...] | None]:
+        """One extend round for one acquisition (see :meth:`extend_many`)."""
+        [failure] = yield from self.extend_many([(state, ttl)])
+        return failure
+
     def extend_or_lose(self, state: LockState, ttl: float) -> Protocol[None]:
         """Explicit extend(): success, or the lock is marked lost, released and LockLost raised."""
         state.check()
-        [failure] = yield from self.extend_many([(state, ttl)])
+        failure = yield from self.extend(state, ttl)
         if failure is None:
             return
         reason = "extend did not reach a quorum within the remaining validity"

@@ -15,6 +15,7 @@ import redis.asyncio
 from redis.asyncio.connection import parse_url
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -89,10 +90,24 @@ class AsyncTransport:
         async def exchange() -> None:
             nonlocal conn, sent
             conn = await pool.get_connection()
-            await conn.send_packed_command(conn.pack_commands(
-                [render(call, evalsha=True) for call in calls]), check_health=False)
-            sent = True
-            unknown = await self._read_replies(conn, calls, results, timeout)
+            try:
+                await conn.send_packed_command(conn.pack_commands(
+                    [render(call, evalsha=True) for call in calls]), check_health=False)
+                sent = True
+                unknown = await self._read_replies(conn, calls, results, timeout)
+            except RedisConnectionError:
+                if results:
+                    raise
+                # A pooled connection to a server that has restarted since its last use
+                # fails at once (redis.asyncio does not notice on checkout, redis-py's
+                # sync pool does). The dead server never ran the calls, and each of our
+                # scripts may run twice anyway (an owner's second acquire is "already
+                # ours"): one more try on a new connection, within the same budget.
+                await self._discard(node, conn)
+                conn = await pool.get_connection()
+                await conn.send_packed_command(conn.pack_commands(
+                    [render(call, evalsha=True) for call in calls]), check_health=False)
+                unknown = await self._read_replies(conn, calls, results, timeout)
             if unknown:  # first use of a script on this node (or SCRIPT FLUSH): send bodies
                 await conn.send_packed_command(conn.pack_commands(
                     [render(calls[i], evalsha=False) for i in unknown]), check_health=False)

@@ -1,15 +1,17 @@
 """Shared fixtures: real redis-server processes on loopback, started once per session
-and reset (resumed, restarted if dead, flushed) before every test that uses them."""
+and reset (resumed, restarted if dead, flushed) before every test that uses them; and
+the client flavours (tests/clients.py) that run one behaviour test on both clients."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 
 import pytest
 import structlog
 
 from redlock.testing import RedisNodes
+from tests.clients import Actor, Flavour
 
 # The library never configures logging; the test suite (an application) does.
 structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
@@ -67,3 +69,24 @@ def fresh_nodes() -> Iterator[Callable[..., RedisNodes]]:
     yield make
     for nodes in made:
         nodes.close()
+
+
+@pytest.fixture(params=[1, 3, 5], ids=lambda n: f"N={n}")
+def cluster(request: pytest.FixtureRequest) -> RedisNodes:
+    """The session's 1-, 3- or 5-node cluster, reset (running, empty) for this test."""
+    nodes: RedisNodes = request.getfixturevalue(f"nodes{request.param}")
+    return nodes
+
+
+@pytest.fixture(params=["sync", "async"])
+async def flavour(request: pytest.FixtureRequest) -> AsyncIterator[Flavour]:
+    """The test runs twice: on Redlock (sync) and on AsyncRedlock (async)."""
+    made = Flavour(str(request.param))
+    yield made
+    await made.close()
+
+
+@pytest.fixture
+def me(flavour: Flavour) -> Actor:
+    """The test's own lock owner (a thread or a task of its own)."""
+    return flavour.actor("me")

@@ -1,9 +1,9 @@
-"""Pure unit tests of the sans-IO core (:mod:`redlock._algorithm`, :mod:`redlock._rules`):
+"""Pure unit tests of the sans-IO rules (:mod:`redlock._rules`, :mod:`redlock._state`):
 no servers, no sockets.
 
 Quorum, validity and drift, the token rule, reply classification, LockState with an
-injected clock, the validators, and the acquire/release protocols driven by a scripted
-executor (the protocol only yields requests; these tests play the nodes' replies).
+injected clock, the validators. The protocols (acquire, release, extend, watchdog,
+repair) on scripted nodes: tests/test_core_protocols.py.
 """
 
 from __future__ import annotations
@@ -15,42 +15,28 @@ from itertools import combinations
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from structlog.testing import capture_logs
 
-from redlock import _scripts as scripts
-from redlock._algorithm import RedlockCore
-from redlock._protocol import Broadcast, Call, Sleep, drive
-from redlock._rules import (
+from redlock import LockLost, NodeResult, NotHeld, Outcome, RedlockError
+from tests.internals import (
     TOKEN_LIMIT,
     Keys,
+    LockState,
+    RedlockCore,
     Settings,
+    Status,
     choose_token,
     classify_ack_reply,
     classify_acquire_reply,
     is_permanent_error,
     quorum,
+    scripts,
     validate_node_addresses,
     validate_resource,
     validate_seconds,
     validate_timeout,
     validity_left,
 )
-from redlock._state import LockState, Status
-from redlock.errors import LockLost, NodeResult, NotHeld, Outcome, RedlockError
-
-
-class FakeClock:
-    """A monotonic clock the test moves by hand."""
-
-    def __init__(self, now: float = 1000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
-
+from tests.scripted import FakeClock
 
 # ---------------------------------------------------------------------------
 # quorum
@@ -379,7 +365,8 @@ def test_settings_reject_bad_values(options: dict[str, object]) -> None:
 
 
 def test_ttl_must_exceed_the_drift_allowance_and_max_ttl() -> None:
-    settings = Settings(max_ttl=60.0)
+    core = RedlockCore(["a:1"], Settings(max_ttl=60.0))
+    settings = core.settings
     assert settings.check_ttl(1) == 1.0
     with pytest.raises(ValueError, match="drift"):
         settings.check_ttl(0.002)  # drift alone is 2 ms + 1 %
@@ -393,193 +380,3 @@ def test_keys_share_one_hash_tag_per_resource() -> None:
     assert keys.fence("orders:42") == "app:{orders:42}:fence"
     assert keys.channel("orders:42") == "app:{orders:42}:released"
     assert keys.marker == "app:node-marker"
-
-
-# ---------------------------------------------------------------------------
-# The acquire / release protocols, driven by a scripted executor
-# ---------------------------------------------------------------------------
-
-
-class ScriptedNodes:
-    """Plays N nodes at the protocol level: a dict per node, the scripts' semantics."""
-
-    def __init__(self, n: int, counters: list[int] | None = None,
-                 down: frozenset[int] = frozenset()) -> None:
-        self.data: list[dict[str, object]] = [{"redlock:node-marker": "x"} for _ in range(n)]
-        for i, counter in enumerate(counters or []):
-            self.data[i]["redlock:{r}:fence"] = counter
-        self.down = down
-        self.requests: list[Broadcast | Sleep] = []
-
-    def execute(self, request: Broadcast | Sleep) -> list[object]:
-        self.requests.append(request)
-        if isinstance(request, Sleep):
-            return []
-        return [self.reply(call) for call in request.calls]
-
-    def reply(self, call: Call) -> object:
-        if call.node in self.down:
-            return TimeoutError("no reply")
-        db = self.data[call.node]
-        if call.script is scripts.ACQUIRE:
-            lock, fence, _ = call.keys
-            owner = call.args[0]
-            if lock in db:
-                return [scripts.ACQUIRE_ALREADY_OURS if db[lock] == owner
-                        else scripts.ACQUIRE_REFUSED, 1000]
-            db[lock] = owner
-            db[fence] = max(int(db.get(fence, 0)), int(call.args[2])) + 1  # type: ignore[call-overload]
-            return [scripts.ACQUIRE_GRANTED, db[fence]]
-        if call.script is scripts.WRITE_BACK:
-            lock, fence, _ = call.keys
-            if db.get(lock) != call.args[0]:
-                return 0
-            db[fence] = max(int(db.get(fence, 0)), int(call.args[1]))  # type: ignore[call-overload]
-            return 1
-        if call.script is scripts.RELEASE:
-            lock = call.keys[0]
-            if db.get(lock) == call.args[0]:
-                del db[lock]
-                return 1
-            return 0
-        if call.script is None and call.args == ("INFO",):
-            return b"# Replication\r\nrole:slave\r\n" if call.node == 1 else b"role:master\r\n"
-        raise AssertionError(f"unexpected call {call}")
-
-    def scripts_sent(self) -> list[str]:
-        return [r.calls[0].script.name for r in self.requests
-                if isinstance(r, Broadcast) and r.calls and r.calls[0].script is not None]
-
-
-def make_core(n: int, clock: FakeClock | None = None) -> RedlockCore:
-    """A core past its one-time node inspection (tested on its own below), so each test
-    sees only the protocol round trips it is about."""
-    core = RedlockCore([f"n{i}:6379" for i in range(n)], Settings(), clock or FakeClock())
-    core.amnesia.health.inspected = True
-    return core
-
-
-def test_first_acquire_inspects_every_node_once_then_never_again() -> None:
-    nodes = ScriptedNodes(3)
-    core = RedlockCore([f"n{i}:6379" for i in range(3)], Settings(), FakeClock())
-    with capture_logs() as events:
-        for _ in range(2):
-            result = drive(core.acquire("r", 10.0, blocking=False, timeout=None),
-                                       nodes.execute)
-            assert result.state is not None
-            drive(core.release(result.state), nodes.execute)
-    first = nodes.requests[0]
-    assert isinstance(first, Broadcast)
-    assert [(c.node, c.args) for c in first.calls] == [(i, ("INFO",)) for i in range(3)]
-    assert nodes.scripts_sent() == ["acquire", "release", "acquire", "release"]
-    warnings = [e for e in events if e["event"] == "redlock.node_unsafe_config"]
-    assert [e["node"] for e in warnings] == ["n1:6379"]
-
-
-def test_acquire_protocol_steady_state_is_one_round_trip() -> None:
-    nodes = ScriptedNodes(3, counters=[4, 4, 4])
-    result = drive(make_core(3).acquire("r", 10.0, blocking=False, timeout=None),
-                               nodes.execute)
-    assert result.state is not None
-    assert result.state.token == 5
-    assert nodes.scripts_sent() == ["acquire"]
-    broadcast = nodes.requests[0]
-    assert isinstance(broadcast, Broadcast)
-    assert sorted(c.node for c in broadcast.calls) == [0, 1, 2]  # all nodes at once
-
-
-def test_acquire_protocol_diverged_counters_write_back_to_lower_nodes_only() -> None:
-    nodes = ScriptedNodes(5, counters=[10, 5, 5, 5, 5])
-    nodes.data[0]["redlock:{r}:lock"] = "someone else"
-    nodes.data[1]["redlock:{r}:lock"] = "someone else"
-    result = drive(make_core(5).acquire("r", 10.0, blocking=False, timeout=None),
-                               nodes.execute)
-    assert result.state is not None
-    assert result.state.token == 6
-    assert nodes.scripts_sent() == ["acquire"]  # all three granting nodes returned 6
-
-    nodes = ScriptedNodes(5, counters=[5, 5, 10, 5, 5])
-    nodes.data[0]["redlock:{r}:lock"] = "someone else"
-    nodes.data[1]["redlock:{r}:lock"] = "someone else"
-    result = drive(make_core(5).acquire("r", 10.0, blocking=False, timeout=None),
-                               nodes.execute)
-    assert result.state is not None
-    assert result.state.token == 11
-    assert nodes.scripts_sent() == ["acquire", "write_back"]
-    write_back = nodes.requests[1]
-    assert isinstance(write_back, Broadcast)
-    assert sorted(c.node for c in write_back.calls) == [3, 4]
-    assert [nodes.data[i]["redlock:{r}:fence"] for i in range(5)] == [5, 5, 11, 11, 11]
-
-
-def test_acquire_protocol_failure_releases_on_every_node() -> None:
-    nodes = ScriptedNodes(3, down=frozenset({1, 2}))
-    result = drive(make_core(3).acquire("r", 10.0, blocking=False, timeout=None),
-                               nodes.execute)
-    assert result.state is None
-    assert result.unavailable
-    assert [r.outcome for r in result.outcomes] == [Outcome.GRANTED, Outcome.ERROR,
-                                                     Outcome.ERROR]
-    assert nodes.scripts_sent() == ["acquire", "release"]
-    release = nodes.requests[-1]
-    assert isinstance(release, Broadcast)
-    # Released everywhere, including the nodes that did not answer.
-    assert sorted(c.node for c in release.calls) == [0, 1, 2]
-    assert "redlock:{r}:lock" not in nodes.data[0]
-
-
-def test_acquire_protocol_never_returns_an_expired_lock() -> None:
-    clock = FakeClock()
-    nodes = ScriptedNodes(3)
-
-    def slow(request: Broadcast | Sleep) -> list[object]:
-        clock.advance(10.0)  # the round trip ate the whole ttl
-        return nodes.execute(request)
-
-    result = drive(make_core(3, clock).acquire("r", 10.0, blocking=False,
-                                                           timeout=None), slow)
-    assert result.state is None
-    assert "validity" in result.reason
-    assert all("redlock:{r}:lock" not in db for db in nodes.data)
-
-
-def test_acquire_protocol_interrupted_after_sending_releases_then_reraises() -> None:
-    nodes = ScriptedNodes(3)
-    protocol = make_core(3).acquire("r", 10.0, blocking=False, timeout=None)
-    first = next(protocol)
-    assert isinstance(first, Broadcast)
-    nodes.execute(first)  # the SETs happened; the replies never came back
-    cleanup = protocol.throw(KeyboardInterrupt())
-    assert isinstance(cleanup, Broadcast)
-    assert cleanup.calls[0].script is scripts.RELEASE
-    assert sorted(c.node for c in cleanup.calls) == [0, 1, 2]
-    nodes.execute(cleanup)
-    with pytest.raises(KeyboardInterrupt):
-        protocol.send([1, 1, 1])
-    assert all("redlock:{r}:lock" not in db for db in nodes.data)
-
-
-def test_acquire_protocol_blocking_backs_off_and_stops_at_the_deadline() -> None:
-    clock = FakeClock()
-    nodes = ScriptedNodes(3)
-    for db in nodes.data:
-        db["redlock:{r}:lock"] = "holder"
-
-    def execute(request: Broadcast | Sleep) -> list[object]:
-        if isinstance(request, Sleep):
-            assert request.seconds > 0
-            clock.advance(request.seconds)
-        return nodes.execute(request)
-
-    result = drive(make_core(3, clock).acquire("r", 10.0, blocking=True,
-                                                           timeout=1.0), execute)
-    assert result.state is None
-    assert not result.unavailable  # contention, not an outage
-    assert result.attempts > 1
-    sleeps = [r for r in nodes.requests if isinstance(r, Sleep)]
-    assert sleeps and all(s.line == "redlock:{r}:released" for s in sleeps)
-    # Between retry_delay_min and retry_delay_max, except the last one cut at the deadline.
-    settings = Settings()
-    assert all(settings.retry_delay_min <= s.seconds <= settings.retry_delay_max
-               for s in sleeps[:-1])
-    assert clock() - 1000.0 == pytest.approx(1.0, abs=0.3)  # stopped at the deadline

@@ -9,8 +9,8 @@ import pytest
 from structlog.testing import capture_logs
 
 from redlock import AsyncRedlock, Redlock
-from redlock._rules import unsafe_config
 from redlock.testing import RedisNodes
+from tests.internals import unsafe_config
 
 
 def test_unsafe_config_reads_role_and_eviction_policy() -> None:

@@ -1,4 +1,6 @@
-"""Fixtures of the fault suite: a real Toxiproxy server with one proxy per node.
+"""Fixtures of the fault suite: a real Toxiproxy server with one proxy per node, the
+protected resource (a fenced store on a node of its own, never faulted), and Redlock
+clients that are closed after the test.
 
 Without a toxiproxy-server binary, or a redis-server that runs under libfaketime, the
 tests that need them are skipped on a developer machine and fail under CI (``$CI``
@@ -8,11 +10,22 @@ set): CI must run them.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
 
 import pytest
+import redis
 
-from redlock.testing import Proxies, RedisNodes, ToxiproxyServer, find_toxiproxy_server
+from fencing import RedisFencedStore
+from redlock import Redlock
+from redlock.testing import (
+    Proxies,
+    RedisNode,
+    RedisNodes,
+    ToxiproxyServer,
+    find_toxiproxy_server,
+)
 from redlock.testing.faketime import FaketimeRedis, FaketimeUnavailable, find_faketime_redis
 
 
@@ -55,3 +68,57 @@ def fake() -> FaketimeRedis:
     except FaketimeUnavailable as exc:
         _missing(f"no redis-server under libfaketime: {exc}")
         raise  # unreachable: skip/fail raise
+
+
+# A healthy node on a busy 2-core machine must not look dead: the fault tests' default.
+NODE_TIMEOUT = 0.25
+DLM_OPTIONS: dict[str, Any] = {"node_timeout": NODE_TIMEOUT, "retry_delay_max": 0.05}
+
+MakeDlm = Callable[..., Redlock]
+
+
+@pytest.fixture
+def dlm_options() -> dict[str, Any]:
+    """make_dlm's defaults. A module whose scenario needs other values (a shorter node
+    timeout against a short TTL, a small max_ttl so amnesiac nodes rejoin within the
+    test) overrides this fixture and says why there."""
+    return dict(DLM_OPTIONS)
+
+
+@pytest.fixture
+def make_dlm(dlm_options: dict[str, Any]) -> Iterator[MakeDlm]:
+    """``make(nodes, **options)``: a Redlock on RedisNodes, Proxies or a list of nodes,
+    with ``dlm_options`` as defaults; every one closed after the test."""
+    made: list[Redlock] = []
+
+    def make(nodes: RedisNodes | Proxies | Sequence[RedisNode], **options: Any) -> Redlock:
+        urls = nodes.urls if isinstance(nodes, RedisNodes | Proxies) else [n.url for n in nodes]
+        dlm = Redlock(urls, **{**dlm_options, **options})
+        made.append(dlm)
+        return dlm
+
+    yield make
+    for dlm in made:
+        dlm.close()
+
+
+@pytest.fixture
+def store_node(tmp_path: Path) -> Iterator[RedisNode]:
+    """The protected resource's own node: never faulted, normal clock."""
+    node = RedisNode(data_dir=tmp_path / "fence-store").start()
+    try:
+        yield node
+    finally:
+        node.close()
+
+
+@pytest.fixture
+def store_client(store_node: RedisNode) -> Iterator[redis.Redis]:
+    with store_node.client() as client:
+        yield client
+
+
+@pytest.fixture
+def store(store_client: redis.Redis) -> RedisFencedStore:
+    """The protected resource: a fenced store on ``store_node``."""
+    return RedisFencedStore(store_client)

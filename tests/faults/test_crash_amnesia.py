@@ -22,11 +22,9 @@ from __future__ import annotations
 import os
 import random
 import time
-from collections.abc import Callable, Iterator, Sequence
-from pathlib import Path
+from typing import Any
 
 import pytest
-from fault_figures import Figures, scenario
 
 from fencing import RedisFencedStore, StaleTokenError
 from redlock import (
@@ -36,13 +34,14 @@ from redlock import (
     QuorumUnavailable,
     Redlock,
 )
-from redlock._rules import Keys
-from redlock.testing import RedisNode, RedisNodes
+from redlock.testing import RedisNodes
+from tests.faults.conftest import DLM_OPTIONS, MakeDlm
+from tests.faults.fault_figures import Figures, scenario
+from tests.internals import KEYS
+from tests.peek import fence_counters, get, lock_keys, resume_and_settle
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(240)]
 
-KEYS = Keys("redlock")
-NODE_TIMEOUT = 0.25  # a healthy node on a busy 2-core machine must not look dead
 MAX_TTL = 1.0  # how long an amnesiac node stays out; every lock here has ttl <= MAX_TTL
 # The single-amnesia test checks that the nodes are still out before one max_ttl has
 # passed: a little more room for a loaded machine.
@@ -55,63 +54,10 @@ SLOW_MAX_TTL = 2.0
 
 
 @pytest.fixture
-def make_dlm() -> Iterator[Callable[..., Redlock]]:
-    made: list[Redlock] = []
-
-    def make(nodes: RedisNodes, **options: object) -> Redlock:
-        options.setdefault("node_timeout", NODE_TIMEOUT)
-        options.setdefault("retry_delay_max", 0.05)
-        options.setdefault("max_ttl", MAX_TTL)
-        dlm = Redlock(nodes.urls, **options)  # type: ignore[arg-type]
-        made.append(dlm)
-        return dlm
-
-    yield make
-    for dlm in made:
-        dlm.close()
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[RedisFencedStore]:
-    """A fenced store on its own, healthy node (never faulted): the protected resource."""
-    node = RedisNode(data_dir=tmp_path / "fence-store").start()
-    client = node.client()
-    try:
-        yield RedisFencedStore(client)
-    finally:
-        client.close()
-        node.close()
-
-
-def marker(node: RedisNode) -> bytes | None:
-    with node.client() as client:
-        value = client.get(KEYS.marker)
-    assert value is None or isinstance(value, bytes)
-    return value
-
-
-def fence_counters(nodes: Sequence[RedisNode], resource: str) -> list[int]:
-    values = []
-    for node in nodes:
-        with node.client() as client:
-            values.append(int(client.get(KEYS.fence(resource)) or 0))
-    return values
-
-
-def lock_keys(nodes: Sequence[RedisNode], resource: str) -> list[bool]:
-    found = []
-    for node in nodes:
-        with node.client() as client:
-            found.append(bool(client.exists(KEYS.lock(resource))))
-    return found
-
-
-def settle(nodes: Sequence[RedisNode]) -> None:
-    """SIGCONT, then one round trip, so commands queued while stopped have run."""
-    for node in nodes:
-        node.resume()
-        with node.client() as client:
-            client.ping()
+def dlm_options() -> dict[str, Any]:
+    # An amnesiac node rejoins one max_ttl after it was seen empty: small, so that the
+    # scenarios see it rejoin.
+    return {**DLM_OPTIONS, "max_ttl": MAX_TTL}
 
 
 class Tokens:
@@ -170,7 +116,7 @@ class Tokens:
 
 
 def test_aof_crash_restart_loses_nothing(
-    make_dlm: Callable[..., Redlock], store: RedisFencedStore,
+    make_dlm: MakeDlm, store: RedisFencedStore,
 ) -> None:
     """Five rounds: hold a lock, kill -9 a random 1..5 nodes (all at once in the last
     round), restart them with their files. The lock is still held (another client is
@@ -196,7 +142,7 @@ def test_aof_crash_restart_loses_nothing(
                 nodes[i].kill()
             for i in crashed:
                 nodes[i].start()  # same files: replays the AOF
-            assert all(marker(node) is not None for node in nodes)
+            assert all(get(node, KEYS.marker) is not None for node in nodes)
             # Still held: the other client is refused by all five nodes.
             figures.attempted += 1
             rival = other.lock(resource, ttl=10.0)
@@ -226,7 +172,7 @@ def test_aof_crash_restart_loses_nothing(
 
 
 def test_minority_amnesia_detected_excluded_rejoins_late_and_reseeded(
-    nodes5: RedisNodes, make_dlm: Callable[..., Redlock], store: RedisFencedStore,
+    nodes5: RedisNodes, make_dlm: MakeDlm, store: RedisFencedStore,
 ) -> None:
     """Tokens of ``fenced`` are committed on {0, 1, 2} only (3 and 4 paused), then 0 and
     1 crash and come back empty while a holder holds ``held``.
@@ -246,7 +192,7 @@ def test_minority_amnesia_detected_excluded_rejoins_late_and_reseeded(
         for i in (3, 4):
             nodes5[i].pause()
         committed = [t for t in (tokens.acquire(dlm, fenced) for _ in range(5)) if t]
-        settle(nodes5.nodes[3:])
+        resume_and_settle(nodes5.nodes[3:])
         top = committed[-1]
         assert fence_counters(nodes5, fenced)[:3] == [top] * 3
         assert max(fence_counters(nodes5.nodes[3:], fenced)) < top
@@ -259,7 +205,7 @@ def test_minority_amnesia_detected_excluded_rejoins_late_and_reseeded(
         crashed_at = time.monotonic()
         for i in (0, 1):
             nodes5[i].restart(keep_data=False)
-            assert marker(nodes5[i]) is None
+            assert get(nodes5[i], KEYS.marker) is None
 
         # Excluded: granted by the three healthy nodes only; no key on the amnesiac ones.
         lock = dlm.lock(other_res, ttl=max_ttl)
@@ -276,7 +222,7 @@ def test_minority_amnesia_detected_excluded_rejoins_late_and_reseeded(
         if waiting_checked:
             statuses = [r.status for r in dlm.repair()]
             assert statuses[:2] == ["waiting", "waiting"], statuses
-            assert [marker(nodes5[0]), marker(nodes5[1])] == [None, None]
+            assert [get(nodes5[0], KEYS.marker), get(nodes5[1], KEYS.marker)] == [None, None]
 
         # Detected by a fresh client too, and the holder's lock is still exclusive
         # (2, 3, 4 hold its key).
@@ -299,14 +245,14 @@ def test_minority_amnesia_detected_excluded_rejoins_late_and_reseeded(
         figures.failed_cleanly += 1
         assert [r.outcome for r in caught.value.outcomes][:3] == [
             Outcome.AMNESIAC, Outcome.AMNESIAC, Outcome.ERROR]
-        settle([nodes5[2]])
+        resume_and_settle([nodes5[2]])
 
         # After max_ttl the next acquire re-seeds them and gives their markers back.
         rejoined_at = None
         deadline = crashed_at + max_ttl + 20.0
         while time.monotonic() < deadline:
             tokens.acquire(dlm, other_res)
-            if marker(nodes5[0]) is not None and marker(nodes5[1]) is not None:
+            if get(nodes5[0], KEYS.marker) is not None and get(nodes5[1], KEYS.marker) is not None:
                 rejoined_at = time.monotonic()
                 break
             time.sleep(0.1)
@@ -321,7 +267,7 @@ def test_minority_amnesia_detected_excluded_rejoins_late_and_reseeded(
         try:
             after = tokens.acquire(make_dlm(nodes5, max_ttl=max_ttl), fenced)
         finally:
-            settle(nodes5.nodes[2:4])
+            resume_and_settle(nodes5.nodes[2:4])
         assert after is not None and after > top, (after, top)
         figures.extra.update(committed_before_crash=top, token_after_rejoin=after,
                              max_ttl_s=max_ttl, waiting_checked=waiting_checked)
@@ -329,7 +275,7 @@ def test_minority_amnesia_detected_excluded_rejoins_late_and_reseeded(
 
 
 def test_random_minority_restarts_tokens_never_go_backwards(
-    nodes5: RedisNodes, make_dlm: Callable[..., Redlock], store: RedisFencedStore,
+    nodes5: RedisNodes, make_dlm: MakeDlm, store: RedisFencedStore,
 ) -> None:
     """Ten rounds. Each round kills -9 and restarts empty a random minority (1 or 2
     nodes, never more than two without their marker at once), then runs 2-4
@@ -351,12 +297,12 @@ def test_random_minority_restarts_tokens_never_go_backwards(
 
         def note_rejoins() -> None:
             for i, since in list(restarted_at.items()):
-                if marker(nodes5[i]) is not None:
+                if get(nodes5[i], KEYS.marker) is not None:
                     recoveries.append(time.monotonic() - since)
                     del restarted_at[i]
 
         for _ in range(10):
-            out = {i for i in range(5) if marker(nodes5[i]) is None}
+            out = {i for i in range(5) if get(nodes5[i], KEYS.marker) is None}
             # 1 or 2 nodes; with two still out, one or both of those again.
             want, crash = rng.randint(1, 2), set[int]()
             for i in rng.sample(range(5), 5):
@@ -381,7 +327,7 @@ def test_random_minority_restarts_tokens_never_go_backwards(
                 try:
                     token = tokens.acquire(client, resource)
                 finally:
-                    settle([nodes5[i] for i in paused])
+                    resume_and_settle([nodes5[i] for i in paused])
                     if fresh:
                         client.close()
                 events.append(f"{resource}={token}{' fresh' if fresh else ''}"
@@ -409,14 +355,14 @@ def test_random_minority_restarts_tokens_never_go_backwards(
                              mean_rejoin_s=round(sum(recoveries) / len(recoveries), 3)
                              if recoveries else None, max_ttl_s=MAX_TTL)
         assert not restarted_at, f"nodes {sorted(restarted_at)} never rejoined"
-        assert all(marker(node) is not None for node in nodes5)
+        assert all(get(node, KEYS.marker) is not None for node in nodes5)
         assert not tokens.problems, tokens.problems
         for resource in resources:
             assert store.highest(resource) == max(tokens.seen[resource])
 
 
 def test_majority_restarted_empty_refuses_with_cluster_amnesia_error(
-    nodes5: RedisNodes, make_dlm: Callable[..., Redlock], store: RedisFencedStore,
+    nodes5: RedisNodes, make_dlm: MakeDlm, store: RedisFencedStore,
 ) -> None:
     """Three of five come back empty at once: the client that knew the cluster and a
     fresh client both get ClusterAmnesiaError (with the per-node outcomes), nothing is
@@ -440,13 +386,13 @@ def test_majority_restarted_empty_refuses_with_cluster_amnesia_error(
                 Outcome.AMNESIAC]
         statuses = [r.status for r in dlm.repair(force=True)]
         assert statuses.count("failed") == 3, statuses  # no healthy majority to seed from
-        assert [marker(nodes5[i]) for i in (0, 2, 4)] == [None] * 3
+        assert [get(nodes5[i], KEYS.marker) for i in (0, 2, 4)] == [None] * 3
         assert lock_keys(nodes5, resource) == [False] * 5
         for i in (1, 3):
             nodes5[i].restart(keep_data=False)
         with pytest.raises(ClusterAmnesiaError):
             tokens.acquire(dlm, resource, timeout=5.0)
-        assert all(marker(node) is None for node in nodes5)
+        assert all(get(node, KEYS.marker) is None for node in nodes5)
         assert store.highest(resource) == top
         figures.extra.update(note="refused until an operator restores the data; "
                                   "a brand-new client facing five empty nodes cannot tell "
@@ -455,7 +401,7 @@ def test_majority_restarted_empty_refuses_with_cluster_amnesia_error(
 
 
 def test_all_nodes_empty_and_a_new_client_reinitialises_but_fencing_rejects(
-    nodes5: RedisNodes, make_dlm: Callable[..., Redlock], store: RedisFencedStore,
+    nodes5: RedisNodes, make_dlm: MakeDlm, store: RedisFencedStore,
 ) -> None:
     """The one case the library cannot detect (DESIGN.md §3: all N answer, none has a
     marker, so a client that never saw the cluster initialises it): every node restarted

@@ -28,23 +28,26 @@ import asyncio
 import statistics
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
-from pathlib import Path
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import pytest
 import redis
-from fault_figures import Figures, scenario
-from lock_history import ACCEPTED, ERROR, REJECTED, History, Hold, WriteRecord
 
 from fencing import RedisFencedStore, StaleTokenError
 from redlock import AsyncRedlock, LockNotAcquired, Outcome, QuorumUnavailable, Redlock
-from redlock._rules import Keys
 from redlock.testing import Proxies, Proxy, RedisNode
+from tests.faults.conftest import DLM_OPTIONS, MakeDlm
+from tests.faults.fault_figures import Figures, scenario
+from tests.history import ACCEPTED, ERROR, REJECTED, History, Hold, Write
+from tests.peek import fence_counters, lock_keys
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(180)]
 
-KEYS = Keys("redlock")
-NODE_TIMEOUT = 0.15  # per node and request; small against the TTLs below
+# Per node and request, small against the TTL: a blackholed node costs one node timeout
+# per acquire and per release, which must leave most of the TTL; the latency and
+# recovery bounds below are in node timeouts.
+NODE_TIMEOUT = 0.15
 TTL = 1.0
 
 
@@ -54,55 +57,28 @@ TTL = 1.0
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Iterator[RedisFencedStore]:
-    """The protected resource: a fenced store on its own node, never faulted."""
-    node = RedisNode(data_dir=tmp_path / "fence-store").start()
-    client = node.client()
-    try:
-        yield RedisFencedStore(client)
-    finally:
-        client.close()
-        node.close()
+def dlm_options() -> dict[str, Any]:
+    return {**DLM_OPTIONS, "node_timeout": NODE_TIMEOUT}
 
 
 @pytest.fixture
-def make_dlm(proxied5: Proxies) -> Iterator[Callable[..., Redlock]]:
+def proxied_dlm(make_dlm: MakeDlm, proxied5: Proxies) -> Callable[..., Redlock]:
     """Clients that talk to the nodes through the proxies, warmed up (connected, the
     one-time node inspection done) before any fault is injected."""
-    made: list[Redlock] = []
-
-    def make(**options: object) -> Redlock:
-        options.setdefault("node_timeout", NODE_TIMEOUT)
-        options.setdefault("retry_delay_max", 0.05)
-        dlm = Redlock(proxied5.urls, **options)  # type: ignore[arg-type]
-        made.append(dlm)
+    def make(**options: Any) -> Redlock:
+        dlm = make_dlm(proxied5, **options)
         with dlm.lock("warm-up", ttl=TTL, timeout=5.0):
             pass
         return dlm
 
-    yield make
-    for dlm in made:
-        dlm.close()
+    return make
 
 
-def lock_keys(proxies: Proxies, resource: str) -> list[bool]:
-    """Which nodes hold the lock key, read straight from the nodes (not through proxies)."""
-    found = []
-    for proxy in proxies:
-        assert proxy.node is not None
-        with proxy.node.client() as client:
-            found.append(bool(client.exists(KEYS.lock(resource))))
-    return found
-
-
-def fence_counters(proxies: Proxies, resource: str) -> list[int]:
-    """Each node's fence counter: it moves when the node ran our acquire script."""
-    values = []
-    for proxy in proxies:
-        assert proxy.node is not None
-        with proxy.node.client() as client:
-            values.append(int(client.get(KEYS.fence(resource)) or 0))
-    return values
+def behind(proxies: Proxies) -> list[RedisNode]:
+    """The nodes behind the proxies: read straight, not through the proxies."""
+    nodes = [proxy.node for proxy in proxies]
+    assert all(node is not None for node in nodes)
+    return nodes  # type: ignore[return-value]
 
 
 def fault(proxy: Proxy, kind: str) -> None:
@@ -127,7 +103,7 @@ class Recorder:
         lock = dlm.lock(resource, ttl=ttl)
         invoked = time.monotonic()
         try:
-            got = lock.acquire(blocking=blocking, timeout=timeout)
+            got = lock.acquire(blocking=blocking, timeout=timeout if blocking else None)
         except LockNotAcquired:
             got = False
         completed = time.monotonic()
@@ -162,7 +138,7 @@ class Recorder:
             outcome = REJECTED
         except redis.RedisError:
             outcome = ERROR
-        self.history.wrote(WriteRecord(client, resource, token, invoked, time.monotonic(),
+        self.history.wrote(Write(client, resource, token, invoked, time.monotonic(),
                                        outcome))
 
     def contend(self, dlms: Sequence[Redlock], resource: str, seconds: float) -> None:
@@ -207,9 +183,9 @@ class Recorder:
 @pytest.mark.parametrize("faulted", [1, 2], ids=lambda n: f"{n}of5")
 @pytest.mark.parametrize("kind", ["blackhole", "refuse", "reset"])
 def test_minority_partition_keeps_granting_within_the_node_timeout(
-        proxied5: Proxies, make_dlm: Callable[..., Redlock], store: RedisFencedStore,
+        proxied5: Proxies, proxied_dlm: Callable[..., Redlock], store: RedisFencedStore,
         kind: str, faulted: int) -> None:
-    dlms = [make_dlm() for _ in range(3)]
+    dlms = [proxied_dlm() for _ in range(3)]
     with scenario(f"minority-partition-{kind}-{faulted}of5") as figures:
         recorder = Recorder(figures, store)
         for proxy in proxied5[:faulted]:
@@ -238,9 +214,9 @@ def test_minority_partition_keeps_granting_within_the_node_timeout(
 
 @pytest.mark.parametrize("kind", ["blackhole", "refuse"])
 def test_majority_partition_fails_within_the_deadline_and_recovers_when_healed(
-        proxied5: Proxies, make_dlm: Callable[..., Redlock], store: RedisFencedStore,
+        proxied5: Proxies, proxied_dlm: Callable[..., Redlock], store: RedisFencedStore,
         kind: str) -> None:
-    dlm = make_dlm()
+    dlm = proxied_dlm()
     resource = f"majority:{kind}"
     with scenario(f"majority-partition-{kind}") as figures:
         recorder = Recorder(figures, store)
@@ -264,11 +240,11 @@ def test_majority_partition_fails_within_the_deadline_and_recovers_when_healed(
             assert time.monotonic() - started < 0.5 + 2 * NODE_TIMEOUT + 0.5
         blocked = time.monotonic() - started
         # The two reachable nodes granted each attempt: the failed attempt released them.
-        assert lock_keys(proxied5, resource) == [False] * 5
+        assert lock_keys(behind(proxied5), resource) == [False] * 5
         healed = time.monotonic()
         for proxy in proxied5[:3]:
             proxy.heal()
-        token = recorder.cycle(make_dlm(), "after", resource, timeout=TTL + 2.0)
+        token = recorder.cycle(proxied_dlm(), "after", resource, timeout=TTL + 2.0)
         figures.recovery_s = time.monotonic() - healed
         problems = recorder.check()
         figures.extra.update(single_attempt_ms=round(single * 1000, 1),
@@ -278,7 +254,7 @@ def test_majority_partition_fails_within_the_deadline_and_recovers_when_healed(
     assert single < 2 * NODE_TIMEOUT + 0.5
     assert figures.recovery_s < TTL + 1.0
     time.sleep(TTL)  # nothing may be left once the TTL has passed
-    assert lock_keys(proxied5, resource) == [False] * 5
+    assert lock_keys(behind(proxied5), resource) == [False] * 5
 
 
 # ---------------------------------------------------------------------------
@@ -287,8 +263,8 @@ def test_majority_partition_fails_within_the_deadline_and_recovers_when_healed(
 
 
 def test_lost_replies_on_a_majority_fail_release_and_recover_within_the_ttl(
-        proxied5: Proxies, make_dlm: Callable[..., Redlock], store: RedisFencedStore) -> None:
-    dlm, other = make_dlm(), make_dlm()
+        proxied5: Proxies, proxied_dlm: Callable[..., Redlock], store: RedisFencedStore) -> None:
+    dlm, other = proxied_dlm(), proxied_dlm()
     resource = "lost-replies"
     with scenario("lost-replies-majority-sync") as figures:
         recorder = Recorder(figures, store)
@@ -296,12 +272,12 @@ def test_lost_replies_on_a_majority_fail_release_and_recover_within_the_ttl(
             proxy.lose_replies()
         assert recorder.cycle(dlm, "a", resource, blocking=False) is None
         # The nodes did run the acquire (their replies were lost, not their requests).
-        ran_unheard = fence_counters(proxied5, resource)[:3]
+        ran_unheard = fence_counters(behind(proxied5), resource)[:3]
         healed = time.monotonic()
         for proxy in proxied5[:3]:
             proxy.heal()
         time.sleep(0.05)  # let any release queued behind the acquire run
-        left_after_heal = lock_keys(proxied5, resource)
+        left_after_heal = lock_keys(behind(proxied5), resource)
         token = recorder.cycle(other, "b", resource, timeout=TTL + 2.0)
         figures.recovery_s = time.monotonic() - healed
         problems = recorder.check()
@@ -317,7 +293,7 @@ def test_lost_replies_on_a_majority_fail_release_and_recover_within_the_ttl(
 
 
 def test_lost_replies_on_a_majority_asyncio_client(
-        proxied5: Proxies, make_dlm: Callable[..., Redlock], store: RedisFencedStore) -> None:
+        proxied5: Proxies, proxied_dlm: Callable[..., Redlock], store: RedisFencedStore) -> None:
     resource = "lost-replies-async"
 
     async def attempt() -> tuple[bool, list[int]]:
@@ -330,7 +306,7 @@ def test_lost_replies_on_a_majority_asyncio_client(
                 got = await dlm.lock(resource, ttl=TTL).acquire(blocking=False)
             except QuorumUnavailable:
                 got = False
-            ran = fence_counters(proxied5, resource)
+            ran = fence_counters(behind(proxied5), resource)
             for proxy in proxied5[:3]:
                 proxy.heal()
             await asyncio.sleep(0.05)  # the release written behind the acquire runs
@@ -341,10 +317,10 @@ def test_lost_replies_on_a_majority_asyncio_client(
         figures.attempted += 1
         got, ran = asyncio.run(attempt())
         healed = time.monotonic()
-        left_after_heal = lock_keys(proxied5, resource)
+        left_after_heal = lock_keys(behind(proxied5), resource)
         assert not got
         figures.failed_cleanly += 1
-        token = recorder.cycle(make_dlm(), "b", resource, timeout=TTL + 2.0)
+        token = recorder.cycle(proxied_dlm(), "b", resource, timeout=TTL + 2.0)
         figures.recovery_s = time.monotonic() - healed
         problems = recorder.check()
         figures.extra.update(nodes_that_ran_the_unheard_acquire=sum(ran[:3]),
@@ -365,12 +341,12 @@ def test_lost_replies_on_a_majority_asyncio_client(
 
 @pytest.mark.parametrize("latency", [0.1, 0.3, 0.8])
 def test_latency_spike_past_the_validity_is_reported_not_handed_out(
-        proxied5: Proxies, make_dlm: Callable[..., Redlock], store: RedisFencedStore,
+        proxied5: Proxies, proxied_dlm: Callable[..., Redlock], store: RedisFencedStore,
         latency: float) -> None:
     ttl = 0.5
     # The node timeout is larger than the TTL on purpose: the replies do arrive, after
     # the lock's validity is gone; the client must notice instead of handing it out.
-    dlm = make_dlm(node_timeout=1.5)
+    dlm = proxied_dlm(node_timeout=1.5)
     resource = f"latency:{latency}"
     with scenario(f"latency-spike-{int(latency * 1000)}ms-ttl-500ms") as figures:
         recorder = Recorder(figures, store)
@@ -402,7 +378,7 @@ def test_latency_spike_past_the_validity_is_reported_not_handed_out(
         for proxy in proxied5[:3]:
             proxy.heal()
         time.sleep(ttl)
-        left = lock_keys(proxied5, resource)
+        left = lock_keys(behind(proxied5), resource)
         problems = recorder.check()
         figures.extra.update(latency_ms=int(latency * 1000), outcomes=outcomes)
     assert not problems, problems

@@ -32,15 +32,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fault_figures import scenario
-from lock_history import ACCEPTED, REJECTED, History, Hold, WriteRecord
 
 from redlock import Redlock
 from redlock.testing import RedisNode, RedisNodes
+from tests.faults.fault_figures import scenario
+from tests.history import ACCEPTED, REJECTED, History, Hold, Write
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(180)]
 
-WORKER = Path(__file__).parent / "workers" / "paused_holder.py"
+WORKER = "tests.faults.workers.paused_holder"  # run as a module from the repository root
 ROOT = Path(__file__).resolve().parents[2]
 RESOURCE = "paused:r"
 PLAIN_KEY = "paused:plain"
@@ -66,11 +66,10 @@ class Worker:
         self.name = name
         self.events: list[dict[str, Any]] = []
         self.holding = threading.Condition()
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
         self.process = subprocess.Popen(
-            [sys.executable, str(WORKER), name, str(seconds), str(TTL), store.url,
+            [sys.executable, "-m", WORKER, name, str(seconds), str(TTL), store.url,
              *nodes.urls],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
 
@@ -135,7 +134,7 @@ def merge(workers: list[Worker], history: History) -> None:
             if event["event"] == "holding":
                 open_hold = event
             elif event["event"] == "write":
-                history.wrote(WriteRecord(worker.name, RESOURCE, event["token"],
+                history.wrote(Write(worker.name, RESOURCE, event["token"],
                                           event["invoked"], event["completed"],
                                           event["outcome"]))
             elif event["event"] == "released" and open_hold is not None:

@@ -25,12 +25,10 @@ import contextlib
 import os
 import secrets
 import time
-from collections.abc import Iterator
-from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
-from fault_figures import scenario
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -40,33 +38,30 @@ from hypothesis.stateful import (
     rule,
     run_state_machine_as_test,
 )
-from lock_history import ACCEPTED, ERROR, REJECTED, History, Hold, WriteRecord
 
 from fencing import RedisFencedStore, StaleTokenError
-from redlock import Lock, LockLost, LockNotAcquired, NotHeld, Redlock
-from redlock._rules import Keys
-from redlock.testing import RedisNode, RedisNodes
+from redlock import Lock, LockLost, LockNotAcquired, NotHeld
+from redlock.testing import RedisNodes
+from tests.faults.conftest import DLM_OPTIONS, MakeDlm
+from tests.faults.fault_figures import scenario
+from tests.history import ACCEPTED, ERROR, REJECTED, History, Hold, Write
+from tests.internals import KEYS
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(300)]
 
-KEYS = Keys("redlock")
 RESOURCE = "stateful:r"
 TTL = 1.0
-NODE_TIMEOUT = 0.1
 CLIENTS = ("a", "b")
 EXAMPLES = int(os.environ.get("REDLOCK_STATEFUL_EXAMPLES", "15"))
 STEPS = 25
 
 
 @pytest.fixture
-def store_client(tmp_path: Path) -> Iterator[redis.Redis]:
-    node = RedisNode(data_dir=tmp_path / "fence-store").start()
-    client = node.client()
-    try:
-        yield client
-    finally:
-        client.close()
-        node.close()
+def dlm_options() -> dict[str, Any]:
+    # Nodes are paused for whole steps and locks live TTL = 1 s: each attempt waits a
+    # node timeout for a paused node, which must leave most of the TTL as validity. The
+    # clients' max_ttl is the TTL, so an amnesiac node rejoins within a few steps.
+    return {**DLM_OPTIONS, "node_timeout": 0.1, "max_ttl": TTL}
 
 
 class Totals:
@@ -93,6 +88,7 @@ class LockMachine(RuleBasedStateMachine):
     nodes: RedisNodes
     store_client: redis.Redis
     totals: Totals
+    make_dlm: MakeDlm
 
     def __init__(self) -> None:
         super().__init__()
@@ -100,8 +96,7 @@ class LockMachine(RuleBasedStateMachine):
         self.totals.examples += 1
         self.store = RedisFencedStore(self.store_client,
                                       namespace=f"stateful-{secrets.token_hex(4)}")
-        self.dlms = {name: Redlock(self.nodes.urls, node_timeout=NODE_TIMEOUT,
-                                   retry_delay_max=0.05, max_ttl=TTL) for name in CLIENTS}
+        self.dlms = {name: self.make_dlm(self.nodes) for name in CLIENTS}
         self.history = History()
         # client -> (lock, acquire invoked, acquire completed, token, validity deadline)
         self.held: dict[str, tuple[Lock, float, float, int, float]] = {}
@@ -165,7 +160,8 @@ class LockMachine(RuleBasedStateMachine):
         name = data.draw(st.sampled_from(sorted(self.held)))
         lock = self.held[name][0]
         self._end_hold(name, time.monotonic())
-        with contextlib.suppress(NotHeld):
+        # LockLost: the hold ran past its validity, or the lock was taken meanwhile.
+        with contextlib.suppress(NotHeld, LockLost):
             lock.release()
 
     @precondition(lambda self: bool(self.held))
@@ -201,7 +197,7 @@ class LockMachine(RuleBasedStateMachine):
         except redis.RedisError:
             outcome = ERROR
         self.totals.writes[outcome] += 1
-        self.history.wrote(WriteRecord(name, RESOURCE, token, invoke, time.monotonic(),
+        self.history.wrote(Write(name, RESOURCE, token, invoke, time.monotonic(),
                                        outcome))
 
     # -- faults ----------------------------------------------------------------
@@ -262,7 +258,7 @@ class LockMachine(RuleBasedStateMachine):
         for name in list(self.held):
             lock = self.held[name][0]
             self._end_hold(name, now)
-            with contextlib.suppress(NotHeld):
+            with contextlib.suppress(NotHeld, LockLost):
                 lock.release()
         for dlm in self.dlms.values():
             dlm.close()
@@ -270,11 +266,12 @@ class LockMachine(RuleBasedStateMachine):
 
 
 def test_randomised_fault_schedules_keep_the_history_safe(
-    nodes5: RedisNodes, store_client: redis.Redis,
+    nodes5: RedisNodes, store_client: redis.Redis, make_dlm: MakeDlm,
 ) -> None:
     totals = Totals()
-    machine = type("Machine", (LockMachine,),
-                   {"nodes": nodes5, "store_client": store_client, "totals": totals})
+    machine = type("Machine", (LockMachine,), {
+        "nodes": nodes5, "store_client": store_client, "totals": totals,
+        "make_dlm": staticmethod(make_dlm)})
     with scenario("randomised-stateful") as figures:
         try:
             run_state_machine_as_test(machine, settings=settings(

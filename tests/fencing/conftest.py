@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import sqlite3
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,11 +13,7 @@ from typing import Any
 import pytest
 
 from redlock.testing.postgres import PostgresServer, postgres_available
-
-# fence_history.py (the history checker) sits next to the tests that use it.
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from fence_history import Backend
+from tests.fencing.workload import Backend
 
 
 @pytest.fixture(scope="session")

@@ -10,11 +10,12 @@ from collections.abc import Callable, Iterator
 import pytest
 import redis
 import redis.asyncio
-from fence_history import Record, Write, check, run_mixed, write_loop
 
 from fencing import AsyncRedisFencedStore, FencingError, RedisFencedStore, StaleTokenError
 from fencing.errors import RowNotFoundError
 from redlock.testing import RedisNodes
+from tests.fencing.workload import TokenSource, WriteFunction, run_mixed, run_threads, write_loop
+from tests.history import ACCEPTED, REJECTED, Write, check
 
 
 @pytest.fixture
@@ -156,7 +157,7 @@ def test_every_lower_token_rejected_under_concurrency(nodes1: RedisNodes) -> Non
     url = nodes1[0].url
     resources = ["acct:1", "acct:2", "acct:3"]
 
-    def make_write() -> tuple[Write, Callable[[], None]]:
+    def make_write() -> tuple[WriteFunction, Callable[[], None]]:
         client = redis.Redis.from_url(url)
         return RedisFencedStore(client).write, client.close
 
@@ -208,13 +209,11 @@ async def test_async_store_rejects_every_lower_token_under_concurrency(
         t0 = time.monotonic()
         deadline = t0 + 1.0
 
-        async def task(index: int) -> list[Record]:
+        async def task(index: int) -> list[Write]:
             # Reuse the synchronous loop's token scheme; awaiting each write in turn.
-            from fence_history import ACCEPTED, REJECTED, TokenSource
-
             tokens = TokenSource(t0, 100 + index)
             pick = random.Random(index)
-            out: list[Record] = []
+            out: list[Write] = []
             seq = 0
             while time.monotonic() < deadline:
                 resource, token = pick.choice(resources), tokens.next()
@@ -224,11 +223,11 @@ async def test_async_store_rejects_every_lower_token_under_concurrency(
                 try:
                     await store.write(resource, token, value.encode())
                 except StaleTokenError as exc:
-                    out.append(Record(f"task-{index}", resource, token, value, start,
-                                      time.monotonic(), REJECTED, exc.highest))
+                    out.append(Write(f"task-{index}", resource, token, start,
+                                     time.monotonic(), REJECTED, value, exc.highest))
                 else:
-                    out.append(Record(f"task-{index}", resource, token, value, start,
-                                      time.monotonic(), ACCEPTED))
+                    out.append(Write(f"task-{index}", resource, token, start,
+                                     time.monotonic(), ACCEPTED, value))
             return out
 
         results = await asyncio.gather(*(task(i) for i in range(40)))
@@ -257,7 +256,7 @@ def test_checker_catches_a_check_then_write_store(nodes1: RedisNodes) -> None:
     round trips (what DESIGN.md §5 forbids) loses updates under the same load."""
     url = nodes1[0].url
 
-    def make_write() -> tuple[Write, Callable[[], None]]:
+    def make_write() -> tuple[WriteFunction, Callable[[], None]]:
         client = redis.Redis.from_url(url)
 
         def racy(resource: str, token: int, value: bytes) -> None:
@@ -268,8 +267,6 @@ def test_checker_catches_a_check_then_write_store(nodes1: RedisNodes) -> None:
             client.hset(f"racy:{resource}", mapping={"fence": token, "value": value})
 
         return racy, client.close
-
-    from fence_history import run_threads
 
     t0 = time.monotonic()
     records = run_threads(make_write, ["x"], 8, t0, t0 + 0.8, seed=5)

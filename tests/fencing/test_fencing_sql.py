@@ -10,10 +10,11 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from fence_history import Backend, Write, check, run_mixed, run_threads
 
 from fencing import FencedTable, FencingError, RowNotFoundError, StaleTokenError
 from fencing.sql import detect_dialect, quote_identifier
+from tests.fencing.workload import Backend, WriteFunction, run_mixed, run_threads
+from tests.history import check
 
 
 def table_on(conn: Any, **options: Any) -> FencedTable:
@@ -238,7 +239,7 @@ def test_every_lower_token_rejected_under_concurrency(backend: Backend) -> None:
     for row in rows:
         table.upsert(row, 0)
 
-    def make_write() -> tuple[Write, Callable[[], None]]:
+    def make_write() -> tuple[WriteFunction, Callable[[], None]]:
         own = backend.connect()
         mine = table_on(own)
         use_upsert = random.random() < 0.5
@@ -268,7 +269,7 @@ def test_every_lower_token_rejected_under_concurrency(backend: Backend) -> None:
 def test_concurrent_first_writes_via_upsert(backend: Backend) -> None:
     """Rows that do not exist yet: concurrent INSERT ... ON CONFLICT with random tokens."""
 
-    def make_write() -> tuple[Write, Callable[[], None]]:
+    def make_write() -> tuple[WriteFunction, Callable[[], None]]:
         own = backend.connect()
         mine = table_on(own)
         return (lambda key, token, value: mine.upsert(key, token, val=value)), own.close

@@ -1,6 +1,6 @@
 """A separate process that increments a shared Redis counter under the lock.
 
-    python counter_worker.py COUNTER_URL ROUNDS URL [URL ...]
+    python -m tests.workers.counter_worker COUNTER_URL ROUNDS URL [URL ...]
 
 The read-sleep-write is deliberately racy: only the lock keeps the count exact.
 Prints one line per critical section: "<token>".

@@ -6,7 +6,7 @@ list (no fencing: what an unprotected resource would see) and through the fenced
 store, release. Every step is one JSON line on stdout, with time.monotonic() times
 (CLOCK_MONOTONIC: one clock for every process on the machine).
 
-    python paused_holder.py NAME SECONDS TTL STORE_URL LOCK_URL...
+    python -m tests.faults.workers.paused_holder NAME SECONDS TTL STORE_URL LOCK_URL...
 """
 
 from __future__ import annotations

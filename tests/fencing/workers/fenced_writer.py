@@ -1,10 +1,10 @@
 """A separate writer process for the fenced-store concurrency tests.
 
-    python fenced_writer.py STORE TARGET NAME SEED RESOURCE [RESOURCE ...]
+    python -m tests.fencing.workers.fenced_writer STORE TARGET NAME SEED RESOURCE [RESOURCE ...]
 
-STORE is redis (TARGET a URL), sqlite (TARGET a file path) or postgres (TARGET a
-DSN). Prints "ready", waits for a line "T0 DEADLINE" on stdin, writes until the
-deadline, then prints one JSON record per write.
+(run from the repository root). STORE is redis (TARGET a URL), sqlite (TARGET a file
+path) or postgres (TARGET a DSN). Prints "ready", waits for a line "T0 DEADLINE" on
+stdin, writes until the deadline, then prints one JSON record per write.
 """
 
 from __future__ import annotations
@@ -12,14 +12,11 @@ from __future__ import annotations
 import sqlite3
 import sys
 from collections.abc import Callable
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-import fence_history
+from tests.fencing.workload import WriteFunction, write_loop
 
 
-def make_write(store: str, target: str) -> tuple[fence_history.Write, Callable[[], None]]:
+def make_write(store: str, target: str) -> tuple[WriteFunction, Callable[[], None]]:
     if store == "redis":
         import redis
 
@@ -49,7 +46,7 @@ def main() -> int:
     print("ready", flush=True)
     t0, deadline = (float(x) for x in sys.stdin.readline().split())
     try:
-        records = fence_history.write_loop(name, write, resources, t0, deadline, int(seed))
+        records = write_loop(name, write, resources, t0, deadline, int(seed))
     finally:
         close()
     for record in records:

@@ -1,0 +1,83 @@
+"""Every non-public name of the library that the tests use, imported in this one place.
+
+When the library's internals move, only the imports below change. Tests import these
+names from here, never from the library's private modules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from typing import Any
+
+from redlock import _scripts as scripts
+from redlock._algorithm import RedlockCore
+from redlock._amnesia import RepairReport
+from redlock._protocol import Broadcast, Call, Invoke, Sleep, drive
+from redlock._renewals import Renewals
+from redlock._rules import (
+    TOKEN_LIMIT,
+    Keys,
+    Settings,
+    choose_token,
+    classify_ack_reply,
+    classify_acquire_reply,
+    is_permanent_error,
+    quorum,
+    unsafe_config,
+    validate_node_addresses,
+    validate_resource,
+    validate_seconds,
+    validate_timeout,
+    validity_left,
+)
+from redlock._state import LockState, Status
+
+__all__ = [
+    "KEYS",
+    "TOKEN_LIMIT",
+    "Broadcast",
+    "Call",
+    "Invoke",
+    "Keys",
+    "LockState",
+    "RedlockCore",
+    "Renewals",
+    "RepairReport",
+    "Settings",
+    "Sleep",
+    "Status",
+    "choose_token",
+    "classify_ack_reply",
+    "classify_acquire_reply",
+    "drive",
+    "is_permanent_error",
+    "lines_idle",
+    "quorum",
+    "read_counters",
+    "repair_node",
+    "scripts",
+    "unsafe_config",
+    "validate_node_addresses",
+    "validate_resource",
+    "validate_seconds",
+    "validate_timeout",
+    "validity_left",
+]
+
+KEYS = Keys("redlock")  # the key names of the default namespace
+
+
+def lines_idle(manager: Any) -> bool:
+    """True when no thread or task of ``manager`` waits in, or holds a turn of, a local
+    line (Redlock and AsyncRedlock keep them in a private attribute)."""
+    return bool(manager._lines.idle())
+
+
+def repair_node(core: RedlockCore, node: int) -> Generator[Any, Any, RepairReport]:
+    """The protocol that re-seeds one amnesiac node and gives it its marker back."""
+    return core.amnesia._repair_node(node)
+
+
+def read_counters(core: RedlockCore, node: int) -> Generator[Any, Any, dict[str, int] | None]:
+    """The protocol that reads every fence counter of one node (None: it could not)."""
+    return core.amnesia._read_counters(node)

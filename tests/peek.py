@@ -1,0 +1,124 @@
+"""The lock's keys read and written straight on the nodes, with plain redis-py clients
+(the node must be running): what each node really holds, whatever the client says."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import redis
+
+from redlock import (
+    ClusterAmnesiaError,
+    LockLost,
+    LockNotAcquired,
+    NodeResult,
+    Outcome,
+    QuorumUnavailable,
+    RedlockError,
+)
+from redlock.testing import RedisNode, free_port
+from tests.internals import KEYS
+
+
+def on_nodes(nodes: Sequence[RedisNode], command: Callable[[redis.Redis], Any]) -> list[Any]:
+    """``command`` run on each node with its own short-lived client."""
+    results = []
+    for node in nodes:
+        with node.client() as client:
+            results.append(command(client))
+    return results
+
+
+def get(node: RedisNode, key: str) -> bytes | None:
+    with node.client() as client:
+        value = client.get(key)
+    assert value is None or isinstance(value, bytes)
+    return value
+
+
+def lock_values(nodes: Sequence[RedisNode], resource: str) -> list[bytes | None]:
+    """Each node's lock key value (its owner), None where there is none."""
+    return [get(node, KEYS.lock(resource)) for node in nodes]
+
+
+def lock_keys(nodes: Sequence[RedisNode], resource: str) -> list[bool]:
+    """Which nodes hold a lock key for ``resource`` (any owner)."""
+    return [value is not None for value in lock_values(nodes, resource)]
+
+
+def any_lock_keys(nodes: Sequence[RedisNode]) -> list[list[bytes]]:
+    """Every lock key of the default namespace, per node."""
+    return on_nodes(nodes, lambda c: sorted(c.scan_iter(match=KEYS.lock("*"))))
+
+
+def lock_pttls(nodes: Sequence[RedisNode], resource: str) -> list[int]:
+    return on_nodes(nodes, lambda c: int(c.pttl(KEYS.lock(resource))))
+
+
+def delete_lock_keys(nodes: Sequence[RedisNode], resource: str) -> None:
+    """Someone breaks the lock on these nodes."""
+    on_nodes(nodes, lambda c: c.delete(KEYS.lock(resource)))
+
+
+def fence_counters(nodes: Sequence[RedisNode], resource: str) -> list[int]:
+    return [int(get(node, KEYS.fence(resource)) or 0) for node in nodes]
+
+
+def set_fence_counters(nodes: Sequence[RedisNode], resource: str, values: Sequence[int]) -> None:
+    for node, value in zip(nodes, values, strict=True):
+        with node.client() as client:
+            client.set(KEYS.fence(resource), value)
+
+
+def markers(nodes: Sequence[RedisNode]) -> list[bytes | None]:
+    """Each node's marker (None: new, or it lost its data)."""
+    return [get(node, KEYS.marker) for node in nodes]
+
+
+def resume_and_settle(nodes: Sequence[RedisNode], resource: str | None = None) -> None:
+    """SIGCONT, then one round trip per node so the commands queued while it was stopped
+    (an acquire script whose reply timed out, a release) have run; optionally drop a
+    stray lock key such a late acquire left behind."""
+    for node in nodes:
+        node.resume()
+        with node.client() as client:
+            client.ping()
+            if resource is not None:
+                client.delete(KEYS.lock(resource))
+
+
+def outcomes_by_node(error: LockNotAcquired | LockLost | ClusterAmnesiaError,
+                     nodes: Sequence[RedisNode]) -> list[Outcome]:
+    by_address = {result.node: result.outcome for result in error.outcomes}
+    return [by_address[node_address(node)] for node in nodes]
+
+
+def assert_outcomes(exc: object, expected: dict[Outcome, int], nodes: Sequence[str]) -> None:
+    """``exc`` is a QuorumUnavailable that lists every node's outcome, in the nodes'
+    order, with these counts, and says why node by node."""
+    assert isinstance(exc, QuorumUnavailable), repr(exc)
+    assert isinstance(exc, LockNotAcquired) and isinstance(exc, RedlockError)
+    assert all(isinstance(r, NodeResult) for r in exc.outcomes)
+    assert [r.node for r in exc.outcomes] == list(nodes)
+    counts = {o: sum(1 for r in exc.outcomes if r.outcome is o) for o in expected}
+    assert counts == expected, exc.outcomes
+    for result in exc.outcomes:
+        assert result.node in str(exc)
+        if result.outcome is Outcome.ERROR:
+            assert result.detail
+
+
+def dead_url() -> str:
+    """A node URL where nothing listens."""
+    return f"redis://127.0.0.1:{free_port()}"
+
+
+def node_address(node: RedisNode) -> str:
+    """The node as the client names it in outcomes and ``dlm.nodes``."""
+    return f"{node.host}:{node.port}"
+
+
+def strictly_increasing(values: Sequence[int]) -> bool:
+    return all(a < b for a, b in itertools.pairwise(values))

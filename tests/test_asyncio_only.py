@@ -1,0 +1,140 @@
+"""What only the asyncio client has: cancellation (a cancelled acquire leaves no key
+anywhere, even on nodes that run it late) and per-task ownership under
+``asyncio.wait_for``. Real nodes; keys inspected straight on them."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import sys
+import threading
+from collections.abc import Sequence
+
+import pytest
+
+from redlock import AsyncRedlock
+from redlock.testing import RedisNode, RedisNodes
+from tests.internals import lines_idle
+from tests.peek import any_lock_keys, delete_lock_keys, fence_counters, lock_keys
+
+
+async def initialise(dlm: AsyncRedlock) -> None:
+    """One acquire/release with every node up: writes the node markers, warms the pools."""
+    lock = dlm.lock("warm-up", ttl=5.0)
+    assert await lock.acquire(blocking=False)
+    await lock.release()
+
+
+async def test_cancelling_tasks_blocked_on_a_held_lock_leaves_no_key(
+        nodes3: RedisNodes) -> None:
+    async with AsyncRedlock(nodes3.urls, retry_delay_max=0.02) as dlm:
+        holder = dlm.lock("r", ttl=10.0)
+        assert await holder.acquire()
+        token = holder.token
+        waiter = dlm.lock("r", ttl=10.0)  # no deadline: only cancellation stops them
+        tasks = [asyncio.create_task(waiter.acquire()) for _ in range(12)]
+        rng = random.Random(7)
+        for task in tasks:
+            await asyncio.sleep(rng.uniform(0.0, 0.04))
+            task.cancel()
+        results = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 10.0)
+        assert all(isinstance(r, asyncio.CancelledError) for r in results), results
+        assert lines_idle(dlm)  # cancelled waiters left the local line too
+        assert fence_counters(nodes3, "r") == [token] * 3  # no waiter was ever granted
+        await holder.release()
+        assert any_lock_keys(nodes3) == [[], [], []]
+        fresh = dlm.lock("r", ttl=10.0)
+        assert await fresh.acquire(blocking=False)  # nothing stale in the way
+        await fresh.release()
+
+
+BUSY_SCRIPT = """
+local start = redis.call('TIME')
+while true do
+    local now = redis.call('TIME')
+    if (now[1] - start[1]) * 1000000 + (now[2] - start[2]) >= tonumber(ARGV[1]) then
+        return 1
+    end
+end
+"""
+
+
+def keep_busy(nodes: Sequence[RedisNode], seconds: float) -> list[threading.Thread]:
+    """Each node runs a script for ``seconds``: a slow node, which still reads its socket
+    afterwards (unlike CLIENT PAUSE, which drops a blocked client's command on close)."""
+    def run(node: RedisNode) -> None:
+        with node.client(socket_timeout=30) as client:
+            client.eval(BUSY_SCRIPT, 0, int(seconds * 1_000_000))
+
+    threads = [threading.Thread(target=run, args=(node,), daemon=True) for node in nodes]
+    for thread in threads:
+        thread.start()
+    return threads
+
+
+@pytest.mark.parametrize("how", ["task.cancel", "wait_for"])
+async def test_cancelling_mid_flight_on_slow_nodes_leaves_no_key(nodes3: RedisNodes,
+                                                                 how: str) -> None:
+    """The acquire script reaches every node and runs there after the cancellation."""
+    async with AsyncRedlock(nodes3.urls, node_timeout=5.0) as dlm:
+        await initialise(dlm)
+        busy = keep_busy(nodes3, 0.6)
+        await asyncio.sleep(0.15)  # the scripts are running: the nodes read nothing now
+        lock = dlm.lock("r", ttl=10.0)
+        task = asyncio.create_task(lock.acquire(blocking=False))
+        if how == "task.cancel":
+            await asyncio.sleep(0.15)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await asyncio.wait_for(task, 10.0)
+        else:
+            with pytest.raises(asyncio.TimeoutError):
+                await asyncio.wait_for(task, 0.15)
+        for thread in busy:
+            thread.join(10.0)
+    # Every node ran our acquire (its counter moved) and then our release.
+    assert fence_counters(nodes3, "r") == [1, 1, 1]
+    assert any_lock_keys(nodes3) == [[], [], []]
+
+
+async def test_cancelling_mid_flight_with_paused_nodes_leaves_no_key(
+        nodes5: RedisNodes) -> None:
+    """Two of five nodes are SIGSTOPped while the acquire is in flight, then come back.
+
+    Their sockets hold our acquire script, which they run when resumed, long after the
+    cancellation: the cleanup must still make sure no key of ours survives there.
+    """
+    async with AsyncRedlock(nodes5.urls, node_timeout=0.3) as dlm:
+        await initialise(dlm)
+        nodes5[3].pause()
+        nodes5[4].pause()
+        try:
+            lock = dlm.lock("r", ttl=10.0)
+            task = asyncio.create_task(lock.acquire(blocking=False))
+            await asyncio.sleep(0.1)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await asyncio.wait_for(task, 10.0)
+            assert lock_keys(nodes5[:3], "r") == [False] * 3
+        finally:
+            nodes5[3].resume()
+            nodes5[4].resume()
+        await asyncio.sleep(0.3)  # let the resumed nodes work through their sockets
+    assert any_lock_keys(nodes5) == [[]] * 5
+
+
+@pytest.mark.xfail(sys.version_info < (3, 12), strict=True, reason=(
+    "ownership is per asyncio task and asyncio.wait_for() before Python 3.12 runs the"
+    " coroutine in a new task: that task owns the acquisition, so the caller then gets"
+    " NotHeld from token/release() and the lock stays until its TTL (with auto_extend,"
+    " until the process exits). Use asyncio.timeout() (3.11+) around acquire() instead."))
+async def test_acquire_under_wait_for_belongs_to_the_caller(nodes3: RedisNodes) -> None:
+    async with AsyncRedlock(nodes3.urls) as dlm:
+        lock = dlm.lock("r", ttl=2.0)
+        try:
+            assert await asyncio.wait_for(lock.acquire(), 5.0)
+            assert lock.token >= 1
+            await lock.release()
+            assert lock_keys(nodes3, "r") == [False] * 3
+        finally:
+            delete_lock_keys(nodes3, "r")

@@ -1,0 +1,198 @@
+"""Expiry, extend and auto-extend (the watchdog), on both clients (tests/clients.py).
+
+A lock whose validity ran out is lost (``check()``, ``token`` and ``extend()`` raise
+LockLost) and its release never touches the next holder's keys; extend renews on
+every node or, without a quorum, loses the lock and drops what is left of it; the
+watchdog keeps a lock past its TTL and calls ``on_lost`` when renewal fails.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from structlog.testing import capture_logs
+
+from redlock import LockLost, Outcome
+from redlock.testing import RedisNodes
+from tests.clients import Actor, Flavour, Stopwatch, eventually
+from tests.peek import delete_lock_keys, lock_keys, lock_pttls, lock_values
+
+
+async def test_expiry_frees_the_lock_for_another_owner(flavour: Flavour, me: Actor,
+                                                      cluster: RedisNodes) -> None:
+    resource = "ttl:expiry"
+    first = me.on(flavour.manager(cluster).lock(resource, ttl=0.5))
+    assert await first.acquire(blocking=False)
+    first_token = await first.token()
+    dlm = flavour.manager(cluster)
+    second = flavour.actor("second").on(dlm.lock(resource, ttl=10.0))
+    assert not await second.acquire(blocking=False)
+    assert await second.acquire(timeout=5.0)  # after the first holder's keys expired
+    assert await second.token() > first_token
+    assert not await first.locked() and await first.validity() == 0.0
+    with pytest.raises(LockLost, match="expired"):
+        await first.check()
+    with pytest.raises(LockLost):
+        await first.token()
+    with pytest.raises(LockLost):
+        await first.extend()
+    # The second holder has its key on at least a quorum (a node where the first key
+    # outlived the others may have refused it). The expired holder's release must not
+    # delete any of them; it tells its caller the lock had expired.
+    before = lock_values(cluster, resource)
+    assert sum(1 for value in before if value is not None) >= dlm.quorum
+    with pytest.raises(LockLost, match="validity had run out") as caught:
+        await first.release()
+    assert caught.value.resource == resource
+    assert lock_values(cluster, resource) == before
+    await first.release()  # a second release is a no-op
+    await second.extend()
+    await second.release()
+    assert lock_keys(cluster, resource) == [False] * len(cluster)
+
+
+async def test_extend_renews_on_every_node(flavour: Flavour, me: Actor,
+                                           cluster: RedisNodes) -> None:
+    resource = "ttl:extend"
+    lock = me.on(flavour.manager(cluster).lock(resource, ttl=1.0))
+    assert await lock.acquire(blocking=False)
+    token = await lock.token()
+    await asyncio.sleep(0.5)
+    await lock.extend(3.0)
+    assert await lock.validity() > 2.5
+    assert all(pttl > 2500 for pttl in lock_pttls(cluster, resource))
+    await asyncio.sleep(0.7)  # past the original 1 s TTL
+    await lock.check()
+    assert await lock.token() == token
+    rival = flavour.actor("rival").on(flavour.manager(cluster).lock(resource))
+    assert not await rival.acquire(blocking=False)
+    await lock.release()
+
+
+async def test_extend_after_a_majority_lost_the_key_raises_lock_lost(
+        flavour: Flavour, me: Actor, cluster: RedisNodes) -> None:
+    resource = "ttl:deleted"
+    dlm = flavour.manager(cluster)
+    lock = me.on(dlm.lock(resource, ttl=10.0))
+    assert await lock.acquire(blocking=False)
+    delete_lock_keys(list(cluster)[: dlm.quorum], resource)
+    with pytest.raises(LockLost) as caught:
+        await lock.extend()
+    assert [r.outcome for r in caught.value.outcomes] == (
+        [Outcome.REFUSED] * dlm.quorum + [Outcome.GRANTED] * (len(cluster) - dlm.quorum))
+    assert caught.value.resource == resource
+    assert "quorum" in str(caught.value)
+    assert await lock.lost() and not await lock.locked()
+    with pytest.raises(LockLost):
+        await lock.check()
+    with pytest.raises(LockLost):
+        await lock.extend()
+    # The lost holder dropped its remaining keys: the next owner need not wait 10 s.
+    assert lock_keys(cluster, resource) == [False] * len(cluster)
+    assert await flavour.actor().on(flavour.manager(cluster).lock(resource)).acquire(
+        blocking=False)
+    before = lock_values(cluster, resource)
+    with pytest.raises(LockLost):  # release says so, and does not touch the new owner's key
+        await lock.release()
+    assert lock_values(cluster, resource) == before
+
+
+async def test_auto_extend_keeps_the_lock_past_its_ttl(flavour: Flavour, me: Actor,
+                                                       cluster: RedisNodes) -> None:
+    resource = "ttl:auto"
+    lost: list[Any] = []
+    lock = me.on(flavour.manager(cluster).lock(resource, ttl=0.6, auto_extend=True,
+                                               on_lost=lost.append))
+    other = flavour.actor("other").on(flavour.manager(cluster).lock(resource, ttl=5.0))
+    assert await lock.acquire(blocking=False)
+    token = await lock.token()
+    held = Stopwatch()
+    while held() < 1.5:  # 2.5 TTLs
+        await lock.check()
+        await asyncio.sleep(0.1)
+    assert await lock.token() == token and await lock.validity() > 0
+    assert await lock.locked() and not await lock.lost() and not lost
+    assert lock_keys(cluster, resource) == [True] * len(cluster)
+    assert not await other.acquire(blocking=False)
+    await lock.release()
+    assert lock_keys(cluster, resource) == [False] * len(cluster)
+    await asyncio.sleep(0.5)  # a stopped watchdog neither brings the key back...
+    assert lock_keys(cluster, resource) == [False] * len(cluster)
+    assert not lost and not await lock.lost()  # ...nor reports the released lock lost
+    assert await other.acquire(blocking=False)
+    assert await other.token() > token
+    await other.release()
+
+
+async def test_auto_extend_signals_loss_when_a_majority_drops_the_key(
+        flavour: Flavour, me: Actor, cluster: RedisNodes) -> None:
+    """on_lost (a plain function, for both clients) sees the lost acquisition through
+    the handle, although it runs in the watchdog's thread or task."""
+    resource = "ttl:auto-deleted"
+    dlm = flavour.manager(cluster)
+    seen: list[tuple[Any, bool]] = []
+    lock = me.on(dlm.lock(resource, ttl=1.0, auto_extend=True,
+                          on_lost=lambda handle: seen.append((handle, handle.lost))))
+    assert await lock.acquire(blocking=False)
+    delete_lock_keys(list(cluster)[: dlm.quorum], resource)  # someone broke our lock
+    assert await eventually(lambda: bool(seen), 5.0), "on_lost was never called"
+    assert seen == [(lock.handle, True)]
+    assert await lock.lost() and not await lock.locked()
+    with pytest.raises(LockLost, match="majority of nodes no longer hold our key") as caught:
+        await lock.check()
+    assert [r.outcome for r in caught.value.outcomes].count(Outcome.REFUSED) == dlm.quorum
+    with pytest.raises(LockLost):
+        await lock.token()
+    with pytest.raises(LockLost):
+        await lock.extend()
+    assert lock_keys(cluster, resource) == [False] * len(cluster)  # the watchdog dropped them
+    assert await flavour.actor().on(flavour.manager(cluster).lock(resource)).acquire(
+        blocking=False)
+    with pytest.raises(LockLost):  # release of a lost lock says so
+        await lock.release()
+
+
+@pytest.mark.parametrize("nodes_fixture", ["nodes3", "nodes5"])
+async def test_auto_extend_signals_loss_when_a_majority_hangs(
+        request: pytest.FixtureRequest, flavour: Flavour, me: Actor, nodes_fixture: str) -> None:
+    """on_lost of the client's own kind: for the asyncio client a coroutine function,
+    which must be awaited, not dropped."""
+    nodes: RedisNodes = request.getfixturevalue(nodes_fixture)
+    resource = "ttl:auto-paused"
+    ttl = 1.0
+    fired: list[bool] = []
+    dlm = flavour.manager(nodes, node_timeout=0.05)
+    lock = me.on(dlm.lock(resource, ttl=ttl, auto_extend=True,
+                          on_lost=flavour.callback(lambda handle: fired.append(handle.lost))))
+    assert await lock.acquire(timeout=5.0)
+    acquired = Stopwatch()
+    for node in list(nodes)[len(nodes) - dlm.quorum:]:
+        node.pause()
+    assert await eventually(lambda: bool(fired), 8.0), "on_lost was never called"
+    print(f"\nwatchdog signalled loss {acquired():.2f} s after the acquire (ttl {ttl} s)")
+    # Renewal kept failing until the validity (about one ttl) ran out.
+    assert acquired() >= 0.8 * ttl
+    assert fired == [True]
+    assert await lock.lost()
+    with pytest.raises(LockLost, match="validity ran out"):
+        await lock.check()
+    with pytest.raises(LockLost):
+        await lock.extend()
+    with pytest.raises(LockLost):
+        await lock.release()
+
+
+async def test_releasing_an_auto_extended_lock_at_once_is_not_a_watchdog_crash(
+        flavour: Flavour, me: Actor, nodes3: RedisNodes) -> None:
+    # A bug this test found in the asyncio client: a release before the watchdog task
+    # first ran made its protocol end without a request, which the driver did not expect.
+    lock = flavour.manager(nodes3).lock("ttl:short", ttl=5.0, auto_extend=True)
+    with capture_logs() as events:
+        for _ in range(5):
+            acquired, _ = await me.call_all(lambda: lock.acquire(timeout=5.0), lock.release)
+            assert acquired
+        await asyncio.sleep(0.2)  # the watchdogs have run and ended
+    assert [e for e in events if e["event"].endswith("crashed")] == []
+    assert lock_keys(nodes3, "ttl:short") == [False] * 3
