@@ -9,6 +9,7 @@ expired mid-purchase cannot sell a ticket twice.
     GET  /health                  200 {"ok": true, "nodes": 5, "quorum": 3}
     POST /sale  {"tickets": 10}   200 a new sale (the record is replaced)
     POST /buy   {"buyer": "ann"}  200 {"bought": true, "token": 41, "stock_after": 9}
+                ("timeout": 1.0 optional: this buyer's wait for the lock, in seconds)
                                   200 {"bought": false, "reason": "sold out", ...}
                                   503 {"error": "QuorumUnavailable", "detail": "..."}
                                   409 {"error": "StaleTokenError", "detail": "..."}
@@ -61,9 +62,10 @@ class Shop:
         raw = self.store.read(SALE)
         return json.loads(raw) if raw else {}
 
-    def buy(self, buyer: str) -> dict[str, Any]:
+    def buy(self, buyer: str, timeout: float | None = None) -> dict[str, Any]:
         started = time.monotonic()
-        with self.dlm.lock(SALE, ttl=self.ttl, timeout=self.timeout) as held:
+        wait = self.timeout if timeout is None else timeout
+        with self.dlm.lock(SALE, ttl=self.ttl, timeout=wait) as held:
             token = held.token
             raw = self.store.fence(SALE, token)  # first raise the fence, then read
             if raw is None:
@@ -116,7 +118,9 @@ def handler_for(shop: Shop) -> type[BaseHTTPRequestHandler]:
                 if self.path == "/sale":
                     self.reply(HTTPStatus.OK, shop.new_sale(int(self.body()["tickets"])))
                 elif self.path == "/buy":
-                    self.reply(HTTPStatus.OK, shop.buy(str(self.body()["buyer"])))
+                    body = self.body()
+                    timeout = float(body["timeout"]) if "timeout" in body else None
+                    self.reply(HTTPStatus.OK, shop.buy(str(body["buyer"]), timeout))
                 else:
                     self.reply(HTTPStatus.NOT_FOUND, {"error": "no such path"})
             except LockNotAcquired as exc:

@@ -266,6 +266,15 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _remove_cgroups(container_ids: Iterable[str]) -> None:
+    """The cgroups (cgroupfs driver: ``<controller>/docker/<id>``) of containers that
+    are gone, if they are still there and empty."""
+    for container_id in container_ids:
+        for group in Path("/sys/fs/cgroup").glob(f"*/docker/{container_id}"):
+            with contextlib.suppress(OSError):
+                group.rmdir()  # only an empty cgroup can be removed
+
+
 class PrivateDockerd:
     """One ``dockerd`` process of our own, on a unix socket of its own."""
 
@@ -330,6 +339,14 @@ class PrivateDockerd:
         stale = self.running_pid()
         if stale is not None:
             self._terminate(stale)
+        # dockerd refuses to start while its pid file names a process that exists (a
+        # zombie of a killed one counts): the file of a dead dockerd goes.
+        with contextlib.suppress(OSError):
+            self.pidfile.unlink()
+        # The containerd of a killed dockerd goes down with it, and may stay a zombie
+        # for a while: dockerd would take that for a running containerd and wait for
+        # its socket in vain.
+        self._forget_dead_containerd()
         self.root.mkdir(parents=True, exist_ok=True)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.config_path.write_text("{}\n")  # never /etc/docker/daemon.json
@@ -359,12 +376,30 @@ class PrivateDockerd:
                 self._remove_run_dir()
                 raise EngineUnavailable(f"dockerd exited at start: {tail}")
             if api.ping(timeout=1.0):
-                api.clean()  # containers a killed run left (restored by dockerd)
+                # Containers a killed run left (restored by dockerd): removed, and the
+                # cgroups of those whose processes died without dockerd as well.
+                left = [container["Id"] for container in api.containers()]
+                api.clean()
+                _remove_cgroups(left)
                 return self
             time.sleep(0.1)
         tail = self.log_tail()
         self.stop()
         raise EngineUnavailable(f"dockerd did not answer within {self.start_timeout}s: {tail}")
+
+    def _forget_dead_containerd(self, timeout: float = 10.0) -> None:
+        pidfile = self.exec_root / "containerd" / "containerd.pid"
+        try:
+            pid = int(pidfile.read_text().strip())
+        except (OSError, ValueError):
+            return
+        deadline = time.monotonic() + timeout
+        while (_alive(pid) and str(self.run_dir) in " ".join(_cmdline(pid))
+               and time.monotonic() < deadline):
+            time.sleep(0.05)  # still shutting down
+        if not _alive(pid) or str(self.run_dir) not in " ".join(_cmdline(pid)):
+            with contextlib.suppress(OSError):
+                pidfile.unlink()
 
     def log_tail(self, lines: int = 8) -> str:
         try:
@@ -375,17 +410,27 @@ class PrivateDockerd:
 
     def stop(self) -> None:
         """Remove every container, network and volume, stop dockerd by its pid (it stops
-        its containerd), and remove the run directory. Images stay (the cache)."""
+        its containerd), and remove the run directory. Images stay (the cache).
+
+        If dockerd is already gone but its containerd or shims are not (it was killed),
+        they are killed here, the containers' processes first, so that nothing is left
+        running without a parent to reap it."""
         pid = self._process.pid if self._process is not None else self.running_pid()
         if pid is not None and _alive(pid):
             with contextlib.suppress(OSError, EngineError, http.client.HTTPException):
                 self.api(timeout=30).clean()
             self._terminate(pid)
+        elif self._process is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._process.wait(timeout=1)  # reap a dockerd that died on its own
         self._process = None
+        self._kill_leftovers()
         self._unmount_leftovers()
         self._remove_run_dir()
 
     def _terminate(self, pid: int, timeout: float = 30.0) -> None:
+        """SIGTERM (dockerd stops its containers and its containerd), SIGKILL after
+        ``timeout``."""
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + timeout
@@ -394,18 +439,12 @@ class PrivateDockerd:
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     self._process.wait(timeout=0.1)
             if not _alive(pid):
-                break
+                return
             time.sleep(0.1)
-        else:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-            if self._process is not None and self._process.pid == pid:
-                self._process.wait(timeout=10)
-        # Its containerd (and the shims) go with a clean stop; after a SIGKILL they
-        # would linger: they name our run directory on their command lines.
-        for other in self.leftover_processes():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(other, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        if self._process is not None and self._process.pid == pid:
+            self._process.wait(timeout=10)
 
     def leftover_processes(self) -> list[int]:
         """Processes (containerd, shims) whose command line names our run directory."""
@@ -417,15 +456,46 @@ class PrivateDockerd:
                 found.append(int(entry.name))
         return found
 
+    def _kill_leftovers(self) -> None:
+        leftovers = [pid for pid in self.leftover_processes() if _alive(pid)]
+        if not leftovers:
+            return
+        children: dict[int, list[int]] = {}
+        for entry in Path("/proc").iterdir():
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                if entry.name.isdigit():
+                    stat_fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                    children.setdefault(int(stat_fields[1]), []).append(int(entry.name))
+
+        def tree(pid: int) -> list[int]:  # deepest first
+            return [*(p for child in children.get(pid, []) for p in tree(child)), pid]
+
+        container_ids = []
+        for pid in leftovers:
+            command = _cmdline(pid)
+            if "-id" in command[:-1]:
+                container_ids.append(command[command.index("-id") + 1])
+        for pid in leftovers:
+            for victim in tree(pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(victim, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while any(_alive(pid) for pid in leftovers) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        # The killed containers' (empty) cgroups, which only dockerd would have removed.
+        _remove_cgroups(container_ids)
+
     def _unmount_leftovers(self) -> None:
-        ours = (str(self.run_dir) + "/", str(self.data_root) + "/")
+        ours = (str(self.run_dir), str(self.data_root))
         try:
             mounts = Path("/proc/self/mounts").read_text().splitlines()
         except OSError:
             return
         fields = [line.split() for line in mounts]
         targets = [field[1].replace("\\040", " ") for field in fields if len(field) > 1]
-        for target in sorted((t for t in targets if t.startswith(ours)), reverse=True):
+        for target in sorted((t for t in targets
+                              if any(t == d or t.startswith(d + "/") for d in ours)),
+                             reverse=True):
             subprocess.run(["umount", "-l", target], check=False,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
