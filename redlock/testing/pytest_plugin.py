@@ -251,6 +251,7 @@ def redlock_backend(pytestconfig: pytest.Config) -> str:
 
 @pytest.fixture(scope="session")
 def redlock_pool(redlock_backend: str) -> Iterator[ClusterPool]:
+    """The session's clusters, Toxiproxy server and store node, stopped at its end."""
     pool = ClusterPool(redlock_backend)
     try:
         yield pool
