@@ -50,6 +50,16 @@ def test_survives_a_minority_and_refuses_without_a_majority(redlock_client, redl
 
 
 @pytest.mark.redlock_cluster(nodes=5)
+def test_minority_down(redlock_client, redlock_fenced_store, redlock_faults):  # README.md's
+    with redlock_client.lock("orders:42", ttl=5.0):   # empty nodes: a new cluster,
+        pass                                        # every node must answer once
+    redlock_faults.blackhole(0)                     # also pause, lose_replies, refuse,
+    redlock_faults.restart_empty(1)                 # restart, latency, heal
+    with redlock_client.lock("orders:42", ttl=5.0) as held:
+        redlock_fenced_store.write("orders:42", held.token, b"paid")
+
+
+@pytest.mark.redlock_cluster(nodes=5)
 def test_faults_are_healed_before_the_next_test(redlock_cluster):
     assert all(not proxy.toxics() for proxy in redlock_cluster.proxies)
     for url in redlock_cluster.urls:

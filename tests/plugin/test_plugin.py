@@ -104,7 +104,7 @@ def test_an_unused_plugin_starts_no_server(pytester: pytest.Pytester) -> None:
 
 def test_example_suite_on_the_local_backend(pytester: pytest.Pytester) -> None:
     result = run_example(pytester, "--redlock-backend=local")
-    result.assert_outcomes(passed=9, failed=1)
+    result.assert_outcomes(passed=10, failed=1)
     result.stdout.fnmatch_lines(["*_ test_fails_on_purpose_without_a_quorum _*",
                                  "E * redlock.errors.QuorumUnavailable: *0 of 3 nodes granted*"])
 
