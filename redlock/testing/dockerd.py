@@ -44,7 +44,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
 
-OUR_FLAGS = ("--bridge", "none", "--iptables=false", "--ip-masq=false", "--ip-forward=false")
+ISOLATION_FLAGS = ("--bridge", "none", "--iptables=false", "--ip-masq=false", "--ip-forward=false")
 
 
 class EngineError(RuntimeError):
@@ -360,7 +360,7 @@ class PrivateDockerd:
             "--pidfile", str(self.pidfile),
             "--config-file", str(self.config_path),
             "--log-level", "warn",
-            *OUR_FLAGS,
+            *ISOLATION_FLAGS,
         ]
         with open(self.log_path, "ab") as log:
             # A session of its own: a Ctrl-C in the terminal reaches the test run, whose

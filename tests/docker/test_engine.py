@@ -14,7 +14,7 @@ import pytest
 from docker_support import ROOT
 
 from redlock.testing.dockerd import (
-    OUR_FLAGS,
+    ISOLATION_FLAGS,
     EngineAPI,
     EngineError,
     PrivateDockerd,
@@ -37,7 +37,7 @@ def test_engine_has_no_bridge_and_no_network_but_host_and_none(docker_engine: En
     pid = private.running_pid()
     assert pid is not None
     command = _cmdline(pid)
-    for flag in OUR_FLAGS:
+    for flag in ISOLATION_FLAGS:
         assert flag in command
     assert str(private.data_root) in command
 
