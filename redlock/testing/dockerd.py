@@ -362,7 +362,7 @@ class PrivateDockerd:
             "--log-level", "warn",
             *ISOLATION_FLAGS,
         ]
-        with open(self.log_path, "ab") as log:
+        with open(self.log_path, "wb") as log:  # this start's log only
             # A session of its own: a Ctrl-C in the terminal reaches the test run, whose
             # clean-up then stops the engine in order (containers first).
             self._process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log,
