@@ -13,8 +13,16 @@ front of each node: refuse, blackhole, lose replies, latency, reset connections)
 
 Everything started here is stopped on ``close()``, on leaving the ``with`` block and,
 as a last resort, at interpreter exit.
+
+The same servers can run in Docker containers instead (testcontainers; the ``docker``
+extra): ``start_nodes(5, backend="docker")``, ``start_toxiproxy(backend="docker")``,
+or ``$REDLOCK_TEST_BACKEND=docker`` (:mod:`redlock.testing.backends`; local processes
+stay the default). The pytest plugin (:mod:`redlock.testing.pytest_plugin`) offers
+clusters, clients and faults as fixtures.
 """
 
+from redlock.testing.backends import start_nodes, start_toxiproxy
+from redlock.testing.node import Node, Nodes
 from redlock.testing.redis_nodes import RedisNode, RedisNodes, find_redis_server, free_port
 from redlock.testing.toxiproxy import (
     Proxies,
@@ -25,6 +33,8 @@ from redlock.testing.toxiproxy import (
 )
 
 __all__ = [
+    "Node",
+    "Nodes",
     "Proxies",
     "Proxy",
     "RedisNode",
@@ -34,4 +44,6 @@ __all__ = [
     "find_redis_server",
     "find_toxiproxy_server",
     "free_port",
+    "start_nodes",
+    "start_toxiproxy",
 ]

@@ -36,7 +36,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from redlock.testing.redis_nodes import RedisNode, free_port
+from redlock.testing.node import Node
+from redlock.testing.redis_nodes import free_port
 
 TOXIPROXY_VERSION = "v2.12.0"
 
@@ -72,7 +73,7 @@ class Proxy:
     """One TCP proxy of the server, in front of one upstream ``host:port``."""
 
     def __init__(self, server: ToxiproxyServer, name: str, upstream: str, listen: str,
-                 node: RedisNode | None = None) -> None:
+                 node: Node | None = None) -> None:
         self.server = server
         self.name = name
         self.upstream = upstream
@@ -237,7 +238,7 @@ class ToxiproxyServer:
         return json.loads(payload) if payload.strip() else None
 
     def create_proxy(self, upstream: str, name: str | None = None,
-                     node: RedisNode | None = None) -> Proxy:
+                     node: Node | None = None) -> Proxy:
         """A proxy on a free loopback port in front of ``upstream`` (``host:port``)."""
         self._count += 1
         name = name or f"proxy{self._count}"
@@ -245,7 +246,7 @@ class ToxiproxyServer:
             "name": name, "upstream": upstream, "listen": f"{self.host}:0", "enabled": True})
         return Proxy(self, name, upstream, str(info["listen"]), node)
 
-    def front(self, nodes: Sequence[RedisNode]) -> Proxies:
+    def front(self, nodes: Sequence[Node]) -> Proxies:
         """One proxy in front of each node."""
         return Proxies([self.create_proxy(f"{node.host}:{node.port}", node=node)
                         for node in nodes])

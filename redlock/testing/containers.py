@@ -1,0 +1,476 @@
+"""The Docker backend of the test harness: Redis nodes and a Toxiproxy server in
+containers, started with testcontainers.
+
+    from redlock.testing.containers import ContainerRedisNodes, ContainerToxiproxy
+
+    with ContainerRedisNodes(3) as nodes, ContainerToxiproxy() as toxiproxy:
+        proxies = toxiproxy.front(nodes)      # same API as RedisNodes / ToxiproxyServer
+        nodes[0].pause()                      # docker pause: hung, sockets stay open
+        nodes[1].restart(keep_data=False)     # a new, empty container on the same port
+
+Each node is testcontainers' ``RedisContainer`` on ``redlock-fenced/redis:local`` (or
+``$REDLOCK_REDIS_IMAGE``), the Toxiproxy server a ``DockerContainer`` on
+``redlock-fenced/toxiproxy:local`` (or ``$REDLOCK_TOXIPROXY_IMAGE``). Our own images
+are built from this machine's binaries when missing (:mod:`redlock.testing.images`);
+nothing is pulled. Every container uses host networking and listens on 127.0.0.1, on
+a free port, so clients reach it exactly as a local process and no traffic leaves
+loopback (no bridge, no port mapping).
+
+Ryuk, testcontainers' reaper, is an image that would have to be pulled: unless
+``TESTCONTAINERS_RYUK_DISABLED`` says otherwise it is turned off, and the clean-up is
+ours: ``close()`` removes a container with its volumes, an atexit hook removes what a
+test left, and each start removes the containers whose creating process (the
+``org.redlock-fenced.owner`` label) is gone, i.e. what a killed run left behind.
+
+Needs the ``docker`` extra (``pip install redlock-fenced[docker]``) and a local Docker
+engine (``$DOCKER_HOST``, or the default socket).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import socket
+import time
+import weakref
+from collections.abc import Iterator, Sequence
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+import redis
+
+from redlock.testing.dockerd import EngineAPI, EngineError, EngineUnavailable
+from redlock.testing.images import (
+    REDIS_IMAGE,
+    REDIS_REPOSITORY,
+    TOXIPROXY_IMAGE,
+    TOXIPROXY_REPOSITORY,
+    ensure_images,
+)
+from redlock.testing.redis_nodes import free_port
+from redlock.testing.toxiproxy import ToxiproxyError, ToxiproxyServer
+
+if TYPE_CHECKING:
+    from testcontainers.core.container import DockerContainer
+
+TESTING_LABEL = "org.redlock-fenced.testing"
+OWNER_LABEL = "org.redlock-fenced.owner"
+
+_LIVE: weakref.WeakSet[ContainerRedisNode | ContainerToxiproxy] = weakref.WeakSet()
+_PREPARED: set[str] = set()
+
+
+@atexit.register
+def _stop_leftovers() -> None:
+    for item in list(_LIVE):
+        with contextlib.suppress(Exception):
+            item.close()
+
+
+def _owner() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def labels() -> dict[str, str]:
+    """The labels of every container this module starts."""
+    return {TESTING_LABEL: "1", OWNER_LABEL: _owner()}
+
+
+def _owner_gone(owner: str) -> bool:
+    host, _, pid = owner.rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit():
+        return False  # another machine's container: not ours to judge
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+def remove_orphans(api: EngineAPI | None = None) -> list[str]:
+    """Remove the containers of ours whose creating process is gone (a killed run)."""
+    api = api or EngineAPI.from_host()
+    removed = []
+    for container in api.containers([TESTING_LABEL]):
+        if _owner_gone(container.get("Labels", {}).get(OWNER_LABEL, "")):
+            api.remove_container(container["Id"])
+            removed.append(container["Id"][:12])
+    return removed
+
+
+def prepare(image: str) -> None:
+    """Once per process and image: our clean-up instead of Ryuk, orphans removed, and
+    our own image built if it is the one asked for and missing."""
+    os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")
+    if image in _PREPARED:
+        return
+    try:
+        import testcontainers  # noqa: F401
+    except ImportError as exc:
+        raise EngineUnavailable(
+            "the Docker backend needs testcontainers: pip install 'redlock-fenced[docker]'"
+        ) from exc
+    try:
+        api = EngineAPI.from_host()
+    except EngineUnavailable:
+        _PREPARED.add(image)  # a remote engine: testcontainers alone deals with it
+        return
+    if not api.ping():
+        raise EngineUnavailable(f"no Docker engine answers at {api.socket_path}")
+    remove_orphans(api)
+    ours = {REDIS_IMAGE: "redis", TOXIPROXY_IMAGE: "toxiproxy"}
+    if image in ours and api.image(image) is None:
+        ensure_images(api, only=[ours[image]])
+    _PREPARED.add(image)
+
+
+def _redis_container(image: str, port: int, host: str, password: str | None,
+                     command: list[str], start_timeout: float) -> DockerContainer:
+    from testcontainers.community.redis import PingWaitStrategy, RedisContainer
+
+    class HostNetworkRedis(RedisContainer):
+        """testcontainers' Redis container on the host's network: the server listens
+        on ``host:port`` itself, nothing is mapped."""
+
+        def get_container_host_ip(self) -> str:
+            return host
+
+        def get_exposed_port(self, port: int) -> int:
+            return port
+
+    container = HostNetworkRedis(image, port=port, password=password)
+    container.ports = {}  # host networking: no port to publish
+    container.with_command(command)
+    container.with_kwargs(network_mode="host", labels=labels())
+    container.waiting_for(PingWaitStrategy().with_poll_interval(0.05)
+                          .with_startup_timeout(round(start_timeout)))
+    return container
+
+
+class ContainerRedisNode:
+    """One Redis server in a container on the host's network (same surface as
+    :class:`~redlock.testing.RedisNode`)."""
+
+    def __init__(
+        self,
+        *,
+        port: int | None = None,
+        host: str = "127.0.0.1",
+        appendonly: bool = False,
+        password: str | None = None,
+        image: str | None = None,
+        extra_args: Sequence[str] = (),
+        start_timeout: float = 30.0,
+    ) -> None:
+        self.host = host
+        self.port = port or free_port(host)
+        self.appendonly = appendonly
+        self.password = password
+        self.image = image or os.environ.get("REDLOCK_REDIS_IMAGE") or REDIS_IMAGE
+        self.extra_args = list(extra_args)
+        self.start_timeout = start_timeout
+        self.paused = False
+        self._container: DockerContainer | None = None
+
+    @property
+    def url(self) -> str:
+        auth = f":{self.password}@" if self.password else ""
+        return f"redis://{auth}{self.host}:{self.port}"
+
+    def _state(self) -> dict[str, Any]:
+        if self._container is None:
+            return {}
+        wrapped = self._container.get_wrapped_container()
+        try:
+            wrapped.reload()
+        except Exception:  # removed behind our back
+            return {}
+        return dict(wrapped.attrs.get("State") or {})
+
+    @property
+    def running(self) -> bool:
+        return bool(self._state().get("Running"))
+
+    @property
+    def pid(self) -> int | None:
+        """The server's pid on this machine (the container's first process)."""
+        pid = self._state().get("Pid")
+        return int(pid) if pid else None
+
+    @property
+    def container_id(self) -> str | None:
+        return self._container.get_container_id() if self._container else None
+
+    def client(self, **kwargs: object) -> redis.Redis:
+        options: dict[str, object] = {"socket_timeout": 5.0, "socket_connect_timeout": 5.0}
+        options.update(kwargs)
+        return redis.Redis.from_url(self.url, **options)
+
+    def _command(self) -> list[str]:
+        args = ["redis-server", "--port", str(self.port), "--bind", self.host,
+                "--protected-mode", "no", "--dir", "/data", "--save", "",
+                "--appendonly", "yes" if self.appendonly else "no"]
+        if self.appendonly:
+            args += ["--appendfsync", "always"]
+        if self.password:
+            args += ["--requirepass", self.password]
+        return args + self.extra_args
+
+    def start(self) -> ContainerRedisNode:
+        if self.running:
+            return self
+        prepare(self.image)
+        if self._container is not None:
+            # Killed with its files kept: the same container (and /data) again.
+            self._container.get_wrapped_container().start()
+            self._wait_ready()
+        else:
+            container = _redis_container(self.image, self.port, self.host, self.password,
+                                         self._command(), self.start_timeout)
+            try:
+                container.start()
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    container.stop()
+                raise
+            self._container = container
+        self.paused = False
+        _LIVE.add(self)
+        return self
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + self.start_timeout
+        last: Exception | None = None
+        while time.monotonic() < deadline:
+            try:
+                with self.client(socket_timeout=0.5, socket_connect_timeout=0.5) as probe:
+                    if probe.ping():
+                        return
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                last = exc
+            time.sleep(0.05)
+        raise TimeoutError(f"redis container on port {self.port} not ready ({last}): "
+                           f"{self.log_tail()}")
+
+    def log_tail(self, lines: int = 5) -> str:
+        if self._container is None:
+            return "(no container)"
+        with contextlib.suppress(Exception):
+            out = self._container.get_wrapped_container().logs(tail=lines)
+            return " | ".join(out.decode(errors="replace").strip().splitlines())
+        return "(no log)"
+
+    def pause(self) -> None:
+        """``docker pause`` (the cgroup freezer): the server stops answering, its
+        sockets stay open (a hung node)."""
+        if not self.running or self._container is None:
+            raise RuntimeError(f"redis container on port {self.port} is not running")
+        self._container.get_wrapped_container().pause()
+        self.paused = True
+
+    def resume(self) -> None:
+        if self.paused and self._container is not None:
+            with contextlib.suppress(Exception):
+                self._container.get_wrapped_container().unpause()
+        self.paused = False
+
+    def kill(self) -> None:
+        """SIGKILL to the server; the container (and its /data) stays for a restart."""
+        if self._container is None:
+            return
+        self.resume()
+        if self.running:
+            wrapped = self._container.get_wrapped_container()
+            with contextlib.suppress(Exception):
+                wrapped.kill()
+            with contextlib.suppress(Exception):
+                wrapped.wait(timeout=10)
+
+    def stop(self) -> None:
+        self.kill()
+
+    def wipe(self) -> None:
+        """Forget the node's data: the container goes, the next start makes a new one."""
+        if self.running:
+            raise RuntimeError("wipe() needs a stopped node")
+        self._remove()
+
+    def restart(self, *, keep_data: bool = True) -> ContainerRedisNode:
+        self.kill()
+        if not keep_data:
+            self.wipe()
+        return self.start()
+
+    def _remove(self) -> None:
+        if self._container is not None:
+            with contextlib.suppress(Exception):
+                self._container.stop()  # removes it, with its anonymous volumes
+            self._container = None
+
+    def close(self) -> None:
+        self.resume()
+        self._remove()
+        _LIVE.discard(self)
+
+    def __repr__(self) -> str:
+        state = "paused" if self.paused else ("running" if self.running else "stopped")
+        return f"ContainerRedisNode({self.host}:{self.port}, {state})"
+
+
+class ContainerRedisNodes(Sequence[ContainerRedisNode]):
+    """N Redis containers (same surface as :class:`~redlock.testing.RedisNodes`)."""
+
+    def __init__(self, count: int = 3, *, appendonly: bool = False,
+                 password: str | None = None, image: str | None = None,
+                 extra_args: Sequence[str] = (), host: str = "127.0.0.1") -> None:
+        if count < 1:
+            raise ValueError("count must be at least 1")
+        self.nodes: list[ContainerRedisNode] = []
+        try:
+            for _ in range(count):
+                node = ContainerRedisNode(host=host, appendonly=appendonly, password=password,
+                                          image=image, extra_args=extra_args)
+                self.nodes.append(node)
+                node.start()
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def urls(self) -> list[str]:
+        return [node.url for node in self.nodes]
+
+    def clients(self, **kwargs: object) -> list[redis.Redis]:
+        return [node.client(**kwargs) for node in self.nodes]
+
+    def reset(self) -> None:
+        for node in self.nodes:
+            node.resume()
+            if not node.running:
+                node.start()
+            with node.client() as client:
+                client.flushall()
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def __getitem__(self, index: int) -> ContainerRedisNode:  # type: ignore[override]
+        return self.nodes[index]
+
+    def __iter__(self) -> Iterator[ContainerRedisNode]:
+        return iter(self.nodes)
+
+    def close(self) -> None:
+        for node in self.nodes:
+            node.close()
+
+    def __enter__(self) -> ContainerRedisNodes:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+
+class ContainerToxiproxy(ToxiproxyServer):
+    """The Toxiproxy server in a container on the host's network (same API as
+    :class:`~redlock.testing.ToxiproxyServer`: proxies listen on 127.0.0.1)."""
+
+    def __init__(self, image: str | None = None, host: str = "127.0.0.1",
+                 request_timeout: float = 5.0, start_timeout: float = 30.0) -> None:
+        # No toxiproxy-server binary is needed on this machine: it runs in the image.
+        self.binary = ""
+        self.host = host
+        self.port = 0
+        self.request_timeout = request_timeout
+        self.start_timeout = start_timeout
+        self.image = image or os.environ.get("REDLOCK_TOXIPROXY_IMAGE") or TOXIPROXY_IMAGE
+        self._process = None
+        self._log = None
+        self._count = 0
+        self._container: DockerContainer | None = None
+
+    def start(self) -> ContainerToxiproxy:
+        if self._container is not None:
+            return self
+        prepare(self.image)
+        from testcontainers.core.container import DockerContainer
+
+        for _attempt in range(3):  # a free port can be taken between probe and bind
+            self.port = free_port(self.host)
+            container = (DockerContainer(self.image)
+                         .with_command([f"-host={self.host}", f"-port={self.port}"])
+                         .with_env("LOG_LEVEL", os.environ.get("LOG_LEVEL", "warn"))
+                         .with_kwargs(network_mode="host", labels=labels()))
+            container.start()
+            self._container = container
+            _LIVE.add(self)
+            if self._wait_ready(self.start_timeout):
+                return self
+            self._kill()
+        tail = self.log_tail()
+        self.close()
+        raise ToxiproxyError(f"toxiproxy container did not start: {tail}")
+
+    def _wait_ready(self, timeout: float = 10.0) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self._container is not None
+            wrapped = self._container.get_wrapped_container()
+            with contextlib.suppress(Exception):
+                wrapped.reload()
+            if wrapped.status in ("exited", "dead"):
+                return False
+            with contextlib.suppress(OSError, ToxiproxyError):
+                self.request("GET", "/version")
+                return True
+            time.sleep(0.05)
+        return False
+
+    def log_tail(self, lines: int = 5) -> str:
+        if self._container is None:
+            return ""
+        with contextlib.suppress(Exception):
+            out = self._container.get_wrapped_container().logs(tail=lines)
+            return " | ".join(out.decode(errors="replace").strip().splitlines())
+        return ""
+
+    def _kill(self) -> None:
+        if self._container is not None:
+            with contextlib.suppress(Exception):
+                self._container.stop()
+            self._container = None
+
+    def close(self) -> None:
+        self._kill()
+        _LIVE.discard(self)
+
+    def __enter__(self) -> ContainerToxiproxy:
+        return self.start()
+
+
+def engine_leftovers(api: EngineAPI | None = None) -> list[str]:
+    """Containers of ours still on the engine (for tests that check the clean-up)."""
+    api = api or EngineAPI.from_host()
+    try:
+        return [c["Id"][:12] for c in api.containers([TESTING_LABEL])]
+    except (OSError, EngineError):
+        return []
+
+
+__all__ = [
+    "OWNER_LABEL",
+    "REDIS_REPOSITORY",
+    "TESTING_LABEL",
+    "TOXIPROXY_REPOSITORY",
+    "ContainerRedisNode",
+    "ContainerRedisNodes",
+    "ContainerToxiproxy",
+    "engine_leftovers",
+    "labels",
+    "prepare",
+    "remove_orphans",
+]
