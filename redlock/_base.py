@@ -20,16 +20,15 @@ import time
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any, Generic, TypeVar
 
-import structlog
-
 from redlock._algorithm import RedlockCore
 from redlock._lines import LocalLines
+from redlock._log import get_logger
 from redlock._protocol import Invoke, Protocol, Wakeable
 from redlock._rules import Settings, validate_resource, validate_timeout
 from redlock._state import AcquireResult, LockState, Status
 from redlock.errors import AlreadyHeld, LockNotAcquired, NotHeld, QuorumUnavailable, describe
 
-logger = structlog.get_logger(__name__)
+logger = get_logger(__name__)
 
 H = TypeVar("H", bound="LockBase[Any]")
 M = TypeVar("M", bound="ManagerBase[Any]")

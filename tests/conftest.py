@@ -3,16 +3,15 @@ and reset (resumed, restarted if dead, flushed) before every test that uses them
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Iterator
 
 import pytest
-import structlog
 
 from redlock.testing import RedisNodes
 
-# The library never configures logging; the test suite (an application) does.
-structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+# The library logs through the standard library and is silent unless configured: pytest
+# captures its warnings like any others (shown for failing tests), and tests that look
+# at events use caplog or redlock.testing.capture_events.
 
 
 @pytest.fixture(scope="session")

@@ -15,7 +15,6 @@ from itertools import combinations
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from structlog.testing import capture_logs
 
 from redlock import _scripts as scripts
 from redlock._algorithm import RedlockCore
@@ -37,6 +36,7 @@ from redlock._rules import (
 )
 from redlock._state import LockState, Status
 from redlock.errors import LockLost, NodeResult, NotHeld, Outcome, RedlockError
+from redlock.testing import capture_events
 
 
 class FakeClock:
@@ -462,7 +462,7 @@ def make_core(n: int, clock: FakeClock | None = None) -> RedlockCore:
 def test_first_acquire_inspects_every_node_once_then_never_again() -> None:
     nodes = ScriptedNodes(3)
     core = RedlockCore([f"n{i}:6379" for i in range(3)], Settings(), FakeClock())
-    with capture_logs() as events:
+    with capture_events() as events:
         for _ in range(2):
             result = drive(core.acquire("r", 10.0, blocking=False, timeout=None),
                                        nodes.execute)

@@ -20,7 +20,6 @@ from pathlib import Path
 
 import pytest
 import redis
-from structlog.testing import capture_logs
 
 from redlock import (
     ClusterAmnesiaError,
@@ -34,7 +33,7 @@ from redlock import (
     RedlockError,
 )
 from redlock._rules import Keys
-from redlock.testing import RedisNode, RedisNodes
+from redlock.testing import RedisNode, RedisNodes, capture_events
 from redlock.testing.redis_nodes import free_port
 
 KEYS = Keys("redlock")
@@ -215,9 +214,8 @@ def test_processes_mutual_exclusion_exact_counter(cluster: RedisNodes) -> None:
 # A holder that reports when it held the lock: CLOCK_MONOTONIC is system-wide on Linux,
 # so hold intervals of different processes can be ordered.
 TIMED_WORKER = """
-import sys, time, logging, structlog, redis
+import sys, time, redis
 from redlock import Redlock
-structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
 counter_url, processes, rounds, *urls = sys.argv[1:]
 counter = redis.Redis.from_url(counter_url)
 with Redlock(urls, node_timeout=0.25, retry_delay_max=0.05) as dlm:
@@ -978,7 +976,7 @@ def test_acl_user_without_channel_permission_releases_cleanly(
     node, url = _acl_node(fresh_nodes)
     lock = make_dlm([url]).lock("acl:y")
     assert lock.acquire(blocking=False)
-    with capture_logs() as events:
+    with capture_events() as events:
         lock.release()
     assert get(node, KEYS.lock("acl:y")) is None
     assert [e for e in events if e["event"] == "redlock.release_incomplete"] == []

@@ -19,7 +19,6 @@ from typing import Any
 import pytest
 import redis
 import redis.asyncio
-from structlog.testing import capture_logs
 
 from redlock import (
     AsyncLock,
@@ -32,7 +31,7 @@ from redlock import (
     Redlock,
     RedlockError,
 )
-from redlock.testing import RedisNodes, free_port
+from redlock.testing import RedisNodes, capture_events, free_port
 
 HANG_LIMIT = 15.0  # far above any expected figure: a hang, not a slow machine, fails
 
@@ -335,7 +334,7 @@ async def test_tls_urls_are_accepted_by_the_constructor(make: Managers) -> None:
 
 
 async def test_even_node_count_warns_but_works(make: Managers, nodes3: RedisNodes) -> None:
-    with capture_logs() as logs:
+    with capture_events() as logs:
         dlm = make(nodes3.urls[:2])
     warnings = [e for e in logs if e["event"] == "redlock.even_node_count"]
     assert len(warnings) == 1, logs
@@ -346,7 +345,7 @@ async def test_even_node_count_warns_but_works(make: Managers, nodes3: RedisNode
 
 
 async def test_odd_node_count_does_not_warn(make: Managers) -> None:
-    with capture_logs() as logs:
+    with capture_events() as logs:
         make([dead_url(), dead_url(), dead_url()])
         make([dead_url()])
     assert not [e for e in logs if e["event"] == "redlock.even_node_count"]

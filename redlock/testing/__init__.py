@@ -12,9 +12,11 @@ Network faults go through a real Toxiproxy server (``ToxiproxyServer``, one ``Pr
 front of each node: refuse, blackhole, lose replies, latency, reset connections).
 
 Everything started here is stopped on ``close()``, on leaving the ``with`` block and,
-as a last resort, at interpreter exit.
+as a last resort, at interpreter exit. ``capture_events()`` collects the library's log
+events in a test.
 """
 
+from redlock.testing.logs import capture_events
 from redlock.testing.redis_nodes import RedisNode, RedisNodes, find_redis_server, free_port
 from redlock.testing.toxiproxy import (
     Proxies,
@@ -31,6 +33,7 @@ __all__ = [
     "RedisNodes",
     "ToxiproxyError",
     "ToxiproxyServer",
+    "capture_events",
     "find_redis_server",
     "find_toxiproxy_server",
     "free_port",
