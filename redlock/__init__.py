@@ -11,6 +11,7 @@ over :mod:`redlock._base`).
 """
 
 from redlock._amnesia import RepairReport
+from redlock._inspect import LockStatus, NodeLockStatus, ReleaseReport
 from redlock._log import EventFormatter
 from redlock.aio import AsyncLock, AsyncRedlock
 from redlock.client import Lock, Redlock
@@ -35,11 +36,14 @@ __all__ = [
     "Lock",
     "LockLost",
     "LockNotAcquired",
+    "LockStatus",
+    "NodeLockStatus",
     "NodeResult",
     "NotHeld",
     "Outcome",
     "QuorumUnavailable",
     "Redlock",
     "RedlockError",
+    "ReleaseReport",
     "RepairReport",
 ]

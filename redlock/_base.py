@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any, Generic, TypeVar
 
+from redlock import _inspect
 from redlock._algorithm import RedlockCore
 from redlock._lines import LocalLines
 from redlock._log import get_logger
@@ -129,6 +130,21 @@ class ManagerBase(Generic[H]):
         """A lock handle for ``resource``; nothing is sent until it is acquired."""
         return self._handle_class(self, resource, ttl, blocking=blocking, timeout=timeout,
                                   auto_extend=auto_extend, on_lost=on_lost, reentrant=reentrant)
+
+    # -- operator views and tools (redlock/_inspect.py), driven by the shells ---
+
+    def _inspect_flow(self, resource: str) -> Protocol[_inspect.LockStatus]:
+        return _inspect.inspect_lock(self._core, validate_resource(resource))
+
+    def _is_locked_flow(self, resource: str) -> Protocol[bool]:
+        return _inspect.is_locked(self._core, validate_resource(resource))
+
+    def _force_release_flow(self, resource: str) -> Protocol[list[_inspect.ReleaseReport]]:
+        resource = validate_resource(resource)
+        try:
+            return (yield from _inspect.force_release(self._core, resource))
+        finally:
+            self._lines.notify(self._core.keys.channel(resource))  # local waiters: go
 
     # -- reentrancy: per (resource, owner) across this manager's handles -------
 
@@ -333,7 +349,8 @@ class LockBase(Generic[M]):
         return state is not None and state.status == Status.LOST
 
     def locked(self) -> bool:
-        """True while the caller holds the lock and its validity has not run out."""
+        """True while the caller holds the lock and its validity has not run out (no
+        I/O). Whether anyone holds the resource: the manager's ``is_locked(resource)``."""
         return self.validity > 0
 
     def check(self) -> None:
