@@ -10,6 +10,8 @@ algorithm (it lives in :mod:`redlock._algorithm`; both clients are thin I/O shel
 over :mod:`redlock._base`).
 """
 
+__version__ = "0.1.0"  # the single source: pyproject.toml reads it, CHANGELOG.md names it
+
 from redlock._amnesia import RepairReport
 from redlock._inspect import LockStatus, NodeLockStatus, ReleaseReport
 from redlock._log import EventFormatter

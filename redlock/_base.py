@@ -50,8 +50,10 @@ class ManagerBase(Generic[H]):
         node_timeout: seconds each node may take to answer one request (connect
             included). Keep it small relative to the TTL: 5-50 ms for a 10 s TTL.
         drift_factor: clock-drift allowance as a fraction of the TTL (plus 2 ms).
-        retry_delay_min, retry_delay_max: bounds of the jittered exponential backoff
-            between attempts (a release by a handle of this manager wakes a waiter early).
+        retry_delay_min: the shortest wait between attempts (the floor of the jittered
+            exponential backoff).
+        retry_delay_max: the longest wait between attempts (a release by a handle of
+            this manager wakes a waiter early).
         max_ttl: the largest TTL accepted, and how long an amnesiac node stays out
             before it is re-seeded and rejoins (every old lock has expired by then).
         clock: a monotonic clock in seconds (injectable for tests).
@@ -114,6 +116,7 @@ class ManagerBase(Generic[H]):
 
     @property
     def quorum(self) -> int:
+        """How many nodes make a majority: N // 2 + 1."""
         return self._core.quorum
 
     def lock(

@@ -31,6 +31,7 @@ from typing import Any, NoReturn
 
 from redis.connection import parse_url
 
+from redlock import __version__
 from redlock._inspect import LockStatus
 from redlock._log import EventFormatter
 from redlock._node_report import NodeReport, read_nodes
@@ -399,6 +400,7 @@ def build_parser() -> argparse.ArgumentParser:
                      " nodes, and the operator's tools. Each command takes --nodes URL ...;"
                      " see `redlock COMMAND --help`.",
                      epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"redlock-fenced {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True,
                                      parser_class=_Parser)
 
