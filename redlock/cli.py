@@ -205,12 +205,12 @@ def _seconds(pttl_ms: int | None) -> str:
     return f"{pttl_ms / 1000:.1f} s" if pttl_ms else "-"
 
 
-def _node_state(node: Any) -> str:
+def _node_state(node: Any, cluster_marked: bool) -> str:
     if not node.reachable:
         return f"unreachable: {node_problem(node.error or '')}"
     states = []
-    if not node.marker:
-        states.append("no marker")
+    if not node.marker:  # alone: lost its data; everywhere: a cluster never used yet
+        states.append("no marker" if cluster_marked else "new cluster")
     if node.repairing:
         states.append("repair in progress")
     if node.benched:
@@ -233,6 +233,9 @@ def lock_summary(status: LockStatus) -> str:
     if stray:
         return (f"{resource} is not locked (keys on {stray} node(s), short of a quorum: an"
                 " acquire in progress or one that failed; they expire by their TTL)")
+    if not any(n.marker for n in status.nodes):
+        return (f"{resource} is not locked (a new cluster: the first acquire writes the node"
+                " markers)")
     return f"{resource} is not locked"
 
 
@@ -246,7 +249,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         print_table(["node", "held", "holder", "ttl left", "fence", "marker", "state"],
                     [[n.node, _yes_no(n.held), n.holder or "-", _seconds(n.pttl_ms),
                       "?" if n.fence is None else str(n.fence), _yes_no(n.marker),
-                      _node_state(n)] for n in status.nodes])
+                      _node_state(n, any(m.marker for m in status.nodes))]
+                     for n in status.nodes])
         say(lock_summary(status))
     return reachability_code(status.reachable, len(status.nodes))
 

@@ -124,6 +124,12 @@ def test_status_of_a_free_resource(nodes3: RedisNodes, capsys: pytest.CaptureFix
     assert shape["locked"] is False
     assert all(n["held"] is False and n["pttl_ms"] == 0 and n["fence"] == 0
                for n in shape["nodes"])
+    code, out, _ = run_in_process(capsys, "status", "cli:free", "--nodes", *nodes3.urls)
+    assert code == cli.EXIT_OK
+    rows = [line for line in out.splitlines() if line.rstrip().endswith("new cluster")]
+    assert len(rows) == 3  # no node has a marker: never used, not amnesia
+    assert out.splitlines()[-1] == ("'cli:free' is not locked (a new cluster: the first"
+                                    " acquire writes the node markers)")
 
 
 def test_status_with_a_node_down_says_so_in_one_line(nodes3: RedisNodes) -> None:
@@ -291,6 +297,10 @@ def test_nodes_with_a_node_missing_its_marker(fresh_nodes: Callable[..., RedisNo
     assert result.returncode == cli.EXIT_PARTIAL
     shape = json.loads(result.stdout)
     assert [n["marker"] for n in shape["nodes"]] == [True, False, True]
+    status = run("status", "cli:marker", "--nodes", *nodes.urls)
+    assert status.returncode == cli.EXIT_OK
+    states = [line.split()[-2:] for line in status.stdout.splitlines()[2:5]]
+    assert states == [["yes", "ok"], ["no", "marker"], ["yes", "ok"]]
     assert any("no node marker while 2 other node(s) have one" in w
                for w in shape["nodes"][1]["warnings"])
 
