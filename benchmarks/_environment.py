@@ -16,19 +16,13 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import structlog
-
 PEER_DISTRIBUTIONS = ("redis", "hiredis", "structlog", "tenacity", "pottery",
                       "python-redis-lock", "aioredlock", "aioredis")
 
 
 def configure_logging() -> None:
-    """The library logs through structlog and never configures it: keep it to WARNING,
-    with cached loggers (see benchmarks/logging_cost.py for what other setups cost)."""
-    structlog.configure(
-        wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
-        cache_logger_on_first_use=True,
-    )
+    """The library logs through the standard library and is silent unless configured;
+    the runs show warnings only (benchmarks/logging_cost.py: what other setups cost)."""
     logging.basicConfig(level=logging.WARNING)
 
 

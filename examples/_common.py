@@ -27,10 +27,9 @@ from typing import Any, TypeVar
 
 import redis
 import redis.asyncio
-import structlog
 
 from fencing import AsyncRedisFencedStore, RedisFencedStore
-from redlock import AsyncRedlock, Redlock
+from redlock import AsyncRedlock, EventFormatter, Redlock
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -39,8 +38,11 @@ R = TypeVar("R")
 
 
 def quiet_logging() -> None:
-    """The application (an example), not the library, decides what gets logged."""
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    """The application (an example), not the library, decides what gets logged: warnings
+    and errors on stderr, with each event's fields."""
+    logging.basicConfig(level=logging.WARNING)
+    for handler in logging.getLogger().handlers:
+        handler.setFormatter(EventFormatter("%(levelname)s %(name)s: %(message)s"))
 
 
 def parser(doc: str | None, *, store: bool = True) -> argparse.ArgumentParser:

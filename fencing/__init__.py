@@ -32,6 +32,8 @@ fenced write (e.g. write an "outbox" row with the token, and send from there).
 Errors: see :mod:`fencing.errors` for the tree.
 """
 
+import logging
+
 from fencing._validate import MAX_STORED_TOKEN
 from fencing.errors import FencingError, RowNotFoundError, StaleTokenError
 from fencing.redis_store import AsyncRedisFencedStore, RedisFencedStore
@@ -47,3 +49,7 @@ __all__ = [
     "RowNotFoundError",
     "StaleTokenError",
 ]
+
+# Rejections are raised, not logged, so nothing logs under "fencing" today; like
+# "redlock", the logger stays silent unless the application configures logging.
+logging.getLogger(__name__).addHandler(logging.NullHandler())

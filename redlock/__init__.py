@@ -10,7 +10,11 @@ algorithm (it lives in :mod:`redlock._algorithm`; both clients are thin I/O shel
 over :mod:`redlock._base`).
 """
 
+__version__ = "0.1.0"  # the single source: pyproject.toml reads it, CHANGELOG.md names it
+
 from redlock._amnesia import RepairReport
+from redlock._inspect import LockStatus, NodeLockStatus, ReleaseReport
+from redlock._log import EventFormatter
 from redlock.aio import AsyncLock, AsyncRedlock
 from redlock.client import Lock, Redlock
 from redlock.errors import (
@@ -30,14 +34,18 @@ __all__ = [
     "AsyncLock",
     "AsyncRedlock",
     "ClusterAmnesiaError",
+    "EventFormatter",
     "Lock",
     "LockLost",
     "LockNotAcquired",
+    "LockStatus",
+    "NodeLockStatus",
     "NodeResult",
     "NotHeld",
     "Outcome",
     "QuorumUnavailable",
     "Redlock",
     "RedlockError",
+    "ReleaseReport",
     "RepairReport",
 ]

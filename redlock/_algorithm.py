@@ -14,11 +14,11 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-import structlog
 import tenacity
 
 from redlock import _scripts as scripts
 from redlock._amnesia import AmnesiaGuard, RepairReport
+from redlock._log import get_logger
 from redlock._protocol import Broadcast, Call, CommandArg, Protocol, Sleep
 from redlock._rules import (
     TOKEN_LIMIT,
@@ -36,7 +36,7 @@ from redlock._scripts import Script
 from redlock._state import AcquireResult, AttemptResult, LockState, Status, TokenFloors
 from redlock.errors import NodeResult, Outcome, describe
 
-logger = structlog.get_logger(__name__)
+logger = get_logger(__name__)
 
 
 @dataclass
@@ -197,9 +197,9 @@ class RedlockCore:
         unavailable = healthy < self.quorum
         permanent = unavailable and any(
             isinstance(reply, BaseException) and is_permanent_error(reply) for reply in replies)
-        logger.info("redlock.quorum_failed", resource=resource, reason=reason,
-                    granted=len(granted), needed=self.quorum, nodes=self.n,
-                    unavailable=unavailable, outcomes=describe(outcomes))
+        logger.debug("redlock.quorum_failed", resource=resource, reason=reason,
+                     granted=len(granted), needed=self.quorum, nodes=self.n,
+                     unavailable=unavailable, outcomes=describe(outcomes))
         return AttemptResult(None, outcomes, unavailable, permanent, reason=reason)
 
     # -- release / extend --------------------------------------------------------

@@ -18,15 +18,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import structlog
-
 from redlock import _scripts as scripts
+from redlock._log import get_logger
 from redlock._protocol import Broadcast, Call, CommandArg, Protocol, Sleep, ask_one
 from redlock._rules import Keys, Settings, error_detail, quorum, unsafe_config
 from redlock._state import AttemptResult
 from redlock.errors import ClusterAmnesiaError, NodeResult, Outcome
 
-logger = structlog.get_logger(__name__)
+logger = get_logger(__name__)
 
 _SEED_BATCH = 500  # fence counters per SEED_COUNTERS call
 

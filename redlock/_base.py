@@ -21,10 +21,10 @@ import weakref
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any, Generic, TypeVar
 
-import structlog
-
+from redlock import _inspect
 from redlock._algorithm import RedlockCore
 from redlock._lines import LocalLines
+from redlock._log import get_logger
 from redlock._protocol import Invoke, Protocol, Wakeable
 from redlock._renewals import Renewals
 from redlock._rules import Settings, validate_resource, validate_timeout
@@ -39,7 +39,7 @@ from redlock.errors import (
     describe,
 )
 
-logger = structlog.get_logger(__name__)
+logger = get_logger(__name__)
 
 H = TypeVar("H", bound="LockBase[Any]")
 M = TypeVar("M", bound="ManagerBase[Any]")
@@ -66,8 +66,10 @@ class ManagerBase(Generic[H]):
         node_timeout: seconds each node may take to answer one request (connect
             included). Keep it small relative to the TTL: 5-50 ms for a 10 s TTL.
         drift_factor: clock-drift allowance as a fraction of the TTL (plus 2 ms).
-        retry_delay_min, retry_delay_max: bounds of the jittered exponential backoff
-            between attempts (a release by a handle of this manager wakes a waiter early).
+        retry_delay_min: the shortest wait between attempts (the floor of the jittered
+            exponential backoff).
+        retry_delay_max: the longest wait between attempts (a release by a handle of
+            this manager wakes a waiter early).
         max_ttl: the largest TTL accepted, and how long an amnesiac node stays out
             before it is re-seeded and rejoins (every old lock has expired by then).
         outage_timeout: a blocking acquire raises :class:`QuorumUnavailable` once the
@@ -141,6 +143,7 @@ class ManagerBase(Generic[H]):
 
     @property
     def quorum(self) -> int:
+        """How many nodes make a majority: N // 2 + 1."""
         return self._core.quorum
 
     def lock(
@@ -157,6 +160,21 @@ class ManagerBase(Generic[H]):
         """A lock handle for ``resource``; nothing is sent until it is acquired."""
         return self._handle_class(self, resource, ttl, blocking=blocking, timeout=timeout,
                                   auto_extend=auto_extend, on_lost=on_lost, reentrant=reentrant)
+
+    # -- operator views and tools (redlock/_inspect.py), driven by the shells ---
+
+    def _inspect_flow(self, resource: str) -> Protocol[_inspect.LockStatus]:
+        return _inspect.inspect_lock(self._core, validate_resource(resource))
+
+    def _is_locked_flow(self, resource: str) -> Protocol[bool]:
+        return _inspect.is_locked(self._core, validate_resource(resource))
+
+    def _force_release_flow(self, resource: str) -> Protocol[list[_inspect.ReleaseReport]]:
+        resource = validate_resource(resource)
+        try:
+            return (yield from _inspect.force_release(self._core, resource))
+        finally:
+            self._lines.notify(self._core.keys.channel(resource))  # local waiters: go
 
     # -- reentrancy: per (resource, owner) across this manager's handles -------
 
@@ -383,7 +401,8 @@ class LockBase(Generic[M]):
         return state is not None and state.status == Status.LOST
 
     def locked(self) -> bool:
-        """True while the caller holds the lock and its validity has not run out."""
+        """True while the caller holds the lock and its validity has not run out (no
+        I/O). Whether anyone holds the resource: the manager's ``is_locked(resource)``."""
         return self.validity > 0
 
     def check(self) -> None:

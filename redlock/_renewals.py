@@ -20,14 +20,13 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-import structlog
-
 from redlock._algorithm import RedlockCore
+from redlock._log import get_logger
 from redlock._protocol import Protocol, Sleep, Wakeable
 from redlock._state import LockState, Status
 from redlock.errors import NodeResult, Outcome, describe
 
-logger = structlog.get_logger(__name__)
+logger = get_logger(__name__)
 
 # Renewals due within this many seconds of the first one go out with it (early is fine).
 _BATCH_WINDOW = 0.01
@@ -116,11 +115,26 @@ class Renewals:
                 if first > now:
                     yield Sleep(first - now, until=wake)
                     continue
-                yield from self._renew(due)
-        except BaseException:  # the loop died (a bug, or its event loop is closing)
+                try:
+                    yield from self._renew(due)
+                except Exception:
+                    # A bug in here: the holders must not go on believing they hold.
+                    logger.exception("redlock.renewals_crashed", locks=len(self._renewals))
+                    self._crashed()
+                    return
+        except BaseException:  # the loop died (cancelled, or its event loop is closing)
             with self._mutex:
                 self._running = False
             raise
+
+    def _crashed(self) -> None:
+        with self._mutex:
+            renewals = list(self._renewals.values())
+            self._renewals.clear()
+            self._running = False
+        for renewal in renewals:
+            if renewal.state.mark_lost("the auto-extend loop crashed"):
+                self._lost(renewal.state, list(renewal.handles))
 
     def _renew(self, due: list[Renewal]) -> Protocol[None]:
         live = []

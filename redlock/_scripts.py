@@ -153,4 +153,44 @@ return 1
 """,
 )
 
-ALL_SCRIPTS = (ACQUIRE, WRITE_BACK, RELEASE, EXTEND, SEED_COUNTERS, FINISH_REPAIR)
+# -- operator tools (redlock/_inspect.py) ---------------------------------------------
+
+INSPECT = Script(
+    "inspect",
+    """
+-- KEYS[1] lock key, KEYS[2] fence counter key, KEYS[3] node marker key,
+-- KEYS[4] repair claim key
+-- returns {pttl, fence, marker, repairing, holder}; writes nothing
+--   pttl       PTTL of the lock key: -2 free, -1 a key without expiry, else ms left
+--   fence      the node's fence counter, as stored ('0' when the resource has none yet)
+--   marker     1 when the node marker exists, else 0
+--   repairing  1 when a repair has claimed the node, else 0
+--   holder     the first 12 hex digits of SHA1(owner value), '' when free: tells holders
+--              apart without revealing the owner value (which would let anyone release)
+local owner = redis.call('GET', KEYS[1])
+local holder = ''
+if owner then
+    holder = string.sub(redis.sha1hex(owner), 1, 12)
+end
+return {redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[2]) or '0',
+        redis.call('EXISTS', KEYS[3]), redis.call('EXISTS', KEYS[4]), holder}
+""",
+)
+
+FORCE_RELEASE = Script(
+    "force_release",
+    """
+-- KEYS[1] lock key, KEYS[2] release notification channel
+-- returns 1 when a key was deleted, 0 when there was none
+-- Deletes whoever's key it is (an operator's tool); the fence counter stays, so the next
+-- holder's token is still larger than the evicted holder's.
+if redis.call('DEL', KEYS[1]) == 1 then
+    redis.pcall('PUBLISH', KEYS[2], '1')
+    return 1
+end
+return 0
+""",
+)
+
+ALL_SCRIPTS = (ACQUIRE, WRITE_BACK, RELEASE, EXTEND, SEED_COUNTERS, FINISH_REPAIR, INSPECT,
+               FORCE_RELEASE)

@@ -19,6 +19,7 @@ from typing import Any, cast
 from redlock._amnesia import RepairReport
 from redlock._async_transport import AsyncTransport, wait_event
 from redlock._base import LockBase, ManagerBase
+from redlock._inspect import LockStatus, ReleaseReport
 from redlock._lines import Ticket
 from redlock._protocol import (
     NO_REPLY,
@@ -67,6 +68,18 @@ class AsyncRedlock(ManagerBase[AsyncLock]):
     async def repair(self, *, force: bool = False) -> list[RepairReport]:
         """See :meth:`redlock.Redlock.repair`."""
         return await self._drive(self._core.repair(force=force))
+
+    async def inspect(self, resource: str) -> LockStatus:
+        """See :meth:`redlock.Redlock.inspect`."""
+        return await self._drive(self._inspect_flow(resource))
+
+    async def is_locked(self, resource: str) -> bool:
+        """See :meth:`redlock.Redlock.is_locked` (anyone holds it; ``lock.locked()``: I do)."""
+        return await self._drive(self._is_locked_flow(resource))
+
+    async def force_release(self, resource: str) -> list[ReleaseReport]:
+        """See :meth:`redlock.Redlock.force_release`."""
+        return await self._drive(self._force_release_flow(resource))
 
     async def close(self) -> None:
         """Close the connections this manager opened (the caller's clients stay open)."""

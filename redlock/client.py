@@ -16,6 +16,7 @@ from typing import Any, cast
 
 from redlock._amnesia import RepairReport
 from redlock._base import LockBase, ManagerBase
+from redlock._inspect import LockStatus, ReleaseReport
 from redlock._lines import Ticket
 from redlock._protocol import NO_REPLY, Broadcast, Protocol, Replies, Request, Sleep, T, drive
 from redlock._sync_transport import SyncTransport
@@ -76,6 +77,27 @@ class Redlock(ManagerBase[Lock]):
         node lost its data has expired (one max_ttl has passed).
         """
         return self._drive(self._core.repair(force=force))
+
+    def inspect(self, resource: str) -> LockStatus:
+        """Every node's view of ``resource``: held or not, PTTL left, fence counter,
+        marker, repair and amnesia state (never the holder's secret owner value). One
+        parallel round of read-only scripts; unreachable nodes are reported, not raised."""
+        return self._drive(self._inspect_flow(resource))
+
+    def is_locked(self, resource: str) -> bool:
+        """Whether *anyone* holds ``resource`` (one holder's key on a quorum of nodes),
+        asked of the nodes. Not to be confused with a handle's ``locked()``, which says
+        whether *the caller* holds it, without I/O. Raises :class:`QuorumUnavailable`
+        when the nodes that did not answer could change the answer."""
+        return self._drive(self._is_locked_flow(resource))
+
+    def force_release(self, resource: str) -> list[ReleaseReport]:
+        """Operator tool: delete ``resource``'s lock key on every node, whoever holds it.
+
+        The holder is not told: it keeps working until its next ``extend()`` or
+        ``check()`` fails, so protect the resource with fencing (the next holder's token
+        is larger, fence counters are kept). Logs ``redlock.force_released``."""
+        return self._drive(self._force_release_flow(resource))
 
     def close(self) -> None:
         """Close the connections this manager opened (the caller's clients stay open)."""

@@ -20,9 +20,8 @@ import time
 from collections.abc import Sequence
 
 import redis
-import structlog
 
-from redlock import Redlock
+from redlock import EventFormatter, Redlock
 
 
 def run(urls: Sequence[str], workers: int, rounds: int, ttl: float) -> int:
@@ -72,9 +71,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--ttl", type=float, default=5.0)
     parser.add_argument("--verbose", action="store_true", help="show redlock's debug events")
     args = parser.parse_args(argv)
-    # The application (this demo), not the library, decides what gets logged.
-    level = logging.DEBUG if args.verbose else logging.WARNING
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(level))
+    # The application (this demo), not the library, decides what gets logged: warnings
+    # (or with --verbose every event) on stderr, each with its fields.
+    handler = logging.StreamHandler()
+    handler.setFormatter(EventFormatter("%(levelname)s %(name)s: %(message)s"))
+    logging.getLogger("redlock").addHandler(handler)
+    logging.getLogger("redlock").setLevel(logging.DEBUG if args.verbose else logging.WARNING)
     if args.urls:
         return run(args.urls, args.workers, args.rounds, args.ttl)
     from redlock.testing import RedisNodes

@@ -4,17 +4,16 @@ the client flavours (tests/clients.py) that run one behaviour test on both clien
 
 from __future__ import annotations
 
-import logging
 from collections.abc import AsyncIterator, Callable, Iterator
 
 import pytest
-import structlog
 
 from redlock.testing import RedisNodes
 from tests.clients import Actor, Flavour
 
-# The library never configures logging; the test suite (an application) does.
-structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+# The library logs through the standard library and is silent unless configured: pytest
+# captures its warnings like any others (shown for failing tests), and tests that look
+# at events use caplog or redlock.testing.capture_events.
 
 
 @pytest.fixture(scope="session")

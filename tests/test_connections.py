@@ -6,10 +6,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
-from structlog.testing import capture_logs
 
 from redlock import Outcome, QuorumUnavailable
-from redlock.testing import RedisNode, RedisNodes
+from redlock.testing import RedisNode, RedisNodes, capture_events
 from tests.clients import Actor, Flavour, Stopwatch, resolve
 from tests.internals import KEYS
 from tests.peek import any_lock_keys, lock_keys, node_address, strictly_increasing
@@ -90,7 +89,7 @@ async def test_acl_user_without_channel_permission_releases_cleanly(
     node, url = _acl_node(fresh_nodes)
     lock = me.on(flavour.manager([url]).lock("acl:y"))
     assert await lock.acquire(blocking=False)
-    with capture_logs() as events:
+    with capture_events() as events:
         await lock.release()
     assert lock_keys([node], "acl:y") == [False]
     assert [e for e in events if e["event"] == "redlock.release_incomplete"] == []

@@ -12,9 +12,9 @@ import gc
 import threading
 
 import pytest
-from structlog.testing import capture_logs
 
 from redlock import ClusterAmnesiaError, LockLost, Outcome
+from redlock.testing import capture_events
 from tests.internals import (
     Broadcast,
     LockState,
@@ -47,7 +47,7 @@ from tests.scripted import (
 def test_first_acquire_inspects_every_node_once_then_never_again() -> None:
     nodes = ScriptedNodes(3)
     core = RedlockCore([f"n{i}:6379" for i in range(3)], Settings(), FakeClock())
-    with capture_logs() as events:
+    with capture_events() as events:
         for _ in range(2):
             result = drive(core.acquire("r", 10.0, blocking=False, timeout=None),
                                        nodes.execute)
@@ -383,7 +383,7 @@ def test_renewals_retry_with_backoff_while_validity_remains() -> None:
         return PASS
 
     nodes.intercept = unreachable_for_four_rounds  # type: ignore[assignment]
-    with capture_logs() as events:
+    with capture_events() as events:
         assert run_renewals(core, [state], nodes, release_after=5) == []
     # A third of the validity, then the backoff doubles from retry_delay_min up to
     # retry_delay_max, then a third of the renewed validity.
@@ -478,7 +478,7 @@ def test_an_acquisition_whose_handles_were_collected_is_released_not_renewed() -
     renewals.add(state, holders[0])
     del holders[0]
     gc.collect()
-    with capture_logs() as events:
+    with capture_events() as events:
         drive(loops[0], nodes.execute)  # type: ignore[arg-type]
     assert nodes.scripts_sent() == ["release"]
     assert all(lock_key("r") not in db for db in nodes.data)
@@ -546,7 +546,7 @@ def test_a_node_that_lost_its_marker_is_benched_and_the_rest_grant() -> None:
     nodes = ScriptedNodes(3)
     nodes.data[2].clear()  # restarted empty
     core = make_core(3)
-    with capture_logs() as events:
+    with capture_events() as events:
         result = drive(core.acquire("r", 10.0, blocking=False, timeout=None), nodes.execute)
     assert result.state is not None and result.attempts == 1
     assert [r.outcome for r in result.outcomes] == [

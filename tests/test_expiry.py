@@ -12,10 +12,9 @@ import asyncio
 from typing import Any
 
 import pytest
-from structlog.testing import capture_logs
 
 from redlock import LockLost, Outcome
-from redlock.testing import RedisNodes
+from redlock.testing import RedisNodes, capture_events
 from tests.clients import Actor, Flavour, Stopwatch, eventually
 from tests.peek import delete_lock_keys, lock_keys, lock_pttls, lock_values
 
@@ -189,7 +188,7 @@ async def test_releasing_an_auto_extended_lock_at_once_is_not_a_watchdog_crash(
     # A bug this test found in the asyncio client: a release before the watchdog task
     # first ran made its protocol end without a request, which the driver did not expect.
     lock = flavour.manager(nodes3).lock("ttl:short", ttl=5.0, auto_extend=True)
-    with capture_logs() as events:
+    with capture_events() as events:
         for _ in range(5):
             acquired, _ = await me.call_all(lambda: lock.acquire(timeout=5.0), lock.release)
             assert acquired

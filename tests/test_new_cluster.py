@@ -7,17 +7,16 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
-from structlog.testing import capture_logs
 
 from redlock import LockNotAcquired, QuorumUnavailable, Redlock
-from redlock.testing import RedisNodes
+from redlock.testing import RedisNodes, capture_events
 
 
 def test_new_cluster_with_a_node_down_waits_for_it_without_calling_anyone_amnesiac(
         fresh_nodes: Callable[..., RedisNodes]) -> None:
     nodes = fresh_nodes(3)
     nodes[2].stop()
-    with capture_logs() as events, Redlock(nodes.urls, node_timeout=0.2) as dlm:
+    with capture_events() as events, Redlock(nodes.urls, node_timeout=0.2) as dlm:
         lock = dlm.lock("new:x", ttl=5.0)
         with pytest.raises(LockNotAcquired) as failure, \
                 dlm.lock("new:x", ttl=5.0, timeout=0.5):

@@ -6,10 +6,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
-from structlog.testing import capture_logs
 
 from redlock import AsyncRedlock, Redlock
-from redlock.testing import RedisNodes
+from redlock.testing import RedisNodes, capture_events
 from tests.internals import unsafe_config
 
 
@@ -43,7 +42,7 @@ def _warnings(events: list[dict[str, object]]) -> dict[object, object]:
 
 
 def test_sync_client_warns_once_per_unsafe_node(unsafe_nodes: list[str]) -> None:
-    with capture_logs() as events, Redlock(unsafe_nodes, node_timeout=0.5) as dlm:
+    with capture_events() as events, Redlock(unsafe_nodes, node_timeout=0.5) as dlm:
         for _ in range(3):
             with dlm.lock("cfg:x", timeout=5.0):
                 pass
@@ -56,7 +55,7 @@ def test_sync_client_warns_once_per_unsafe_node(unsafe_nodes: list[str]) -> None
 
 
 async def test_async_client_warns_too(unsafe_nodes: list[str]) -> None:
-    with capture_logs() as events:
+    with capture_events() as events:
         async with AsyncRedlock(unsafe_nodes, node_timeout=0.5) as dlm, \
                 dlm.lock("cfg:y", timeout=5.0):
             pass
@@ -65,6 +64,6 @@ async def test_async_client_warns_too(unsafe_nodes: list[str]) -> None:
 
 def test_sound_nodes_give_no_warning(fresh_nodes: Callable[..., RedisNodes]) -> None:
     nodes = fresh_nodes(3)
-    with capture_logs() as events, Redlock(nodes.urls) as dlm, dlm.lock("cfg:z", timeout=5.0):
+    with capture_events() as events, Redlock(nodes.urls) as dlm, dlm.lock("cfg:z", timeout=5.0):
         pass
     assert _warnings(events) == {}

@@ -17,10 +17,9 @@ from typing import Any
 import pytest
 import redis
 import redis.asyncio
-from structlog.testing import capture_logs
 
 from redlock import Outcome, QuorumUnavailable
-from redlock.testing import RedisNodes, free_port
+from redlock.testing import RedisNodes, capture_events, free_port
 from tests.clients import Actor, Flavour, Stopwatch
 from tests.peek import assert_outcomes, dead_url, lock_keys
 
@@ -198,7 +197,7 @@ async def test_tls_urls_are_accepted_by_the_constructor(flavour: Flavour) -> Non
 
 async def test_even_node_count_warns_but_works(flavour: Flavour, me: Actor,
                                                nodes3: RedisNodes) -> None:
-    with capture_logs() as logs:
+    with capture_events() as logs:
         dlm = flavour.bare_manager(nodes3.urls[:2])
     warnings = [e for e in logs if e["event"] == "redlock.even_node_count"]
     assert len(warnings) == 1, logs
@@ -208,7 +207,7 @@ async def test_even_node_count_warns_but_works(flavour: Flavour, me: Actor,
 
 
 async def test_odd_node_count_does_not_warn(flavour: Flavour) -> None:
-    with capture_logs() as logs:
+    with capture_events() as logs:
         flavour.bare_manager([dead_url(), dead_url(), dead_url()])
         flavour.bare_manager([dead_url()])
     assert not [e for e in logs if e["event"] == "redlock.even_node_count"]

@@ -35,7 +35,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import redis
-import structlog
 
 from fencing import RedisFencedStore, StaleTokenError
 from redlock import LockNotAcquired, Redlock, RedlockError
@@ -140,7 +139,7 @@ def handler_for(shop: Shop) -> type[BaseHTTPRequestHandler]:
 
 
 def main() -> int:
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    logging.basicConfig(level=logging.WARNING)  # the library's warnings on stderr
     lock_urls = os.environ["LOCK_URLS"].split()
     shop = Shop(lock_urls, os.environ["STORE_URL"], float(os.environ.get("LOCK_TTL", "5")),
                 float(os.environ.get("LOCK_TIMEOUT", "2")))

@@ -18,10 +18,12 @@ The same servers can run in Docker containers instead (testcontainers; the ``doc
 extra): ``start_nodes(5, backend="docker")``, ``start_toxiproxy(backend="docker")``,
 or ``$REDLOCK_TEST_BACKEND=docker`` (:mod:`redlock.testing.backends`; local processes
 stay the default). The pytest plugin (:mod:`redlock.testing.pytest_plugin`) offers
-clusters, clients and faults as fixtures.
+clusters, clients and faults as fixtures. ``capture_events()`` collects the library's
+log events in a test.
 """
 
 from redlock.testing.backends import start_nodes, start_toxiproxy
+from redlock.testing.logs import capture_events
 from redlock.testing.node import Node, Nodes
 from redlock.testing.redis_nodes import RedisNode, RedisNodes, find_redis_server, free_port
 from redlock.testing.toxiproxy import (
@@ -41,6 +43,7 @@ __all__ = [
     "RedisNodes",
     "ToxiproxyError",
     "ToxiproxyServer",
+    "capture_events",
     "find_redis_server",
     "find_toxiproxy_server",
     "free_port",

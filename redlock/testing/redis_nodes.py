@@ -34,8 +34,10 @@ def find_redis_server(explicit: str | None = None) -> str:
     candidate = explicit or os.environ.get("REDIS_SERVER") or shutil.which("redis-server")
     if not candidate or not os.access(candidate, os.X_OK):
         raise FileNotFoundError(
-            "redis-server not found: install it (bash scripts/setup.sh does) "
-            "or set REDIS_SERVER to its path"
+            "redis-server not found: install Redis (Debian/Ubuntu: apt-get install"
+            " redis-server; macOS: brew install redis; or a build from redis.io) and put"
+            " redis-server on PATH, or set REDIS_SERVER to its path. In a clone of"
+            " redlock-fenced, bash scripts/setup.sh installs it."
         )
     return candidate
 

@@ -64,9 +64,12 @@ def find_toxiproxy_server(explicit: str | None = None) -> str:
         if candidate and os.access(candidate, os.X_OK):
             return candidate
     raise FileNotFoundError(
-        "toxiproxy-server not found: bash scripts/setup.sh builds it with "
-        f"`go install github.com/Shopify/toxiproxy/v2/cmd/server@{TOXIPROXY_VERSION}`, "
-        "or set TOXIPROXY_SERVER to its path")
+        "toxiproxy-server not found: install Toxiproxy's server (a release binary from"
+        " https://github.com/Shopify/toxiproxy/releases, or `go install"
+        f" github.com/Shopify/toxiproxy/v2/cmd/server@{TOXIPROXY_VERSION}`, which builds it"
+        " as `server`) and put it on PATH as toxiproxy-server, or set TOXIPROXY_SERVER to"
+        " its path. In a clone of redlock-fenced, bash scripts/setup.sh builds it into"
+        " .tools/bin.")
 
 
 class Proxy:

@@ -8,19 +8,16 @@ Prints one line per critical section: "<token>".
 
 from __future__ import annotations
 
-import logging
 import sys
 import time
 
 import redis
-import structlog
 
 from redlock import Redlock
 
 
 def main() -> int:
     counter_url, rounds, *urls = sys.argv[1:]
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     counter = redis.Redis.from_url(counter_url)
     with Redlock(urls) as dlm:
         for _ in range(int(rounds)):

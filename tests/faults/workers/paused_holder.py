@@ -12,12 +12,10 @@ store, release. Every step is one JSON line on stdout, with time.monotonic() tim
 from __future__ import annotations
 
 import json
-import logging
 import sys
 import time
 
 import redis
-import structlog
 
 from fencing import RedisFencedStore, StaleTokenError
 from redlock import LockNotAcquired, NotHeld, Redlock, RedlockError
@@ -32,7 +30,6 @@ def emit(**fields: object) -> None:
 
 def main() -> int:
     name, seconds, ttl, store_url, *lock_urls = sys.argv[1:]
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.ERROR))
     client = redis.Redis.from_url(store_url)
     store = RedisFencedStore(client)
     end = time.monotonic() + float(seconds)
