@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextvars
 import threading
 import time
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterable
 from typing import Any, Generic, TypeVar
 
 import structlog
@@ -45,7 +45,10 @@ class ManagerBase(Generic[H]):
 
     Args:
         nodes: URLs (``redis://host:port``, ``rediss://user:pass@host:port``) or
-            redis-py clients, one per independent master. An odd N is best.
+            redis-py clients (``Sentinel.master_for(service)`` clients too, named
+            ``sentinel:<service>``), one per independent master, in any collection (a
+            list, a tuple, a set: the order of a set is arbitrary, and node names in
+            errors follow it). An odd N is best. Redis Cluster clients are refused.
         namespace: key prefix; keys are ``{namespace}:{{resource}}:lock`` / ``:fence``.
         node_timeout: seconds each node may take to answer one request (connect
             included). Keep it small relative to the TTL: 5-50 ms for a 10 s TTL.
@@ -63,7 +66,7 @@ class ManagerBase(Generic[H]):
 
     def __init__(
         self,
-        nodes: Sequence[Any],
+        nodes: Iterable[Any],
         *,
         namespace: str = "redlock",
         node_timeout: float = 0.05,
@@ -89,7 +92,7 @@ class ManagerBase(Generic[H]):
 
     # -- what each shell provides ----------------------------------------------
 
-    def _open_transport(self, nodes: Sequence[Any], node_timeout: float) -> Any:
+    def _open_transport(self, nodes: Iterable[Any], node_timeout: float) -> Any:
         raise NotImplementedError
 
     def _new_event(self) -> Wakeable:

@@ -12,7 +12,7 @@ import asyncio
 import functools
 import inspect
 import time
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterable
 from types import TracebackType
 from typing import Any, cast
 
@@ -80,7 +80,7 @@ class AsyncRedlock(ManagerBase[AsyncLock]):
 
     # -- the shell: transport, driver, waiting -------------------------------------
 
-    def _open_transport(self, nodes: Sequence[Any], node_timeout: float) -> AsyncTransport:
+    def _open_transport(self, nodes: Iterable[Any], node_timeout: float) -> AsyncTransport:
         return AsyncTransport(nodes, node_timeout)
 
     def _new_event(self) -> asyncio.Event:

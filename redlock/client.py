@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import threading
 import time
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterable
 from types import TracebackType
 from typing import Any, cast
 
@@ -83,7 +83,7 @@ class Redlock(ManagerBase[Lock]):
 
     # -- the shell: transport, driver, waiting -------------------------------------
 
-    def _open_transport(self, nodes: Sequence[Any], node_timeout: float) -> SyncTransport:
+    def _open_transport(self, nodes: Iterable[Any], node_timeout: float) -> SyncTransport:
         return SyncTransport(nodes, node_timeout)
 
     def _new_event(self) -> threading.Event:

@@ -8,6 +8,9 @@
         nodes[0].resume()
         nodes[1].restart(keep_data=False)   # comes back empty on the same port: amnesia
 
+``RedisSentinel`` runs a real Sentinel (``redis-server --sentinel``) monitoring some of
+those nodes under service names, for nodes given as ``Sentinel.master_for(service)``.
+
 Network faults go through a real Toxiproxy server (``ToxiproxyServer``, one ``Proxy`` in
 front of each node: refuse, blackhole, lose replies, latency, reset connections).
 
@@ -16,6 +19,7 @@ as a last resort, at interpreter exit.
 """
 
 from redlock.testing.redis_nodes import RedisNode, RedisNodes, find_redis_server, free_port
+from redlock.testing.sentinel import RedisSentinel
 from redlock.testing.toxiproxy import (
     Proxies,
     Proxy,
@@ -29,6 +33,7 @@ __all__ = [
     "Proxy",
     "RedisNode",
     "RedisNodes",
+    "RedisSentinel",
     "ToxiproxyError",
     "ToxiproxyServer",
     "find_redis_server",
