@@ -23,6 +23,7 @@ from typing import Any, Generic, TypeVar
 import structlog
 
 from redlock._algorithm import RedlockCore
+from redlock._decorator import F, make_decorator
 from redlock._lines import LocalLines
 from redlock._protocol import Invoke, Protocol, Wakeable
 from redlock._rules import Settings, validate_resource, validate_timeout
@@ -63,6 +64,7 @@ class ManagerBase(Generic[H]):
     """
 
     _handle_class: type[H]
+    _asynchronous = False  # the asyncio shell's handles are awaited
 
     def __init__(
         self,
@@ -133,6 +135,36 @@ class ManagerBase(Generic[H]):
         """A lock handle for ``resource``; nothing is sent until it is acquired."""
         return self._handle_class(self, resource, ttl, blocking=blocking, timeout=timeout,
                                   auto_extend=auto_extend, on_lost=on_lost, reentrant=reentrant)
+
+    def locked(
+        self,
+        resource: str | Callable[..., str],
+        ttl: float = 10.0,
+        *,
+        blocking: bool = True,
+        timeout: float | None = None,
+        auto_extend: bool = False,
+        on_lost: Callable[[H], object] | None = None,
+        reentrant: bool = False,
+        pass_lock: str | None = None,
+    ) -> Callable[[F], F]:
+        """Decorator: each call of the function runs while holding ``resource``.
+
+        ``resource`` is a name, or a function of the call's arguments that returns one
+        (``lambda order_id, **_: f"order:{order_id}"``: one lock per order). The other
+        options are :meth:`lock`'s. A lock that cannot be had raises
+        :class:`LockNotAcquired` (like ``with lock:``) and the function does not run.
+        ``pass_lock="held"`` hands the held lock to the function as the keyword argument
+        ``held`` (declare it, e.g. ``*, held: Lock | None = None``) to read its token,
+        extend it or check it. Recursive functions need ``reentrant=True``.
+
+        ``Redlock.locked`` takes plain functions, ``AsyncRedlock.locked`` coroutine
+        functions; the other kind, and generator functions, raise ``TypeError`` here.
+        """
+        options = {"ttl": ttl, "blocking": blocking, "timeout": timeout,
+                   "auto_extend": auto_extend, "on_lost": on_lost, "reentrant": reentrant}
+        return make_decorator(self, resource, options, pass_lock,
+                              asynchronous=self._asynchronous)
 
     # -- reentrancy: per (resource, owner) across this manager's handles -------
 

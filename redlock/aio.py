@@ -63,6 +63,7 @@ class AsyncRedlock(ManagerBase[AsyncLock]):
 
     _handle_class = AsyncLock
     _transport: AsyncTransport
+    _asynchronous = True
 
     async def repair(self, *, force: bool = False) -> list[RepairReport]:
         """See :meth:`redlock.Redlock.repair`."""
