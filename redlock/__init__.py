@@ -11,6 +11,7 @@ over :mod:`redlock._base`).
 """
 
 from redlock._amnesia import RepairReport
+from redlock._handover import Handover
 from redlock.aio import AsyncLock, AsyncRedlock
 from redlock.client import Lock, Redlock
 from redlock.errors import (
@@ -30,6 +31,7 @@ __all__ = [
     "AsyncLock",
     "AsyncRedlock",
     "ClusterAmnesiaError",
+    "Handover",
     "Lock",
     "LockLost",
     "LockNotAcquired",

@@ -17,18 +17,27 @@ from __future__ import annotations
 import contextvars
 import threading
 import time
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import Any, Generic, TypeVar
 
 import structlog
 
 from redlock._algorithm import RedlockCore
 from redlock._decorator import F, make_decorator
+from redlock._handover import Handover, as_handover, export_state
+from redlock._handover import adopt as adopt_handover
 from redlock._lines import LocalLines
 from redlock._protocol import Invoke, Protocol, Wakeable
 from redlock._rules import Settings, validate_resource, validate_timeout
 from redlock._state import AcquireResult, LockState, Status
-from redlock.errors import AlreadyHeld, LockNotAcquired, NotHeld, QuorumUnavailable, describe
+from redlock.errors import (
+    AlreadyHeld,
+    LockNotAcquired,
+    NotHeld,
+    QuorumUnavailable,
+    RedlockError,
+    describe,
+)
 
 logger = structlog.get_logger(__name__)
 
@@ -165,6 +174,21 @@ class ManagerBase(Generic[H]):
                    "auto_extend": auto_extend, "on_lost": on_lost, "reentrant": reentrant}
         return make_decorator(self, resource, options, pass_lock,
                               asynchronous=self._asynchronous)
+
+    def _adopt_flow(self, handover: Handover | Mapping[str, Any] | str | bytes,
+                    auto_extend: bool, on_lost: Callable[[H], object] | None) -> Protocol[H]:
+        """Take over an exported acquisition (docs/design.md §5.6) in a new handle that
+        the calling owner (thread or task) holds."""
+        value = as_handover(handover)
+        handle = self._handle_class(self, value.resource, value.ttl, auto_extend=auto_extend,
+                                    on_lost=on_lost)
+        owner = handle._owner_key()
+        state = yield from adopt_handover(self._core, value)
+        with handle._mutex:
+            handle._states[owner] = state
+        if handle.auto_extend:
+            handle._start_watchdog(state, owner)
+        return handle
 
     # -- reentrancy: per (resource, owner) across this manager's handles -------
 
@@ -375,6 +399,31 @@ class LockBase(Generic[M]):
     def check(self) -> None:
         """Raise :class:`LockLost` if the lock was lost or its validity ran out."""
         self._held().check()
+
+    def export(self) -> Handover:
+        """Hand the caller's acquisition over: a value another process or manager passes
+        to ``adopt()`` to hold, extend and release it (docs/design.md §5.6).
+
+        Ownership moves: from now on this handle neither extends (its watchdog stops)
+        nor releases (``release()`` sends nothing), and ``token``/``check()`` raise
+        :class:`NotHeld`. Raises :class:`LockLost` if the lock is no longer valid.
+        """
+        state = self._held()
+        with state.mutex:
+            if state.depth > 1:
+                raise RedlockError(
+                    f"{self.resource!r} is re-entered ({state.depth} levels): export it"
+                    " from the outermost level only", resource=self.resource)
+        value = export_state(state, self._core.keys.namespace)
+        with state.mutex:
+            if state.status != Status.HELD:  # lost meanwhile (the watchdog)
+                state.check()
+            state.status = Status.HANDED_OVER
+        stop = self._watchdog_stops.pop(state, None)
+        if stop is not None:
+            stop.set()
+        self._manager._forget_reentrant(state)
+        return value
 
     def __repr__(self) -> str:
         state = self._current()

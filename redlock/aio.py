@@ -12,13 +12,14 @@ import asyncio
 import functools
 import inspect
 import time
-from collections.abc import Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from types import TracebackType
 from typing import Any, cast
 
 from redlock._amnesia import RepairReport
 from redlock._async_transport import AsyncTransport, wait_event
 from redlock._base import LockBase, ManagerBase
+from redlock._handover import Handover
 from redlock._lines import Ticket
 from redlock._protocol import (
     NO_REPLY,
@@ -68,6 +69,12 @@ class AsyncRedlock(ManagerBase[AsyncLock]):
     async def repair(self, *, force: bool = False) -> list[RepairReport]:
         """See :meth:`redlock.Redlock.repair`."""
         return await self._drive(self._core.repair(force=force))
+
+    async def adopt(self, handover: Handover | Mapping[str, Any] | str | bytes, *,
+                    auto_extend: bool = False,
+                    on_lost: Callable[[AsyncLock], object] | None = None) -> AsyncLock:
+        """See :meth:`redlock.Redlock.adopt` (the calling task holds the handle)."""
+        return await self._drive(self._adopt_flow(handover, auto_extend, on_lost))
 
     async def close(self) -> None:
         """Close the connections this manager opened (the caller's clients stay open)."""

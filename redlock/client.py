@@ -10,12 +10,13 @@ from __future__ import annotations
 import functools
 import threading
 import time
-from collections.abc import Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from types import TracebackType
 from typing import Any, cast
 
 from redlock._amnesia import RepairReport
 from redlock._base import LockBase, ManagerBase
+from redlock._handover import Handover
 from redlock._lines import Ticket
 from redlock._protocol import NO_REPLY, Broadcast, Protocol, Replies, Request, Sleep, T, drive
 from redlock._sync_transport import SyncTransport
@@ -70,6 +71,18 @@ class Redlock(ManagerBase[Lock]):
         node lost its data has expired (one max_ttl has passed).
         """
         return self._drive(self._core.repair(force=force))
+
+    def adopt(self, handover: Handover | Mapping[str, Any] | str | bytes, *,
+              auto_extend: bool = False, on_lost: Callable[[Lock], object] | None = None
+              ) -> Lock:
+        """Hold an acquisition exported elsewhere (``lock.export()``, or its JSON or
+        dict form): returns a handle the calling thread holds, to extend and release.
+
+        One round checks that a quorum of nodes still holds its key and measures how
+        long (docs/design.md §5.6). Raises :class:`LockLost` if the acquisition is gone
+        (expired, released), :class:`QuorumUnavailable` if too few nodes answer.
+        """
+        return self._drive(self._adopt_flow(handover, auto_extend, on_lost))
 
     def close(self) -> None:
         """Close the connections this manager opened (the caller's clients stay open)."""

@@ -31,13 +31,13 @@ def _held_on(nodes: RedisNodes, resource: str) -> int:
 
 @pytest.fixture
 def dlm(nodes3: RedisNodes) -> Iterator[Redlock]:
-    with Redlock(nodes3.urls) as manager:
+    with Redlock(nodes3.urls, node_timeout=0.25) as manager:
         yield manager
 
 
 @pytest.fixture
 async def adlm(nodes3: RedisNodes) -> AsyncIterator[AsyncRedlock]:
-    async with AsyncRedlock(nodes3.urls) as manager:
+    async with AsyncRedlock(nodes3.urls, node_timeout=0.25) as manager:
         yield manager
 
 
@@ -140,7 +140,7 @@ def test_resource_from_the_arguments(dlm: Redlock) -> None:
 
 def test_excludes_across_threads_and_managers(nodes3: RedisNodes) -> None:
     counter = redis.Redis.from_url(nodes3.urls[0])
-    managers = [Redlock(nodes3.urls) for _ in range(2)]
+    managers = [Redlock(nodes3.urls, node_timeout=0.25) for _ in range(2)]
     increments = []
     for manager in managers:
         @manager.locked("dec:count", ttl=5.0, timeout=30.0)

@@ -34,7 +34,7 @@ from redlock import (
 
 # Methods that talk to Redis: plain in the sync client, coroutines in the asyncio one.
 IO_METHODS = {
-    (Redlock, AsyncRedlock): {"repair", "close"},
+    (Redlock, AsyncRedlock): {"repair", "close", "adopt"},
     (Lock, AsyncLock): {"acquire", "release", "extend"},
 }
 # Context-manager protocol: the same role under sync and async names.
