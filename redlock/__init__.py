@@ -12,8 +12,8 @@ over :mod:`redlock._base`).
 
 from redlock._amnesia import RepairReport
 from redlock._handover import Handover
-from redlock.aio import AsyncLock, AsyncRedlock
-from redlock.client import Lock, Redlock
+from redlock.aio import AsyncLock, AsyncMultiLock, AsyncRedlock
+from redlock.client import Lock, MultiLock, Redlock
 from redlock.errors import (
     AlreadyHeld,
     ClusterAmnesiaError,
@@ -29,12 +29,14 @@ from redlock.errors import (
 __all__ = [
     "AlreadyHeld",
     "AsyncLock",
+    "AsyncMultiLock",
     "AsyncRedlock",
     "ClusterAmnesiaError",
     "Handover",
     "Lock",
     "LockLost",
     "LockNotAcquired",
+    "MultiLock",
     "NodeResult",
     "NotHeld",
     "Outcome",

@@ -27,6 +27,7 @@ from redlock._decorator import F, make_decorator
 from redlock._handover import Handover, as_handover, export_state
 from redlock._handover import adopt as adopt_handover
 from redlock._lines import LocalLines
+from redlock._multi import MultiCore
 from redlock._protocol import Invoke, Protocol, Wakeable
 from redlock._rules import Settings, validate_resource, validate_timeout
 from redlock._state import AcquireResult, LockState, Status
@@ -95,6 +96,7 @@ class ManagerBase(Generic[H]):
         # so nothing leaks if anything below raises.
         self._transport = self._open_transport(nodes, settings.node_timeout)
         self._core = RedlockCore(self._transport.addresses, settings, clock)
+        self._multi_core = MultiCore(self._core)
         self._sleep = sleep
         self._lines: LocalLines[Any, Any] = LocalLines(self._new_event, self._new_turn)
         self._reentrant: dict[tuple[str, Hashable], LockState] = {}

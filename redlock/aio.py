@@ -21,6 +21,7 @@ from redlock._async_transport import AsyncTransport, wait_event
 from redlock._base import LockBase, ManagerBase
 from redlock._handover import Handover
 from redlock._lines import Ticket
+from redlock._multi import MultiLockBase
 from redlock._protocol import (
     NO_REPLY,
     Broadcast,
@@ -58,6 +59,33 @@ class AsyncLock(LockBase["AsyncRedlock"]):
         await self.release()
 
 
+class AsyncMultiLock(MultiLockBase):
+    """The asyncio twin of :class:`redlock.MultiLock`; each task gets its own acquisition."""
+
+    _manager: AsyncRedlock
+
+    async def acquire(self, blocking: bool | None = None, timeout: float | None = None) -> bool:
+        """See :meth:`redlock.MultiLock.acquire`."""
+        return await self._manager._drive(self._acquire_flow(blocking, timeout))
+
+    async def release(self) -> None:
+        """See :meth:`redlock.MultiLock.release`."""
+        await self._manager._drive(self._release_flow())
+
+    async def extend(self, ttl: float | None = None) -> None:
+        """See :meth:`redlock.MultiLock.extend`."""
+        await self._manager._drive(self._extend_flow(ttl))
+
+    async def __aenter__(self) -> AsyncMultiLock:
+        if not await self.acquire():
+            raise self._entered_failure()
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.release()
+
+
 class AsyncRedlock(ManagerBase[AsyncLock]):
     """The asyncio twin of :class:`redlock.Redlock`; see there for the arguments
     (``sleep``, if given, is a coroutine function)."""
@@ -69,6 +97,14 @@ class AsyncRedlock(ManagerBase[AsyncLock]):
     async def repair(self, *, force: bool = False) -> list[RepairReport]:
         """See :meth:`redlock.Redlock.repair`."""
         return await self._drive(self._core.repair(force=force))
+
+    def lock_many(self, resources: Iterable[str], ttl: float = 10.0, *,
+                  blocking: bool = True, timeout: float | None = None,
+                  auto_extend: bool = False,
+                  on_lost: Callable[[AsyncMultiLock], object] | None = None) -> AsyncMultiLock:
+        """See :meth:`redlock.Redlock.lock_many`."""
+        return AsyncMultiLock(self, resources, ttl, blocking=blocking, timeout=timeout,
+                              auto_extend=auto_extend, on_lost=on_lost)
 
     async def adopt(self, handover: Handover | Mapping[str, Any] | str | bytes, *,
                     auto_extend: bool = False,

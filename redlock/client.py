@@ -18,6 +18,7 @@ from redlock._amnesia import RepairReport
 from redlock._base import LockBase, ManagerBase
 from redlock._handover import Handover
 from redlock._lines import Ticket
+from redlock._multi import MultiLockBase
 from redlock._protocol import NO_REPLY, Broadcast, Protocol, Replies, Request, Sleep, T, drive
 from redlock._sync_transport import SyncTransport
 
@@ -58,6 +59,34 @@ class Lock(LockBase["Redlock"]):
         self.release()
 
 
+class MultiLock(MultiLockBase):
+    """A lock over several resources at once (``dlm.lock_many([...])``): all or
+    nothing, a token per resource in :attr:`tokens`. Safe to share across threads."""
+
+    _manager: Redlock
+
+    def acquire(self, blocking: bool | None = None, timeout: float | None = None) -> bool:
+        """Acquire every resource on a quorum; see :meth:`Lock.acquire`."""
+        return self._manager._drive(self._acquire_flow(blocking, timeout))
+
+    def release(self) -> None:
+        """Release every resource on every node. Idempotent."""
+        self._manager._drive(self._release_flow())
+
+    def extend(self, ttl: float | None = None) -> None:
+        """Reset the TTL of every resource; :class:`LockLost` when a quorum does not ack."""
+        self._manager._drive(self._extend_flow(ttl))
+
+    def __enter__(self) -> MultiLock:
+        if not self.acquire():
+            raise self._entered_failure()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.release()
+
+
 class Redlock(ManagerBase[Lock]):
     __doc__ = ManagerBase.__doc__
 
@@ -71,6 +100,16 @@ class Redlock(ManagerBase[Lock]):
         node lost its data has expired (one max_ttl has passed).
         """
         return self._drive(self._core.repair(force=force))
+
+    def lock_many(self, resources: Iterable[str], ttl: float = 10.0, *,
+                  blocking: bool = True, timeout: float | None = None,
+                  auto_extend: bool = False,
+                  on_lost: Callable[[MultiLock], object] | None = None) -> MultiLock:
+        """One lock over several resources, all or nothing, with a token per resource;
+        no deadlock between overlapping sets (docs/design.md §11.2). Nothing is sent
+        until it is acquired; the options are :meth:`lock`'s (not reentrant)."""
+        return MultiLock(self, resources, ttl, blocking=blocking, timeout=timeout,
+                         auto_extend=auto_extend, on_lost=on_lost)
 
     def adopt(self, handover: Handover | Mapping[str, Any] | str | bytes, *,
               auto_extend: bool = False, on_lost: Callable[[Lock], object] | None = None
