@@ -28,9 +28,10 @@ from redlock._handover import Handover, as_handover, export_state
 from redlock._handover import adopt as adopt_handover
 from redlock._lines import LocalLines
 from redlock._multi import MultiCore
-from redlock._protocol import Invoke, Protocol, Wakeable
+from redlock._protocol import Invoke, Protocol, T, Wakeable
 from redlock._rules import Settings, validate_resource, validate_timeout
 from redlock._state import AcquireResult, LockState, Status
+from redlock._telemetry import Telemetry, observe, observe_watchdog
 from redlock.errors import (
     AlreadyHeld,
     LockNotAcquired,
@@ -71,6 +72,9 @@ class ManagerBase(Generic[H]):
         clock: a monotonic clock in seconds (injectable for tests).
         sleep: how to wait between attempts (injectable for tests; the default waits
             in the manager's local line, where a release wakes the first waiter).
+        tracer_provider, meter_provider: OpenTelemetry providers to record spans and
+            metrics with (needs the ``otel`` extra); by default the global ones, and
+            nothing is recorded while those are OpenTelemetry's no-op defaults.
     """
 
     _handle_class: type[H]
@@ -88,6 +92,8 @@ class ManagerBase(Generic[H]):
         max_ttl: float = 3600.0,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Any] | None = None,
+        tracer_provider: Any = None,
+        meter_provider: Any = None,
     ) -> None:
         settings = Settings(namespace=namespace, node_timeout=node_timeout,
                             drift_factor=drift_factor, retry_delay_min=retry_delay_min,
@@ -97,6 +103,8 @@ class ManagerBase(Generic[H]):
         self._transport = self._open_transport(nodes, settings.node_timeout)
         self._core = RedlockCore(self._transport.addresses, settings, clock)
         self._multi_core = MultiCore(self._core)
+        self._telemetry = Telemetry.create(settings.namespace, self._core.n, self._core.quorum,
+                                           tracer_provider, meter_provider)
         self._sleep = sleep
         self._lines: LocalLines[Any, Any] = LocalLines(self._new_event, self._new_turn)
         self._reentrant: dict[tuple[str, Hashable], LockState] = {}
@@ -282,8 +290,15 @@ class LockBase(Generic[M]):
 
     def _start_watchdog(self, state: LockState, owner: Hashable) -> None:
         stop = self._watchdog_stops[state] = self._manager._new_event()
-        self._manager._spawn(self._watchdog_flow(state, owner, stop),
+        self._manager._spawn(observe_watchdog(self._manager._telemetry,
+                                              self._watchdog_flow(state, owner, stop),
+                                              self, state),
                              f"redlock-watchdog:{self.resource}")
+
+    def _observed(self, op: str, protocol: Protocol[T]) -> Protocol[T]:
+        """The protocol, wrapped for OpenTelemetry when something records (§11.5)."""
+        return observe(self._manager._telemetry, op, protocol, self,
+                       self._core.amnesia.health)
 
     def _watchdog_flow(self, state: LockState, owner: Hashable,
                        stop: Wakeable) -> Protocol[None]:

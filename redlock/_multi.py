@@ -25,7 +25,7 @@ import tenacity
 
 from redlock import _scripts as scripts
 from redlock._algorithm import RedlockCore, _Backoff
-from redlock._protocol import Broadcast, Call, CommandArg, Invoke, Protocol, Sleep, Wakeable
+from redlock._protocol import Broadcast, Call, CommandArg, Invoke, Protocol, Sleep, T, Wakeable
 from redlock._rules import (
     TOKEN_LIMIT,
     choose_token,
@@ -37,6 +37,7 @@ from redlock._rules import (
 )
 from redlock._scripts import Script
 from redlock._state import AcquireResult, AttemptResult, LockState, Status
+from redlock._telemetry import observe, observe_watchdog
 from redlock.errors import (
     AlreadyHeld,
     LockNotAcquired,
@@ -485,9 +486,16 @@ class MultiLockBase:
             self._states[owner] = state
         if self.auto_extend:
             stop = self._watchdog_stops[state] = self._manager._new_event()
-            self._manager._spawn(self._watchdog_flow(state, owner, stop),
+            self._manager._spawn(observe_watchdog(self._manager._telemetry,
+                                                  self._watchdog_flow(state, owner, stop),
+                                                  self, state),
                                  f"redlock-watchdog:{self._label}")
         return True
+
+    def _observed(self, op: str, protocol: Protocol[T]) -> Protocol[T]:
+        """The protocol, wrapped for OpenTelemetry when something records (§11.5)."""
+        return observe(self._manager._telemetry, op, protocol, self,
+                       self._multi.core.amnesia.health)
 
     def _release_flow(self) -> Protocol[None]:
         state = self._held()

@@ -39,15 +39,16 @@ class AsyncLock(LockBase["AsyncRedlock"]):
 
     async def acquire(self, blocking: bool | None = None, timeout: float | None = None) -> bool:
         """See :meth:`redlock.Lock.acquire`."""
-        return await self._manager._drive(self._acquire_flow(blocking, timeout))
+        flow = self._observed("acquire", self._acquire_flow(blocking, timeout))
+        return await self._manager._drive(flow)
 
     async def release(self) -> None:
         """See :meth:`redlock.Lock.release`."""
-        await self._manager._drive(self._release_flow())
+        await self._manager._drive(self._observed("release", self._release_flow()))
 
     async def extend(self, ttl: float | None = None) -> None:
         """See :meth:`redlock.Lock.extend`."""
-        await self._manager._drive(self._extend_flow(ttl))
+        await self._manager._drive(self._observed("extend", self._extend_flow(ttl)))
 
     async def __aenter__(self) -> AsyncLock:
         if not await self.acquire():
@@ -66,15 +67,16 @@ class AsyncMultiLock(MultiLockBase):
 
     async def acquire(self, blocking: bool | None = None, timeout: float | None = None) -> bool:
         """See :meth:`redlock.MultiLock.acquire`."""
-        return await self._manager._drive(self._acquire_flow(blocking, timeout))
+        flow = self._observed("acquire", self._acquire_flow(blocking, timeout))
+        return await self._manager._drive(flow)
 
     async def release(self) -> None:
         """See :meth:`redlock.MultiLock.release`."""
-        await self._manager._drive(self._release_flow())
+        await self._manager._drive(self._observed("release", self._release_flow()))
 
     async def extend(self, ttl: float | None = None) -> None:
         """See :meth:`redlock.MultiLock.extend`."""
-        await self._manager._drive(self._extend_flow(ttl))
+        await self._manager._drive(self._observed("extend", self._extend_flow(ttl)))
 
     async def __aenter__(self) -> AsyncMultiLock:
         if not await self.acquire():

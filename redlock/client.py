@@ -39,15 +39,16 @@ class Lock(LockBase["Redlock"]):
         False when others hold the lock; raises :class:`QuorumUnavailable` when too few
         nodes answer at all (an outage is not contention).
         """
-        return self._manager._drive(self._acquire_flow(blocking, timeout))
+        flow = self._observed("acquire", self._acquire_flow(blocking, timeout))
+        return self._manager._drive(flow)
 
     def release(self) -> None:
         """Release on every node. Idempotent; a re-entered lock is released at depth 0."""
-        self._manager._drive(self._release_flow())
+        self._manager._drive(self._observed("release", self._release_flow()))
 
     def extend(self, ttl: float | None = None) -> None:
         """Reset the TTL on a quorum; raises :class:`LockLost` when that fails in time."""
-        self._manager._drive(self._extend_flow(ttl))
+        self._manager._drive(self._observed("extend", self._extend_flow(ttl)))
 
     def __enter__(self) -> Lock:
         if not self.acquire():
@@ -67,15 +68,16 @@ class MultiLock(MultiLockBase):
 
     def acquire(self, blocking: bool | None = None, timeout: float | None = None) -> bool:
         """Acquire every resource on a quorum; see :meth:`Lock.acquire`."""
-        return self._manager._drive(self._acquire_flow(blocking, timeout))
+        flow = self._observed("acquire", self._acquire_flow(blocking, timeout))
+        return self._manager._drive(flow)
 
     def release(self) -> None:
         """Release every resource on every node. Idempotent."""
-        self._manager._drive(self._release_flow())
+        self._manager._drive(self._observed("release", self._release_flow()))
 
     def extend(self, ttl: float | None = None) -> None:
         """Reset the TTL of every resource; :class:`LockLost` when a quorum does not ack."""
-        self._manager._drive(self._extend_flow(ttl))
+        self._manager._drive(self._observed("extend", self._extend_flow(ttl)))
 
     def __enter__(self) -> MultiLock:
         if not self.acquire():
