@@ -228,7 +228,8 @@ def test_nothing_is_wrapped_without_a_provider(nodes3: RedisNodes) -> None:
 
 
 def test_the_global_providers_are_used_when_set(nodes3: RedisNodes) -> None:
-    # Global providers can be set once per process: a child process of its own.
+    # Global providers can be set once per process: a child process of its own. The
+    # manager is made before they are set (an application that configures late).
     code = textwrap.dedent(f"""
         from opentelemetry import metrics, trace
         from opentelemetry.sdk.metrics import MeterProvider
@@ -237,16 +238,23 @@ def test_the_global_providers_are_used_when_set(nodes3: RedisNodes) -> None:
         from opentelemetry.sdk.trace.export import SimpleSpanProcessor
         from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
             InMemorySpanExporter)
+        import time
         from redlock import Redlock
+        from redlock._telemetry import RECHECK_S
 
+        dlm = Redlock({nodes3.urls!r})
+        with dlm.lock("ot:global"):  # before any provider: nothing recorded
+            pass
         spans = InMemorySpanExporter()
         provider = TracerProvider()
         provider.add_span_processor(SimpleSpanProcessor(spans))
         trace.set_tracer_provider(provider)
         reader = InMemoryMetricReader()
         metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
-        with Redlock({nodes3.urls!r}) as dlm, dlm.lock("ot:global"):
+        time.sleep(RECHECK_S + 0.1)  # a provider set later is used from the next check
+        with dlm.lock("ot:global"):
             pass
+        dlm.close()
         print("RESULT", sorted(s.name for s in spans.get_finished_spans()))
         names = [m.name for rm in reader.get_metrics_data().resource_metrics
                  for sm in rm.scope_metrics for m in sm.metrics]
