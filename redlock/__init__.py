@@ -13,10 +13,11 @@ over :mod:`redlock._base`).
 __version__ = "0.1.0"  # the single source: pyproject.toml reads it, CHANGELOG.md names it
 
 from redlock._amnesia import RepairReport
+from redlock._handover import Handover
 from redlock._inspect import LockStatus, NodeLockStatus, ReleaseReport
 from redlock._log import EventFormatter
-from redlock.aio import AsyncLock, AsyncRedlock
-from redlock.client import Lock, Redlock
+from redlock.aio import AsyncLock, AsyncMultiLock, AsyncRedlock
+from redlock.client import Lock, MultiLock, Redlock
 from redlock.errors import (
     AlreadyHeld,
     ClusterAmnesiaError,
@@ -32,13 +33,16 @@ from redlock.errors import (
 __all__ = [
     "AlreadyHeld",
     "AsyncLock",
+    "AsyncMultiLock",
     "AsyncRedlock",
     "ClusterAmnesiaError",
     "EventFormatter",
+    "Handover",
     "Lock",
     "LockLost",
     "LockNotAcquired",
     "LockStatus",
+    "MultiLock",
     "NodeLockStatus",
     "NodeResult",
     "NotHeld",

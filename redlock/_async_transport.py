@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sys
-from collections.abc import Coroutine, Sequence
+from collections.abc import Coroutine, Iterable
 from typing import Any, TypeVar
 
 import redis.asyncio
@@ -19,7 +19,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from redlock._node_config import address_of, build_pool, check_node_list, pool_overrides
+from redlock._node_config import build_pool, check_node_list, node_labels, pool_overrides
 from redlock._protocol import Broadcast, Call
 from redlock._transport import ParkedAcquires, render
 
@@ -49,12 +49,12 @@ async def wait_event(event: asyncio.Event, seconds: float) -> None:
 class AsyncTransport:
     """One connection pool per node; a request's calls run concurrently."""
 
-    def __init__(self, nodes: Sequence[str | redis.asyncio.Redis], node_timeout: float) -> None:
+    def __init__(self, nodes: Iterable[str | redis.asyncio.Redis], node_timeout: float) -> None:
         overrides = pool_overrides(node_timeout, Retry(NoBackoff(), 0))
+        items = check_node_list(nodes, redis.asyncio.Redis, "redis.asyncio.Redis")
         self.pools: list[redis.asyncio.ConnectionPool] = [
-            build_pool(node, redis.asyncio.ConnectionPool, parse_url, overrides)
-            for node in check_node_list(nodes, redis.asyncio.Redis, "redis.asyncio.Redis")]
-        self.addresses = [address_of(pool.connection_kwargs) for pool in self.pools]
+            build_pool(node, redis.asyncio.ConnectionPool, parse_url, overrides) for node in items]
+        self.addresses = node_labels(items)
         self._parked: ParkedAcquires[Any] = ParkedAcquires(len(self.pools))
 
     async def broadcast(self, request: Broadcast) -> list[object]:

@@ -18,17 +18,22 @@ import contextvars
 import threading
 import time
 import weakref
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import Any, Generic, TypeVar
 
 from redlock import _inspect
 from redlock._algorithm import RedlockCore
+from redlock._decorator import F, make_decorator
+from redlock._handover import Handover, as_handover, export_state
+from redlock._handover import adopt as adopt_handover
 from redlock._lines import LocalLines
 from redlock._log import get_logger
-from redlock._protocol import Invoke, Protocol, Wakeable
+from redlock._multi import MultiCore
+from redlock._protocol import Invoke, Protocol, T, Wakeable
 from redlock._renewals import Renewals
 from redlock._rules import Settings, validate_resource, validate_timeout
 from redlock._state import AcquireResult, LockState, Status
+from redlock._telemetry import Telemetry, observe
 from redlock.errors import (
     AlreadyHeld,
     LockLost,
@@ -36,6 +41,7 @@ from redlock.errors import (
     NotHeld,
     Outcome,
     QuorumUnavailable,
+    RedlockError,
     describe,
 )
 
@@ -61,7 +67,10 @@ class ManagerBase(Generic[H]):
 
     Args:
         nodes: URLs (``redis://host:port``, ``rediss://user:pass@host:port``) or
-            redis-py clients, one per independent master. An odd N is best.
+            redis-py clients (``Sentinel.master_for(service)`` clients too, named
+            ``sentinel:<service>``), one per independent master, in any collection (a
+            list, a tuple, a set: the order of a set is arbitrary, and node names in
+            errors follow it). An odd N is best. Redis Cluster clients are refused.
         namespace: key prefix; keys are ``{namespace}:{{resource}}:lock`` / ``:fence``.
         node_timeout: seconds each node may take to answer one request (connect
             included). Keep it small relative to the TTL: 5-50 ms for a 10 s TTL.
@@ -78,13 +87,17 @@ class ManagerBase(Generic[H]):
         clock: a monotonic clock in seconds (injectable for tests).
         sleep: how to wait between attempts (injectable for tests; the default waits
             in the manager's local line, where a release wakes the first waiter).
+        tracer_provider, meter_provider: OpenTelemetry providers to record spans and
+            metrics with (needs the ``otel`` extra); by default the global ones, and
+            nothing is recorded while those are OpenTelemetry's no-op defaults.
     """
 
     _handle_class: type[H]
+    _asynchronous = False  # the asyncio shell's handles are awaited
 
     def __init__(
         self,
-        nodes: Sequence[Any],
+        nodes: Iterable[Any],
         *,
         namespace: str = "redlock",
         node_timeout: float = 0.05,
@@ -95,6 +108,8 @@ class ManagerBase(Generic[H]):
         outage_timeout: float | None = 5.0,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Any] | None = None,
+        tracer_provider: Any = None,
+        meter_provider: Any = None,
     ) -> None:
         settings = Settings(namespace=namespace, node_timeout=node_timeout,
                             drift_factor=drift_factor, retry_delay_min=retry_delay_min,
@@ -104,6 +119,9 @@ class ManagerBase(Generic[H]):
         # so nothing leaks if anything below raises.
         self._transport = self._open_transport(nodes, settings.node_timeout)
         self._core = RedlockCore(self._transport.addresses, settings, clock)
+        self._multi_core = MultiCore(self._core)
+        self._telemetry = Telemetry.create(settings.namespace, self._core.n, self._core.quorum,
+                                           tracer_provider, meter_provider)
         self._sleep = sleep
         self._lines: LocalLines[Any, Any] = LocalLines(self._new_event, self._new_turn)
         # Per owner (a thread or task, held weakly: a finished one takes its entries
@@ -118,7 +136,7 @@ class ManagerBase(Generic[H]):
 
     # -- what each shell provides ----------------------------------------------
 
-    def _open_transport(self, nodes: Sequence[Any], node_timeout: float) -> Any:
+    def _open_transport(self, nodes: Iterable[Any], node_timeout: float) -> Any:
         raise NotImplementedError
 
     def _new_event(self) -> Wakeable:
@@ -175,6 +193,52 @@ class ManagerBase(Generic[H]):
             return (yield from _inspect.force_release(self._core, resource))
         finally:
             self._lines.notify(self._core.keys.channel(resource))  # local waiters: go
+
+    def locked(
+        self,
+        resource: str | Callable[..., str],
+        ttl: float = 10.0,
+        *,
+        blocking: bool = True,
+        timeout: float | None = None,
+        auto_extend: bool = False,
+        on_lost: Callable[[H], object] | None = None,
+        reentrant: bool = False,
+        pass_lock: str | None = None,
+    ) -> Callable[[F], F]:
+        """Decorator: each call of the function runs while holding ``resource``.
+
+        ``resource`` is a name, or a function of the call's arguments that returns one
+        (``lambda order_id, **_: f"order:{order_id}"``: one lock per order). The other
+        options are :meth:`lock`'s. A lock that cannot be had raises
+        :class:`LockNotAcquired` (like ``with lock:``) and the function does not run.
+        ``pass_lock="held"`` hands the held lock to the function as the keyword argument
+        ``held`` (declare it, e.g. ``*, held: Lock | None = None``) to read its token,
+        extend it or check it. Recursive functions need ``reentrant=True``.
+
+        ``Redlock.locked`` takes plain functions, ``AsyncRedlock.locked`` coroutine
+        functions; the other kind, and generator functions, raise ``TypeError`` here.
+        """
+        options = {"ttl": ttl, "blocking": blocking, "timeout": timeout,
+                   "auto_extend": auto_extend, "on_lost": on_lost, "reentrant": reentrant}
+        return make_decorator(self, resource, options, pass_lock,
+                              asynchronous=self._asynchronous)
+
+    def _adopt_flow(self, handover: Handover | Mapping[str, Any] | str | bytes,
+                    auto_extend: bool, on_lost: Callable[[H], object] | None) -> Protocol[H]:
+        """Take over an exported acquisition (docs/design.md §5.6) in a new handle that
+        the calling owner (thread or task) holds."""
+        value = as_handover(handover)
+        handle = self._handle_class(self, value.resource, value.ttl, auto_extend=auto_extend,
+                                    on_lost=on_lost)
+        owner = handle._owner_key()
+        state = yield from adopt_handover(self._core, value)
+        state.holder = weakref.ref(owner)
+        with handle._mutex:
+            handle._states[owner] = state
+        if handle.auto_extend:
+            self._renewals.add(state, handle)
+        return handle
 
     # -- reentrancy: per (resource, owner) across this manager's handles -------
 
@@ -329,6 +393,11 @@ class LockBase(Generic[M]):
         yield from self._core.extend_or_lose(state, ttl)
         self._manager._renewals.rescheduled(state)
 
+    def _observed(self, op: str, protocol: Protocol[T]) -> Protocol[T]:
+        """The protocol, wrapped for OpenTelemetry when something records (§11.5)."""
+        return observe(self._manager._telemetry, op, protocol, self,
+                       self._core.amnesia.health)
+
     def _lost_flow(self, state: LockState) -> Protocol[None]:
         """Tell this handle's on_lost that ``state`` was lost while renewed."""
         if self.on_lost is None:
@@ -408,6 +477,30 @@ class LockBase(Generic[M]):
     def check(self) -> None:
         """Raise :class:`LockLost` if the lock was lost or its validity ran out."""
         self._held().check()
+
+    def export(self) -> Handover:
+        """Hand the caller's acquisition over: a value another process or manager passes
+        to ``adopt()`` to hold, extend and release it (docs/design.md §5.6).
+
+        Ownership moves: from now on this handle neither extends (its watchdog stops)
+        nor releases (``release()`` sends nothing), and ``token``/``check()`` raise
+        :class:`NotHeld`. Raises :class:`LockLost` if the lock is no longer valid.
+        """
+        owner = self._owner_key()
+        state = self._held(owner)
+        with state.mutex:
+            if state.depth > 1:
+                raise RedlockError(
+                    f"{self.resource!r} is re-entered ({state.depth} levels): export it"
+                    " from the outermost level only", resource=self.resource)
+        value = export_state(state, self._core.keys.namespace)
+        with state.mutex:
+            if state.status != Status.HELD:  # lost meanwhile (the renewals)
+                state.check()
+            state.status = Status.HANDED_OVER
+        self._manager._renewals.remove(state)
+        self._manager._forget_reentrant(state, owner)
+        return value
 
     def __repr__(self) -> str:
         state = self._current()

@@ -8,16 +8,23 @@ the node timeout, no hidden redis-py retries (each of which could sleep past
 the lock's validity), no health-check pings, raw (undecoded) replies. The
 overrides win over a URL's query string too (``?socket_timeout=30`` would
 otherwise unbound a node).
+
+The list may be any collection (a list, a tuple, a set, a generator): the nodes are
+taken in its iteration order, which for a set is arbitrary (node names in errors and
+logs follow it). Nodes behind Sentinel and the refusal of Redis Cluster clients are in
+:mod:`redlock._sentinel`.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
 from redis.connection import parse_url
+
+from redlock import _sentinel
 
 PoolT = TypeVar("PoolT")
 
@@ -62,30 +69,62 @@ def server_identity(kwargs: Mapping[str, Any]) -> str:
 
 
 def check_node_list(nodes: object, client_type: type, client_name: str) -> list[Any]:
-    """Reject a bare string, an empty list, items of the wrong type, unparsable URLs and
-    the same server listed twice, at the call site."""
-    if isinstance(nodes, str | bytes) or not isinstance(nodes, Sequence):
+    """Reject a bare string, a mapping, an empty collection, items of the wrong type
+    (and Redis Cluster clients, saying why), unparsable URLs and the same server listed
+    twice, at the call site. Any other iterable is taken in its iteration order."""
+    if isinstance(nodes, str | bytes | bytearray | Mapping) or not isinstance(nodes, Iterable):
         raise TypeError(
-            f"nodes must be a list of URLs or {client_name} clients, not {type(nodes).__name__}")
+            f"nodes must be a collection (list, tuple, set...) of URLs or {client_name}"
+            f" clients, not {type(nodes).__name__}")
     items = list(nodes)
     if not items:
         raise ValueError("at least one Redis node is needed")
     for item in items:
+        refusal = _sentinel.cluster_refusal(item)
+        if refusal is not None:
+            raise TypeError(refusal)
         if not isinstance(item, str | client_type):
             raise TypeError(
                 f"each node must be a URL string or a {client_name}, not {type(item).__name__}")
     seen: dict[str, str] = {}
     for item in items:
-        kwargs = (parse_url(item) if isinstance(item, str)
-                  else item.connection_pool.connection_kwargs)
-        identity = server_identity(kwargs)
-        shown = _shown(item, kwargs)
+        identity, shown = _identity_and_shown(item)
         if identity in seen:
             raise ValueError(
                 f"nodes {seen[identity]} and {shown} are the same Redis server ({identity}):"
                 " each node must be an independent server")
         seen[identity] = shown
     return items
+
+
+def _identity_and_shown(item: Any) -> tuple[str, str]:
+    pool = _sentinel.sentinel_pool(item)
+    if pool is not None:
+        shown = f"{type(item).__name__}(service={pool.service_name!r})"
+        _sentinel.check_master(pool, shown)
+        return _sentinel.sentinel_identity(pool), shown
+    kwargs = parse_url(item) if isinstance(item, str) else item.connection_pool.connection_kwargs
+    return server_identity(kwargs), _shown(item, kwargs)
+
+
+def node_labels(items: Iterable[Any]) -> list[str]:
+    """The nodes' names, in order: ``host:port[/db]``, the unix socket path, or
+    ``sentinel:<service>`` (qualified by its first sentinel when two nodes of the list
+    share a service name)."""
+    items = list(items)
+    services = [pool.service_name for pool in map(_sentinel.sentinel_pool, items)
+                if pool is not None]
+    labels = []
+    for item in items:
+        pool = _sentinel.sentinel_pool(item)
+        if pool is not None:
+            shared = services.count(pool.service_name) > 1
+            labels.append(_sentinel.sentinel_label(pool, qualified=shared))
+        elif isinstance(item, str):
+            labels.append(address_of(parse_url(item)))
+        else:
+            labels.append(address_of(item.connection_pool.connection_kwargs))
+    return labels
 
 
 def _shown(node: object, kwargs: Mapping[str, Any]) -> str:
@@ -101,6 +140,8 @@ def build_pool(node: Any, pool_class: Callable[..., PoolT],
     """Our own pool for one node (a URL, or a client whose settings we copy)."""
     if isinstance(node, str):
         return pool_class(**{**parse(node), **overrides})
+    if _sentinel.sentinel_pool(node) is not None:
+        return _sentinel.build_sentinel_pool(node.connection_pool, overrides)  # type: ignore[no-any-return]
     source = node.connection_pool
     return pool_class(connection_class=source.connection_class,
                       **{**source.connection_kwargs, **overrides})

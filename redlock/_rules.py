@@ -188,8 +188,27 @@ def choose_token(counters: dict[int, int]) -> TokenChoice:
 # ---------------------------------------------------------------------------
 
 
+#: Why a node in cluster mode answers CROSSSLOT: the lock scripts take the resource's
+#: keys and the node marker together, in different slots (docs/design.md §11.4).
+CLUSTER_MODE_HINT = ("a Redis Cluster node cannot be a Redlock node: the lock scripts"
+                     " need the node marker beside the resource's keys (another slot);"
+                     " use independent non-cluster masters, docs/design.md §11.4")
+
+
+# redis-py turns a cluster-mode node's CROSSSLOT/MOVED/ASK/CLUSTERDOWN replies into
+# these (without the code in the message): the node is in cluster mode, not a lock node.
+_CLUSTER_ERRORS = {"ClusterCrossSlotError", "MovedError", "AskError", "ClusterDownError"}
+
+
+def _is_cluster_error(exc: BaseException) -> bool:
+    return (type(exc).__name__ in _CLUSTER_ERRORS
+            or str(exc).startswith(("CROSSSLOT", "MOVED", "ASK ", "CLUSTERDOWN")))
+
+
 def error_detail(exc: BaseException) -> str:
     text = str(exc) or type(exc).__name__
+    if _is_cluster_error(exc):
+        text += f" ({CLUSTER_MODE_HINT})"
     return f"{type(exc).__name__}: {text}"
 
 
@@ -199,7 +218,8 @@ def is_permanent_error(exc: BaseException) -> bool:
     if name in {"AuthenticationError", "AuthenticationWrongNumberOfArgsError", "NoPermissionError"}:
         return True
     text = str(exc)
-    return text.startswith(("NOPERM", "WRONGPASS", "NOAUTH", "READONLY", "MOVED", "CROSSSLOT"))
+    return (text.startswith(("NOPERM", "WRONGPASS", "NOAUTH", "READONLY", "MOVED", "CROSSSLOT"))
+            or _is_cluster_error(exc))
 
 
 def classify_acquire_reply(node: str, reply: object) -> NodeResult:
@@ -244,6 +264,8 @@ def unsafe_config(info: object) -> list[str]:
     findings = []
     if fields.get("role", "").strip() == "slave":
         findings.append("node is a replica (role:slave): lock writes belong on primaries")
+    if fields.get("cluster_enabled", "0").strip() == "1":
+        findings.append(f"node runs in cluster mode (cluster_enabled:1): {CLUSTER_MODE_HINT}")
     policy = fields.get("maxmemory_policy", "noeviction").strip()
     if fields.get("maxmemory", "0").strip() not in ("", "0") and policy != "noeviction":
         findings.append(f"maxmemory is set with maxmemory-policy {policy}: Redis may evict"

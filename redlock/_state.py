@@ -18,6 +18,7 @@ class Status:
     HELD = "held"
     RELEASED = "released"
     LOST = "lost"
+    HANDED_OVER = "handed over"  # exported: another handle (maybe elsewhere) owns it now
 
 
 class LockState:
@@ -51,6 +52,9 @@ class LockState:
                            resource=self.resource, outcomes=self.lost_outcomes)
         if self.status == Status.RELEASED:
             raise NotHeld(f"lock on {self.resource!r} was released", resource=self.resource)
+        if self.status == Status.HANDED_OVER:
+            raise NotHeld(f"lock on {self.resource!r} was handed over (exported): the"
+                          " adopter holds it now", resource=self.resource)
         if self._clock() >= self.deadline:
             raise LockLost(f"lock on {self.resource!r} expired: its validity ran out",
                            resource=self.resource)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable
 from typing import Any
 
 import redis
@@ -19,7 +19,7 @@ from redis.connection import parse_url
 from redis.exceptions import NoScriptError
 from redis.retry import Retry
 
-from redlock._node_config import address_of, build_pool, check_node_list, pool_overrides
+from redlock._node_config import build_pool, check_node_list, node_labels, pool_overrides
 from redlock._protocol import Broadcast, Call
 from redlock._transport import ParkedAcquires, render
 
@@ -57,12 +57,12 @@ def _groups(request: Broadcast) -> list[_Group]:
 class SyncTransport:
     """One connection pool per node, and scatter/gather over raw connections."""
 
-    def __init__(self, nodes: Sequence[str | redis.Redis], node_timeout: float) -> None:
+    def __init__(self, nodes: Iterable[str | redis.Redis], node_timeout: float) -> None:
         overrides = pool_overrides(node_timeout, Retry(NoBackoff(), 0))
+        items = check_node_list(nodes, redis.Redis, "redis.Redis")
         self.pools: list[redis.ConnectionPool] = [
-            build_pool(node, redis.ConnectionPool, parse_url, overrides)
-            for node in check_node_list(nodes, redis.Redis, "redis.Redis")]
-        self.addresses = [address_of(pool.connection_kwargs) for pool in self.pools]
+            build_pool(node, redis.ConnectionPool, parse_url, overrides) for node in items]
+        self.addresses = node_labels(items)
         self._parked: ParkedAcquires[Any] = ParkedAcquires(len(self.pools))
 
     def broadcast(self, request: Broadcast) -> list[object]:

@@ -12,15 +12,17 @@ import asyncio
 import functools
 import inspect
 import time
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from types import TracebackType
 from typing import Any, cast
 
 from redlock._amnesia import RepairReport
 from redlock._async_transport import AsyncTransport, wait_event
 from redlock._base import LockBase, ManagerBase
+from redlock._handover import Handover
 from redlock._inspect import LockStatus, ReleaseReport
 from redlock._lines import Ticket
+from redlock._multi import MultiLockBase
 from redlock._protocol import (
     NO_REPLY,
     Broadcast,
@@ -38,15 +40,16 @@ class AsyncLock(LockBase["AsyncRedlock"]):
 
     async def acquire(self, blocking: bool | None = None, timeout: float | None = None) -> bool:
         """See :meth:`redlock.Lock.acquire`."""
-        return await self._manager._drive(self._acquire_flow(blocking, timeout))
+        flow = self._observed("acquire", self._acquire_flow(blocking, timeout))
+        return await self._manager._drive(flow)
 
     async def release(self) -> None:
         """See :meth:`redlock.Lock.release`."""
-        await self._manager._drive(self._release_flow())
+        await self._manager._drive(self._observed("release", self._release_flow()))
 
     async def extend(self, ttl: float | None = None) -> None:
         """See :meth:`redlock.Lock.extend`."""
-        await self._manager._drive(self._extend_flow(ttl))
+        await self._manager._drive(self._observed("extend", self._extend_flow(ttl)))
 
     async def __aenter__(self) -> AsyncLock:
         if not await self.acquire():
@@ -58,12 +61,41 @@ class AsyncLock(LockBase["AsyncRedlock"]):
         await self._manager._drive(self._exit_flow(exc_type is not None))
 
 
+class AsyncMultiLock(MultiLockBase):
+    """The asyncio twin of :class:`redlock.MultiLock`; each task gets its own acquisition."""
+
+    _manager: AsyncRedlock
+
+    async def acquire(self, blocking: bool | None = None, timeout: float | None = None) -> bool:
+        """See :meth:`redlock.MultiLock.acquire`."""
+        flow = self._observed("acquire", self._acquire_flow(blocking, timeout))
+        return await self._manager._drive(flow)
+
+    async def release(self) -> None:
+        """See :meth:`redlock.MultiLock.release`."""
+        await self._manager._drive(self._observed("release", self._release_flow()))
+
+    async def extend(self, ttl: float | None = None) -> None:
+        """See :meth:`redlock.MultiLock.extend`."""
+        await self._manager._drive(self._observed("extend", self._extend_flow(ttl)))
+
+    async def __aenter__(self) -> AsyncMultiLock:
+        if not await self.acquire():
+            raise self._entered_failure()
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.release()
+
+
 class AsyncRedlock(ManagerBase[AsyncLock]):
     """The asyncio twin of :class:`redlock.Redlock`; see there for the arguments
     (``sleep``, if given, is a coroutine function)."""
 
     _handle_class = AsyncLock
     _transport: AsyncTransport
+    _asynchronous = True
 
     async def repair(self, *, force: bool = False) -> list[RepairReport]:
         """See :meth:`redlock.Redlock.repair`."""
@@ -80,6 +112,19 @@ class AsyncRedlock(ManagerBase[AsyncLock]):
     async def force_release(self, resource: str) -> list[ReleaseReport]:
         """See :meth:`redlock.Redlock.force_release`."""
         return await self._drive(self._force_release_flow(resource))
+    def lock_many(self, resources: Iterable[str], ttl: float = 10.0, *,
+                  blocking: bool = True, timeout: float | None = None,
+                  auto_extend: bool = False,
+                  on_lost: Callable[[AsyncMultiLock], object] | None = None) -> AsyncMultiLock:
+        """See :meth:`redlock.Redlock.lock_many`."""
+        return AsyncMultiLock(self, resources, ttl, blocking=blocking, timeout=timeout,
+                              auto_extend=auto_extend, on_lost=on_lost)
+
+    async def adopt(self, handover: Handover | Mapping[str, Any] | str | bytes, *,
+                    auto_extend: bool = False,
+                    on_lost: Callable[[AsyncLock], object] | None = None) -> AsyncLock:
+        """See :meth:`redlock.Redlock.adopt` (the calling task holds the handle)."""
+        return await self._drive(self._adopt_flow(handover, auto_extend, on_lost))
 
     async def close(self) -> None:
         """Close the connections this manager opened (the caller's clients stay open)."""
@@ -93,7 +138,7 @@ class AsyncRedlock(ManagerBase[AsyncLock]):
 
     # -- the shell: transport, driver, waiting -------------------------------------
 
-    def _open_transport(self, nodes: Sequence[Any], node_timeout: float) -> AsyncTransport:
+    def _open_transport(self, nodes: Iterable[Any], node_timeout: float) -> AsyncTransport:
         return AsyncTransport(nodes, node_timeout)
 
     def _new_event(self) -> asyncio.Event:

@@ -10,14 +10,16 @@ from __future__ import annotations
 import functools
 import threading
 import time
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from types import TracebackType
 from typing import Any, cast
 
 from redlock._amnesia import RepairReport
 from redlock._base import LockBase, ManagerBase
+from redlock._handover import Handover
 from redlock._inspect import LockStatus, ReleaseReport
 from redlock._lines import Ticket
+from redlock._multi import MultiLockBase
 from redlock._protocol import NO_REPLY, Broadcast, Protocol, Replies, Request, Sleep, T, drive
 from redlock._sync_transport import SyncTransport
 
@@ -38,7 +40,8 @@ class Lock(LockBase["Redlock"]):
         False when others hold the lock; raises :class:`QuorumUnavailable` when too few
         nodes answer at all (an outage is not contention).
         """
-        return self._manager._drive(self._acquire_flow(blocking, timeout))
+        flow = self._observed("acquire", self._acquire_flow(blocking, timeout))
+        return self._manager._drive(flow)
 
     def release(self) -> None:
         """Release on every node (a re-entered lock at depth 0); a second call is a no-op.
@@ -48,11 +51,11 @@ class Lock(LockBase["Redlock"]):
         may have run unprotected. Leaving a ``with`` block raises it too, unless another
         exception is already propagating.
         """
-        self._manager._drive(self._release_flow())
+        self._manager._drive(self._observed("release", self._release_flow()))
 
     def extend(self, ttl: float | None = None) -> None:
         """Reset the TTL on a quorum; raises :class:`LockLost` when that fails in time."""
-        self._manager._drive(self._extend_flow(ttl))
+        self._manager._drive(self._observed("extend", self._extend_flow(ttl)))
 
     def __enter__(self) -> Lock:
         if not self.acquire():
@@ -62,6 +65,35 @@ class Lock(LockBase["Redlock"]):
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self._manager._drive(self._exit_flow(exc_type is not None))
+
+
+class MultiLock(MultiLockBase):
+    """A lock over several resources at once (``dlm.lock_many([...])``): all or
+    nothing, a token per resource in :attr:`tokens`. Safe to share across threads."""
+
+    _manager: Redlock
+
+    def acquire(self, blocking: bool | None = None, timeout: float | None = None) -> bool:
+        """Acquire every resource on a quorum; see :meth:`Lock.acquire`."""
+        flow = self._observed("acquire", self._acquire_flow(blocking, timeout))
+        return self._manager._drive(flow)
+
+    def release(self) -> None:
+        """Release every resource on every node. Idempotent."""
+        self._manager._drive(self._observed("release", self._release_flow()))
+
+    def extend(self, ttl: float | None = None) -> None:
+        """Reset the TTL of every resource; :class:`LockLost` when a quorum does not ack."""
+        self._manager._drive(self._observed("extend", self._extend_flow(ttl)))
+
+    def __enter__(self) -> MultiLock:
+        if not self.acquire():
+            raise self._entered_failure()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.release()
 
 
 class Redlock(ManagerBase[Lock]):
@@ -98,6 +130,27 @@ class Redlock(ManagerBase[Lock]):
         ``check()`` fails, so protect the resource with fencing (the next holder's token
         is larger, fence counters are kept). Logs ``redlock.force_released``."""
         return self._drive(self._force_release_flow(resource))
+    def lock_many(self, resources: Iterable[str], ttl: float = 10.0, *,
+                  blocking: bool = True, timeout: float | None = None,
+                  auto_extend: bool = False,
+                  on_lost: Callable[[MultiLock], object] | None = None) -> MultiLock:
+        """One lock over several resources, all or nothing, with a token per resource;
+        no deadlock between overlapping sets (docs/design.md §11.2). Nothing is sent
+        until it is acquired; the options are :meth:`lock`'s (not reentrant)."""
+        return MultiLock(self, resources, ttl, blocking=blocking, timeout=timeout,
+                         auto_extend=auto_extend, on_lost=on_lost)
+
+    def adopt(self, handover: Handover | Mapping[str, Any] | str | bytes, *,
+              auto_extend: bool = False, on_lost: Callable[[Lock], object] | None = None
+              ) -> Lock:
+        """Hold an acquisition exported elsewhere (``lock.export()``, or its JSON or
+        dict form): returns a handle the calling thread holds, to extend and release.
+
+        One round checks that a quorum of nodes still holds its key and measures how
+        long (docs/design.md §5.6). Raises :class:`LockLost` if the acquisition is gone
+        (expired, released), :class:`QuorumUnavailable` if too few nodes answer.
+        """
+        return self._drive(self._adopt_flow(handover, auto_extend, on_lost))
 
     def close(self) -> None:
         """Close the connections this manager opened (the caller's clients stay open)."""
@@ -111,7 +164,7 @@ class Redlock(ManagerBase[Lock]):
 
     # -- the shell: transport, driver, waiting -------------------------------------
 
-    def _open_transport(self, nodes: Sequence[Any], node_timeout: float) -> SyncTransport:
+    def _open_transport(self, nodes: Iterable[Any], node_timeout: float) -> SyncTransport:
         return SyncTransport(nodes, node_timeout)
 
     def _new_event(self) -> threading.Event:

@@ -19,11 +19,13 @@ import redlock
 import redlock.errors
 from redlock import (
     AsyncLock,
+    AsyncMultiLock,
     AsyncRedlock,
     ClusterAmnesiaError,
     Lock,
     LockLost,
     LockNotAcquired,
+    MultiLock,
     NodeResult,
     NotHeld,
     Outcome,
@@ -34,8 +36,10 @@ from redlock import (
 
 # Methods that talk to Redis: plain in the sync client, coroutines in the asyncio one.
 IO_METHODS = {
-    (Redlock, AsyncRedlock): {"repair", "close", "inspect", "is_locked", "force_release"},
+    (Redlock, AsyncRedlock): {"repair", "close", "inspect", "is_locked", "force_release",
+                              "adopt"},
     (Lock, AsyncLock): {"acquire", "release", "extend"},
+    (MultiLock, AsyncMultiLock): {"acquire", "release", "extend"},
 }
 # Context-manager protocol: the same role under sync and async names.
 CONTEXT = {"__enter__": "__aenter__", "__exit__": "__aexit__"}
@@ -44,6 +48,7 @@ CONTEXT = {"__enter__": "__aenter__", "__exit__": "__aexit__"}
 ALLOWED_DEFAULT_DIFFERENCES: dict[tuple[str, str], tuple[Any, Any]] = {}
 
 PAIRS = list(IO_METHODS)
+PAIR_IDS = ["Redlock", "Lock", "MultiLock"]
 
 
 def public_names(cls: type) -> set[str]:
@@ -58,7 +63,7 @@ def params(func: Any) -> list[tuple[str, Any, Any]]:
     return [(p.name, p.kind, p.default) for p in inspect.signature(func).parameters.values()]
 
 
-@pytest.mark.parametrize(("sync_cls", "async_cls"), PAIRS, ids=["Redlock", "Lock"])
+@pytest.mark.parametrize(("sync_cls", "async_cls"), PAIRS, ids=PAIR_IDS)
 def test_same_public_names(sync_cls: type, async_cls: type) -> None:
     assert public_names(sync_cls) == public_names(async_cls)
     assert public_names(sync_cls)  # not vacuous
@@ -81,7 +86,7 @@ def test_same_public_instance_attributes() -> None:
         sync_dlm.close()
 
 
-@pytest.mark.parametrize(("sync_cls", "async_cls"), PAIRS, ids=["Redlock", "Lock"])
+@pytest.mark.parametrize(("sync_cls", "async_cls"), PAIRS, ids=PAIR_IDS)
 def test_same_signatures_and_only_io_methods_are_coroutines(sync_cls: type,
                                                             async_cls: type) -> None:
     io = IO_METHODS[(sync_cls, async_cls)]
@@ -108,7 +113,7 @@ def test_same_signatures_and_only_io_methods_are_coroutines(sync_cls: type,
     assert checked >= len(io) + 1
 
 
-@pytest.mark.parametrize(("sync_cls", "async_cls"), PAIRS, ids=["Redlock", "Lock"])
+@pytest.mark.parametrize(("sync_cls", "async_cls"), PAIRS, ids=PAIR_IDS)
 def test_context_managers_match(sync_cls: type, async_cls: type) -> None:
     for sync_name, async_name in CONTEXT.items():
         sync_method = getattr(sync_cls, sync_name)

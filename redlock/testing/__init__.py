@@ -8,6 +8,9 @@
         nodes[0].resume()
         nodes[1].restart(keep_data=False)   # comes back empty on the same port: amnesia
 
+``RedisSentinel`` runs a real Sentinel (``redis-server --sentinel``) monitoring some of
+those nodes under service names, for nodes given as ``Sentinel.master_for(service)``.
+
 Network faults go through a real Toxiproxy server (``ToxiproxyServer``, one ``Proxy`` in
 front of each node: refuse, blackhole, lose replies, latency, reset connections).
 
@@ -26,6 +29,7 @@ from redlock.testing.backends import start_nodes, start_toxiproxy
 from redlock.testing.logs import capture_events
 from redlock.testing.node import Node, Nodes
 from redlock.testing.redis_nodes import RedisNode, RedisNodes, find_redis_server, free_port
+from redlock.testing.sentinel import RedisSentinel
 from redlock.testing.toxiproxy import (
     Proxies,
     Proxy,
@@ -41,6 +45,7 @@ __all__ = [
     "Proxy",
     "RedisNode",
     "RedisNodes",
+    "RedisSentinel",
     "ToxiproxyError",
     "ToxiproxyServer",
     "capture_events",

@@ -1,0 +1,252 @@
+"""Nodes behind Redis Sentinel are nodes (docs/design.md §11.3); Redis Cluster is refused
+with the reason (§11.4). Real masters, real ``redis-server --sentinel`` processes, a real
+cluster-mode redis-server; both clients."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+import redis
+import redis.asyncio
+import redis.asyncio.cluster
+import redis.asyncio.sentinel
+import redis.cluster
+from structlog.testing import capture_logs
+
+from redlock import AsyncRedlock, QuorumUnavailable, Redlock
+from redlock.testing import RedisNodes, RedisSentinel, free_port
+
+SERVICES = ("s0", "s1", "s2")
+
+
+@pytest.fixture
+def one_sentinel(fresh_nodes: Callable[..., RedisNodes]) -> Iterator[tuple[RedisNodes,
+                                                                           RedisSentinel]]:
+    """Three masters, one Sentinel monitoring them as services s0, s1, s2."""
+    masters = fresh_nodes(3)
+    with RedisSentinel(dict(zip(SERVICES, masters, strict=True))) as sentinel:
+        yield masters, sentinel
+
+
+@pytest.fixture
+def three_deployments(fresh_nodes: Callable[..., RedisNodes]) -> Iterator[
+        tuple[RedisNodes, list[RedisSentinel]]]:
+    """Three independent deployments: each master has its own Sentinel, and each calls
+    its service ``mymaster`` (the default name in Sentinel's docs)."""
+    masters = fresh_nodes(3)
+    sentinels: list[RedisSentinel] = []
+    try:
+        for master in masters:
+            sentinels.append(RedisSentinel({"mymaster": master}))
+        yield masters, sentinels
+    finally:
+        for sentinel in sentinels:
+            sentinel.close()
+
+
+def _lock_key(resource: str) -> str:
+    return f"redlock:{{{resource}}}:lock"
+
+
+def _holders(masters: RedisNodes, resource: str) -> list[bytes | None]:
+    values = []
+    for master in masters:
+        with master.client() as client:
+            values.append(client.get(_lock_key(resource)))
+    return values
+
+
+def test_three_sentinel_services_are_three_nodes(
+        one_sentinel: tuple[RedisNodes, RedisSentinel]) -> None:
+    masters, sentinel = one_sentinel
+    sentinels = redis.Sentinel([sentinel.address], socket_timeout=1.0)
+    clients = [sentinels.master_for(name, socket_timeout=1.0) for name in SERVICES]
+    try:
+        with Redlock(clients, node_timeout=0.5) as dlm:
+            assert dlm.nodes == ("sentinel:s0", "sentinel:s1", "sentinel:s2")
+            assert dlm.quorum == 2
+            with dlm.lock("sent:a", ttl=5.0, timeout=5.0) as held:
+                assert held.token == 1
+                holders = _holders(masters, "sent:a")
+                # The key is on every master, under one owner value.
+                assert None not in holders and len(set(holders)) == 1
+            assert _holders(masters, "sent:a") == [None, None, None]
+    finally:
+        for client in clients:
+            client.close()
+        for client in sentinels.sentinels:
+            client.close()
+
+
+async def test_async_sentinel_clients_are_nodes_too(
+        one_sentinel: tuple[RedisNodes, RedisSentinel]) -> None:
+    masters, sentinel = one_sentinel
+    sentinels = redis.asyncio.sentinel.Sentinel([sentinel.address], socket_timeout=1.0)
+    clients = [sentinels.master_for(name, socket_timeout=1.0) for name in SERVICES]
+    try:
+        async with AsyncRedlock(clients, node_timeout=0.5) as dlm:
+            assert dlm.nodes == ("sentinel:s0", "sentinel:s1", "sentinel:s2")
+            async with dlm.lock("sent:b", ttl=5.0, timeout=5.0) as held:
+                assert held.token == 1
+                assert None not in _holders(masters, "sent:b")
+            assert _holders(masters, "sent:b") == [None, None, None]
+    finally:
+        for client in clients:
+            await client.aclose()
+        for client in sentinels.sentinels:
+            await client.aclose()
+
+
+def test_independent_deployments_with_one_service_name_get_distinct_labels(
+        three_deployments: tuple[RedisNodes, list[RedisSentinel]]) -> None:
+    masters, sentinel_processes = three_deployments
+    managers = [redis.Sentinel([s.address], socket_timeout=1.0) for s in sentinel_processes]
+    clients = [m.master_for("mymaster", socket_timeout=1.0) for m in managers]
+    try:
+        with Redlock(clients, node_timeout=0.5) as dlm:
+            assert dlm.nodes == tuple(f"sentinel:mymaster@{s.host}:{s.port}"
+                                      for s in sentinel_processes)
+            with dlm.lock("sent:c", ttl=5.0, timeout=5.0):
+                assert None not in _holders(masters, "sent:c")
+    finally:
+        for client in clients:
+            client.close()
+        for manager in managers:
+            for client in manager.sentinels:
+                client.close()
+
+
+def test_a_master_down_is_one_node_down(
+        one_sentinel: tuple[RedisNodes, RedisSentinel]) -> None:
+    masters, sentinel = one_sentinel
+    sentinels = redis.Sentinel([sentinel.address], socket_timeout=1.0)
+    clients = [sentinels.master_for(name) for name in SERVICES]
+    try:
+        with Redlock(clients, node_timeout=0.5) as dlm:
+            lock = dlm.lock("sent:d", ttl=5.0)
+            assert lock.acquire(blocking=False)  # all three: the new cluster is initialised
+            lock.release()
+            masters[2].stop()
+            assert lock.acquire(blocking=False)  # two of three masters: a quorum
+            lock.release()
+            masters[1].stop()
+            with pytest.raises(QuorumUnavailable) as failure:
+                lock.acquire(blocking=False)
+            assert "sentinel:s1" in str(failure.value) and "sentinel:s2" in str(failure.value)
+    finally:
+        for client in clients:
+            client.close()
+        for client in sentinels.sentinels:
+            client.close()
+
+
+def test_same_service_twice_and_replicas_are_refused(
+        one_sentinel: tuple[RedisNodes, RedisSentinel]) -> None:
+    _, sentinel = one_sentinel
+    sentinels = redis.Sentinel([sentinel.address], socket_timeout=1.0)
+    again = redis.Sentinel([sentinel.address], socket_timeout=1.0)
+    clients = [sentinels.master_for("s0"), again.master_for("s0"), sentinels.master_for("s1")]
+    replica = sentinels.slave_for("s2")
+    try:
+        with pytest.raises(ValueError, match="same Redis server"):
+            Redlock(clients)
+        with pytest.raises(ValueError, match="replica"):
+            Redlock([clients[0], clients[2], replica])
+    finally:
+        for client in [*clients, replica]:
+            client.close()
+        for manager in (sentinels, again):
+            for client in manager.sentinels:
+                client.close()
+
+
+def test_closing_the_manager_closes_its_own_sentinel_connections(
+        one_sentinel: tuple[RedisNodes, RedisSentinel]) -> None:
+    _, sentinel = one_sentinel
+    sentinels = redis.Sentinel([sentinel.address], socket_timeout=1.0)
+    clients = [sentinels.master_for(name) for name in SERVICES]
+
+    def connected() -> int:
+        with sentinel.client() as probe:
+            return int(probe.info("clients")["connected_clients"])
+
+    try:
+        before = connected()
+        dlm = Redlock(clients, node_timeout=0.5)
+        with dlm.lock("sent:e", ttl=5.0, timeout=5.0):
+            pass
+        assert connected() > before  # the manager asked the sentinel on its own sockets
+        dlm.close()
+        deadline = time.monotonic() + 10.0
+        while connected() > before and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert connected() <= before
+    finally:
+        for client in clients:
+            client.close()
+        for client in sentinels.sentinels:
+            client.close()
+
+
+# -- Redis Cluster ------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def cluster_node() -> Iterator[RedisNodes]:
+    """A one-master Redis Cluster (all 16384 slots on one cluster-mode redis-server),
+    shared by this module's tests: nothing here writes lock keys to it (it refuses)."""
+    # The cluster bus port defaults to port + 10000, too high for most free ports.
+    with RedisNodes(1, extra_args=["--cluster-enabled", "yes",
+                                   "--cluster-port", str(free_port())]) as nodes:
+        with nodes[0].client() as client:
+            client.execute_command("CLUSTER", "ADDSLOTSRANGE", 0, 16383)
+            deadline = time.monotonic() + 10.0
+            while b"cluster_state:ok" not in client.execute_command("CLUSTER", "INFO"):
+                assert time.monotonic() < deadline, "the one-node cluster did not come up"
+                time.sleep(0.05)
+        yield nodes
+
+
+def test_a_redis_cluster_client_is_refused_with_the_reason(cluster_node: RedisNodes) -> None:
+    cluster = redis.cluster.RedisCluster(host=cluster_node[0].host, port=cluster_node[0].port)
+    try:
+        cluster.set("proof", "it is a working cluster")  # a real cluster, really up
+        with pytest.raises(TypeError, match="Redis Cluster is not supported") as refused:
+            Redlock([cluster])
+        assert "CROSSSLOT" in str(refused.value) and "§11.4" in str(refused.value)
+    finally:
+        cluster.close()
+
+
+async def test_an_asyncio_cluster_client_is_refused_too(cluster_node: RedisNodes) -> None:
+    cluster = redis.asyncio.cluster.RedisCluster(host=cluster_node[0].host,
+                                                 port=cluster_node[0].port)
+    try:
+        await cluster.set("proof", "it is a working cluster")
+        with pytest.raises(TypeError, match="Redis Cluster is not supported"):
+            AsyncRedlock([cluster])
+    finally:
+        await cluster.aclose()
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+async def test_a_cluster_mode_node_by_url_fails_at_once_saying_why(
+        cluster_node: RedisNodes, kind: str) -> None:
+    url = cluster_node.urls[0]
+    with capture_logs() as events:
+        if kind == "sync":
+            with Redlock([url], node_timeout=0.5) as dlm, \
+                    pytest.raises(QuorumUnavailable) as failure:
+                dlm.lock("clu:a", ttl=5.0, timeout=30.0).acquire()
+        else:
+            async with AsyncRedlock([url], node_timeout=0.5) as adlm:
+                with pytest.raises(QuorumUnavailable) as failure:
+                    await adlm.lock("clu:a", ttl=5.0, timeout=30.0).acquire()
+    # CROSSSLOT is permanent: one attempt, not 30 s of retries.
+    assert "1 attempt" in str(failure.value)
+    assert "ClusterCrossSlotError" in str(failure.value)
+    assert "cannot be a Redlock node" in str(failure.value)
+    warned = [e for e in events if e["event"] == "redlock.node_unsafe_config"]
+    assert len(warned) == 1 and "cluster mode" in str(warned[0]["problem"])
