@@ -7,7 +7,7 @@
 
 See :mod:`redlock.errors` for the exception tree and docs/design.md for the
 algorithm (it lives in :mod:`redlock._algorithm`; both clients are thin I/O shells
-over :mod:`redlock._base`).
+over :mod:`redlock._manager` and :mod:`redlock._handle`).
 """
 
 __version__ = "0.1.0"  # the single source: pyproject.toml reads it, CHANGELOG.md names it

@@ -28,6 +28,7 @@ from redlock._rules import (
     classify_ack_reply,
     classify_acquire_reply,
     is_permanent_error,
+    label,
     quorum,
     validate_node_addresses,
     validity_left,
@@ -78,19 +79,40 @@ class RedlockCore:
         targets = range(self.n) if nodes is None else nodes
         return tuple(Call(i, args, script, keys) for i in targets)
 
-    def _release_calls(self, resource: str, owner: str) -> Broadcast:
-        keys = (self.keys.lock(resource), self.keys.channel(resource))
-        return Broadcast(self._all(scripts.RELEASE, keys, (owner,)), self.settings.node_timeout)
+    def _release_calls(self, resources: Sequence[str], owner: str) -> Broadcast:
+        """Compare-and-delete of each resource's key on every node (a set's calls to one
+        node go out pipelined)."""
+        return Broadcast(tuple(
+            Call(i, (owner,), scripts.RELEASE, (self.keys.lock(r), self.keys.channel(r)))
+            for i in range(self.n) for r in resources), self.settings.node_timeout)
+
+    def _per_node(self, replies: Sequence[object], resources: int,
+                  refused: str) -> tuple[list[NodeResult], list[int]]:
+        """Replies of an owner-checked script sent per node and resource (node-major):
+        each node's outcome (GRANTED only if it acked every resource) and, per
+        resource, how many nodes acked."""
+        outcomes, acks = [], [0] * resources
+        for i in range(self.n):
+            mine = replies[i * resources:(i + 1) * resources]
+            results = [classify_ack_reply(self.addresses[i], reply, refused=refused)
+                       for reply in mine]
+            for j, result in enumerate(results):
+                acks[j] += result.outcome is Outcome.GRANTED
+            worst = next((r for r in results if r.outcome is Outcome.ERROR),
+                         next((r for r in results if r.outcome is Outcome.REFUSED), results[0]))
+            outcomes.append(worst)
+        return outcomes, acks
 
     # -- acquire ---------------------------------------------------------------
 
-    def acquire(self, resource: str, ttl: float, *, blocking: bool,
+    def acquire(self, resources: str | tuple[str, ...], ttl: float, *, blocking: bool,
                 timeout: float | None) -> Protocol[AcquireResult]:
         """Attempts until success, the deadline, or (non-blocking) after one attempt.
 
         A blocking acquire also gives up once the cluster has been unavailable (too few
         nodes answering, not contention) for ``outage_timeout``: waiting longer would
         hide an outage from the caller."""
+        resources = (resources,) if isinstance(resources, str) else resources
         owner = secrets.token_hex(16)  # 128 bits, secret: only we can release our key
         started = self.clock()
         deadline = None if timeout is None else started + timeout
@@ -104,7 +126,7 @@ class RedlockCore:
             yield from self.amnesia.repair_due(force=False)
             attempts += 1
             attempt_started = self.clock()
-            result = yield from self._attempt(resource, owner, ttl)
+            result = yield from self._attempt(resources, owner, ttl)
             if result.retry_now and attempts < 3:
                 continue
             if result.state is not None or not blocking or result.permanent:
@@ -135,69 +157,100 @@ class RedlockCore:
                     return AcquireResult(None, result.outcomes, attempts, result.unavailable,
                                          result.reason)
                 delay = min(delay, deadline - now)
-            yield Sleep(delay, line=self.keys.channel(resource))
+            yield Sleep(delay, line=self.line(resources))
 
-    def _attempt(self, resource: str, owner: str, ttl: float) -> Protocol[AttemptResult]:
-        settings = self.settings
-        lock_key, fence_key = self.keys.lock(resource), self.keys.fence(resource)
-        ttl_ms = max(1, int(ttl * 1000))
+    def line(self, resources: Sequence[str]) -> str:
+        """The local line of an acquisition: a resource's release channel (a set has one
+        of its own). Attempts in one line from one manager take turns."""
+        return self.keys.channel(resources[0] if len(resources) == 1 else "\x00".join(resources))
+
+    def _acquire_calls(self, resources: tuple[str, ...], owner: str,
+                       ttl_ms: int) -> tuple[Call, ...]:
+        keys, floors = self.keys, self.floors
+        if len(resources) == 1:
+            [resource] = resources
+            return self._all(scripts.ACQUIRE, (keys.lock(resource), keys.fence(resource),
+                                               keys.marker),
+                             (owner, ttl_ms, floors.get(resource)))
+        return self._all(scripts.ACQUIRE_MANY,
+                         (keys.marker, *(keys.lock(r) for r in resources),
+                          *(keys.fence(r) for r in resources)),
+                         (owner, ttl_ms, *(floors.get(r) for r in resources)))
+
+    def _attempt(self, resources: tuple[str, ...], owner: str,
+                 ttl: float) -> Protocol[AttemptResult]:
+        settings, keys, name = self.settings, self.keys, label(resources)
         started = self.clock()
-        request = Broadcast(
-            self._all(scripts.ACQUIRE, (lock_key, fence_key, self.keys.marker),
-                      (owner, ttl_ms, self.floors.get(resource))),
-            settings.node_timeout, line=self.keys.channel(resource))
+        request = Broadcast(self._acquire_calls(resources, owner, max(1, int(ttl * 1000))),
+                            settings.node_timeout, line=self.line(resources))
         try:
             replies = yield request
-            outcomes = tuple(classify_acquire_reply(self.addresses[i], reply)
+            outcomes = tuple(classify_acquire_reply(self.addresses[i], reply, len(resources))
                              for i, reply in enumerate(replies))
             amnesia = yield from self.amnesia.check(outcomes, started)
             if amnesia is not None:
-                yield self._release_calls(resource, owner)
+                yield self._release_calls(resources, owner)
                 return amnesia
-            granted = {i: r.counter for i, r in enumerate(outcomes)
-                       if r.outcome is Outcome.GRANTED and r.counter is not None}
+            # Per granting node, its counter for each resource (in the set's order).
+            granted = {i: [int(c) for c in replies[i][1:]]  # type: ignore[index]
+                       for i, r in enumerate(outcomes) if r.outcome is Outcome.GRANTED}
             if len(granted) >= self.quorum:
-                choice = choose_token(granted)
-                committed = len(choice.committed)
-                if committed < self.quorum and choice.write_back:
+                # The token rule, resource by resource (docs/design.md §3).
+                choices = {r: choose_token({i: c[j] for i, c in granted.items()})
+                           for j, r in enumerate(resources)}
+                committed = {r: len(c.committed) for r, c in choices.items()}
+                write_backs = [(r, Call(i, (owner, c.token), scripts.WRITE_BACK,
+                                        (keys.lock(r), keys.fence(r), keys.marker)))
+                               for r, c in choices.items() if committed[r] < self.quorum
+                               for i in c.write_back]
+                if write_backs:
                     # Counters diverged: raise the lower ones to the token, but only on
                     # nodes that still hold our key (the script checks the owner).
-                    acks = yield Broadcast(
-                        self._all(scripts.WRITE_BACK, (lock_key, fence_key, self.keys.marker),
-                                  (owner, choice.token), choice.write_back),
-                        settings.node_timeout)
-                    committed += sum(1 for ack in acks if ack == 1)
-                    logger.info("redlock.token_write_back", resource=resource,
-                                token=choice.token, returned_token=len(choice.committed),
-                                written_back=len(choice.write_back), committed=committed)
+                    acks = yield Broadcast(tuple(call for _, call in write_backs),
+                                           settings.node_timeout)
+                    for (r, _), ack in zip(write_backs, acks, strict=True):
+                        committed[r] += int(ack == 1)
+                    for r in {r for r, _ in write_backs}:
+                        logger.info("redlock.token_write_back", resource=r,
+                                    token=choices[r].token,
+                                    returned_token=len(choices[r].committed),
+                                    written_back=len(choices[r].write_back),
+                                    committed=committed[r])
                 validity = validity_left(settings, ttl, started, self.clock())
-                if committed >= self.quorum and validity > 0 and choice.token < TOKEN_LIMIT:
-                    self.floors.raise_to(resource, choice.token)
-                    state = LockState(resource, owner, ttl, choice.token,
-                                      started + ttl - settings.drift(ttl), self.clock)
-                    logger.debug("redlock.acquired", resource=resource, token=choice.token,
+                short = [r for r in resources if committed[r] < self.quorum]
+                too_big = [r for r in resources if choices[r].token >= TOKEN_LIMIT]
+                if not short and not too_big and validity > 0:
+                    tokens = {r: c.token for r, c in choices.items()}
+                    for r, token in tokens.items():
+                        self.floors.raise_to(r, token)
+                    state = LockState(name, owner, ttl, max(tokens.values()),
+                                      started + ttl - settings.drift(ttl), self.clock,
+                                      tokens=tokens)
+                    logger.debug("redlock.acquired", resource=name, token=state.token,
                                  validity_ms=round(validity * 1000, 3), granted=len(granted),
                                  nodes=self.n)
                     return AttemptResult(state, outcomes)
-                reason = ("validity ran out during the attempt" if validity <= 0 else
-                          f"token committed on {committed} nodes, need {self.quorum}")
-                if choice.token >= TOKEN_LIMIT:
+                if too_big:
                     reason = f"fence counter reached {TOKEN_LIMIT}"
+                elif short:
+                    reason = f"token committed on {committed[short[0]]} nodes, need {self.quorum}"
+                else:
+                    reason = "validity ran out during the attempt"
             else:
                 reason = f"{len(granted)} of {self.n} nodes granted, need {self.quorum}"
         except GeneratorExit:
             raise
         except BaseException:
             # Interrupted (cancelled) after sending: the SET may have happened anywhere.
-            yield self._release_calls(resource, owner)
+            yield self._release_calls(resources, owner)
             raise
         # Failure: release everywhere, including nodes that timed out (reply lost after SET).
-        yield self._release_calls(resource, owner)
+        yield self._release_calls(resources, owner)
         healthy = sum(1 for r in outcomes if r.outcome in (Outcome.GRANTED, Outcome.REFUSED))
         unavailable = healthy < self.quorum
         permanent = unavailable and any(
             isinstance(reply, BaseException) and is_permanent_error(reply) for reply in replies)
-        logger.debug("redlock.quorum_failed", resource=resource, reason=reason,
+        logger.debug("redlock.quorum_failed", resource=name, reason=reason,
                      granted=len(granted), needed=self.quorum, nodes=self.n,
                      unavailable=unavailable, outcomes=describe(outcomes))
         return AttemptResult(None, outcomes, unavailable, permanent, reason=reason)
@@ -206,11 +259,13 @@ class RedlockCore:
 
     def release(self, state: LockState) -> Protocol[tuple[NodeResult, ...]]:
         """Compare-and-delete on every node; idempotent; never deletes another's key.
+        Per node: GRANTED (deleted our key of every resource), REFUSED (some key was
+        not ours any more) or ERROR.
 
         The acquisition counts as released only once the release was sent: if the
         caller is interrupted (cancelled) meanwhile, it is sent again before the
         interruption propagates, as a cancelled acquire does."""
-        request = self._release_calls(state.resource, state.owner)
+        request = self._release_calls(state.resources, state.owner)
         try:
             replies = yield request
         except GeneratorExit:
@@ -220,8 +275,7 @@ class RedlockCore:
             state.mark_released()
             raise
         state.mark_released()
-        outcomes = tuple(classify_ack_reply(self.addresses[i], reply, refused="key already gone")
-                         for i, reply in enumerate(replies))
+        outcomes, _ = self._per_node(replies, len(state.resources), refused="key already gone")
         errors = [r for r in outcomes if r.outcome is Outcome.ERROR]
         if errors:
             # The keys on those nodes expire by their TTL; say so rather than hide it.
@@ -229,37 +283,39 @@ class RedlockCore:
                            outcomes=describe(errors), expires_within_s=state.ttl)
         else:
             logger.debug("redlock.released", resource=state.resource, token=state.token)
-        return outcomes
+        return tuple(outcomes)
 
     def extend_many(self, items: Sequence[tuple[LockState, float]],
                     ) -> Protocol[list[tuple[NodeResult, ...] | None]]:
         """One extend round for several acquisitions (one request: each node gets its
         calls pipelined). Per acquisition: None on success, else the per-node outcomes.
-        Success needs a quorum of acks before the old validity ran out; the new
-        validity is measured from this round's start."""
+        Success needs a quorum of acks for every resource before the old validity ran
+        out; the new validity is measured from this round's start."""
         started = self.clock()
         live = [(state, ttl) for state, ttl in items
                 if state.status == Status.HELD and started < state.deadline]
         results: dict[LockState, tuple[NodeResult, ...] | None] = {}
         if live:
-            calls = tuple(call for state, ttl in live for call in self._all(
-                scripts.EXTEND, (self.keys.lock(state.resource),),
-                (state.owner, max(1, int(ttl * 1000)))))
+            calls = tuple(
+                Call(i, (state.owner, max(1, int(ttl * 1000))), scripts.EXTEND,
+                     (self.keys.lock(r),))
+                for state, ttl in live for i in range(self.n) for r in state.resources)
             replies = yield Broadcast(calls, min(self.settings.node_timeout,
                                                  min(s.deadline for s, _ in live) - started))
-            finished = self.clock()
-            for k, (state, ttl) in enumerate(live):
-                outcomes = tuple(classify_ack_reply(self.addresses[i], reply,
-                                                    refused="our key is gone (expired or taken)")
-                                 for i, reply in enumerate(replies[k * self.n:(k + 1) * self.n]))
-                acks = sum(1 for r in outcomes if r.outcome is Outcome.GRANTED)
-                if acks >= self.quorum and finished < state.deadline and state.renewed(
+            finished, offset = self.clock(), 0
+            for state, ttl in live:
+                size = self.n * len(state.resources)
+                outcomes, acks = self._per_node(replies[offset:offset + size],
+                                                len(state.resources),
+                                                refused="our key is gone (expired or taken)")
+                offset += size
+                if min(acks) >= self.quorum and finished < state.deadline and state.renewed(
                         started + ttl - self.settings.drift(ttl), ttl):
                     logger.debug("redlock.extended", resource=state.resource,
-                                 token=state.token, acks=acks, ttl_s=ttl)
+                                 token=state.token, acks=min(acks), ttl_s=ttl)
                     results[state] = None
                 else:
-                    results[state] = outcomes
+                    results[state] = tuple(outcomes)
         return [results.get(state, ()) for state, _ in items]
 
     def extend(self, state: LockState, ttl: float) -> Protocol[tuple[NodeResult, ...] | None]:
@@ -285,7 +341,7 @@ class RedlockCore:
             logger.warning("redlock.lost", resource=state.resource, token=state.token,
                            reason=reason, outcomes=describe(outcomes))
             # Drop what is left of our keys so the next holder need not wait for the TTL.
-            yield self._release_calls(state.resource, state.owner)
+            yield self._release_calls(state.resources, state.owner)
         return first
 
     # -- repair ------------------------------------------------------------------

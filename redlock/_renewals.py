@@ -16,6 +16,7 @@ ever.
 from __future__ import annotations
 
 import threading
+import time
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -58,11 +59,13 @@ class Renewals:
 
     def __init__(self, core: RedlockCore, new_event: Callable[[], Wakeable],
                  start_loop: Callable[[Protocol[None]], None],
-                 lost: Callable[[LockState, list[Any]], None]) -> None:
+                 lost: Callable[[LockState, list[Any]], None],
+                 observe: Callable[[LockState, str, int], None] = lambda *_: None) -> None:
         self._core = core
         self._new_event = new_event
         self._start_loop = start_loop
         self._lost = lost
+        self._observe = observe  # (state, "extended" | "failed" | "lost", round start ns)
         self._renewals: dict[LockState, Renewal] = {}
         self._mutex = threading.Lock()
         self._wake: Wakeable | None = None  # made by the first loop (an asyncio.Event binds late)
@@ -147,21 +150,25 @@ class Renewals:
                 live.append(renewal)
         if not live:
             return
+        started_ns = time.time_ns()
         failures = yield from self._core.extend_many([(r.state, r.state.ttl) for r in live])
         now = self._core.clock()
         for renewal, failure in zip(live, failures, strict=True):
             if failure is None:
                 renewal.retry_delay = 0.0
                 renewal.due = next_renewal(renewal.state, now)
+                self._observe(renewal.state, "extended", started_ns)
             else:
-                yield from self._failed(renewal, failure, now)
+                lost = yield from self._failed(renewal, failure, now)
+                self._observe(renewal.state, "lost" if lost else "failed", started_ns)
 
     def _failed(self, renewal: Renewal, failure: tuple[NodeResult, ...],
-                now: float) -> Protocol[None]:
+                now: float) -> Protocol[bool]:
+        """Retry later, or lose the lock (True)."""
         state = renewal.state
         if state.status != Status.HELD:  # released (or lost) meanwhile
             self.remove(state)
-            return
+            return False
         core = self._core
         gone = sum(1 for r in failure if r.outcome is Outcome.REFUSED)
         left = state.deadline - now
@@ -171,13 +178,14 @@ class Renewals:
             self.remove(state)
             if (yield from core.lose(state, reason, failure)):
                 self._lost(state, list(renewal.handles))
-            return
+            return True
         settings = core.settings
         renewal.retry_delay = (settings.retry_delay_min if not renewal.retry_delay
                                else min(renewal.retry_delay * 2, settings.retry_delay_max))
         renewal.due = now + min(renewal.retry_delay, left)
         logger.warning("redlock.extend_retry", resource=state.resource,
                        validity_left_s=round(left, 3), outcomes=describe(failure))
+        return False
 
     def _abandoned(self, renewal: Renewal) -> Protocol[None]:
         """Every handle holding the acquisition is gone: release it instead of renewing."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from redlock import _scripts as scripts
@@ -55,6 +55,30 @@ def validate_seconds(name: str, value: object, *, upper: float | None = None) ->
     if upper is not None and seconds > upper:
         raise ValueError(f"{name}={value!r} s is larger than the maximum {upper:g} s")
     return seconds
+
+
+def validate_resources(resources: object) -> tuple[str, ...]:
+    """A set of resources: validated, without duplicates, sorted (the order its keys are
+    sent in, so every client asks for a set's keys in the same order)."""
+    if isinstance(resources, str | bytes) or not isinstance(resources, Iterable):
+        raise TypeError("resources must be a collection of resource names (str), not"
+                        f" {type(resources).__name__}")
+    names = tuple(sorted({validate_resource(r) for r in resources}))
+    if not names:
+        raise ValueError("at least one resource is needed")
+    return names
+
+
+def label(resources: Sequence[str]) -> str:
+    """What an acquisition is called in messages: its resource, or its set."""
+    if len(resources) == 1:
+        return resources[0]
+    return "[" + ", ".join(repr(r) for r in resources) + "]"
+
+
+def shown(resources: Sequence[str]) -> str:
+    """An acquisition in an error message: ``'orders:42'``, or ``['a', 'b']``."""
+    return repr(resources[0]) if len(resources) == 1 else label(resources)
 
 
 def validate_timeout(timeout: object) -> float | None:
@@ -222,20 +246,27 @@ def is_permanent_error(exc: BaseException) -> bool:
             or _is_cluster_error(exc))
 
 
-def classify_acquire_reply(node: str, reply: object) -> NodeResult:
+def classify_acquire_reply(node: str, reply: object, resources: int = 1) -> NodeResult:
+    """ACQUIRE's reply (one resource) or ACQUIRE_MANY's (a set of ``resources``); a
+    granting node's counters are ``reply[1:]``, one per resource (``counter``: the max)."""
     if isinstance(reply, BaseException):
         return NodeResult(node, Outcome.ERROR, error_detail(reply))
-    if not isinstance(reply, list | tuple) or len(reply) != 2:
+    if not isinstance(reply, list | tuple) or len(reply) < 2:
         return NodeResult(node, Outcome.ERROR, f"unexpected reply {reply!r}")
     try:
-        code, value = int(reply[0]), int(reply[1])
+        code, values = int(reply[0]), [int(v) for v in reply[1:]]
     except (TypeError, ValueError):  # a proxy or a foreign script answering: not ours
         return NodeResult(node, Outcome.ERROR, f"unexpected reply {reply!r}")
     if code in (scripts.ACQUIRE_GRANTED, scripts.ACQUIRE_ALREADY_OURS):
-        return NodeResult(node, Outcome.GRANTED, counter=value)
+        if len(values) != resources:
+            return NodeResult(node, Outcome.ERROR, f"unexpected reply {reply!r}")
+        return NodeResult(node, Outcome.GRANTED, counter=max(values))
+    if len(values) != 1:
+        return NodeResult(node, Outcome.ERROR, f"unexpected reply {reply!r}")
     if code == scripts.ACQUIRE_REFUSED:
-        return NodeResult(node, Outcome.REFUSED, f"held by another owner, {value} ms left",
-                          pttl_ms=value)
+        held = "held by another owner" if resources == 1 else "a key is held by another owner"
+        return NodeResult(node, Outcome.REFUSED, f"{held}, {values[0]} ms left",
+                          pttl_ms=values[0])
     if code == scripts.ACQUIRE_AMNESIAC:
         return NodeResult(node, Outcome.AMNESIAC, "no node marker: new, or lost its data")
     return NodeResult(node, Outcome.ERROR, f"unexpected reply code {code}")

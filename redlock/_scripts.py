@@ -63,6 +63,58 @@ return {1, redis.call('INCRBY', KEYS[2], target - counter)}
 """,
 )
 
+# A set of resources at once, atomically on each node: every key set or none, so no
+# node holds part of a set and nobody holds one resource while waiting for another (no
+# hold-and-wait: overlapping sets cannot deadlock). Same reply shape as ACQUIRE.
+ACQUIRE_MANY = Script(
+    "acquire_many",
+    """
+-- KEYS[1] node marker; KEYS[2..k+1] lock keys; KEYS[k+2..2k+1] fence keys (same order)
+-- ARGV[1] owner value, ARGV[2] ttl in ms, ARGV[3..k+2] token floors (same order)
+-- returns {-1, 0}          no node marker: amnesiac node, refuses
+--         {0, pttl}        some key is held by another owner: nothing set; pttl = the
+--                          longest PTTL among those keys (-1: a key without expiry)
+--         {1, c1, ..., ck} every key set (or already ours: TTL refreshed, counter as
+--                          is); ci = resource i's fence counter, raised like ACQUIRE
+if redis.call('EXISTS', KEYS[1]) == 0 then
+    return {-1, 0}
+end
+local k = (#KEYS - 1) / 2
+local blocked, longest = false, -1
+for i = 1, k do
+    local holder = redis.call('GET', KEYS[1 + i])
+    if holder and holder ~= ARGV[1] then
+        blocked = true
+        local pttl = redis.call('PTTL', KEYS[1 + i])
+        if pttl < 0 then
+            longest = -1
+            break
+        end
+        if pttl > longest then
+            longest = pttl
+        end
+    end
+end
+if blocked then
+    return {0, longest}
+end
+local reply = {1}
+for i = 1, k do
+    local lock, fence = KEYS[1 + i], KEYS[1 + k + i]
+    local counter = tonumber(redis.call('GET', fence) or '0')
+    if redis.call('GET', lock) == ARGV[1] then
+        redis.call('PEXPIRE', lock, ARGV[2])
+        reply[#reply + 1] = counter
+    else
+        redis.call('SET', lock, ARGV[1], 'PX', ARGV[2])
+        local target = math.max(counter, tonumber(ARGV[2 + i])) + 1
+        reply[#reply + 1] = redis.call('INCRBY', fence, target - counter)
+    end
+end
+return reply
+""",
+)
+
 WRITE_BACK = Script(
     "write_back",
     """
@@ -192,5 +244,5 @@ return 0
 """,
 )
 
-ALL_SCRIPTS = (ACQUIRE, WRITE_BACK, RELEASE, EXTEND, SEED_COUNTERS, FINISH_REPAIR, INSPECT,
-               FORCE_RELEASE)
+ALL_SCRIPTS = (ACQUIRE, ACQUIRE_MANY, WRITE_BACK, RELEASE, EXTEND, SEED_COUNTERS,
+               FINISH_REPAIR, INSPECT, FORCE_RELEASE)

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from redlock._rules import shown
 from redlock.errors import LockLost, NodeResult, NotHeld
 
 
@@ -22,13 +23,18 @@ class Status:
 
 
 class LockState:
-    """One acquisition: shared by the handles that re-entered it and by its watchdog."""
+    """One acquisition (of one resource, or of a set: ``tokens`` has one per resource):
+    shared by the handles that re-entered it and by the renewal loop. ``resource`` is
+    what it is called in messages (the resource's name, or the set's label) and
+    ``token`` its largest token."""
 
     def __init__(self, resource: str, owner: str, ttl: float, token: int, deadline: float,
-                 clock: Callable[[], float]) -> None:
+                 clock: Callable[[], float], *, tokens: Mapping[str, int] | None = None) -> None:
         self.resource = resource
         self.owner = owner
         self.ttl = ttl
+        self.tokens: dict[str, int] = dict(tokens) if tokens else {resource: token}
+        self.resources = tuple(self.tokens)
         self.token = token
         self.deadline = deadline  # monotonic time when validity runs out
         self.depth = 1  # re-entries by the same owner (reentrant locks)
@@ -48,15 +54,15 @@ class LockState:
     def check(self) -> None:
         """Raise unless the lock is held and still valid."""
         if self.status == Status.LOST:
-            raise LockLost(f"lock on {self.resource!r} was lost: {self.lost_reason}",
+            raise LockLost(f"lock on {shown(self.resources)} was lost: {self.lost_reason}",
                            resource=self.resource, outcomes=self.lost_outcomes)
         if self.status == Status.RELEASED:
-            raise NotHeld(f"lock on {self.resource!r} was released", resource=self.resource)
+            raise NotHeld(f"lock on {shown(self.resources)} was released", resource=self.resource)
         if self.status == Status.HANDED_OVER:
-            raise NotHeld(f"lock on {self.resource!r} was handed over (exported): the"
+            raise NotHeld(f"lock on {shown(self.resources)} was handed over (exported): the"
                           " adopter holds it now", resource=self.resource)
         if self._clock() >= self.deadline:
-            raise LockLost(f"lock on {self.resource!r} expired: its validity ran out",
+            raise LockLost(f"lock on {shown(self.resources)} expired: its validity ran out",
                            resource=self.resource)
 
     def expired(self) -> bool:

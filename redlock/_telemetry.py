@@ -13,11 +13,11 @@ request and reply unchanged and watches them go by: acquire rounds (attempts, vo
 granted), the backoff sleeps between them (wait time), extend rounds, and how the
 operation ended. It does not change what the protocol does.
 
-Spans: ``redlock.acquire``, ``redlock.extend`` (explicit, or a watchdog renewal with
-``redlock.auto_extend=true``), ``redlock.release``. Attributes: ``redlock.resource``
-(a list for a set), ``redlock.namespace``, ``redlock.nodes``, ``redlock.quorum``,
-``redlock.attempts``, ``redlock.votes_granted`` (on the last attempt), ``redlock.token``
-(``redlock.tokens`` for a set), ``redlock.outcome``.
+Spans: ``redlock.acquire``, ``redlock.extend`` (explicit, or a renewal by the manager's
+auto-extend loop with ``redlock.auto_extend=true``), ``redlock.release``. Attributes:
+``redlock.resource`` (a list for a set), ``redlock.namespace``, ``redlock.nodes``,
+``redlock.quorum``, ``redlock.attempts``, ``redlock.votes_granted`` (on the last
+attempt), ``redlock.token`` (``redlock.tokens`` for a set), ``redlock.outcome``.
 
 Metrics (attributes ``redlock.namespace`` and, where it applies, ``redlock.outcome``;
 never the resource, whose names are unbounded): ``redlock.acquire.duration`` and
@@ -36,7 +36,6 @@ from typing import Any, TypeVar
 
 from redlock import _scripts as scripts
 from redlock._protocol import Broadcast, Protocol, Sleep
-from redlock._state import Status as StateStatus
 from redlock.errors import ClusterAmnesiaError, LockLost, NotHeld, QuorumUnavailable
 
 try:
@@ -50,9 +49,7 @@ except ImportError:  # the otel extra is not installed: no telemetry, no cost
 T = TypeVar("T")
 
 _INSTRUMENTATION = "redlock"
-# Script names (the set scripts live in redlock._multi, which imports this module's users).
-_ACQUIRE_SCRIPTS = (scripts.ACQUIRE.name, "acquire_many")
-_EXTEND_SCRIPTS = (scripts.EXTEND.name, "extend_many")
+_ACQUIRE_SCRIPTS = (scripts.ACQUIRE.name, scripts.ACQUIRE_MANY.name)
 
 
 RECHECK_S = 1.0  # how often a manager without providers looks for global ones
@@ -136,7 +133,7 @@ class Telemetry:
                 description="acquire attempts in which fewer than a quorum of nodes granted"),
             lost=meter.create_counter(
                 "redlock.locks.lost", unit="{lock}",
-                description="held locks lost (extend or watchdog failed)"),
+                description="held locks lost (extend or auto-extend failed)"),
             amnesia=meter.create_counter(
                 "redlock.nodes.amnesia", unit="{event}",
                 description="nodes newly seen without their marker, and majority losses"),
@@ -161,16 +158,6 @@ def _all_unmarked(replies: object) -> bool:
                for r in replies)  # type: ignore[attr-defined]
 
 
-def _full_acks(replies: object) -> int:
-    """Nodes that acked an extend (EXTEND: 1; EXTEND_MANY: every key 1)."""
-    acks = 0
-    for reply in replies:  # type: ignore[attr-defined]
-        if reply == 1 or (isinstance(reply, list | tuple) and reply
-                          and all(flag == 1 for flag in reply)):
-            acks += 1
-    return acks
-
-
 def _script_name(request: object) -> str | None:
     if isinstance(request, Broadcast) and request.calls and request.calls[0].script:
         return request.calls[0].script.name
@@ -190,9 +177,8 @@ def observe(telemetry: Telemetry | None, op: str, protocol: Protocol[T], handle:
 
 class _Observer:
     def __init__(self, telemetry: Telemetry, instruments: _Instruments, op: str, handle: Any,
-                 amnesia_health: Any = None, state: Any = None) -> None:
+                 amnesia_health: Any = None) -> None:
         self.t = telemetry
-        self.state = state  # the watched acquisition (watchdog only)
         self.i = instruments
         self.op = op
         self.handle = handle
@@ -209,8 +195,6 @@ class _Observer:
                 "redlock.quorum": self.t.quorum}
 
     def run(self, protocol: Protocol[T]) -> Protocol[T]:
-        if self.op == "watchdog":
-            return (yield from self._watch(protocol))
         span = self.i.tracer.start_span(f"redlock.{self.op}", attributes=self._base_attributes())
         started = time.perf_counter()
         amnesiac_before = self._amnesiac()
@@ -308,53 +292,32 @@ class _Observer:
         except Exception:  # lost in between: the outcome says enough
             return {}
 
-    def _watch(self, protocol: Protocol[T]) -> Protocol[T]:
-        """A watchdog: one ``redlock.extend`` span per renewal round; a lost lock counted."""
-        try:
-            request = next(protocol)
-            while True:
-                span = None
-                if _script_name(request) in _EXTEND_SCRIPTS:
-                    span = self.i.tracer.start_span(
-                        "redlock.extend",
-                        attributes={**self._base_attributes(), "redlock.auto_extend": True})
-                try:
-                    reply = yield request
-                except GeneratorExit:
-                    if span is not None:
-                        span.end()
-                    protocol.close()
-                    raise
-                except BaseException as exc:
-                    if span is not None:
-                        span.record_exception(exc)
-                        span.end()
-                    request = protocol.throw(exc)
-                    continue
-                if span is not None:
-                    acks = _full_acks(reply)
-                    ok = acks >= self.t.quorum
-                    span.set_attributes({"redlock.acks": acks,
-                                         "redlock.outcome": "extended" if ok else "failed"})
-                    if ok:
-                        span.set_attributes(self._tokens())
-                    else:
-                        span.set_status(Status(StatusCode.ERROR, "renewal not acked by a quorum"))
-                    span.end()
-                request = protocol.send(reply)
-        except StopIteration as stop:
-            if self.state is not None and self.state.status == StateStatus.LOST:
-                self.i.lost.add(1, {"redlock.namespace": self.t.namespace})
-            return stop.value  # type: ignore[no-any-return]
 
-
-def observe_watchdog(telemetry: Telemetry | None, protocol: Protocol[None], handle: Any,
-                     state: Any) -> Protocol[None]:
-    """The watchdog's protocol, observed when recording (renewal spans, lost counter)."""
+def record_renewal(telemetry: Telemetry | None, state: Any, outcome: str,
+                   started_ns: int) -> None:
+    """One auto-extend renewal of ``state`` by the manager's renewal loop: a
+    ``redlock.extend`` span (``redlock.auto_extend=true``) from the round's start;
+    ``outcome`` is ``extended``, ``failed`` (it will retry) or ``lost`` (counted)."""
     if telemetry is None:
-        return protocol
+        return
     instruments = telemetry.instruments()
     if instruments is None:
-        return protocol
-    return _Observer(telemetry, instruments, "watchdog", handle, state=state).run(protocol)
-
+        return
+    resources = state.resources
+    attributes: dict[str, Any] = {
+        "redlock.resource": list(resources) if len(resources) > 1 else resources[0],
+        "redlock.namespace": telemetry.namespace, "redlock.nodes": telemetry.nodes,
+        "redlock.quorum": telemetry.quorum, "redlock.auto_extend": True,
+        "redlock.outcome": outcome}
+    if outcome == "extended":
+        if len(resources) > 1:
+            attributes["redlock.tokens"] = list(state.tokens.values())
+        else:
+            attributes["redlock.token"] = state.token
+    span = instruments.tracer.start_span("redlock.extend", attributes=attributes,
+                                         start_time=started_ns)
+    if outcome != "extended":
+        span.set_status(Status(StatusCode.ERROR, "renewal not acked by a quorum in time"))
+    span.end()
+    if outcome == "lost":
+        instruments.lost.add(1, {"redlock.namespace": telemetry.namespace})

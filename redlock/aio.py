@@ -1,9 +1,9 @@
 """The asyncio client: :class:`AsyncRedlock` and its :class:`AsyncLock` handles.
 
 Same algorithm, same surface as :mod:`redlock.client` (a test keeps them equal): a
-thin shell over :mod:`redlock._base` that adds the asyncio transport (a request's
-calls run concurrently), the driver, and how a task waits. Cancelling an acquire
-releases whatever it may have set.
+thin shell over :mod:`redlock._manager` and :mod:`redlock._handle` that adds the
+asyncio transport (a request's calls run concurrently), the driver, and how a task
+waits. Cancelling an acquire releases whatever it may have set.
 """
 
 from __future__ import annotations
@@ -14,15 +14,15 @@ import inspect
 import time
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from types import TracebackType
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 from redlock._amnesia import RepairReport
 from redlock._async_transport import AsyncTransport, wait_event
-from redlock._base import LockBase, ManagerBase
+from redlock._handle import HandleBase, LockBase, MultiLockBase
 from redlock._handover import Handover
 from redlock._inspect import LockStatus, ReleaseReport
 from redlock._lines import Ticket
-from redlock._multi import MultiLockBase
+from redlock._manager import ManagerBase
 from redlock._protocol import (
     NO_REPLY,
     Broadcast,
@@ -34,9 +34,11 @@ from redlock._protocol import (
     drive_async,
 )
 
+_H = TypeVar("_H", bound="_AsyncHandle")
 
-class AsyncLock(LockBase["AsyncRedlock"]):
-    """The asyncio twin of :class:`redlock.Lock`; each task gets its own acquisition."""
+
+class _AsyncHandle(HandleBase["AsyncRedlock"]):
+    """What an asyncio handle adds to the shared one: its I/O methods, driven here."""
 
     async def acquire(self, blocking: bool | None = None, timeout: float | None = None) -> bool:
         """See :meth:`redlock.Lock.acquire`."""
@@ -51,49 +53,31 @@ class AsyncLock(LockBase["AsyncRedlock"]):
         """See :meth:`redlock.Lock.extend`."""
         await self._manager._drive(self._observed("extend", self._extend_flow(ttl)))
 
-    async def __aenter__(self) -> AsyncLock:
+    async def __aenter__(self: _H) -> _H:
         if not await self.acquire():
             raise self._entered_failure()
         return self
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> None:
-        await self._manager._drive(self._exit_flow(exc_type is not None))
+        leaving = self._exit_flow(exc_type is not None)
+        await self._manager._drive(self._observed("release", leaving))
 
 
-class AsyncMultiLock(MultiLockBase):
+class AsyncLock(_AsyncHandle, LockBase["AsyncRedlock"]):
+    """The asyncio twin of :class:`redlock.Lock`; each task gets its own acquisition."""
+
+
+class AsyncMultiLock(_AsyncHandle, MultiLockBase["AsyncRedlock"]):
     """The asyncio twin of :class:`redlock.MultiLock`; each task gets its own acquisition."""
 
-    _manager: AsyncRedlock
 
-    async def acquire(self, blocking: bool | None = None, timeout: float | None = None) -> bool:
-        """See :meth:`redlock.MultiLock.acquire`."""
-        flow = self._observed("acquire", self._acquire_flow(blocking, timeout))
-        return await self._manager._drive(flow)
-
-    async def release(self) -> None:
-        """See :meth:`redlock.MultiLock.release`."""
-        await self._manager._drive(self._observed("release", self._release_flow()))
-
-    async def extend(self, ttl: float | None = None) -> None:
-        """See :meth:`redlock.MultiLock.extend`."""
-        await self._manager._drive(self._observed("extend", self._extend_flow(ttl)))
-
-    async def __aenter__(self) -> AsyncMultiLock:
-        if not await self.acquire():
-            raise self._entered_failure()
-        return self
-
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                        tb: TracebackType | None) -> None:
-        await self.release()
-
-
-class AsyncRedlock(ManagerBase[AsyncLock]):
+class AsyncRedlock(ManagerBase[AsyncLock, AsyncMultiLock]):
     """The asyncio twin of :class:`redlock.Redlock`; see there for the arguments
     (``sleep``, if given, is a coroutine function)."""
 
     _handle_class = AsyncLock
+    _multi_handle_class = AsyncMultiLock
     _transport: AsyncTransport
     _asynchronous = True
 
@@ -112,13 +96,6 @@ class AsyncRedlock(ManagerBase[AsyncLock]):
     async def force_release(self, resource: str) -> list[ReleaseReport]:
         """See :meth:`redlock.Redlock.force_release`."""
         return await self._drive(self._force_release_flow(resource))
-    def lock_many(self, resources: Iterable[str], ttl: float = 10.0, *,
-                  blocking: bool = True, timeout: float | None = None,
-                  auto_extend: bool = False,
-                  on_lost: Callable[[AsyncMultiLock], object] | None = None) -> AsyncMultiLock:
-        """See :meth:`redlock.Redlock.lock_many`."""
-        return AsyncMultiLock(self, resources, ttl, blocking=blocking, timeout=timeout,
-                              auto_extend=auto_extend, on_lost=on_lost)
 
     async def adopt(self, handover: Handover | Mapping[str, Any] | str | bytes, *,
                     auto_extend: bool = False,

@@ -1,8 +1,9 @@
 """The synchronous client: :class:`Redlock` and its :class:`Lock` handles.
 
-A thin shell over :mod:`redlock._base` (everything shared with the asyncio client):
-it adds the sync transport (scatter/gather on one thread), the driver, and how a
-thread waits (events, the local line's turn lock, a watchdog thread).
+A thin shell over :mod:`redlock._manager` and :mod:`redlock._handle` (everything
+shared with the asyncio client): it adds the sync transport (scatter/gather on one
+thread), the driver, and how a thread waits (events, the local line's turn lock,
+background threads for the renewal loop and on_lost).
 """
 
 from __future__ import annotations
@@ -12,33 +13,31 @@ import threading
 import time
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from types import TracebackType
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 from redlock._amnesia import RepairReport
-from redlock._base import LockBase, ManagerBase
+from redlock._handle import HandleBase, LockBase, MultiLockBase
 from redlock._handover import Handover
 from redlock._inspect import LockStatus, ReleaseReport
 from redlock._lines import Ticket
-from redlock._multi import MultiLockBase
+from redlock._manager import ManagerBase
 from redlock._protocol import NO_REPLY, Broadcast, Protocol, Replies, Request, Sleep, T, drive
 from redlock._sync_transport import SyncTransport
 
+_H = TypeVar("_H", bound="_SyncHandle")
 
-class Lock(LockBase["Redlock"]):
-    """One resource's lock handle. Safe to share across threads: each thread that
-    acquires through it gets its own acquisition (own owner value and token).
 
-    Use as a context manager, or call :meth:`acquire` / :meth:`release`. While held,
-    :attr:`token` is the fencing token to pass to the protected resource.
-    """
+class _SyncHandle(HandleBase["Redlock"]):
+    """What a sync handle adds to the shared one: its I/O methods, driven here."""
 
     def acquire(self, blocking: bool | None = None, timeout: float | None = None) -> bool:
         """Acquire on a quorum; True when held.
 
-        ``blocking=False`` makes exactly one attempt. Blocking waits up to ``timeout``
-        seconds (None: this handle's timeout, which may be None: no deadline). Returns
-        False when others hold the lock; raises :class:`QuorumUnavailable` when too few
-        nodes answer at all (an outage is not contention).
+        ``blocking=False`` makes exactly one attempt (a ``timeout`` with it is a
+        ``ValueError``). Blocking waits up to ``timeout`` seconds (None: this handle's
+        timeout, which may be None: no deadline). Returns False when others hold the
+        lock; raises :class:`QuorumUnavailable` when too few nodes answer at all (an
+        outage is not contention), at once or after the manager's ``outage_timeout``.
         """
         flow = self._observed("acquire", self._acquire_flow(blocking, timeout))
         return self._manager._drive(flow)
@@ -57,49 +56,36 @@ class Lock(LockBase["Redlock"]):
         """Reset the TTL on a quorum; raises :class:`LockLost` when that fails in time."""
         self._manager._drive(self._observed("extend", self._extend_flow(ttl)))
 
-    def __enter__(self) -> Lock:
+    def __enter__(self: _H) -> _H:
         if not self.acquire():
             raise self._entered_failure()
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        self._manager._drive(self._exit_flow(exc_type is not None))
+        leaving = self._exit_flow(exc_type is not None)
+        self._manager._drive(self._observed("release", leaving))
 
 
-class MultiLock(MultiLockBase):
+class Lock(_SyncHandle, LockBase["Redlock"]):
+    """One resource's lock handle. Safe to share across threads: each thread that
+    acquires through it gets its own acquisition (own owner value and token).
+
+    Use as a context manager, or call :meth:`acquire` / :meth:`release`. While held,
+    :attr:`token` is the fencing token to pass to the protected resource.
+    """
+
+
+class MultiLock(_SyncHandle, MultiLockBase["Redlock"]):
     """A lock over several resources at once (``dlm.lock_many([...])``): all or
     nothing, a token per resource in :attr:`tokens`. Safe to share across threads."""
 
-    _manager: Redlock
 
-    def acquire(self, blocking: bool | None = None, timeout: float | None = None) -> bool:
-        """Acquire every resource on a quorum; see :meth:`Lock.acquire`."""
-        flow = self._observed("acquire", self._acquire_flow(blocking, timeout))
-        return self._manager._drive(flow)
-
-    def release(self) -> None:
-        """Release every resource on every node. Idempotent."""
-        self._manager._drive(self._observed("release", self._release_flow()))
-
-    def extend(self, ttl: float | None = None) -> None:
-        """Reset the TTL of every resource; :class:`LockLost` when a quorum does not ack."""
-        self._manager._drive(self._observed("extend", self._extend_flow(ttl)))
-
-    def __enter__(self) -> MultiLock:
-        if not self.acquire():
-            raise self._entered_failure()
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.release()
-
-
-class Redlock(ManagerBase[Lock]):
+class Redlock(ManagerBase[Lock, MultiLock]):
     __doc__ = ManagerBase.__doc__
 
     _handle_class = Lock
+    _multi_handle_class = MultiLock
     _transport: SyncTransport
 
     def repair(self, *, force: bool = False) -> list[RepairReport]:
@@ -130,15 +116,6 @@ class Redlock(ManagerBase[Lock]):
         ``check()`` fails, so protect the resource with fencing (the next holder's token
         is larger, fence counters are kept). Logs ``redlock.force_released``."""
         return self._drive(self._force_release_flow(resource))
-    def lock_many(self, resources: Iterable[str], ttl: float = 10.0, *,
-                  blocking: bool = True, timeout: float | None = None,
-                  auto_extend: bool = False,
-                  on_lost: Callable[[MultiLock], object] | None = None) -> MultiLock:
-        """One lock over several resources, all or nothing, with a token per resource;
-        no deadlock between overlapping sets (docs/design.md §11.2). Nothing is sent
-        until it is acquired; the options are :meth:`lock`'s (not reentrant)."""
-        return MultiLock(self, resources, ttl, blocking=blocking, timeout=timeout,
-                         auto_extend=auto_extend, on_lost=on_lost)
 
     def adopt(self, handover: Handover | Mapping[str, Any] | str | bytes, *,
               auto_extend: bool = False, on_lost: Callable[[Lock], object] | None = None

@@ -192,7 +192,9 @@ def test_watchdog_keeps_the_set_and_reports_its_loss(dlm: Redlock,
             client.delete("redlock:{w1}:lock")
     assert reported.wait(10)
     assert seen == [held] and held.lost
-    held.release()  # nothing left to release: no error
+    with pytest.raises(LockLost):
+        held.release()  # nothing left to release, but the caller learns it was lost
+    held.release()  # a second release is a no-op
 
 
 def test_misuse(dlm: Redlock) -> None:

@@ -374,9 +374,8 @@ def test_processes_mutual_exclusion_exact_counter(cluster: RedisNodes) -> None:
 # A holder that reports when it held the lock: CLOCK_MONOTONIC is system-wide on Linux,
 # so hold intervals of different processes can be ordered.
 TIMED_WORKER = """
-import sys, time, logging, structlog, redis
+import sys, time, redis
 from redlock import Redlock
-structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
 counter_url, processes, rounds, *urls = sys.argv[1:]
 counter = redis.Redis.from_url(counter_url)
 with Redlock(urls, node_timeout=0.25, retry_delay_max=0.05) as dlm:

@@ -13,10 +13,9 @@ import redis.asyncio
 import redis.asyncio.cluster
 import redis.asyncio.sentinel
 import redis.cluster
-from structlog.testing import capture_logs
 
 from redlock import AsyncRedlock, QuorumUnavailable, Redlock
-from redlock.testing import RedisNodes, RedisSentinel, free_port
+from redlock.testing import RedisNodes, RedisSentinel, capture_events, free_port
 
 SERVICES = ("s0", "s1", "s2")
 
@@ -235,7 +234,7 @@ async def test_an_asyncio_cluster_client_is_refused_too(cluster_node: RedisNodes
 async def test_a_cluster_mode_node_by_url_fails_at_once_saying_why(
         cluster_node: RedisNodes, kind: str) -> None:
     url = cluster_node.urls[0]
-    with capture_logs() as events:
+    with capture_events() as events:
         if kind == "sync":
             with Redlock([url], node_timeout=0.5) as dlm, \
                     pytest.raises(QuorumUnavailable) as failure:

@@ -11,10 +11,7 @@
 from __future__ import annotations
 
 import json
-import logging
 import sys
-
-import structlog
 
 from redlock import Redlock, RedlockError
 
@@ -43,7 +40,6 @@ def export(resource: str, ttl: float, urls: list[str]) -> str:
 
 
 def main() -> int:
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     mode, *rest = sys.argv[1:]
     if mode == "adopt":
         print(json.dumps(adopt(rest)), flush=True)
