@@ -28,18 +28,16 @@ engine (``$DOCKER_HOST``, or the default socket).
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import os
 import socket
 import time
-import weakref
-from collections.abc import Iterator, Sequence
-from types import TracebackType
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import redis
 
+from redlock.testing._leftovers import track, untrack
 from redlock.testing.dockerd import EngineAPI, EngineError, EngineUnavailable
 from redlock.testing.images import (
     REDIS_IMAGE,
@@ -48,6 +46,7 @@ from redlock.testing.images import (
     TOXIPROXY_REPOSITORY,
     ensure_images,
 )
+from redlock.testing.node import NodeSet
 from redlock.testing.redis_nodes import free_port
 from redlock.testing.toxiproxy import ToxiproxyError, ToxiproxyServer
 
@@ -57,15 +56,8 @@ if TYPE_CHECKING:
 TESTING_LABEL = "org.redlock-fenced.testing"
 OWNER_LABEL = "org.redlock-fenced.owner"
 
-_LIVE: weakref.WeakSet[ContainerRedisNode | ContainerToxiproxy] = weakref.WeakSet()
 _PREPARED: set[str] = set()
 
-
-@atexit.register
-def _stop_leftovers() -> None:
-    for item in list(_LIVE):
-        with contextlib.suppress(Exception):
-            item.close()
 
 
 def _owner() -> str:
@@ -238,7 +230,7 @@ class ContainerRedisNode:
                 raise
             self._container = container
         self.paused = False
-        _LIVE.add(self)
+        track(self)
         return self
 
     def _wait_ready(self) -> None:
@@ -313,14 +305,14 @@ class ContainerRedisNode:
     def close(self) -> None:
         self.resume()
         self._remove()
-        _LIVE.discard(self)
+        untrack(self)
 
     def __repr__(self) -> str:
         state = "paused" if self.paused else ("running" if self.running else "stopped")
         return f"ContainerRedisNode({self.host}:{self.port}, {state})"
 
 
-class ContainerRedisNodes(Sequence[ContainerRedisNode]):
+class ContainerRedisNodes(NodeSet[ContainerRedisNode]):
     """N Redis containers (same surface as :class:`~redlock.testing.RedisNodes`)."""
 
     def __init__(self, count: int = 3, *, appendonly: bool = False,
@@ -328,51 +320,9 @@ class ContainerRedisNodes(Sequence[ContainerRedisNode]):
                  extra_args: Sequence[str] = (), host: str = "127.0.0.1") -> None:
         if count < 1:
             raise ValueError("count must be at least 1")
-        self.nodes: list[ContainerRedisNode] = []
-        try:
-            for _ in range(count):
-                node = ContainerRedisNode(host=host, appendonly=appendonly, password=password,
-                                          image=image, extra_args=extra_args)
-                self.nodes.append(node)
-                node.start()
-        except BaseException:
-            self.close()
-            raise
-
-    @property
-    def urls(self) -> list[str]:
-        return [node.url for node in self.nodes]
-
-    def clients(self, **kwargs: object) -> list[redis.Redis]:
-        return [node.client(**kwargs) for node in self.nodes]
-
-    def reset(self) -> None:
-        for node in self.nodes:
-            node.resume()
-            if not node.running:
-                node.start()
-            with node.client() as client:
-                client.flushall()
-
-    def __len__(self) -> int:
-        return len(self.nodes)
-
-    def __getitem__(self, index: int) -> ContainerRedisNode:  # type: ignore[override]
-        return self.nodes[index]
-
-    def __iter__(self) -> Iterator[ContainerRedisNode]:
-        return iter(self.nodes)
-
-    def close(self) -> None:
-        for node in self.nodes:
-            node.close()
-
-    def __enter__(self) -> ContainerRedisNodes:
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.close()
+        super().__init__(lambda _: ContainerRedisNode(
+            host=host, appendonly=appendonly, password=password, image=image,
+            extra_args=extra_args), count)
 
 
 class ContainerToxiproxy(ToxiproxyServer):
@@ -407,7 +357,7 @@ class ContainerToxiproxy(ToxiproxyServer):
                          .with_kwargs(network_mode="host", labels=labels()))
             container.start()
             self._container = container
-            _LIVE.add(self)
+            track(self)
             if self._wait_ready(self.start_timeout):
                 return self
             self._kill()
@@ -446,7 +396,7 @@ class ContainerToxiproxy(ToxiproxyServer):
 
     def close(self) -> None:
         self._kill()
-        _LIVE.discard(self)
+        untrack(self)
 
     def __enter__(self) -> ContainerToxiproxy:
         return self.start()

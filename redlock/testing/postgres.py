@@ -18,7 +18,6 @@ scripts/setup.sh`` installs them.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import os
 import pwd
@@ -28,22 +27,13 @@ import signal
 import subprocess
 import tempfile
 import time
-import weakref
 from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from redlock.testing._leftovers import track, untrack
 from redlock.testing.redis_nodes import free_port
-
-_LIVE: weakref.WeakSet[PostgresServer] = weakref.WeakSet()
-
-
-@atexit.register
-def _stop_leftovers() -> None:
-    for server in list(_LIVE):
-        with contextlib.suppress(Exception):
-            server.close()
 
 
 class PostgresNotFound(FileNotFoundError):
@@ -161,7 +151,7 @@ class PostgresServer:
             if self.base_dir is None:
                 as_user = self._as_user()
                 self.base_dir = Path(tempfile.mkdtemp(prefix="redlock-pg-"))
-                _LIVE.add(self)
+                track(self)
                 if as_user:
                     os.chown(self.base_dir, as_user["user"], as_user["group"])
                 self._initdb()
@@ -261,7 +251,7 @@ class PostgresServer:
         if self.base_dir is not None:
             shutil.rmtree(self.base_dir, ignore_errors=True)
             self.base_dir = None
-        _LIVE.discard(self)
+        untrack(self)
 
     def __enter__(self) -> PostgresServer:
         return self.start()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import os
 import shutil
@@ -11,22 +10,13 @@ import socket
 import subprocess
 import tempfile
 import time
-import weakref
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from types import TracebackType
 
 import redis
 
-_LIVE: weakref.WeakSet[RedisNode] = weakref.WeakSet()
-
-
-@atexit.register
-def _stop_leftovers() -> None:
-    # A test that died between start() and close() must not leave servers behind.
-    for node in list(_LIVE):
-        with contextlib.suppress(Exception):
-            node.close()
+from redlock.testing._leftovers import track, untrack
+from redlock.testing.node import NodeSet
 
 
 def find_redis_server(explicit: str | None = None) -> str:
@@ -132,7 +122,7 @@ class RedisNode:
             env=env,
         )
         self.paused = False
-        _LIVE.add(self)
+        track(self)
         self._wait_ready()
         return self
 
@@ -225,14 +215,14 @@ class RedisNode:
 
     def close(self) -> None:
         self.kill()
-        _LIVE.discard(self)
+        untrack(self)
 
     def __repr__(self) -> str:
         state = "paused" if self.paused else ("running" if self.running else "stopped")
         return f"RedisNode({self.host}:{self.port}, {state})"
 
 
-class RedisNodes(Sequence[RedisNode]):
+class RedisNodes(NodeSet[RedisNode]):
     """N independent redis-server processes, each on its own loopback port and temp dir."""
 
     def __init__(
@@ -251,63 +241,12 @@ class RedisNodes(Sequence[RedisNode]):
             raise ValueError("count must be at least 1")
         self._owns_dir = base_dir is None
         self.base_dir = Path(base_dir or tempfile.mkdtemp(prefix="redlock-nodes-"))
-        self.nodes: list[RedisNode] = []
-        try:
-            for index in range(count):
-                node = RedisNode(
-                    data_dir=self.base_dir / f"node{index}",
-                    host=host,
-                    appendonly=appendonly,
-                    password=password,
-                    redis_server=redis_server,
-                    extra_args=extra_args,
-                    env=env,
-                )
-                self.nodes.append(node)
-                node.start()
-        except BaseException:
-            self.close()
-            raise
-
-    @property
-    def urls(self) -> list[str]:
-        return [node.url for node in self.nodes]
-
-    def clients(self, **kwargs: object) -> list[redis.Redis]:
-        return [node.client(**kwargs) for node in self.nodes]
-
-    def reset(self) -> None:
-        """Bring every node back to running and empty (fixtures call this between tests)."""
-        for node in self.nodes:
-            node.resume()
-            if not node.running:
-                node.start()
-            with node.client() as client:
-                client.flushall()
-
-    def __len__(self) -> int:
-        return len(self.nodes)
-
-    def __getitem__(self, index: int) -> RedisNode:  # type: ignore[override]
-        return self.nodes[index]
-
-    def __iter__(self) -> Iterator[RedisNode]:
-        return iter(self.nodes)
+        super().__init__(lambda index: RedisNode(
+            data_dir=self.base_dir / f"node{index}", host=host, appendonly=appendonly,
+            password=password, redis_server=redis_server, extra_args=extra_args, env=env),
+            count)
 
     def close(self) -> None:
-        for node in self.nodes:
-            node.resume()
-            node.close()
+        super().close()
         if self._owns_dir:
             shutil.rmtree(self.base_dir, ignore_errors=True)
-
-    def __enter__(self) -> RedisNodes:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.close()

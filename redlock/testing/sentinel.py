@@ -11,29 +11,19 @@ free loopback port, and is stopped (and the dir removed) by ``close()``.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import shutil
 import subprocess
 import tempfile
 import time
-import weakref
 from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 
 import redis
 
+from redlock.testing._leftovers import track, untrack
 from redlock.testing.redis_nodes import RedisNode, find_redis_server, free_port
-
-_LIVE: weakref.WeakSet[RedisSentinel] = weakref.WeakSet()
-
-
-@atexit.register
-def _stop_leftovers() -> None:
-    for sentinel in list(_LIVE):
-        with contextlib.suppress(Exception):
-            sentinel.close()
 
 
 class RedisSentinel:
@@ -93,7 +83,7 @@ class RedisSentinel:
         self.process = subprocess.Popen(
             [self.redis_server, str(config), "--sentinel", "--daemonize", "no"],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        _LIVE.add(self)
+        track(self)
         self._wait_ready()
         return self
 
@@ -137,7 +127,7 @@ class RedisSentinel:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.process.wait(timeout=10)
             self.process = None
-        _LIVE.discard(self)
+        untrack(self)
         shutil.rmtree(self.data_dir, ignore_errors=True)
 
     def __enter__(self) -> RedisSentinel:

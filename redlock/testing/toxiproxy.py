@@ -20,7 +20,6 @@ the test instead of failing it), and needs the ``future`` compatibility package.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import json
 import os
@@ -30,25 +29,18 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-import weakref
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from redlock.testing._leftovers import track, untrack
 from redlock.testing.node import Node
 from redlock.testing.redis_nodes import free_port
 
 TOXIPROXY_VERSION = "v2.12.0"
 
-_LIVE: weakref.WeakSet[ToxiproxyServer] = weakref.WeakSet()
 
-
-@atexit.register
-def _stop_leftovers() -> None:
-    for server in list(_LIVE):
-        with contextlib.suppress(Exception):
-            server.close()
 
 
 class ToxiproxyError(RuntimeError):
@@ -200,7 +192,7 @@ class ToxiproxyServer:
                     [self.binary, "-host", self.host, "-port", str(self.port)],
                     stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                     env={**os.environ, "LOG_LEVEL": os.environ.get("LOG_LEVEL", "warn")})
-            _LIVE.add(self)
+            track(self)
             if self._wait_ready():
                 os.close(fd)
                 return self
@@ -268,7 +260,7 @@ class ToxiproxyServer:
 
     def close(self) -> None:
         self._kill()
-        _LIVE.discard(self)
+        untrack(self)
         if self._log is not None:
             with contextlib.suppress(OSError):
                 self._log.unlink()
