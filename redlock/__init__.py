@@ -12,10 +12,10 @@ over :mod:`redlock._manager` and :mod:`redlock._handle`).
 
 __version__ = "0.1.0"  # the single source: pyproject.toml reads it, CHANGELOG.md names it
 
-from redlock._amnesia import RepairReport
 from redlock._handover import Handover
 from redlock._inspect import LockStatus, NodeLockStatus, ReleaseReport
 from redlock._log import EventFormatter
+from redlock._repair import RepairReport
 from redlock.aio import AsyncLock, AsyncMultiLock, AsyncRedlock
 from redlock.client import Lock, MultiLock, Redlock
 from redlock.errors import (

@@ -17,9 +17,10 @@ from dataclasses import dataclass, field
 import tenacity
 
 from redlock import _scripts as scripts
-from redlock._amnesia import AmnesiaGuard, RepairReport
+from redlock._amnesia import AmnesiaGuard
 from redlock._log import get_logger
 from redlock._protocol import Broadcast, Call, CommandArg, Protocol, Sleep
+from redlock._repair import RepairReport
 from redlock._rules import (
     TOKEN_LIMIT,
     Keys,
@@ -123,7 +124,6 @@ class RedlockCore:
         if not self.amnesia.health.inspected:
             yield from self.amnesia.inspect_nodes()
         while True:
-            yield from self.amnesia.repair_due(force=False)
             attempts += 1
             attempt_started = self.clock()
             result = yield from self._attempt(resources, owner, ttl)
@@ -185,8 +185,9 @@ class RedlockCore:
                             settings.node_timeout, line=self.line(resources))
         try:
             replies = yield request
-            outcomes = tuple(classify_acquire_reply(self.addresses[i], reply, len(resources))
-                             for i, reply in enumerate(replies))
+            outcomes = self.amnesia.screen([
+                classify_acquire_reply(self.addresses[i], reply, len(resources))
+                for i, reply in enumerate(replies)])
             amnesia = yield from self.amnesia.check(outcomes, started)
             if amnesia is not None:
                 yield self._release_calls(resources, owner)
@@ -347,5 +348,9 @@ class RedlockCore:
     # -- repair ------------------------------------------------------------------
 
     def repair(self, *, force: bool) -> Protocol[list[RepairReport]]:
-        """See :meth:`redlock._amnesia.AmnesiaGuard.repair`."""
+        """See :func:`redlock._repair.repair`."""
         return (yield from self.amnesia.repair(force=force))
+
+    def initialise(self, *, force: bool) -> Protocol[list[RepairReport]]:
+        """See :func:`redlock._repair.initialise`."""
+        return (yield from self.amnesia.initialise(force=force))

@@ -1,12 +1,23 @@
 """Node amnesia: detection, exclusion, repair and rejoin (docs/design.md §4).
 
 A node that lost its data may have forgotten lock keys (breaking mutual exclusion)
-and fence counters (letting tokens go backwards). Each node carries a marker key;
-the acquire script refuses with "amnesiac" where it is missing. This module decides
-what such a reply means (a new cluster to initialise, another client initialising
-right now, a node to bench, a majority that lost its data), and repairs benched
-nodes: re-seed every fence counter from a majority of healthy nodes, then give the
-marker back. Everything here is a protocol (see :mod:`redlock._protocol`).
+and fence counters (letting tokens go backwards). Two things betray it:
+
+* its marker key is missing (a total loss: restart without persistence, FLUSHALL, a
+  replica that never had it); the acquire script refuses on such a node by itself;
+* its marker was stamped by another server run than the one answering (a restart, or
+  a promoted replica): its data may be an older copy. Every new connection identifies
+  the server first (IDENTIFY, sent by the transports ahead of the first call); until
+  the node is judged, its grants do not count. A durable restart (``appendonly yes``,
+  ``appendfsync always``, not a promoted replica) is re-stamped; anything else becomes
+  a total loss: the marker is removed and an episode begins.
+
+An episode key records on the node itself, by its own clock and with its run id, when
+it was first seen without its marker. A repair (re-seed every fence counter from a
+majority of healthy nodes, then give the marker back) succeeds only once the episode is
+one ``max_ttl`` old, checked by the node in the script that writes the marker: every
+client measures the same delay, and a new loss restarts it. Judging and repairing run
+in the manager's background maintenance, never on an acquire's path.
 """
 
 from __future__ import annotations
@@ -14,70 +25,93 @@ from __future__ import annotations
 import secrets
 import threading
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
 
 from redlock import _scripts as scripts
 from redlock._log import get_logger
-from redlock._protocol import Broadcast, Call, CommandArg, Protocol, Sleep, ask_one
-from redlock._rules import Keys, Settings, error_detail, quorum, unsafe_config
+from redlock._protocol import Broadcast, Call, Protocol, Sleep, Wakeable, ask_one
+from redlock._repair import (
+    RepairReport,
+    identity,
+    initialise,
+    repair,
+    repair_node,
+    stamped_run,
+    text,
+)
+from redlock._rules import Keys, Settings, quorum, unsafe_config
 from redlock._state import AttemptResult
 from redlock.errors import ClusterAmnesiaError, NodeResult, Outcome
 
 logger = get_logger(__name__)
 
-_SEED_BATCH = 500  # fence counters per SEED_COUNTERS call
-
-
-@dataclass(frozen=True)
-class RepairReport:
-    node: str
-    status: str  # "healthy", "repaired", "waiting", "failed"
-    detail: str = ""
-
-
 class NodeHealth:
-    """What one manager has learned about its nodes (thread-safe)."""
+    """What one manager knows about its nodes' data (thread-safe)."""
 
     def __init__(self) -> None:
         self.marker_seen = False  # this manager has seen an initialised cluster
-        self.amnesiac_since: dict[int, float] = {}
-        self.last_repair_try: dict[int, float] = {}
         self.inspected = False  # node configurations were read once (see unsafe_config)
+        self.suspect: dict[int, bytes] = {}  # restarted: the marker value to judge
+        self.unmarked: dict[int, float | None] = {}  # lost data: when it may rejoin
+        self.last_try: dict[int, float] = {}  # last repair attempt (rate limit)
         self._mutex = threading.Lock()
 
-    def note_amnesiac(self, node: int, now: float) -> bool:
-        """Record a node seen without its marker; True the first time."""
+    def identified(self, node: int, run_id: str, marker: bytes | None) -> bool:
+        """Record what a new connection found; True if the node needs maintenance."""
         with self._mutex:
-            if node in self.amnesiac_since:
+            if marker is None:
+                # No marker: the acquire script refuses there by itself, and the acquire
+                # tells a new cluster from a node that lost its data.
+                self.suspect.pop(node, None)
                 return False
-            self.amnesiac_since[node] = now
+            self.marker_seen = True
+            if stamped_run(marker) == run_id:
+                self.suspect.pop(node, None)
+                self.unmarked.pop(node, None)
+                return False
+            self.suspect[node] = marker
             return True
 
-    def is_amnesiac(self, node: int) -> bool:
+    def benched(self) -> set[int]:
         with self._mutex:
-            return node in self.amnesiac_since
+            return set(self.suspect) | set(self.unmarked)
 
-    def note_healthy(self, node: int) -> None:
+    def rejoins_in(self, node: int, now: float) -> float | None:
         with self._mutex:
-            self.amnesiac_since.pop(node, None)
+            due = self.unmarked.get(node)
+        return None if due is None else max(0.0, due - now)
 
-    def due_for_repair(self, now: float, settings: Settings, *, force: bool) -> list[int]:
+    def healthy(self, node: int) -> None:
         with self._mutex:
-            due = []
-            for node, since in self.amnesiac_since.items():
-                waited_enough = force or now - since >= settings.max_ttl
-                last = self.last_repair_try.get(node)
-                rate_ok = force or last is None or now - last >= settings.repair_interval
-                if waited_enough and rate_ok:
-                    due.append(node)
-                    self.last_repair_try[node] = now
-            return due
+            self.suspect.pop(node, None)
+            self.unmarked.pop(node, None)
+
+    def lost_data(self, node: int) -> bool:
+        """Note a node without its marker; True the first time."""
+        with self._mutex:
+            self.suspect.pop(node, None)
+            if node in self.unmarked:
+                return False
+            self.unmarked[node] = None
+            return True
+
+    def episode_unknown(self, node: int) -> None:
+        """Its episode must be looked at again (it began anew, or could not be read)."""
+        with self._mutex:
+            if node in self.unmarked:
+                self.unmarked[node] = None
+
+    def rejoins_at(self, node: int, at: float) -> None:
+        with self._mutex:
+            if node in self.unmarked:
+                self.unmarked[node] = at
+
+    def pending(self) -> bool:
+        return bool(self.suspect or self.unmarked)
 
 
 class AmnesiaGuard:
-    """Amnesia decisions and repair for one manager's nodes."""
+    """Amnesia decisions, judging and repair for one manager's nodes."""
 
     def __init__(self, addresses: Sequence[str], settings: Settings, keys: Keys,
                  clock: Callable[[], float]) -> None:
@@ -89,7 +123,25 @@ class AmnesiaGuard:
         self.quorum = quorum(self.n)
         self.health = NodeHealth()
 
-    # -- on the acquire path ---------------------------------------------------
+    def identify_call(self, node: int) -> Call:
+        """What a transport sends first on every new connection to ``node`` (an EVAL with
+        the body, not EVALSHA: it never meets NOSCRIPT, and it is rare)."""
+        return Call(node, ("EVAL", scripts.IDENTIFY.source, 1, self.keys.marker))
+
+    def identified(self, identities: Mapping[int, object]) -> None:
+        """The replies to :meth:`identify_call` that a request's new connections got."""
+        for node, reply in identities.items():
+            found = identity(reply)
+            if found is not None:
+                run_id, marker = found
+                if self.health.identified(node, run_id, marker):
+                    logger.info("redlock.node_restarted", node=self.addresses[node],
+                                run_id=run_id, stamped=stamped_run(marker) or "")
+
+    def needs_maintenance(self) -> bool:
+        return self.health.pending()
+
+    # -- on the acquire path (no waiting on repairs) ------------------------------
 
     def inspect_nodes(self) -> Protocol[None]:
         """Once per manager, on its first acquire: read every node's INFO and warn about
@@ -104,6 +156,18 @@ class AmnesiaGuard:
                 logger.warning("redlock.node_unsafe_config", node=self.addresses[i],
                                problem=finding)
 
+    def screen(self, outcomes: Sequence[NodeResult]) -> tuple[NodeResult, ...]:
+        """A restarted node's grant does not count until it is judged: its data may be an
+        older copy (its counters behind committed tokens, its lock keys missing)."""
+        suspect = self.health.suspect
+        if not suspect:  # hot path
+            return tuple(outcomes)
+        return tuple(NodeResult(r.node, Outcome.AMNESIAC,
+                                "restarted since its marker was written: checking its"
+                                " persistence") if i in suspect and r.outcome in
+                     (Outcome.GRANTED, Outcome.REFUSED) else r
+                     for i, r in enumerate(outcomes))
+
     def check(self, outcomes: Sequence[NodeResult],
               now: float) -> Protocol[AttemptResult | None]:
         """What amnesiac replies in an attempt mean: None (carry on with the others), an
@@ -112,17 +176,14 @@ class AmnesiaGuard:
         amnesiac = [i for i, r in enumerate(outcomes) if r.outcome is Outcome.AMNESIAC]
         with_marker = [i for i, r in enumerate(outcomes)
                        if r.outcome in (Outcome.GRANTED, Outcome.REFUSED)]
-        for i in with_marker:
-            self.health.note_healthy(i)
         if with_marker:
             self.health.marker_seen = True
         if not amnesiac:
             return None
-        if len(amnesiac) == self.n and not self.health.marker_seen:
+        missing = [i for i in amnesiac if i not in self.health.suspect]
+        if len(missing) == self.n and not self.health.marker_seen:
             # Every node answered and none has a marker: a new cluster. Initialise it.
-            marker_value = f"initialised {time.time():.3f} by {secrets.token_hex(8)}"
-            yield Broadcast(tuple(Call(i, ("SET", self.keys.marker, marker_value, "NX"))
-                                  for i in range(self.n)), self.settings.node_timeout)
+            yield self._init_markers(range(self.n))
             logger.info("redlock.cluster_initialised", nodes=self.n)
             return AttemptResult(None, tuple(outcomes), retry_now=True,
                                  reason="cluster initialised")
@@ -135,146 +196,146 @@ class AmnesiaGuard:
             return AttemptResult(None, tuple(outcomes), unavailable=True, reason=(
                 f"new cluster not initialised yet: all {self.n} nodes must answer once,"
                 f" {silent} did not"))
-        newly_missing = [i for i in amnesiac if not self.health.is_amnesiac(i)]
+        newly_missing = [i for i in missing if i not in self.health.unmarked]
         if newly_missing:
             # A marker missing beside markers present is most often another client
-            # initialising a new cluster right now: its SET NX broadcast is still in
-            # flight. Look again once that broadcast must have landed before calling it
-            # amnesia (which would bench the node for max_ttl).
+            # initialising a new cluster right now: its broadcast is still in flight.
+            # Look again once it must have landed before calling it amnesia.
             yield Sleep(self.settings.node_timeout)
             probe = yield Broadcast(tuple(Call(i, ("EXISTS", self.keys.marker))
                                           for i in newly_missing), self.settings.node_timeout)
             if any(reply == 1 for reply in probe):
                 return AttemptResult(None, tuple(outcomes), retry_now=True,
                                      reason="cluster initialisation in progress")
-        if len(amnesiac) >= self.quorum and (with_marker or self.health.marker_seen):
+        if len(missing) >= self.quorum:
             raise ClusterAmnesiaError(
-                f"{len(amnesiac)} of {self.n} nodes lost their node marker at once (restart"
-                " without persistence, FLUSHALL or failover to an empty replica): fence tokens"
-                " could go backwards, so redlock refuses. Restore the nodes' data, or after"
-                " one max_ttl has passed call repair(force=True) once a majority is healthy.",
-                outcomes=outcomes)
-        for i in amnesiac:
-            if self.health.note_amnesiac(i, now):
+                f"{len(missing)} of {self.n} nodes have no node marker (they lost their data:"
+                " restart without persistence, FLUSHALL, failover to an empty replica; or"
+                " a new cluster's initialisation was interrupted): fence tokens could go"
+                " backwards, so redlock refuses. Restore the nodes' data if you can; else,"
+                " once every lock held before has expired (max_ttl), run `redlock"
+                " initialise --force` (Redlock.initialise(force=True)). An interrupted"
+                " initialisation needs only `redlock initialise`.", outcomes=outcomes)
+        for i in missing:
+            if self.health.lost_data(i):
                 logger.warning("redlock.node_amnesiac", node=self.addresses[i],
                                rejoins_after_s=self.settings.max_ttl)
         return None
 
-    def repair_due(self, *, force: bool) -> Protocol[list[RepairReport]]:
-        """Repair the benched nodes whose rejoin delay has passed (rate-limited)."""
-        if not self.health.amnesiac_since:  # hot path: nothing to do, no lock taken
-            return []
-        reports = []
-        for node in self.health.due_for_repair(self.clock(), self.settings, force=force):
-            reports.append((yield from self._repair_node(node)))
-        return reports
+    def _init_markers(self, nodes: Sequence[int] | range) -> Broadcast:
+        text = f"initialised at={time.time():.3f} by={secrets.token_hex(8)}"
+        return Broadcast(tuple(Call(i, (text,), scripts.INIT_MARKER,
+                                    (self.keys.marker, self.keys.episode)) for i in nodes),
+                         self.settings.node_timeout)
 
-    # -- explicit repair -------------------------------------------------------
+    # -- background maintenance ---------------------------------------------------
+
+    def maintenance(self, stop: Wakeable) -> Protocol[None]:
+        """Judge restarted nodes, open episodes and repair nodes whose rejoin delay has
+        passed; returns when no node needs it any more, or ``stop`` is set (the manager
+        closed). Rate-limited; each step is bounded by ``repair_timeout``."""
+        health, settings = self.health, self.settings
+        while health.pending() and not stop.is_set():
+            if health.suspect:
+                yield from self.judge(dict(health.suspect))
+            unknown = [i for i, due in list(health.unmarked.items()) if due is None]
+            if unknown:
+                yield from self.open_episodes(unknown)
+            now = self.clock()
+            for node, due in list(health.unmarked.items()):
+                tried = health.last_try.get(node)
+                if due is not None and due <= now and (
+                        tried is None or now - tried >= settings.repair_interval):
+                    health.last_try[node] = now
+                    yield from repair_node(self, node, force=False)
+            if not health.pending():
+                return
+            now = self.clock()
+            waits = [settings.repair_interval]
+            for node, due in list(health.unmarked.items()):
+                if due is not None:
+                    tried = health.last_try.get(node)
+                    ready = max(due, tried + settings.repair_interval if tried else due)
+                    waits.append(ready - now)
+            yield Sleep(max(0.01, min(waits)), until=stop)
+
+    def judge(self, suspects: dict[int, bytes]) -> Protocol[None]:
+        """A restarted node: re-stamp it if nothing it acknowledged can have been lost,
+        else turn the restart into an amnesia episode."""
+        timeout = self.settings.repair_timeout
+        nodes = list(suspects)
+        calls = tuple(call for i in nodes for call in (
+            Call(i, ("CONFIG", "GET", "appendonly")), Call(i, ("CONFIG", "GET", "appendfsync")),
+            Call(i, ("INFO", "replication"))))
+        replies = yield Broadcast(calls, timeout)
+        for k, node in enumerate(nodes):
+            appendonly, appendfsync, replication = replies[3 * k:3 * k + 3]
+            why = _not_durable(appendonly, appendfsync, replication)
+            if why is None and not isinstance(replication, BaseException):
+                done = yield from ask_one(Call(
+                    node, (suspects[node], f"restamped at={time.time():.3f}"),
+                    scripts.RESTAMP, (self.keys.marker,)), timeout)
+                if done == 1:
+                    self.health.healthy(node)
+                    logger.info("redlock.node_restamped", node=self.addresses[node])
+                    continue
+            elif why is not None:
+                done = yield from ask_one(Call(
+                    node, (suspects[node], why), scripts.DEMOTE,
+                    (self.keys.marker, self.keys.episode)), timeout)
+                if done == 1:
+                    self.health.lost_data(node)
+                    logger.warning("redlock.node_amnesiac", node=self.addresses[node],
+                                   rejoins_after_s=self.settings.max_ttl)
+                    continue
+            # Unreachable, or the marker changed meanwhile: look at the node again.
+            again = identity((yield from ask_one(self.identify_call(node), timeout)))
+            if again is not None:
+                self.health.identified(node, *again)
+
+    def open_episodes(self, nodes: Sequence[int]) -> Protocol[None]:
+        """Begin (or read) the amnesia episode of nodes without their marker, and from it
+        when each may rejoin."""
+        if not nodes:
+            return
+        replies = yield Broadcast(tuple(
+            Call(i, ("lost its node marker",), scripts.OPEN_EPISODE,
+                 (self.keys.marker, self.keys.episode)) for i in nodes),
+            self.settings.repair_timeout)
+        now = self.clock()
+        for node, reply in zip(nodes, replies, strict=True):
+            if not isinstance(reply, list | tuple) or not reply:
+                continue  # unreachable: try again later
+            if int(reply[0]) == 0:
+                self.health.healthy(node)  # repaired meanwhile (by another client)
+                continue
+            age = (int(reply[2]) - int(reply[1])) / 1000.0
+            self.health.rejoins_at(node, now + max(0.0, self.settings.max_ttl - age))
+
+    # -- admin steps (redlock/_repair.py) -----------------------------------------
 
     def repair(self, *, force: bool) -> Protocol[list[RepairReport]]:
-        """Find amnesiac nodes and repair those whose rejoin delay has passed (or all: force)."""
-        probe = yield Broadcast(tuple(Call(i, ("EXISTS", self.keys.marker)) for i in range(self.n)),
-                                self.settings.repair_timeout)
-        now = self.clock()
-        reports: dict[int, RepairReport] = {}
-        missing = [i for i, reply in enumerate(probe) if reply == 0]
-        present = [i for i, reply in enumerate(probe) if reply == 1]
-        if present:
-            self.health.marker_seen = True
-        for i, reply in enumerate(probe):
-            if isinstance(reply, BaseException):
-                reports[i] = RepairReport(self.addresses[i], "failed", error_detail(reply))
-            elif reply == 1:
-                self.health.note_healthy(i)
-                reports[i] = RepairReport(self.addresses[i], "healthy")
-        if missing and not present and not self.health.marker_seen:
-            for i in missing:
-                reports[i] = RepairReport(self.addresses[i], "healthy", "uninitialised cluster")
-            return [reports[i] for i in sorted(reports)]
-        for i in missing:
-            self.health.note_amnesiac(i, now)
-        for report in (yield from self.repair_due(force=force)):
-            reports[self.addresses.index(report.node)] = report
-        for i in missing:
-            if i not in reports:
-                since = self.health.amnesiac_since.get(i, now)
-                wait = max(0.0, self.settings.max_ttl - (now - since))
-                reports[i] = RepairReport(self.addresses[i], "waiting",
-                                          f"rejoins in {wait:.1f} s (one max_ttl after amnesia)")
-        return [reports[i] for i in sorted(reports)]
+        return repair(self, force=force)
 
-    def _repair_node(self, target: int) -> Protocol[RepairReport]:
-        """Re-seed every fence counter on an amnesiac node, then give it its marker back."""
-        address = self.addresses[target]
-        timeout = self.settings.repair_timeout
-        repair_id = secrets.token_hex(8)
-        guard, marker = self.keys.repair_guard, self.keys.marker
-        ttl_ms = int(timeout * 1000 * 30)
-        claimed = yield from ask_one(Call(target, ("SET", guard, repair_id, "NX", "PX", ttl_ms)),
-                                     timeout)
-        if isinstance(claimed, BaseException) or claimed is None:
-            detail = error_detail(claimed) if isinstance(claimed, BaseException) else "busy"
-            return RepairReport(address, "failed", f"could not claim the repair: {detail}")
-        others = [i for i in range(self.n) if i != target]
-        probe = yield Broadcast(tuple(Call(i, ("EXISTS", marker)) for i in others), timeout)
-        sources = [i for i, reply in zip(others, probe, strict=True) if reply == 1]
-        counters: dict[str, int] = {}
-        complete = 0
-        for source in sources:
-            values = yield from self._read_counters(source)
-            if values is None:
-                continue
-            complete += 1
-            for key, value in values.items():
-                if value > counters.get(key, 0):
-                    counters[key] = value
-        # Max over a majority of the healthy nodes intersects every committed token's
-        # commit set (q - 1 healthy members + q readers > N - 1 healthy nodes).
-        if complete < self.quorum:
-            yield from ask_one(Call(target, ("DEL", guard)), timeout)
-            return RepairReport(address, "failed",
-                                f"read counters from {complete} healthy nodes, need {self.quorum}")
-        items = sorted(counters.items())
-        for start in range(0, len(items), _SEED_BATCH):
-            batch = items[start:start + _SEED_BATCH]
-            seeded = yield from ask_one(Call(
-                target, (repair_id, *(value for _, value in batch)), scripts.SEED_COUNTERS,
-                (guard, *(key for key, _ in batch))), timeout)
-            if seeded != 1:
-                return RepairReport(address, "failed", f"seeding interrupted: {seeded!r}")
-        marker_value = f"repaired {time.time():.3f} by {repair_id}"
-        done = yield from ask_one(Call(target, (repair_id, marker_value), scripts.FINISH_REPAIR,
-                                       (guard, marker)), timeout)
-        if done != 1:
-            return RepairReport(address, "failed", f"marker not written: {done!r}")
-        self.health.note_healthy(target)
-        logger.warning("redlock.node_repaired", node=address, counters_seeded=len(items),
-                       sources=complete)
-        return RepairReport(address, "repaired", f"{len(items)} fence counters re-seeded")
-
-    def _read_counters(self, node: int) -> Protocol[dict[str, int] | None]:
-        """Every fence counter of the namespace on one node (SCAN + MGET), or None."""
-        cursor: CommandArg = 0
-        values: dict[str, int] = {}
-        timeout = self.settings.repair_timeout
-        for _ in range(1_000_000):  # bounded: SCAN terminates, this only guards a bug
-            page = yield from ask_one(Call(node, ("SCAN", cursor, "MATCH",
-                                                  self.keys.fence_pattern, "COUNT", 1000)),
-                                      timeout)
-            if isinstance(page, BaseException) or not isinstance(page, list | tuple):
-                return None
-            cursor, keys = page[0], [_text(k) for k in page[1]]
-            if keys:
-                got = yield from ask_one(Call(node, ("MGET", *keys)), timeout)
-                if isinstance(got, BaseException) or not isinstance(got, list | tuple):
-                    return None
-                for key, value in zip(keys, got, strict=True):
-                    if value is not None:
-                        values[key] = int(value)
-            if int(cursor) == 0:
-                return values
-        return None
+    def initialise(self, *, force: bool) -> Protocol[list[RepairReport]]:
+        return initialise(self, force=force)
 
 
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
+def _not_durable(appendonly: object, appendfsync: object, replication: object) -> str | None:
+    """Why a restarted node may have lost acknowledged writes (None: it cannot have)."""
+    def setting(reply: object) -> str:  # CONFIG GET: a map (RESP3) or a pair (RESP2)
+        if isinstance(reply, dict) and len(reply) == 1:
+            return text(next(iter(reply.values())))
+        if isinstance(reply, list | tuple) and len(reply) == 2:
+            return text(reply[1])
+        return "unknown"
+
+    if isinstance(replication, BaseException):
+        return None  # unreachable: judged again later
+    fields = dict(line.split(":", 1) for line in text(replication).splitlines() if ":" in line)
+    if fields.get("second_repl_offset", "-1").strip() != "-1":
+        return "a promoted replica (its copy may lag behind the old primary)"
+    if setting(appendonly) != "yes" or setting(appendfsync) != "always":
+        return (f"restarted with appendonly {setting(appendonly)}, appendfsync"
+                f" {setting(appendfsync)}: the last writes may be lost")
+    return None

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sys
-from collections.abc import Coroutine, Iterable
+from collections.abc import Callable, Coroutine, Iterable
 from typing import Any, TypeVar
 
 import redis.asyncio
@@ -46,6 +46,12 @@ async def wait_event(event: asyncio.Event, seconds: float) -> None:
         await within(event.wait(), seconds)
 
 
+def _is_new(conn: Any) -> bool:
+    """A connection (re)opened since the server was last identified on it: redis-py
+    reconnects under us, so the stream itself is what was identified."""
+    return getattr(conn, "_redlock_identified", None) is not conn._writer
+
+
 class AsyncTransport:
     """One connection pool per node; a request's calls run concurrently."""
 
@@ -56,6 +62,10 @@ class AsyncTransport:
             build_pool(node, redis.asyncio.ConnectionPool, parse_url, overrides) for node in items]
         self.addresses = node_labels(items)
         self._parked: ParkedAcquires[Any] = ParkedAcquires(len(self.pools))
+        # The call sent first on every new connection, and who is told the replies
+        # (node -> reply) before the request's replies are returned (set by the manager).
+        self.identify: Callable[[int], Call] | None = None
+        self.identified: Callable[[dict[int, object]], None] = lambda _: None
 
     async def broadcast(self, request: Broadcast) -> list[object]:
         """Every call's reply or exception. Calls for one node share one connection
@@ -64,15 +74,19 @@ class AsyncTransport:
         for index, call in enumerate(request.calls):
             by_node.setdefault(call.node, []).append(index)
         replies: list[object] = [None] * len(request.calls)
+        identities: dict[int, object] = {}
         await asyncio.gather(*(self._node(node, [request.calls[i] for i in indexes],
-                                          indexes, replies, request.timeout)
+                                          indexes, replies, identities, request.timeout)
                                for node, indexes in by_node.items()))
+        if identities:
+            self.identified(identities)
         return replies
 
     async def _node(self, node: int, calls: list[Call], indexes: list[int],
-                    replies: list[object], timeout: float) -> None:
+                    replies: list[object], identities: dict[int, object],
+                    timeout: float) -> None:
         parked = [conn for call in calls for conn in self._parked.take_for(call)]
-        exchange = self._exchange(node, calls, timeout)
+        exchange = self._exchange(node, calls, identities, timeout)
         if parked:
             results, _ = await asyncio.gather(exchange, self._trail(parked, calls, timeout))
         else:
@@ -80,20 +94,36 @@ class AsyncTransport:
         for index, result in zip(indexes, results, strict=True):
             replies[index] = result
 
-    async def _exchange(self, node: int, calls: list[Call], timeout: float) -> list[object]:
-        """Send one node's calls and read their replies (raw), all within ``timeout``."""
+    async def _exchange(self, node: int, calls: list[Call], identities: dict[int, object],
+                        timeout: float) -> list[object]:
+        """Send one node's calls and read their replies (raw), all within ``timeout``;
+        a new connection carries the identity probe first (its reply in ``identities``)."""
         pool = self.pools[node]
         conn: Any = None
         sent = False
         results: list[object] = []
 
+        async def send() -> None:
+            nonlocal sent
+            commands = [render(call, evalsha=True) for call in calls]
+            probe = self.identify is not None and _is_new(conn)
+            if probe:
+                commands.insert(0, render(self.identify(node), evalsha=False))  # type: ignore[misc]
+            await conn.send_packed_command(conn.pack_commands(commands), check_health=False)
+            sent = True
+            if probe:
+                try:
+                    identities[node] = await conn.read_response(timeout=timeout,
+                                                                disconnect_on_error=False)
+                except ResponseError as exc:  # e.g. NOPERM: the calls say more
+                    identities[node] = exc
+                conn._redlock_identified = conn._writer  # this connection is known now
+
         async def exchange() -> None:
-            nonlocal conn, sent
+            nonlocal conn
             conn = await pool.get_connection()
             try:
-                await conn.send_packed_command(conn.pack_commands(
-                    [render(call, evalsha=True) for call in calls]), check_health=False)
-                sent = True
+                await send()
                 unknown = await self._read_replies(conn, calls, results, timeout)
             except RedisConnectionError:
                 if results:
@@ -105,8 +135,7 @@ class AsyncTransport:
                 # ours"): one more try on a new connection, within the same budget.
                 await self._discard(node, conn)
                 conn = await pool.get_connection()
-                await conn.send_packed_command(conn.pack_commands(
-                    [render(call, evalsha=True) for call in calls]), check_health=False)
+                await send()
                 unknown = await self._read_replies(conn, calls, results, timeout)
             if unknown:  # first use of a script on this node (or SCRIPT FLUSH): send bodies
                 await conn.send_packed_command(conn.pack_commands(

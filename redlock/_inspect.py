@@ -40,8 +40,9 @@ class NodeLockStatus:
     resource (0 before its first lock); ``marker``: the node marker is present (absent:
     a new node, or one that lost its data); ``repairing``: a repair has claimed the
     node; ``holder``: a fingerprint of the holder's owner value (never the value);
-    ``benched``: this manager saw the node without its marker and keeps it out until
-    ``rejoins_in_s`` (what *this* manager knows: another process may know more).
+    ``benched``: the node lost its data (or restarted without durable persistence) and
+    is kept out of quorums: it rejoins once repaired, ``rejoins_in_s`` from now at the
+    earliest (read from its amnesia episode, by its own clock; None while unknown).
     A node that could not be read has ``reachable`` False, ``error`` saying why, and
     None in the fields it could not read.
     """
@@ -114,15 +115,19 @@ def _text(value: object) -> str:
 
 def _node_status(core: RedlockCore, index: int, reply: object) -> NodeLockStatus:
     address = core.addresses[index]
-    since = core.amnesia.health.amnesiac_since.get(index)
-    benched = since is not None
-    rejoins = (max(0.0, core.settings.max_ttl - (core.clock() - since))
-               if since is not None else None)
+    health = core.amnesia.health
+    benched = index in health.benched()
+    rejoins = health.rejoins_in(index, core.clock())
+    episode = _text(reply[5]) if isinstance(reply, list | tuple) and len(reply) == 7 else ""
+    if episode.split()[:1] and episode.split()[0].isdigit():  # the node's own account
+        benched = True
+        age = (int(reply[6]) - int(episode.split()[0])) / 1000.0  # type: ignore[index]
+        rejoins = max(0.0, core.settings.max_ttl - age)
     if isinstance(reply, BaseException):
         return NodeLockStatus(address, False, benched=benched, rejoins_in_s=rejoins,
                               error=error_detail(reply))
     try:
-        if not isinstance(reply, list | tuple) or len(reply) != 5:
+        if not isinstance(reply, list | tuple) or len(reply) != 7:
             raise ValueError
         pttl, fence = int(reply[0]), int(_text(reply[1]))
     except (TypeError, ValueError):  # a proxy or a foreign script answering: not ours
@@ -138,7 +143,7 @@ def _node_status(core: RedlockCore, index: int, reply: object) -> NodeLockStatus
 def inspect_lock(core: RedlockCore, resource: str) -> Protocol[LockStatus]:
     """Every node's view of ``resource`` in one parallel round of read-only scripts."""
     keys = (core.keys.lock(resource), core.keys.fence(resource), core.keys.marker,
-            core.keys.repair_guard)
+            core.keys.repair_guard, core.keys.episode)
     replies = yield _lock_calls(core, scripts.INSPECT, keys)
     return LockStatus(resource, core.quorum,
                       tuple(_node_status(core, i, reply) for i, reply in enumerate(replies)))

@@ -23,11 +23,14 @@ from redlock._handle import LockBase, MultiLockBase
 from redlock._handover import Handover, as_handover
 from redlock._handover import adopt as adopt_handover
 from redlock._lines import LocalLines
+from redlock._log import get_logger
 from redlock._protocol import Protocol, Wakeable
 from redlock._renewals import Renewals
 from redlock._rules import Settings, validate_resource
 from redlock._state import LockState, Status
 from redlock._telemetry import Telemetry, record_renewal
+
+logger = get_logger(__name__)
 
 H = TypeVar("H", bound=LockBase[Any])
 MH = TypeVar("MH", bound=MultiLockBase[Any])
@@ -91,6 +94,8 @@ class ManagerBase(Generic[H, MH]):
         # so nothing leaks if anything below raises.
         self._transport = self._open_transport(nodes, settings.node_timeout)
         self._core = RedlockCore(self._transport.addresses, settings, clock)
+        self._transport.identify = self._core.amnesia.identify_call
+        self._transport.identified = self._core.amnesia.identified
         self._telemetry = Telemetry.create(settings.namespace, self._core.n, self._core.quorum,
                                            tracer_provider, meter_provider)
         self._sleep = sleep
@@ -101,6 +106,9 @@ class ManagerBase(Generic[H, MH]):
             weakref.WeakKeyDictionary())
         self._reentrant_mutex = threading.Lock()
         self._background: set[Any] = set()  # asyncio keeps only weak refs to tasks
+        self._closing = self._new_event()  # set by close(): background work ends
+        self._maintaining = False
+        self._maintenance_mutex = threading.Lock()
         self._renewals = Renewals(self._core, self._new_event,
                                   lambda loop: self._spawn(loop, "redlock-renewals"),
                                   self._notify_lost,
@@ -250,6 +258,28 @@ class ManagerBase(Generic[H, MH]):
             held = self._reentrant.get(owner)
             if held is not None and held.get(state.resource) is state:
                 del held[state.resource]
+
+    # -- background maintenance of the nodes (redlock/_amnesia.py) --------------
+
+    def _maintain(self) -> None:
+        """Start judging restarted nodes and repairing amnesiac ones in the background,
+        unless that runs already (or nothing needs it): never on an acquire's path."""
+        if not self._core.amnesia.needs_maintenance() or self._closing.is_set():
+            return
+        with self._maintenance_mutex:
+            if self._maintaining:
+                return
+            self._maintaining = True
+        self._spawn(self._maintenance_flow(), "redlock-maintenance")
+
+    def _maintenance_flow(self) -> Protocol[None]:
+        try:
+            yield from self._core.amnesia.maintenance(self._closing)
+        except Exception:
+            logger.exception("redlock.maintenance_crashed")
+        finally:
+            with self._maintenance_mutex:
+                self._maintaining = False
 
     def _notify_released(self, state: LockState) -> None:
         """Wake this manager's local waiters for what ``state`` held."""

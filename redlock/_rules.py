@@ -169,6 +169,11 @@ class Keys:
         return f"{self.namespace}:node-marker"
 
     @property
+    def episode(self) -> str:
+        """When (by the node's clock) and in which server run it lost its data."""
+        return f"{self.namespace}:node-amnesia"
+
+    @property
     def repair_guard(self) -> str:
         return f"{self.namespace}:node-repair"
 

@@ -193,15 +193,129 @@ return 1
 FINISH_REPAIR = Script(
     "finish_repair",
     """
--- KEYS[1] repair guard key, KEYS[2] node marker key
--- ARGV[1] repair id, ARGV[2] marker value
--- returns 1 when the marker was written, 0 when the guard is gone (node lost data again)
+-- KEYS[1] repair guard key, KEYS[2] node marker key, KEYS[3] amnesia episode key
+-- ARGV[1] repair id, ARGV[2] marker text, ARGV[3] rejoin delay in ms (0: forced)
+-- returns 1   the marker was written (stamped with this server's run id), the episode closed
+--         0   the guard is gone (the node lost its data again, or restarted, mid-repair)
+--         -1  not yet: no episode of this server run, or it began less than the delay ago
+--             by this node's clock (a new data loss restarts the wait)
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
     return 0
 end
-redis.call('SET', KEYS[2], ARGV[2])
-redis.call('DEL', KEYS[1])
+local run_id = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)')
+local delay = tonumber(ARGV[3])
+if delay > 0 then
+    local episode = redis.call('GET', KEYS[3])
+    if not episode then
+        return -1
+    end
+    local since, rid = string.match(episode, '^(%d+) (%x+)')
+    local t = redis.call('TIME')
+    local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    if rid ~= run_id or now - tonumber(since) < delay then
+        return -1
+    end
+end
+redis.call('SET', KEYS[2], 'run_id=' .. run_id .. ' ' .. ARGV[2])
+redis.call('DEL', KEYS[1], KEYS[3])
 return 1
+""",
+)
+
+# -- node identity: restarts and data loss (docs/design.md §4) -------------------------
+#
+# The node marker is stamped with the run id of the server that wrote it. A server that
+# restarted (or a replica promoted in its place) has another run id: it may have come
+# back with an older copy of its data, so the client checks it (IDENTIFY, on every new
+# connection) and either re-stamps it (durable persistence, same server) or turns the
+# restart into an amnesia episode (DEMOTE). An episode key records, by the node's own
+# clock and with its run id, when this node was first seen without its marker: every
+# client measures the rejoin delay from it, and a new data loss restarts it.
+
+IDENTIFY = Script(
+    "identify",
+    """
+-- KEYS[1] node marker key
+-- returns {run_id, marker value or nil}: the running server, and what stamped the marker
+return {string.match(redis.call('INFO', 'server'), 'run_id:(%x+)'),
+        redis.call('GET', KEYS[1])}
+""",
+)
+
+INIT_MARKER = Script(
+    "init_marker",
+    """
+-- KEYS[1] node marker key, KEYS[2] amnesia episode key
+-- ARGV[1] marker text
+-- returns 1 when the marker was written, 0 when the node has one, or an episode (it lost
+-- data: only a repair may give its marker back)
+if redis.call('EXISTS', KEYS[1]) == 1 or redis.call('EXISTS', KEYS[2]) == 1 then
+    return 0
+end
+local run_id = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)')
+redis.call('SET', KEYS[1], 'run_id=' .. run_id .. ' ' .. ARGV[1])
+return 1
+""",
+)
+
+RESTAMP = Script(
+    "restamp",
+    """
+-- KEYS[1] node marker key
+-- ARGV[1] the marker value the client judged, ARGV[2] marker text
+-- returns 1 when re-stamped with this server's run id, 0 when the marker changed meanwhile
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+    return 0
+end
+local run_id = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)')
+redis.call('SET', KEYS[1], 'run_id=' .. run_id .. ' ' .. ARGV[2])
+return 1
+""",
+)
+
+DEMOTE = Script(
+    "demote",
+    """
+-- KEYS[1] node marker key, KEYS[2] amnesia episode key
+-- ARGV[1] the marker value the client judged, ARGV[2] why
+-- returns 1 when the marker was removed and an episode begun now, 0 when the marker
+-- changed meanwhile. A node without its marker refuses every acquire until repaired.
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+    return 0
+end
+local run_id = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)')
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('DEL', KEYS[1])
+redis.call('SET', KEYS[2], now .. ' ' .. run_id .. ' ' .. ARGV[2])
+return 1
+""",
+)
+
+OPEN_EPISODE = Script(
+    "open_episode",
+    """
+-- KEYS[1] node marker key, KEYS[2] amnesia episode key
+-- ARGV[1] why
+-- returns {0}             the node has its marker: nothing to do
+--         {1, since, now} its episode (ms by this node's clock): kept if it began in this
+--                         server run, else begun now (restarted since: its data may be
+--                         older than the episode says)
+if redis.call('EXISTS', KEYS[1]) == 1 then
+    return {0}
+end
+local run_id = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)')
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local episode = redis.call('GET', KEYS[2])
+if episode then
+    local since, rid = string.match(episode, '^(%d+) (%x+)')
+    if rid == run_id then
+        return {1, tonumber(since), now}
+    end
+end
+redis.call('SET', KEYS[2], now .. ' ' .. run_id .. ' ' .. ARGV[1])
+return {1, now, now}
 """,
 )
 
@@ -211,21 +325,26 @@ INSPECT = Script(
     "inspect",
     """
 -- KEYS[1] lock key, KEYS[2] fence counter key, KEYS[3] node marker key,
--- KEYS[4] repair claim key
--- returns {pttl, fence, marker, repairing, holder}; writes nothing
+-- KEYS[4] repair claim key, KEYS[5] amnesia episode key
+-- returns {pttl, fence, marker, repairing, holder, episode, now}; writes nothing
 --   pttl       PTTL of the lock key: -2 free, -1 a key without expiry, else ms left
 --   fence      the node's fence counter, as stored ('0' when the resource has none yet)
 --   marker     1 when the node marker exists, else 0
 --   repairing  1 when a repair has claimed the node, else 0
 --   holder     the first 12 hex digits of SHA1(owner value), '' when free: tells holders
 --              apart without revealing the owner value (which would let anyone release)
+--   episode    the amnesia episode ('<since ms> <run id> <why>'), '' when none
+--   now        this node's clock in ms (the episode's age is measured on it)
 local owner = redis.call('GET', KEYS[1])
 local holder = ''
 if owner then
     holder = string.sub(redis.sha1hex(owner), 1, 12)
 end
+local t = redis.call('TIME')
 return {redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[2]) or '0',
-        redis.call('EXISTS', KEYS[3]), redis.call('EXISTS', KEYS[4]), holder}
+        redis.call('EXISTS', KEYS[3]), redis.call('EXISTS', KEYS[4]), holder,
+        redis.call('GET', KEYS[5]) or '',
+        tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)}
 """,
 )
 
@@ -245,4 +364,5 @@ return 0
 )
 
 ALL_SCRIPTS = (ACQUIRE, ACQUIRE_MANY, WRITE_BACK, RELEASE, EXTEND, SEED_COUNTERS,
-               FINISH_REPAIR, INSPECT, FORCE_RELEASE)
+               FINISH_REPAIR, IDENTIFY, INIT_MARKER, RESTAMP, DEMOTE, OPEN_EPISODE, INSPECT,
+               FORCE_RELEASE)

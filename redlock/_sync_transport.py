@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import redis
@@ -29,18 +29,26 @@ _UNREAD: object = object()  # a reply slot not filled yet (None is a real reply)
 class _Group:
     """The calls of one request for one node, sent on one connection (pipelined)."""
 
-    __slots__ = ("calls", "conn", "indexes", "node")
+    __slots__ = ("calls", "conn", "identity", "indexes", "node", "probed")
 
     def __init__(self, node: int) -> None:
         self.node = node
         self.indexes: list[int] = []
         self.calls: list[Call] = []
         self.conn: Any = None
+        self.probed = False  # a new connection: the identity probe went first
+        self.identity: object = _UNREAD
 
     @property
     def one_acquire(self) -> bool:
         """An acquire alone on its connection: the kind that is parked when unanswered."""
         return len(self.calls) == 1 and ParkedAcquires.wants(self.calls[0])
+
+
+def _is_new(conn: Any) -> bool:
+    """A connection (re)opened since the server was last identified on it: redis-py
+    reconnects under us, so the socket itself is what was identified."""
+    return getattr(conn, "_redlock_identified", None) is not conn._sock
 
 
 def _groups(request: Broadcast) -> list[_Group]:
@@ -64,6 +72,10 @@ class SyncTransport:
             build_pool(node, redis.ConnectionPool, parse_url, overrides) for node in items]
         self.addresses = node_labels(items)
         self._parked: ParkedAcquires[Any] = ParkedAcquires(len(self.pools))
+        # The call sent first on every new connection, and who is told the replies
+        # (node -> reply) before the request's replies are returned (set by the manager).
+        self.identify: Callable[[int], Call] | None = None
+        self.identified: Callable[[dict[int, object]], None] = lambda _: None
 
     def broadcast(self, request: Broadcast) -> list[object]:
         """Every call's reply or exception. Calls for one node share one connection
@@ -73,6 +85,7 @@ class SyncTransport:
         deadline = time.monotonic() + request.timeout
         replies: list[object] = [_UNREAD] * len(request.calls)
         pending: list[_Group] = []
+        groups = _groups(request)
         try:
             # Scatter. A node with an idle open connection costs a write; a node that
             # needs a new connection (first use, or after a timeout closed it) may take
@@ -80,7 +93,7 @@ class SyncTransport:
             # never answers AUTH / CLIENT SETINFO). Those connect in parallel, so k hung
             # nodes cost one node timeout, not k.
             slow: list[_Group] = []
-            for group in _groups(request):
+            for group in groups:
                 if self._has_idle_connection(self.pools[group.node]):
                     self._connect_and_send(group, replies, pending)
                 else:
@@ -99,6 +112,9 @@ class SyncTransport:
             for group in pending:  # interrupted: these replies will never be read
                 if not self._park(group):
                     self._discard(group.node, group.conn)
+        identities = {g.node: g.identity for g in groups if g.identity is not _UNREAD}
+        if identities:
+            self.identified(identities)
         return replies
 
     def _park(self, group: _Group) -> bool:
@@ -140,8 +156,12 @@ class SyncTransport:
         pool = self.pools[group.node]
         try:
             group.conn = pool.get_connection()
-            group.conn.send_packed_command(group.conn.pack_commands(
-                [render(call, evalsha=True) for call in group.calls]), check_health=False)
+            commands = [render(call, evalsha=True) for call in group.calls]
+            if self.identify is not None and _is_new(group.conn):
+                group.probed = True
+                commands.insert(0, render(self.identify(group.node), evalsha=False))
+            group.conn.send_packed_command(group.conn.pack_commands(commands),
+                                           check_health=False)
             pending.append(group)
         except Exception as exc:
             for index in group.indexes:
@@ -182,6 +202,14 @@ class SyncTransport:
         """Read the group's replies in order; True if its connection was parked."""
         conn = group.conn
         try:
+            if group.probed:
+                try:
+                    group.identity = conn.read_response(
+                        timeout=max(deadline - time.monotonic(), 0.0005),
+                        disconnect_on_error=False)
+                except redis.ResponseError as exc:  # e.g. NOPERM: the calls say more
+                    group.identity = exc
+                conn._redlock_identified = conn._sock  # this connection is known now
             unknown = self._read_replies(conn, group.indexes, replies, deadline)
             if unknown:  # first use of a script on this node (or SCRIPT FLUSH): send bodies
                 by_index = dict(zip(group.indexes, group.calls, strict=True))

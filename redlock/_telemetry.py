@@ -209,7 +209,7 @@ class _Observer:
     def _amnesiac(self) -> set[int]:
         if self.health is None:
             return set()
-        return set(dict(self.health.amnesiac_since))  # a copy taken in one C call
+        return set(self.health.benched())
 
     def _forward(self, protocol: Protocol[T]) -> Protocol[T]:
         """Forward requests and replies unchanged, noting what goes by."""

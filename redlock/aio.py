@@ -16,7 +16,6 @@ from collections.abc import Callable, Hashable, Iterable, Mapping
 from types import TracebackType
 from typing import Any, TypeVar, cast
 
-from redlock._amnesia import RepairReport
 from redlock._async_transport import AsyncTransport, wait_event
 from redlock._handle import HandleBase, LockBase, MultiLockBase
 from redlock._handover import Handover
@@ -33,6 +32,7 @@ from redlock._protocol import (
     T,
     drive_async,
 )
+from redlock._repair import RepairReport
 
 _H = TypeVar("_H", bound="_AsyncHandle")
 
@@ -85,6 +85,10 @@ class AsyncRedlock(ManagerBase[AsyncLock, AsyncMultiLock]):
         """See :meth:`redlock.Redlock.repair`."""
         return await self._drive(self._core.repair(force=force))
 
+    async def initialise(self, *, force: bool = False) -> list[RepairReport]:
+        """See :meth:`redlock.Redlock.initialise`."""
+        return await self._drive(self._core.initialise(force=force))
+
     async def inspect(self, resource: str) -> LockStatus:
         """See :meth:`redlock.Redlock.inspect`."""
         return await self._drive(self._inspect_flow(resource))
@@ -105,6 +109,7 @@ class AsyncRedlock(ManagerBase[AsyncLock, AsyncMultiLock]):
 
     async def close(self) -> None:
         """Close the connections this manager opened (the caller's clients stay open)."""
+        self._closing.set()
         await self._transport.close()
 
     async def __aenter__(self) -> AsyncRedlock:
@@ -141,6 +146,7 @@ class AsyncRedlock(ManagerBase[AsyncLock, AsyncMultiLock]):
             return await drive_async(protocol, functools.partial(self._execute, ticket))
         finally:
             self._lines.leave(ticket)
+            self._maintain()  # a request found a restarted or amnesiac node: see to it
 
     async def _execute(self, ticket: Ticket[asyncio.Event], request: Request) -> Replies:
         if isinstance(request, Broadcast):

@@ -349,16 +349,12 @@ def cmd_repair(args: argparse.Namespace) -> int:
 
 def cmd_initialise(args: argparse.Namespace) -> int:
     with open_manager(args) as dlm:
-        initialise: Callable[..., Sequence[Any]] | None = getattr(dlm, "initialise", None)
-        if initialise is None:
-            raise CliError("this version of redlock cannot initialise a cluster"
-                           " (Redlock.initialise is missing): upgrade redlock-fenced")
         if args.force:
             confirm(args, "force the initialisation",
                     "Write node markers on the nodes that lack one, although some nodes"
                     " already have one? Safe only once every lock has expired (one max_ttl"
                     " after the nodes lost their data).")
-        reports = initialise(force=args.force)
+        reports = dlm.initialise(force=args.force)
     return _repair_reports(args, reports)
 
 

@@ -15,13 +15,13 @@ from collections.abc import Callable, Hashable, Iterable, Mapping
 from types import TracebackType
 from typing import Any, TypeVar, cast
 
-from redlock._amnesia import RepairReport
 from redlock._handle import HandleBase, LockBase, MultiLockBase
 from redlock._handover import Handover
 from redlock._inspect import LockStatus, ReleaseReport
 from redlock._lines import Ticket
 from redlock._manager import ManagerBase
 from redlock._protocol import NO_REPLY, Broadcast, Protocol, Replies, Request, Sleep, T, drive
+from redlock._repair import RepairReport
 from redlock._sync_transport import SyncTransport
 
 _H = TypeVar("_H", bound="_SyncHandle")
@@ -89,12 +89,26 @@ class Redlock(ManagerBase[Lock, MultiLock]):
     _transport: SyncTransport
 
     def repair(self, *, force: bool = False) -> list[RepairReport]:
-        """Find nodes that lost their data and re-seed those whose rejoin delay passed.
+        """Look at every node now: judge restarted ones, and re-seed those that lost their
+        data once their rejoin delay (one max_ttl after the loss, by the node's own
+        clock) has passed; the manager also does this in the background by itself.
 
         ``force=True`` skips the delay: only when you know every lock held before the
         node lost its data has expired (one max_ttl has passed).
         """
         return self._drive(self._core.repair(force=force))
+
+    def initialise(self, *, force: bool = False) -> list[RepairReport]:
+        """Give every node without its node marker one (every node must answer).
+
+        Without ``force``: a new cluster, or the rest of an interrupted initialisation
+        (nodes that never held anything); nodes that lost data are refused (``failed``).
+        With ``force``, the way out of a majority that lost its data: those too, their
+        fence counters seeded from the nodes that kept theirs. Only once every lock held
+        before has expired (one max_ttl); tokens may then restart below earlier ones,
+        which the fenced stores reject until they catch up (docs/design.md §4.8).
+        """
+        return self._drive(self._core.initialise(force=force))
 
     def inspect(self, resource: str) -> LockStatus:
         """Every node's view of ``resource``: held or not, PTTL left, fence counter,
@@ -131,6 +145,7 @@ class Redlock(ManagerBase[Lock, MultiLock]):
 
     def close(self) -> None:
         """Close the connections this manager opened (the caller's clients stay open)."""
+        self._closing.set()
         self._transport.close()
 
     def __enter__(self) -> Redlock:
@@ -162,6 +177,7 @@ class Redlock(ManagerBase[Lock, MultiLock]):
             return drive(protocol, functools.partial(self._execute, ticket))
         finally:
             self._lines.leave(ticket)
+            self._maintain()  # a request found a restarted or amnesiac node: see to it
 
     def _execute(self, ticket: Ticket[threading.Event], request: Request) -> Replies:
         if isinstance(request, Broadcast):

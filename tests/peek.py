@@ -77,6 +77,15 @@ def markers(nodes: Sequence[RedisNode]) -> list[bytes | None]:
     return [get(node, KEYS.marker) for node in nodes]
 
 
+def write_markers(nodes: Sequence[RedisNode], text: str = "initialised by a test") -> None:
+    """Node markers as the library writes them: stamped with the run id of the server
+    (a marker stamped by another run means a restart, docs/design.md §4)."""
+    for node in nodes:
+        with node.client() as client:
+            run_id = client.info("server")["run_id"]
+            client.set(KEYS.marker, f"run_id={run_id} {text}")
+
+
 def resume_and_settle(nodes: Sequence[RedisNode], resource: str | None = None) -> None:
     """SIGCONT, then one round trip per node so the commands queued while it was stopped
     (an acquire script whose reply timed out, a release) have run; optionally drop a

@@ -22,6 +22,7 @@ from redlock import (
     Redlock,
 )
 from redlock.testing import RedisNodes
+from tests.peek import write_markers
 
 NODE_TIMEOUT = 0.25  # a healthy node on a busy shared machine must not look dead
 
@@ -94,12 +95,9 @@ def test_tokens_grow_per_resource_across_single_and_multi_locks(dlm: Redlock) ->
 
 def test_diverged_counters_are_committed_per_resource(dlm: Redlock,
                                                       nodes3: RedisNodes) -> None:
+    write_markers(nodes3)
     with nodes3[0].client() as client:
-        client.set("redlock:node-marker", "initialised by test")
         client.set("redlock:{d1}:fence", 10)  # node 0 is ahead on d1 only
-    for node in nodes3[1:]:
-        with node.client() as client:
-            client.set("redlock:node-marker", "initialised by test")
     with dlm.lock_many(["d1", "d2"]) as many:
         assert many.tokens == {"d1": 11, "d2": 1}
         counters = []
