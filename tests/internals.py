@@ -50,6 +50,7 @@ __all__ = [
     "classify_ack_reply",
     "classify_acquire_reply",
     "drive",
+    "drop_idle_connections",
     "is_permanent_error",
     "lines_idle",
     "quorum",
@@ -71,6 +72,13 @@ def lines_idle(manager: Any) -> bool:
     """True when no thread or task of ``manager`` waits in, or holds a turn of, a local
     line (Redlock and AsyncRedlock keep them in a private attribute)."""
     return bool(manager._lines.idle())
+
+
+async def drop_idle_connections(manager: Any) -> None:
+    """Close an AsyncRedlock's idle pooled connections: its next request to each node
+    opens a new one (connect and handshake first)."""
+    for pool in manager._transport.pools:
+        await pool.disconnect()
 
 
 def repair_node(core: RedlockCore, node: int) -> Generator[Any, Any, RepairReport]:
