@@ -9,7 +9,8 @@ node's clock (Redis TIME, in ms) is derived from it, optionally skewed per node.
 Each node has a server run id, changed by :meth:`ScriptedNodes.restart`; the scripts
 that stamp the node marker stamp it with the run id of the node that runs them, as
 ``string.match(redis.call('INFO', 'server'), 'run_id:(%x+)')`` does on a real node.
-Keys never expire here: a key lives until a call or the test deletes it.
+Keys never expire here: a key lives until a call or the test deletes it (a refused
+acquire reports 1000 ms left).
 """
 
 from __future__ import annotations
@@ -73,6 +74,10 @@ class ScriptedNodes:
     ``appendonly no`` / ``appendfsync everysec``; ``promoted`` nodes are replicas
     promoted to primary (``second_repl_offset`` is not -1); ``replicas`` answer
     ``role:slave``. ``skew[node]``: seconds that node's clock runs ahead of the others.
+
+    Transports send IDENTIFY ahead of the first call on each new connection: a test
+    plays that with :meth:`connect` (now) or :meth:`attach` (from now on, as requests
+    go out).
     """
 
     def __init__(self, n: int, counters: list[int] | None = None,
