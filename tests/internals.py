@@ -6,14 +6,16 @@ names from here, never from the library's private modules.
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Generator, Sequence
 from typing import Any
 
 from redlock import _scripts as scripts
 from redlock._algorithm import RedlockCore
-from redlock._amnesia import RepairReport
 from redlock._protocol import Broadcast, Call, Invoke, Sleep, drive
 from redlock._renewals import Renewals
+from redlock._repair import RepairReport
+from redlock._repair import read_counters as _read_counters
+from redlock._repair import repair_node as _repair_node
 from redlock._rules import (
     TOKEN_LIMIT,
     Keys,
@@ -81,11 +83,14 @@ async def drop_idle_connections(manager: Any) -> None:
         await pool.disconnect()
 
 
-def repair_node(core: RedlockCore, node: int) -> Generator[Any, Any, RepairReport]:
-    """The protocol that re-seeds one amnesiac node and gives it its marker back."""
-    return core.amnesia._repair_node(node)
+def repair_node(core: RedlockCore, node: int, *, force: bool = False,
+                sources: Sequence[int] | None = None) -> Generator[Any, Any, RepairReport]:
+    """The protocol that re-seeds one amnesiac node and gives it its marker back (once
+    its episode is one max_ttl old by its clock, or at once: ``force``); ``sources``:
+    the nodes to read counters from (default: every healthy node, a quorum of them)."""
+    return _repair_node(core.amnesia, node, force=force, sources=sources)
 
 
 def read_counters(core: RedlockCore, node: int) -> Generator[Any, Any, dict[str, int] | None]:
     """The protocol that reads every fence counter of one node (None: it could not)."""
-    return core.amnesia._read_counters(node)
+    return _read_counters(core.amnesia, node)

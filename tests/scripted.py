@@ -3,18 +3,29 @@
 A protocol (a generator on RedlockCore) yields requests; :class:`ScriptedNodes` plays
 N nodes at the protocol level, each a dict of keys with the Lua scripts' semantics
 (the scripts themselves run on real nodes in the behaviour tests), and answers them.
-A :class:`FakeClock` moves only when the test, a Sleep or a round trip moves it.
+A :class:`FakeClock` moves only when the test, a Sleep or a round trip moves it; each
+node's clock (Redis TIME, in ms) is derived from it, optionally skewed per node.
+
+Each node has a server run id, changed by :meth:`ScriptedNodes.restart`; the scripts
+that stamp the node marker stamp it with the run id of the node that runs them, as
+``string.match(redis.call('INFO', 'server'), 'run_id:(%x+)')`` does on a real node.
+Keys never expire here: a key lives until a call or the test deletes it (a refused
+acquire reports 1000 ms left).
 """
 
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Callable
+import hashlib
+import re
+from collections.abc import Callable, Iterable
 
-from tests.internals import Broadcast, Call, RedlockCore, Settings, Sleep, scripts
+from tests.internals import Broadcast, Call, Invoke, RedlockCore, Settings, Sleep, scripts
 
 MARKER = "redlock:node-marker"
 GUARD = "redlock:node-repair"
+EPISODE = "redlock:node-amnesia"
+EPOCH_MS = 1_700_000_000_000  # what a node's clock reads when the FakeClock reads 0
 
 
 def lock_key(resource: str) -> str:
@@ -41,38 +52,151 @@ class FakeClock:
 PASS = object()  # from an interceptor: answer as the node would
 
 
+def as_text(value: object) -> str:
+    """What Redis stores for an argument (redis-py sends str as UTF-8, numbers as text)."""
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
 class ScriptedNodes:
     """Plays N nodes: a dict per node, the scripts' semantics.
 
-    ``down``: nodes that answer every call with a TimeoutError. ``intercept(call)``, if
-    set, may answer a call itself (return anything but PASS): a reply out of script.
-    With a ``clock``, a Sleep advances it by its seconds and every broadcast by
-    ``round_trip`` seconds. ``ttl_ms[node][key]`` records the TTL last set on a key.
+    Every node starts initialised: its marker stamped with its current run id (the
+    cluster a test finds after its first acquire); ``counters`` seed the fence counter of
+    resource ``r``. ``down``: nodes that answer every call with a TimeoutError.
+    ``intercept(call)``, if set, may answer a call itself (return anything but PASS): a
+    reply out of script. A Sleep advances the clock by its seconds (unless its ``until``
+    event is set: it returns at once), every broadcast by ``round_trip`` seconds; without
+    a ``clock`` the nodes keep one of their own. ``ttl_ms[node][key]`` records the TTL
+    last set on a key. ``resp3``: CONFIG GET answers a map, as on a RESP3 connection.
+
+    Persistence and replication, as CONFIG GET and INFO report them: ``durable`` nodes
+    run ``appendonly yes`` / ``appendfsync always`` (the default), the others
+    ``appendonly no`` / ``appendfsync everysec``; ``promoted`` nodes are replicas
+    promoted to primary (``second_repl_offset`` is not -1); ``replicas`` answer
+    ``role:slave``. ``skew[node]``: seconds that node's clock runs ahead of the others.
+
+    Transports send IDENTIFY ahead of the first call on each new connection: a test
+    plays that with :meth:`connect` (now) or :meth:`attach` (from now on, as requests
+    go out).
     """
 
     def __init__(self, n: int, counters: list[int] | None = None,
-                 down: frozenset[int] | set[int] = frozenset(), *, clock: FakeClock | None = None,
-                 round_trip: float = 0.0, scan_page: int = 1000) -> None:
-        self.data: list[dict[str, object]] = [{MARKER: "x"} for _ in range(n)]
+                 down: Iterable[int] = frozenset(), *, clock: FakeClock | None = None,
+                 round_trip: float = 0.0, scan_page: int = 1000, resp3: bool = False) -> None:
+        self.clock = clock if clock is not None else FakeClock()
+        self.runs = [0] * n  # restarts so far, per node: the run id derives from it
+        self.data: list[dict[str, object]] = [{} for _ in range(n)]
+        for i in range(n):
+            self.data[i][MARKER] = self.stamp(i, "initialised by the test")
         self.ttl_ms: list[dict[str, int]] = [{} for _ in range(n)]
         for i, counter in enumerate(counters or []):
             self.data[i][fence_key("r")] = counter
         self.down = set(down)
-        self.clock = clock
+        self.durable = set(range(n))
+        self.promoted: set[int] = set()
+        self.replicas: set[int] = set()
+        self.skew: dict[int, float] = {}
         self.round_trip = round_trip
         self.scan_page = scan_page
+        self.resp3 = resp3
         self.intercept: Callable[[Call], object] | None = None
         self.requests: list[Broadcast | Sleep] = []
+        self.attached: RedlockCore | None = None  # see attach()
+        self.new_connections: set[int] = set()
 
-    def execute(self, request: Broadcast | Sleep) -> list[object]:
+    # -- what the test controls ---------------------------------------------------
+
+    def run_id(self, node: int) -> str:
+        """The node's current server run id (40 hex digits, like Redis's)."""
+        return hashlib.sha1(f"node {node} run {self.runs[node]}".encode()).hexdigest()
+
+    def stamp(self, node: int, text: str) -> str:
+        """A marker value as the node's current server run writes it."""
+        return f"run_id={self.run_id(node)} {text}"
+
+    def now_ms(self, node: int) -> int:
+        """The node's clock (Redis TIME) in ms."""
+        return EPOCH_MS + round((self.clock() + self.skew.get(node, 0.0)) * 1000)
+
+    def restart(self, node: int, *, keep_data: bool, durable: bool | None = None,
+                promoted: bool = False) -> None:
+        """The server restarts (or a replica takes its place: ``promoted``): a new run id;
+        its data kept (loaded from disk, or the replica's copy) or gone. ``durable``:
+        its persistence settings from now on (None: unchanged)."""
+        self.runs[node] += 1
+        self.new_connections.add(node)  # its connections broke
+        if not keep_data:
+            self.data[node].clear()
+            self.ttl_ms[node].clear()
+        if durable is not None:
+            (self.durable.add if durable else self.durable.discard)(node)
+        (self.promoted.add if promoted else self.promoted.discard)(node)
+
+    def begin_episode(self, node: int, ago: float = 0.0,
+                      why: str = "lost its node marker") -> str:
+        """An amnesia episode, as DEMOTE or OPEN_EPISODE writes it, begun ``ago`` seconds
+        ago by the node's clock in its current server run (another client opened it)."""
+        value = f"{self.now_ms(node) - round(ago * 1000)} {self.run_id(node)} {why}"
+        self.data[node][EPISODE] = value
+        return value
+
+    def episode(self, node: int) -> tuple[int, str, str] | None:
+        """The node's episode: (since ms by its clock, run id, why), or None."""
+        value = self.data[node].get(EPISODE)
+        if value is None:
+            return None
+        since, run_id, why = as_text(value).split(" ", 2)
+        return int(since), run_id, why
+
+    def healthy(self, node: int) -> bool:
+        """The node holds a marker stamped by the server run that answers."""
+        marker = self.data[node].get(MARKER)
+        return marker is not None and as_text(marker).startswith(
+            f"run_id={self.run_id(node)} ")
+
+    def attach(self, core: RedlockCore) -> None:
+        """Identify nodes as the transports do from now on: IDENTIFY ahead of the first
+        call on every new connection (to every node at first, to a node again after it
+        restarted or failed to answer), the replies passed to ``core``'s amnesia guard
+        once the request's replies are in, before the protocol sees them."""
+        self.attached = core
+        self.new_connections = set(range(len(self.data)))
+
+    def connect(self, core: RedlockCore, nodes: Iterable[int] | None = None) -> dict[int, object]:
+        """What a transport does on new connections to ``nodes`` (default: all): IDENTIFY
+        ahead of the first call, the replies passed to the core's amnesia guard. A node
+        that does not answer is left out, as the transports leave out an unread reply.
+        Not recorded in :attr:`requests` (it rides on another request's connection)."""
+        targets = range(len(self.data)) if nodes is None else nodes
+        identities: dict[int, object] = {}
+        for node in targets:
+            reply = self.reply(core.amnesia.identify_call(node))
+            if not isinstance(reply, BaseException):
+                identities[node] = reply
+        core.amnesia.identified(identities)
+        return identities
+
+    # -- playing the nodes ----------------------------------------------------------
+
+    def execute(self, request: Broadcast | Sleep | Invoke) -> list[object]:
+        assert not isinstance(request, Invoke), "no protocol here calls user code"
         self.requests.append(request)
         if isinstance(request, Sleep):
-            if self.clock is not None:
+            if request.until is None or not request.until.is_set():
                 self.clock.advance(request.seconds)
             return []
+        identities: dict[int, object] = {}
+        if self.attached is not None:
+            for node in sorted({c.node for c in request.calls} & self.new_connections):
+                identity = self.reply(self.attached.amnesia.identify_call(node))
+                if not isinstance(identity, BaseException):  # read: a known connection
+                    identities[node] = identity
+                    self.new_connections.discard(node)
         replies = [self.reply(call) for call in request.calls]
-        if self.clock is not None:
-            self.clock.advance(self.round_trip)
+        if identities:
+            assert self.attached is not None
+            self.attached.amnesia.identified(identities)
+        self.clock.advance(self.round_trip)
         return replies
 
     def reply(self, call: Call) -> object:
@@ -82,84 +206,194 @@ class ScriptedNodes:
                 return answer
         if call.node in self.down:
             return TimeoutError("no reply")
-        db = self.data[call.node]
         if call.script is None:
             return self.command(call.node, call.args)
-        if call.script is scripts.ACQUIRE:
-            lock, fence, marker = call.keys
-            owner = call.args[0]
+        return self.run_script(call.node, call.script, call.keys, call.args)
+
+    def run_script(self, node: int, script: object, keys: tuple[str, ...],
+                   args: tuple[object, ...]) -> object:
+        """The Lua scripts of redlock/_scripts.py, step for step."""
+        db = self.data[node]
+
+        def get(key: str) -> str | None:
+            value = db.get(key)
+            return None if value is None else as_text(value)
+
+        def counter(key: str) -> int:
+            return int(get(key) or 0)
+
+        if script is scripts.ACQUIRE:
+            lock, fence, marker = keys
+            owner = as_text(args[0])
             if marker not in db:
                 return [scripts.ACQUIRE_AMNESIAC, 0]
-            if lock in db:
-                return [scripts.ACQUIRE_ALREADY_OURS if db[lock] == owner
-                        else scripts.ACQUIRE_REFUSED, 1000]
+            holder = get(lock)
+            if holder == owner:
+                self.ttl_ms[node][lock] = int(as_text(args[1]))
+                return [scripts.ACQUIRE_ALREADY_OURS, counter(fence)]
+            if holder is not None:
+                return [scripts.ACQUIRE_REFUSED, 1000]
             db[lock] = owner
-            self.ttl_ms[call.node][lock] = int(call.args[1])
-            db[fence] = max(int(db.get(fence, 0)), int(call.args[2])) + 1  # type: ignore[call-overload]
+            self.ttl_ms[node][lock] = int(as_text(args[1]))
+            db[fence] = max(counter(fence), int(as_text(args[2]))) + 1
             return [scripts.ACQUIRE_GRANTED, db[fence]]
-        if call.script is scripts.WRITE_BACK:
-            lock, fence, _ = call.keys
-            if db.get(lock) != call.args[0]:
+        if script is scripts.ACQUIRE_MANY:
+            marker, *rest = keys
+            k = len(rest) // 2
+            locks, fences = rest[:k], rest[k:]
+            owner = as_text(args[0])
+            if marker not in db:
+                return [scripts.ACQUIRE_AMNESIAC, 0]
+            if any(get(lock) not in (None, owner) for lock in locks):
+                return [scripts.ACQUIRE_REFUSED, 1000]
+            reply: list[object] = [scripts.ACQUIRE_GRANTED]
+            for lock, fence, floor in zip(locks, fences, args[2:], strict=True):
+                self.ttl_ms[node][lock] = int(as_text(args[1]))
+                if get(lock) != owner:
+                    db[lock] = owner
+                    db[fence] = max(counter(fence), int(as_text(floor))) + 1
+                reply.append(counter(fence))
+            return reply
+        if script is scripts.WRITE_BACK:
+            lock, fence, marker = keys
+            if marker not in db or get(lock) != as_text(args[0]):
                 return 0
-            db[fence] = max(int(db.get(fence, 0)), int(call.args[1]))  # type: ignore[call-overload]
+            token = int(as_text(args[1]))
+            if token > counter(fence):
+                db[fence] = token
             return 1
-        if call.script is scripts.RELEASE:
-            lock = call.keys[0]
-            if db.get(lock) == call.args[0]:
+        if script is scripts.RELEASE:
+            lock = keys[0]
+            if get(lock) == as_text(args[0]):
                 del db[lock]
                 return 1
             return 0
-        if call.script is scripts.EXTEND:
-            lock = call.keys[0]
-            if db.get(lock) != call.args[0]:
+        if script is scripts.EXTEND:
+            lock = keys[0]
+            if get(lock) != as_text(args[0]):
                 return 0
-            self.ttl_ms[call.node][lock] = int(call.args[1])
+            self.ttl_ms[node][lock] = int(as_text(args[1]))
             return 1
-        if call.script is scripts.SEED_COUNTERS:
-            guard, *fences = call.keys
-            repair_id, *values = call.args
-            if db.get(guard) != repair_id:
+        if script is scripts.SEED_COUNTERS:
+            guard, *fences = keys
+            repair_id, *values = args
+            if get(guard) != as_text(repair_id):
                 return 0
             for key, value in zip(fences, values, strict=True):
-                db[key] = max(int(db.get(key, 0)), int(value))  # type: ignore[call-overload]
+                if int(as_text(value)) > counter(key):
+                    db[key] = int(as_text(value))
             return 1
-        if call.script is scripts.FINISH_REPAIR:
-            guard, marker = call.keys
-            repair_id, marker_value = call.args
-            if db.get(guard) != repair_id:
+        if script is scripts.FINISH_REPAIR:
+            guard, marker, episode_key = keys
+            repair_id, text, delay = args
+            if get(guard) != as_text(repair_id):
                 return 0
-            db[marker] = marker_value
-            del db[guard]
+            if int(as_text(delay)) > 0:
+                episode = get(episode_key)
+                if episode is None:
+                    return -1
+                since, run_id = _episode_start(episode)
+                if run_id != self.run_id(node) or (
+                        self.now_ms(node) - int(since or 0) < int(as_text(delay))):
+                    return -1
+            db[marker] = self.stamp(node, as_text(text))
+            db.pop(guard, None)
+            db.pop(episode_key, None)
             return 1
-        raise AssertionError(f"unexpected call {call}")
+        if script is scripts.INIT_MARKER:
+            marker, episode_key = keys
+            if marker in db or episode_key in db:
+                return 0
+            db[marker] = self.stamp(node, as_text(args[0]))
+            return 1
+        if script is scripts.RESTAMP:
+            [marker] = keys
+            judged, text = args
+            if get(marker) != as_text(judged):
+                return 0
+            db[marker] = self.stamp(node, as_text(text))
+            return 1
+        if script is scripts.DEMOTE:
+            marker, episode_key = keys
+            judged, why = args
+            if get(marker) != as_text(judged):
+                return 0
+            del db[marker]
+            db[episode_key] = f"{self.now_ms(node)} {self.run_id(node)} {as_text(why)}"
+            return 1
+        if script is scripts.OPEN_EPISODE:
+            marker, episode_key = keys
+            if marker in db:
+                return [0]
+            now = self.now_ms(node)
+            episode = get(episode_key)
+            if episode is not None:
+                since, run_id = _episode_start(episode)
+                if run_id == self.run_id(node):
+                    return [1, int(since or 0), now]
+            db[episode_key] = f"{now} {self.run_id(node)} {as_text(args[0])}"
+            return [1, now, now]
+        raise AssertionError(f"unexpected script {script!r} on node {node}")
 
     def command(self, node: int, args: tuple[object, ...]) -> object:
-        """The plain commands the protocols send, as Redis answers them."""
+        """The plain commands the protocols send, as Redis answers them (raw replies, as
+        the transports read them: bytes, lists, maps under RESP3)."""
         db = self.data[node]
         name, *rest = args
+        if name == "EVAL" and rest[0] == scripts.IDENTIFY.source:
+            assert rest[1] == 1, rest
+            marker = db.get(as_text(rest[2]))
+            return [self.run_id(node).encode(),
+                    None if marker is None else as_text(marker).encode()]
         if name == "INFO":
-            return b"# Replication\r\nrole:slave\r\n" if node == 1 else b"role:master\r\n"
+            sections = {"server": f"# Server\r\nredis_version:7.0.15\r\n"
+                                  f"run_id:{self.run_id(node)}\r\n",
+                        "replication": self._replication(node)}
+            wanted = [as_text(s).lower() for s in rest] or list(sections)
+            return "\r\n".join(sections[s] for s in wanted).encode()
+        if name == "CONFIG":
+            assert as_text(rest[0]).upper() == "GET", args
+            parameter = as_text(rest[1])
+            durable = node in self.durable
+            value = {"appendonly": "yes" if durable else "no",
+                     "appendfsync": "always" if durable else "everysec"}[parameter]
+            if self.resp3:
+                return {parameter.encode(): value.encode()}
+            return [parameter.encode(), value.encode()]
         if name == "EXISTS":
-            return int(rest[0] in db)
+            return sum(1 for key in rest if as_text(key) in db)
         if name == "DEL":
-            return int(db.pop(str(rest[0]), None) is not None)
+            return sum(1 for key in rest if db.pop(as_text(key), None) is not None)
         if name == "SET":
-            key, value, *options = rest
+            key, value, *options = (as_text(a) for a in rest)
             if "NX" in options and key in db:
                 return None
-            db[str(key)] = value
+            db[key] = value
             if "PX" in options:
-                self.ttl_ms[node][str(key)] = int(options[options.index("PX") + 1])  # type: ignore[call-overload]
+                self.ttl_ms[node][key] = int(options[options.index("PX") + 1])
             return b"OK"
         if name == "SCAN":
+            # As Redis does: a page of the whole keyspace (``scan_page`` keys, whatever
+            # COUNT asks), then MATCH filters it; the cursor is 0 after the last page.
             cursor, _, pattern, _, _ = rest
-            keys = sorted(k for k in db if fnmatch.fnmatchcase(k, str(pattern)))
-            start = int(cursor)  # type: ignore[call-overload]
+            keys = sorted(db)
+            start = int(as_text(cursor))
             end = start + self.scan_page
-            return [end if end < len(keys) else 0, [k.encode() for k in keys[start:end]]]
+            return [str(end if end < len(keys) else 0).encode(),
+                    [k.encode() for k in keys[start:end]
+                     if fnmatch.fnmatchcase(k, as_text(pattern))]]
         if name == "MGET":
-            return [None if db.get(str(k)) is None else str(db[str(k)]).encode() for k in rest]
+            return [None if db.get(as_text(k)) is None else as_text(db[as_text(k)]).encode()
+                    for k in rest]
         raise AssertionError(f"unexpected command {args}")
+
+    def _replication(self, node: int) -> str:
+        role = "slave" if node in self.replicas else "master"
+        second = "4711" if node in self.promoted else "-1"
+        return (f"# Replication\r\nrole:{role}\r\nconnected_slaves:0\r\n"
+                f"master_repl_offset:4711\r\nsecond_repl_offset:{second}\r\n")
+
+    # -- what the protocols sent ------------------------------------------------------
 
     def broadcasts(self) -> list[Broadcast]:
         return [r for r in self.requests if isinstance(r, Broadcast)]
@@ -172,9 +406,27 @@ class ScriptedNodes:
                 if r.calls and r.calls[0].script is not None]
 
     def commands_sent(self) -> list[str]:
-        """Each broadcast's first call: its script name, or its command name."""
-        return [str(r.calls[0].script.name if r.calls[0].script is not None
-                    else r.calls[0].args[0]) for r in self.broadcasts() if r.calls]
+        """Each broadcast's first call: its script name, or its command name (IDENTIFY,
+        a plain EVAL, shows as "identify")."""
+        return [describe(r.calls[0]) for r in self.broadcasts() if r.calls]
+
+
+def describe(call: Call) -> str:
+    """A call's script name, or its command name ("identify" for IDENTIFY's EVAL)."""
+    if call.script is not None:
+        return call.script.name
+    if call.args[:2] == ("EVAL", scripts.IDENTIFY.source):
+        return "identify"
+    return str(call.args[0])
+
+
+_EPISODE_START = re.compile(r"([0-9]+) ([0-9a-fA-F]+)")
+
+
+def _episode_start(episode: str) -> tuple[str | None, str | None]:
+    """``string.match(episode, '^(%d+) (%x+)')``: (since, run id), or (None, None)."""
+    found = _EPISODE_START.match(episode)
+    return (found[1], found[2]) if found else (None, None)
 
 
 def make_core(n: int, clock: FakeClock | None = None, **settings: object) -> RedlockCore:

@@ -1,5 +1,7 @@
 """The protocols of the sans-IO core on scripted nodes (tests/scripted.py): acquire and
-release, extend, the auto-extend watchdog, amnesia handling and node repair.
+release, extend, the auto-extend watchdog, amnesia on the acquire path (a new cluster, a
+node that lost its data, a restarted node), the background maintenance (judging
+restarted nodes, amnesia episodes, repair) and the admin steps repair() and initialise().
 
 Each protocol is a generator that yields requests and receives the nodes' replies;
 these tests play the replies (and move a fake clock) and check the decisions: which
@@ -17,6 +19,8 @@ from redlock import ClusterAmnesiaError, LockLost, Outcome
 from redlock.testing import capture_events
 from tests.internals import (
     Broadcast,
+    Call,
+    Invoke,
     LockState,
     RedlockCore,
     Renewals,
@@ -29,6 +33,7 @@ from tests.internals import (
     scripts,
 )
 from tests.scripted import (
+    EPISODE,
     GUARD,
     MARKER,
     PASS,
@@ -46,6 +51,7 @@ from tests.scripted import (
 
 def test_first_acquire_inspects_every_node_once_then_never_again() -> None:
     nodes = ScriptedNodes(3)
+    nodes.replicas = {1}
     core = RedlockCore([f"n{i}:6379" for i in range(3)], Settings(), FakeClock())
     with capture_events() as events:
         for _ in range(2):
@@ -117,7 +123,7 @@ def test_acquire_protocol_never_returns_an_expired_lock() -> None:
     clock = FakeClock()
     nodes = ScriptedNodes(3)
 
-    def slow(request: Broadcast | Sleep) -> list[object]:
+    def slow(request: Broadcast | Sleep | Invoke) -> list[object]:
         clock.advance(10.0)  # the round trip ate the whole ttl
         return nodes.execute(request)
 
@@ -150,7 +156,7 @@ def test_acquire_protocol_blocking_backs_off_and_stops_at_the_deadline() -> None
     for db in nodes.data:
         db["redlock:{r}:lock"] = "holder"
 
-    def execute(request: Broadcast | Sleep) -> list[object]:
+    def execute(request: Broadcast | Sleep | Invoke) -> list[object]:
         if isinstance(request, Sleep):
             assert request.seconds > 0
             clock.advance(request.seconds)
@@ -316,7 +322,7 @@ def run_renewals(core: RedlockCore, states: list[LockState], nodes: ScriptedNode
     for state, holder in zip(states, kept, strict=True):
         renewals.add(state, holder)
 
-    def execute(request: Broadcast | Sleep) -> list[object]:
+    def execute(request: Broadcast | Sleep | Invoke) -> list[object]:
         extends = nodes.scripts_sent().count("extend")
         if isinstance(request, Sleep) and release_after is not None \
                 and extends >= release_after:
@@ -382,7 +388,7 @@ def test_renewals_retry_with_backoff_while_validity_remains() -> None:
             return TimeoutError("no reply")
         return PASS
 
-    nodes.intercept = unreachable_for_four_rounds  # type: ignore[assignment]
+    nodes.intercept = unreachable_for_four_rounds
     with capture_events() as events:
         assert run_renewals(core, [state], nodes, release_after=5) == []
     # A third of the validity, then the backoff doubles from retry_delay_min up to
@@ -410,7 +416,7 @@ def test_renewals_retry_when_only_a_minority_refuses() -> None:
             nodes.down = set()
         return PASS
 
-    nodes.intercept = node_2_back_after_one_round  # type: ignore[assignment]
+    nodes.intercept = node_2_back_after_one_round
     assert run_renewals(core, [state], nodes, release_after=2) == []
     assert nodes.scripts_sent() == ["extend", "extend"]
     assert state.status == Status.RELEASED
@@ -461,7 +467,7 @@ def test_a_lock_released_during_a_renewal_is_neither_lost_nor_released_again() -
         state.mark_released()  # the owner released while the extend was out
         return 0  # ...so the key is gone everywhere
 
-    nodes.intercept = released_meanwhile  # type: ignore[assignment]
+    nodes.intercept = released_meanwhile
     assert run_renewals(core, [state], nodes) == []
     assert nodes.scripts_sent() == ["extend"]  # the owner's release is the only release
     assert state.status == Status.RELEASED
@@ -486,8 +492,8 @@ def test_an_acquisition_whose_handles_were_collected_is_released_not_renewed() -
     assert "redlock.abandoned" in [e["event"] for e in events]
 
 
-# ---------------------------------------------------------------------------
-# amnesia: a new cluster, a node that lost its data, a majority that did
+# amnesia on the acquire path: a new cluster, a node that lost its data, a majority
+# that did, a node that restarted
 # ---------------------------------------------------------------------------
 
 
@@ -496,13 +502,19 @@ def test_a_new_cluster_is_initialised_by_a_full_view_then_the_acquire_retries() 
     for db in nodes.data:
         db.clear()
     core = make_core(3)
-    result = drive(core.acquire("r", 10.0, blocking=False, timeout=None), nodes.execute)
+    nodes.connect(core)  # no marker anywhere: nothing to judge
+    with capture_events() as events:
+        result = drive(core.acquire("r", 10.0, blocking=False, timeout=None), nodes.execute)
     assert result.state is not None and result.state.token == 1
     assert result.attempts == 2
-    assert nodes.commands_sent() == ["acquire", "SET", "release", "acquire"]
+    assert nodes.commands_sent() == ["acquire", "init_marker", "release", "acquire"]
     initialise = nodes.broadcasts()[1]
-    assert all(c.args[:2] == ("SET", MARKER) and c.args[3] == "NX" for c in initialise.calls)
-    assert all(MARKER in db for db in nodes.data)
+    assert [(c.node, c.keys) for c in initialise.calls] == [(i, (MARKER, EPISODE))
+                                                            for i in range(3)]
+    assert len({c.args for c in initialise.calls}) == 1  # one marker text for the cluster
+    assert all(nodes.healthy(i) for i in range(3))  # each stamped with its own run id
+    assert [e["nodes"] for e in events if e["event"] == "redlock.cluster_initialised"] == [3]
+    assert core.amnesia.health.benched() == set()
 
 
 def test_a_new_cluster_with_a_silent_node_is_not_initialised_and_nobody_is_benched() -> None:
@@ -510,13 +522,15 @@ def test_a_new_cluster_with_a_silent_node_is_not_initialised_and_nobody_is_bench
     for db in nodes.data:
         db.clear()
     core = make_core(3)
+    nodes.connect(core)
     result = drive(core.acquire("r", 10.0, blocking=False, timeout=None), nodes.execute)
     assert result.state is None and result.unavailable
     assert result.reason == "new cluster not initialised yet: all 3 nodes must answer once, " \
                             "1 did not"
     assert nodes.commands_sent() == ["acquire", "release"]
-    assert not any(MARKER in db for db in nodes.data)
-    assert core.amnesia.health.amnesiac_since == {}
+    assert all(db == {} for db in nodes.data)
+    assert core.amnesia.health.benched() == set()
+    assert not core.amnesia.needs_maintenance()
 
 
 def test_a_missing_marker_is_looked_at_again_before_it_counts_as_amnesia() -> None:
@@ -526,35 +540,41 @@ def test_a_missing_marker_is_looked_at_again_before_it_counts_as_amnesia() -> No
     del nodes.data[2][MARKER]
     core = make_core(3)
 
-    def initialised_meanwhile(call: object) -> object:
-        if getattr(call, "args", ())[:1] == ("EXISTS",):
-            nodes.data[2][MARKER] = "landed"
+    def initialised_meanwhile(call: Call) -> object:
+        if call.args[:1] == ("EXISTS",):  # the other client's INIT_MARKER landed
+            nodes.run_script(2, scripts.INIT_MARKER, (MARKER, EPISODE), ("by another client",))
         return PASS
 
-    nodes.intercept = initialised_meanwhile  # type: ignore[assignment]
+    nodes.intercept = initialised_meanwhile
     result = drive(core.acquire("r", 10.0, blocking=False, timeout=None), nodes.execute)
     assert result.state is not None and result.attempts == 2
     assert nodes.commands_sent() == ["acquire", "EXISTS", "release", "acquire"]
     sleep = nodes.requests[1]
     assert isinstance(sleep, Sleep) and sleep.seconds == Settings().node_timeout
-    assert [c.node for c in nodes.broadcasts()[1].calls] == [2]  # only the missing one
-    assert not core.amnesia.health.is_amnesiac(2)
+    assert [(c.node, c.args) for c in nodes.broadcasts()[1].calls] == [
+        (2, ("EXISTS", MARKER))]  # only the missing one
+    assert core.amnesia.health.benched() == set()
     assert all(lock_key("r") in db for db in nodes.data)
 
 
 def test_a_node_that_lost_its_marker_is_benched_and_the_rest_grant() -> None:
     nodes = ScriptedNodes(3)
-    nodes.data[2].clear()  # restarted empty
-    core = make_core(3)
+    nodes.restart(2, keep_data=False)  # restarted empty
+    core = make_core(3, max_ttl=60.0)
+    nodes.connect(core, [2])  # its connection broke: the transport identified it again
+    assert core.amnesia.health.suspect == {}  # no marker: nothing to judge, just missing
     with capture_events() as events:
         result = drive(core.acquire("r", 10.0, blocking=False, timeout=None), nodes.execute)
     assert result.state is not None and result.attempts == 1
     assert [r.outcome for r in result.outcomes] == [
         Outcome.GRANTED, Outcome.GRANTED, Outcome.AMNESIAC]
-    assert nodes.commands_sent() == ["acquire", "EXISTS"]
-    assert core.amnesia.health.is_amnesiac(2)
-    assert [e["node"] for e in events if e["event"] == "redlock.node_amnesiac"] == ["n2:6379"]
-    assert lock_key("r") not in nodes.data[2] and MARKER not in nodes.data[2]
+    assert nodes.commands_sent() == ["acquire", "EXISTS"]  # the one look again
+    assert core.amnesia.health.benched() == {2}
+    assert core.amnesia.needs_maintenance()  # the background maintenance takes it on
+    assert [(e["node"], e["rejoins_after_s"]) for e in events
+            if e["event"] == "redlock.node_amnesiac"] == [("n2:6379", 60.0)]
+    # Nothing written on the acquire's path: no marker, no lock key, no episode yet.
+    assert nodes.data[2] == {}
     # Known now: the next acquire does not look at it again.
     drive(core.release(result.state), nodes.execute)
     nodes.requests.clear()
@@ -566,24 +586,374 @@ def test_a_node_that_lost_its_marker_is_benched_and_the_rest_grant() -> None:
 def test_a_majority_without_markers_raises_cluster_amnesia_after_releasing() -> None:
     nodes = ScriptedNodes(5)
     for i in (0, 1, 2):
-        nodes.data[i].clear()
+        nodes.restart(i, keep_data=False)
     core = make_core(5)
-    with pytest.raises(ClusterAmnesiaError, match="3 of 5 nodes lost their node marker"):
+    with pytest.raises(ClusterAmnesiaError, match="3 of 5 nodes have no node marker") as caught:
         drive(core.acquire("r", 10.0, blocking=False, timeout=None), nodes.execute)
+    assert "initialise --force" in str(caught.value)
+    assert [r.outcome for r in caught.value.outcomes] == [Outcome.AMNESIAC] * 3 + [
+        Outcome.GRANTED] * 2
     assert nodes.commands_sent() == ["acquire", "EXISTS", "release"]
     assert not any(lock_key("r") in db for db in nodes.data)
     assert [MARKER in db for db in nodes.data] == [False, False, False, True, True]
 
 
+def test_a_restarted_node_is_a_suspect_whose_replies_do_not_count() -> None:
+    """Its data may be an older copy: its grant does not count toward the quorum, and
+    its counter (which may be anything) does not take part in choosing the token."""
+    nodes = ScriptedNodes(3, counters=[5, 5, 9])
+    stamped = str(nodes.data[2][MARKER])
+    old_run = nodes.run_id(2)
+    core = make_core(3)
+    nodes.attach(core)
+    nodes.restart(2, keep_data=True)
+    with capture_events() as events:
+        # The new connection's IDENTIFY rides ahead of the acquire: the node is a suspect
+        # before the acquire's replies are looked at.
+        result = drive(core.acquire("r", 10.0, blocking=False, timeout=None), nodes.execute)
+    assert core.amnesia.health.suspect == {2: stamped.encode()}
+    assert core.amnesia.needs_maintenance()
+    assert [(e["node"], e["run_id"], e["stamped"]) for e in events
+            if e["event"] == "redlock.node_restarted"] == [("n2:6379", nodes.run_id(2), old_run)]
+    assert result.state is not None
+    assert result.state.token == 6  # from nodes 0 and 1: not 10 from the suspect
+    assert [r.outcome for r in result.outcomes] == [
+        Outcome.GRANTED, Outcome.GRANTED, Outcome.AMNESIAC]
+    assert result.outcomes[2].detail.startswith("restarted since its marker was written")
+    assert nodes.commands_sent() == ["acquire"]  # no look again, no write-back to it
+    assert core.amnesia.health.benched() == {2}
+    # A refusal from it does not count either.
+    nodes.data[2][lock_key("t")] = "someone"
+    refused = drive(core.acquire("t", 10.0, blocking=False, timeout=None), nodes.execute)
+    assert refused.state is not None and refused.outcomes[2].outcome is Outcome.AMNESIAC
+
+
+def test_a_suspects_counters_take_no_part_in_the_tokens_of_a_set() -> None:
+    nodes = ScriptedNodes(3)
+    for i, (a, b) in enumerate([(5, 1), (5, 1), (9, 9)]):
+        nodes.data[i][fence_key("a")] = a
+        nodes.data[i][fence_key("b")] = b
+    core = make_core(3)
+    nodes.attach(core)
+    nodes.restart(2, keep_data=True)
+    result = drive(core.acquire(("a", "b"), 10.0, blocking=False, timeout=None),
+                   nodes.execute)
+    assert result.state is not None
+    assert result.state.tokens == {"a": 6, "b": 2}
+    assert result.outcomes[2].outcome is Outcome.AMNESIAC
+    assert nodes.commands_sent() == ["acquire_many"]
+
+
+def test_two_suspects_of_three_leave_no_quorum() -> None:
+    nodes = ScriptedNodes(3)
+    for i in (1, 2):
+        nodes.restart(i, keep_data=True)
+    core = make_core(3)
+    nodes.connect(core)
+    result = drive(core.acquire("r", 10.0, blocking=False, timeout=None), nodes.execute)
+    assert result.state is None and result.unavailable
+    assert result.reason == "1 of 3 nodes granted, need 2"
+    assert nodes.commands_sent() == ["acquire", "release"]
+    assert all(lock_key("r") not in db for db in nodes.data)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "bug: AmnesiaGuard.check (redlock/_amnesia.py, the new-cluster branch) ignores the"
+    " INIT_MARKER replies: every node refuses (it holds an episode), yet the attempt logs"
+    " redlock.cluster_initialised and retries as 'cluster initialised'; a non-blocking"
+    " acquire returns that reason after 3 attempts, a blocking one re-initialises until"
+    " its timeout. Expected: ClusterAmnesiaError (a majority lost its data)"))
+def test_a_fresh_manager_finding_every_node_demoted_does_not_call_it_initialised() -> None:
+    """Every node lost its marker through DEMOTE (a restart of the whole cluster without
+    durable persistence, judged by another process): each holds an amnesia episode, so
+    INIT_MARKER refuses everywhere. A process that starts afterwards must not report the
+    cluster initialised: this is a majority that lost its data."""
+    nodes = ScriptedNodes(3)
+    for i in range(3):
+        nodes.restart(i, keep_data=True, durable=False)
+        nodes.data[i].pop(MARKER)
+        nodes.begin_episode(i, why="restarted with appendonly no")
+    core = make_core(3)
+    nodes.connect(core)
+    with capture_events() as events:
+        outcome: object
+        try:
+            outcome = drive(core.acquire("r", 10.0, blocking=False, timeout=None),
+                            nodes.execute)
+        except ClusterAmnesiaError as error:
+            outcome = error
+    assert all(MARKER not in db for db in nodes.data)  # INIT_MARKER refused everywhere
+    assert "redlock.cluster_initialised" not in [e["event"] for e in events]
+    assert isinstance(outcome, ClusterAmnesiaError)
+
+
 # ---------------------------------------------------------------------------
-# repair of a node that lost its data
+# background maintenance: judging restarted nodes, amnesia episodes, repair
 # ---------------------------------------------------------------------------
+
+
+def maintain(core: RedlockCore, nodes: ScriptedNodes, *, sleeps: int | None = 1,
+             stop: threading.Event | None = None) -> threading.Event:
+    """Run the background maintenance on the scripted nodes; the manager closes (sets
+    its stop event) when the maintenance asks for sleep number ``sleeps`` (None: never,
+    the maintenance must end by itself). Returns the stop event."""
+    stop = stop if stop is not None else threading.Event()
+    asked = 0
+
+    def execute(request: Broadcast | Sleep | Invoke) -> list[object]:
+        nonlocal asked
+        if isinstance(request, Sleep):
+            assert request.until is stop  # closing the manager cuts the wait short
+            asked += 1
+            if sleeps is not None and asked >= sleeps:
+                stop.set()
+        return nodes.execute(request)
+
+    assert drive(core.amnesia.maintenance(stop), execute) is None
+    return stop
+
+
+def test_maintenance_with_nothing_pending_ends_at_once() -> None:
+    nodes = ScriptedNodes(3)
+    core = make_core(3)
+    nodes.connect(core)
+    assert not core.amnesia.needs_maintenance()
+    maintain(core, nodes, sleeps=None)
+    assert nodes.requests == []
+
+
+def test_maintenance_stops_when_the_manager_closes() -> None:
+    clock = FakeClock()
+    nodes = ScriptedNodes(3, clock=clock)
+    nodes.restart(2, keep_data=False)
+    core = make_core(3, clock, max_ttl=60.0, repair_interval=5.0)
+    core.amnesia.health.lost_data(2)
+    closed = threading.Event()
+    closed.set()
+    maintain(core, nodes, sleeps=None, stop=closed)  # closed before it began: nothing
+    assert nodes.requests == []
+    stop = maintain(core, nodes, sleeps=2)  # closed during its second wait
+    assert stop.is_set()
+    assert nodes.commands_sent() == ["open_episode"]
+    assert nodes.sleeps() == [5.0, 5.0]
+    assert clock() == 1005.0  # the wait that the close cut short did not last
+    assert core.amnesia.needs_maintenance()
+
+
+@pytest.mark.parametrize("resp3", [False, True])
+def test_judging_restamps_a_node_restarted_with_durable_persistence(resp3: bool) -> None:
+    nodes = ScriptedNodes(3, resp3=resp3)
+    judged = str(nodes.data[2][MARKER])
+    nodes.restart(2, keep_data=True)  # appendonly yes, appendfsync always
+    core = make_core(3)
+    nodes.connect(core)
+    with capture_events() as events:
+        maintain(core, nodes, sleeps=None)  # ends by itself: nothing left to do
+    assert nodes.commands_sent() == ["CONFIG", "restamp"]
+    [config, restamp] = nodes.broadcasts()
+    assert [(c.node, c.args) for c in config.calls] == [
+        (2, ("CONFIG", "GET", "appendonly")), (2, ("CONFIG", "GET", "appendfsync")),
+        (2, ("INFO", "replication"))]
+    assert config.timeout == restamp.timeout == Settings().repair_timeout
+    [call] = restamp.calls
+    assert (call.node, call.keys, call.args[0]) == (2, (MARKER,), judged.encode())
+    assert nodes.healthy(2)
+    assert str(nodes.data[2][MARKER]).startswith(f"run_id={nodes.run_id(2)} restamped at=")
+    assert core.amnesia.health.benched() == set()
+    assert [e["node"] for e in events if e["event"] == "redlock.node_restamped"] == ["n2:6379"]
+    assert nodes.sleeps() == []
+    result = drive(core.acquire("r", 10.0, blocking=False, timeout=None), nodes.execute)
+    assert [r.outcome for r in result.outcomes] == [Outcome.GRANTED] * 3  # counts again
+
+
+@pytest.mark.parametrize(("durable", "promoted", "why"), [
+    (False, False, "restarted with appendonly no, appendfsync everysec: the last writes"
+                   " may be lost"),
+    (True, True, "a promoted replica (its copy may lag behind the old primary)"),
+])
+def test_judging_demotes_a_node_that_may_have_come_back_older(
+        durable: bool, promoted: bool, why: str) -> None:
+    clock = FakeClock()
+    nodes = ScriptedNodes(3, clock=clock)
+    judged = str(nodes.data[2][MARKER])
+    nodes.data[2][lock_key("r")] = "a holder"
+    nodes.restart(2, keep_data=True, durable=durable, promoted=promoted)
+    core = make_core(3, clock, max_ttl=60.0, repair_interval=5.0)
+    nodes.connect(core)
+    with capture_events() as events:
+        maintain(core, nodes, sleeps=1)
+    assert nodes.commands_sent() == ["CONFIG", "demote", "open_episode"]
+    [demote] = nodes.broadcasts()[1].calls
+    assert (demote.keys, demote.args) == ((MARKER, EPISODE), (judged.encode(), why))
+    assert MARKER not in nodes.data[2]
+    assert nodes.episode(2) == (nodes.now_ms(2), nodes.run_id(2), why)
+    assert nodes.data[2][lock_key("r")] == "a holder"  # its keys stay: they expire
+    assert core.amnesia.health.suspect == {}
+    assert core.amnesia.health.benched() == {2}
+    assert core.amnesia.health.rejoins_in(2, clock()) == 60.0
+    assert [(e["node"], e["rejoins_after_s"]) for e in events
+            if e["event"] == "redlock.node_amnesiac"] == [("n2:6379", 60.0)]
+    assert nodes.sleeps() == [5.0]  # repair_interval: it rejoins 60 s from now
+    # It refuses by itself now, and the acquire knows it: no look again.
+    nodes.requests.clear()
+    result = drive(core.acquire("s", 10.0, blocking=False, timeout=None), nodes.execute)
+    assert result.state is not None and result.outcomes[2].outcome is Outcome.AMNESIAC
+    assert nodes.commands_sent() == ["acquire"]
+
+
+def test_judging_identifies_the_node_again_when_its_marker_changed_meanwhile() -> None:
+    nodes = ScriptedNodes(3)
+    nodes.restart(2, keep_data=True)
+    core = make_core(3)
+    nodes.connect(core)
+
+    def restamped_by_another_client(call: Call) -> object:
+        if call.script is scripts.RESTAMP:
+            nodes.run_script(2, scripts.RESTAMP, (MARKER,),
+                             (nodes.data[2][MARKER], "by another client"))
+        return PASS
+
+    nodes.intercept = restamped_by_another_client
+    maintain(core, nodes, sleeps=None)
+    assert nodes.commands_sent() == ["CONFIG", "restamp", "identify"]
+    assert str(nodes.data[2][MARKER]) == nodes.stamp(2, "by another client")  # left as is
+    assert core.amnesia.health.benched() == set()
+
+
+def test_judging_a_node_demoted_meanwhile_leaves_it_to_the_acquire_path() -> None:
+    nodes = ScriptedNodes(3)
+    nodes.restart(2, keep_data=True, durable=False)
+    core = make_core(3)
+    nodes.connect(core)
+
+    def demoted_by_another_client(call: Call) -> object:
+        if call.script is scripts.DEMOTE:
+            nodes.run_script(2, scripts.DEMOTE, (MARKER, EPISODE),
+                             (nodes.data[2][MARKER], "by another client"))
+        return PASS
+
+    nodes.intercept = demoted_by_another_client
+    maintain(core, nodes, sleeps=None)
+    assert nodes.commands_sent() == ["CONFIG", "demote", "identify"]
+    assert nodes.episode(2) == (nodes.now_ms(2), nodes.run_id(2), "by another client")
+    assert core.amnesia.health.benched() == set()  # not a suspect: no marker to judge
+    nodes.intercept = None
+    nodes.requests.clear()
+    result = drive(core.acquire("r", 10.0, blocking=False, timeout=None), nodes.execute)
+    assert result.state is not None
+    assert nodes.commands_sent() == ["acquire", "EXISTS"]  # missing: looked at again
+    assert core.amnesia.health.benched() == {2}
+
+
+def test_a_suspect_that_cannot_be_judged_stays_suspect_and_is_judged_again_later() -> None:
+    clock = FakeClock()
+    nodes = ScriptedNodes(3, clock=clock)
+    nodes.restart(2, keep_data=True)
+    core = make_core(3, clock, repair_interval=5.0)
+    nodes.connect(core)
+    nodes.down = {2}
+    maintain(core, nodes, sleeps=1)
+    assert nodes.commands_sent() == ["CONFIG", "identify"]  # unreachable: nothing decided
+    assert 2 in core.amnesia.health.suspect
+    assert nodes.sleeps() == [5.0]
+    nodes.down = set()
+    nodes.requests.clear()
+    maintain(core, nodes, sleeps=None)
+    assert nodes.commands_sent() == ["CONFIG", "restamp"]
+    assert core.amnesia.health.benched() == set() and nodes.healthy(2)
+
+
+def test_an_episode_of_the_same_server_run_is_kept_one_from_another_run_begins_anew() -> None:
+    clock = FakeClock()
+    nodes = ScriptedNodes(3, clock=clock)
+    nodes.data[2].clear()
+    begun = nodes.begin_episode(2, ago=45.0)  # another client opened it 45 s ago
+    core = make_core(3, clock, max_ttl=60.0)
+    health = core.amnesia.health
+    health.lost_data(2)
+    assert health.rejoins_in(2, clock()) is None  # not known before its episode is read
+    drive(core.amnesia.open_episodes([2]), nodes.execute)
+    [call] = nodes.broadcasts()[0].calls
+    assert (call.node, call.keys) == (2, (MARKER, EPISODE))
+    assert nodes.data[2][EPISODE] == begun  # kept: the same server run
+    assert health.rejoins_in(2, clock()) == pytest.approx(15.0)  # by the node's clock
+    # Restarted with its data (the episode key too): the run that began it is gone,
+    # and its data may be older than the episode says.
+    clock.advance(20.0)
+    nodes.restart(2, keep_data=True)
+    health.episode_unknown(2)
+    drive(core.amnesia.open_episodes([2]), nodes.execute)
+    assert nodes.episode(2) == (nodes.now_ms(2), nodes.run_id(2), "lost its node marker")
+    assert health.rejoins_in(2, clock()) == 60.0
+    # Unreachable: its rejoin time is kept until it answers.
+    nodes.down = {2}
+    drive(core.amnesia.open_episodes([2]), nodes.execute)
+    assert health.rejoins_in(2, clock()) == 60.0
+    # Repaired meanwhile by another client: healthy, nothing written.
+    nodes.down = set()
+    nodes.data[2][MARKER] = nodes.stamp(2, "repaired by another client")
+    drive(core.amnesia.open_episodes([2]), nodes.execute)
+    assert health.benched() == set()
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "bug: AmnesiaGuard.open_episodes (redlock/_amnesia.py) calls health.healthy(node) when"
+    " OPEN_EPISODE answers {0} (the node has a marker), and healthy() also drops the node"
+    " from health.suspect: a node found restarted by the IDENTIFY that rode on that very"
+    " call (its marker stamped by another server run) is trusted without being judged."
+    " Expected: it stays a suspect (only unmarked is cleared) and is judged"))
+def test_a_benched_node_found_restarted_while_its_episode_is_read_is_still_judged() -> None:
+    clock = FakeClock()
+    nodes = ScriptedNodes(3, clock=clock)
+    core = make_core(3, clock, max_ttl=60.0)
+    nodes.attach(core)
+    nodes.restart(2, keep_data=False)  # lost its data
+    result = drive(core.acquire("r", 10.0, blocking=False, timeout=None), nodes.execute)
+    assert result.state is not None and core.amnesia.health.benched() == {2}
+    # Another client repairs it; then it restarts without durable persistence: its data,
+    # marker included, may be older than what it acknowledged.
+    nodes.data[2][MARKER] = nodes.stamp(2, "repaired by another client")
+    nodes.restart(2, keep_data=True, durable=False)
+    nodes.requests.clear()
+    maintain(core, nodes, sleeps=2)
+    assert nodes.commands_sent()[0] == "open_episode"  # its IDENTIFY rode on this call
+    assert "demote" in nodes.commands_sent()
+    assert MARKER not in nodes.data[2] and core.amnesia.health.benched() == {2}
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "race: judge() (redlock/_amnesia.py) reads CONFIG GET / INFO replication in one round"
+    " trip and sends RESTAMP in the next; RESTAMP (redlock/_scripts.py) compares only the"
+    " marker value, so a server that replaced the judged one in between (a promoted"
+    " replica holding the same marker, or a restart with other persistence) is stamped"
+    " without being judged. RESTAMP could take the run id the judged replies came from"
+    " and refuse another"))
+def test_restamp_refuses_a_server_other_than_the_one_judged() -> None:
+    nodes = ScriptedNodes(3)
+    core = make_core(3)
+    nodes.attach(core)
+    nodes.restart(2, keep_data=True)  # durable: would be re-stamped
+    nodes.connect(core, [2])
+    assert 2 in core.amnesia.health.suspect
+    failovers = 0
+
+    def failover_before_restamp(call: Call) -> object:
+        nonlocal failovers
+        if call.script is scripts.RESTAMP and not failovers:
+            failovers += 1  # a replica with a copy of the marker took the node's place
+            nodes.restart(2, keep_data=True, promoted=True)
+        return PASS
+
+    nodes.intercept = failover_before_restamp
+    maintain(core, nodes, sleeps=1)
+    assert not nodes.healthy(2)  # the promoted replica is not stamped unjudged
+    assert 2 in core.amnesia.health.benched()
 
 
 def amnesiac_cluster(n: int = 5, **options: object) -> ScriptedNodes:
     """Node 0 restarted empty; the others hold diverged counters of a, b and c."""
     nodes = ScriptedNodes(n, **options)  # type: ignore[arg-type]
-    nodes.data[0].clear()
+    nodes.restart(0, keep_data=False)
     table = {"a": [7, 3, 5, 2], "b": [1, 9, 9], "c": [0, 0, 0, 4]}
     for resource, values in table.items():
         for i, value in enumerate(values, start=1):
@@ -593,32 +963,69 @@ def amnesiac_cluster(n: int = 5, **options: object) -> ScriptedNodes:
     return nodes
 
 
+def test_maintenance_repairs_a_node_once_its_episode_is_max_ttl_old_then_ends() -> None:
+    clock = FakeClock()
+    nodes = amnesiac_cluster(clock=clock)
+    core = make_core(5, clock, max_ttl=60.0, repair_interval=5.0)
+    core.amnesia.health.lost_data(0)
+    with capture_events() as events:
+        maintain(core, nodes, sleeps=None)
+    assert nodes.sleeps() == [5.0] * 12  # 60 s, looked at every repair_interval
+    assert nodes.commands_sent() == ["open_episode", "SET", "identify"] + [
+        "SCAN", "MGET"] * 4 + ["seed_counters", "finish_repair"]
+    assert nodes.healthy(0) and EPISODE not in nodes.data[0]
+    assert core.amnesia.health.benched() == set()
+    assert [(e["node"], e["counters_seeded"], e["sources"]) for e in events
+            if e["event"] == "redlock.node_repaired"] == [("n0:6379", 3, 4)]
+
+
+# ---------------------------------------------------------------------------
+# repair of one node
+# ---------------------------------------------------------------------------
+
+
 def test_repair_claims_the_node_reads_every_healthy_node_seeds_the_max_and_marks_it() -> None:
-    nodes = amnesiac_cluster()
-    core = make_core(5)
-    core.amnesia.health.note_amnesiac(0, core.clock())
+    clock = FakeClock()
+    nodes = amnesiac_cluster(clock=clock)
+    core = make_core(5, clock, max_ttl=60.0)
+    core.amnesia.health.lost_data(0)
+    nodes.begin_episode(0, ago=60.0)
     report = drive(repair_node(core, 0), nodes.execute)
     assert (report.node, report.status) == ("n0:6379", "repaired")
     assert report.detail == "3 fence counters re-seeded"
     assert {k: v for k, v in nodes.data[0].items() if k != MARKER} == {
         fence_key("a"): 7, fence_key("b"): 9, fence_key("c"): 4}
-    assert MARKER in nodes.data[0] and GUARD not in nodes.data[0]
-    assert not core.amnesia.health.is_amnesiac(0)
+    assert str(nodes.data[0][MARKER]).startswith(f"run_id={nodes.run_id(0)} repaired at=")
+    assert core.amnesia.health.benched() == set()
     claim = nodes.broadcasts()[0].calls[0]
     assert claim.node == 0
     assert claim.args[:2] == ("SET", GUARD) and claim.args[3:] == ("NX", "PX", 60_000)
     probe = nodes.broadcasts()[1]
     assert [(c.node, c.args) for c in probe.calls] == [
-        (i, ("EXISTS", MARKER)) for i in (1, 2, 3, 4)]
-    assert nodes.commands_sent() == ["SET", "EXISTS"] + ["SCAN", "MGET"] * 4 + [
+        (i, ("EVAL", scripts.IDENTIFY.source, 1, MARKER)) for i in (1, 2, 3, 4)]
+    assert nodes.commands_sent() == ["SET", "identify"] + ["SCAN", "MGET"] * 4 + [
         "seed_counters", "finish_repair"]
+    [finish] = nodes.broadcasts()[-1].calls
+    assert finish.keys == (GUARD, MARKER, EPISODE)
+    assert (finish.args[0], finish.args[2]) == (claim.args[2], 60_000)  # checked node-side
+
+
+def test_repair_reads_only_nodes_stamped_by_their_running_server() -> None:
+    nodes = amnesiac_cluster()
+    nodes.restart(4, keep_data=True)  # a suspect: its counters may be an older copy
+    core = make_core(5)
+    report = drive(repair_node(core, 0, force=True), nodes.execute)
+    assert report.status == "repaired"
+    scanned = [b.calls[0].node for b in nodes.broadcasts() if b.calls[0].args[:1] == ("SCAN",)]
+    assert scanned == [1, 2, 3]
+    assert nodes.data[0].get(fence_key("c")) is None  # only the suspect had c
 
 
 def test_repair_fails_cleanly_when_fewer_than_a_quorum_of_healthy_nodes_answer() -> None:
     nodes = amnesiac_cluster(down={3})
     nodes.data[4].clear()  # another amnesiac node: no source
     core = make_core(5)
-    report = drive(repair_node(core, 0), nodes.execute)
+    report = drive(repair_node(core, 0, force=True), nodes.execute)
     assert report.status == "failed"
     assert report.detail == "read counters from 2 healthy nodes, need 3"
     assert nodes.commands_sent()[-1] == "DEL"  # gave the claim back
@@ -630,13 +1037,13 @@ def test_repair_does_not_count_a_source_whose_counters_could_not_be_read(broken:
     nodes = amnesiac_cluster()
     core = make_core(5)
 
-    def sources_2_and_3_fail(call: object) -> object:
-        if getattr(call, "node", None) in (2, 3) and getattr(call, "args", ())[:1] == (broken,):
+    def sources_2_and_3_fail(call: Call) -> object:
+        if call.node in (2, 3) and call.args[:1] == (broken,):
             return ConnectionError("reset")
         return PASS
 
-    nodes.intercept = sources_2_and_3_fail  # type: ignore[assignment]
-    report = drive(repair_node(core, 0), nodes.execute)
+    nodes.intercept = sources_2_and_3_fail
+    report = drive(repair_node(core, 0, force=True), nodes.execute)
     assert report.status == "failed"
     assert report.detail == "read counters from 2 healthy nodes, need 3"
     assert nodes.data[0] == {}
@@ -648,7 +1055,7 @@ def test_repair_that_cannot_claim_the_node_does_nothing(claim: object, detail: s
     nodes = amnesiac_cluster()
     core = make_core(5)
     nodes.intercept = lambda call: claim if call.args[:1] == ("SET",) else PASS
-    report = drive(repair_node(core, 0), nodes.execute)
+    report = drive(repair_node(core, 0, force=True), nodes.execute)
     assert report.status == "failed"
     assert report.detail.startswith("could not claim the repair: " + detail)
     assert nodes.commands_sent() == ["SET"]
@@ -656,56 +1063,151 @@ def test_repair_that_cannot_claim_the_node_does_nothing(claim: object, detail: s
 
 @pytest.mark.parametrize(("step", "detail"), [(scripts.SEED_COUNTERS, "seeding interrupted"),
                                               (scripts.FINISH_REPAIR, "marker not written")])
-def test_repair_interrupted_by_the_node_losing_the_guard_writes_no_marker(
+def test_repair_interrupted_by_the_node_losing_its_data_writes_no_marker(
         step: object, detail: str) -> None:
     nodes = amnesiac_cluster()
     core = make_core(5)
-    core.amnesia.health.note_amnesiac(0, core.clock())
-    nodes.intercept = lambda call: 0 if call.script is step else PASS
-    report = drive(repair_node(core, 0), nodes.execute)
+    core.amnesia.health.lost_data(0)
+
+    def restarts_empty_first(call: Call) -> object:
+        if call.script is step:
+            nodes.restart(0, keep_data=False)  # the guard goes with the data
+        return PASS
+
+    nodes.intercept = restarts_empty_first
+    report = drive(repair_node(core, 0, force=True), nodes.execute)
     assert report.status == "failed" and report.detail.startswith(detail)
-    assert MARKER not in nodes.data[0]
-    assert core.amnesia.health.is_amnesiac(0)
+    assert nodes.data[0] == {}
+    assert core.amnesia.health.benched() == {0}
 
 
 def test_repair_reads_counters_page_by_page_and_seeds_them_in_batches() -> None:
     nodes = ScriptedNodes(3, scan_page=100)
-    nodes.data[0].clear()
+    nodes.restart(0, keep_data=False)
     for i in range(1200):
         for source in (1, 2):
             nodes.data[source][fence_key(f"r{i}")] = i + source
     core = make_core(3)
-    report = drive(repair_node(core, 0), nodes.execute)
+    report = drive(repair_node(core, 0, force=True), nodes.execute)
     assert report.status == "repaired" and report.detail == "1200 fence counters re-seeded"
     assert all(nodes.data[0][fence_key(f"r{i}")] == i + 2 for i in range(1200))
     seeds = [b for b in nodes.broadcasts() if b.calls[0].script is scripts.SEED_COUNTERS]
     assert [len(b.calls[0].keys) - 1 for b in seeds] == [500, 500, 200]  # the guard + keys
     scans = [b.calls[0] for b in nodes.broadcasts() if b.calls[0].args[:1] == ("SCAN",)]
-    assert len(scans) == 2 * 12  # twelve pages on each source, each cursor followed
+    assert len(scans) == 2 * 13  # 1201 keys on each source (the marker too): 13 pages
 
 
 def test_read_counters_skips_keys_that_vanished_and_gives_up_on_a_malformed_page() -> None:
-    nodes = ScriptedNodes(3, scan_page=2)
+    nodes = ScriptedNodes(3, scan_page=3)
     for i, resource in enumerate("abc", start=1):
         nodes.data[1][fence_key(resource)] = i
     nodes.data[1][lock_key("a")] = "holder"
     core = make_core(3)
     nodes.intercept = lambda call: ([b"7"] + [None] * (len(call.args) - 2)
                                     if call.args[:1] == ("MGET",) else PASS)
-    # Pages of two keys (a, b then c; never the lock key): on each, MGET answers for the
-    # first key only; the others vanished meanwhile.
+    # Pages of three keys: (the marker, a, a's lock key), then (b, c); MATCH leaves the
+    # counters. On each page MGET answers for the first key only: the others vanished.
     assert drive(read_counters(core, 1), nodes.execute) == {fence_key("a"): 7,
-                                                            fence_key("c"): 7}
+                                                            fence_key("b"): 7}
     assert nodes.commands_sent() == ["SCAN", "MGET", "SCAN", "MGET"]
+    assert [b.calls[0].args for b in nodes.broadcasts()][::2] == [
+        ("SCAN", 0, "MATCH", "redlock:{*}:fence", "COUNT", 1000),
+        ("SCAN", b"3", "MATCH", "redlock:{*}:fence", "COUNT", 1000)]  # cursor followed
     nodes.intercept = lambda call: b"garbage" if call.args[:1] == ("SCAN",) else PASS
     assert drive(read_counters(core, 1), nodes.execute) is None
+    nodes.intercept = lambda call: TimeoutError() if call.args[:1] == ("MGET",) else PASS
+    assert drive(read_counters(core, 1), nodes.execute) is None
+    nodes.intercept = None
+    nodes.scan_page = 1
+    nodes.requests.clear()
+    # A page that MATCH leaves empty is no reason to stop, nor to ask MGET.
+    assert drive(read_counters(core, 1), nodes.execute) == {
+        fence_key("a"): 1, fence_key("b"): 2, fence_key("c"): 3}
+    assert nodes.commands_sent() == ["SCAN", "SCAN", "MGET", "SCAN", "SCAN", "MGET",
+                                     "SCAN", "MGET"]
+    assert drive(read_counters(core, 2), nodes.execute) == {}  # no counter at all
+
+
+def test_a_repair_waits_for_max_ttl_by_the_nodes_clock_not_the_clients() -> None:
+    clock = FakeClock()
+    nodes = amnesiac_cluster(clock=clock)
+    core = make_core(5, clock, max_ttl=60.0)
+    core.amnesia.health.lost_data(0)
+    drive(core.amnesia.open_episodes([0]), nodes.execute)  # begins now, by node 0's clock
+    begun = nodes.data[0][EPISODE]
+    clock.advance(60.0)
+    nodes.skew[0] = -10.0  # node 0's clock was set back 10 s meanwhile
+    nodes.requests.clear()
+    report = drive(repair_node(core, 0), nodes.execute)
+    assert report.status == "waiting"
+    assert nodes.commands_sent()[-3:] == ["seed_counters", "finish_repair", "DEL"]
+    assert MARKER not in nodes.data[0] and GUARD not in nodes.data[0]
+    assert nodes.data[0][EPISODE] == begun
+    assert core.amnesia.health.rejoins_in(0, clock()) is None  # to be read again
+    clock.advance(10.0)  # one max_ttl by its clock now
+    assert drive(repair_node(core, 0), nodes.execute).status == "repaired"
+    assert nodes.healthy(0) and EPISODE not in nodes.data[0]
+
+
+@pytest.mark.parametrize("loss", ["restart empty", "restart with its data", "flushall"])
+def test_a_second_data_loss_during_the_wait_restarts_it(loss: str) -> None:
+    clock = FakeClock()
+    nodes = amnesiac_cluster(clock=clock)
+    core = make_core(5, clock, max_ttl=60.0, repair_interval=5.0)
+    core.amnesia.health.lost_data(0)
+    maintain(core, nodes, sleeps=11)  # the episode began; 50 s of the wait went by
+    first = nodes.episode(0)
+    assert first is not None
+    assert core.amnesia.health.rejoins_in(0, clock()) == 10.0
+    if loss == "flushall":
+        nodes.data[0].clear()
+    else:
+        nodes.restart(0, keep_data=loss == "restart with its data")
+    nodes.requests.clear()
+    with capture_events() as events:
+        maintain(core, nodes, sleeps=4)  # 60 s after the first loss: due by our clock
+    assert nodes.commands_sent()[:2] == ["SET", "identify"]  # tried...
+    assert nodes.commands_sent()[-3:] == ["finish_repair", "DEL", "open_episode"]  # refused
+    assert "redlock.node_repaired" not in [e["event"] for e in events]
+    assert MARKER not in nodes.data[0]
+    again = nodes.episode(0)
+    assert again is not None and again[1] == nodes.run_id(0)
+    assert again[0] - first[0] == 65_000  # begun anew when read again, after the refusal
+    assert core.amnesia.health.rejoins_in(0, clock()) == 60.0
+
+
+def test_maintenance_retries_a_failed_repair_only_after_repair_interval() -> None:
+    clock = FakeClock()
+    nodes = amnesiac_cluster(clock=clock)
+    core = make_core(5, clock, max_ttl=10.0, repair_interval=5.0)
+    core.amnesia.health.lost_data(0)
+    claims: list[float] = []
+
+    def reads_fail_twice(call: Call) -> object:
+        if call.args[:1] == ("SET",):
+            claims.append(clock())
+        if len(claims) <= 2 and call.args[:1] == ("SCAN",):
+            return ConnectionError("reset")
+        return PASS
+
+    nodes.intercept = reads_fail_twice
+    maintain(core, nodes, sleeps=None)
+    assert [t - 1000.0 for t in claims] == [10.0, 15.0, 20.0]
+    assert nodes.sleeps() == [5.0] * 4
+    assert nodes.healthy(0) and core.amnesia.health.benched() == set()
+
+
+# ---------------------------------------------------------------------------
+# the admin steps: repair() and initialise()
+# ---------------------------------------------------------------------------
 
 
 def test_repair_reports_every_node_and_repairs_only_after_one_max_ttl_unless_forced() -> None:
     clock = FakeClock()
-    nodes = amnesiac_cluster(down={4})
+    nodes = amnesiac_cluster(down={4}, clock=clock)
     core = make_core(5, clock, max_ttl=60.0)
     statuses = drive(core.repair(force=False), nodes.execute)
+    assert nodes.commands_sent() == ["identify", "open_episode"]
     assert [(r.status, r.detail[:12]) for r in statuses] == [
         ("waiting", "rejoins in 6"), ("healthy", ""), ("healthy", ""), ("healthy", ""),
         ("failed", "TimeoutError")]
@@ -723,6 +1225,52 @@ def test_repair_reports_every_node_and_repairs_only_after_one_max_ttl_unless_for
         "healthy", "healthy", "healthy", "healthy", "failed"]
 
 
+def test_repair_repairs_a_node_whose_episode_is_old_enough_without_force() -> None:
+    clock = FakeClock()
+    nodes = amnesiac_cluster(clock=clock)
+    nodes.begin_episode(0, ago=61.0)  # opened by another client a while ago
+    core = make_core(5, clock, max_ttl=60.0)
+    reports = drive(core.repair(force=False), nodes.execute)
+    assert [r.status for r in reports] == ["repaired"] + ["healthy"] * 4
+    assert nodes.healthy(0)
+
+
+def test_repair_judges_restarted_nodes() -> None:
+    clock = FakeClock()
+    nodes = ScriptedNodes(5, clock=clock)
+    nodes.restart(1, keep_data=True)  # durable: re-stamped
+    nodes.restart(2, keep_data=True)  # its replication cannot be read: undecided
+
+    def replication_unreadable(call: Call) -> object:
+        return TimeoutError("no reply") if call.node == 2 and call.args[:1] == (
+            "INFO",) else PASS
+
+    nodes.intercept = replication_unreadable
+    core = make_core(5, clock, max_ttl=60.0)
+    reports = drive(core.repair(force=False), nodes.execute)
+    assert [(r.status, r.detail) for r in reports] == [
+        ("healthy", ""), ("healthy", ""),
+        ("failed", "restarted; its persistence could not be checked"),
+        ("healthy", ""), ("healthy", "")]
+    assert nodes.healthy(1) and not nodes.healthy(2)
+    assert core.amnesia.health.benched() == {2}
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "bug: repair() (redlock/_repair.py) opens episodes only for nodes without a marker in"
+    " its probe; a node that judge() demotes in the same call had one, so its rejoin time"
+    " stays unknown and it is reported 'failed: episode unreadable' instead of 'waiting:"
+    " rejoins in max_ttl'"))
+def test_repair_reports_a_node_it_demoted_as_waiting_for_its_episode() -> None:
+    clock = FakeClock()
+    nodes = ScriptedNodes(5, clock=clock)
+    nodes.restart(2, keep_data=True, durable=False)
+    core = make_core(5, clock, max_ttl=60.0)
+    reports = drive(core.repair(force=False), nodes.execute)
+    assert MARKER not in nodes.data[2] and nodes.episode(2) is not None  # demoted
+    assert (reports[2].status, reports[2].detail[:16]) == ("waiting", "rejoins in 60.0 ")
+
+
 def test_repair_of_an_uninitialised_cluster_reports_it_healthy_and_writes_nothing() -> None:
     nodes = ScriptedNodes(3)
     for db in nodes.data:
@@ -730,33 +1278,101 @@ def test_repair_of_an_uninitialised_cluster_reports_it_healthy_and_writes_nothin
     core = make_core(3)
     reports = drive(core.repair(force=True), nodes.execute)
     assert [(r.status, r.detail) for r in reports] == [("healthy", "uninitialised cluster")] * 3
-    assert nodes.commands_sent() == ["EXISTS"]
+    assert nodes.commands_sent() == ["identify"]
     assert all(db == {} for db in nodes.data)
 
 
-def test_acquires_repair_a_due_node_and_retry_a_failed_repair_only_after_an_interval() -> None:
-    clock = FakeClock()
-    nodes = amnesiac_cluster(clock=clock)
-    core = make_core(5, clock, max_ttl=10.0, repair_interval=5.0)
-    reads_fail = True
-    nodes.intercept = lambda call: (ConnectionError("reset")
-                                    if reads_fail and call.args[:1] == ("SCAN",) else PASS)
+def test_initialise_completes_an_interrupted_initialisation() -> None:
+    nodes = ScriptedNodes(3)
+    for i in (1, 2):  # INIT_MARKER reached node 0 only...
+        nodes.data[i].clear()
+    nodes.data[0][fence_key("r")] = 2  # ...which granted twice without a quorum
+    core = make_core(3)
+    with capture_events() as events:
+        reports = drive(core.initialise(force=False), nodes.execute)
+    assert [(r.status, r.detail) for r in reports] == [
+        ("healthy", ""), ("initialised", "1 fence counters re-seeded"),
+        ("initialised", "1 fence counters re-seeded")]
+    blank = nodes.broadcasts()[1]
+    assert [(c.node, c.args) for c in blank.calls] == [
+        (i, call) for i in (1, 2) for call in (
+            ("EXISTS", EPISODE), ("SCAN", 0, "MATCH", "redlock:*", "COUNT", 1000))]
+    assert nodes.commands_sent() == ["identify", "EXISTS"] + [
+        "SET", "SCAN", "MGET", "seed_counters", "finish_repair"] * 2
+    assert [c.node for b in nodes.broadcasts() for c in b.calls
+            if c.args[:1] == ("SCAN",) and c.args[2:4] == ("MATCH", "redlock:{*}:fence")] == [
+        0, 0]  # the counters read from the marked node only
+    assert all(nodes.healthy(i) for i in range(3))
+    assert [db.get(fence_key("r")) for db in nodes.data] == [2, 2, 2]
+    assert not any(GUARD in db or EPISODE in db for db in nodes.data)
+    [event] = [e for e in events if e["event"] == "redlock.cluster_initialised_by_hand"]
+    assert (event["nodes"], event["initialised"], event["forced"]) == (3, 2, False)
+    assert core.amnesia.health.marker_seen
+    result = drive(core.acquire("r", 10.0, blocking=False, timeout=None), nodes.execute)
+    assert result.state is not None and result.state.token == 3
 
-    def acquire() -> list[str]:
-        nodes.requests.clear()
-        result = drive(core.acquire("x", 5.0, blocking=False, timeout=None), nodes.execute)
-        assert result.state is not None  # four healthy nodes grant either way
-        drive(core.release(result.state), nodes.execute)
-        return nodes.commands_sent()
 
-    assert "SET" not in acquire()[:2]  # detects node 0; not due before one max_ttl
-    assert core.amnesia.health.is_amnesiac(0)
-    clock.advance(10.0)
-    assert acquire()[:2] == ["SET", "EXISTS"]  # due: tried, and the reads failed
-    assert core.amnesia.health.is_amnesiac(0)
-    clock.advance(1.0)
-    assert acquire()[0] == "acquire"  # within the repair interval: not tried again
-    clock.advance(4.0)
-    reads_fail = False
-    assert acquire()[:2] == ["SET", "EXISTS"]
-    assert not core.amnesia.health.is_amnesiac(0) and MARKER in nodes.data[0]
+def test_initialise_refuses_nodes_that_lost_data_unless_forced() -> None:
+    nodes = ScriptedNodes(5)
+    nodes.data[0][fence_key("r")] = 7
+    nodes.data[1][fence_key("r")] = 5
+    nodes.data[1][fence_key("s")] = 2
+    for i in (2, 3, 4):
+        nodes.restart(i, keep_data=False)
+    nodes.begin_episode(2)  # an amnesia episode
+    nodes.data[3][fence_key("r")] = 4  # a counter of its own
+    nodes.data[4][lock_key("q")] = "a holder"  # a lock key
+    before = [dict(db) for db in nodes.data]
+    core = make_core(5)
+    with capture_events() as events:
+        reports = drive(core.initialise(force=False), nodes.execute)
+    assert [r.status for r in reports] == ["healthy", "healthy", "failed", "failed", "failed"]
+    assert all(r.detail.startswith("it lost data (it holds keys or an amnesia episode)")
+               for r in reports[2:])
+    assert nodes.commands_sent() == ["identify", "EXISTS"]
+    assert [dict(db) for db in nodes.data] == before
+    assert "redlock.cluster_initialised_by_hand" not in [e["event"] for e in events]
+    with capture_events() as events:
+        forced = drive(core.initialise(force=True), nodes.execute)
+    assert [r.status for r in forced] == ["healthy", "healthy"] + ["initialised"] * 3
+    assert all(nodes.healthy(i) for i in range(5))
+    # Seeded from every marked node (the max), never lowered.
+    assert [db.get(fence_key("r")) for db in nodes.data] == [7, 5, 7, 7, 7]
+    assert [db.get(fence_key("s")) for db in nodes.data[2:]] == [2, 2, 2]
+    assert not any(GUARD in db or EPISODE in db for db in nodes.data)
+    [event] = [e for e in events if e["event"] == "redlock.cluster_initialised_by_hand"]
+    assert (event["initialised"], event["forced"]) == (3, True)
+    finishes = [b.calls[0] for b in nodes.broadcasts()
+                if b.calls[0].script is scripts.FINISH_REPAIR]
+    assert [c.args[2] for c in finishes] == [0, 0, 0]  # no rejoin delay
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "bug: initialise() (redlock/_repair.py, the blank check) sends one SCAN 0 MATCH"
+    " <ns>:* COUNT 1000 and calls a node that answers a non-zero cursor one that 'lost"
+    " data'; Redis applies MATCH after taking a page of the whole keyspace, so a node"
+    " that shares its database with other data (more keys than one page) is refused"
+    " although it holds nothing of redlock's. Expected: follow the cursor to 0"))
+def test_initialise_looks_through_every_page_of_a_shared_database() -> None:
+    nodes = ScriptedNodes(3, scan_page=4)
+    for i in (1, 2):
+        nodes.data[i].clear()
+    for k in range(6):  # another application's keys on node 1
+        nodes.data[1][f"app:{k}"] = "theirs"
+    core = make_core(3)
+    reports = drive(core.initialise(force=False), nodes.execute)
+    assert [r.status for r in reports] == ["healthy", "initialised", "initialised"]
+
+
+@pytest.mark.parametrize("force", [False, True])
+def test_initialise_needs_every_node_to_answer(force: bool) -> None:
+    nodes = ScriptedNodes(3, down={1})
+    nodes.data[2].clear()
+    core = make_core(3)
+    reports = drive(core.initialise(force=force), nodes.execute)
+    assert [(r.status, r.detail) for r in reports] == [
+        ("healthy", "not changed: every node must answer"),
+        ("failed", "TimeoutError: no reply"),
+        ("healthy", "not changed: every node must answer")]
+    assert nodes.commands_sent() == ["identify"]
+    assert nodes.data[2] == {}
