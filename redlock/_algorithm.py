@@ -9,6 +9,8 @@ that the sync and asyncio shells drive; node amnesia is delegated to
 
 from __future__ import annotations
 
+import functools
+import operator
 import secrets
 import time
 from collections.abc import Callable, Sequence
@@ -19,7 +21,7 @@ import tenacity
 from redlock import _scripts as scripts
 from redlock._amnesia import AmnesiaGuard
 from redlock._log import get_logger
-from redlock._protocol import Broadcast, Call, CommandArg, Protocol, Sleep
+from redlock._protocol import PENDING, Broadcast, Call, CommandArg, Protocol, Sleep
 from redlock._repair import RepairReport
 from redlock._rules import (
     TOKEN_LIMIT,
@@ -35,7 +37,14 @@ from redlock._rules import (
     validity_left,
 )
 from redlock._scripts import Script
-from redlock._state import AcquireResult, AttemptResult, LockState, Status, TokenFloors
+from redlock._state import (
+    AcquireResult,
+    AttemptResult,
+    LockState,
+    RoundTrips,
+    Status,
+    TokenFloors,
+)
 from redlock.errors import NodeResult, Outcome, describe
 
 logger = get_logger(__name__)
@@ -62,6 +71,7 @@ class RedlockCore:
     def __init__(self, addresses: Sequence[str], settings: Settings,
                  clock: Callable[[], float] = time.monotonic) -> None:
         validate_node_addresses(addresses)
+        self.round_trips = RoundTrips(len(addresses))  # fed by the transport
         self.addresses = tuple(addresses)
         self.settings = settings
         self.keys = Keys(settings.namespace)
@@ -69,23 +79,78 @@ class RedlockCore:
         self.n = len(addresses)
         self.quorum = quorum(self.n)
         self.floors = TokenFloors()
-        self.amnesia = AmnesiaGuard(self.addresses, settings, self.keys, clock)
+        self.amnesia = AmnesiaGuard(self.addresses, settings, self.keys, clock, self.timeout)
         if self.n % 2 == 0:
             logger.warning("redlock.even_node_count", nodes=self.n, quorum=self.quorum,
                            tolerated_failures=self.n - self.quorum,
                            hint="an odd N tolerates as many failures with one node fewer")
+
+    def timeout(self, ttl: float | None = None) -> float:
+        """How long a request waits for the nodes: ``node_timeout`` if the user set one,
+        else adapted to the measured round trips, within a fifth of ``ttl``."""
+        if self.settings.node_timeout is not None:
+            return self.settings.node_timeout
+        return self.round_trips.timeout(self.quorum, self.settings.request_ceiling(ttl))
+
+    def _enough(self, votes: Callable[[object], int | None]) -> Callable[[Sequence[object]], bool]:
+        """An early decision on one-call-per-node replies: ``votes(reply)`` is 1 (yes),
+        0 (no), None (unknown: an error, or not read yet). Decided once a quorum said
+        yes, or more nodes said no than a quorum can spare. A node whose grants do not
+        count yet (restarted, being judged) never votes yes."""
+        q, n, suspect = self.quorum, self.n, self.amnesia.health.suspect
+
+        def enough(replies: Sequence[object]) -> bool:
+            yes = no = 0
+            for node, reply in enumerate(replies):
+                vote = votes(reply)
+                if vote == 1 and node not in suspect:
+                    yes += 1
+                elif vote == 0:
+                    no += 1
+            return yes >= q or no > n - q
+        return enough
 
     def _all(self, script: Script, keys: tuple[str, ...], args: tuple[CommandArg, ...],
              nodes: Sequence[int] | None = None) -> tuple[Call, ...]:
         targets = range(self.n) if nodes is None else nodes
         return tuple(Call(i, args, script, keys) for i in targets)
 
-    def _release_calls(self, resources: Sequence[str], owner: str) -> Broadcast:
+    def _release_calls(self, resources: Sequence[str], owner: str,
+                       ttl: float | None = None) -> Broadcast:
         """Compare-and-delete of each resource's key on every node (a set's calls to one
-        node go out pipelined)."""
+        node go out pipelined). Decided once a quorum deleted every key of ours, or more
+        nodes than a quorum can spare no longer held one: the others' releases are in
+        flight and read in the background."""
+        k = len(resources)
         return Broadcast(tuple(
             Call(i, (owner,), scripts.RELEASE, (self.keys.lock(r), self.keys.channel(r)))
-            for i in range(self.n) for r in resources), self.settings.node_timeout)
+            for i in range(self.n) for r in resources), self.timeout(ttl),
+            enough=self._enough_per_node(k, functools.partial(operator.eq, k),
+                                         functools.partial(operator.gt, k)))
+
+    def _enough_per_node(self, k: int, yes: Callable[[int], bool],
+                         no: Callable[[int], bool]) -> Callable[[Sequence[object]], bool]:
+        """Early decision on replies of an owner-checked script, k calls per node
+        (node-major): a node votes once all its k replies are in, by its acks."""
+        q, n = self.quorum, self.n
+        return lambda replies: _decided(replies, k, n, q, yes, no)
+
+    def _all_decided(self, states: Sequence[tuple[LockState, float]],
+                     sizes: Sequence[int]) -> Callable[[Sequence[object]], bool]:
+        """A batched extend is decided once each acquisition's is: a quorum acked every
+        resource, or more nodes than a quorum can spare refused one."""
+        q, n = self.quorum, self.n
+        ks = [len(state.resources) for state, _ in states]
+
+        def enough(replies: Sequence[object]) -> bool:
+            offset = 0
+            for k, size in zip(ks, sizes, strict=True):
+                mine, offset = replies[offset:offset + size], offset + size
+                if not _decided(mine, k, n, q, functools.partial(operator.eq, k),
+                                functools.partial(operator.gt, k)):
+                    return False
+            return True
+        return enough
 
     def _per_node(self, replies: Sequence[object], resources: int,
                   refused: str) -> tuple[list[NodeResult], list[int]]:
@@ -182,7 +247,8 @@ class RedlockCore:
         settings, keys, name = self.settings, self.keys, label(resources)
         started = self.clock()
         request = Broadcast(self._acquire_calls(resources, owner, max(1, int(ttl * 1000))),
-                            settings.node_timeout, line=self.line(resources))
+                            self.timeout(ttl), line=self.line(resources),
+                            enough=self._enough(_acquire_vote))
         try:
             replies = yield request
             outcomes = self.amnesia.screen([
@@ -190,7 +256,7 @@ class RedlockCore:
                 for i, reply in enumerate(replies)])
             amnesia = yield from self.amnesia.check(outcomes, started)
             if amnesia is not None:
-                yield self._release_calls(resources, owner)
+                yield self._release_calls(resources, owner, ttl)
                 return amnesia
             # Per granting node, its counter for each resource (in the set's order).
             granted = {i: [int(c) for c in replies[i][1:]]  # type: ignore[index]
@@ -208,7 +274,9 @@ class RedlockCore:
                     # Counters diverged: raise the lower ones to the token, but only on
                     # nodes that still hold our key (the script checks the owner).
                     acks = yield Broadcast(tuple(call for _, call in write_backs),
-                                           settings.node_timeout)
+                                           self.timeout(ttl),
+                                           enough=_commit_enough(write_backs, committed,
+                                                                 self.quorum))
                     for (r, _), ack in zip(write_backs, acks, strict=True):
                         committed[r] += int(ack == 1)
                     for r in {r for r, _ in write_backs}:
@@ -243,12 +311,19 @@ class RedlockCore:
             raise
         except BaseException:
             # Interrupted (cancelled) after sending: the SET may have happened anywhere.
-            yield self._release_calls(resources, owner)
+            yield self._release_calls(resources, owner, ttl)
             raise
         # Failure: release everywhere, including nodes that timed out (reply lost after SET).
-        yield self._release_calls(resources, owner)
+        yield self._release_calls(resources, owner, ttl)
         healthy = sum(1 for r in outcomes if r.outcome in (Outcome.GRANTED, Outcome.REFUSED))
         unavailable = healthy < self.quorum
+        if all(type(reply).__name__ == "TimeoutError" for reply in replies):
+            reason += (f"; every node timed out after {request.timeout * 1000:.0f} ms:"
+                       + (" node_timeout is too short for this network (leave it unset"
+                          " to adapt to the measured round trips)"
+                          if self.settings.node_timeout is not None else
+                          " check the network, and connect_timeout if new connections"
+                          " are slow"))
         permanent = unavailable and any(
             isinstance(reply, BaseException) and is_permanent_error(reply) for reply in replies)
         logger.debug("redlock.quorum_failed", resource=name, reason=reason,
@@ -266,7 +341,7 @@ class RedlockCore:
         The acquisition counts as released only once the release was sent: if the
         caller is interrupted (cancelled) meanwhile, it is sent again before the
         interruption propagates, as a cancelled acquire does."""
-        request = self._release_calls(state.resources, state.owner)
+        request = self._release_calls(state.resources, state.owner, state.ttl)
         try:
             replies = yield request
         except GeneratorExit:
@@ -301,8 +376,10 @@ class RedlockCore:
                 Call(i, (state.owner, max(1, int(ttl * 1000))), scripts.EXTEND,
                      (self.keys.lock(r),))
                 for state, ttl in live for i in range(self.n) for r in state.resources)
-            replies = yield Broadcast(calls, min(self.settings.node_timeout,
-                                                 min(s.deadline for s, _ in live) - started))
+            sizes = [self.n * len(state.resources) for state, _ in live]
+            replies = yield Broadcast(calls, min(self.timeout(max(t for _, t in live)),
+                                                 min(s.deadline for s, _ in live) - started),
+                                      enough=self._all_decided(live, sizes))
             finished, offset = self.clock(), 0
             for state, ttl in live:
                 size = self.n * len(state.resources)
@@ -342,7 +419,7 @@ class RedlockCore:
             logger.warning("redlock.lost", resource=state.resource, token=state.token,
                            reason=reason, outcomes=describe(outcomes))
             # Drop what is left of our keys so the next holder need not wait for the TTL.
-            yield self._release_calls(state.resources, state.owner)
+            yield self._release_calls(state.resources, state.owner, state.ttl)
         return first
 
     # -- repair ------------------------------------------------------------------
@@ -354,3 +431,39 @@ class RedlockCore:
     def initialise(self, *, force: bool) -> Protocol[list[RepairReport]]:
         """See :func:`redlock._repair.initialise`."""
         return (yield from self.amnesia.initialise(force=force))
+
+
+def _acquire_vote(reply: object) -> int | None:
+    """An ACQUIRE / ACQUIRE_MANY reply as a vote: granted (1), held by another (0)."""
+    if isinstance(reply, list | tuple) and reply:
+        code = reply[0]
+        if code in (scripts.ACQUIRE_GRANTED, scripts.ACQUIRE_ALREADY_OURS):
+            return 1
+        if code == scripts.ACQUIRE_REFUSED:
+            return 0
+    return None
+
+
+def _decided(replies: Sequence[object], k: int, n: int, q: int, yes: Callable[[int], bool],
+             no: Callable[[int], bool]) -> bool:
+    ayes = nays = 0
+    for i in range(n):
+        mine = replies[i * k:(i + 1) * k]
+        if any(r is PENDING or isinstance(r, BaseException) for r in mine):
+            continue
+        acks = sum(1 for r in mine if r == 1)
+        ayes += yes(acks)
+        nays += no(acks)
+    return ayes >= q or nays > n - q
+
+
+def _commit_enough(write_backs: Sequence[tuple[str, Call]], committed: dict[str, int],
+                   quorum: int) -> Callable[[Sequence[object]], bool]:
+    """The write-back round is decided once every resource's token is committed on a
+    quorum (what the token already had, plus the acks so far)."""
+    def enough(replies: Sequence[object]) -> bool:
+        now = dict(committed)
+        for (resource, _), ack in zip(write_backs, replies, strict=True):
+            now[resource] += ack == 1
+        return all(count >= quorum for count in now.values())
+    return enough

@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from redlock import _scripts as scripts
 from redlock._log import get_logger
-from redlock._protocol import Broadcast, Call, Protocol, Sleep, Wakeable, ask_one
+from redlock._protocol import PENDING, Broadcast, Call, Protocol, Sleep, Wakeable, ask_one
 from redlock._repair import (
     RepairReport,
     identity,
@@ -114,11 +114,12 @@ class AmnesiaGuard:
     """Amnesia decisions, judging and repair for one manager's nodes."""
 
     def __init__(self, addresses: Sequence[str], settings: Settings, keys: Keys,
-                 clock: Callable[[], float]) -> None:
+                 clock: Callable[[], float], timeout: Callable[[], float]) -> None:
         self.addresses = tuple(addresses)
         self.settings = settings
         self.keys = keys
         self.clock = clock
+        self.timeout = timeout  # a request's wait on the acquire path (adaptive or set)
         self.n = len(self.addresses)
         self.quorum = quorum(self.n)
         self.health = NodeHealth()
@@ -149,8 +150,11 @@ class AmnesiaGuard:
         bounded by the node timeout; a node that does not answer is not asked again
         (its acquire replies say what is wrong with it)."""
         self.health.inspected = True
-        replies = yield Broadcast(tuple(Call(i, ("INFO",)) for i in range(self.n)),
-                                  self.settings.node_timeout)
+        quorum = self.quorum
+        replies = yield Broadcast(
+            tuple(Call(i, ("INFO",)) for i in range(self.n)), self.timeout(),
+            # Advice only: a quorum's answers (and whoever answers as fast) will do.
+            enough=lambda got: sum(1 for r in got if r is not PENDING) >= quorum)
         for i, reply in enumerate(replies):
             for finding in unsafe_config(reply):
                 logger.warning("redlock.node_unsafe_config", node=self.addresses[i],
@@ -201,9 +205,9 @@ class AmnesiaGuard:
             # A marker missing beside markers present is most often another client
             # initialising a new cluster right now: its broadcast is still in flight.
             # Look again once it must have landed before calling it amnesia.
-            yield Sleep(self.settings.node_timeout)
+            yield Sleep(self.timeout())
             probe = yield Broadcast(tuple(Call(i, ("EXISTS", self.keys.marker))
-                                          for i in newly_missing), self.settings.node_timeout)
+                                          for i in newly_missing), self.timeout())
             if any(reply == 1 for reply in probe):
                 return AttemptResult(None, tuple(outcomes), retry_now=True,
                                      reason="cluster initialisation in progress")
@@ -226,7 +230,7 @@ class AmnesiaGuard:
         text = f"initialised at={time.time():.3f} by={secrets.token_hex(8)}"
         return Broadcast(tuple(Call(i, (text,), scripts.INIT_MARKER,
                                     (self.keys.marker, self.keys.episode)) for i in nodes),
-                         self.settings.node_timeout)
+                         self.timeout())
 
     # -- background maintenance ---------------------------------------------------
 

@@ -1,6 +1,11 @@
-"""The asyncio transport: a request's calls run concurrently, each bounded by its
-timeout; an acquire left without a reply (timeout or cancellation) keeps its
-connection parked so its release is written behind it (see :mod:`redlock._transport`).
+"""The asyncio transport: a request's nodes are asked concurrently, each exchange a
+task of its own. The request returns as soon as its replies decide it (early quorum)
+or at its deadline; the exchanges it did not wait for go on in the background with
+the connection's own budget (``connect_timeout``), so a new connection finishes its
+handshake and a late reply is read: the connection goes back to the pool. An acquire
+still unanswered on such a connection gets its owner's release written behind it
+(see :mod:`redlock._transport`). Cancelling a request leaves its exchanges running the
+same way.
 """
 
 from __future__ import annotations
@@ -8,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sys
+import time
 from collections.abc import Callable, Coroutine, Iterable
 from typing import Any, TypeVar
 
@@ -21,11 +27,21 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from redlock._node_config import build_pool, check_node_list, node_labels, pool_overrides
 from redlock._protocol import Broadcast, Call
-from redlock._transport import ParkedAcquires, render
+from redlock._state import RoundTrips
+from redlock._transport import (
+    NOT_AWAITED,
+    PENDING,
+    Late,
+    LateConnections,
+    acquire_keys,
+    render,
+)
 
 T = TypeVar("T")
 
-_UNREAD: object = object()  # a reply not read yet (None is a real reply)
+# Exchanges still running per node (connecting, or reading late replies): beyond this a
+# node gets no new one until some finish: a hung node does not collect connections.
+_EXCHANGES_PER_NODE = 16
 
 
 async def within(awaitable: Coroutine[Any, Any, T], timeout: float) -> T:
@@ -52,158 +68,198 @@ def _is_new(conn: Any) -> bool:
     return getattr(conn, "_redlock_identified", None) is not conn._writer
 
 
-class AsyncTransport:
-    """One connection pool per node; a request's calls run concurrently."""
+class _Exchange:
+    """One node's calls of one request, and what came back."""
 
-    def __init__(self, nodes: Iterable[str | redis.asyncio.Redis], node_timeout: float) -> None:
-        overrides = pool_overrides(node_timeout, Retry(NoBackoff(), 0))
+    __slots__ = ("calls", "indexes", "node", "over", "results", "sent_at")
+
+    def __init__(self, node: int) -> None:
+        self.node = node
+        self.indexes: list[int] = []
+        self.calls: list[Call] = []
+        self.results: list[object] = []
+        self.sent_at = 0.0
+        self.over = False  # the request stopped waiting for it
+
+
+class AsyncTransport:
+    """One connection pool per node; each request's nodes asked concurrently."""
+
+    def __init__(self, nodes: Iterable[str | redis.asyncio.Redis],
+                 connect_timeout: float) -> None:
+        # Our reads carry their own timeouts: the pools' socket timeout bounds only the
+        # connection's handshake (and a send that cannot proceed), like connecting.
+        overrides = pool_overrides(connect_timeout, Retry(NoBackoff(), 0))
         items = check_node_list(nodes, redis.asyncio.Redis, "redis.asyncio.Redis")
         self.pools: list[redis.asyncio.ConnectionPool] = [
-            build_pool(node, redis.asyncio.ConnectionPool, parse_url, overrides) for node in items]
+            build_pool(node, redis.asyncio.ConnectionPool, parse_url, overrides)
+            for node in items]
         self.addresses = node_labels(items)
-        self._parked: ParkedAcquires[Any] = ParkedAcquires(len(self.pools))
+        self.connect_timeout = connect_timeout
+        self._late: LateConnections[Any] = LateConnections(len(self.pools))
+        self._running: set[asyncio.Task[None]] = set()
+        self._per_node = [0] * len(self.pools)
         # The call sent first on every new connection, and who is told the replies
-        # (node -> reply) before the request's replies are returned (set by the manager).
+        # (node -> reply) as soon as they arrive (set by the manager).
         self.identify: Callable[[int], Call] | None = None
         self.identified: Callable[[dict[int, object]], None] = lambda _: None
+        self.round_trips: RoundTrips | None = None  # fed with every reply's round trip
 
     async def broadcast(self, request: Broadcast) -> list[object]:
-        """Every call's reply or exception. Calls for one node share one connection
-        and one write (a pipeline); the nodes are asked concurrently."""
-        by_node: dict[int, list[int]] = {}
+        """Every call's reply or exception (NOT_AWAITED for those the request was
+        decided without). Calls for one node share one connection and one write."""
+        exchanges: dict[int, _Exchange] = {}
         for index, call in enumerate(request.calls):
-            by_node.setdefault(call.node, []).append(index)
-        replies: list[object] = [None] * len(request.calls)
-        identities: dict[int, object] = {}
-        await asyncio.gather(*(self._node(node, [request.calls[i] for i in indexes],
-                                          indexes, replies, identities, request.timeout)
-                               for node, indexes in by_node.items()))
-        if identities:
-            self.identified(identities)
+            exchange = exchanges.get(call.node)
+            if exchange is None:
+                exchange = exchanges[call.node] = _Exchange(call.node)
+            exchange.indexes.append(index)
+            exchange.calls.append(call)
+        if self._late.any():
+            await self.write_behind(request)
+        replies: list[object] = [PENDING] * len(request.calls)
+        tasks: dict[asyncio.Task[None], _Exchange] = {}
+        for exchange in exchanges.values():
+            if self._per_node[exchange.node] >= _EXCHANGES_PER_NODE:
+                self._fill(exchange, replies, RedisTimeoutError(
+                    f"no connection: {_EXCHANGES_PER_NODE} exchanges still running"))
+                continue
+            self._per_node[exchange.node] += 1
+            task = asyncio.get_running_loop().create_task(self._exchange(exchange))
+            self._running.add(task)
+            task.add_done_callback(self._running.discard)
+            tasks[task] = exchange
+        started = time.monotonic()
+        deadline, decided = started + request.timeout, False
+        waiting = set(tasks)
+        try:
+            while waiting:
+                if not decided and request.enough is not None and request.enough(replies):
+                    # Decided: the stragglers get as long again as the decision took
+                    # (all of a healthy cluster's replies come in together), no longer.
+                    decided = True
+                    now = time.monotonic()
+                    deadline = min(deadline, now + (now - started))
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                done, waiting = await asyncio.wait(waiting, timeout=left,
+                                                   return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    self._collect(tasks[task], replies)
+        finally:
+            decided = request.enough is not None and request.enough(replies)
+            for task in waiting:  # they go on in the background (see the module's doc)
+                tasks[task].over = True
+                self._fill(tasks[task], replies, NOT_AWAITED if decided else
+                           RedisTimeoutError(f"no reply within {request.timeout * 1000:.0f} ms"))
         return replies
 
-    async def _node(self, node: int, calls: list[Call], indexes: list[int],
-                    replies: list[object], identities: dict[int, object],
-                    timeout: float) -> None:
-        parked = [conn for call in calls for conn in self._parked.take_for(call)]
-        exchange = self._exchange(node, calls, identities, timeout)
-        if parked:
-            results, _ = await asyncio.gather(exchange, self._trail(parked, calls, timeout))
-        else:
-            results = await exchange
-        for index, result in zip(indexes, results, strict=True):
+    @staticmethod
+    def _collect(exchange: _Exchange, replies: list[object]) -> None:
+        for index, result in zip(exchange.indexes, exchange.results, strict=True):
             replies[index] = result
 
-    async def _exchange(self, node: int, calls: list[Call], identities: dict[int, object],
-                        timeout: float) -> list[object]:
-        """Send one node's calls and read their replies (raw), all within ``timeout``;
-        a new connection carries the identity probe first (its reply in ``identities``)."""
-        pool = self.pools[node]
-        conn: Any = None
-        sent = False
-        results: list[object] = []
+    @staticmethod
+    def _fill(exchange: _Exchange, replies: list[object], exc: BaseException) -> None:
+        for index in exchange.indexes:
+            if replies[index] is PENDING:
+                replies[index] = exc
 
-        async def send() -> None:
-            nonlocal sent
-            commands = [render(call, evalsha=True) for call in calls]
-            probe = self.identify is not None and _is_new(conn)
-            if probe:
-                commands.insert(0, render(self.identify(node), evalsha=False))  # type: ignore[misc]
-            await conn.send_packed_command(conn.pack_commands(commands), check_health=False)
-            sent = True
-            if probe:
-                try:
-                    identities[node] = await conn.read_response(timeout=timeout,
-                                                                disconnect_on_error=False)
-                except ResponseError as exc:  # e.g. NOPERM: the calls say more
-                    identities[node] = exc
-                conn._redlock_identified = conn._writer  # this connection is known now
+    async def _exchange(self, exchange: _Exchange) -> None:
+        """Connect if need be, send the node's calls, read every reply: all within the
+        connection's own budget (the request may stop waiting long before)."""
+        node = exchange.node
+        exchange.results = [PENDING] * len(exchange.calls)
+        try:
+            await within(self._converse(exchange), self.connect_timeout)
+        except Exception as exc:  # asyncio.TimeoutError included: the node is hung
+            exchange.results = [exc if r is PENDING else r for r in exchange.results]
+        finally:
+            self._per_node[node] -= 1
 
-        async def exchange() -> None:
-            nonlocal conn
-            conn = await pool.get_connection()
+    async def _converse(self, exchange: _Exchange) -> None:
+        node, pool = exchange.node, self.pools[exchange.node]
+        conn = await pool.get_connection()
+        if exchange.over and any(acquire_keys(call) for call in exchange.calls):
+            # Connected only after the request was over: an acquire sent now would set
+            # a key nobody waits for (its release may already have gone).
+            await pool.release(conn)
+            return
+        reused = not _is_new(conn)
+        try:
             try:
-                await send()
-                unknown = await self._read_replies(conn, calls, results, timeout)
+                await self._talk(exchange, conn)
             except RedisConnectionError:
-                if results:
+                if not reused or any(r is not PENDING for r in exchange.results):
                     raise
                 # A pooled connection to a server that has restarted since its last use
-                # fails at once (redis.asyncio does not notice on checkout, redis-py's
-                # sync pool does). The dead server never ran the calls, and each of our
-                # scripts may run twice anyway (an owner's second acquire is "already
-                # ours"): one more try on a new connection, within the same budget.
+                # fails at once (redis.asyncio does not notice on checkout, the sync
+                # pool does). The dead server never ran the calls, and each of our
+                # scripts may run twice anyway: once more, on a new connection.
                 await self._discard(node, conn)
                 conn = await pool.get_connection()
-                await send()
-                unknown = await self._read_replies(conn, calls, results, timeout)
-            if unknown:  # first use of a script on this node (or SCRIPT FLUSH): send bodies
-                await conn.send_packed_command(conn.pack_commands(
-                    [render(calls[i], evalsha=False) for i in unknown]), check_health=False)
-                retried: list[object] = []
-                await self._read_replies(conn, [calls[i] for i in unknown], retried, timeout)
-                for i, result in zip(unknown, retried, strict=True):
-                    results[i] = result
-
-        try:
-            await within(exchange(), timeout)
-        except (asyncio.TimeoutError, RedisTimeoutError):
-            await self._no_reply(node, calls, conn, sent)
-            return self._fill(results, calls,
-                              RedisTimeoutError(f"no reply within {timeout * 1000:.0f} ms"))
-        except asyncio.CancelledError:
-            await self._no_reply(node, calls, conn, sent)
-            raise
-        except Exception as exc:
-            if conn is not None:  # a late reply must never be read as the next command's
-                await self._discard(node, conn)
-            return self._fill(results, calls, exc)
+                await self._talk(exchange, conn)
+        except BaseException:
+            await self._discard(node, conn)  # a late reply must never be read as the next
+            raise                            # command's
         await pool.release(conn)
-        return results
 
-    @staticmethod
-    async def _read_replies(conn: Any, calls: list[Call], results: list[object],
-                            timeout: float) -> list[int]:
-        """Append one reply per call (an error reply is that call's result); returns
-        the positions answered NOSCRIPT. Timeouts and connection errors propagate."""
+    async def _talk(self, exchange: _Exchange, conn: Any) -> None:
+        """Send the node's calls on ``conn`` and read every reply."""
+        node, calls = exchange.node, exchange.calls
+        new = _is_new(conn)
+        # A new connection: identify the server first, and send script bodies (the
+        # server may be new, or restarted: EVALSHA would cost a NOSCRIPT round trip).
+        commands = [render(call, evalsha=not new) for call in calls]
+        probed = new and self.identify is not None
+        if probed:
+            commands.insert(0, render(self.identify(node), evalsha=False))  # type: ignore[misc]
+        late = Late(conn, node, calls, len(commands), time.monotonic() + self.connect_timeout)
+        self._late.add(late)  # a release for an acquire in here goes behind it
+        try:
+            await conn.send_packed_command(conn.pack_commands(commands), check_health=False)
+            exchange.sent_at = time.monotonic()
+            if probed:
+                identity = await self._reply(conn, late)
+                conn._redlock_identified = conn._writer  # this connection is known now
+                self.identified({node: identity})  # at once: the request's early decision
+            await self._read(exchange, conn, late)
+        finally:
+            late.closed = True
+            self._late.remove(late)
+
+    async def _read(self, exchange: _Exchange, conn: Any, late: Late[Any]) -> None:
+        results = exchange.results
         unknown = []
-        for position in range(len(calls)):
-            try:
-                results.append(await conn.read_response(timeout=timeout,
-                                                        disconnect_on_error=False))
-            except NoScriptError:
+        for position in range(len(exchange.calls)):
+            reply = await self._reply(conn, late)
+            if position == 0 and self.round_trips is not None:
+                self.round_trips.sample(exchange.node, time.monotonic() - exchange.sent_at)
+            if isinstance(reply, NoScriptError):
                 unknown.append(position)
-                results.append(_UNREAD)
-            except ResponseError as exc:
-                results.append(exc)
-        return unknown
+            else:
+                results[position] = reply
+        if unknown:  # SCRIPT FLUSH since: send the bodies
+            late.outstanding += len(unknown)
+            await conn.send_packed_command(conn.pack_commands(
+                [render(exchange.calls[i], evalsha=False) for i in unknown]),
+                check_health=False)
+            for position in unknown:
+                results[position] = await self._reply(conn, late)
+        while late.outstanding > 0:  # releases written behind an acquire in here
+            await self._reply(conn, late)
+        late.closed = True  # before any await: nothing more may be written behind now
 
     @staticmethod
-    def _fill(results: list[object], calls: list[Call], exc: BaseException) -> list[object]:
-        """The replies read so far, ``exc`` for every call left without one."""
-        padded = results + [_UNREAD] * (len(calls) - len(results))
-        return [exc if result is _UNREAD else result for result in padded]
-
-    async def _no_reply(self, node: int, calls: list[Call], conn: Any, sent: bool) -> None:
-        if conn is None:
-            return  # never connected: the pool took its connection back itself
-        if sent and len(calls) == 1 and ParkedAcquires.wants(calls[0]) and conn.is_connected:
-            evicted = self._parked.park(calls[0], conn)
-            if evicted is not None:
-                await self._discard(node, evicted)
-            return
-        await self._discard(node, conn)
-
-    async def _trail(self, parked: list[Any], calls: list[Call], timeout: float) -> None:
-        """Write the releases behind each unanswered acquire, then close (FIN after them):
-        the node runs our release after our acquire, in order."""
-        releases = [render(call, evalsha=False) for call in calls
-                    if ParkedAcquires.wants_trail(call)]
-        for conn in parked:
-            with contextlib.suppress(Exception):
-                await within(conn.send_packed_command(conn.pack_commands(releases),
-                                                      check_health=False), timeout)
-            await self._discard(calls[0].node, conn)
+    async def _reply(conn: Any, late: Late[Any]) -> object:
+        """One reply; an error reply is returned, not raised (it is that call's result)."""
+        try:
+            return await conn.read_response(disconnect_on_error=False)
+        except ResponseError as exc:
+            return exc
+        finally:
+            late.outstanding -= 1
 
     async def _discard(self, node: int, conn: Any) -> None:
         """Close a connection (pending writes are flushed first) and hand it back."""
@@ -212,8 +268,24 @@ class AsyncTransport:
         with contextlib.suppress(Exception):
             await self.pools[node].release(conn)
 
+    async def write_behind(self, request: Broadcast) -> None:  # (see redlock._transport)
+        """Write each release behind the unanswered acquires of the same owner."""
+        for call in request.calls:
+            for late in self._late.behind(call):
+                if late.closed:
+                    continue
+                late.outstanding += 1
+                with contextlib.suppress(Exception):
+                    await late.conn.send_packed_command(late.conn.pack_commands(
+                        [render(call, evalsha=False)]), check_health=False)
+
     async def close(self) -> None:
-        for node, conn in self._parked.drain():
-            await self._discard(node, conn)
+        for task in list(self._running):
+            task.cancel()
+        for task in list(self._running):
+            with contextlib.suppress(BaseException):
+                await task
+        for late in self._late.drain():
+            await self._discard(late.node, late.conn)
         for pool in self.pools:
             await pool.disconnect()

@@ -156,7 +156,7 @@ def adopt(core: RedlockCore, handover: Handover,
     replies = yield Broadcast(
         tuple(Call(i, (handover.owner,), OWNED_PTTL, (core.keys.lock(resource),))
               for i in range(core.n)),
-        min(core.settings.node_timeout, carried))
+        min(core.timeout(), carried))
     outcomes = tuple(_classify(core.addresses[i], reply) for i, reply in enumerate(replies))
     owned = sorted((r.pttl_ms for r in outcomes
                     if r.outcome is Outcome.GRANTED and r.pttl_ms is not None), reverse=True)

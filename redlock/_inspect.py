@@ -106,7 +106,7 @@ class ReleaseReport:
 
 def _lock_calls(core: RedlockCore, script: scripts.Script, keys: tuple[str, ...]) -> Broadcast:
     return Broadcast(tuple(Call(i, (), script, keys) for i in range(core.n)),
-                     core.settings.node_timeout)
+                     core.timeout())
 
 
 def _text(value: object) -> str:

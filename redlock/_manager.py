@@ -46,8 +46,15 @@ class ManagerBase(Generic[H, MH]):
             list, a tuple, a set: the order of a set is arbitrary, and node names in
             errors follow it). An odd N is best. Redis Cluster clients are refused.
         namespace: key prefix; keys are ``{namespace}:{{resource}}:lock`` / ``:fence``.
-        node_timeout: seconds each node may take to answer one request (connect
-            included). Keep it small relative to the TTL: 5-50 ms for a 10 s TTL.
+        node_timeout: seconds a request waits for the nodes' replies; unset, it adapts
+            to each node's measured round-trip time (twice the estimate of the
+            quorum-th fastest node, at least 50 ms, at most a fifth of the TTL), from
+            loopback to cross-region. A request ends earlier once its replies decide
+            it (a quorum granted, or can no longer grant); late replies are read in
+            the background.
+        connect_timeout: seconds a new connection may take to connect and handshake.
+            It is opened in the background: a request waits for it only until its
+            own deadline, and the connection joins the pool when ready.
         drift_factor: clock-drift allowance as a fraction of the TTL (plus 2 ms).
         retry_delay_min: the shortest wait between attempts (the floor of the jittered
             exponential backoff).
@@ -75,7 +82,8 @@ class ManagerBase(Generic[H, MH]):
         nodes: Iterable[Any],
         *,
         namespace: str = "redlock",
-        node_timeout: float = 0.05,
+        node_timeout: float | None = None,
+        connect_timeout: float = 1.0,
         drift_factor: float = 0.01,
         retry_delay_min: float = 0.005,
         retry_delay_max: float = 0.25,
@@ -87,13 +95,15 @@ class ManagerBase(Generic[H, MH]):
         meter_provider: Any = None,
     ) -> None:
         settings = Settings(namespace=namespace, node_timeout=node_timeout,
+                            connect_timeout=connect_timeout,
                             drift_factor=drift_factor, retry_delay_min=retry_delay_min,
                             retry_delay_max=retry_delay_max, max_ttl=max_ttl,
                             outage_timeout=outage_timeout)
         # The transport checks the node list; it opens no connection before first use,
         # so nothing leaks if anything below raises.
-        self._transport = self._open_transport(nodes, settings.node_timeout)
+        self._transport = self._open_transport(nodes, settings.connect_timeout)
         self._core = RedlockCore(self._transport.addresses, settings, clock)
+        self._transport.round_trips = self._core.round_trips
         self._transport.identify = self._core.amnesia.identify_call
         self._transport.identified = self._core.amnesia.identified
         self._telemetry = Telemetry.create(settings.namespace, self._core.n, self._core.quorum,
@@ -116,7 +126,7 @@ class ManagerBase(Generic[H, MH]):
 
     # -- what each shell provides ----------------------------------------------
 
-    def _open_transport(self, nodes: Iterable[Any], node_timeout: float) -> Any:
+    def _open_transport(self, nodes: Iterable[Any], connect_timeout: float) -> Any:
         raise NotImplementedError
 
     def _new_event(self) -> Wakeable:

@@ -25,8 +25,8 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Generator, Sequence
 from dataclasses import dataclass
+from typing import Any, TypeVar
 from typing import Protocol as TypingProtocol
-from typing import TypeVar
 
 from redlock._scripts import Script
 
@@ -57,6 +57,9 @@ class Call:
 class Broadcast:
     """Run ``calls`` in parallel; each must answer within ``timeout`` seconds.
 
+    ``enough`` lets the request end before every node answered (early quorum,
+    docs/design.md §2.4).
+
     ``line``: the local line (a resource's key, see :mod:`redlock._lines`) whose
     attempts from one manager take turns instead of overlapping. Acquire attempts
     carry it: two attempts racing from the same process split the nodes between them
@@ -67,6 +70,10 @@ class Broadcast:
     calls: tuple[Call, ...]
     timeout: float
     line: str | None = None
+    # True once the replies so far decide the request (unread ones are PENDING): the
+    # transport returns at once, NOT_AWAITED standing for the rest (read later, off the
+    # hot path). None: wait for every reply, or the timeout.
+    enough: Callable[[Sequence[object]], bool] | None = None
 
 
 @dataclass(frozen=True)
@@ -89,6 +96,25 @@ class Invoke:
 
     function: Callable[..., object]
     args: tuple[object, ...] = ()
+
+
+class Pending:
+    """The marker of a reply not read yet (None is a real reply)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "PENDING"
+
+
+PENDING: Any = Pending()
+
+
+class NotAwaited(Exception):
+    """The request was decided without this node's reply (it is read in the background)."""
+
+
+NOT_AWAITED = NotAwaited("not awaited: the request was decided without this reply")
 
 
 Request = Broadcast | Sleep | Invoke

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from redlock import _scripts as scripts
+from redlock._protocol import NotAwaited
 from redlock.errors import NodeResult, Outcome
 
 #: Tokens are Lua numbers on the nodes, exact integers only below 2**53: an
@@ -111,7 +112,8 @@ class Settings:
     """Tuning shared by every lock of one manager (all durations in seconds)."""
 
     namespace: str = "redlock"
-    node_timeout: float = 0.05
+    node_timeout: float | None = None  # None: adapt to the measured round trips
+    connect_timeout: float = 1.0
     drift_factor: float = 0.01
     drift_constant: float = 0.002
     retry_delay_min: float = 0.005
@@ -127,7 +129,9 @@ class Settings:
                 f"namespace must match {_NAMESPACE_RE.pattern} (no braces or glob characters),"
                 f" got {self.namespace!r}"
             )
-        for name in ("node_timeout", "retry_delay_min", "retry_delay_max", "max_ttl",
+        if self.node_timeout is not None:
+            validate_seconds("node_timeout", self.node_timeout)
+        for name in ("connect_timeout", "retry_delay_min", "retry_delay_max", "max_ttl",
                      "repair_interval", "repair_timeout"):
             validate_seconds(name, getattr(self, name))
         if self.outage_timeout is not None:
@@ -140,6 +144,11 @@ class Settings:
     def drift(self, ttl: float) -> float:
         """Clock drift allowance: ttl * drift_factor + a constant for timer granularity."""
         return ttl * self.drift_factor + self.drift_constant
+
+    def request_ceiling(self, ttl: float | None) -> float:
+        """The most an adaptive request may wait: a fifth of the TTL (the rest is the
+        holder's), and a second without one (admin views, probes)."""
+        return 1.0 if ttl is None else min(2.0, max(ttl / 5, 0.01))
 
     def check_ttl(self, ttl: object) -> float:
         seconds = validate_seconds("ttl", ttl, upper=self.max_ttl)
@@ -251,9 +260,16 @@ def is_permanent_error(exc: BaseException) -> bool:
             or _is_cluster_error(exc))
 
 
+def not_awaited(node: str) -> NodeResult:
+    return NodeResult(node, Outcome.NOT_AWAITED,
+                      "the request was decided without this reply (read in the background)")
+
+
 def classify_acquire_reply(node: str, reply: object, resources: int = 1) -> NodeResult:
     """ACQUIRE's reply (one resource) or ACQUIRE_MANY's (a set of ``resources``); a
     granting node's counters are ``reply[1:]``, one per resource (``counter``: the max)."""
+    if isinstance(reply, NotAwaited):
+        return not_awaited(node)
     if isinstance(reply, BaseException):
         return NodeResult(node, Outcome.ERROR, error_detail(reply))
     if not isinstance(reply, list | tuple) or len(reply) < 2:
@@ -279,6 +295,8 @@ def classify_acquire_reply(node: str, reply: object, resources: int = 1) -> Node
 
 def classify_ack_reply(node: str, reply: object, *, refused: str) -> NodeResult:
     """Replies of the owner-checked scripts (extend, write-back, release): 1 = done."""
+    if isinstance(reply, NotAwaited):
+        return not_awaited(node)
     if isinstance(reply, BaseException):
         return NodeResult(node, Outcome.ERROR, error_detail(reply))
     if reply == 1:

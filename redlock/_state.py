@@ -140,3 +140,40 @@ class AttemptResult:
     permanent: bool = False  # ...and retrying cannot help (auth, permissions)
     retry_now: bool = False  # the cluster was just initialised: try again at once
     reason: str = ""
+
+
+class RoundTrips:
+    """Per node, a smoothed round-trip time and its variation, as TCP keeps them
+    (RFC 6298: alpha 1/8, beta 1/4), fed by the transports; the adaptive request
+    timeout is read from them (docs/design.md §2.4)."""
+
+    FLOOR = 0.05  # never less: a busy machine's hiccup is not an outage
+
+    def __init__(self, node_count: int) -> None:
+        self._srtt: list[float | None] = [None] * node_count
+        self._rttvar = [0.0] * node_count
+        self._mutex = threading.Lock()
+
+    def sample(self, node: int, seconds: float) -> None:
+        with self._mutex:
+            srtt = self._srtt[node]
+            if srtt is None:
+                self._srtt[node], self._rttvar[node] = seconds, seconds / 2
+            else:
+                self._rttvar[node] = 0.75 * self._rttvar[node] + 0.25 * abs(srtt - seconds)
+                self._srtt[node] = 0.875 * srtt + 0.125 * seconds
+
+    def estimate(self, node: int) -> float | None:
+        """The node's retransmission-timeout estimate, SRTT + 4 RTTVAR (None: unknown)."""
+        with self._mutex:
+            srtt = self._srtt[node]
+            return None if srtt is None else srtt + 4 * self._rttvar[node]
+
+    def timeout(self, quorum: int, ceiling: float) -> float:
+        """Time enough for a quorum to answer: twice the estimate of the quorum-th
+        fastest node, at least FLOOR, at most ``ceiling`` (until a quorum of nodes has
+        been measured: ``ceiling``)."""
+        known = sorted(e for e in map(self.estimate, range(len(self._srtt))) if e is not None)
+        if len(known) < quorum:
+            return ceiling
+        return min(ceiling, max(self.FLOOR, 2 * known[quorum - 1]))

@@ -1,13 +1,19 @@
 """The sync transport: parallel requests to N nodes from one thread.
 
 Parallel means parallel on one thread: a request's commands are written to every
-node first (scatter), then the replies are read against one shared deadline
-(gather), so N nodes cost one round trip and one node timeout at most, not N.
+node first (scatter), then the replies are read as they arrive (gather, ``select``
+over the sockets), so N nodes cost one round trip, not N; the request ends as soon
+as its replies decide it (early quorum) or at its deadline. What is left unread is
+read in the background (see :mod:`redlock._transport`). A node without an open
+connection is connected in the background with its own budget (``connect_timeout``):
+the request waits for it only until its own deadline, and a hung node that accepts
+TCP but never answers the handshake costs one node timeout, not the connect budget.
 """
 
 from __future__ import annotations
 
 import contextlib
+import select
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -21,15 +27,15 @@ from redis.retry import Retry
 
 from redlock._node_config import build_pool, check_node_list, node_labels, pool_overrides
 from redlock._protocol import Broadcast, Call
-from redlock._transport import ParkedAcquires, render
-
-_UNREAD: object = object()  # a reply slot not filled yet (None is a real reply)
+from redlock._state import RoundTrips
+from redlock._transport import NOT_AWAITED, PENDING, Late, LateConnections, render
 
 
 class _Group:
     """The calls of one request for one node, sent on one connection (pipelined)."""
 
-    __slots__ = ("calls", "conn", "identity", "indexes", "node", "probed")
+    __slots__ = ("calls", "conn", "done", "identity", "indexes", "node", "probed", "resent",
+                 "sampled", "sent_at", "unknown")
 
     def __init__(self, node: int) -> None:
         self.node = node
@@ -37,18 +43,12 @@ class _Group:
         self.calls: list[Call] = []
         self.conn: Any = None
         self.probed = False  # a new connection: the identity probe went first
-        self.identity: object = _UNREAD
-
-    @property
-    def one_acquire(self) -> bool:
-        """An acquire alone on its connection: the kind that is parked when unanswered."""
-        return len(self.calls) == 1 and ParkedAcquires.wants(self.calls[0])
-
-
-def _is_new(conn: Any) -> bool:
-    """A connection (re)opened since the server was last identified on it: redis-py
-    reconnects under us, so the socket itself is what was identified."""
-    return getattr(conn, "_redlock_identified", None) is not conn._sock
+        self.identity: object = PENDING
+        self.done = False
+        self.sent_at = 0.0
+        self.sampled = False  # its round trip was measured
+        self.unknown: list[int] = []  # answered NOSCRIPT: sent again with the body
+        self.resent = False
 
 
 def _groups(request: Broadcast) -> list[_Group]:
@@ -62,88 +62,209 @@ def _groups(request: Broadcast) -> list[_Group]:
     return list(by_node.values())
 
 
+def _is_new(conn: Any) -> bool:
+    """A connection (re)opened since the server was last identified on it: redis-py
+    reconnects under us, so the socket itself is what was identified."""
+    return getattr(conn, "_redlock_identified", None) is not conn._sock
+
+
+class _Connect:
+    """A connection one request is opening in the background, with its own budget. If
+    the request stops waiting, the connection joins the pool when it is ready: the
+    next request finds it warm."""
+
+    def __init__(self, node: int) -> None:
+        self.node = node
+        self.ready = threading.Event()
+        self.conn: Any = None
+        self.error: BaseException | None = None
+        self.abandoned = False
+        self.mutex = threading.Lock()
+
+
+# Connections opening at once per node: a hung node does not collect threads.
+_CONNECTS_PER_NODE = 4
+
+
 class SyncTransport:
     """One connection pool per node, and scatter/gather over raw connections."""
 
-    def __init__(self, nodes: Iterable[str | redis.Redis], node_timeout: float) -> None:
-        overrides = pool_overrides(node_timeout, Retry(NoBackoff(), 0))
+    def __init__(self, nodes: Iterable[str | redis.Redis], connect_timeout: float) -> None:
+        # Our reads carry their own timeouts: the pools' socket timeout bounds only the
+        # connection's handshake (and a send that cannot proceed), like connecting.
+        overrides = pool_overrides(connect_timeout, Retry(NoBackoff(), 0))
         items = check_node_list(nodes, redis.Redis, "redis.Redis")
         self.pools: list[redis.ConnectionPool] = [
             build_pool(node, redis.ConnectionPool, parse_url, overrides) for node in items]
         self.addresses = node_labels(items)
-        self._parked: ParkedAcquires[Any] = ParkedAcquires(len(self.pools))
+        self.connect_timeout = connect_timeout
+        self._late: LateConnections[Any] = LateConnections(len(self.pools))
+        self._connects = [0] * len(self.pools)  # opening now, per node
+        self._mutex = threading.Lock()
+        self._drainer: threading.Thread | None = None
+        self._closed = False
         # The call sent first on every new connection, and who is told the replies
         # (node -> reply) before the request's replies are returned (set by the manager).
         self.identify: Callable[[int], Call] | None = None
         self.identified: Callable[[dict[int, object]], None] = lambda _: None
+        self.round_trips: RoundTrips | None = None  # fed with every reply's round trip
+
+    # -- a request ---------------------------------------------------------------
 
     def broadcast(self, request: Broadcast) -> list[object]:
-        """Every call's reply or exception. Calls for one node share one connection
-        and one write (a pipeline); all nodes are written to before any is read."""
-        if self._parked.any():
+        """Every call's reply or exception (NOT_AWAITED for those the request was
+        decided without). Calls for one node share one connection and one write."""
+        if self._late.any():
             self._trail_releases(request)
         deadline = time.monotonic() + request.timeout
-        replies: list[object] = [_UNREAD] * len(request.calls)
-        pending: list[_Group] = []
+        replies: list[object] = [PENDING] * len(request.calls)
         groups = _groups(request)
+        sent: list[_Group] = []
+        connecting: list[tuple[_Group, _Connect]] = []
         try:
-            # Scatter. A node with an idle open connection costs a write; a node that
-            # needs a new connection (first use, or after a timeout closed it) may take
-            # up to a node timeout to connect and handshake (a hung node accepts TCP but
-            # never answers AUTH / CLIENT SETINFO). Those connect in parallel, so k hung
-            # nodes cost one node timeout, not k.
-            slow: list[_Group] = []
-            for group in groups:
-                if self._has_idle_connection(self.pools[group.node]):
-                    self._connect_and_send(group, replies, pending)
+            for group in groups:  # scatter: nodes with an open connection at once
+                conn = self._idle_connection(group.node)
+                if conn is not None:
+                    self._send(group, conn, replies, sent)
                 else:
-                    slow.append(group)
-            if len(slow) == 1:
-                self._connect_and_send(slow[0], replies, pending)
-            elif slow:
-                self._connect_in_parallel(slow, replies, pending)
-            while pending:  # gather against one deadline
-                group = pending[0]
-                parked = self._read(group, replies, deadline)
-                pending.pop(0)
-                if not parked:
-                    self.pools[group.node].release(group.conn)
+                    attempt = self._connect(group.node)
+                    if attempt is None:
+                        self._fill(group, replies, redis.TimeoutError(
+                            f"no connection: {_CONNECTS_PER_NODE} still opening"))
+                    else:
+                        connecting.append((group, attempt))
+            self._gather(request, replies, sent, connecting, deadline)
         finally:
-            for group in pending:  # interrupted: these replies will never be read
-                if not self._park(group):
-                    self._discard(group.node, group.conn)
-        identities = {g.node: g.identity for g in groups if g.identity is not _UNREAD}
-        if identities:
-            self.identified(identities)
+            decided = request.enough is not None and request.enough(replies)
+            for group, attempt in connecting:  # still connecting: it joins the pool later
+                self._abandon(attempt)
+                self._fill(group, replies, redis.TimeoutError(
+                    f"still connecting (connect_timeout {self.connect_timeout:g} s)"))
+            for group in sent:
+                if not group.done:  # decided without it, timed out or interrupted
+                    unread = (sum(1 for i in group.indexes if replies[i] is PENDING)
+                              + (group.probed and group.identity is PENDING)
+                              - (len(group.unknown) if not group.resent else 0))
+                    self._fill(group, replies, NOT_AWAITED if decided else
+                               redis.TimeoutError("Timeout reading from socket"))
+                    self._keep_late(group, unread)
         return replies
 
-    def _park(self, group: _Group) -> bool:
-        """Keep the connection of an unanswered acquire; False if it is not one."""
-        if not group.one_acquire or getattr(group.conn, "_sock", None) is None:
-            return False
-        evicted = self._parked.park(group.calls[0], group.conn)
-        if evicted is not None:
-            self._discard(group.node, evicted)
-        return True
+    def _gather(self, request: Broadcast, replies: list[object], sent: list[_Group],
+                connecting: list[tuple[_Group, _Connect]], deadline: float) -> None:
+        started, decided = time.monotonic(), False
+        while True:
+            if not decided and request.enough is not None and request.enough(replies):
+                # Decided: the stragglers get as long again as the decision took (all of
+                # a healthy cluster's replies come in together), then no longer.
+                decided = True
+                now = time.monotonic()
+                deadline = min(deadline, now + (now - started))
+            for item in [c for c in connecting if c[1].ready.is_set()]:
+                connecting.remove(item)
+                group, attempt = item
+                conn = attempt.conn
+                if conn is None:
+                    self._fill(group, replies, attempt.error or redis.ConnectionError(
+                        "connection failed"))
+                else:
+                    self._send(group, conn, replies, sent)
+            waiting = [g for g in sent if not g.done]
+            if not waiting and not connecting:
+                return
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            ready = [g for g in waiting if g.conn.can_read(timeout=0)]
+            if not ready and waiting:
+                # Wake for a reply, or every few ms while a connection is still opening.
+                wait = min(left, 0.002) if connecting else left
+                readable, _, _ = select.select([g.conn._sock for g in waiting], [], [], wait)
+                ready = [g for g in waiting if g.conn._sock in readable]
+            elif not waiting:
+                connecting[0][1].ready.wait(min(left, 0.002))
+            for group in ready:
+                self._read(group, replies, deadline)
 
-    def _trail_releases(self, request: Broadcast) -> None:
-        """Write each release behind the unanswered acquires of the same owner, then
-        close those connections (the FIN follows the release; the node runs both)."""
-        for call in request.calls:
-            for conn in self._parked.take_for(call):
-                with contextlib.suppress(Exception):  # the normal release still runs
-                    conn.send_command(*render(call, evalsha=False), check_health=False)
-                self._discard(call.node, conn)
+    def _send(self, group: _Group, conn: Any, replies: list[object],
+              sent: list[_Group]) -> None:
+        group.conn = conn
+        try:
+            # A new connection: identify the server first, and send script bodies (the
+            # server may be new, or restarted: EVALSHA would cost a NOSCRIPT round trip).
+            new = _is_new(conn)
+            commands = [render(call, evalsha=not new) for call in group.calls]
+            if new and self.identify is not None:
+                group.probed = True
+                commands.insert(0, render(self.identify(group.node), evalsha=False))
+            conn.send_packed_command(conn.pack_commands(commands), check_health=False)
+            group.sent_at = time.monotonic()
+            sent.append(group)
+        except Exception as exc:
+            self._fill(group, replies, exc)
+            group.done = True
+            self._discard(group.node, conn)
 
-    def _discard(self, node: int, conn: Any) -> None:
-        with contextlib.suppress(Exception):
-            conn.disconnect()
-        with contextlib.suppress(Exception):
-            self.pools[node].release(conn)
+    def _read(self, group: _Group, replies: list[object], deadline: float) -> None:
+        """Read the group's replies (they are arriving): done, failed (and closed), or
+        not complete at the deadline (the rest is read later, or in the background)."""
+        conn = group.conn
+        try:
+            if group.probed and group.identity is PENDING:
+                group.identity = self._read_one(conn, deadline)
+                conn._redlock_identified = conn._sock  # this connection is known now
+                # Told at once: this request's own early decision must not count a
+                # restarted node's grant.
+                self.identified({group.node: group.identity})
+            for index in group.indexes:
+                if replies[index] is not PENDING or index in group.unknown:
+                    continue  # read already, before a timeout
+                reply = self._read_one(conn, deadline)
+                if self.round_trips is not None and not group.sampled:
+                    group.sampled = True
+                    self.round_trips.sample(group.node, time.monotonic() - group.sent_at)
+                if isinstance(reply, NoScriptError):  # SCRIPT FLUSH since: send the body
+                    group.unknown.append(index)
+                else:
+                    replies[index] = reply
+            if group.unknown and not group.resent:
+                group.resent = True
+                by_index = dict(zip(group.indexes, group.calls, strict=True))
+                conn.send_packed_command(conn.pack_commands(
+                    [render(by_index[i], evalsha=False) for i in group.unknown]),
+                    check_health=False)
+            while group.unknown:
+                replies[group.unknown[0]] = self._read_one(conn, deadline)
+                group.unknown.pop(0)
+        except redis.TimeoutError:
+            return  # not done: kept (late) if the request ends without it
+        except Exception as exc:
+            self._fill(group, replies, exc)
+            group.done = True
+            self._discard(group.node, conn)
+            return
+        group.done = True
+        self.pools[group.node].release(conn)
 
     @staticmethod
-    def _has_idle_connection(pool: redis.ConnectionPool) -> bool:
-        """True when the pool can hand out an already open connection (no connect)."""
+    def _read_one(conn: Any, deadline: float) -> object:
+        """One reply; an error reply is returned, not raised (it is that call's result)."""
+        try:
+            return conn.read_response(timeout=max(deadline - time.monotonic(), 0.0005),
+                                      disconnect_on_error=False)
+        except redis.ResponseError as exc:
+            return exc
+
+    @staticmethod
+    def _fill(group: _Group, replies: list[object], exc: BaseException) -> None:
+        for index in group.indexes:
+            if replies[index] is PENDING:
+                replies[index] = exc
+
+    # -- connections ---------------------------------------------------------------
+
+    @staticmethod
+    def _has_idle(pool: redis.ConnectionPool) -> bool:
         idle = getattr(pool, "_available_connections", None)
         try:
             newest = idle[-1] if idle else None  # the one get_connection() pops next
@@ -151,100 +272,130 @@ class SyncTransport:
             return False
         return getattr(newest, "_sock", None) is not None
 
-    def _connect_and_send(self, group: _Group, replies: list[object],
-                          pending: list[_Group]) -> None:
-        pool = self.pools[group.node]
+    def _idle_connection(self, node: int) -> Any:
+        """An open connection from the pool, without connecting (None if there is none)."""
+        pool = self.pools[node]
+        if not self._has_idle(pool):
+            return None
         try:
-            group.conn = pool.get_connection()
-            commands = [render(call, evalsha=True) for call in group.calls]
-            if self.identify is not None and _is_new(group.conn):
-                group.probed = True
-                commands.insert(0, render(self.identify(group.node), evalsha=False))
-            group.conn.send_packed_command(group.conn.pack_commands(commands),
-                                           check_health=False)
-            pending.append(group)
-        except Exception as exc:
-            for index in group.indexes:
-                replies[index] = exc
-            if group.conn is not None:
-                self._discard(group.node, group.conn)
+            return pool.get_connection()  # may still reconnect if it raced: rare, bounded
+        except Exception:
+            return None
 
-    def _connect_in_parallel(self, groups: list[_Group], replies: list[object],
-                             pending: list[_Group]) -> None:
-        """One short-lived thread per new connection; each is bounded by the socket
-        timeouts. If the caller is interrupted meanwhile, late connections are closed
-        by their own thread instead of leaking."""
-        mutex = threading.Lock()
-        abandoned = False
+    def _connect(self, node: int) -> _Connect | None:
+        """A connection to ``node`` opening in the background for one request (None when
+        too many are opening already: the node is slow to accept or to handshake)."""
+        with self._mutex:
+            if self._connects[node] >= _CONNECTS_PER_NODE:
+                return None
+            self._connects[node] += 1
+        attempt = _Connect(node)
 
-        def work(group: _Group) -> None:
-            mine: list[_Group] = []
-            self._connect_and_send(group, replies, mine)
-            with mutex:
-                if not abandoned:
-                    pending.extend(mine)
-                    return
-            for late in mine:
-                self._discard(late.node, late.conn)
-
-        threads = [threading.Thread(target=work, args=(group,), name="redlock-connect",
-                                    daemon=True) for group in groups]
-        try:
-            for thread in threads:
-                thread.start()
-            for thread in threads:
-                thread.join()
-        finally:
-            with mutex:
-                abandoned = True
-
-    def _read(self, group: _Group, replies: list[object], deadline: float) -> bool:
-        """Read the group's replies in order; True if its connection was parked."""
-        conn = group.conn
-        try:
-            if group.probed:
-                try:
-                    group.identity = conn.read_response(
-                        timeout=max(deadline - time.monotonic(), 0.0005),
-                        disconnect_on_error=False)
-                except redis.ResponseError as exc:  # e.g. NOPERM: the calls say more
-                    group.identity = exc
-                conn._redlock_identified = conn._sock  # this connection is known now
-            unknown = self._read_replies(conn, group.indexes, replies, deadline)
-            if unknown:  # first use of a script on this node (or SCRIPT FLUSH): send bodies
-                by_index = dict(zip(group.indexes, group.calls, strict=True))
-                conn.send_packed_command(conn.pack_commands(
-                    [render(by_index[i], evalsha=False) for i in unknown]), check_health=False)
-                self._read_replies(conn, unknown, replies, deadline)
-        except Exception as exc:
-            # A timeout or a broken connection: this and every later reply are lost.
-            for index in group.indexes:
-                if replies[index] is _UNREAD:
-                    replies[index] = exc
-            if isinstance(exc, redis.TimeoutError) and self._park(group):
-                return True
-            conn.disconnect()  # a late reply must never be read as the next command's
-        return False
-
-    @staticmethod
-    def _read_replies(conn: Any, indexes: list[int], replies: list[object],
-                      deadline: float) -> list[int]:
-        """Read one reply per index (an error reply is that call's result); returns the
-        indexes answered NOSCRIPT. Timeouts and connection errors propagate."""
-        unknown = []
-        for index in indexes:
+        def run() -> None:
             try:
-                replies[index] = conn.read_response(
-                    timeout=max(deadline - time.monotonic(), 0.0005), disconnect_on_error=False)
-            except NoScriptError:
-                unknown.append(index)
-                replies[index] = _UNREAD
-            except redis.ResponseError as exc:
-                replies[index] = exc
-        return unknown
+                attempt.conn = self.pools[node].get_connection()
+            except Exception as exc:
+                attempt.error = exc
+            finally:
+                with self._mutex:
+                    self._connects[node] -= 1
+            with attempt.mutex:
+                attempt.ready.set()
+                abandoned = attempt.abandoned
+            if abandoned and attempt.conn is not None:
+                self.pools[node].release(attempt.conn)  # warm, for the next request
+
+        threading.Thread(target=run, name="redlock-connect", daemon=True).start()
+        return attempt
+
+    def _abandon(self, attempt: _Connect) -> None:
+        """The request gives up on the connection: to the pool now, or when ready."""
+        with attempt.mutex:
+            attempt.abandoned = True
+            ready = attempt.ready.is_set()
+        if ready and attempt.conn is not None:
+            self.pools[attempt.node].release(attempt.conn)
+
+    def _discard(self, node: int, conn: Any) -> None:
+        with contextlib.suppress(Exception):
+            conn.disconnect()
+        with contextlib.suppress(Exception):
+            self.pools[node].release(conn)
+
+    # -- late connections (see redlock._transport) ---------------------------------
+
+    def _keep_late(self, group: _Group, unread: int) -> None:
+        conn = group.conn
+        if getattr(conn, "_sock", None) is None:
+            self._discard(group.node, conn)
+            return
+        evicted = self._late.add(Late(conn, group.node, group.calls, unread,
+                                      time.monotonic() + self.connect_timeout))
+        if evicted is not None:
+            self._discard(evicted.node, evicted.conn)
+        with self._mutex:
+            if self._drainer is None or not self._drainer.is_alive():
+                self._drainer = threading.Thread(target=self._drain, name="redlock-drain",
+                                                 daemon=True)
+                self._drainer.start()
+
+    def _trail_releases(self, request: Broadcast) -> None:
+        """Write each release behind the unanswered acquires of the same owner."""
+        for call in request.calls:
+            for late in self._late.behind(call):
+                with late.mutex, contextlib.suppress(Exception):  # the normal release too
+                    if late.closed:
+                        continue
+                    late.conn.send_command(*render(call, evalsha=False), check_health=False)
+                    late.outstanding += 1
+
+    def _drain(self) -> None:
+        """Read late replies as they arrive; a drained connection goes back to the pool,
+        one past its deadline (the node is hung) is closed. Ends when none is left."""
+        while not self._closed:
+            entries = self._late.entries()
+            if not entries:
+                with self._mutex:
+                    if not self._late.any():
+                        self._drainer = None
+                        return
+                continue
+            now = time.monotonic()
+            for late in [e for e in entries if e.deadline <= now or e.conn._sock is None]:
+                with late.mutex:
+                    late.closed = True
+                self._late.remove(late)  # past its deadline (a hung node), or broken
+                self._discard(late.node, late.conn)
+            live = [e for e in entries if e.deadline > now and e.conn._sock is not None]
+            if not live:
+                continue
+            with contextlib.suppress(Exception):
+                readable, _, _ = select.select([e.conn._sock for e in live], [], [], 0.05)
+                for late in (e for e in live if e.conn._sock in readable):
+                    self._drain_one(late)
+
+    def _drain_one(self, late: Late[Any]) -> None:
+        with late.mutex:
+            try:
+                while late.outstanding and late.conn.can_read(timeout=0):
+                    late.conn.read_response(timeout=0.05, disconnect_on_error=False)
+                    late.outstanding -= 1
+            except redis.ResponseError:
+                late.outstanding -= 1
+            except Exception:
+                late.outstanding = -1  # broken: close it
+            if late.outstanding > 0:
+                return
+            late.closed = True
+        self._late.remove(late)
+        if late.outstanding == 0:
+            self.pools[late.node].release(late.conn)
+        else:
+            self._discard(late.node, late.conn)
 
     def close(self) -> None:
-        for node, conn in self._parked.drain():
-            self._discard(node, conn)
+        self._closed = True
+        for late in self._late.drain():
+            self._discard(late.node, late.conn)
         for pool in self.pools:
             pool.disconnect()

@@ -1,94 +1,123 @@
-"""What the sync and asyncio transports share: rendering calls as commands, and the
-bookkeeping of connections parked behind an unanswered acquire (docs/design.md §5).
+"""What the sync and asyncio transports share (docs/design.md §2.4, §5.5).
 
-An acquire script that got no reply in time (a timeout, or the caller was
-interrupted) may still run on its node later: a hung node works through its socket
-when it comes back, and a lost reply means it already did. Its connection is
-therefore kept, not closed, so that the release for the same owner can be written
-*behind* it on the same socket: the node then runs our release after our acquire,
-in order, whenever it gets to them. A release on a new connection would wait for a
-handshake that a hung node never answers.
+* Rendering calls as commands: EVALSHA, or EVAL with the body on a connection the
+  server has not seen scripts on yet (a new connection, maybe to a restarted server:
+  loading the script costs no extra round trip) and after NOSCRIPT.
+* Early decisions: a request may carry ``enough(replies)``; the transport stops waiting
+  as soon as it is true (a quorum granted, or can no longer grant) and returns the
+  replies it has, :data:`NOT_AWAITED` standing for the others.
+* Late connections: a connection whose replies were not all read (the request was
+  decided without them, timed out, or was interrupted) is not closed. Its replies are
+  read in the background, off the hot path, and it goes back to the pool: a reply that
+  is merely late does not cost a healthy connection. An acquire among them may still
+  run on its node (a hung node works through its socket when it comes back): the
+  release for the same owner is written *behind* it on the same socket, so the node
+  runs our release after our acquire, in order; a release on a new connection would
+  wait for a handshake that a hung node never answers.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from redlock import _scripts as scripts
-from redlock._protocol import Call
+from redlock._protocol import NOT_AWAITED, PENDING, Call, NotAwaited
+
+__all__ = ["NOT_AWAITED", "PENDING", "Late", "LateConnections", "NotAwaited", "render"]
 
 Conn = TypeVar("Conn")
 
-# Unanswered acquires kept per node; beyond this the oldest connection is closed.
-PARKED_PER_NODE = 16
+# Late connections kept per node; beyond this the oldest is closed.
+LATE_PER_NODE = 16
 
 
 def render(call: Call, *, evalsha: bool) -> tuple[Any, ...]:
-    """The command for a call: EVALSHA first, EVAL with the body after NOSCRIPT."""
+    """The command for a call: EVALSHA, or EVAL with the script's body."""
     if call.script is None:
         return call.args
     head = ("EVALSHA", call.script.sha) if evalsha else ("EVAL", call.script.source)
     return (*head, len(call.keys), *call.keys, *call.args)
 
 
-@dataclass(frozen=True)
-class _Parked(Generic[Conn]):
-    conn: Conn
-    lock_key: str
-    owner: object
+class Late(Generic[Conn]):
+    """A connection with ``outstanding`` replies nobody waits for any more."""
+
+    __slots__ = ("acquires", "closed", "conn", "deadline", "mutex", "node", "outstanding")
+
+    def __init__(self, conn: Conn, node: int, calls: Sequence[Call], outstanding: int,
+                 deadline: float) -> None:
+        self.conn = conn
+        self.node = node
+        self.outstanding = outstanding
+        self.deadline = deadline  # give up (close it) after this
+        # The (lock key, owner) of acquires among its unread calls: releases go behind.
+        self.acquires = {key for call in calls for key in acquire_keys(call)}
+        self.closed = False  # drained and given back: nothing more may be written behind
+        self.mutex = threading.Lock()  # one reader or writer at a time
 
 
-class ParkedAcquires(Generic[Conn]):
-    """Per node, the connections whose acquire got no reply (thread-safe)."""
+def acquire_keys(call: Call) -> list[tuple[object, object]]:
+    """What a release must match to go behind an acquire: (lock key, owner) pairs."""
+    if call.script is scripts.ACQUIRE:
+        return [(call.keys[0], call.args[0])]
+    if call.script is scripts.ACQUIRE_MANY:  # KEYS: the marker, k lock keys, k fence keys
+        k = (len(call.keys) - 1) // 2
+        return [(key, call.args[0]) for key in call.keys[1:1 + k]]
+    return []
+
+
+def release_key(call: Call) -> tuple[object, object] | None:
+    return (call.keys[0], call.args[0]) if call.script is scripts.RELEASE else None
+
+
+class LateConnections(Generic[Conn]):
+    """Per node, the late connections (thread-safe)."""
 
     def __init__(self, node_count: int) -> None:
-        self._parked: list[list[_Parked[Conn]]] = [[] for _ in range(node_count)]
+        self._late: list[list[Late[Conn]]] = [[] for _ in range(node_count)]
         self._mutex = threading.Lock()
 
-    @staticmethod
-    def wants(call: Call) -> bool:
-        """Only acquires are parked: other calls leave no key behind."""
-        return call.script is scripts.ACQUIRE
-
-    @staticmethod
-    def wants_trail(call: Call) -> bool:
-        """Releases are what is written behind a parked acquire."""
-        return call.script is scripts.RELEASE
-
-    def park(self, call: Call, conn: Conn) -> Conn | None:
-        """Keep ``conn`` for ``call``'s owner; returns an evicted connection to close."""
+    def add(self, late: Late[Conn]) -> Late[Conn] | None:
+        """Keep a late connection; returns an evicted one for the caller to close."""
         with self._mutex:
-            parked = self._parked[call.node]
-            parked.append(_Parked(conn, call.keys[0], call.args[0]))
-            if len(parked) > PARKED_PER_NODE:
-                return parked.pop(0).conn
-        return None
+            entries = self._late[late.node]
+            entries.append(late)
+            return entries.pop(0) if len(entries) > LATE_PER_NODE else None
+
+    def remove(self, late: Late[Conn]) -> None:
+        with self._mutex:
+            entries = self._late[late.node]
+            if late in entries:
+                entries.remove(late)
+
+    def count(self, node: int) -> int:
+        return len(self._late[node])
 
     def any(self) -> bool:
-        return any(self._parked)
+        return any(self._late)
 
-    def take_for(self, release: Call) -> list[Conn]:
-        """The parked connections of the release's owner on its node (removed)."""
-        if not self.wants_trail(release):
+    def entries(self) -> list[Late[Conn]]:
+        with self._mutex:
+            return [late for entries in self._late for late in entries]
+
+    def behind(self, release: Call) -> list[Late[Conn]]:
+        """The late connections on the release's node carrying an acquire of its owner:
+        the release is written behind each (and their acquire is forgotten)."""
+        key = release_key(release)
+        if key is None:
             return []
-        key = (release.keys[0], release.args[0])
         with self._mutex:
-            parked = self._parked[release.node]
-            if not parked:
-                return []
-            mine = [p for p in parked if (p.lock_key, p.owner) == key]
-            if mine:
-                self._parked[release.node] = [p for p in parked if p not in mine]
-        return [p.conn for p in mine]
+            mine = [late for late in self._late[release.node] if key in late.acquires]
+        for late in mine:
+            late.acquires.discard(key)
+        return mine
 
-    def drain(self) -> Sequence[tuple[int, Conn]]:
-        """Every parked connection (removed), for closing."""
+    def drain(self) -> list[Late[Conn]]:
+        """Every entry (removed), for closing."""
         with self._mutex:
-            drained = [(node, p.conn) for node, items in enumerate(self._parked)
-                       for p in items]
-            for items in self._parked:
-                items.clear()
-        return drained
+            entries = [late for node in self._late for late in node]
+            for node in self._late:
+                node.clear()
+        return entries

@@ -120,8 +120,8 @@ class AsyncRedlock(ManagerBase[AsyncLock, AsyncMultiLock]):
 
     # -- the shell: transport, driver, waiting -------------------------------------
 
-    def _open_transport(self, nodes: Iterable[Any], node_timeout: float) -> AsyncTransport:
-        return AsyncTransport(nodes, node_timeout)
+    def _open_transport(self, nodes: Iterable[Any], connect_timeout: float) -> AsyncTransport:
+        return AsyncTransport(nodes, connect_timeout)
 
     def _new_event(self) -> asyncio.Event:
         return asyncio.Event()

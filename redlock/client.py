@@ -156,8 +156,8 @@ class Redlock(ManagerBase[Lock, MultiLock]):
 
     # -- the shell: transport, driver, waiting -------------------------------------
 
-    def _open_transport(self, nodes: Iterable[Any], node_timeout: float) -> SyncTransport:
-        return SyncTransport(nodes, node_timeout)
+    def _open_transport(self, nodes: Iterable[Any], connect_timeout: float) -> SyncTransport:
+        return SyncTransport(nodes, connect_timeout)
 
     def _new_event(self) -> threading.Event:
         return threading.Event()

@@ -35,6 +35,7 @@ class Outcome(enum.Enum):
     REFUSED = "refused"  # the key is held by another owner (or ours is gone)
     ERROR = "error"  # connection refused, timeout, auth failure, script error...
     AMNESIAC = "amnesiac"  # the node lost its marker: it may have forgotten locks
+    NOT_AWAITED = "not awaited"  # decided without this node's reply (read in the background)
 
 
 @dataclass(frozen=True)

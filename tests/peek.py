@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import itertools
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -131,3 +132,27 @@ def node_address(node: RedisNode) -> str:
 
 def strictly_increasing(values: Sequence[int]) -> bool:
     return all(a < b for a, b in itertools.pairwise(values))
+
+
+BUSY_SCRIPT = """
+local start = redis.call('TIME')
+while true do
+    local now = redis.call('TIME')
+    if (now[1] - start[1]) * 1000000 + (now[2] - start[2]) >= tonumber(ARGV[1]) then
+        return 1
+    end
+end
+"""
+
+
+def keep_busy(nodes: Sequence[RedisNode], seconds: float) -> list[threading.Thread]:
+    """Each node runs a script for ``seconds``: a slow node, which still reads its socket
+    afterwards (unlike CLIENT PAUSE, which drops a blocked client's command on close)."""
+    def run(node: RedisNode) -> None:
+        with node.client(socket_timeout=30) as client:
+            client.eval(BUSY_SCRIPT, 0, int(seconds * 1_000_000))
+
+    threads = [threading.Thread(target=run, args=(node,), daemon=True) for node in nodes]
+    for thread in threads:
+        thread.start()
+    return threads
