@@ -51,13 +51,15 @@ class NodeHealth:
     def __init__(self) -> None:
         self.marker_seen = False  # this manager has seen an initialised cluster
         self.inspected = False  # node configurations were read once (see unsafe_config)
-        self.suspect: dict[int, bytes] = {}  # restarted: the marker value to judge
+        # Restarted: the marker value to judge, and the run id of the server judged.
+        self.suspect: dict[int, tuple[bytes, str]] = {}
+        self.unidentifiable: set[int] = set()  # may not run INFO: restarts go unseen
         self.unmarked: dict[int, float | None] = {}  # lost data: when it may rejoin
         self.last_try: dict[int, float] = {}  # last repair attempt (rate limit)
         self._mutex = threading.Lock()
 
     def identified(self, node: int, run_id: str, marker: bytes | None) -> bool:
-        """Record what a new connection found; True if the node needs maintenance."""
+        """Record what a new connection found; True if the node became a suspect."""
         with self._mutex:
             if marker is None:
                 # No marker: the acquire script refuses there by itself, and the acquire
@@ -69,8 +71,9 @@ class NodeHealth:
                 self.suspect.pop(node, None)
                 self.unmarked.pop(node, None)
                 return False
-            self.suspect[node] = marker
-            return True
+            known = node in self.suspect
+            self.suspect[node] = (marker, run_id)
+            return not known
 
     def benched(self) -> set[int]:
         with self._mutex:
@@ -84,6 +87,12 @@ class NodeHealth:
     def healthy(self, node: int) -> None:
         with self._mutex:
             self.suspect.pop(node, None)
+            self.unmarked.pop(node, None)
+
+    def marked(self, node: int) -> None:
+        """The node has its marker again (whether its server may be trusted is the
+        suspects' business)."""
+        with self._mutex:
             self.unmarked.pop(node, None)
 
     def lost_data(self, node: int) -> bool:
@@ -135,6 +144,12 @@ class AmnesiaGuard:
             found = identity(reply)
             if found is not None:
                 run_id, marker = found
+                if run_id == "unknown" and node not in self.health.unidentifiable:
+                    self.health.unidentifiable.add(node)
+                    logger.warning("redlock.node_unidentifiable", node=self.addresses[node],
+                                   problem="the lock user may not run INFO (ACL"
+                                   " -@dangerous): restarts and rollbacks of this node"
+                                   " cannot be detected; allow +info")
                 if self.health.identified(node, run_id, marker):
                     logger.info("redlock.node_restarted", node=self.addresses[node],
                                 run_id=run_id, stamped=stamped_run(marker) or "")
@@ -187,8 +202,13 @@ class AmnesiaGuard:
         missing = [i for i in amnesiac if i not in self.health.suspect]
         if len(missing) == self.n and not self.health.marker_seen:
             # Every node answered and none has a marker: a new cluster. Initialise it.
-            yield self._init_markers(range(self.n))
-            logger.info("redlock.cluster_initialised", nodes=self.n)
+            written = yield self._init_markers(range(self.n))
+            if all(reply == 0 for reply in written):
+                # None would take one: each holds an amnesia episode. Not a new cluster:
+                # a cluster whose every node lost its data (another client saw it).
+                raise self._majority_lost(self.n, outcomes)
+            logger.info("redlock.cluster_initialised", nodes=self.n,
+                        marked=sum(1 for reply in written if reply == 1))
             return AttemptResult(None, tuple(outcomes), retry_now=True,
                                  reason="cluster initialised")
         if not with_marker and not self.health.marker_seen:
@@ -212,19 +232,23 @@ class AmnesiaGuard:
                 return AttemptResult(None, tuple(outcomes), retry_now=True,
                                      reason="cluster initialisation in progress")
         if len(missing) >= self.quorum:
-            raise ClusterAmnesiaError(
-                f"{len(missing)} of {self.n} nodes have no node marker (they lost their data:"
-                " restart without persistence, FLUSHALL, failover to an empty replica; or"
-                " a new cluster's initialisation was interrupted): fence tokens could go"
-                " backwards, so redlock refuses. Restore the nodes' data if you can; else,"
-                " once every lock held before has expired (max_ttl), run `redlock"
-                " initialise --force` (Redlock.initialise(force=True)). An interrupted"
-                " initialisation needs only `redlock initialise`.", outcomes=outcomes)
+            raise self._majority_lost(len(missing), outcomes)
         for i in missing:
             if self.health.lost_data(i):
                 logger.warning("redlock.node_amnesiac", node=self.addresses[i],
                                rejoins_after_s=self.settings.max_ttl)
         return None
+
+    def _majority_lost(self, missing: int, outcomes: Sequence[NodeResult]) -> ClusterAmnesiaError:
+        return ClusterAmnesiaError(
+            f"{missing} of {self.n} nodes have no node marker (they lost their data: restart"
+            " without persistence, FLUSHALL, failover to an empty replica; or a new"
+            " cluster's initialisation was interrupted): fence tokens could go backwards,"
+            " so redlock refuses. Restore the nodes' data if you can; else, once every lock"
+            " held before has expired (max_ttl), run `redlock initialise --force`"
+            " (Redlock.initialise(force=True)). An interrupted initialisation, where fewer"
+            " than a quorum of nodes ever had a marker, needs only `redlock initialise`.",
+            outcomes=outcomes)
 
     def _init_markers(self, nodes: Sequence[int] | range) -> Broadcast:
         text = f"initialised at={time.time():.3f} by={secrets.token_hex(8)}"
@@ -263,7 +287,7 @@ class AmnesiaGuard:
                     waits.append(ready - now)
             yield Sleep(max(0.01, min(waits)), until=stop)
 
-    def judge(self, suspects: dict[int, bytes]) -> Protocol[None]:
+    def judge(self, suspects: dict[int, tuple[bytes, str]]) -> Protocol[None]:
         """A restarted node: re-stamp it if nothing it acknowledged can have been lost,
         else turn the restart into an amnesia episode."""
         timeout = self.settings.repair_timeout
@@ -275,9 +299,10 @@ class AmnesiaGuard:
         for k, node in enumerate(nodes):
             appendonly, appendfsync, replication = replies[3 * k:3 * k + 3]
             why = _not_durable(appendonly, appendfsync, replication)
+            marker, run_id = suspects[node]
             if why is None and not isinstance(replication, BaseException):
                 done = yield from ask_one(Call(
-                    node, (suspects[node], f"restamped at={time.time():.3f}"),
+                    node, (marker, f"restamped at={time.time():.3f}", run_id),
                     scripts.RESTAMP, (self.keys.marker,)), timeout)
                 if done == 1:
                     self.health.healthy(node)
@@ -285,7 +310,7 @@ class AmnesiaGuard:
                     continue
             elif why is not None:
                 done = yield from ask_one(Call(
-                    node, (suspects[node], why), scripts.DEMOTE,
+                    node, (marker, why), scripts.DEMOTE,
                     (self.keys.marker, self.keys.episode)), timeout)
                 if done == 1:
                     self.health.lost_data(node)
@@ -311,7 +336,7 @@ class AmnesiaGuard:
             if not isinstance(reply, list | tuple) or not reply:
                 continue  # unreachable: try again later
             if int(reply[0]) == 0:
-                self.health.healthy(node)  # repaired meanwhile (by another client)
+                self.health.marked(node)  # repaired meanwhile (by another client)
                 continue
             age = (int(reply[2]) - int(reply[1])) / 1000.0
             self.health.rejoins_at(node, now + max(0.0, self.settings.max_ttl - age))

@@ -172,10 +172,12 @@ def repair(guard: AmnesiaGuard, *, force: bool) -> Protocol[list[RepairReport]]:
         return [reports[i] for i in range(guard.n)]
     if guard.health.suspect:
         yield from guard.judge(dict(guard.health.suspect))
-    unmarked = [i for i in range(guard.n) if i not in reports and i not in marked]
-    for i in unmarked:
-        guard.health.lost_data(i)
-    yield from guard.open_episodes(unmarked)
+    for i in range(guard.n):
+        if i not in reports and i not in marked:
+            guard.health.lost_data(i)
+    # Nodes without a marker, and those judge() just demoted: their episodes.
+    yield from guard.open_episodes([i for i, due in list(guard.health.unmarked.items())
+                                    if due is None and i not in reports])
     now = guard.clock()
     for i in sorted(guard.health.benched() - set(reports)):
         wait = guard.health.rejoins_in(i, now)
@@ -193,6 +195,25 @@ def repair(guard: AmnesiaGuard, *, force: bool) -> Protocol[list[RepairReport]]:
     for i in range(guard.n):
         reports.setdefault(i, RepairReport(guard.addresses[i], "healthy"))
     return [reports[i] for i in range(guard.n)]
+
+
+def _is_blank(guard: AmnesiaGuard, node: int) -> Protocol[bool]:
+    """No amnesia episode and no key of the namespace (the whole keyspace scanned)."""
+    timeout = guard.settings.repair_timeout
+    episode = yield from ask_one(Call(node, ("EXISTS", guard.keys.episode)), timeout)
+    if episode != 0:
+        return False
+    cursor: CommandArg = 0
+    for _ in range(1_000_000):  # bounded: SCAN terminates, this only guards a bug
+        page = yield from ask_one(Call(node, ("SCAN", cursor, "MATCH",
+                                              f"{guard.keys.namespace}:*", "COUNT", 1000)),
+                                  timeout)
+        if not isinstance(page, list | tuple) or len(page) != 2 or page[1]:
+            return False  # unreadable, or a key of ours
+        cursor = page[0]
+        if int(cursor) == 0:
+            return True
+    return False
 
 
 def initialise(guard: AmnesiaGuard, *, force: bool) -> Protocol[list[RepairReport]]:
@@ -214,19 +235,23 @@ def initialise(guard: AmnesiaGuard, *, force: bool) -> Protocol[list[RepairRepor
     unmarked = [i for i in range(guard.n) if i not in marked]
     reports = {i: RepairReport(guard.addresses[i], "healthy") for i in marked}
     if unmarked and not force:
-        # Nodes that never held anything: no episode, no fence counter, no lock key.
-        blank = yield Broadcast(tuple(call for i in unmarked for call in (
-            Call(i, ("EXISTS", guard.keys.episode)),
-            Call(i, ("SCAN", 0, "MATCH", f"{guard.keys.namespace}:*", "COUNT", 1000))))
-            , timeout)
-        for k, i in enumerate(unmarked):
-            episode, page = blank[2 * k], blank[2 * k + 1]
-            scanned = page if isinstance(page, list | tuple) and len(page) == 2 else None
-            if episode != 0 or scanned is None or scanned[1] or text(scanned[0]) != "0":
+        if len(marked) >= guard.quorum:
+            # A quorum has markers: locks may have been granted, and a node without one
+            # lost its data. It rejoins through repair, after max_ttl.
+            for i in unmarked:
                 reports[i] = RepairReport(
-                    guard.addresses[i], "failed", "it lost data (it holds keys or an amnesia"
-                    " episode): initialise(force=True) once every lock held before has"
-                    " expired (max_ttl), or let repair() bring it back")
+                    guard.addresses[i], "failed", "a quorum of nodes has markers: this node"
+                    " lost its data; repair() brings it back one max_ttl after the loss"
+                    " (or initialise(force=True) once every lock held before has expired)")
+        else:
+            # Nodes that never held anything: no episode, no key of the namespace.
+            for i in unmarked:
+                blank = yield from _is_blank(guard, i)
+                if not blank:
+                    reports[i] = RepairReport(
+                        guard.addresses[i], "failed", "it lost data (it holds keys or an"
+                        " amnesia episode): initialise(force=True) once every lock held"
+                        " before has expired (max_ttl)")
     for i in unmarked:
         if i in reports:
             continue

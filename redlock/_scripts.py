@@ -202,14 +202,15 @@ FINISH_REPAIR = Script(
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
     return 0
 end
-local run_id = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)')
+local info = redis.pcall('INFO', 'server')
+local run_id = type(info) == 'string' and string.match(info, 'run_id:(%x+)') or 'unknown'
 local delay = tonumber(ARGV[3])
 if delay > 0 then
     local episode = redis.call('GET', KEYS[3])
     if not episode then
         return -1
     end
-    local since, rid = string.match(episode, '^(%d+) (%x+)')
+    local since, rid = string.match(episode, '^(%d+) (%S+)')
     local t = redis.call('TIME')
     local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
     if rid ~= run_id or now - tonumber(since) < delay then
@@ -230,15 +231,18 @@ return 1
 # connection) and either re-stamps it (durable persistence, same server) or turns the
 # restart into an amnesia episode (DEMOTE). An episode key records, by the node's own
 # clock and with its run id, when this node was first seen without its marker: every
-# client measures the rejoin delay from it, and a new data loss restarts it.
+# client measures the rejoin delay from it, and a new data loss restarts it. The run id
+# comes from INFO; a user who may not run it (ACL -@dangerous) gets 'unknown' there,
+# which turns restart detection off for that node (the manager warns).
 
 IDENTIFY = Script(
     "identify",
     """
 -- KEYS[1] node marker key
 -- returns {run_id, marker value or nil}: the running server, and what stamped the marker
-return {string.match(redis.call('INFO', 'server'), 'run_id:(%x+)'),
-        redis.call('GET', KEYS[1])}
+local info = redis.pcall('INFO', 'server')
+local run_id = type(info) == 'string' and string.match(info, 'run_id:(%x+)') or 'unknown'
+return {run_id, redis.call('GET', KEYS[1])}
 """,
 )
 
@@ -252,7 +256,8 @@ INIT_MARKER = Script(
 if redis.call('EXISTS', KEYS[1]) == 1 or redis.call('EXISTS', KEYS[2]) == 1 then
     return 0
 end
-local run_id = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)')
+local info = redis.pcall('INFO', 'server')
+local run_id = type(info) == 'string' and string.match(info, 'run_id:(%x+)') or 'unknown'
 redis.call('SET', KEYS[1], 'run_id=' .. run_id .. ' ' .. ARGV[1])
 return 1
 """,
@@ -262,12 +267,18 @@ RESTAMP = Script(
     "restamp",
     """
 -- KEYS[1] node marker key
--- ARGV[1] the marker value the client judged, ARGV[2] marker text
+-- ARGV[1] the marker value the client judged, ARGV[2] marker text, ARGV[3] the run id of
+-- the server the client judged
 -- returns 1 when re-stamped with this server's run id, 0 when the marker changed meanwhile
+-- or another server answers now (a restart or a failover since it was judged)
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
     return 0
 end
-local run_id = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)')
+local info = redis.pcall('INFO', 'server')
+local run_id = type(info) == 'string' and string.match(info, 'run_id:(%x+)') or 'unknown'
+if run_id ~= ARGV[3] then
+    return 0
+end
 redis.call('SET', KEYS[1], 'run_id=' .. run_id .. ' ' .. ARGV[2])
 return 1
 """,
@@ -283,7 +294,8 @@ DEMOTE = Script(
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
     return 0
 end
-local run_id = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)')
+local info = redis.pcall('INFO', 'server')
+local run_id = type(info) == 'string' and string.match(info, 'run_id:(%x+)') or 'unknown'
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('DEL', KEYS[1])
@@ -304,12 +316,13 @@ OPEN_EPISODE = Script(
 if redis.call('EXISTS', KEYS[1]) == 1 then
     return {0}
 end
-local run_id = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)')
+local info = redis.pcall('INFO', 'server')
+local run_id = type(info) == 'string' and string.match(info, 'run_id:(%x+)') or 'unknown'
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local episode = redis.call('GET', KEYS[2])
 if episode then
-    local since, rid = string.match(episode, '^(%d+) (%x+)')
+    local since, rid = string.match(episode, '^(%d+) (%S+)')
     if rid == run_id then
         return {1, tonumber(since), now}
     end

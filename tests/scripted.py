@@ -308,8 +308,8 @@ class ScriptedNodes:
             return 1
         if script is scripts.RESTAMP:
             [marker] = keys
-            judged, text = args
-            if get(marker) != as_text(judged):
+            judged, text, judged_run = args
+            if get(marker) != as_text(judged) or as_text(judged_run) != self.run_id(node):
                 return 0
             db[marker] = self.stamp(node, as_text(text))
             return 1

@@ -11,7 +11,7 @@ from redlock import Outcome, QuorumUnavailable
 from redlock.testing import RedisNode, RedisNodes, capture_events
 from tests.clients import Actor, Flavour, Stopwatch, resolve
 from tests.internals import KEYS
-from tests.peek import any_lock_keys, lock_keys, node_address, strictly_increasing
+from tests.peek import any_lock_keys, lock_keys, markers, node_address, strictly_increasing
 
 
 async def test_nodes_given_as_redis_clients_alone_and_mixed_with_urls(
@@ -93,3 +93,26 @@ async def test_acl_user_without_channel_permission_releases_cleanly(
         await lock.release()
     assert lock_keys([node], "acl:y") == [False]
     assert [e for e in events if e["event"] == "redlock.release_incomplete"] == []
+
+
+async def test_a_user_who_may_not_run_info_still_locks_and_is_warned(
+        flavour: Flavour, me: Actor, fresh_nodes: Callable[..., RedisNodes]) -> None:
+    """INFO is an @dangerous command: a lock user without it cannot tell which server run
+    answers, so restarts go unseen. Locks must still work (markers stamped 'unknown'),
+    and the manager says what is lost and how to fix it."""
+    nodes = fresh_nodes(3)
+    for node in nodes:
+        with node.client() as client:
+            client.execute_command("ACL", "SETUSER", "bob", "on", ">pw", "~*", "&*",
+                                   "+@all", "-@dangerous")
+    urls = [f"redis://bob:pw@{node.host}:{node.port}" for node in nodes]
+    with capture_events() as events:
+        dlm = flavour.manager(urls)
+        first = await me.cycle(dlm.lock("acl:noinfo", timeout=5.0))
+        second = await me.cycle(flavour.manager(urls).lock("acl:noinfo", timeout=5.0))
+    assert second > first
+    assert all(str(marker).startswith("b'run_id=unknown ") for marker in markers(nodes))
+    warned = {e["node"] for e in events if e["event"] == "redlock.node_unidentifiable"}
+    assert warned == {f"{node.host}:{node.port}" for node in nodes}
+    assert "allow +info" in next(e["problem"] for e in events
+                                 if e["event"] == "redlock.node_unidentifiable")

@@ -611,7 +611,7 @@ def test_a_restarted_node_is_a_suspect_whose_replies_do_not_count() -> None:
         # The new connection's IDENTIFY rides ahead of the acquire: the node is a suspect
         # before the acquire's replies are looked at.
         result = drive(core.acquire("r", 10.0, blocking=False, timeout=None), nodes.execute)
-    assert core.amnesia.health.suspect == {2: stamped.encode()}
+    assert core.amnesia.health.suspect == {2: (stamped.encode(), nodes.run_id(2))}
     assert core.amnesia.needs_maintenance()
     assert [(e["node"], e["run_id"], e["stamped"]) for e in events
             if e["event"] == "redlock.node_restarted"] == [("n2:6379", nodes.run_id(2), old_run)]
@@ -657,12 +657,6 @@ def test_two_suspects_of_three_leave_no_quorum() -> None:
     assert all(lock_key("r") not in db for db in nodes.data)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug: AmnesiaGuard.check (redlock/_amnesia.py, the new-cluster branch) ignores the"
-    " INIT_MARKER replies: every node refuses (it holds an episode), yet the attempt logs"
-    " redlock.cluster_initialised and retries as 'cluster initialised'; a non-blocking"
-    " acquire returns that reason after 3 attempts, a blocking one re-initialises until"
-    " its timeout. Expected: ClusterAmnesiaError (a majority lost its data)"))
 def test_a_fresh_manager_finding_every_node_demoted_does_not_call_it_initialised() -> None:
     """Every node lost its marker through DEMOTE (a restart of the whole cluster without
     durable persistence, judged by another process): each holds an amnesia episode, so
@@ -810,7 +804,7 @@ def test_judging_identifies_the_node_again_when_its_marker_changed_meanwhile() -
     def restamped_by_another_client(call: Call) -> object:
         if call.script is scripts.RESTAMP:
             nodes.run_script(2, scripts.RESTAMP, (MARKER,),
-                             (nodes.data[2][MARKER], "by another client"))
+                             (nodes.data[2][MARKER], "by another client", nodes.run_id(2)))
         return PASS
 
     nodes.intercept = restamped_by_another_client
@@ -896,12 +890,6 @@ def test_an_episode_of_the_same_server_run_is_kept_one_from_another_run_begins_a
     assert health.benched() == set()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug: AmnesiaGuard.open_episodes (redlock/_amnesia.py) calls health.healthy(node) when"
-    " OPEN_EPISODE answers {0} (the node has a marker), and healthy() also drops the node"
-    " from health.suspect: a node found restarted by the IDENTIFY that rode on that very"
-    " call (its marker stamped by another server run) is trusted without being judged."
-    " Expected: it stays a suspect (only unmarked is cleared) and is judged"))
 def test_a_benched_node_found_restarted_while_its_episode_is_read_is_still_judged() -> None:
     clock = FakeClock()
     nodes = ScriptedNodes(3, clock=clock)
@@ -921,13 +909,6 @@ def test_a_benched_node_found_restarted_while_its_episode_is_read_is_still_judge
     assert MARKER not in nodes.data[2] and core.amnesia.health.benched() == {2}
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "race: judge() (redlock/_amnesia.py) reads CONFIG GET / INFO replication in one round"
-    " trip and sends RESTAMP in the next; RESTAMP (redlock/_scripts.py) compares only the"
-    " marker value, so a server that replaced the judged one in between (a promoted"
-    " replica holding the same marker, or a restart with other persistence) is stamped"
-    " without being judged. RESTAMP could take the run id the judged replies came from"
-    " and refuse another"))
 def test_restamp_refuses_a_server_other_than_the_one_judged() -> None:
     nodes = ScriptedNodes(3)
     core = make_core(3)
@@ -1256,11 +1237,6 @@ def test_repair_judges_restarted_nodes() -> None:
     assert core.amnesia.health.benched() == {2}
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug: repair() (redlock/_repair.py) opens episodes only for nodes without a marker in"
-    " its probe; a node that judge() demotes in the same call had one, so its rejoin time"
-    " stays unknown and it is reported 'failed: episode unreadable' instead of 'waiting:"
-    " rejoins in max_ttl'"))
 def test_repair_reports_a_node_it_demoted_as_waiting_for_its_episode() -> None:
     clock = FakeClock()
     nodes = ScriptedNodes(5, clock=clock)
@@ -1293,11 +1269,11 @@ def test_initialise_completes_an_interrupted_initialisation() -> None:
     assert [(r.status, r.detail) for r in reports] == [
         ("healthy", ""), ("initialised", "1 fence counters re-seeded"),
         ("initialised", "1 fence counters re-seeded")]
-    blank = nodes.broadcasts()[1]
-    assert [(c.node, c.args) for c in blank.calls] == [
+    blank = nodes.broadcasts()[1:5]  # node by node: no episode, no key of ours
+    assert [(c.node, c.args) for b in blank for c in b.calls] == [
         (i, call) for i in (1, 2) for call in (
             ("EXISTS", EPISODE), ("SCAN", 0, "MATCH", "redlock:*", "COUNT", 1000))]
-    assert nodes.commands_sent() == ["identify", "EXISTS"] + [
+    assert nodes.commands_sent() == ["identify"] + ["EXISTS", "SCAN"] * 2 + [
         "SET", "SCAN", "MGET", "seed_counters", "finish_repair"] * 2
     assert [c.node for b in nodes.broadcasts() for c in b.calls
             if c.args[:1] == ("SCAN",) and c.args[2:4] == ("MATCH", "redlock:{*}:fence")] == [
@@ -1329,7 +1305,8 @@ def test_initialise_refuses_nodes_that_lost_data_unless_forced() -> None:
     assert [r.status for r in reports] == ["healthy", "healthy", "failed", "failed", "failed"]
     assert all(r.detail.startswith("it lost data (it holds keys or an amnesia episode)")
                for r in reports[2:])
-    assert nodes.commands_sent() == ["identify", "EXISTS"]
+    # Node 2 has an episode; 3 and 4 have keys of ours.
+    assert nodes.commands_sent() == ["identify", "EXISTS", "EXISTS", "SCAN", "EXISTS", "SCAN"]
     assert [dict(db) for db in nodes.data] == before
     assert "redlock.cluster_initialised_by_hand" not in [e["event"] for e in events]
     with capture_events() as events:
@@ -1347,12 +1324,6 @@ def test_initialise_refuses_nodes_that_lost_data_unless_forced() -> None:
     assert [c.args[2] for c in finishes] == [0, 0, 0]  # no rejoin delay
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug: initialise() (redlock/_repair.py, the blank check) sends one SCAN 0 MATCH"
-    " <ns>:* COUNT 1000 and calls a node that answers a non-zero cursor one that 'lost"
-    " data'; Redis applies MATCH after taking a page of the whole keyspace, so a node"
-    " that shares its database with other data (more keys than one page) is refused"
-    " although it holds nothing of redlock's. Expected: follow the cursor to 0"))
 def test_initialise_looks_through_every_page_of_a_shared_database() -> None:
     nodes = ScriptedNodes(3, scan_page=4)
     for i in (1, 2):
@@ -1376,3 +1347,17 @@ def test_initialise_needs_every_node_to_answer(force: bool) -> None:
         ("healthy", "not changed: every node must answer")]
     assert nodes.commands_sent() == ["identify"]
     assert nodes.data[2] == {}
+
+
+def test_initialise_without_force_never_marks_a_node_when_a_quorum_has_markers() -> None:
+    """With a quorum marked, locks may have been granted: a blank node is one that lost
+    its data (before anyone opened its episode), not one an initialisation missed. It
+    rejoins through repair, after max_ttl; initialise() leaves it alone."""
+    nodes = ScriptedNodes(3)
+    nodes.restart(2, keep_data=False)  # blank: no marker, no episode, no key
+    core = make_core(3)
+    reports = drive(core.initialise(force=False), nodes.execute)
+    assert [r.status for r in reports] == ["healthy", "healthy", "failed"]
+    assert "repair() brings it back one max_ttl after the loss" in reports[2].detail
+    assert nodes.commands_sent() == ["identify"]
+    assert MARKER not in nodes.data[2]
