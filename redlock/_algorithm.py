@@ -9,8 +9,6 @@ that the sync and asyncio shells drive; node amnesia is delegated to
 
 from __future__ import annotations
 
-import functools
-import operator
 import secrets
 import time
 from collections.abc import Callable, Sequence
@@ -125,32 +123,30 @@ class RedlockCore:
         return Broadcast(tuple(
             Call(i, (owner,), scripts.RELEASE, (self.keys.lock(r), self.keys.channel(r)))
             for i in range(self.n) for r in resources), self.timeout(ttl),
-            enough=self._enough_per_node(k, functools.partial(operator.eq, k),
-                                         functools.partial(operator.gt, k)))
+            enough=self._enough_per_node(k))
 
-    def _enough_per_node(self, k: int, yes: Callable[[int], bool],
-                         no: Callable[[int], bool]) -> Callable[[Sequence[object]], bool]:
-        """Early decision on replies of an owner-checked script, k calls per node
-        (node-major): a node votes once all its k replies are in, by its acks."""
-        q, n = self.quorum, self.n
-        return lambda replies: _decided(replies, k, n, q, yes, no)
+    def _enough_per_node(self, k: int) -> Callable[[Sequence[object]], bool]:
+        """When a release or extend (k calls per node, node-major) stops waiting: once
+        every node answered that is not known to be slow (one that left a reply unread
+        lately: releases and extends do not wait for it; what it answers later is read
+        in the background)."""
+        n, round_trips = self.n, self.round_trips
 
-    def _all_decided(self, states: Sequence[tuple[LockState, float]],
-                     sizes: Sequence[int]) -> Callable[[Sequence[object]], bool]:
-        """A batched extend is decided once each acquisition's is: a quorum acked every
-        resource, or more nodes than a quorum can spare refused one."""
-        q, n = self.quorum, self.n
-        ks = [len(state.resources) for state, _ in states]
+        def settled(replies: Sequence[object]) -> bool:
+            return all(replies[i * k] is not PENDING or round_trips.slow(i) for i in range(n))
+        return settled
 
-        def enough(replies: Sequence[object]) -> bool:
-            offset = 0
-            for k, size in zip(ks, sizes, strict=True):
-                mine, offset = replies[offset:offset + size], offset + size
-                if not _decided(mine, k, n, q, functools.partial(operator.eq, k),
-                                functools.partial(operator.gt, k)):
-                    return False
-            return True
-        return enough
+    def _settled_by_node(self, calls: Sequence[Call]) -> Callable[[Sequence[object]], bool]:
+        """Every node's calls answered, but for nodes known to be slow."""
+        first: dict[int, int] = {}
+        for index, call in enumerate(calls):
+            first.setdefault(call.node, index)
+        round_trips = self.round_trips
+
+        def settled(replies: Sequence[object]) -> bool:
+            return all(replies[index] is not PENDING or round_trips.slow(node)
+                       for node, index in first.items())
+        return settled
 
     def _per_node(self, replies: Sequence[object], resources: int,
                   refused: str) -> tuple[list[NodeResult], list[int]]:
@@ -376,10 +372,9 @@ class RedlockCore:
                 Call(i, (state.owner, max(1, int(ttl * 1000))), scripts.EXTEND,
                      (self.keys.lock(r),))
                 for state, ttl in live for i in range(self.n) for r in state.resources)
-            sizes = [self.n * len(state.resources) for state, _ in live]
             replies = yield Broadcast(calls, min(self.timeout(max(t for _, t in live)),
                                                  min(s.deadline for s, _ in live) - started),
-                                      enough=self._all_decided(live, sizes))
+                                      enough=self._settled_by_node(calls))
             finished, offset = self.clock(), 0
             for state, ttl in live:
                 size = self.n * len(state.resources)
@@ -442,19 +437,6 @@ def _acquire_vote(reply: object) -> int | None:
         if code == scripts.ACQUIRE_REFUSED:
             return 0
     return None
-
-
-def _decided(replies: Sequence[object], k: int, n: int, q: int, yes: Callable[[int], bool],
-             no: Callable[[int], bool]) -> bool:
-    ayes = nays = 0
-    for i in range(n):
-        mine = replies[i * k:(i + 1) * k]
-        if any(r is PENDING or isinstance(r, BaseException) for r in mine):
-            continue
-        acks = sum(1 for r in mine if r == 1)
-        ayes += yes(acks)
-        nays += no(acks)
-    return ayes >= q or nays > n - q
 
 
 def _commit_enough(write_backs: Sequence[tuple[str, Call]], committed: dict[str, int],

@@ -203,9 +203,9 @@ class AmnesiaGuard:
         if len(missing) == self.n and not self.health.marker_seen:
             # Every node answered and none has a marker: a new cluster. Initialise it.
             written = yield self._init_markers(range(self.n))
-            if all(reply == 0 for reply in written):
-                # None would take one: each holds an amnesia episode. Not a new cluster:
-                # a cluster whose every node lost its data (another client saw it).
+            if sum(1 for reply in written if reply == -1) >= self.quorum:
+                # A quorum would not take one: each holds an amnesia episode. Not a new
+                # cluster: one whose nodes lost their data (another client saw it).
                 raise self._majority_lost(self.n, outcomes)
             logger.info("redlock.cluster_initialised", nodes=self.n,
                         marked=sum(1 for reply in written if reply == 1))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import select
 import sys
 import time
 from collections.abc import Callable, Coroutine, Iterable
@@ -21,7 +22,6 @@ import redis.asyncio
 from redis.asyncio.connection import parse_url
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -31,6 +31,7 @@ from redlock._state import RoundTrips
 from redlock._transport import (
     NOT_AWAITED,
     PENDING,
+    STRAGGLER_GRACE_MIN,
     Late,
     LateConnections,
     acquire_keys,
@@ -66,6 +67,20 @@ def _is_new(conn: Any) -> bool:
     """A connection (re)opened since the server was last identified on it: redis-py
     reconnects under us, so the stream itself is what was identified."""
     return getattr(conn, "_redlock_identified", None) is not conn._writer
+
+
+def _readable_while_idle(conn: Any) -> bool:
+    """An idle connection with something to read: the server closed it (EOF), or sent
+    what nobody asked for. Either way it must not carry a request."""
+    writer = getattr(conn, "_writer", None)
+    sock = writer.get_extra_info("socket") if writer is not None else None
+    if sock is None:
+        return False
+    try:
+        readable, _, _ = select.select([sock.fileno()], [], [], 0)
+    except (OSError, ValueError):
+        return True
+    return bool(readable)
 
 
 class _Exchange:
@@ -139,7 +154,7 @@ class AsyncTransport:
                     # (all of a healthy cluster's replies come in together), no longer.
                     decided = True
                     now = time.monotonic()
-                    deadline = min(deadline, now + (now - started))
+                    deadline = min(deadline, now + max(now - started, STRAGGLER_GRACE_MIN))
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
@@ -151,6 +166,8 @@ class AsyncTransport:
             decided = request.enough is not None and request.enough(replies)
             for task in waiting:  # they go on in the background (see the module's doc)
                 tasks[task].over = True
+                if self.round_trips is not None and not decided:
+                    self.round_trips.late(tasks[task].node)  # it timed out: known slow
                 self._fill(tasks[task], replies, NOT_AWAITED if decided else
                            RedisTimeoutError(f"no reply within {request.timeout * 1000:.0f} ms"))
         return replies
@@ -186,20 +203,14 @@ class AsyncTransport:
             # a key nobody waits for (its release may already have gone).
             await pool.release(conn)
             return
-        reused = not _is_new(conn)
+        if _readable_while_idle(conn):
+            # A pooled connection the server closed while it sat idle (it restarted):
+            # redis.asyncio does not notice on checkout (the sync pool does). Nothing
+            # was sent on it: open a new one.
+            await conn.disconnect(nowait=True)
+            await conn.connect()
         try:
-            try:
-                await self._talk(exchange, conn)
-            except RedisConnectionError:
-                if not reused or any(r is not PENDING for r in exchange.results):
-                    raise
-                # A pooled connection to a server that has restarted since its last use
-                # fails at once (redis.asyncio does not notice on checkout, the sync
-                # pool does). The dead server never ran the calls, and each of our
-                # scripts may run twice anyway: once more, on a new connection.
-                await self._discard(node, conn)
-                conn = await pool.get_connection()
-                await self._talk(exchange, conn)
+            await self._talk(exchange, conn)
         except BaseException:
             await self._discard(node, conn)  # a late reply must never be read as the next
             raise                            # command's
@@ -275,7 +286,7 @@ class AsyncTransport:
                 if late.closed:
                     continue
                 late.outstanding += 1
-                with contextlib.suppress(Exception):
+                with contextlib.suppress(Exception):  # the normal release goes out too
                     await late.conn.send_packed_command(late.conn.pack_commands(
                         [render(call, evalsha=False)]), check_health=False)
 

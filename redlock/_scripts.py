@@ -251,10 +251,15 @@ INIT_MARKER = Script(
     """
 -- KEYS[1] node marker key, KEYS[2] amnesia episode key
 -- ARGV[1] marker text
--- returns 1 when the marker was written, 0 when the node has one, or an episode (it lost
--- data: only a repair may give its marker back)
-if redis.call('EXISTS', KEYS[1]) == 1 or redis.call('EXISTS', KEYS[2]) == 1 then
+-- returns 1   the marker was written
+--         0   the node has one already (another client initialised it meanwhile)
+--         -1  the node has an amnesia episode: it lost data, only a repair may give its
+--             marker back
+if redis.call('EXISTS', KEYS[1]) == 1 then
     return 0
+end
+if redis.call('EXISTS', KEYS[2]) == 1 then
+    return -1
 end
 local info = redis.pcall('INFO', 'server')
 local run_id = type(info) == 'string' and string.match(info, 'run_id:(%x+)') or 'unknown'

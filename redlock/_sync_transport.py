@@ -28,7 +28,14 @@ from redis.retry import Retry
 from redlock._node_config import build_pool, check_node_list, node_labels, pool_overrides
 from redlock._protocol import Broadcast, Call
 from redlock._state import RoundTrips
-from redlock._transport import NOT_AWAITED, PENDING, Late, LateConnections, render
+from redlock._transport import (
+    NOT_AWAITED,
+    PENDING,
+    STRAGGLER_GRACE_MIN,
+    Late,
+    LateConnections,
+    render,
+)
 
 
 class _Group:
@@ -60,6 +67,14 @@ def _groups(request: Broadcast) -> list[_Group]:
         group.indexes.append(index)
         group.calls.append(call)
     return list(by_node.values())
+
+
+def _readable(conn: Any) -> bool:
+    """Something to read (or a broken connection: reading it says why)."""
+    try:
+        return bool(conn.can_read(timeout=0))
+    except Exception:
+        return True
 
 
 def _is_new(conn: Any) -> bool:
@@ -142,6 +157,8 @@ class SyncTransport:
                     f"still connecting (connect_timeout {self.connect_timeout:g} s)"))
             for group in sent:
                 if not group.done:  # decided without it, timed out or interrupted
+                    if self.round_trips is not None and not decided:
+                        self.round_trips.late(group.node)  # it timed out: known slow
                     unread = (sum(1 for i in group.indexes if replies[i] is PENDING)
                               + (group.probed and group.identity is PENDING)
                               - (len(group.unknown) if not group.resent else 0))
@@ -159,7 +176,7 @@ class SyncTransport:
                 # a healthy cluster's replies come in together), then no longer.
                 decided = True
                 now = time.monotonic()
-                deadline = min(deadline, now + (now - started))
+                deadline = min(deadline, now + max(now - started, STRAGGLER_GRACE_MIN))
             for item in [c for c in connecting if c[1].ready.is_set()]:
                 connecting.remove(item)
                 group, attempt = item
@@ -175,12 +192,16 @@ class SyncTransport:
             left = deadline - time.monotonic()
             if left <= 0:
                 return
-            ready = [g for g in waiting if g.conn.can_read(timeout=0)]
+            ready = [g for g in waiting if _readable(g.conn)]
             if not ready and waiting:
                 # Wake for a reply, or every few ms while a connection is still opening.
                 wait = min(left, 0.002) if connecting else left
-                readable, _, _ = select.select([g.conn._sock for g in waiting], [], [], wait)
-                ready = [g for g in waiting if g.conn._sock in readable]
+                try:
+                    readable, _, _ = select.select([g.conn._sock for g in waiting], [], [],
+                                                   wait)
+                    ready = [g for g in waiting if g.conn._sock in readable]
+                except (OSError, TypeError, ValueError):  # a socket closed under us
+                    ready = waiting
             elif not waiting:
                 connecting[0][1].ready.wait(min(left, 0.002))
             for group in ready:

@@ -25,12 +25,19 @@ from typing import Any, Generic, TypeVar
 from redlock import _scripts as scripts
 from redlock._protocol import NOT_AWAITED, PENDING, Call, NotAwaited
 
-__all__ = ["NOT_AWAITED", "PENDING", "Late", "LateConnections", "NotAwaited", "render"]
+__all__ = ["NOT_AWAITED", "PENDING", "STRAGGLER_GRACE_MIN", "Late", "LateConnections",
+           "NotAwaited", "render"]
 
 Conn = TypeVar("Conn")
 
 # Late connections kept per node; beyond this the oldest is closed.
 LATE_PER_NODE = 16
+
+# Once a request is decided (a quorum answered), the stragglers get as long again as the
+# decision took, but at least this long: on loopback the decision takes ~0.1 ms and the
+# last node's reply is typically a few tens of microseconds behind. Reading it costs
+# nothing and keeps the connection out of the late pool (and its vote counts).
+STRAGGLER_GRACE_MIN = 0.001
 
 
 def render(call: Call, *, evalsha: bool) -> tuple[Any, ...]:

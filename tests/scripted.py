@@ -302,8 +302,10 @@ class ScriptedNodes:
             return 1
         if script is scripts.INIT_MARKER:
             marker, episode_key = keys
-            if marker in db or episode_key in db:
+            if marker in db:
                 return 0
+            if episode_key in db:
+                return -1
             db[marker] = self.stamp(node, as_text(args[0]))
             return 1
         if script is scripts.RESTAMP:

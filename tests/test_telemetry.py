@@ -97,9 +97,12 @@ def test_spans_and_metrics_of_one_lock(dlm: Redlock, otel: Otel) -> None:
     with dlm.lock("ot:a", ttl=5.0) as held:
         held.extend()
     (acquire,) = otel.finished("redlock.acquire")
-    assert dict(acquire.attributes or {}) == {
+    attributes = dict(acquire.attributes or {})
+    # Early quorum: the third node's vote counts only if it came in with the others.
+    assert attributes.pop("redlock.votes_granted") in (2, 3)
+    assert attributes == {
         "redlock.resource": "ot:a", "redlock.namespace": "redlock", "redlock.nodes": 3,
-        "redlock.quorum": 2, "redlock.attempts": 1, "redlock.votes_granted": 3,
+        "redlock.quorum": 2, "redlock.attempts": 1,
         "redlock.token": 1, "redlock.outcome": "acquired"}
     assert acquire.status.status_code is StatusCode.UNSET
     (extend,) = otel.finished("redlock.extend")
