@@ -55,7 +55,9 @@ def initialise(urls: list[str]) -> None:
     level = quiet.level
     quiet.setLevel(logging.ERROR)  # initialise() warns that it initialised by hand: yes
     try:
-        with Redlock(urls) as dlm:
+        # node_timeout: set-up, not measured; the default 50 ms is below one handshake
+        # through a slow network (benchmarks/network.py).
+        with Redlock(urls, node_timeout=5.0) as dlm:
             failed = [r for r in dlm.initialise() if r.status == "failed"]
     finally:
         quiet.setLevel(level)

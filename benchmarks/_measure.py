@@ -142,10 +142,11 @@ def attempts(make: Make, attempt: Acquire, release: Release, resource: str, *, c
     with its own defaults (raising when it fails): the success rate, the latency of the
     successful cycles (p50/p95/p99 us) and how long a failed one took (ms).
 
-    Warm-up cycles (connections, scripts) end at the first failure. The measured loop
-    stops after ``cycles``, once ``budget_s`` seconds have passed, or after
-    ``max_failures`` failures in a row. A sync call cannot be interrupted, so
-    ``hang_s`` is the caller's business: it runs this in a thread and reads ``tally``.
+    Warm-up cycles (connections, scripts) end at the first failure, which counts towards
+    ``max_failures``. The measured loop stops after ``cycles``, once ``budget_s``
+    seconds have passed, or after ``max_failures`` failures in a row. A sync call cannot
+    be interrupted, so ``hang_s`` is the caller's business: it runs this in a thread and
+    reads ``tally``.
     """
     tally = tally or Tally()
     handle = make(resource)
@@ -157,7 +158,7 @@ def attempts(make: Make, attempt: Acquire, release: Release, resource: str, *, c
         except Exception as exc:
             tally.fail(_error_text(exc), None)
             break
-    in_a_row = 0
+    in_a_row = tally.warmup_failed  # a failed warm-up counts towards max_failures
     tally.started = clock()
     stop_at = tally.started + int(budget_s * 1e9)
     for _ in range(cycles):
@@ -216,7 +217,7 @@ async def attempts_async(make: Make, attempt: AsyncAcquire, release: AsyncReleas
                 return tally.result()
             tally.fail(_error_text(exc), None)
             break
-    in_a_row = 0
+    in_a_row = tally.warmup_failed  # a failed warm-up counts towards max_failures
     tally.started = clock()
     stop_at = tally.started + int(budget_s * 1e9)
     for _ in range(cycles):
