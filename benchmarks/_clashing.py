@@ -72,6 +72,17 @@ def ensure_installed(name: str, target: Path, install: bool) -> None:
             f" is only measured from a separate --target dir (run with {library.option})")
 
 
+def describe(name: str, target: Path) -> str:
+    """'redlock-ng 2.0.4 (own dir, its own redis-py 5.3.1)', or why it is missing."""
+    library = LIBRARIES[name]
+    if not (target / "redlock" / "__init__.py").is_file():
+        return f"{name}: not installed ({library.option})"
+    own = sorted(target.glob("redis-*.dist-info"))
+    redis_text = (f"its own redis-py {own[-1].name[6:-10]}" if own
+                  else "the benchmark's redis-py")
+    return f"{name} {library.version} (own dir, {redis_text})"
+
+
 def subprocess_env(target: Path) -> dict[str, str]:
     """The environment of a subprocess that imports the library from ``target``."""
     return {**os.environ, "PYTHONPATH": str(target), "CLASHING_DIR": str(target)}

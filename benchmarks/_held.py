@@ -28,6 +28,7 @@ pottery, redlock-py and redlock-ng have no automatic renewal.
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import subprocess
 import sys
@@ -220,7 +221,12 @@ def child(options: dict[str, Any]) -> None:
     import warnings
 
     logging.basicConfig(level=logging.WARNING)
-    threading.excepthook = lambda _args: None  # python-redis-lock's failing renewal threads
+    failures: collections.Counter[str] = collections.Counter()
+
+    def renewal_failed(hook: Any) -> None:  # python-redis-lock's renewal threads die
+        failures[hook.exc_type.__name__] += 1
+
+    threading.excepthook = renewal_failed
     warnings.simplefilter("ignore", DeprecationWarning)  # aioredlock's distutils import
     library = options["library"]
     if library == "ours":
@@ -233,6 +239,7 @@ def child(options: dict[str, Any]) -> None:
         out = hold_prl(options, options["count"] + 10)
     else:
         out = asyncio.run(hold_aioredlock(options))
+    out["thread_failures"] = failures.most_common(3)
     print(json.dumps(out), flush=True)
 
 

@@ -182,7 +182,11 @@ def held_table(results: dict[str, Any], labels: dict[str, str],
             f"{(held['traced_kib'] - base['traced_kib']) * 1024 / args.held:.0f}",
             f"{r['node_commands_per_lock_s']:.2f}", str(r["node_clients"]),
         ])
+    notes = [f"   {labels[k]}: threads that died: {n} x {text}"
+             for k, r in results.items() if "error" not in r
+             for text, n in r.get("thread_failures", [])]
     return "\n".join([
+        *notes,
         table(["library", "alive at end", "lost", "threads base->held->end",
                "OS threads base->max", "tasks", "RSS +MiB", "traced B/lock",
                "node1 cmds/lock/s", "node1 clients"], rows),

@@ -40,7 +40,7 @@ def latency_vs_rtt(data: dict[str, Any], path: Path) -> None:
     plt = _pyplot()
     res = data["results"]
     rtts = [int(r) for r in res]
-    fig, ax = plt.subplots(figsize=(8, 5.5))
+    fig, ax = plt.subplots(figsize=(10.5, 5.5))
     for key, (label, colour, style) in STYLE.items():
         xs, ys, fx, fy = [], [], [], []
         for rtt in rtts:
@@ -67,7 +67,7 @@ def latency_vs_rtt(data: dict[str, Any], path: Path) -> None:
     ax.set_ylabel("acquire+release p50 (ms)")
     ax.set_title("Uncontended acquire+release, N=5 through Toxiproxy, default settings")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7, loc="upper left")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -77,7 +77,7 @@ def n_scaling(data: dict[str, Any], path: Path) -> None:
     plt = _pyplot()
     res = data["results"]
     ns = [int(n) for n in res]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.5))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.5))
     for key, (label, colour, style) in STYLE.items():
         p50 = [median_of(res[str(n)].get(key), "p50_us") for n in ns]
         if all(math.isnan(p) for p in p50):
@@ -96,7 +96,8 @@ def n_scaling(data: dict[str, Any], path: Path) -> None:
         ax.set_xlabel("N (nodes)")
         ax.set_xticks(ns)
         ax.grid(True, alpha=0.3)
-    left.legend(fontsize=7)
+    handles, names = left.get_legend_handles_labels()
+    right.legend(handles, names, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.suptitle("N-scaling on loopback, uncontended")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -154,9 +155,9 @@ def blackhole(data: dict[str, Any], path: Path) -> None:
         ax.bar([x + i * width for x in range(len(keys))],
                [0 if math.isnan(v) else v for v in values], width, label=condition)
         for x, v in enumerate(values):
-            if math.isnan(v):
-                ax.text(x + i * width, 0.05, "failed/hung", rotation=90, fontsize=6,
-                        ha="center", va="bottom")
+            if math.isnan(v):  # x in data, y in axes coordinates: at the bottom
+                ax.text(x + i * width, 0.02, "failed/hung", rotation=90, fontsize=7,
+                        ha="center", va="bottom", transform=ax.get_xaxis_transform())
     ax.set_xticks([x + width for x in range(len(keys))], [STYLE[k][0] for k in keys],
                   rotation=20, fontsize=8)
     ax.set_yscale("log")

@@ -24,10 +24,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from pathlib import Path
 from typing import Any
 
+import _clashing
 import _contention
 import _held
 import _netreport
@@ -44,16 +46,31 @@ QUICK = {"cycles": 100, "warmup": 10, "budget": 2.0, "rounds": 1, "nscale_cycles
 HERE = Path(__file__).resolve().parent
 
 
+def quiet_fault_logging() -> None:
+    """Under faults the libraries log every failed cycle (ours: release_incomplete;
+    pottery: tracebacks; aioredis/asyncio: connections and tasks dropped at cancel); the
+    tables count those outcomes, so only the benchmark's own output is printed."""
+    for name, level in (("redlock", logging.ERROR), ("pottery", logging.CRITICAL),
+                        ("aioredlock", logging.CRITICAL), ("aioredis", logging.CRITICAL),
+                        ("asyncio", logging.CRITICAL)):
+        logging.getLogger(name).setLevel(level)
+
+
 def run(args: argparse.Namespace) -> int:
     configure_logging()
+    quiet_fault_logging()
     from redlock.testing import RedisNodes, ToxiproxyServer
 
     print("redlock-fenced network benchmark (issue 11)" + (" (--quick)" if args.quick else ""))
-    for line in machine_lines():
+    clashing = "; ".join(
+        _clashing.describe(name, Path(getattr(args, f"{name.replace('-', '_')}_dir")))
+        for name in _clashing.LIBRARIES)
+    machine = [*machine_lines(), f"clashing peers: {clashing}"]
+    for line in machine:
         print("  " + line)
     print(f"  sections: {' '.join(args.only)}; settings: {json.dumps(settings(args))}")
     print("  (in the load lines, 'redis-servers' counts the redis-servers and Toxiproxy)")
-    data: dict[str, Any] = {"machine": machine_lines(), "settings": settings(args)}
+    data: dict[str, Any] = {"machine": machine, "settings": settings(args)}
     loads: dict[str, dict[str, float]] = {}
     with RedisNodes(max(9, *args.ns)) as nodes, RedisNodes(1) as control, \
             ToxiproxyServer() as toxiproxy:
