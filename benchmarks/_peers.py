@@ -162,7 +162,7 @@ class SubprocessPeer(Peer):
     def attempts(self, resource: str, limits: dict[str, Any]) -> dict[str, Any]:
         """A subprocess stuck past its budget (a library with no socket timeout, against
         a node that never answers) is killed: everything it measured is lost."""
-        limit = limits["budget_s"] + limits["hang_s"] * (limits["max_failures"] + 2) + 15
+        limit = limits["budget_s"] + limits["hang_s"] * (limits["max_failures"] + 1) + 10
         try:
             return self._run("attempts", {"resource": resource, "limits": limits},
                              timeout=limit)
