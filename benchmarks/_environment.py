@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 PEER_DISTRIBUTIONS = ("redis", "hiredis", "structlog", "tenacity", "pottery",
-                      "python-redis-lock", "aioredlock", "aioredis")
+                      "python-redis-lock", "aioredlock", "aioredis", "matplotlib")
 
 
 def configure_logging() -> None:

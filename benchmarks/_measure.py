@@ -1,10 +1,10 @@
 """The measuring loops on one peer: uncontended, contended and memory, sync and asyncio.
 
-Shared by bench.py (through ``_peers``), async_overhead.py, logging_cost.py and the
-redlock-py worker.
+Shared by bench.py and network.py (through ``_peers``), async_overhead.py,
+logging_cost.py and the subprocess worker of redlock-py and redlock-ng.
 
-Nothing here imports the ``redlock`` package under test: the redlock-py worker runs in a
-subprocess whose ``redlock`` module is the *other* library of that name.
+Nothing here imports the ``redlock`` package under test: the subprocess worker runs in a
+process whose ``redlock`` module is another library of that name.
 
 A peer is described by three callables:
 
@@ -18,8 +18,10 @@ The asyncio variants are coroutine functions with the same shape.
 from __future__ import annotations
 
 import asyncio
+import collections
 import gc
 import statistics
+import sys
 import threading
 import time
 import tracemalloc
@@ -88,6 +90,158 @@ async def uncontended_async(make: Make, acquire: AsyncAcquire, release: AsyncRel
         samples[i] = clock() - t0
     wall = (clock() - started) / 1e9
     return summarize_latencies(samples, wall)
+
+
+# -- attempts: success rate under faults ---------------------------------------------
+
+
+class Tally:
+    """What an :func:`attempts` loop has seen so far (readable while it runs, so that a
+    caller that gives up on a hung sync call still has the cycles before it)."""
+
+    def __init__(self) -> None:
+        self.ok_ns: list[int] = []
+        self.failed_ns: list[int] = []
+        self.errors: collections.Counter[str] = collections.Counter()
+        self.warmup_failed = 0
+        self.stopped = "cycles"
+        self.cycle_started = time.monotonic()  # of the cycle running now
+        self.started = time.perf_counter_ns()
+        self.ended: int | None = None
+
+    def fail(self, text: str, elapsed_ns: int | None) -> None:
+        self.errors[text[:400]] += 1
+        if elapsed_ns is None:
+            self.warmup_failed += 1
+        else:
+            self.failed_ns.append(elapsed_ns)
+
+    def result(self) -> dict[str, Any]:
+        ok = sorted(v / 1000.0 for v in self.ok_ns)  # microseconds
+        failed = sorted(v / 1e6 for v in self.failed_ns)  # milliseconds
+        tried = len(ok) + len(failed)
+        wall_ns = (self.ended or time.perf_counter_ns()) - self.started
+        return {
+            "ok": len(ok), "failed": len(failed), "success": len(ok) / tried if tried else 0.0,
+            "p50_us": percentile(ok, 50), "p95_us": percentile(ok, 95),
+            "p99_us": percentile(ok, 99), "max_us": ok[-1] if ok else float("nan"),
+            "failed_p50_ms": percentile(failed, 50), "warmup_failed": self.warmup_failed,
+            "errors": self.errors.most_common(3), "stopped": self.stopped,
+            "wall_s": wall_ns / 1e9,
+        }
+
+
+def _error_text(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+def attempts(make: Make, attempt: Acquire, release: Release, resource: str, *, cycles: int,
+             warmup: int, budget_s: float, max_failures: int, hang_s: float = 0.0,
+             tally: Tally | None = None) -> dict[str, Any]:
+    """acquire+release cycles where ``attempt`` is *one* call of the library's acquire
+    with its own defaults (raising when it fails): the success rate, the latency of the
+    successful cycles (p50/p95/p99 us) and how long a failed one took (ms).
+
+    Warm-up cycles (connections, scripts) end at the first failure, which counts towards
+    ``max_failures``. The measured loop stops after ``cycles``, once ``budget_s``
+    seconds have passed, or after ``max_failures`` failures in a row. A sync call cannot
+    be interrupted, so ``hang_s`` is the caller's business: it runs this in a thread and
+    reads ``tally``.
+    """
+    tally = tally or Tally()
+    handle = make(resource)
+    clock = time.perf_counter_ns
+    for _ in range(warmup):
+        tally.cycle_started = time.monotonic()
+        try:
+            release(handle, attempt(handle))
+        except Exception as exc:
+            tally.fail(_error_text(exc), None)
+            break
+    in_a_row = tally.warmup_failed  # a failed warm-up counts towards max_failures
+    tally.started = clock()
+    stop_at = tally.started + int(budget_s * 1e9)
+    for _ in range(cycles):
+        if clock() >= stop_at:
+            tally.stopped = "budget"
+            break
+        tally.cycle_started = time.monotonic()
+        t0 = clock()
+        try:
+            release(handle, attempt(handle))
+        except Exception as exc:
+            tally.fail(_error_text(exc), clock() - t0)
+            in_a_row += 1
+            if in_a_row >= max_failures:
+                tally.stopped = "failures"
+                break
+            continue
+        tally.ok_ns.append(clock() - t0)
+        in_a_row = 0
+    tally.ended = clock()
+    return tally.result()
+
+
+async def attempts_async(make: Make, attempt: AsyncAcquire, release: AsyncRelease,
+                         resource: str, *, cycles: int, warmup: int, budget_s: float,
+                         max_failures: int, hang_s: float = 30.0) -> dict[str, Any]:
+    """:func:`attempts` on an event loop; a cycle that takes longer than ``hang_s`` is
+    cancelled, counted as failed ("hung") and ends the loop."""
+    tally = Tally()
+    handle = make(resource)
+    clock = time.perf_counter_ns
+    hung = f"hung: no answer in {hang_s:g} s (cancelled)"
+
+    async def bare() -> None:
+        await release(handle, await attempt(handle))
+
+    async def cycle() -> None:
+        # asyncio.timeout (3.11+) cancels in place; wait_for would add a Task per cycle.
+        if sys.version_info >= (3, 11):
+            async with asyncio.timeout(hang_s):
+                await bare()
+        else:
+            await asyncio.wait_for(bare(), hang_s)
+
+    def timed_out(t0: int) -> bool:  # our bound, not a TimeoutError of the library
+        return clock() - t0 >= hang_s * 0.95e9
+
+    for _ in range(warmup):
+        t0 = clock()
+        try:
+            await cycle()
+        except Exception as exc:
+            if isinstance(exc, asyncio.TimeoutError) and timed_out(t0):
+                tally.fail(hung, None)
+                tally.stopped = "hung"
+                return tally.result()
+            tally.fail(_error_text(exc), None)
+            break
+    in_a_row = tally.warmup_failed  # a failed warm-up counts towards max_failures
+    tally.started = clock()
+    stop_at = tally.started + int(budget_s * 1e9)
+    for _ in range(cycles):
+        if clock() >= stop_at:
+            tally.stopped = "budget"
+            break
+        t0 = clock()
+        try:
+            await cycle()
+        except Exception as exc:
+            if isinstance(exc, asyncio.TimeoutError) and timed_out(t0):
+                tally.fail(hung, clock() - t0)
+                tally.stopped = "hung"
+                break
+            tally.fail(_error_text(exc), clock() - t0)
+            in_a_row += 1
+            if in_a_row >= max_failures:
+                tally.stopped = "failures"
+                break
+            continue
+        tally.ok_ns.append(clock() - t0)
+        in_a_row = 0
+    tally.ended = clock()
+    return tally.result()
 
 
 # -- contended -----------------------------------------------------------------------

@@ -3,7 +3,10 @@
 A peer is ``make(resource)`` -> handle, ``acquire(handle)`` -> context (blocking until
 held) and ``release(handle, context)``; its kind says how the measuring loops of
 benchmarks/_measure.py run it: in this thread (sync), on the benchmark's event loop
-(async), or in a subprocess (redlock-py, whose module name clashes with ours).
+(async), or in a subprocess (redlock-py and redlock-ng, whose module name clashes with
+ours: benchmarks/_clashing.py). ``attempt(handle)``, where given, is *one* call of the
+library's own acquire with its defaults, raising when it fails (network.py's success
+rates); by default it is ``acquire``.
 
 Every peer runs with its library's default retry/back-off settings and the same TTL.
 A library that cannot be imported is skipped, with the reason, not failed.
@@ -11,25 +14,25 @@ A library that cannot be imported is skipped, with the reason, not failed.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import json
-import os
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import _clashing
 import _measure
 from _floors import AsyncFloor, SyncFloor
 
 HERE = Path(__file__).resolve().parent
 TTL_S = 10.0
-REDLOCK_PY_VERSION = "1.0.8"
-DEFAULT_REDLOCK_PY_DIR = Path(
-    os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "redlock-bench" / "redlock-py"
 
 
 # -- the three kinds of peer ----------------------------------------------------------------
@@ -45,6 +48,7 @@ class Peer:
     make: Callable[[str], Any] = field(repr=False, default=lambda r: r)
     acquire: Callable[[Any], Any] = field(repr=False, default=lambda h: None)
     release: Callable[[Any, Any], Any] = field(repr=False, default=lambda h, c: None)
+    attempt: Callable[[Any], Any] | None = field(repr=False, default=None)
     handle_memory: bool = True  # does make() build a real per-lock object?
     reference: bool = False  # not a lock library: a floor for comparison
     kind = "sync"
@@ -61,6 +65,35 @@ class Peer:
     def cycle_memory(self, prefix: str, *, cycles: int) -> dict[str, float]:
         return _measure.cycle_memory(self.make, self.acquire, self.release, cycles=cycles,
                                      prefix=prefix)
+
+    def attempts(self, resource: str, limits: dict[str, Any]) -> dict[str, Any]:
+        """_measure.attempts in a thread: a call stuck longer than ``hang_s`` (a library
+        with no socket timeout, against a node that never answers) is given up on, and
+        the thread is left behind, blocked (it is a daemon)."""
+        tally = _measure.Tally()
+        box: dict[str, Any] = {}
+
+        def run() -> None:
+            try:
+                box["result"] = _measure.attempts(
+                    self.make, self.attempt or self.acquire, self.release, resource,
+                    tally=tally, **limits)
+            except Exception as exc:  # make() itself failed
+                box["result"] = {"error": f"{type(exc).__name__}: {exc}"}
+
+        worker = threading.Thread(target=run, name=f"bench-{self.key}", daemon=True)
+        worker.start()
+        while worker.is_alive():
+            worker.join(0.1)
+            if worker.is_alive() and time.monotonic() - tally.cycle_started > limits["hang_s"]:
+                tally.stopped = "hung"
+                stuck_ns = int((time.monotonic() - tally.cycle_started) * 1e9)
+                tally.fail(f"hung: no answer in {limits['hang_s']:g} s (thread left behind)",
+                           stuck_ns)
+                tally.ended = time.perf_counter_ns()
+                return tally.result()
+        result: dict[str, Any] = box["result"]
+        return result
 
 
 @dataclass(kw_only=True)
@@ -84,39 +117,58 @@ class AsyncPeer(Peer):
         return self.loop.run_until_complete(_measure.cycle_memory_async(
             self.make, self.acquire, self.release, cycles=cycles, prefix=prefix))
 
+    def attempts(self, resource: str, limits: dict[str, Any]) -> dict[str, Any]:
+        return self.loop.run_until_complete(_measure.attempts_async(
+            self.make, self.attempt or self.acquire, self.release, resource, **limits))
+
 
 @dataclass(kw_only=True)
 class SubprocessPeer(Peer):
-    """redlock-py, run by benchmarks/_redlock_py_worker.py with the same loops."""
+    """redlock-py or redlock-ng, run by benchmarks/_subprocess_worker.py with the same
+    loops, from the library's own ``--target`` directory (benchmarks/_clashing.py)."""
 
+    library: str
     target: Path
     urls: list[str]
+    asynchronous: bool = False
     handle_memory: bool = False
     kind = "subprocess"
 
-    def _run(self, mode: str, options: dict[str, Any]) -> dict[str, Any]:
-        env = {**os.environ, "PYTHONPATH": str(self.target), "REDLOCK_PY_DIR": str(self.target)}
+    def _run(self, mode: str, options: dict[str, Any], timeout: float) -> dict[str, Any]:
         done = subprocess.run(
-            [sys.executable, str(HERE / "_redlock_py_worker.py"), mode,
-             json.dumps({"urls": self.urls, **options})],
-            capture_output=True, text=True, env=env, cwd=str(HERE), check=False,
-            timeout=options.get("deadline_s", 120) + 60)
+            [sys.executable, str(HERE / "_subprocess_worker.py"), mode,
+             json.dumps({"library": self.library, "async": self.asynchronous,
+                         "urls": self.urls, **options})],
+            capture_output=True, text=True, env=_clashing.subprocess_env(self.target),
+            cwd=str(HERE), check=False, timeout=timeout)
         if done.returncode != 0:
-            raise RuntimeError(f"redlock-py worker failed: {done.stderr.strip()[-500:]}")
+            raise RuntimeError(f"{self.library} worker failed: {done.stderr.strip()[-500:]}")
         result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])["result"]
         return result
 
     def uncontended(self, resource: str, *, cycles: int, warmup: int) -> dict[str, float]:
         return self._run("uncontended", {"resource": resource, "cycles": cycles,
-                                         "warmup": warmup})
+                                         "warmup": warmup}, timeout=180)
 
     def contended(self, resource: str, *, workers: int, total: int,
                   deadline_s: float) -> dict[str, Any]:
         return self._run("contended", {"resource": resource, "workers": workers,
-                                       "total": total, "deadline_s": deadline_s})
+                                       "total": total, "deadline_s": deadline_s},
+                         timeout=deadline_s + 60)
 
     def cycle_memory(self, prefix: str, *, cycles: int) -> dict[str, float]:
-        return self._run("memory", {"resource": prefix, "cycles": cycles})
+        return self._run("memory", {"resource": prefix, "cycles": cycles}, timeout=180)
+
+    def attempts(self, resource: str, limits: dict[str, Any]) -> dict[str, Any]:
+        """A subprocess stuck past its budget (a library with no socket timeout, against
+        a node that never answers) is killed: everything it measured is lost."""
+        limit = limits["budget_s"] + limits["hang_s"] * (limits["max_failures"] + 1) + 10
+        try:
+            return self._run("attempts", {"resource": resource, "limits": limits},
+                             timeout=limit)
+        except subprocess.TimeoutExpired:
+            return {**_measure.Tally().result(), "stopped": "hung",
+                    "errors": [(f"hung: the worker was killed after {limit:g} s", 1)]}
 
 
 def checked(acquire: Callable[[Any], Any], who: str) -> Callable[[Any], None]:
@@ -221,26 +273,25 @@ def aioredlock(peers: Peers, urls: list[str]) -> Peer:
             except LockError:
                 continue
 
+    async def attempt(resource: str) -> Any:
+        return await manager.lock(resource, lock_timeout=TTL_S)
+
     async def release(_resource: str, held: Any) -> None:
         await manager.unlock(held)
 
     return AsyncPeer(key="aioredlock", label="aioredlock", nodes=len(urls), acquire=acquire,
-                     release=release, handle_memory=False, loop=peers.loop)
+                     release=release, attempt=attempt, handle_memory=False, loop=peers.loop)
 
 
-def redlock_py(urls: list[str], target: Path, install: bool) -> Peer:
-    """The classic redlock-py, from a separate ``pip install --target`` directory."""
-    if install and not (target / "redlock").is_dir():
-        print(f"installing redlock-py {REDLOCK_PY_VERSION} into {target} ...", flush=True)
-        subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
-                        "--target", str(target), f"redlock-py=={REDLOCK_PY_VERSION}"],
-                       check=True)
-    if not (target / "redlock" / "__init__.py").is_file():
-        raise LookupError(
-            f"not installed in {target}: its module name 'redlock' clashes with ours, so it"
-            " is only measured from a separate --target dir (run with --install-redlock-py)")
-    return SubprocessPeer(key="redlock_py", label=f"redlock-py {REDLOCK_PY_VERSION} (subproc)",
-                          nodes=len(urls), target=target, urls=urls)
+def clashing(name: str, urls: list[str], target: Path, install: bool, *,
+             asynchronous: bool = False) -> Peer:
+    """redlock-py or redlock-ng, from its own ``pip install --target`` directory."""
+    _clashing.ensure_installed(name, target, install)
+    version = _clashing.LIBRARIES[name].version
+    key = name.replace("-", "_") + ("_async" if asynchronous else "")
+    label = f"{name} {version}{' asyncio' if asynchronous else ''} (subproc)"
+    return SubprocessPeer(key=key, label=label, nodes=len(urls), library=name, target=target,
+                          urls=urls, asynchronous=asynchronous)
 
 
 def redis_py_lock(single: Any) -> Peer:
@@ -280,8 +331,43 @@ def raw_floor_async(peers: Peers, urls: list[str]) -> Peer:
                      handle_memory=False, reference=True, loop=peers.loop)
 
 
-def add_all(peers: Peers, urls3: list[str], urls1: list[str], *, redlock_py_dir: Path,
-            install_redlock_py: bool) -> None:
+def clashing_options(parser: argparse.ArgumentParser) -> None:
+    """--install-redlock-py / --redlock-py-dir, and the same for redlock-ng."""
+    for name, library in _clashing.LIBRARIES.items():
+        parser.add_argument(f"--{name}-dir", default=str(library.default_dir),
+                            help=f"where {name} is installed (its own --target dir)")
+        parser.add_argument(library.option, action="store_true",
+                            help=f"pip install {name}=={library.version} into --{name}-dir"
+                                 " if it is not there (needs PyPI)")
+
+
+def add_clashing(peers: Peers, urls: list[str], args: argparse.Namespace, *,
+                 asynchronous_too: bool = False) -> None:
+    """redlock-py and redlock-ng (and redlock-ng's asyncio client), each skipped with
+    the reason when its directory is not there."""
+    for name in _clashing.LIBRARIES:
+        target = Path(getattr(args, f"{name.replace('-', '_')}_dir"))
+        install = getattr(args, f"install_{name.replace('-', '_')}")
+        peers.add(name, lambda n=name, t=target, i=install: clashing(n, urls, t, i))
+        if asynchronous_too and name == "redlock-ng":
+            peers.add(f"{name} asyncio", lambda n=name, t=target: clashing(
+                n, urls, t, False, asynchronous=True))
+
+
+def add_redlocks(peers: Peers, urls: list[str], args: argparse.Namespace) -> None:
+    """The peers that take N nodes: ours (sync first: the baseline), the Redlock peers,
+    the two floors."""
+    peers.all.append(ours_sync(peers, urls, "ours", "ours sync"))
+    peers.all.append(ours_async(peers, urls))
+    peers.add("pottery", lambda: pottery(peers, urls))
+    peers.add("aioredlock", lambda: aioredlock(peers, urls))
+    add_clashing(peers, urls, args, asynchronous_too=True)
+    peers.all.append(raw_floor(peers, urls))
+    peers.all.append(raw_floor_async(peers, urls))
+
+
+def add_all(peers: Peers, urls3: list[str], urls1: list[str],
+            args: argparse.Namespace) -> None:
     """Every peer, in the order of the report: Redlock on N=3 first, then the
     single-node locks (with ours on N=1 as their baseline), then the floors."""
     import redis
@@ -290,7 +376,7 @@ def add_all(peers: Peers, urls3: list[str], urls1: list[str], *, redlock_py_dir:
     peers.all.append(ours_async(peers, urls3))
     peers.add("pottery", lambda: pottery(peers, urls3))
     peers.add("aioredlock", lambda: aioredlock(peers, urls3))
-    peers.add("redlock-py", lambda: redlock_py(urls3, redlock_py_dir, install_redlock_py))
+    add_clashing(peers, urls3, args)
     peers.all.append(ours_sync(peers, urls1, "ours_n1", "ours sync N=1"))  # N=1 baseline
     single = redis.Redis.from_url(urls1[0])
     peers.closers.append(single.close)

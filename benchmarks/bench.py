@@ -8,15 +8,15 @@ measures every library in the same process and the same rounds (interleaved, rot
 order), and prints medians over rounds with their spread, plus ratios against our
 synchronous client measured in this very run. See BENCHMARKS.md for methodology.
 
-The classic ``redlock-py`` package (module name ``redlock``, which clashes with ours) is
-measured in a subprocess from a separate ``pip install --target`` directory, only if that
-directory exists (``--install-redlock-py`` creates it; it needs PyPI access).
+``redlock-py`` and ``redlock-ng`` (module name ``redlock``, which clashes with ours) are
+measured in a subprocess from their own ``pip install --target`` directories, only if
+those exist (``--install-redlock-py`` / ``--install-redlock-ng`` create them; PyPI).
 
 Where things are:
 
 * ``_peers.py``: one adapter per library (and ``_floors.py``: the raw I/O floors);
 * ``_measure.py``: the measuring loops on one peer (uncontended, contended, memory;
-  sync and asyncio), shared with ``_redlock_py_worker.py``;
+  sync and asyncio), shared with ``_subprocess_worker.py``;
 * ``_sections.py``: the rounds of each section over all peers;
 * ``_report.py``: the tables and ratios;
 * ``_environment.py``: the machine, the load during the run, quiet logging.
@@ -32,7 +32,7 @@ from typing import Any
 
 import _sections
 from _environment import LoadMonitor, configure_logging, load_text, loadavg_text, machine_lines
-from _peers import DEFAULT_REDLOCK_PY_DIR, REDLOCK_PY_VERSION, TTL_S, Peers, add_all
+from _peers import TTL_S, Peers, add_all, clashing_options
 
 FULL = {"rounds": 5, "cycles": 2000, "warmup": 200, "total": 1000, "contended_rounds": 3,
         "handles": 10_000, "mem_cycles": 1000}
@@ -59,8 +59,7 @@ def run(args: argparse.Namespace) -> int:
         overall = monitor.snapshot()
         peers = Peers()
         try:
-            add_all(peers, nodes3.urls, nodes1.urls, redlock_py_dir=Path(args.redlock_py_dir),
-                    install_redlock_py=args.install_redlock_py)
+            add_all(peers, nodes3.urls, nodes1.urls, args)
             chosen = [p for p in peers.all if not args.only or p.key in args.only]
             if args.profile:
                 _sections.profile(next(p for p in peers.all if p.key == "ours"), args.cycles)
@@ -101,10 +100,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--only", nargs="*", help="peer keys to run (ours is the baseline)")
     parser.add_argument("--profile", action="store_true",
                         help="only cProfile our sync client and print the hot spots")
-    parser.add_argument("--redlock-py-dir", default=str(DEFAULT_REDLOCK_PY_DIR))
-    parser.add_argument("--install-redlock-py", action="store_true",
-                        help=f"pip install redlock-py=={REDLOCK_PY_VERSION} into"
-                             " --redlock-py-dir if it is not there")
+    clashing_options(parser)
     parser.add_argument("--json", help="also write raw results to this file")
     args = parser.parse_args(argv)
     for name, value in (QUICK if args.quick else FULL).items():
