@@ -31,18 +31,24 @@ from redis.retry import Retry
 
 from redlock import _scripts as scripts
 from redlock._node_config import pool_overrides
+from redlock._rules import Keys
 
-MARKER = "redlock:node-marker"
+MARKER = Keys("redlock").marker
+
+
+_KEYS = Keys("redlock")
 
 
 def _acquire_command(resource: str, owner: str, ttl_s: float) -> tuple[Any, ...]:
-    return ("EVALSHA", scripts.ACQUIRE.sha, 3, f"redlock:{{{resource}}}:lock",
-            f"redlock:{{{resource}}}:fence", MARKER, owner, int(ttl_s * 1000), 0)
+    """A single try (no ticket: it does not join the waiting line)."""
+    return ("EVALSHA", scripts.ACQUIRE.sha, 5, _KEYS.lock(resource), _KEYS.fence(resource),
+            MARKER, _KEYS.line(resource), _KEYS.line_deadlines(resource), owner,
+            int(ttl_s * 1000), 0, "", 1000)
 
 
 def _release_command(resource: str, owner: str) -> tuple[Any, ...]:
-    return ("EVALSHA", scripts.RELEASE.sha, 2, f"redlock:{{{resource}}}:lock",
-            f"redlock:{{{resource}}}:released", owner)
+    return ("EVALSHA", scripts.RELEASE.sha, 4, _KEYS.lock(resource), _KEYS.channel(resource),
+            _KEYS.line(resource), _KEYS.line_deadlines(resource), owner, "1")
 
 
 def initialise(urls: list[str]) -> None:

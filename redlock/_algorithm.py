@@ -33,6 +33,7 @@ from redlock._rules import (
     quorum,
     validate_node_addresses,
     validity_left,
+    waiter_id,
 )
 from redlock._scripts import Script
 from redlock._state import (
@@ -46,6 +47,10 @@ from redlock._state import (
 from redlock.errors import NodeResult, Outcome, describe
 
 logger = get_logger(__name__)
+
+# The longest a waiter in line that hears releases waits between attempts: it keeps
+# its place in line, and a lost wake-up costs it at most this (docs/design.md §6).
+LINE_POLL_MAX = 0.5
 
 
 @dataclass
@@ -113,31 +118,23 @@ class RedlockCore:
         targets = range(self.n) if nodes is None else nodes
         return tuple(Call(i, args, script, keys) for i in targets)
 
-    def _release_calls(self, resources: Sequence[str], owner: str,
-                       ttl: float | None = None) -> Broadcast:
+    def _release_calls(self, resources: Sequence[str], owner: str, ttl: float | None = None,
+                       *, leave: bool = True, nodes: Sequence[int] | None = None) -> Broadcast:
         """Compare-and-delete of each resource's key on every node (a set's calls to one
-        node go out pipelined). Decided once a quorum deleted every key of ours, or more
-        nodes than a quorum can spare no longer held one: the others' releases are in
-        flight and read in the background."""
-        k = len(resources)
-        return Broadcast(tuple(
-            Call(i, (owner,), scripts.RELEASE, (self.keys.lock(r), self.keys.channel(r)))
-            for i in range(self.n) for r in resources), self.timeout(ttl),
-            enough=self._enough_per_node(k))
-
-    def _enough_per_node(self, k: int) -> Callable[[Sequence[object]], bool]:
-        """When a release or extend (k calls per node, node-major) stops waiting: once
-        every node answered that is not known to be slow (one that left a reply unread
-        lately: releases and extends do not wait for it; what it answers later is read
-        in the background)."""
-        n, round_trips = self.n, self.round_trips
-
-        def settled(replies: Sequence[object]) -> bool:
-            return all(replies[i * k] is not PENDING or round_trips.slow(i) for i in range(n))
-        return settled
+        node go out pipelined), and with ``leave`` the owner's entry in the waiting lines
+        is dropped too. Waits for every node but those known to be slow (what they
+        answer later is read in the background)."""
+        keys = self.keys
+        calls = tuple(
+            Call(i, (owner, "1" if leave else "0"), scripts.RELEASE,
+                 (keys.lock(r), keys.channel(r), keys.line(r), keys.line_deadlines(r)))
+            for i in (range(self.n) if nodes is None else nodes) for r in resources)
+        return Broadcast(calls, self.timeout(ttl), enough=self._settled_by_node(calls))
 
     def _settled_by_node(self, calls: Sequence[Call]) -> Callable[[Sequence[object]], bool]:
-        """Every node's calls answered, but for nodes known to be slow."""
+        """When a release or extend stops waiting: once every node answered that is not
+        known to be slow (one that left a reply unread lately: releases and extends do
+        not wait for it; what it answers later is read in the background)."""
         first: dict[int, int] = {}
         for index, call in enumerate(calls):
             first.setdefault(call.node, index)
@@ -176,6 +173,12 @@ class RedlockCore:
         hide an outage from the caller."""
         resources = (resources,) if isinstance(resources, str) else resources
         owner = secrets.token_hex(16)  # 128 bits, secret: only we can release our key
+        # A blocking acquire of one resource waits in the nodes' line for it; its ticket
+        # (wall-clock microseconds: comparable across hosts, see docs/design.md §6) is
+        # its place, the same on every node and every attempt. A single try, or a set,
+        # does not queue.
+        queued = blocking and timeout != 0 and len(resources) == 1
+        ticket = str(time.time_ns() // 1000) if queued else ""
         started = self.clock()
         deadline = None if timeout is None else started + timeout
         outage_limit = self.settings.outage_timeout
@@ -187,16 +190,19 @@ class RedlockCore:
         while True:
             attempts += 1
             attempt_started = self.clock()
-            result = yield from self._attempt(resources, owner, ttl)
+            result = yield from self._attempt(resources, owner, ttl, ticket)
             if result.retry_now and attempts < 3:
                 continue
             if result.state is not None or not blocking or result.permanent:
+                if result.state is None:
+                    yield from self._leave_line(resources, owner, ttl, ticket)
                 return AcquireResult(result.state, result.outcomes, attempts,
                                      result.unavailable, result.reason)
             now = self.clock()
             if result.unavailable:
                 outage_since = attempt_started if outage_since is None else outage_since
                 if outage_limit is not None and now - outage_since >= outage_limit:
+                    yield from self._leave_line(resources, owner, ttl, ticket)
                     return AcquireResult(None, result.outcomes, attempts, True,
                                          f"{result.reason}; the cluster has been unavailable"
                                          f" for {now - outage_since:.1f} s (outage_timeout)")
@@ -213,36 +219,71 @@ class RedlockCore:
             pttls = [r.pttl_ms for r in result.outcomes if r.pttl_ms is not None and r.pttl_ms > 0]
             if pttls:
                 delay = min(delay, max(min(pttls) / 1000.0, self.settings.retry_delay_min))
+            # Waiting in line where releases are heard, a release wakes the first in line:
+            # the next attempt is due only when the holder's key would expire by itself,
+            # or to keep our place (entries lapse after the patience without an attempt).
+            patient = None
+            if queued and not result.unavailable:
+                patient = LINE_POLL_MAX
+                if pttls:
+                    patient = min(patient, max(min(pttls) / 1000.0,
+                                               self.settings.retry_delay_min))
             if deadline is not None:
                 if now >= deadline:
+                    yield from self._leave_line(resources, owner, ttl, ticket)
                     return AcquireResult(None, result.outcomes, attempts, result.unavailable,
                                          result.reason)
                 delay = min(delay, deadline - now)
-            yield Sleep(delay, line=self.line(resources))
+                patient = None if patient is None else min(patient, deadline - now)
+            try:
+                yield Sleep(delay, line=self.line(resources),
+                            channels=tuple(self.keys.channel(r) for r in resources),
+                            waiter=waiter_id(owner) if queued else None, patient=patient)
+            except GeneratorExit:
+                raise
+            except BaseException:  # interrupted (cancelled) while waiting: leave the line
+                yield from self._leave_line(resources, owner, ttl, ticket)
+                raise
+
+    def _leave_line(self, resources: tuple[str, ...], owner: str, ttl: float,
+                    ticket: str) -> Protocol[None]:
+        """A queued acquire call that ends without the lock drops its entries from the
+        waiting lines at once: the next in line need not wait for them to lapse."""
+        if ticket:
+            yield self._release_calls(resources, owner, ttl, leave=True)
+
+    def patience(self, ttl: float) -> float:
+        """How long a waiting-line entry stays without a new attempt from its waiter: two
+        of the longest waits between attempts (a wait and an attempt), so a live waiter
+        keeps its place and a dead one blocks the line briefly (about 1.1 s by default)."""
+        longest_wait = max(self.settings.retry_delay_max, LINE_POLL_MAX)
+        return 2 * (longest_wait + self.timeout(ttl)) + 0.05
 
     def line(self, resources: Sequence[str]) -> str:
         """The local line of an acquisition: a resource's release channel (a set has one
         of its own). Attempts in one line from one manager take turns."""
         return self.keys.channel(resources[0] if len(resources) == 1 else "\x00".join(resources))
 
-    def _acquire_calls(self, resources: tuple[str, ...], owner: str,
-                       ttl_ms: int) -> tuple[Call, ...]:
-        keys, floors = self.keys, self.floors
+    def _acquire_calls(self, resources: tuple[str, ...], owner: str, ttl: float,
+                       ticket: str) -> tuple[Call, ...]:
+        keys, floors, ttl_ms = self.keys, self.floors, max(1, int(ttl * 1000))
         if len(resources) == 1:
             [resource] = resources
-            return self._all(scripts.ACQUIRE, (keys.lock(resource), keys.fence(resource),
-                                               keys.marker),
-                             (owner, ttl_ms, floors.get(resource)))
+            return self._all(scripts.ACQUIRE,
+                             (keys.lock(resource), keys.fence(resource), keys.marker,
+                              keys.line(resource), keys.line_deadlines(resource)),
+                             (owner, ttl_ms, floors.get(resource), ticket,
+                              int(self.patience(ttl) * 1000)))
         return self._all(scripts.ACQUIRE_MANY,
                          (keys.marker, *(keys.lock(r) for r in resources),
                           *(keys.fence(r) for r in resources)),
                          (owner, ttl_ms, *(floors.get(r) for r in resources)))
 
-    def _attempt(self, resources: tuple[str, ...], owner: str,
-                 ttl: float) -> Protocol[AttemptResult]:
+    def _attempt(self, resources: tuple[str, ...], owner: str, ttl: float,
+                 ticket: str) -> Protocol[AttemptResult]:
         settings, keys, name = self.settings, self.keys, label(resources)
         started = self.clock()
-        request = Broadcast(self._acquire_calls(resources, owner, max(1, int(ttl * 1000))),
+        request = Broadcast(self._acquire_calls(resources, owner, ttl, ticket),
                             self.timeout(ttl), line=self.line(resources),
                             enough=self._enough(_acquire_vote))
         try:
@@ -309,8 +350,12 @@ class RedlockCore:
             # Interrupted (cancelled) after sending: the SET may have happened anywhere.
             yield self._release_calls(resources, owner, ttl)
             raise
-        # Failure: release everywhere, including nodes that timed out (reply lost after SET).
-        yield self._release_calls(resources, owner, ttl)
+        # Failure: release wherever our key may be, including nodes that timed out (reply
+        # lost after SET); not where the script refused (it set nothing). The waiter
+        # keeps its place in line: the acquire call may try again.
+        maybe_set = [i for i, reply in enumerate(replies) if not _refused(reply)]
+        if maybe_set:
+            yield self._release_calls(resources, owner, ttl, leave=False, nodes=maybe_set)
         healthy = sum(1 for r in outcomes if r.outcome in (Outcome.GRANTED, Outcome.REFUSED))
         unavailable = healthy < self.quorum
         if all(type(reply).__name__ == "TimeoutError" for reply in replies):
@@ -429,14 +474,21 @@ class RedlockCore:
 
 
 def _acquire_vote(reply: object) -> int | None:
-    """An ACQUIRE / ACQUIRE_MANY reply as a vote: granted (1), held by another (0)."""
+    """An ACQUIRE / ACQUIRE_MANY reply as a vote: granted (1), held by another or
+    another's turn (0)."""
     if isinstance(reply, list | tuple) and reply:
         code = reply[0]
         if code in (scripts.ACQUIRE_GRANTED, scripts.ACQUIRE_ALREADY_OURS):
             return 1
-        if code == scripts.ACQUIRE_REFUSED:
+        if code in (scripts.ACQUIRE_REFUSED, scripts.ACQUIRE_NOT_YOUR_TURN):
             return 0
     return None
+
+
+def _refused(reply: object) -> bool:
+    """An ACQUIRE / ACQUIRE_MANY reply that set nothing on its node."""
+    return isinstance(reply, list | tuple) and bool(reply) and reply[0] in (
+        scripts.ACQUIRE_REFUSED, scripts.ACQUIRE_NOT_YOUR_TURN, scripts.ACQUIRE_AMNESIAC)
 
 
 def _commit_enough(write_backs: Sequence[tuple[str, Call]], committed: dict[str, int],

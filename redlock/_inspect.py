@@ -165,7 +165,8 @@ def is_locked(core: RedlockCore, resource: str) -> Protocol[bool]:
 
 def force_release(core: RedlockCore, resource: str) -> Protocol[list[ReleaseReport]]:
     """Delete ``resource``'s lock key on every node, whoever holds it."""
-    keys = (core.keys.lock(resource), core.keys.channel(resource))
+    keys = (core.keys.lock(resource), core.keys.channel(resource), core.keys.line(resource),
+            core.keys.line_deadlines(resource))
     replies = yield _lock_calls(core, scripts.FORCE_RELEASE, keys)
     reports = []
     for i, reply in enumerate(replies):

@@ -38,11 +38,14 @@ class Ticket(Generic[E]):
     """One blocking acquire call's place in its resource's line, kept across its
     attempts (a waiter that loses a race keeps its place instead of going to the back)."""
 
-    __slots__ = ("key", "wake")
+    __slots__ = ("key", "wake", "watch")
 
     def __init__(self) -> None:
         self.key: str | None = None
         self.wake: E | None = None  # made on the first wait only
+        # The call's watch for releases elsewhere (redlock._wakeups), from its first wait
+        # to its end: a release heard during an attempt ends the next wait at once.
+        self.watch: object | None = None
 
 
 class Line(Generic[E, L]):

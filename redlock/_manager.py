@@ -22,13 +22,14 @@ from redlock._decorator import F, make_decorator
 from redlock._handle import LockBase, MultiLockBase
 from redlock._handover import Handover, as_handover
 from redlock._handover import adopt as adopt_handover
-from redlock._lines import LocalLines
+from redlock._lines import LocalLines, Ticket
 from redlock._log import get_logger
-from redlock._protocol import Protocol, Wakeable
+from redlock._protocol import Protocol, Sleep, Wakeable
 from redlock._renewals import Renewals
 from redlock._rules import Settings, validate_resource
 from redlock._state import LockState, Status
 from redlock._telemetry import Telemetry, record_renewal
+from redlock._wakeups import WakeRegistry, Watch
 
 logger = get_logger(__name__)
 
@@ -119,6 +120,10 @@ class ManagerBase(Generic[H, MH]):
         self._closing = self._new_event()  # set by close(): background work ends
         self._maintaining = False
         self._maintenance_mutex = threading.Lock()
+        # Releases anywhere wake waiters here (docs/design.md §6): the subscriptions are
+        # opened when a blocking acquire first waits.
+        self._wakeups = WakeRegistry(changed=lambda: self._listener and self._listener.poke())
+        self._listener: Any = None
         self._renewals = Renewals(self._core, self._new_event,
                                   lambda loop: self._spawn(loop, "redlock-renewals"),
                                   self._notify_lost,
@@ -141,6 +146,34 @@ class ManagerBase(Generic[H, MH]):
     def _spawn(self, protocol: Protocol[None], name: str) -> None:
         """Run a protocol in the background (a thread, or a task)."""
         raise NotImplementedError
+
+    def _open_listener(self) -> Any:
+        """The release listener of the shell's flavour (see :mod:`redlock._wakeups`)."""
+        raise NotImplementedError
+
+    # -- waiting for a release (used by the shells' waits) ---------------------
+
+    def _watch_releases(self, request: Sleep, ticket: Ticket[Any]) -> float:
+        """From an acquire call's first wait to its end (:meth:`_end_call`), a release
+        on the request's channels wakes it (``ticket.wake``). Returns how long to wait:
+        the patient wait once releases on every channel are heard."""
+        if (ticket.watch is None and ticket.wake is not None and request.channels
+                and not self._closing.is_set()):
+            ticket.watch = self._wakeups.watch(request.channels, request.waiter, ticket.wake)
+            if self._listener is None:
+                self._listener = self._open_listener()
+            self._listener.ensure_running()
+        if ticket.watch is not None and request.patient is not None and all(
+                self._wakeups.live(channel) for channel in request.channels):
+            return request.patient
+        return request.seconds
+
+    def _end_call(self, ticket: Ticket[Any]) -> None:
+        """A driven call is over: leave the local line, stop watching for releases."""
+        self._lines.leave(ticket)
+        if isinstance(ticket.watch, Watch):
+            self._wakeups.unwatch(ticket.watch)
+            ticket.watch = None
 
     # -- public ----------------------------------------------------------------
 
@@ -292,11 +325,18 @@ class ManagerBase(Generic[H, MH]):
                 self._maintaining = False
 
     def _notify_released(self, state: LockState) -> None:
-        """Wake this manager's local waiters for what ``state`` held."""
-        self._lines.notify(self._core.line(state.resources))
+        """Wake this manager's local waiters for what ``state`` held, unless the
+        release's own message does (a subscribed channel: the message wakes the first
+        in the nodes' line, wherever it waits; waking the first local waiter as well
+        would cost an attempt whenever that is not the same waiter)."""
+        line = self._core.line(state.resources)
+        if len(state.resources) > 1 or not self._wakeups.live(line):
+            self._lines.notify(line)  # a set's local line has no channel of its own
         if len(state.resources) > 1:  # waiters for a single resource of the set, too
             for resource in state.resources:
-                self._lines.notify(self._core.keys.channel(resource))
+                channel = self._core.keys.channel(resource)
+                if not self._wakeups.live(channel):
+                    self._lines.notify(channel)
 
     def _notify_lost(self, state: LockState, handles: list[Any]) -> None:
         """The renewals lost ``state``: tell each handle, each in a thread/task of its own

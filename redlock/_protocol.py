@@ -82,12 +82,19 @@ class Sleep:
 
     ``line``: a blocking acquire's backoff; the shell keeps the caller's place in that
     local line and wakes it early when a handle of the same manager releases.
+    ``channels``: the release channels that may end the wait early (a release anywhere
+    publishes on them); ``waiter``: the waiter id a wake-up must name (the first in the
+    nodes' waiting line), None to be woken by a release that names nobody.
+    ``patient``: how long to wait instead, once releases on ``channels`` are heard.
     ``until``: an event that ends the wait early when set (a watchdog's stop signal).
     """
 
     seconds: float
     line: str | None = None
     until: Wakeable | None = None
+    channels: tuple[str, ...] = ()
+    waiter: str | None = None
+    patient: float | None = None
 
 
 @dataclass(frozen=True)

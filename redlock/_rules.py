@@ -7,6 +7,7 @@ where the nodes' replies become :class:`~redlock.errors.NodeResult` outcomes.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import re
 from collections.abc import Iterable, Sequence
@@ -173,6 +174,14 @@ class Keys:
         """Where a release publishes; also the key of the resource's local line."""
         return f"{self.namespace}:{{{resource}}}:released"
 
+    def line(self, resource: str) -> str:
+        """The resource's waiting line on a node (docs/design.md §6)."""
+        return f"{self.namespace}:{{{resource}}}:line"
+
+    def line_deadlines(self, resource: str) -> str:
+        """When each entry of the waiting line lapses, by the node's clock."""
+        return f"{self.namespace}:{{{resource}}}:line-deadlines"
+
     @property
     def marker(self) -> str:
         return f"{self.namespace}:node-marker"
@@ -199,6 +208,12 @@ class Keys:
 def quorum(node_count: int) -> int:
     """Majority of N: N // 2 + 1."""
     return node_count // 2 + 1
+
+
+def waiter_id(owner: str) -> str:
+    """An acquisition's name in the nodes' waiting lines and wake-up messages: SHA1 of
+    its owner value (the scripts compute the same), which does not reveal the owner."""
+    return hashlib.sha1(owner.encode()).hexdigest()
 
 
 def validity_left(settings: Settings, ttl: float, started: float, now: float) -> float:
@@ -288,6 +303,9 @@ def classify_acquire_reply(node: str, reply: object, resources: int = 1) -> Node
         held = "held by another owner" if resources == 1 else "a key is held by another owner"
         return NodeResult(node, Outcome.REFUSED, f"{held}, {values[0]} ms left",
                           pttl_ms=values[0])
+    if code == scripts.ACQUIRE_NOT_YOUR_TURN:
+        waiters = "1 waiter is" if values[0] == 1 else f"{values[0]} waiters are"
+        return NodeResult(node, Outcome.REFUSED, f"free, but {waiters} first in line")
     if code == scripts.ACQUIRE_AMNESIAC:
         return NodeResult(node, Outcome.AMNESIAC, "no node marker: new, or lost its data")
     return NodeResult(node, Outcome.ERROR, f"unexpected reply code {code}")

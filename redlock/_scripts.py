@@ -20,6 +20,7 @@ ACQUIRE_REFUSED = 0  # another owner holds the key; second element: its PTTL in 
 ACQUIRE_GRANTED = 1  # we set the key; second element: the new fence counter
 ACQUIRE_ALREADY_OURS = 2  # our owner value was already there (a retry); counter as is
 ACQUIRE_AMNESIAC = -1  # the node has no marker: it may have forgotten locks and counters
+ACQUIRE_NOT_YOUR_TURN = 3  # free, but others are first in line; second element: how many
 
 
 @dataclass(frozen=True)
@@ -34,15 +35,46 @@ class Script:
         object.__setattr__(self, "sha", hashlib.sha1(self.source.encode()).hexdigest())
 
 
+# -- the waiting line (docs/design.md §6) ----------------------------------------------
+#
+# A blocking acquire waits in a line per resource on each node: a sorted set of waiter
+# ids (SHA1 of the owner value: the line never shows an owner value) ordered by a ticket
+# the waiter sends unchanged to every node, so every node agrees on the order. A free
+# lock is granted only to the first in line; waiters woken together therefore do not
+# split the nodes between them. Each entry has a deadline (a second sorted set, by the
+# node's clock) that every attempt of its waiter pushes back by the patience: the entry
+# of a waiter that died lapses on its own, however long the holder keeps the lock. Both
+# keys expire with their last entry.
+
+_LINE_FUNCTIONS = """
+local function now_ms()
+    local t = redis.call('TIME')
+    return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+-- Drop the entries whose deadline passed (their waiters stopped asking).
+local function drop_lapsed(line, deadlines, now)
+    local lapsed = redis.call('ZRANGEBYSCORE', deadlines, '-inf', now, 'LIMIT', 0, 100)
+    for _, waiter in ipairs(lapsed) do
+        redis.call('ZREM', line, waiter)
+        redis.call('ZREM', deadlines, waiter)
+    end
+end
+"""
+
 ACQUIRE = Script(
     "acquire",
     """
--- KEYS[1] lock key, KEYS[2] fence counter key, KEYS[3] node marker key
+-- KEYS[1] lock key, KEYS[2] fence counter key, KEYS[3] node marker key,
+-- KEYS[4] waiting line (zset: waiter id by ticket), KEYS[5] line deadlines (zset: by ms)
 -- ARGV[1] owner value, ARGV[2] ttl in ms, ARGV[3] token floor (highest token the client saw)
+-- ARGV[4] ticket: the waiter's place in line ('' for a single try, which does not queue)
+-- ARGV[5] patience in ms: how long the entry stays without a new attempt from its waiter
 -- returns {1, counter}   granted: SET NX PX done and counter = max(counter, floor) + 1
 --         {2, counter}   the key already holds our owner value: TTL refreshed, counter unchanged
---         {0, pttl}      held by another owner, pttl ms left
+--         {0, pttl}      held by another owner, pttl ms left (a ticket joins the line)
+--         {3, ahead}     free, but `ahead` waiters are before us in line (a ticket joins it)
 --         {-1, 0}        no node marker: amnesiac node, refuses until repaired
+""" + _LINE_FUNCTIONS + """
 if redis.call('EXISTS', KEYS[3]) == 0 then
     return {-1, 0}
 end
@@ -51,14 +83,47 @@ if holder == ARGV[1] then
     redis.call('PEXPIRE', KEYS[1], ARGV[2])
     return {2, tonumber(redis.call('GET', KEYS[2]) or '0')}
 end
+local queued = redis.call('EXISTS', KEYS[4]) == 1
+if not holder and not queued then
+    redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+    local counter = tonumber(redis.call('GET', KEYS[2]) or '0')
+    local target = math.max(counter, tonumber(ARGV[3])) + 1
+    -- INCRBY keeps the stored value an integer string (no Lua float formatting).
+    return {1, redis.call('INCRBY', KEYS[2], target - counter)}
+end
+local now = now_ms()
+local me = redis.sha1hex(ARGV[1])
+if queued then
+    drop_lapsed(KEYS[4], KEYS[5], now)
+end
+-- Join the line, or keep our place: the ticket is the same on every attempt.
+local function wait_in_line(until_ms)
+    if ARGV[4] == '' then
+        return
+    end
+    redis.call('ZADD', KEYS[4], ARGV[4], me)
+    redis.call('ZADD', KEYS[5], until_ms, me)
+    local last = tonumber(redis.call('ZRANGE', KEYS[5], -1, -1, 'WITHSCORES')[2])
+    redis.call('PEXPIRE', KEYS[4], last - now + 1)
+    redis.call('PEXPIRE', KEYS[5], last - now + 1)
+end
 if holder then
-    return {0, redis.call('PTTL', KEYS[1])}
+    local pttl = redis.call('PTTL', KEYS[1])
+    wait_in_line(now + tonumber(ARGV[5]))
+    return {0, pttl}
+end
+local first = redis.call('ZRANGE', KEYS[4], 0, 0)[1]
+if first and first ~= me then
+    wait_in_line(now + tonumber(ARGV[5]))
+    return {3, redis.call('ZRANK', KEYS[4], me) or redis.call('ZCARD', KEYS[4])}
+end
+if first then
+    redis.call('ZREM', KEYS[4], me)
+    redis.call('ZREM', KEYS[5], me)
 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 local counter = tonumber(redis.call('GET', KEYS[2]) or '0')
-local floor = tonumber(ARGV[3])
-local target = math.max(counter, floor) + 1
--- INCRBY keeps the stored value an integer string (no Lua float formatting).
+local target = math.max(counter, tonumber(ARGV[3])) + 1
 return {1, redis.call('INCRBY', KEYS[2], target - counter)}
 """,
 )
@@ -141,17 +206,36 @@ return 1
 RELEASE = Script(
     "release",
     """
--- KEYS[1] lock key, KEYS[2] release notification channel
--- ARGV[1] owner value
+-- KEYS[1] lock key, KEYS[2] release notification channel,
+-- KEYS[3] waiting line, KEYS[4] line deadlines (see ACQUIRE)
+-- ARGV[1] owner value, ARGV[2] '1': also leave the line (the acquire call is over),
+-- '0': keep our place (a failed attempt that will try again)
 -- returns 1 when our key was deleted, 0 when the key is absent or another owner's
+-- When the lock became free, publishes the waiter id of the first in line ('' when
+-- nobody is in line): only that waiter wakes (docs/design.md §6).
+""" + _LINE_FUNCTIONS + """
+local released = 0
 if redis.call('GET', KEYS[1]) == ARGV[1] then
     redis.call('DEL', KEYS[1])
-    -- Only a hint that wakes waiters early: a user without channel permissions
-    -- (Redis 7 ACL resetchannels) must still release cleanly, so errors are ignored.
-    redis.pcall('PUBLISH', KEYS[2], '1')
-    return 1
+    released = 1
 end
-return 0
+local left = 0
+if ARGV[2] == '1' and redis.call('EXISTS', KEYS[3]) == 1 then
+    local me = redis.sha1hex(ARGV[1])
+    left = redis.call('ZREM', KEYS[3], me)
+    redis.call('ZREM', KEYS[4], me)
+end
+if released == 1 or (left == 1 and redis.call('EXISTS', KEYS[1]) == 0) then
+    local first = ''
+    if redis.call('EXISTS', KEYS[3]) == 1 then
+        drop_lapsed(KEYS[3], KEYS[4], now_ms())
+        first = redis.call('ZRANGE', KEYS[3], 0, 0)[1] or ''
+    end
+    -- Only a hint that wakes a waiter early: a user without channel permissions
+    -- (Redis 7 ACL resetchannels) must still release cleanly, so errors are ignored.
+    redis.pcall('PUBLISH', KEYS[2], first)
+end
+return released
 """,
 )
 
@@ -369,12 +453,19 @@ return {redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[2]) or '0',
 FORCE_RELEASE = Script(
     "force_release",
     """
--- KEYS[1] lock key, KEYS[2] release notification channel
+-- KEYS[1] lock key, KEYS[2] release notification channel, KEYS[3] waiting line,
+-- KEYS[4] line deadlines
 -- returns 1 when a key was deleted, 0 when there was none
 -- Deletes whoever's key it is (an operator's tool); the fence counter stays, so the next
--- holder's token is still larger than the evicted holder's.
+-- holder's token is still larger than the evicted holder's. Wakes the first in line.
+""" + _LINE_FUNCTIONS + """
 if redis.call('DEL', KEYS[1]) == 1 then
-    redis.pcall('PUBLISH', KEYS[2], '1')
+    local first = ''
+    if redis.call('EXISTS', KEYS[3]) == 1 then
+        drop_lapsed(KEYS[3], KEYS[4], now_ms())
+        first = redis.call('ZRANGE', KEYS[3], 0, 0)[1] or ''
+    end
+    redis.pcall('PUBLISH', KEYS[2], first)
     return 1
 end
 return 0

@@ -16,6 +16,7 @@ from collections.abc import Callable, Hashable, Iterable, Mapping
 from types import TracebackType
 from typing import Any, TypeVar, cast
 
+from redlock._async_listener import AsyncReleaseListener
 from redlock._async_transport import AsyncTransport, wait_event
 from redlock._handle import HandleBase, LockBase, MultiLockBase
 from redlock._handover import Handover
@@ -110,6 +111,8 @@ class AsyncRedlock(ManagerBase[AsyncLock, AsyncMultiLock]):
     async def close(self) -> None:
         """Close the connections this manager opened (the caller's clients stay open)."""
         self._closing.set()
+        if self._listener is not None:
+            await self._listener.close()
         await self._transport.close()
 
     async def __aenter__(self) -> AsyncRedlock:
@@ -122,6 +125,10 @@ class AsyncRedlock(ManagerBase[AsyncLock, AsyncMultiLock]):
 
     def _open_transport(self, nodes: Iterable[Any], connect_timeout: float) -> AsyncTransport:
         return AsyncTransport(nodes, connect_timeout)
+
+    def _open_listener(self) -> AsyncReleaseListener:
+        return AsyncReleaseListener(self._transport.pools, self._transport.addresses,
+                                    self._core.settings.connect_timeout, self._wakeups)
 
     def _new_event(self) -> asyncio.Event:
         return asyncio.Event()
@@ -145,7 +152,7 @@ class AsyncRedlock(ManagerBase[AsyncLock, AsyncMultiLock]):
         try:
             return await drive_async(protocol, functools.partial(self._execute, ticket))
         finally:
-            self._lines.leave(ticket)
+            self._end_call(ticket)
             self._maintain()  # a request found a restarted or amnesiac node: see to it
 
     async def _execute(self, ticket: Ticket[asyncio.Event], request: Request) -> Replies:
@@ -172,8 +179,9 @@ class AsyncRedlock(ManagerBase[AsyncLock, AsyncMultiLock]):
                 await self._sleep(request.seconds)
             elif request.line is not None:
                 line, wake = self._lines.start_wait(request.line, ticket)
+                seconds = self._watch_releases(request, ticket)
                 try:
-                    await wait_event(wake, request.seconds)
+                    await wait_event(wake, seconds)
                 finally:
                     self._lines.exit(request.line, line)
             else:

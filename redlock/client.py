@@ -22,6 +22,7 @@ from redlock._lines import Ticket
 from redlock._manager import ManagerBase
 from redlock._protocol import NO_REPLY, Broadcast, Protocol, Replies, Request, Sleep, T, drive
 from redlock._repair import RepairReport
+from redlock._sync_listener import SyncReleaseListener
 from redlock._sync_transport import SyncTransport
 
 _H = TypeVar("_H", bound="_SyncHandle")
@@ -146,6 +147,8 @@ class Redlock(ManagerBase[Lock, MultiLock]):
     def close(self) -> None:
         """Close the connections this manager opened (the caller's clients stay open)."""
         self._closing.set()
+        if self._listener is not None:
+            self._listener.close()
         self._transport.close()
 
     def __enter__(self) -> Redlock:
@@ -158,6 +161,10 @@ class Redlock(ManagerBase[Lock, MultiLock]):
 
     def _open_transport(self, nodes: Iterable[Any], connect_timeout: float) -> SyncTransport:
         return SyncTransport(nodes, connect_timeout)
+
+    def _open_listener(self) -> SyncReleaseListener:
+        return SyncReleaseListener(self._transport.pools, self._transport.addresses,
+                                   self._core.settings.connect_timeout, self._wakeups)
 
     def _new_event(self) -> threading.Event:
         return threading.Event()
@@ -176,7 +183,7 @@ class Redlock(ManagerBase[Lock, MultiLock]):
         try:
             return drive(protocol, functools.partial(self._execute, ticket))
         finally:
-            self._lines.leave(ticket)
+            self._end_call(ticket)
             self._maintain()  # a request found a restarted or amnesiac node: see to it
 
     def _execute(self, ticket: Ticket[threading.Event], request: Request) -> Replies:
@@ -203,8 +210,9 @@ class Redlock(ManagerBase[Lock, MultiLock]):
                 self._sleep(request.seconds)
             elif request.line is not None:
                 line, wake = self._lines.start_wait(request.line, ticket)
+                seconds = self._watch_releases(request, ticket)
                 try:
-                    wake.wait(request.seconds)
+                    wake.wait(seconds)
                 finally:
                     self._lines.exit(request.line, line)
             else:

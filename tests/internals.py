@@ -10,7 +10,7 @@ from collections.abc import Generator, Sequence
 from typing import Any
 
 from redlock import _scripts as scripts
-from redlock._algorithm import RedlockCore
+from redlock._algorithm import LINE_POLL_MAX, RedlockCore
 from redlock._protocol import Broadcast, Call, Invoke, Sleep, drive
 from redlock._renewals import Renewals
 from redlock._repair import RepairReport
@@ -33,9 +33,11 @@ from redlock._rules import (
     validity_left,
 )
 from redlock._state import LockState, Status
+from redlock._wakeups import WakeRegistry
 
 __all__ = [
     "KEYS",
+    "LINE_POLL_MAX",
     "TOKEN_LIMIT",
     "Broadcast",
     "Call",
@@ -48,6 +50,7 @@ __all__ = [
     "Settings",
     "Sleep",
     "Status",
+    "WakeRegistry",
     "choose_token",
     "classify_ack_reply",
     "classify_acquire_reply",

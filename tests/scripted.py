@@ -89,6 +89,7 @@ class ScriptedNodes:
         for i in range(n):
             self.data[i][MARKER] = self.stamp(i, "initialised by the test")
         self.ttl_ms: list[dict[str, int]] = [{} for _ in range(n)]
+        self.lines: list[dict[str, dict[str, tuple[int, int]]]] = [{} for _ in range(n)]
         for i, counter in enumerate(counters or []):
             self.data[i][fence_key("r")] = counter
         self.down = set(down)
@@ -127,6 +128,7 @@ class ScriptedNodes:
         self.new_connections.add(node)  # its connections broke
         if not keep_data:
             self.data[node].clear()
+            self.lines[node].clear()
             self.ttl_ms[node].clear()
         if durable is not None:
             (self.durable.add if durable else self.durable.discard)(node)
@@ -223,16 +225,30 @@ class ScriptedNodes:
             return int(get(key) or 0)
 
         if script is scripts.ACQUIRE:
-            lock, fence, marker = keys
-            owner = as_text(args[0])
+            lock, fence, marker, line_key, _ = keys
+            owner, ticket = as_text(args[0]), as_text(args[3])
             if marker not in db:
                 return [scripts.ACQUIRE_AMNESIAC, 0]
             holder = get(lock)
             if holder == owner:
                 self.ttl_ms[node][lock] = int(as_text(args[1]))
                 return [scripts.ACQUIRE_ALREADY_OURS, counter(fence)]
+            # The waiting line: waiter id -> (ticket, deadline ms); lapsed entries go.
+            line = self._line(node, line_key)
+            me = hashlib.sha1(owner.encode()).hexdigest()
+            patience, now = int(as_text(args[4])), self.now_ms(node)
             if holder is not None:
+                if ticket:
+                    line[me] = (int(ticket), now + 1000 + patience)
                 return [scripts.ACQUIRE_REFUSED, 1000]
+            first = min(line, key=lambda w: (line[w][0], w)) if line else None
+            if first is not None and first != me:
+                if ticket:
+                    line[me] = (int(ticket), now + patience)
+                ahead = sorted(line, key=lambda w: (line[w][0], w)).index(me) if me in line \
+                    else len(line)
+                return [scripts.ACQUIRE_NOT_YOUR_TURN, ahead]
+            line.pop(me, None)
             db[lock] = owner
             self.ttl_ms[node][lock] = int(as_text(args[1]))
             db[fence] = max(counter(fence), int(as_text(args[2]))) + 1
@@ -263,8 +279,11 @@ class ScriptedNodes:
                 db[fence] = token
             return 1
         if script is scripts.RELEASE:
-            lock = keys[0]
-            if get(lock) == as_text(args[0]):
+            lock, _, line_key, _ = keys
+            owner = as_text(args[0])
+            if as_text(args[1]) == "1":
+                self._line(node, line_key).pop(hashlib.sha1(owner.encode()).hexdigest(), None)
+            if get(lock) == owner:
                 del db[lock]
                 return 1
             return 0
@@ -336,6 +355,14 @@ class ScriptedNodes:
             db[episode_key] = f"{now} {self.run_id(node)} {as_text(args[0])}"
             return [1, now, now]
         raise AssertionError(f"unexpected script {script!r} on node {node}")
+
+    def _line(self, node: int, key: str) -> dict[str, tuple[int, int]]:
+        """A waiting line as ACQUIRE sees it: its entries past their deadline dropped."""
+        line = self.lines[node].setdefault(key, {})
+        now = self.now_ms(node)
+        for waiter in [w for w, (_, deadline) in line.items() if deadline <= now]:
+            del line[waiter]
+        return line
 
     def command(self, node: int, args: tuple[object, ...]) -> object:
         """The plain commands the protocols send, as Redis answers them (raw replies, as

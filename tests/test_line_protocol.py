@@ -1,0 +1,203 @@
+"""The waiting line in the acquire protocol (scripted nodes, tests/scripted.py) and the
+wake-up bookkeeping (redlock._wakeups) on their own: who gets a ticket, what a failed
+attempt releases, who leaves the line when, and whom a release message wakes."""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+
+import pytest
+
+from tests.internals import (
+    LINE_POLL_MAX,
+    Broadcast,
+    Invoke,
+    Sleep,
+    WakeRegistry,
+    drive,
+    scripts,
+)
+from tests.scripted import FakeClock, ScriptedNodes, make_core
+
+
+def waiter_id(owner: object) -> str:
+    return hashlib.sha1(str(owner).encode()).hexdigest()
+
+
+def held_by_another(nodes: ScriptedNodes) -> None:
+    for db in nodes.data:
+        db["redlock:{r}:lock"] = "holder"
+
+
+def acquire_calls(nodes: ScriptedNodes) -> list[Broadcast]:
+    return [r for r in nodes.requests if isinstance(r, Broadcast)
+            and r.calls and r.calls[0].script is scripts.ACQUIRE]
+
+
+def release_calls(nodes: ScriptedNodes) -> list[Broadcast]:
+    return [r for r in nodes.requests if isinstance(r, Broadcast)
+            and r.calls and r.calls[0].script is scripts.RELEASE]
+
+
+def run_blocking(nodes: ScriptedNodes, clock: FakeClock, timeout: float,
+                 free_after: int | None = None) -> object:
+    """A blocking acquire whose sleeps advance the clock; the holder's keys go after
+    ``free_after`` sleeps (None: never)."""
+    sleeps = [0]
+
+    def execute(request: Broadcast | Sleep | Invoke) -> list[object]:
+        if isinstance(request, Sleep):
+            clock.advance(request.seconds)
+            sleeps[0] += 1
+            if sleeps[0] == free_after:
+                for db in nodes.data:
+                    db.pop("redlock:{r}:lock", None)
+        return nodes.execute(request)
+
+    return drive(make_core(3, clock).acquire("r", 10.0, blocking=True, timeout=timeout),
+                 execute)
+
+
+def test_a_single_try_has_no_ticket_and_a_blocking_acquire_keeps_one() -> None:
+    nodes = ScriptedNodes(3)
+    held_by_another(nodes)
+    drive(make_core(3).acquire("r", 10.0, blocking=False, timeout=None), nodes.execute)
+    drive(make_core(3).acquire("r", 10.0, blocking=True, timeout=0), nodes.execute)
+    assert [call.args[3] for b in acquire_calls(nodes) for call in b.calls] == [""] * 6
+    assert not any(line for lines in nodes.lines for line in lines.values())  # no queue
+
+    nodes = ScriptedNodes(3)
+    held_by_another(nodes)
+    clock = FakeClock()
+    result = run_blocking(nodes, clock, timeout=2.0, free_after=3)
+    assert result.state is not None  # type: ignore[attr-defined]
+    tickets = {call.args[3] for b in acquire_calls(nodes) for call in b.calls}
+    assert len(tickets) == 1 and tickets.pop().isdigit()  # one ticket, every attempt
+    assert all(int(call.args[4]) > 0 for b in acquire_calls(nodes) for call in b.calls)
+
+
+def test_a_failed_attempt_releases_only_where_it_may_have_set_a_key_and_keeps_its_place(
+        ) -> None:
+    nodes = ScriptedNodes(3, down={2})
+    nodes.data[1]["redlock:{r}:lock"] = "holder"
+    clock = FakeClock()
+    result = run_blocking(nodes, clock, timeout=0.05)
+    assert result.state is None  # type: ignore[attr-defined]
+    releases = release_calls(nodes)
+    # Per attempt: node 0 granted, node 1 refused (sets nothing), node 2 did not answer.
+    assert all(sorted(c.node for c in b.calls) == [0, 2] for b in releases[:-1])
+    assert all(c.args[1] == "0" for b in releases[:-1] for c in b.calls)
+    # The call is over: it leaves the line on every node.
+    assert sorted(c.node for c in releases[-1].calls) == [0, 1, 2]
+    assert all(c.args[1] == "1" for c in releases[-1].calls)
+    assert not any(line for lines in nodes.lines for line in lines.values())
+
+
+def test_waits_in_line_name_the_waiter_and_may_be_patient() -> None:
+    nodes = ScriptedNodes(3)
+    held_by_another(nodes)
+    run_blocking(nodes, FakeClock(), timeout=1.0)
+    sleeps = [r for r in nodes.requests if isinstance(r, Sleep)]
+    owner = acquire_calls(nodes)[0].calls[0].args[0]
+    assert sleeps and all(s.waiter == waiter_id(owner) for s in sleeps)
+    assert all(s.channels == ("redlock:{r}:released",) for s in sleeps)
+    # Patient: up to the holder's key expiry (1 s left in the scripted reply) or the poll
+    # that keeps its place, whichever is first; cut at the deadline at the end.
+    assert all(s.patient is not None and s.patient <= LINE_POLL_MAX for s in sleeps)
+
+
+def test_an_interrupted_wait_leaves_the_line() -> None:
+    nodes = ScriptedNodes(3)
+    held_by_another(nodes)
+    protocol = make_core(3).acquire("r", 10.0, blocking=True, timeout=None)
+    request = next(protocol)
+    while not isinstance(request, Sleep):
+        request = protocol.send(nodes.execute(request))
+    assert any(nodes.lines[i]["redlock:{r}:line"] for i in range(3))
+    leave = protocol.throw(KeyboardInterrupt())
+    assert isinstance(leave, Broadcast) and leave.calls[0].script is scripts.RELEASE
+    assert all(c.args[1] == "1" for c in leave.calls)
+    nodes.execute(leave)
+    with pytest.raises(KeyboardInterrupt):
+        protocol.send([])
+    assert all(not nodes.lines[i]["redlock:{r}:line"] for i in range(3))
+
+
+def test_a_set_does_not_queue() -> None:
+    nodes = ScriptedNodes(3)
+    held_by_another(nodes)
+    clock = FakeClock()
+    run_blocking_set = make_core(3, clock).acquire(("a", "r"), 10.0, blocking=True,
+                                                   timeout=0.01)
+
+    def execute(request: Broadcast | Sleep | Invoke) -> list[object]:
+        if isinstance(request, Sleep):
+            clock.advance(request.seconds)
+        return nodes.execute(request)
+
+    drive(run_blocking_set, execute)
+    sleeps = [r for r in nodes.requests if isinstance(r, Sleep)]
+    assert all(s.waiter is None and s.patient is None for s in sleeps)
+    assert all(s.channels == ("redlock:{a}:released", "redlock:{r}:released") for s in sleeps)
+
+
+# ---------------------------------------------------------------------------
+# WakeRegistry: whom a message wakes
+# ---------------------------------------------------------------------------
+
+
+def test_a_message_naming_a_waiter_wakes_only_that_waiter() -> None:
+    registry = WakeRegistry()
+    first, second = threading.Event(), threading.Event()
+    registry.watch(["c"], "a" * 40, first)
+    registry.watch(["c"], "b" * 40, second)
+    registry.deliver("c", "b" * 40)
+    assert (first.is_set(), second.is_set()) == (False, True)
+    registry.deliver("c", "f" * 40)  # a waiter of another process
+    assert not first.is_set()
+
+
+def test_a_message_naming_nobody_wakes_the_first_waiter_only() -> None:
+    registry = WakeRegistry()
+    events = [threading.Event() for _ in range(3)]
+    for event in events:
+        registry.watch(["c"], None, event)
+    registry.deliver("c", "")
+    assert [e.is_set() for e in events] == [True, False, False]
+
+
+def test_the_first_confirmed_subscription_wakes_every_waiter_to_look_again() -> None:
+    registry = WakeRegistry()
+    events = [threading.Event() for _ in range(2)]
+    for event in events:
+        registry.watch(["c"], "a" * 40, event)
+    registry.subscribed(0, "c")
+    assert all(e.is_set() for e in events)
+    for event in events:
+        event.clear()
+    registry.subscribed(1, "c")  # already heard: nothing can have been missed
+    assert not any(e.is_set() for e in events)
+    assert registry.live("c")
+    registry.node_lost(0)
+    registry.node_lost(1)
+    assert not registry.live("c")
+    registry.subscribed(1, "c")  # heard again after nobody heard: look again
+    assert all(e.is_set() for e in events)
+
+
+def test_wanted_channels_linger_after_the_last_wait_then_go(monkeypatch: pytest.MonkeyPatch,
+                                                            ) -> None:
+    now = [100.0]
+    monkeypatch.setattr("redlock._wakeups.time.monotonic", lambda: now[0])
+    changes: list[int] = []
+    registry = WakeRegistry(changed=lambda: changes.append(1))
+    watch = registry.watch(["c", "d"], None, threading.Event())
+    assert registry.wanted() == {"c", "d"} and changes == [1]
+    registry.unwatch(watch)
+    now[0] += 1.0
+    assert registry.wanted() == {"c", "d"}  # lingering
+    registry.watch(["c"], None, threading.Event())
+    assert changes == [1]  # still subscribed: nothing to do
+    now[0] += 5.0
+    assert registry.wanted() == {"c"}

@@ -1,0 +1,194 @@
+"""The waiting line and release wake-ups across managers (docs/design.md §6).
+
+Each manager here stands for a process of its own (it has its own connections, local
+lines and release listener); tests/test_local_handoff.py covers waiters of one
+manager. Real nodes, both clients.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+
+import redis
+
+from redlock.testing import RedisNodes, capture_events
+from tests.clients import Actor, Flavour, eventually
+from tests.internals import KEYS, scripts
+
+# A backoff so slow that only a wake-up explains a quick acquisition.
+SLOW_BACKOFF = {"retry_delay_min": 2.0, "retry_delay_max": 3.0}
+
+
+def line_sizes(nodes: RedisNodes, resource: str) -> list[int]:
+    """How many waiters each node has in the resource's line."""
+    sizes = []
+    for node in nodes:
+        with node.client() as client:
+            sizes.append(int(client.zcard(KEYS.line(resource))))
+    return sizes
+
+
+async def test_a_release_in_another_manager_wakes_the_waiter(
+        flavour: Flavour, me: Actor, nodes3: RedisNodes) -> None:
+    holder = me.on(flavour.manager(nodes3).lock("line:wake", ttl=30.0))
+    assert await holder.acquire(blocking=False)
+    waiting = flavour.manager(nodes3, **SLOW_BACKOFF).lock("line:wake", ttl=10.0)
+    waiter = asyncio.create_task(flavour.actor("waiter").call_all(
+        lambda: waiting.acquire(timeout=20.0), time.monotonic, waiting.release))
+    # The waiter was refused and waits: its backoff says 2 s at least, the holder's key
+    # 30 s; only the release's message can wake it sooner.
+    assert await eventually(lambda: line_sizes(nodes3, "line:wake") == [1, 1, 1], 5.0)
+    await asyncio.sleep(0.3)
+    released_at = time.monotonic()
+    await holder.release()
+    acquired, acquired_at, _ = await asyncio.wait_for(waiter, 25)
+    assert acquired
+    assert acquired_at - released_at < 1.5
+    assert line_sizes(nodes3, "line:wake") == [0, 0, 0]
+
+
+async def test_waiters_of_several_managers_get_the_lock_in_line_order(
+        flavour: Flavour, me: Actor, nodes5: RedisNodes) -> None:
+    """Five managers queue one after the other behind a holder whose key then expires
+    (no release: every waiter's wait ends at the expiry, together); each gets the lock
+    in the order it came."""
+    holder = me.on(flavour.manager(nodes5).lock("line:order", ttl=3.0))
+    assert await holder.acquire(blocking=False)
+    order: list[int] = []
+
+    async def wait_in_line(index: int) -> None:
+        lock = flavour.actor(f"waiter-{index}").on(
+            flavour.manager(nodes5).lock("line:order", ttl=5.0))
+        assert await lock.acquire(timeout=20.0)
+        order.append(index)
+        await asyncio.sleep(0.05)
+        await lock.release()
+
+    waiters = []
+    for index in range(5):
+        waiters.append(asyncio.create_task(wait_in_line(index)))
+        assert await eventually(
+            lambda count=index + 1: min(line_sizes(nodes5, "line:order")) == count, 5.0)
+    await asyncio.wait_for(asyncio.gather(*waiters), 30)
+    assert order == [0, 1, 2, 3, 4]
+    assert line_sizes(nodes5, "line:order") == [0, 0, 0, 0, 0]
+
+
+def test_waiters_woken_together_do_not_split_the_nodes(nodes5: RedisNodes) -> None:
+    """Five waiters in line try the free lock at once, reaching the nodes in a different
+    order on each node: every node grants the first in line, and only it."""
+    waiters = [f"waiter-{i}" for i in range(5)]
+    clients = [node.client() for node in nodes5]
+    try:
+        for client in clients:
+            client.set(KEYS.marker, "run_id=unknown test")
+            client.set(KEYS.lock("line:split"), "the-holder", px=30_000)
+            for ticket, waiter in enumerate(waiters, start=1):
+                assert acquire_by_hand(client, "line:split", waiter, ticket)[0] == \
+                    scripts.ACQUIRE_REFUSED
+            client.delete(KEYS.lock("line:split"))  # released
+        granted: dict[str, int] = {}
+        for shift, client in enumerate(clients):
+            for waiter in waiters[shift:] + waiters[:shift]:
+                code = acquire_by_hand(client, "line:split", waiter, 99)[0]
+                if code == scripts.ACQUIRE_GRANTED:
+                    granted[waiter] = granted.get(waiter, 0) + 1
+                else:
+                    assert code in (scripts.ACQUIRE_NOT_YOUR_TURN, scripts.ACQUIRE_REFUSED)
+        assert granted == {"waiter-0": 5}
+    finally:
+        for client in clients:
+            client.close()
+
+
+async def test_a_single_try_does_not_jump_the_line(flavour: Flavour, me: Actor,
+                                                   nodes3: RedisNodes) -> None:
+    """A waiter whose turn it is (the lock is free, it has not taken it yet) is not
+    overtaken by a try from elsewhere; the try says why it failed."""
+    holder = me.on(flavour.manager(nodes3).lock("line:try", ttl=30.0))
+    assert await holder.acquire(blocking=False)
+    # A waiter in another process that is slow to take its turn: it joins the line
+    # (held lock, a ticket) with the script itself, then never comes back.
+    for node in nodes3:
+        with node.client() as client:
+            reply = acquire_by_hand(client, "line:try", "a-waiter-elsewhere", ticket=1)
+            assert reply[0] == scripts.ACQUIRE_REFUSED  # held: it waits in line
+    await holder.release()
+    trying = me.on(flavour.manager(nodes3).lock("line:try", ttl=5.0))
+    assert not await trying.acquire(blocking=False)
+    failure = trying.last_failure
+    assert failure is not None and "first in line" in str(failure)
+
+
+async def test_a_waiter_that_gives_up_leaves_the_line(flavour: Flavour, me: Actor,
+                                                      nodes3: RedisNodes) -> None:
+    holder = me.on(flavour.manager(nodes3).lock("line:leave", ttl=30.0))
+    assert await holder.acquire(blocking=False)
+    waiting = me.on(flavour.manager(nodes3).lock("line:leave", ttl=5.0))
+    assert not await waiting.acquire(timeout=0.4)
+    assert line_sizes(nodes3, "line:leave") == [0, 0, 0]
+    await holder.release()
+    # Nobody in line: the next try gets the lock at once.
+    assert await me.cycle(flavour.manager(nodes3).lock("line:leave", timeout=0)) >= 2
+
+
+async def test_a_dead_waiter_blocks_the_line_only_briefly(
+        flavour: Flavour, me: Actor, nodes3: RedisNodes, tmp_path: object) -> None:
+    """A waiter killed while in line (SIGKILL: no goodbye) holds its place only until
+    its entries lapse (patience: about half a second with the default settings)."""
+    holder = me.on(flavour.manager(nodes3).lock("line:dead", ttl=30.0))
+    assert await holder.acquire(blocking=False)
+    script = ("import sys; from redlock import Redlock\n"
+              "Redlock(sys.argv[1:]).lock('line:dead', ttl=5.0).acquire(timeout=60)\n")
+    waiter = subprocess.Popen([sys.executable, "-c", script, *nodes3.urls])
+    try:
+        assert await eventually(lambda: line_sizes(nodes3, "line:dead") == [1, 1, 1], 15.0)
+    finally:
+        os.kill(waiter.pid, signal.SIGKILL)
+        waiter.wait(10)
+    await holder.release()
+    started = time.monotonic()
+    lock = me.on(flavour.manager(nodes3).lock("line:dead", ttl=5.0))
+    assert await lock.acquire(timeout=10.0)
+    waited = time.monotonic() - started
+    assert waited < 5.0  # the dead waiter's patience, not the 60 s it asked for
+    await lock.release()
+
+
+async def test_waiters_still_get_the_lock_where_subscribing_is_refused(
+        flavour: Flavour, me: Actor, fresh_nodes: Callable[..., RedisNodes]) -> None:
+    """A lock user without channel permissions (ACL resetchannels) cannot hear releases:
+    it is warned once per node, and its waiters fall back to polling."""
+    nodes = fresh_nodes(3)
+    for node in nodes:
+        with node.client() as client:
+            client.execute_command("ACL", "SETUSER", "carol", "on", ">pw", "~*",
+                                   "resetchannels", "+@all")
+    urls = [f"redis://carol:pw@{node.host}:{node.port}" for node in nodes]
+    holder = me.on(flavour.manager(urls).lock("line:acl", ttl=30.0))
+    assert await holder.acquire(blocking=False)
+    with capture_events() as events:
+        waiting = flavour.manager(urls, retry_delay_max=0.1).lock("line:acl", ttl=5.0)
+        waiter = asyncio.create_task(flavour.actor("waiter").call_all(
+            lambda: waiting.acquire(timeout=20.0), waiting.release))
+        assert await eventually(
+            lambda: len({e["node"] for e in events
+                         if e["event"] == "redlock.release_feed_refused"}) == 3, 10.0)
+        await holder.release()
+        acquired, _ = await asyncio.wait_for(waiter, 25)
+    assert acquired
+
+
+def acquire_by_hand(client: redis.Redis, resource: str, owner: str,
+                    ticket: int, *, patience_ms: int = 60_000) -> list[int]:
+    """One node's ACQUIRE as a blocking acquire sends it (with a ticket)."""
+    keys = (KEYS.lock(resource), KEYS.fence(resource), KEYS.marker, KEYS.line(resource),
+            KEYS.line_deadlines(resource))
+    return [int(v) for v in client.eval(scripts.ACQUIRE.source, len(keys), *keys, owner,
+                                        5000, 0, ticket, patience_ms)]
