@@ -9,8 +9,10 @@ from __future__ import annotations
 from collections.abc import Generator, Sequence
 from typing import Any
 
+from redlock import _cli_render as cli_render
 from redlock import _scripts as scripts
 from redlock._algorithm import RedlockCore
+from redlock._log import RESERVED_FIELDS, event_fields
 from redlock._protocol import Broadcast, Call, Invoke, Sleep, drive
 from redlock._renewals import Renewals
 from redlock._repair import RepairReport
@@ -33,9 +35,12 @@ from redlock._rules import (
     validity_left,
 )
 from redlock._state import LockState, Status
+from redlock._telemetry import RECHECK_S, Telemetry, observe
 
 __all__ = [
     "KEYS",
+    "RECHECK_S",
+    "RESERVED_FIELDS",
     "TOKEN_LIMIT",
     "Broadcast",
     "Call",
@@ -48,13 +53,17 @@ __all__ = [
     "Settings",
     "Sleep",
     "Status",
+    "Telemetry",
     "choose_token",
     "classify_ack_reply",
     "classify_acquire_reply",
+    "cli_render",
     "drive",
     "drop_idle_connections",
+    "event_fields",
     "is_permanent_error",
     "lines_idle",
+    "observe",
     "quorum",
     "read_counters",
     "repair_node",
