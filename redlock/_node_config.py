@@ -4,10 +4,11 @@ Nodes are given as URLs (``redis://``, ``rediss://user:pass@host``, ``unix://``)
 or as redis-py clients. Either way each manager builds its *own* connection pool
 for every node from the node's connection settings, overriding what must be
 bounded for Redlock to keep its deadlines: socket and connect timeouts equal to
-the node timeout, no hidden redis-py retries (each of which could sleep past
-the lock's validity), no health-check pings, raw (undecoded) replies. The
-overrides win over a URL's query string too (``?socket_timeout=30`` would
-otherwise unbound a node).
+``connect_timeout`` (they bound connecting, the handshake and a send that cannot
+proceed; reads carry each request's own deadline, docs/design.md §2.4), no hidden
+redis-py retries (each of which could sleep past the lock's validity), no
+health-check pings, raw (undecoded) replies. The overrides win over a URL's query
+string too (``?socket_timeout=30`` would otherwise unbound a node).
 
 The list may be any collection (a list, a tuple, a set, a generator): the nodes are
 taken in its iteration order, which for a set is arbitrary (node names in errors and

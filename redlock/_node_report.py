@@ -71,7 +71,7 @@ def _config(client: redis.Redis, name: str) -> str | None:
 
 
 def _persistence_findings(report: NodeReport) -> tuple[list[str], list[str]]:
-    """(warnings, notes) about a node's persistence (docs/design.md §4.8, §9)."""
+    """(warnings, notes) about a node's persistence (docs/design.md §4.9, §9)."""
     if report.appendonly:
         if report.appendfsync not in (None, "always"):
             return [f"appendfsync {report.appendfsync}: a crash can lose the last writes and"

@@ -8,11 +8,11 @@ by its service and its sentinels, not by host and port, and is labelled
 list share a service name: three independent deployments may all call theirs
 ``mymaster``).
 
-Each manager builds its own pool for the service, like for any node, with the node
-timeout on every socket, and also its own copy of the sentinel manager, so that the
-sentinels are asked within the node timeout too and without redis-py retries.
-What Sentinel adds, and what it costs, is in docs/design.md §9 (a failover promotes a
-replica, which may lack the newest keys and counters).
+Each manager builds its own pool for the service, like for any node, with
+``connect_timeout`` on every socket, and also its own copy of the sentinel manager, so
+that the sentinels are asked within it too and without redis-py retries. What Sentinel
+adds, and what it costs, is in docs/design.md §11.3 (a failover promotes a replica,
+which may lack the newest keys and counters: clients see it restarted and demote it).
 
 A Redis Cluster client is refused with the reason (see :func:`cluster_refusal`).
 """
@@ -122,7 +122,8 @@ class _OwnedAsyncSentinelPool(redis.asyncio.sentinel.SentinelConnectionPool):
 
 def build_sentinel_pool(source: Any, overrides: Mapping[str, Any]) -> Any:
     """Our own pool for a Sentinel-managed master, and our own sentinel manager: every
-    socket (sentinels included) bounded by the node timeout, no retries."""
+    socket (sentinels included) bounded by the pools' timeout (``connect_timeout``), no
+    retries."""
     manager = source.sentinel_manager
     sentinel_kwargs = {**manager.sentinel_kwargs,
                        **{key: overrides[key] for key in

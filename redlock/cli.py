@@ -13,33 +13,40 @@ and the operator's tools. docs/operations.md has the whole story.
 Tables for people (drawn with ``rich`` when it is installed: ``pip install
 "redlock-fenced[cli]"``), ``--json`` for scripts. Problems with nodes (bad URL,
 connection refused, wrong password, timeout) are one line each on stderr, never a
-traceback.
+traceback. This module parses, runs the commands and picks the exit codes; what they
+print is rendered by :mod:`redlock._cli_render`.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import json
 import logging
 import os
 import re
 import sys
-from collections import Counter
 from collections.abc import Callable, Sequence
-from typing import Any, NoReturn
+from typing import NoReturn
 
 from redis.connection import parse_url
 
 from redlock import __version__
-from redlock._inspect import LockStatus
+from redlock._cli_render import (
+    PROG,
+    complain,
+    lock_summary,
+    report_unreachable,
+    say,
+    show_nodes,
+    show_release,
+    show_repair,
+    show_status,
+)
 from redlock._log import EventFormatter
-from redlock._node_report import NodeReport, read_nodes
+from redlock._node_report import read_nodes
+from redlock._repair import RepairReport
 from redlock._rules import Keys
 from redlock.client import Redlock
 from redlock.errors import RedlockError
-
-PROG = "redlock"
 
 EXIT_OK = 0  # done; every node answered
 EXIT_FAILED = 1  # not done, or the answer cannot be trusted (fewer than a quorum answered)
@@ -68,78 +75,12 @@ class CliError(Exception):
         self.code = code
 
 
-# -- output --------------------------------------------------------------------------------
-
-
-def say(text: str = "") -> None:
-    print(text, file=sys.stdout, flush=True)
-
-
-def complain(text: str) -> None:
-    print(f"{PROG}: {text}", file=sys.stderr, flush=True)
-
-
-def rich_available() -> bool:
-    return importlib.util.find_spec("rich") is not None
-
-
-def print_table(columns: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
-    """A table for people: rich's when installed, else aligned plain columns."""
-    if rich_available():
-        from rich.box import SIMPLE_HEAD
-        from rich.console import Console
-        from rich.table import Table
-
-        table = Table(box=SIMPLE_HEAD, show_edge=False, pad_edge=False)
-        for column in columns:
-            table.add_column(column, overflow="fold")
-        for row in rows:
-            table.add_row(*row)
-        # Not a terminal (a pipe, a file): no colours, and no wrapping at 80 columns.
-        console = Console(file=sys.stdout, width=None if sys.stdout.isatty() else 200,
-                          highlight=False)
-        console.print(table)
-        return
-    widths = [max(len(str(cell)) for cell in column) for column in zip(columns, *rows,
-                                                                             strict=True)]
-    lines = [columns, ["-" * width for width in widths], *rows]
-    for line in lines:
-        say("  ".join(str(cell).ljust(width) for cell, width in zip(line, widths, strict=True))
-            .rstrip())
-
-
-def print_json(data: object) -> None:
-    say(json.dumps(data, indent=2))
-
-
-def _yes_no(value: bool | None) -> str:
-    return "?" if value is None else ("yes" if value else "no")
-
-
-# -- nodes and errors ----------------------------------------------------------------------
+# -- nodes ---------------------------------------------------------------------------------
 
 
 def _masked(url: str) -> str:
     """A URL without its password, for messages."""
     return re.sub(r"(://[^:@/]*:)[^@/]*@", r"\1***@", url)
-
-
-def node_problem(detail: str) -> str:
-    """A node's error in words an operator acts on (the raw text when unrecognised)."""
-    text = detail.lower()
-    if "connection refused" in text:
-        return "connection refused (is redis-server running on that port?)"
-    if any(s in text for s in ("authentication", "invalid username-password", "wrongpass",
-                               "noauth", "invalid password")):
-        return "authentication failed: check the user and password in the URL"
-    if "timeout" in text or "timed out" in text:
-        return "no answer within the timeout (--timeout): down, overloaded or firewalled"
-    if any(s in text for s in ("name or service not known", "nodename nor servname",
-                               "temporary failure in name resolution", "no address associated")):
-        return "unknown host name"
-    if "noperm" in text:
-        return f"permission denied for this user: {detail}"
-    return detail
 
 
 def node_urls(args: argparse.Namespace) -> list[str]:
@@ -172,12 +113,6 @@ def reachability_code(answered: int, total: int) -> int:
     return EXIT_OK if answered == total else EXIT_PARTIAL
 
 
-def report_unreachable(errors: Sequence[tuple[str, str | None]]) -> None:
-    for node, error in errors:
-        if error is not None:
-            complain(f"node {node} unreachable: {node_problem(error)}")
-
-
 # -- confirmation ----------------------------------------------------------------------
 
 
@@ -197,78 +132,12 @@ def confirm(args: argparse.Namespace, what: str, question: str) -> None:
 # -- commands --------------------------------------------------------------------------
 
 
-def _seconds(pttl_ms: int | None) -> str:
-    if pttl_ms is None:
-        return "?"
-    if pttl_ms == -1:
-        return "no expiry"
-    return f"{pttl_ms / 1000:.1f} s" if pttl_ms else "-"
-
-
-def _node_state(node: Any, cluster_marked: bool) -> str:
-    if not node.reachable:
-        return f"unreachable: {node_problem(node.error or '')}"
-    states = []
-    if not node.marker:  # alone: lost its data; everywhere: a cluster never used yet
-        states.append("no marker" if cluster_marked else "new cluster")
-    if node.repairing:
-        states.append("repair in progress")
-    if node.benched:
-        states.append(f"benched, rejoins in {node.rejoins_in_s:.0f} s")
-    return ", ".join(states) or "ok"
-
-
-def lock_summary(status: LockStatus) -> str:
-    resource = repr(status.resource)
-    holders = Counter(n.holder for n in status.nodes if n.held and n.holder)
-    if status.locked:
-        holder, count = holders.most_common(1)[0]
-        left = min(n.pttl_ms or 0 for n in status.nodes if n.holder == holder)
-        return (f"{resource} is locked: holder {holder} on {count} of {len(status.nodes)}"
-                f" nodes (quorum {status.quorum}), at least {_seconds(left)} left")
-    if status.locked is None:
-        silent = len(status.nodes) - status.reachable
-        return f"cannot tell whether {resource} is locked: {silent} node(s) did not answer"
-    stray = sum(holders.values())
-    if stray:
-        return (f"{resource} is not locked (keys on {stray} node(s), short of a quorum: an"
-                " acquire in progress or one that failed; they expire by their TTL)")
-    if not any(n.marker for n in status.nodes):
-        return (f"{resource} is not locked (a new cluster: the first acquire writes the node"
-                " markers)")
-    return f"{resource} is not locked"
-
-
 def cmd_status(args: argparse.Namespace) -> int:
     with open_manager(args) as dlm:
         status = dlm.inspect(args.resource)
     report_unreachable([(n.node, n.error) for n in status.nodes])
-    if args.json:
-        print_json(status.as_dict())
-    elif status.reachable:
-        print_table(["node", "held", "holder", "ttl left", "fence", "marker", "state"],
-                    [[n.node, _yes_no(n.held), n.holder or "-", _seconds(n.pttl_ms),
-                      "?" if n.fence is None else str(n.fence), _yes_no(n.marker),
-                      _node_state(n, any(m.marker for m in status.nodes))]
-                     for n in status.nodes])
-        say(lock_summary(status))
+    show_status(status, args.json)
     return reachability_code(status.reachable, len(status.nodes))
-
-
-def _persistence(report: NodeReport) -> str:
-    if report.appendonly:
-        return f"aof {report.appendfsync or '?'}"
-    if report.save:
-        return f"rdb ({report.save})"
-    return "none" if report.save == "" else "?"
-
-
-def _memory(report: NodeReport) -> str:
-    if report.maxmemory_policy is None:
-        return "?"
-    if not report.maxmemory:
-        return f"{report.maxmemory_policy} (no limit)"
-    return f"{report.maxmemory_policy} ({report.maxmemory} bytes)"
 
 
 def cmd_nodes(args: argparse.Namespace) -> int:
@@ -276,23 +145,7 @@ def cmd_nodes(args: argparse.Namespace) -> int:
         addresses = dlm.nodes
     reports = read_nodes(node_urls(args), addresses, Keys(args.namespace), args.timeout)
     report_unreachable([(r.node, r.error) for r in reports])
-    if args.json:
-        print_json({"quorum": len(reports) // 2 + 1,
-                    "nodes": [report.as_dict() for report in reports]})
-    else:
-        rows = [[r.node, "yes" if r.reachable else "no",
-                 "-" if r.rtt_ms is None else f"{r.rtt_ms:.2f} ms",
-                 _yes_no(r.marker), (r.run_id or "-")[:12], r.role or "-", r.version or "-",
-                 _persistence(r), _memory(r), str(len(r.warnings))]
-                for r in reports if r.reachable]
-        if rows:
-            print_table(["node", "reachable", "rtt", "marker", "run id", "role", "version",
-                         "persistence", "maxmemory policy", "warnings"], rows)
-        for report in reports:
-            for warning in report.warnings:
-                say(f"warning: {report.node}: {warning}")
-            for note in report.notes:
-                say(f"note: {report.node}: {note}")
+    show_nodes(reports, args.json)
     code = reachability_code(sum(1 for r in reports if r.reachable), len(reports))
     if code == EXIT_OK and any(r.warnings for r in reports):
         return EXIT_PARTIAL
@@ -309,27 +162,12 @@ def cmd_release(args: argparse.Namespace) -> int:
                 " holds it? Its holder is not told and may still be working.")
         reports = dlm.force_release(args.resource)
     report_unreachable([(r.node, r.detail if r.status == "failed" else None) for r in reports])
-    if args.json:
-        print_json({"resource": args.resource, "nodes": [
-            {"node": r.node, "status": r.status, "detail": r.detail} for r in reports]})
-    else:
-        print_table(["node", "result"], [[r.node, r.status] for r in reports])
-        deleted = sum(1 for r in reports if r.status == "deleted")
-        say(f"force-released {args.resource!r}: key deleted on {deleted} of {len(reports)}"
-            " nodes; fence counters kept (the next holder's token is larger)")
+    show_release(args.resource, reports, args.json)
     return reachability_code(sum(1 for r in reports if r.status != "failed"), len(reports))
 
 
-def _repair_reports(args: argparse.Namespace, reports: Sequence[Any]) -> int:
-    for report in reports:
-        if report.status == "failed":
-            complain(f"node {report.node}: {node_problem(report.detail)}")
-    if args.json:
-        print_json({"nodes": [{"node": r.node, "status": r.status, "detail": r.detail}
-                              for r in reports]})
-    else:
-        print_table(["node", "status", "detail"],
-                    [[r.node, r.status, r.detail or "-"] for r in reports])
+def _repair_reports(args: argparse.Namespace, reports: Sequence[RepairReport]) -> int:
+    show_repair(reports, args.json)
     statuses = {r.status for r in reports}
     if "failed" in statuses:
         return EXIT_FAILED

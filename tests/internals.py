@@ -9,8 +9,10 @@ from __future__ import annotations
 from collections.abc import Generator, Sequence
 from typing import Any
 
+from redlock import _cli_render as cli_render
 from redlock import _scripts as scripts
 from redlock._algorithm import LINE_POLL_MAX, RedlockCore
+from redlock._log import RESERVED_FIELDS, event_fields
 from redlock._protocol import Broadcast, Call, Invoke, Sleep, drive
 from redlock._renewals import Renewals
 from redlock._repair import RepairReport
@@ -33,11 +35,14 @@ from redlock._rules import (
     validity_left,
 )
 from redlock._state import LockState, Status
+from redlock._telemetry import RECHECK_S, Telemetry, observe
 from redlock._wakeups import WakeRegistry
 
 __all__ = [
     "KEYS",
     "LINE_POLL_MAX",
+    "RECHECK_S",
+    "RESERVED_FIELDS",
     "TOKEN_LIMIT",
     "Broadcast",
     "Call",
@@ -50,14 +55,18 @@ __all__ = [
     "Settings",
     "Sleep",
     "Status",
+    "Telemetry",
     "WakeRegistry",
     "choose_token",
     "classify_ack_reply",
     "classify_acquire_reply",
+    "cli_render",
     "drive",
     "drop_idle_connections",
+    "event_fields",
     "is_permanent_error",
     "lines_idle",
+    "observe",
     "quorum",
     "read_counters",
     "repair_node",

@@ -17,11 +17,9 @@ from typing import Any
 import pytest
 
 from redlock import LockLost, Redlock, cli
-from redlock._rules import Keys
 from redlock.testing import RedisNodes
 from redlock.testing.redis_nodes import free_port
-
-KEYS = Keys("redlock")
+from tests.internals import KEYS, cli_render
 
 
 def run(*args: str, stdin: str | None = None,
@@ -97,7 +95,7 @@ def test_status_json_has_the_stable_shape(nodes3: RedisNodes) -> None:
 def test_status_table_for_people(nodes3: RedisNodes, capsys: pytest.CaptureFixture[str],
                                  monkeypatch: pytest.MonkeyPatch, table: str) -> None:
     if table == "plain":  # what a user without the [cli] extra (no rich) sees
-        monkeypatch.setattr(cli, "rich_available", lambda: False)
+        monkeypatch.setattr(cli_render, "rich_available", lambda: False)
     dlm, lock = hold(nodes3.urls, "cli:table")
     try:
         code, out, err = run_in_process(capsys, "status", "cli:table", "--nodes", *nodes3.urls)

@@ -19,10 +19,8 @@ from redlock import (
     Redlock,
     ReleaseReport,
 )
-from redlock._rules import Keys
 from redlock.testing import RedisNodes, capture_events
-
-KEYS = Keys("redlock")
+from tests.internals import KEYS
 
 
 async def run(value: Any) -> Any:

@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 
 from redlock import AsyncRedlock, EventFormatter, Redlock
-from redlock._log import RESERVED_FIELDS, event_fields
 from redlock.testing import RedisNodes, capture_events
 from redlock.testing.redis_nodes import free_port
+from tests.internals import RESERVED_FIELDS, event_fields
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIO = ROOT / "tests" / "workers" / "log_scenario.py"

@@ -23,8 +23,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import StatusCode
 
 from redlock import AsyncRedlock, LockLost, QuorumUnavailable, Redlock
-from redlock._telemetry import Telemetry, observe
 from redlock.testing import RedisNodes
+from tests.internals import RECHECK_S, Telemetry, observe
 
 NODE_TIMEOUT = 0.25
 
@@ -243,7 +243,6 @@ def test_the_global_providers_are_used_when_set(nodes3: RedisNodes) -> None:
             InMemorySpanExporter)
         import time
         from redlock import Redlock
-        from redlock._telemetry import RECHECK_S
 
         dlm = Redlock({nodes3.urls!r})
         with dlm.lock("ot:global"):  # before any provider: nothing recorded
@@ -254,7 +253,7 @@ def test_the_global_providers_are_used_when_set(nodes3: RedisNodes) -> None:
         trace.set_tracer_provider(provider)
         reader = InMemoryMetricReader()
         metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
-        time.sleep(RECHECK_S + 0.1)  # a provider set later is used from the next check
+        time.sleep({RECHECK_S!r} + 0.1)  # a provider set later is used from the next check
         with dlm.lock("ot:global"):
             pass
         dlm.close()
