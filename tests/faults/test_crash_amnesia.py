@@ -120,7 +120,8 @@ def test_aof_crash_restart_loses_nothing(
 ) -> None:
     """Five rounds: hold a lock, kill -9 a random 1..5 nodes (all at once in the last
     round), restart them with their files. The lock is still held (another client is
-    refused by every node), the holder extends it and writes, and the next token is
+    refused by every node; a restarted one counts as amnesiac until it is re-stamped,
+    docs/design.md §4), the holder extends it and writes, and the next token is
     exactly one more: nothing was lost and nothing was re-seeded."""
     rng = random.Random(_seed())
     resource = "crash:aof"
@@ -146,13 +147,22 @@ def test_aof_crash_restart_loses_nothing(
             # Still held: the other client is refused by all five nodes.
             figures.attempted += 1
             rival = other.lock(resource, ttl=10.0)
-            if rival.acquire(blocking=False):
+            try:
+                got = rival.acquire(blocking=False)
+            except QuorumUnavailable:  # a majority restarted: too few judged nodes answer
+                got = False
+            if got:
                 tokens.violation(f"round {round_}: a second holder after restarting {crashed}")
                 rival.release()
             else:
                 figures.failed_cleanly += 1
                 assert rival.last_failure is not None
-                assert [r.outcome for r in rival.last_failure.outcomes] == [Outcome.REFUSED] * 5
+                # A restarted node's refusal does not count until it is judged (it may
+                # be an older copy, docs/design.md §4): AMNESIAC until re-stamped.
+                outcomes = [r.outcome for r in rival.last_failure.outcomes]
+                assert all(outcome is Outcome.REFUSED
+                           or (outcome is Outcome.AMNESIAC and i in crashed)
+                           for i, outcome in enumerate(outcomes)), (crashed, outcomes)
             holder.extend()  # a quorum still holds our key
             recoveries.append(time.monotonic() - killed_at)
             tokens.write(resource, token)
@@ -380,7 +390,7 @@ def test_majority_restarted_empty_refuses_with_cluster_amnesia_error(
             with pytest.raises(ClusterAmnesiaError) as caught:
                 tokens.acquire(client, resource, timeout=5.0)
             assert time.monotonic() - started < 5.0
-            assert "lost their node marker" in str(caught.value)
+            assert "have no node marker" in str(caught.value)
             assert [r.outcome for r in caught.value.outcomes] == [
                 Outcome.AMNESIAC, Outcome.GRANTED, Outcome.AMNESIAC, Outcome.GRANTED,
                 Outcome.AMNESIAC]
