@@ -279,12 +279,30 @@ class RedisNode:
 
     def replicate(self, primary: RedisNode, timeout: float = 10.0) -> None:
         """``REPLICAOF primary``, then wait until the first full sync is done and the
-        link is up. The setting is not persisted: a restart makes this a primary again."""
+        link is up; with AOF, also until the AOF rewrite that follows a full sync has
+        finished (until then the synced data is in no AOF file that a restart would
+        load). The setting is not persisted: a restart makes this a primary again."""
+        rewrites = self._persistence()["aof_rewrites"] if self.appendonly else 0
         with self.client() as client:
             client.replicaof(primary.host, primary.port)
         self._wait(lambda info: info.get("master_link_status") == "up"
                    and info.get("master_sync_in_progress") == "0",
                    timeout, f"replica of {primary.host}:{primary.port} did not sync")
+        if self.appendonly:
+            deadline = time.monotonic() + timeout
+            while True:
+                state = self._persistence()
+                if (state["aof_rewrites"] > rewrites and not state["aof_rewrite_in_progress"]
+                        and not state["aof_rewrite_scheduled"]):
+                    return
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"the AOF rewrite after the sync did not finish: {state}")
+                time.sleep(0.02)
+
+    def _persistence(self) -> dict[str, int]:
+        with self.client() as client:
+            info = client.info("persistence")
+        return {key: value for key, value in info.items() if isinstance(value, int)}
 
     def caught_up(self, primary: RedisNode, timeout: float = 10.0) -> None:
         """Wait until this replica has applied everything ``primary`` has written so far

@@ -23,9 +23,9 @@ accept every write of a committed holder.
 6. Durable restarts (AOF, ``appendfsync always``) under load are not amnesia: the node
    is re-stamped in the background and locks keep working. A restart with
    ``appendfsync everysec`` becomes an amnesia episode.
-7. A backup restored on a durable node looks like a durable restart: documented gap
-   (strict xfail) and the operator's way out (delete the node marker before clients
-   reach the node).
+7. A backup restored on a durable node looks like a durable restart, and so does a
+   promoted replica restarted before any client saw it: documented gaps (strict xfails)
+   and the operator's way out (delete the node marker before clients reach the node).
 8. Bugs found in the issue-10 code, as strict xfails (each passes once fixed).
 
 Rerun: ``bash scripts/faults -k restarts -s``.
@@ -726,7 +726,7 @@ def test_restart_with_appendfsync_everysec_is_an_amnesia_episode(
 
 
 # ---------------------------------------------------------------------------
-# 7. A backup restored on a durable node
+# 7. Older data behind a durable-looking restart: what the run id cannot tell
 # ---------------------------------------------------------------------------
 
 
@@ -796,6 +796,47 @@ def test_backup_restored_on_a_durable_node_with_its_marker_deleted(
         assert fence_counters([nodes[0]], resource)[0] >= token
         figures.extra.update(token_before=top, token_after=token)
         problems = run.violations()
+        assert not problems, problems
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "a promoted replica that restarts (AOF, fsync always) before any client judged it "
+    "reports second_repl_offset -1 again: judged a durable restart and re-stamped "
+    "(redlock/_amnesia.py _not_durable), so its lag goes unnoticed and a client on "
+    "{promoted replica, lagging node} gets a token below 6 after 6 was issued. "
+    "Operators: let the clients see a promoted node before restarting it, or delete its "
+    "node marker"))
+def test_promoted_replica_restarted_before_any_client_reissues_no_token(
+    make_node: Callable[..., RedisNode], make_dlm: MakeDlm, store: RedisFencedStore,
+) -> None:
+    resource = "restarts:promoted-restarted"
+    n0, primary, n2 = make_node("n0"), make_node("primary"), make_node("n2")
+    replica = make_node("replica", appendonly=True)
+    with scenario("promoted-replica-restarted-before-judged") as figures:
+        run = Run(figures, store)
+        replica.replicate(primary)
+        a = make_dlm([n0, primary, n2])
+        assert run.cycle(a, "A", resource) == 1
+        replica.caught_up(primary)
+        replica.pause()
+        with primary.client() as admin:
+            assert admin.client_kill_filter(_type="replica") == 1
+        n2.pause()
+        top = [run.cycle(a, "A", resource) for _ in range(5)][-1]
+        resume_and_settle([n2], resource)
+        primary.kill()
+        replica.resume()
+        replica.promote()
+        replica.restart(keep_data=True)  # before any client connected to it
+        assert fence_counters([replica], resource) == [1]
+        n0.pause()
+        try:
+            token = run.until_acquired(make_dlm([n0, replica, n2]), "B", resource, within=2.0)
+        finally:
+            resume_and_settle([n0], resource)
+        figures.extra.update(token_before=top, token_after=token)
+        problems = run.violations()
+        assert token is None or token > top, f"token {token} after {top}"
         assert not problems, problems
 
 
