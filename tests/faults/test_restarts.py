@@ -46,7 +46,15 @@ import pytest
 import redis
 
 from fencing import RedisFencedStore, StaleTokenError
-from redlock import AsyncRedlock, ClusterAmnesiaError, Lock, LockLost, LockNotAcquired, Redlock
+from redlock import (
+    AsyncRedlock,
+    ClusterAmnesiaError,
+    Lock,
+    LockLost,
+    LockNotAcquired,
+    QuorumUnavailable,
+    Redlock,
+)
 from redlock.testing import RedisNode, RedisNodes, ToxiproxyServer
 from tests.faults.conftest import DLM_OPTIONS, MakeDlm
 from tests.faults.fault_figures import Figures, scenario
@@ -113,6 +121,7 @@ class Run:
         self.store = store
         self.history = History()
         self.last_failure: BaseException | None = None
+        self.outages = 0  # failures for want of a quorum of (judged) nodes, not contention
         self._mutex = threading.Lock()
 
     def _count(self, field: str) -> None:
@@ -133,6 +142,9 @@ class Run:
         acquired = time.monotonic()
         if not got:
             self._count("failed_cleanly")
+            if isinstance(failure, QuorumUnavailable):
+                with self._mutex:
+                    self.outages += 1
             self.last_failure = failure
             return None
         self._count("succeeded")
@@ -197,15 +209,18 @@ class Run:
 
 
 class Load:
-    """Clients that keep acquiring, writing and releasing (blocking, one thread each)
-    until the block ends; a crash of a thread fails the test."""
+    """Clients that keep acquiring, writing and releasing (one thread each) until the
+    block ends; a crash of a thread fails the test. ``blocking=False``: one attempt at a
+    time, 10 ms apart, each a request of its own."""
 
     def __init__(self, run: Run, clients: Sequence[tuple[str, Redlock]],
-                 resources: Sequence[str], *, timeout: float = 3.0) -> None:
+                 resources: Sequence[str], *, timeout: float = 3.0,
+                 blocking: bool = True) -> None:
         self.run = run
         self.clients = list(clients)
         self.resources = list(resources)
         self.timeout = timeout
+        self.blocking = blocking
         self.stop = threading.Event()
         self.errors: list[BaseException] = []
         self.threads = [threading.Thread(target=self._loop, args=(name, dlm), daemon=True)
@@ -216,7 +231,8 @@ class Load:
             turn = 0
             while not self.stop.is_set():
                 resource = self.resources[turn % len(self.resources)]
-                self.run.cycle(dlm, name, resource, timeout=self.timeout)
+                self.run.cycle(dlm, name, resource, timeout=self.timeout,
+                               blocking=self.blocking)
                 turn += 1
                 self.stop.wait(0.01)
         except BaseException as exc:  # surfaced in the test thread
@@ -669,8 +685,10 @@ def test_durable_restarts_under_load_are_restamped_not_amnesia(
 ) -> None:
     """Three nodes with AOF and fsync always, two clients acquiring all along: each node
     in turn is killed (-9) and restarted, twice. No episode, the marker is re-stamped
-    with the new run id by the clients' background maintenance, and every acquisition
-    succeeds."""
+    with the new run id by the clients' background maintenance, and no attempt ever
+    lacks a quorum (failures are contention only). The clients make one attempt per
+    request: a blocking acquire that spans two restarts can fail for want of judged
+    nodes (test_blocking_acquire_gets_a_restarted_durable_node_judged)."""
     nodes = fresh_nodes(3, appendonly=True)
     resources = ["restarts:durable:0", "restarts:durable:1"]
     with scenario("durable-restarts-under-load") as figures:
@@ -678,7 +696,7 @@ def test_durable_restarts_under_load_are_restamped_not_amnesia(
         a, b = make_dlm(nodes), make_dlm(nodes)
         assert run.cycle(a, "A", resources[0]) is not None
         restamped: list[float] = []
-        with Load(run, [("A", a), ("B", b)], resources):
+        with Load(run, [("A", a), ("B", b)], resources, blocking=False):
             for _ in range(2):
                 for node in nodes:
                     time.sleep(0.3)
@@ -688,9 +706,10 @@ def test_durable_restarts_under_load_are_restamped_not_amnesia(
                                               f"{node} re-stamped"))
                     assert episode(node) is None
             time.sleep(0.3)
-        assert figures.failed_cleanly == 0, f"{figures.failed_cleanly} acquisitions failed"
+        assert run.outages == 0, f"{run.outages} attempts lacked a quorum: {run.last_failure}"
+        assert figures.succeeded > 6 * 2, figures
         assert all(episode(node) is None for node in nodes)
-        figures.extra.update(restarts=len(restamped),
+        figures.extra.update(restarts=len(restamped), attempts_without_quorum=run.outages,
                              restamp_s_max=round(max(restamped), 3),
                              restamp_s_mean=round(sum(restamped) / len(restamped), 3))
         problems = run.violations()
