@@ -68,3 +68,59 @@ def test_password_protected_nodes(fresh_nodes: Callable[..., RedisNodes]) -> Non
     assert node.url.startswith("redis://:s3cret@")
     with node.client() as client:
         assert client.ping()
+
+
+def test_backup_and_restore_bring_back_the_old_data(
+    fresh_nodes: Callable[..., RedisNodes],
+) -> None:
+    snapshot_only = fresh_nodes(1)[0]
+    durable = fresh_nodes(1, appendonly=True)[0]
+    for node in (snapshot_only, durable):
+        with node.client() as client:
+            client.set("k", "old")
+            run_id = client.info("server")["run_id"]
+        backup = node.backup()
+        with node.client() as client:
+            client.set("k", "new")
+        node.restore(backup)
+        with node.client() as client:
+            assert client.get("k") == b"old"
+            assert client.info("server")["run_id"] != run_id  # a new server run
+    assert backup.path.exists()
+    durable.close()  # the copies go with the node
+    assert not backup.path.exists()
+
+
+def test_appendfsync_is_a_setting_of_the_next_start(
+    fresh_nodes: Callable[..., RedisNodes],
+) -> None:
+    node = fresh_nodes(1, appendonly=True)[0]
+    with node.client() as client:
+        assert client.config_get("appendfsync") == {"appendfsync": "always"}
+        client.set("k", "v")
+    node.appendfsync = "everysec"
+    node.restart(keep_data=True)
+    with node.client() as client:
+        assert client.config_get("appendfsync") == {"appendfsync": "everysec"}
+        assert client.get("k") == b"v"
+    with pytest.raises(ValueError, match="appendfsync"):
+        fresh_nodes(1, appendonly=True, appendfsync="sometimes")
+
+
+def test_replica_follows_its_primary_and_promote_detaches_it(
+    fresh_nodes: Callable[..., RedisNodes],
+) -> None:
+    primary, replica = fresh_nodes(2)
+    replica.replicate(primary)
+    assert replica.replication()["role"] == "slave"
+    with primary.client() as client:
+        client.set("k", "v")
+    replica.caught_up(primary)
+    with replica.client() as client:
+        assert client.get("k") == b"v"
+    replica.promote()
+    info = replica.replication()
+    assert info["role"] == "master"
+    assert info["second_repl_offset"] != "-1"  # what a promoted replica looks like
+    with replica.client() as client:
+        client.set("k", "mine")  # writable now

@@ -2,11 +2,14 @@
 
     from redlock.testing import RedisNodes
 
-    with RedisNodes(3) as nodes:            # three redis-server processes on loopback
+    with RedisNodes(5) as nodes:            # five redis-server processes on loopback
         dlm = Redlock(nodes.urls)
         nodes[0].pause()                    # SIGSTOP: the node hangs, sockets stay open
         nodes[0].resume()
         nodes[1].restart(keep_data=False)   # comes back empty on the same port: amnesia
+        backup = nodes[2].backup()          # SAVE and copy its files aside ...
+        nodes[2].restore(backup)            # ... and later restart from them (a rollback)
+        nodes[3].replicate(nodes[4])        # REPLICAOF; nodes[3].promote(): REPLICAOF NO ONE
 
 ``RedisSentinel`` runs a real Sentinel (``redis-server --sentinel``) monitoring some of
 those nodes under service names, for nodes given as ``Sentinel.master_for(service)``.
@@ -28,7 +31,13 @@ log events in a test.
 from redlock.testing.backends import start_nodes, start_toxiproxy
 from redlock.testing.logs import capture_events
 from redlock.testing.node import Node, Nodes
-from redlock.testing.redis_nodes import RedisNode, RedisNodes, find_redis_server, free_port
+from redlock.testing.redis_nodes import (
+    NodeBackup,
+    RedisNode,
+    RedisNodes,
+    find_redis_server,
+    free_port,
+)
 from redlock.testing.sentinel import RedisSentinel
 from redlock.testing.toxiproxy import (
     Proxies,
@@ -40,6 +49,7 @@ from redlock.testing.toxiproxy import (
 
 __all__ = [
     "Node",
+    "NodeBackup",
     "Nodes",
     "Proxies",
     "Proxy",

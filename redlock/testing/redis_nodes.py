@@ -1,4 +1,5 @@
-"""Start, pause, kill and restart real ``redis-server`` processes on loopback."""
+"""Start, pause, kill and restart real ``redis-server`` processes on loopback; back a
+node's files up and restore them; make one node a replica of another and promote it."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import redis
@@ -39,8 +41,22 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
+@dataclass(frozen=True)
+class NodeBackup:
+    """A copy of one node's persisted files (``dump.rdb``, the AOF directory) taken by
+    :meth:`RedisNode.backup`, for :meth:`RedisNode.restore`."""
+
+    path: Path
+    taken_at: float  # time.time() when the copy was made
+
+
 class RedisNode:
-    """One redis-server process with its own port and data directory."""
+    """One redis-server process with its own port and data directory.
+
+    ``appendonly`` turns the AOF on, with ``appendfsync`` (``always`` by default: every
+    write is on disk before the reply, so a kill -9 loses nothing; ``everysec`` may lose
+    the last second). Both attributes may be changed between a stop and the next start.
+    """
 
     def __init__(
         self,
@@ -49,16 +65,20 @@ class RedisNode:
         port: int | None = None,
         host: str = "127.0.0.1",
         appendonly: bool = False,
+        appendfsync: str = "always",
         password: str | None = None,
         redis_server: str | None = None,
         extra_args: Sequence[str] = (),
         env: Mapping[str, str] | None = None,
         start_timeout: float = 10.0,
     ) -> None:
+        if appendfsync not in ("always", "everysec", "no"):
+            raise ValueError(f"appendfsync must be always, everysec or no, not {appendfsync!r}")
         self.host = host
         self.port = port or free_port(host)
         self.data_dir = Path(data_dir)
         self.appendonly = appendonly
+        self.appendfsync = appendfsync
         self.password = password
         self.redis_server = find_redis_server(redis_server)
         self.extra_args = list(extra_args)
@@ -66,6 +86,7 @@ class RedisNode:
         self.start_timeout = start_timeout
         self.process: subprocess.Popen[bytes] | None = None
         self.paused = False
+        self._backups: Path | None = None  # made by the first backup(), removed by close()
         self.data_dir.mkdir(parents=True, exist_ok=True)
 
     # -- addresses -----------------------------------------------------------------------
@@ -104,8 +125,8 @@ class RedisNode:
             "--protected-mode", "no",
         ]
         if self.appendonly:
-            # Every write is on disk before the reply: a kill -9 loses nothing.
-            args += ["--appendfsync", "always"]
+            # always: every write is on disk before the reply, a kill -9 loses nothing.
+            args += ["--appendfsync", self.appendfsync]
         if self.password:
             args += ["--requirepass", self.password]
         return args + self.extra_args
@@ -213,9 +234,106 @@ class RedisNode:
             self.wipe()
         return self.start()
 
+    # -- backups -------------------------------------------------------------------------
+
+    def _persisted(self, directory: Path) -> list[Path]:
+        return [child for child in directory.iterdir() if child.name != "redis.log"]
+
+    def backup(self) -> NodeBackup:
+        """``SAVE`` (the dataset to ``dump.rdb``), then copy every persisted file (the
+        snapshot, the AOF directory) aside, as a backup tool would. Take it while
+        nothing writes to the node; :meth:`restore` puts it back. The copies live in a
+        temp dir of their own, removed by :meth:`close`."""
+        with self.client() as client:
+            client.save()
+        if self._backups is None:
+            self._backups = Path(tempfile.mkdtemp(prefix=f"redlock-backups-{self.port}-"))
+        target = Path(tempfile.mkdtemp(dir=self._backups))
+        for child in self._persisted(self.data_dir):
+            if child.is_dir():
+                shutil.copytree(child, target / child.name)
+            else:
+                shutil.copy2(child, target / child.name)
+        return NodeBackup(target, time.time())
+
+    def restore(self, backup: NodeBackup) -> RedisNode:
+        """kill -9, replace the node's files with ``backup``'s, start again on the same
+        port: the node comes back with the data it had when the backup was taken (and a
+        new run id)."""
+        self.kill()
+        self.wipe()
+        for child in self._persisted(backup.path):
+            if child.is_dir():
+                shutil.copytree(child, self.data_dir / child.name)
+            else:
+                shutil.copy2(child, self.data_dir / child.name)
+        return self.start()
+
+    # -- replication ------------------------------------------------------------------
+
+    def replication(self) -> dict[str, str]:
+        """``INFO replication`` as text fields (role, master_link_status, offsets...)."""
+        with self.client() as client:
+            info = client.info("replication")
+        return {str(key): str(value) for key, value in info.items()}
+
+    def replicate(self, primary: RedisNode, timeout: float = 10.0) -> None:
+        """``REPLICAOF primary``, then wait until the first full sync is done and the
+        link is up; with AOF, also until the AOF rewrite that follows a full sync has
+        finished (until then the synced data is in no AOF file that a restart would
+        load). The setting is not persisted: a restart makes this a primary again."""
+        rewrites = self._persistence()["aof_rewrites"] if self.appendonly else 0
+        with self.client() as client:
+            client.replicaof(primary.host, primary.port)
+        self._wait(lambda info: info.get("master_link_status") == "up"
+                   and info.get("master_sync_in_progress") == "0",
+                   timeout, f"replica of {primary.host}:{primary.port} did not sync")
+        if self.appendonly:
+            deadline = time.monotonic() + timeout
+            while True:
+                state = self._persistence()
+                if (state["aof_rewrites"] > rewrites and not state["aof_rewrite_in_progress"]
+                        and not state["aof_rewrite_scheduled"]):
+                    return
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"the AOF rewrite after the sync did not finish: {state}")
+                time.sleep(0.02)
+
+    def _persistence(self) -> dict[str, int]:
+        with self.client() as client:
+            info = client.info("persistence")
+        return {key: value for key, value in info.items() if isinstance(value, int)}
+
+    def caught_up(self, primary: RedisNode, timeout: float = 10.0) -> None:
+        """Wait until this replica has applied everything ``primary`` has written so far
+        (its replication offset reached the primary's)."""
+        target = int(primary.replication()["master_repl_offset"])
+        self._wait(lambda info: int(info.get("slave_repl_offset", "-1")) >= target,
+                   timeout, f"replica did not reach offset {target} of its primary")
+
+    def promote(self) -> None:
+        """``REPLICAOF NO ONE``: this replica becomes a primary with the data it has (what
+        a failover does; anything the old primary had not sent yet is lost)."""
+        with self.client() as client:
+            client.replicaof("NO", "ONE")
+
+    def _wait(self, ready: Callable[[dict[str, str]], bool], timeout: float,
+              failure: str) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            info = self.replication()
+            if ready(info):
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{failure} within {timeout}s: {info}")
+            time.sleep(0.02)
+
     def close(self) -> None:
         self.kill()
         untrack(self)
+        if self._backups is not None:
+            shutil.rmtree(self._backups, ignore_errors=True)
+            self._backups = None
 
     def __repr__(self) -> str:
         state = "paused" if self.paused else ("running" if self.running else "stopped")
@@ -230,6 +348,7 @@ class RedisNodes(NodeSet[RedisNode]):
         count: int = 3,
         *,
         appendonly: bool = False,
+        appendfsync: str = "always",
         password: str | None = None,
         redis_server: str | None = None,
         extra_args: Sequence[str] = (),
@@ -243,7 +362,8 @@ class RedisNodes(NodeSet[RedisNode]):
         self.base_dir = Path(base_dir or tempfile.mkdtemp(prefix="redlock-nodes-"))
         super().__init__(lambda index: RedisNode(
             data_dir=self.base_dir / f"node{index}", host=host, appendonly=appendonly,
-            password=password, redis_server=redis_server, extra_args=extra_args, env=env),
+            appendfsync=appendfsync, password=password, redis_server=redis_server,
+            extra_args=extra_args, env=env),
             count)
 
     def close(self) -> None:

@@ -8,6 +8,7 @@
         proxies[0].blackhole()                  # requests vanish; nothing is ever answered
         proxies[1].lose_replies()               # the node runs the command, no reply comes
         proxies[2].refuse()                     # connection refused (existing ones cut)
+        proxies[3].set_upstream("127.0.0.1:7001")  # now in front of another server
         toxiproxy.heal()                        # every proxy enabled, every toxic removed
 
 The server is the upstream Go binary (``go install
@@ -88,6 +89,19 @@ class Proxy:
 
     def enable(self) -> None:
         self.server.request("POST", f"/proxies/{self.name}", {"enabled": True})
+
+    def set_upstream(self, upstream: str, node: Node | None = None) -> None:
+        """Point the proxy at another server (``host:port``), e.g. a promoted replica
+        after a failover, on the same listening port. Toxiproxy restarts the proxy for
+        it: every open connection is closed (clients reconnect, to the new upstream);
+        toxics stay. ``node``: the node now behind the proxy (``proxy.node``)."""
+        self.server.request("PATCH", f"/proxies/{self.name}", {"upstream": upstream})
+        self.upstream = upstream
+        self.node = node
+
+    def delete(self) -> None:
+        """Remove the proxy from the server (its port and connections are closed)."""
+        self.server.request("DELETE", f"/proxies/{self.name}")
 
     # -- toxics ---------------------------------------------------------------------------
     def add_toxic(self, kind: str, *, stream: str = "downstream", name: str | None = None,

@@ -38,7 +38,7 @@ from redlock.testing import RedisNodes
 from tests.faults.conftest import DLM_OPTIONS, MakeDlm
 from tests.faults.fault_figures import Figures, scenario
 from tests.internals import KEYS
-from tests.peek import fence_counters, get, lock_keys, resume_and_settle
+from tests.peek import fence_counters, get, lock_keys, lock_values, resume_and_settle
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(240)]
 
@@ -120,8 +120,10 @@ def test_aof_crash_restart_loses_nothing(
 ) -> None:
     """Five rounds: hold a lock, kill -9 a random 1..5 nodes (all at once in the last
     round), restart them with their files. The lock is still held (another client is
-    refused by every node), the holder extends it and writes, and the next token is
-    exactly one more: nothing was lost and nothing was re-seeded."""
+    refused by every node; a restarted one counts as amnesiac until it is re-stamped,
+    docs/design.md §4), the holder extends it and writes; every fence counter and lock
+    key is as it was before the crash (nothing lost, nothing re-seeded) and tokens go
+    on."""
     rng = random.Random(_seed())
     resource = "crash:aof"
     with RedisNodes(5, appendonly=True) as nodes, scenario("crash-restart-aof") as figures:
@@ -137,31 +139,47 @@ def test_aof_crash_restart_loses_nothing(
             token = holder.token
             tokens.record(resource, token)
             crashed = list(range(5)) if round_ == 4 else rng.sample(range(5), rng.randint(1, 4))
+            counters = fence_counters(nodes, resource)
+            holders = lock_values(nodes, resource)
             killed_at = time.monotonic()
             for i in crashed:
                 nodes[i].kill()
             for i in crashed:
                 nodes[i].start()  # same files: replays the AOF
             assert all(get(node, KEYS.marker) is not None for node in nodes)
+            # Nothing lost: every counter and every key as before the crash.
+            assert fence_counters(nodes, resource) == counters
+            assert lock_values(nodes, resource) == holders
             # Restarted nodes are suspects until judged: durable (AOF, fsync always),
             # they are re-stamped, not benched.
             assert [r.status for r in other.repair()] == ["healthy"] * 5
             # Still held: the other client is refused by all five nodes.
             figures.attempted += 1
             rival = other.lock(resource, ttl=10.0)
-            if rival.acquire(blocking=False):
+            try:
+                got = rival.acquire(blocking=False)
+            except QuorumUnavailable:  # a majority restarted: too few judged nodes answer
+                got = False
+            if got:
                 tokens.violation(f"round {round_}: a second holder after restarting {crashed}")
                 rival.release()
             else:
                 figures.failed_cleanly += 1
                 assert rival.last_failure is not None
-                assert [r.outcome for r in rival.last_failure.outcomes] == [Outcome.REFUSED] * 5
+                # A restarted node's refusal does not count until it is judged (it may
+                # be an older copy, docs/design.md §4): AMNESIAC until re-stamped.
+                outcomes = [r.outcome for r in rival.last_failure.outcomes]
+                assert all(outcome is Outcome.REFUSED
+                           or (outcome is Outcome.AMNESIAC and i in crashed)
+                           for i, outcome in enumerate(outcomes)), (crashed, outcomes)
             holder.extend()  # a quorum still holds our key
             recoveries.append(time.monotonic() - killed_at)
             tokens.write(resource, token)
             holder.release()
             after = tokens.acquire(dlm, resource, ttl=10.0)
-            assert after == token + 1, f"tokens continue exactly: {token} then {after}"
+            # One more, or a little more: an attempt that met restarted nodes before they
+            # were re-stamped fails and still raises the counters of the nodes it reached.
+            assert after is not None and after > token, f"tokens go on: {token} then {after}"
         assert all(report.status == "healthy" for report in dlm.repair())
         figures.recovery_s = max(recoveries)
         figures.extra.update(rounds=5, restarts_per_round="1-4, then all 5",

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import socket
 import time
+from collections.abc import Callable
 
 import pytest
 import redis
 
-from redlock.testing import Proxies, ToxiproxyError, ToxiproxyServer
+from redlock.testing import Proxies, RedisNodes, ToxiproxyError, ToxiproxyServer
 
 pytestmark = pytest.mark.faults
 
@@ -80,3 +82,28 @@ def test_latency_delays_replies_and_heal_removes_every_toxic(proxied5: Proxies,
 def test_api_errors_are_typed(proxied5: Proxies) -> None:
     with pytest.raises(ToxiproxyError, match="HTTP 404"):
         proxied5[0].remove_toxic("no-such-toxic")
+
+
+def test_set_upstream_moves_the_proxy_and_resets_its_connections(
+    toxiproxy: ToxiproxyServer, fresh_nodes: Callable[..., RedisNodes],
+) -> None:
+    first, second = fresh_nodes(2)
+    for node, name in ((first, "first"), (second, "second")):
+        with node.client() as client:
+            client.set("who", name)
+    proxy = toxiproxy.create_proxy(f"{first.host}:{first.port}", name="moving", node=first)
+    try:
+        port = proxy.port
+        with socket.create_connection((proxy.host, proxy.port), timeout=5.0) as old:
+            old.sendall(b"GET who\r\n")
+            assert old.recv(100) == b"$5\r\nfirst\r\n"
+            proxy.set_upstream(f"{second.host}:{second.port}", second)
+            assert old.recv(100) == b""  # closed by the proxy: clients must reconnect
+        assert (proxy.port, proxy.node, proxy.upstream) == (
+            port, second, f"{second.host}:{second.port}")
+        with _client(proxy.url) as client:
+            assert client.get("who") == b"second"
+    finally:
+        proxy.delete()
+    with pytest.raises(redis.ConnectionError), _client(proxy.url) as client:
+        client.ping()
