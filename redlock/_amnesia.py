@@ -56,6 +56,10 @@ class NodeHealth:
         self.unidentifiable: set[int] = set()  # may not run INFO: restarts go unseen
         self.unmarked: dict[int, float | None] = {}  # lost data: when it may rejoin
         self.last_try: dict[int, float] = {}  # last repair attempt (rate limit)
+        # Markers without a known run (written by a release before run ids, or by a user
+        # who may not run INFO): to be stamped with the server's run id, as found.
+        self.adopt: dict[int, tuple[bytes, str]] = {}
+        self.news = False  # a node needs the maintenance since its last round
         self._mutex = threading.Lock()
 
     def identified(self, node: int, run_id: str, marker: bytes | None) -> bool:
@@ -67,12 +71,23 @@ class NodeHealth:
                 self.suspect.pop(node, None)
                 return False
             self.marker_seen = True
-            if stamped_run(marker) == run_id:
+            stamped = stamped_run(marker)
+            if stamped == run_id or run_id == "unknown":
+                # The same server run, or we cannot tell (our user may not run INFO:
+                # restart detection is off for this node, and the manager warned).
                 self.suspect.pop(node, None)
                 self.unmarked.pop(node, None)
                 return False
+            if stamped in (None, "unknown"):
+                # Whoever wrote the marker could not tell restarts apart either: what it
+                # promised holds, from now on with restart detection (it is adopted).
+                self.suspect.pop(node, None)
+                self.news |= node not in self.adopt
+                self.adopt[node] = (marker, run_id)
+                return False
             known = node in self.suspect
             self.suspect[node] = (marker, run_id)
+            self.news |= not known
             return not known
 
     def benched(self) -> set[int]:
@@ -102,6 +117,7 @@ class NodeHealth:
             if node in self.unmarked:
                 return False
             self.unmarked[node] = None
+            self.news = True
             return True
 
     def episode_unknown(self, node: int) -> None:
@@ -116,7 +132,7 @@ class NodeHealth:
                 self.unmarked[node] = at
 
     def pending(self) -> bool:
-        return bool(self.suspect or self.unmarked)
+        return bool(self.suspect or self.unmarked or self.adopt)
 
 
 class AmnesiaGuard:
@@ -258,12 +274,18 @@ class AmnesiaGuard:
 
     # -- background maintenance ---------------------------------------------------
 
-    def maintenance(self, stop: Wakeable) -> Protocol[None]:
-        """Judge restarted nodes, open episodes and repair nodes whose rejoin delay has
-        passed; returns when no node needs it any more, or ``stop`` is set (the manager
-        closed). Rate-limited; each step is bounded by ``repair_timeout``."""
+    def maintenance(self, stop: Wakeable, news: Wakeable) -> Protocol[None]:
+        """Judge restarted nodes, adopt unstamped markers, open episodes and repair nodes
+        whose rejoin delay has passed; returns when no node needs it any more, or
+        ``stop`` is set (the manager closed). Between rounds it waits for the next
+        repair due, or ``news`` (set when a node newly needs it, and on close).
+        Rate-limited; each step is bounded by ``repair_timeout``."""
         health, settings = self.health, self.settings
         while health.pending() and not stop.is_set():
+            news.clear()
+            health.news = False
+            if health.adopt:
+                yield from self.adopt_markers(dict(health.adopt))
             if health.suspect:
                 yield from self.judge(dict(health.suspect))
             unknown = [i for i, due in list(health.unmarked.items()) if due is None]
@@ -285,7 +307,23 @@ class AmnesiaGuard:
                     tried = health.last_try.get(node)
                     ready = max(due, tried + settings.repair_interval if tried else due)
                     waits.append(ready - now)
-            yield Sleep(max(0.01, min(waits)), until=stop)
+            yield Sleep(max(0.01, min(waits)), until=news)
+
+    def adopt_markers(self, markers: dict[int, tuple[bytes, str]]) -> Protocol[None]:
+        """Stamp unstamped markers (see NodeHealth.identified) with the run id found."""
+        calls = tuple(Call(node, (marker, f"adopted at={time.time():.3f}", run_id),
+                           scripts.RESTAMP, (self.keys.marker,))
+                      for node, (marker, run_id) in markers.items())
+        replies = yield Broadcast(calls, self.settings.repair_timeout)
+        for (node, found), reply in zip(markers.items(), replies, strict=True):
+            with self.health._mutex:
+                if self.health.adopt.get(node) == found:
+                    del self.health.adopt[node]
+            if reply == 1:
+                logger.info("redlock.node_marker_adopted", node=self.addresses[node],
+                            run_id=found[1])
+            # Otherwise the marker or the server changed meanwhile: the next connection
+            # identifies it again (a node that did not answer is looked at then, too).
 
     def judge(self, suspects: dict[int, tuple[bytes, str]]) -> Protocol[None]:
         """A restarted node: re-stamp it if nothing it acknowledged can have been lost,

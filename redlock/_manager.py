@@ -119,6 +119,7 @@ class ManagerBase(Generic[H, MH]):
         self._background: set[Any] = set()  # asyncio keeps only weak refs to tasks
         self._closing = self._new_event()  # set by close(): background work ends
         self._maintaining = False
+        self._maintenance_news = self._new_event()  # a node newly needs it; close()
         self._maintenance_mutex = threading.Lock()
         # Releases anywhere wake waiters here (docs/design.md §6): the subscriptions are
         # opened when a blocking acquire first waits.
@@ -305,19 +306,22 @@ class ManagerBase(Generic[H, MH]):
     # -- background maintenance of the nodes (redlock/_amnesia.py) --------------
 
     def _maintain(self) -> None:
-        """Start judging restarted nodes and repairing amnesiac ones in the background,
-        unless that runs already (or nothing needs it): never on an acquire's path."""
+        """Start judging restarted nodes and repairing amnesiac ones in the background
+        (never on an acquire's path), unless nothing needs it; if it runs already and a
+        node newly needs it, wake it (it may be waiting for another node's repair)."""
         if not self._core.amnesia.needs_maintenance() or self._closing.is_set():
             return
         with self._maintenance_mutex:
             if self._maintaining:
+                if self._core.amnesia.health.news:
+                    self._maintenance_news.set()
                 return
             self._maintaining = True
         self._spawn(self._maintenance_flow(), "redlock-maintenance")
 
     def _maintenance_flow(self) -> Protocol[None]:
         try:
-            yield from self._core.amnesia.maintenance(self._closing)
+            yield from self._core.amnesia.maintenance(self._closing, self._maintenance_news)
         except Exception:
             logger.exception("redlock.maintenance_crashed")
         finally:

@@ -266,7 +266,9 @@ class _Observer:
             if isinstance(error, ClusterAmnesiaError):
                 self.i.amnesia.add(1, {"redlock.namespace": self.t.namespace,
                                        "redlock.amnesia.kind": "majority"})
-        if outcome == "lost":
+        if outcome == "lost" and self.op == "extend":
+            # Counted where the lock is lost (the extend that failed), not again by a
+            # later release or extend that reports it.
             self.i.lost.add(1, {"redlock.namespace": self.t.namespace})
 
     def _outcome(self, result: object, error: BaseException | None) -> str:

@@ -111,6 +111,7 @@ class AsyncRedlock(ManagerBase[AsyncLock, AsyncMultiLock]):
     async def close(self) -> None:
         """Close the connections this manager opened (the caller's clients stay open)."""
         self._closing.set()
+        self._maintenance_news.set()
         if self._listener is not None:
             await self._listener.close()
         await self._transport.close()
@@ -178,6 +179,7 @@ class AsyncRedlock(ManagerBase[AsyncLock, AsyncMultiLock]):
             elif self._sleep is not None:  # an injected sleep (tests) is honoured as given
                 await self._sleep(request.seconds)
             elif request.line is not None:
+                self._maintain()  # a blocking acquire met a restarted node: see to it now
                 line, wake = self._lines.start_wait(request.line, ticket)
                 seconds = self._watch_releases(request, ticket)
                 try:

@@ -147,6 +147,7 @@ class Redlock(ManagerBase[Lock, MultiLock]):
     def close(self) -> None:
         """Close the connections this manager opened (the caller's clients stay open)."""
         self._closing.set()
+        self._maintenance_news.set()
         if self._listener is not None:
             self._listener.close()
         self._transport.close()
@@ -209,6 +210,7 @@ class Redlock(ManagerBase[Lock, MultiLock]):
             elif self._sleep is not None:  # an injected sleep (tests) is honoured as given
                 self._sleep(request.seconds)
             elif request.line is not None:
+                self._maintain()  # a blocking acquire met a restarted node: see to it now
                 line, wake = self._lines.start_wait(request.line, ticket)
                 seconds = self._watch_releases(request, ticket)
                 try:

@@ -628,6 +628,43 @@ def test_a_restarted_node_is_a_suspect_whose_replies_do_not_count() -> None:
     assert refused.state is not None and refused.outcomes[2].outcome is Outcome.AMNESIAC
 
 
+@pytest.mark.parametrize("marker", [
+    "initialised 1700000000.000 by 0123456789abcdef",  # a release before run ids
+    "run_id=unknown initialised by a user who may not run INFO",
+])
+def test_a_marker_without_a_known_run_is_adopted_not_judged(marker: str) -> None:
+    """Its writer could not tell restarts apart: what it promised holds (the node counts
+    at once), and the maintenance stamps it with the run id found, from when on restarts
+    are detected."""
+    nodes = ScriptedNodes(3)
+    for db in nodes.data:
+        db[MARKER] = marker
+    core = make_core(3)
+    nodes.connect(core)
+    assert core.amnesia.health.benched() == set()
+    assert set(core.amnesia.health.adopt) == {0, 1, 2} and core.amnesia.health.news
+    result = drive(core.acquire("r", 10.0, blocking=False, timeout=None), nodes.execute)
+    assert result.state is not None
+    with capture_events() as events:
+        maintain(core, nodes, sleeps=None)
+    assert [str(db[MARKER]).split()[0] for db in nodes.data] == [
+        f"run_id={nodes.run_id(i)}" for i in range(3)]
+    assert not core.amnesia.needs_maintenance()
+    assert sorted(e["node"] for e in events if e["event"] == "redlock.node_marker_adopted") \
+        == ["n0:6379", "n1:6379", "n2:6379"]
+
+
+def test_a_user_who_cannot_identify_the_server_suspects_no_restart() -> None:
+    """IDENTIFY answers run id 'unknown' to a user who may not run INFO: a marker stamped
+    by another user's client is no sign of a restart to it (it cannot tell)."""
+    nodes = ScriptedNodes(3)
+    core = make_core(3)
+    core.amnesia.identified({i: [b"unknown", str(nodes.data[i][MARKER]).encode()]
+                             for i in range(3)})
+    assert core.amnesia.health.benched() == set()
+    assert not core.amnesia.needs_maintenance()
+
+
 def test_a_suspects_counters_take_no_part_in_the_tokens_of_a_set() -> None:
     nodes = ScriptedNodes(3)
     for i, (a, b) in enumerate([(5, 1), (5, 1), (9, 9)]):
@@ -692,18 +729,20 @@ def maintain(core: RedlockCore, nodes: ScriptedNodes, *, sleeps: int | None = 1,
     its stop event) when the maintenance asks for sleep number ``sleeps`` (None: never,
     the maintenance must end by itself). Returns the stop event."""
     stop = stop if stop is not None else threading.Event()
+    news = threading.Event()  # the manager sets it on close, and when a node needs it
     asked = 0
 
     def execute(request: Broadcast | Sleep | Invoke) -> list[object]:
         nonlocal asked
         if isinstance(request, Sleep):
-            assert request.until is stop  # closing the manager cuts the wait short
+            assert request.until is news  # news or closing cut the wait short
             asked += 1
             if sleeps is not None and asked >= sleeps:
                 stop.set()
+                news.set()
         return nodes.execute(request)
 
-    assert drive(core.amnesia.maintenance(stop), execute) is None
+    assert drive(core.amnesia.maintenance(stop, news), execute) is None
     return stop
 
 

@@ -160,6 +160,9 @@ def test_lost_locks_are_counted_from_extend_and_from_the_watchdog(
         held.extend()
     assert otel.finished("redlock.extend")[-1].attributes["redlock.outcome"] == "lost"  # type: ignore[index]
     assert otel.total("redlock.locks.lost") == 1
+    with pytest.raises(LockLost):
+        held.release()  # reports the loss again: not a second lost lock
+    assert otel.total("redlock.locks.lost") == 1
 
     lost = threading.Event()
     watched = dlm.lock("ot:e", ttl=0.9, auto_extend=True, on_lost=lambda _: lost.set())

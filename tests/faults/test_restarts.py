@@ -26,7 +26,10 @@ accept every write of a committed holder.
 7. A backup restored on a durable node looks like a durable restart, and so does a
    promoted replica restarted before any client saw it: documented gaps (strict xfails)
    and the operator's way out (delete the node marker before clients reach the node).
-8. Bugs found in the issue-10 code, as strict xfails (each passes once fixed).
+8. Bugs found in the issue-10 code, kept as regression tests: a blocking acquire gets
+   a restarted node judged; a new suspect wakes a running maintenance; a new client
+   facing a fully demoted cluster raises ClusterAmnesiaError; markers of the previous
+   release (no run id) are adopted.
 
 Rerun: ``bash scripts/faults -k restarts -s``.
 """
@@ -860,18 +863,10 @@ def test_promoted_replica_restarted_before_any_client_reissues_no_token(
 
 
 # ---------------------------------------------------------------------------
-# 8. Bugs found in the issue-10 code: strict xfails, each passes once fixed
+# 8. Bugs found in the issue-10 code (fixed; regression tests)
 # ---------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "the manager starts its background maintenance only when a whole request ends "
-    "(Redlock._drive and AsyncRedlock._drive call _maintain() in their finally): a "
-    "blocking acquire that met a restarted node (a suspect) retries without the node "
-    "ever being judged, so with one other node down it returns False at its timeout "
-    "(QuorumUnavailable after outage_timeout; with outage_timeout=None and no other "
-    "request in the process it never ends), although the node is durable and would be "
-    "re-stamped within milliseconds"))
 def test_blocking_acquire_gets_a_restarted_durable_node_judged(
     fresh_nodes: Callable[..., RedisNodes], make_dlm: MakeDlm, store: RedisFencedStore,
 ) -> None:
@@ -889,12 +884,6 @@ def test_blocking_acquire_gets_a_restarted_durable_node_judged(
         assert token is not None, run.last_failure
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a running maintenance is not woken by a new suspect: while another node's amnesia "
-    "episode lasts (one max_ttl, an hour by default) AmnesiaGuard.maintenance sleeps "
-    "repair_interval (5 s) at a time, and ManagerBase._maintain() returns at once because "
-    "the maintenance runs; a durable node that restarts meanwhile stays out of every "
-    "quorum for up to 5 s (about 4.9 s here), with the other node benched: no quorum"))
 def test_a_durable_restart_is_judged_promptly_during_another_nodes_episode(
     fresh_nodes: Callable[..., RedisNodes], make_dlm: MakeDlm, store: RedisFencedStore,
 ) -> None:
@@ -918,15 +907,6 @@ def test_a_durable_restart_is_judged_promptly_during_another_nodes_episode(
         assert figures.recovery_s < 2.0, f"re-stamped after {figures.recovery_s:.1f} s"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a client that never saw a marker, facing N nodes that all lost their markers to a "
-    "demotion (every node restarted from an RDB snapshot), takes them for a new cluster: "
-    "AmnesiaGuard.check sends INIT_MARKER, ignores that every node refused it (their "
-    "episodes), logs redlock.cluster_initialised and retries at once, attempt after "
-    "attempt: acquire(timeout=2) returns False after ~20-30 such rounds, and without a "
-    "timeout it never returns (the attempts are not 'unavailable', so outage_timeout "
-    "does not apply); it should raise ClusterAmnesiaError as a client that saw the "
-    "cluster does"))
 def test_a_new_client_facing_a_demoted_cluster_raises_cluster_amnesia_error(
     nodes3: RedisNodes, make_dlm: MakeDlm, store: RedisFencedStore,
 ) -> None:
@@ -946,15 +926,6 @@ def test_a_new_client_facing_a_demoted_cluster_raises_cluster_amnesia_error(
         assert isinstance(run.last_failure, ClusterAmnesiaError), run.last_failure
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "markers written before issue 10 carry no run id ('initialised <time> by <hex>', "
-    "38acfa7): every new connection takes the node for a restarted one (stamped_run() is "
-    "None) and, unless it runs AOF with fsync always, the maintenance demotes it. After "
-    "the library is upgraded on a running cluster of nodes without that AOF setting, "
-    "every node is demoted and every client raises ClusterAmnesiaError until an "
-    "operator runs `redlock initialise --force` one max_ttl later. An unstamped marker "
-    "says nothing about restarts since it was written and the previous code trusted it: "
-    "adopting it (re-stamping) would keep that code's guarantees"))
 def test_markers_of_the_previous_release_are_adopted(
     nodes3: RedisNodes, make_dlm: MakeDlm, store: RedisFencedStore,
 ) -> None:
