@@ -34,7 +34,6 @@ from redlock._transport import (
     STRAGGLER_GRACE_MIN,
     Late,
     LateConnections,
-    acquire_keys,
     render,
 )
 
@@ -198,9 +197,11 @@ class AsyncTransport:
     async def _converse(self, exchange: _Exchange) -> None:
         node, pool = exchange.node, self.pools[exchange.node]
         conn = await pool.get_connection()
-        if exchange.over and any(acquire_keys(call) for call in exchange.calls):
-            # Connected only after the request was over: an acquire sent now would set
-            # a key nobody waits for (its release may already have gone).
+        if exchange.over:
+            # Connected only after the request was over: its calls are not sent (as in
+            # the sync transport). An acquire sent now would set a key nobody waits for
+            # (its release may already have gone); a release or extend was already
+            # reported as failed on this node. The connection is warm for the next.
             await pool.release(conn)
             return
         if _readable_while_idle(conn):

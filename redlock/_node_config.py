@@ -30,10 +30,10 @@ from redlock import _sentinel
 PoolT = TypeVar("PoolT")
 
 
-def pool_overrides(node_timeout: float, retry: Any) -> dict[str, Any]:
+def pool_overrides(socket_timeout: float, retry: Any) -> dict[str, Any]:
     return {
-        "socket_timeout": node_timeout,
-        "socket_connect_timeout": node_timeout,
+        "socket_timeout": socket_timeout,
+        "socket_connect_timeout": socket_timeout,
         "retry": retry,
         "health_check_interval": 0,
         "decode_responses": False,

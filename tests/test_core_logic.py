@@ -90,7 +90,7 @@ def test_validity_never_exceeds_ttl_and_shrinks_with_elapsed_time(ttl: float,
 
 
 # ---------------------------------------------------------------------------
-# choose_token: the token rule of DESIGN.md section 3
+# choose_token: the token rule of docs/design.md §3
 # ---------------------------------------------------------------------------
 
 
@@ -102,7 +102,7 @@ def test_choose_token_agreeing_counters_need_no_write_back() -> None:
 
 
 def test_choose_token_takes_the_max_and_writes_back_only_to_lower_nodes() -> None:
-    # The DESIGN.md example: counters 10,5,5,5,5; B wins {2,3,4} after A took {0,1,2}.
+    # The docs/design.md §3 example: counters 10,5,5,5,5; B wins {2,3,4} after A took {0,1,2}.
     choice = choose_token({2: 11, 3: 6, 4: 6})
     assert choice.token == 11
     assert choice.committed == (2,)

@@ -1,5 +1,5 @@
 """A new cluster (no node has a marker yet) is initialised only by a client that hears
-from every node (DESIGN.md §3: a partial view never counts as fresh). While a node is
+from every node (docs/design.md §4.2: a partial view never counts as fresh). While a node is
 down, the others are not amnesiac and must not be reported or benched as such."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""DESIGN.md §3: warn when a node is a replica, or its memory policy can evict lock keys
+"""docs/design.md §4.7: warn when a node is a replica, or its memory policy can evict lock keys
 or fence counters. Real nodes configured that way; both clients."""
 
 from __future__ import annotations

@@ -87,7 +87,7 @@ async def test_token_stops_below_2_pow_53(flavour: Flavour, me: Actor,
 
 async def test_tokens_increase_across_different_majorities_after_divergence(
         flavour: Flavour, me: Actor, nodes5: RedisNodes) -> None:
-    """DESIGN.md §3: counters 10,5,5,5,5; A wins {0,1,2} and gets 11; B later wins
+    """docs/design.md §3: counters 10,5,5,5,5; A wins {0,1,2} and gets 11; B later wins
     {2,3,4}. Without the quorum write-back B would get 7. Each holder uses its own
     manager so no client-side token floor can hide a backwards token."""
     resource = "fence:majorities"

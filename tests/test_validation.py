@@ -252,7 +252,7 @@ async def test_unreachable_nodes_tolerated_as_a_minority_fail_fast_and_clean_as_
         flavour: Flavour, me: Actor, nodes3: RedisNodes) -> None:
     live = nodes3.urls
     # A new cluster is initialised (node markers written) only when every node answers
-    # (DESIGN.md section 3: a partial view never counts as fresh), so first with all three.
+    # (docs/design.md §4.2: a partial view never counts as fresh), so first with all three.
     assert await me.cycle(flavour.manager(live).lock("init", timeout=5.0)) == 1
     dead = [dead_url(), dead_url()]
     assert dead[0] != dead[1]

@@ -10,7 +10,7 @@ drift, by design** (Kleppmann, "How to do distributed locking", 2016): the tests
 and print such overlaps and do not fail on them.
 
 What must hold regardless is fencing: tokens are still unique and increase (their
-commit does not depend on clocks, DESIGN.md §3), and the fenced store (on a separate,
+commit does not depend on clocks, docs/design.md §3), and the fenced store (on a separate,
 normal node) never accepts a write out of order: the stale holder's write is rejected.
 
 Rerun: ``.venv/bin/python -m pytest tests/faults/test_clock.py -v -s``

@@ -3,7 +3,7 @@
 * With AOF and ``appendfsync always`` a crashed node loses nothing: a held lock is
   still held after any number of nodes (all five at once included) were killed and
   restarted, the holder can extend and release it, and tokens continue exactly.
-* Without persistence a restarted node is empty (amnesia, DESIGN.md §3): it is
+* Without persistence a restarted node is empty (amnesia, docs/design.md §4.3): it is
   detected (the acquire script refuses on it with its own reply), counted as failed
   for the quorum, kept out for one ``max_ttl`` (delayed rejoin), then re-seeded with
   every fence counter from a healthy majority, so tokens never go backwards, even for a
@@ -424,7 +424,7 @@ def test_majority_restarted_empty_refuses_with_cluster_amnesia_error(
 def test_all_nodes_empty_and_a_new_client_reinitialises_but_fencing_rejects(
     nodes5: RedisNodes, make_dlm: MakeDlm, store: RedisFencedStore,
 ) -> None:
-    """The one case the library cannot detect (DESIGN.md §3: all N answer, none has a
+    """The one case the library cannot detect (docs/design.md §4.6: all N answer, none has a
     marker, so a client that never saw the cluster initialises it): every node restarted
     empty and a brand-new client. Its tokens start again from 1; the fenced store, which
     keeps its own highest token, rejects them. Safety holds through fencing; liveness

@@ -253,7 +253,7 @@ def test_write_loop_records_unexpected_errors() -> None:
 
 def test_checker_catches_a_check_then_write_store(nodes1: RedisNodes) -> None:
     """The history check has teeth: a store that checks the fence and writes in two
-    round trips (what DESIGN.md §5 forbids) loses updates under the same load."""
+    round trips (what docs/design.md §7 forbids) loses updates under the same load."""
     url = nodes1[0].url
 
     def make_write() -> tuple[WriteFunction, Callable[[], None]]:
