@@ -12,9 +12,6 @@ from __future__ import annotations
 import secrets
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-
-import tenacity
 
 from redlock import _scripts as scripts
 from redlock._amnesia import AmnesiaGuard
@@ -44,28 +41,10 @@ from redlock._state import (
     Status,
     TokenFloors,
 )
+from redlock._waiting import Waits, patience
 from redlock.errors import NodeResult, Outcome, describe
 
 logger = get_logger(__name__)
-
-# The longest a waiter in line that hears releases waits between attempts: it keeps
-# its place in line, and a lost wake-up costs it at most this (docs/design.md §6).
-LINE_POLL_MAX = 0.5
-
-
-@dataclass
-class _Backoff:
-    """Jittered exponential backoff between attempts, computed by tenacity's strategy."""
-
-    wait: tenacity.wait.wait_base
-    state: tenacity.RetryCallState = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.state = tenacity.RetryCallState(tenacity.Retrying(), None, (), {})
-
-    def next_delay(self, attempt: int) -> float:
-        self.state.attempt_number = attempt
-        return float(self.wait(self.state))
 
 
 class RedlockCore:
@@ -183,7 +162,7 @@ class RedlockCore:
         deadline = None if timeout is None else started + timeout
         outage_limit = self.settings.outage_timeout
         outage_since: float | None = None
-        backoff: _Backoff | None = None  # built on the first retry: most acquires need none
+        waits = Waits(self.settings, queued=queued)
         attempts = 0
         if not self.amnesia.health.inspected:
             yield from self.amnesia.inspect_nodes()
@@ -208,33 +187,13 @@ class RedlockCore:
                                          f" for {now - outage_since:.1f} s (outage_timeout)")
             else:
                 outage_since = None
-            if backoff is None:
-                backoff = _Backoff(tenacity.wait_random_exponential(
-                    multiplier=self.settings.retry_delay_min, max=self.settings.retry_delay_max))
-            # tenacity's full jitter draws from [0, cap]; retry_delay_min is the floor its
-            # name promises (a near-zero wait only hammers the nodes the holder still owns).
-            delay = max(self.settings.retry_delay_min, backoff.next_delay(attempts))
-            # The holder's key cannot free itself before its PTTL: no point polling faster
-            # than that, but never sleep past it either.
-            pttls = [r.pttl_ms for r in result.outcomes if r.pttl_ms is not None and r.pttl_ms > 0]
-            if pttls:
-                delay = min(delay, max(min(pttls) / 1000.0, self.settings.retry_delay_min))
-            # Waiting in line where releases are heard, a release wakes the first in line:
-            # the next attempt is due only when the holder's key would expire by itself,
-            # or to keep our place (entries lapse after the patience without an attempt).
-            patient = None
-            if queued and not result.unavailable:
-                patient = LINE_POLL_MAX
-                if pttls:
-                    patient = min(patient, max(min(pttls) / 1000.0,
-                                               self.settings.retry_delay_min))
-            if deadline is not None:
-                if now >= deadline:
-                    yield from self._leave_line(resources, owner, ttl, ticket)
-                    return AcquireResult(None, result.outcomes, attempts, result.unavailable,
-                                         result.reason)
-                delay = min(delay, deadline - now)
-                patient = None if patient is None else min(patient, deadline - now)
+            if deadline is not None and now >= deadline:
+                yield from self._leave_line(resources, owner, ttl, ticket)
+                return AcquireResult(None, result.outcomes, attempts, result.unavailable,
+                                     result.reason)
+            delay, patient = waits.next(attempts, result.outcomes,
+                                        unavailable=result.unavailable,
+                                        left=None if deadline is None else deadline - now)
             try:
                 yield Sleep(delay, line=self.line(resources),
                             channels=tuple(self.keys.channel(r) for r in resources),
@@ -252,13 +211,6 @@ class RedlockCore:
         if ticket:
             yield self._release_calls(resources, owner, ttl, leave=True)
 
-    def patience(self, ttl: float) -> float:
-        """How long a waiting-line entry stays without a new attempt from its waiter: two
-        of the longest waits between attempts (a wait and an attempt), so a live waiter
-        keeps its place and a dead one blocks the line briefly (about 1.1 s by default)."""
-        longest_wait = max(self.settings.retry_delay_max, LINE_POLL_MAX)
-        return 2 * (longest_wait + self.timeout(ttl)) + 0.05
-
     def line(self, resources: Sequence[str]) -> str:
         """The local line of an acquisition: a resource's release channel (a set has one
         of its own). Attempts in one line from one manager take turns."""
@@ -273,7 +225,7 @@ class RedlockCore:
                              (keys.lock(resource), keys.fence(resource), keys.marker,
                               keys.line(resource), keys.line_deadlines(resource)),
                              (owner, ttl_ms, floors.get(resource), ticket,
-                              int(self.patience(ttl) * 1000)))
+                              int(patience(self.settings, self.timeout(ttl)) * 1000)))
         return self._all(scripts.ACQUIRE_MANY,
                          (keys.marker, *(keys.lock(r) for r in resources),
                           *(keys.fence(r) for r in resources)),

@@ -27,7 +27,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from redlock import _scripts as scripts
+from redlock import _node_scripts as node_scripts
 from redlock._log import get_logger
 from redlock._protocol import PENDING, Broadcast, Call, Protocol, Sleep, Wakeable, ask_one
 from redlock._repair import (
@@ -152,7 +152,7 @@ class AmnesiaGuard:
     def identify_call(self, node: int) -> Call:
         """What a transport sends first on every new connection to ``node`` (an EVAL with
         the body, not EVALSHA: it never meets NOSCRIPT, and it is rare)."""
-        return Call(node, ("EVAL", scripts.IDENTIFY.source, 1, self.keys.marker))
+        return Call(node, ("EVAL", node_scripts.IDENTIFY.source, 1, self.keys.marker))
 
     def identified(self, identities: Mapping[int, object]) -> None:
         """The replies to :meth:`identify_call` that a request's new connections got."""
@@ -268,7 +268,7 @@ class AmnesiaGuard:
 
     def _init_markers(self, nodes: Sequence[int] | range) -> Broadcast:
         text = f"initialised at={time.time():.3f} by={secrets.token_hex(8)}"
-        return Broadcast(tuple(Call(i, (text,), scripts.INIT_MARKER,
+        return Broadcast(tuple(Call(i, (text,), node_scripts.INIT_MARKER,
                                     (self.keys.marker, self.keys.episode)) for i in nodes),
                          self.timeout())
 
@@ -312,7 +312,7 @@ class AmnesiaGuard:
     def adopt_markers(self, markers: dict[int, tuple[bytes, str]]) -> Protocol[None]:
         """Stamp unstamped markers (see NodeHealth.identified) with the run id found."""
         calls = tuple(Call(node, (marker, f"adopted at={time.time():.3f}", run_id),
-                           scripts.RESTAMP, (self.keys.marker,))
+                           node_scripts.RESTAMP, (self.keys.marker,))
                       for node, (marker, run_id) in markers.items())
         replies = yield Broadcast(calls, self.settings.repair_timeout)
         for (node, found), reply in zip(markers.items(), replies, strict=True):
@@ -341,14 +341,14 @@ class AmnesiaGuard:
             if why is None and not isinstance(replication, BaseException):
                 done = yield from ask_one(Call(
                     node, (marker, f"restamped at={time.time():.3f}", run_id),
-                    scripts.RESTAMP, (self.keys.marker,)), timeout)
+                    node_scripts.RESTAMP, (self.keys.marker,)), timeout)
                 if done == 1:
                     self.health.healthy(node)
                     logger.info("redlock.node_restamped", node=self.addresses[node])
                     continue
             elif why is not None:
                 done = yield from ask_one(Call(
-                    node, (marker, why), scripts.DEMOTE,
+                    node, (marker, why), node_scripts.DEMOTE,
                     (self.keys.marker, self.keys.episode)), timeout)
                 if done == 1:
                     self.health.lost_data(node)
@@ -366,7 +366,7 @@ class AmnesiaGuard:
         if not nodes:
             return
         replies = yield Broadcast(tuple(
-            Call(i, ("lost its node marker",), scripts.OPEN_EPISODE,
+            Call(i, ("lost its node marker",), node_scripts.OPEN_EPISODE,
                  (self.keys.marker, self.keys.episode)) for i in nodes),
             self.settings.repair_timeout)
         now = self.clock()

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from redlock import _scripts as scripts
+from redlock import _node_scripts as node_scripts
 from redlock._log import get_logger
 from redlock._protocol import Broadcast, Call, CommandArg, Protocol, ask_one
 from redlock._rules import error_detail
@@ -107,14 +107,14 @@ def repair_node(guard: AmnesiaGuard, target: int, *, force: bool,
     for start in range(0, len(items), _SEED_BATCH):
         batch = items[start:start + _SEED_BATCH]
         seeded = yield from ask_one(Call(
-            target, (repair_id, *(value for _, value in batch)), scripts.SEED_COUNTERS,
+            target, (repair_id, *(value for _, value in batch)), node_scripts.SEED_COUNTERS,
             (claim, *(key for key, _ in batch))), timeout)
         if seeded != 1:
             return RepairReport(address, "failed", f"seeding interrupted: {seeded!r}")
     delay_ms = 0 if force else int(guard.settings.max_ttl * 1000)
     done = yield from ask_one(Call(
         target, (repair_id, f"repaired at={time.time():.3f} by={repair_id}", delay_ms),
-        scripts.FINISH_REPAIR, (claim, guard.keys.marker, guard.keys.episode)), timeout)
+        node_scripts.FINISH_REPAIR, (claim, guard.keys.marker, guard.keys.episode)), timeout)
     if done == -1:
         yield from ask_one(Call(target, ("DEL", claim)), timeout)
         guard.health.episode_unknown(target)

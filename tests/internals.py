@@ -10,8 +10,9 @@ from collections.abc import Generator, Sequence
 from typing import Any
 
 from redlock import _cli_render as cli_render
+from redlock import _node_scripts as node_scripts
 from redlock import _scripts as scripts
-from redlock._algorithm import LINE_POLL_MAX, RedlockCore
+from redlock._algorithm import RedlockCore
 from redlock._log import RESERVED_FIELDS, event_fields
 from redlock._protocol import Broadcast, Call, Invoke, Sleep, drive
 from redlock._renewals import Renewals
@@ -36,6 +37,7 @@ from redlock._rules import (
 )
 from redlock._state import LockState, Status
 from redlock._telemetry import RECHECK_S, Telemetry, observe
+from redlock._waiting import LINE_POLL_MAX
 from redlock._wakeups import WakeRegistry
 
 __all__ = [
@@ -66,6 +68,7 @@ __all__ = [
     "event_fields",
     "is_permanent_error",
     "lines_idle",
+    "node_scripts",
     "observe",
     "quorum",
     "read_counters",

@@ -20,7 +20,16 @@ import hashlib
 import re
 from collections.abc import Callable, Iterable
 
-from tests.internals import Broadcast, Call, Invoke, RedlockCore, Settings, Sleep, scripts
+from tests.internals import (
+    Broadcast,
+    Call,
+    Invoke,
+    RedlockCore,
+    Settings,
+    Sleep,
+    node_scripts,
+    scripts,
+)
 
 MARKER = "redlock:node-marker"
 GUARD = "redlock:node-repair"
@@ -293,7 +302,7 @@ class ScriptedNodes:
                 return 0
             self.ttl_ms[node][lock] = int(as_text(args[1]))
             return 1
-        if script is scripts.SEED_COUNTERS:
+        if script is node_scripts.SEED_COUNTERS:
             guard, *fences = keys
             repair_id, *values = args
             if get(guard) != as_text(repair_id):
@@ -302,7 +311,7 @@ class ScriptedNodes:
                 if int(as_text(value)) > counter(key):
                     db[key] = int(as_text(value))
             return 1
-        if script is scripts.FINISH_REPAIR:
+        if script is node_scripts.FINISH_REPAIR:
             guard, marker, episode_key = keys
             repair_id, text, delay = args
             if get(guard) != as_text(repair_id):
@@ -319,7 +328,7 @@ class ScriptedNodes:
             db.pop(guard, None)
             db.pop(episode_key, None)
             return 1
-        if script is scripts.INIT_MARKER:
+        if script is node_scripts.INIT_MARKER:
             marker, episode_key = keys
             if marker in db:
                 return 0
@@ -327,14 +336,14 @@ class ScriptedNodes:
                 return -1
             db[marker] = self.stamp(node, as_text(args[0]))
             return 1
-        if script is scripts.RESTAMP:
+        if script is node_scripts.RESTAMP:
             [marker] = keys
             judged, text, judged_run = args
             if get(marker) != as_text(judged) or as_text(judged_run) != self.run_id(node):
                 return 0
             db[marker] = self.stamp(node, as_text(text))
             return 1
-        if script is scripts.DEMOTE:
+        if script is node_scripts.DEMOTE:
             marker, episode_key = keys
             judged, why = args
             if get(marker) != as_text(judged):
@@ -342,7 +351,7 @@ class ScriptedNodes:
             del db[marker]
             db[episode_key] = f"{self.now_ms(node)} {self.run_id(node)} {as_text(why)}"
             return 1
-        if script is scripts.OPEN_EPISODE:
+        if script is node_scripts.OPEN_EPISODE:
             marker, episode_key = keys
             if marker in db:
                 return [0]
@@ -369,7 +378,7 @@ class ScriptedNodes:
         the transports read them: bytes, lists, maps under RESP3)."""
         db = self.data[node]
         name, *rest = args
-        if name == "EVAL" and rest[0] == scripts.IDENTIFY.source:
+        if name == "EVAL" and rest[0] == node_scripts.IDENTIFY.source:
             assert rest[1] == 1, rest
             marker = db.get(as_text(rest[2]))
             return [self.run_id(node).encode(),
@@ -444,7 +453,7 @@ def describe(call: Call) -> str:
     """A call's script name, or its command name ("identify" for IDENTIFY's EVAL)."""
     if call.script is not None:
         return call.script.name
-    if call.args[:2] == ("EVAL", scripts.IDENTIFY.source):
+    if call.args[:2] == ("EVAL", node_scripts.IDENTIFY.source):
         return "identify"
     return str(call.args[0])
 

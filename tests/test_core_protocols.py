@@ -28,6 +28,7 @@ from tests.internals import (
     Sleep,
     Status,
     drive,
+    node_scripts,
     read_counters,
     repair_node,
     scripts,
@@ -542,7 +543,7 @@ def test_a_missing_marker_is_looked_at_again_before_it_counts_as_amnesia() -> No
 
     def initialised_meanwhile(call: Call) -> object:
         if call.args[:1] == ("EXISTS",):  # the other client's INIT_MARKER landed
-            nodes.run_script(2, scripts.INIT_MARKER, (MARKER, EPISODE), ("by another client",))
+            nodes.run_script(2, node_scripts.INIT_MARKER, (MARKER, EPISODE), ("by another client",))
         return PASS
 
     nodes.intercept = initialised_meanwhile
@@ -841,8 +842,8 @@ def test_judging_identifies_the_node_again_when_its_marker_changed_meanwhile() -
     nodes.connect(core)
 
     def restamped_by_another_client(call: Call) -> object:
-        if call.script is scripts.RESTAMP:
-            nodes.run_script(2, scripts.RESTAMP, (MARKER,),
+        if call.script is node_scripts.RESTAMP:
+            nodes.run_script(2, node_scripts.RESTAMP, (MARKER,),
                              (nodes.data[2][MARKER], "by another client", nodes.run_id(2)))
         return PASS
 
@@ -860,8 +861,8 @@ def test_judging_a_node_demoted_meanwhile_leaves_it_to_the_acquire_path() -> Non
     nodes.connect(core)
 
     def demoted_by_another_client(call: Call) -> object:
-        if call.script is scripts.DEMOTE:
-            nodes.run_script(2, scripts.DEMOTE, (MARKER, EPISODE),
+        if call.script is node_scripts.DEMOTE:
+            nodes.run_script(2, node_scripts.DEMOTE, (MARKER, EPISODE),
                              (nodes.data[2][MARKER], "by another client"))
         return PASS
 
@@ -959,7 +960,7 @@ def test_restamp_refuses_a_server_other_than_the_one_judged() -> None:
 
     def failover_before_restamp(call: Call) -> object:
         nonlocal failovers
-        if call.script is scripts.RESTAMP and not failovers:
+        if call.script is node_scripts.RESTAMP and not failovers:
             failovers += 1  # a replica with a copy of the marker took the node's place
             nodes.restart(2, keep_data=True, promoted=True)
         return PASS
@@ -1022,7 +1023,7 @@ def test_repair_claims_the_node_reads_every_healthy_node_seeds_the_max_and_marks
     assert claim.args[:2] == ("SET", GUARD) and claim.args[3:] == ("NX", "PX", 60_000)
     probe = nodes.broadcasts()[1]
     assert [(c.node, c.args) for c in probe.calls] == [
-        (i, ("EVAL", scripts.IDENTIFY.source, 1, MARKER)) for i in (1, 2, 3, 4)]
+        (i, ("EVAL", node_scripts.IDENTIFY.source, 1, MARKER)) for i in (1, 2, 3, 4)]
     assert nodes.commands_sent() == ["SET", "identify"] + ["SCAN", "MGET"] * 4 + [
         "seed_counters", "finish_repair"]
     [finish] = nodes.broadcasts()[-1].calls
@@ -1081,8 +1082,8 @@ def test_repair_that_cannot_claim_the_node_does_nothing(claim: object, detail: s
     assert nodes.commands_sent() == ["SET"]
 
 
-@pytest.mark.parametrize(("step", "detail"), [(scripts.SEED_COUNTERS, "seeding interrupted"),
-                                              (scripts.FINISH_REPAIR, "marker not written")])
+@pytest.mark.parametrize(("step", "detail"), [(node_scripts.SEED_COUNTERS, "seeding interrupted"),
+                                              (node_scripts.FINISH_REPAIR, "marker not written")])
 def test_repair_interrupted_by_the_node_losing_its_data_writes_no_marker(
         step: object, detail: str) -> None:
     nodes = amnesiac_cluster()
@@ -1111,7 +1112,7 @@ def test_repair_reads_counters_page_by_page_and_seeds_them_in_batches() -> None:
     report = drive(repair_node(core, 0, force=True), nodes.execute)
     assert report.status == "repaired" and report.detail == "1200 fence counters re-seeded"
     assert all(nodes.data[0][fence_key(f"r{i}")] == i + 2 for i in range(1200))
-    seeds = [b for b in nodes.broadcasts() if b.calls[0].script is scripts.SEED_COUNTERS]
+    seeds = [b for b in nodes.broadcasts() if b.calls[0].script is node_scripts.SEED_COUNTERS]
     assert [len(b.calls[0].keys) - 1 for b in seeds] == [500, 500, 200]  # the guard + keys
     scans = [b.calls[0] for b in nodes.broadcasts() if b.calls[0].args[:1] == ("SCAN",)]
     assert len(scans) == 2 * 13  # 1201 keys on each source (the marker too): 13 pages
@@ -1359,7 +1360,7 @@ def test_initialise_refuses_nodes_that_lost_data_unless_forced() -> None:
     [event] = [e for e in events if e["event"] == "redlock.cluster_initialised_by_hand"]
     assert (event["initialised"], event["forced"]) == (3, True)
     finishes = [b.calls[0] for b in nodes.broadcasts()
-                if b.calls[0].script is scripts.FINISH_REPAIR]
+                if b.calls[0].script is node_scripts.FINISH_REPAIR]
     assert [c.args[2] for c in finishes] == [0, 0, 0]  # no rejoin delay
 
 
