@@ -117,7 +117,11 @@ def repair_node(guard: AmnesiaGuard, target: int, *, force: bool,
         node_scripts.FINISH_REPAIR, (claim, guard.keys.marker, guard.keys.episode)), timeout)
     if done == -1:
         yield from ask_one(Call(target, ("DEL", claim)), timeout)
+        # Its episode is read again now, and the repair comes when that says (not one
+        # repair_interval later: this was no failure).
         guard.health.episode_unknown(target)
+        guard.health.last_try.pop(target, None)
+        yield from guard.open_episodes([target])
         return RepairReport(address, "waiting", "its amnesia episode is younger than"
                             " max_ttl by its clock (it lost data again, or restarted)")
     if done != 1:

@@ -1161,10 +1161,11 @@ def test_a_repair_waits_for_max_ttl_by_the_nodes_clock_not_the_clients() -> None
     nodes.requests.clear()
     report = drive(repair_node(core, 0), nodes.execute)
     assert report.status == "waiting"
-    assert nodes.commands_sent()[-3:] == ["seed_counters", "finish_repair", "DEL"]
+    assert nodes.commands_sent()[-4:] == ["seed_counters", "finish_repair", "DEL",
+                                          "open_episode"]
     assert MARKER not in nodes.data[0] and GUARD not in nodes.data[0]
     assert nodes.data[0][EPISODE] == begun
-    assert core.amnesia.health.rejoins_in(0, clock()) is None  # to be read again
+    assert core.amnesia.health.rejoins_in(0, clock()) == 10.0  # read again: its clock says
     clock.advance(10.0)  # one max_ttl by its clock now
     assert drive(repair_node(core, 0), nodes.execute).status == "repaired"
     assert nodes.healthy(0) and EPISODE not in nodes.data[0]
@@ -1193,8 +1194,8 @@ def test_a_second_data_loss_during_the_wait_restarts_it(loss: str) -> None:
     assert MARKER not in nodes.data[0]
     again = nodes.episode(0)
     assert again is not None and again[1] == nodes.run_id(0)
-    assert again[0] - first[0] == 65_000  # begun anew when read again, after the refusal
-    assert core.amnesia.health.rejoins_in(0, clock()) == 60.0
+    assert again[0] - first[0] == 60_000  # begun anew when read again, at the refusal
+    assert core.amnesia.health.rejoins_in(0, clock()) == 55.0  # one round later
 
 
 def test_maintenance_retries_a_failed_repair_only_after_repair_interval() -> None:
@@ -1216,6 +1217,28 @@ def test_maintenance_retries_a_failed_repair_only_after_repair_interval() -> Non
     assert [t - 1000.0 for t in claims] == [10.0, 15.0, 20.0]
     assert nodes.sleeps() == [5.0] * 4
     assert nodes.healthy(0) and core.amnesia.health.benched() == set()
+
+
+def test_maintenance_repairs_as_soon_as_the_nodes_clock_says_after_a_too_early_try() -> None:
+    """A repair tried a little early by the client's clock (the node's runs behind) is no
+    failure: the episode is read again and the repair comes when the node's clock says,
+    not one repair_interval later."""
+    clock = FakeClock()
+    nodes = amnesiac_cluster(clock=clock)
+    core = make_core(5, clock, max_ttl=10.0, repair_interval=5.0)
+    core.amnesia.health.lost_data(0)
+    finishes: list[float] = []
+
+    def node_clock_falls_behind(call: Call) -> object:
+        if call.script is node_scripts.FINISH_REPAIR:
+            finishes.append(clock())
+            nodes.skew[0] = -2.0 if len(finishes) == 1 else nodes.skew.get(0, 0.0)
+        return PASS
+
+    nodes.intercept = node_clock_falls_behind
+    maintain(core, nodes, sleeps=None)
+    assert [t - 1000.0 for t in finishes] == [10.0, 12.0]
+    assert nodes.healthy(0)
 
 
 # ---------------------------------------------------------------------------
