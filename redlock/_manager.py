@@ -161,9 +161,11 @@ class ManagerBase(Generic[H, MH]):
         if (ticket.watch is None and ticket.wake is not None and request.channels
                 and not self._closing.is_set()):
             ticket.watch = self._wakeups.watch(request.channels, request.waiter, ticket.wake)
-            if self._listener is None:
-                self._listener = self._open_listener()
-            self._listener.ensure_running()
+            with self._maintenance_mutex:  # one listener, even when threads race here
+                if self._listener is None:
+                    self._listener = self._open_listener()
+                listener = self._listener
+            listener.ensure_running()
         if ticket.watch is not None and request.patient is not None and all(
                 self._wakeups.live(channel) for channel in request.channels):
             return request.patient
