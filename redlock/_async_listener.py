@@ -21,6 +21,7 @@ from redlock._async_transport import wait_event, within
 from redlock._wakeups import (
     RECONNECT_MAX,
     RECONNECT_MIN,
+    UNBUILDABLE,
     NodeSubscription,
     WakeRegistry,
     listener_connection,
@@ -85,8 +86,13 @@ class AsyncReleaseListener:
         while not self._closed:
             if subscription.idle() and not self._registry.wanted():
                 return  # nothing to listen to; the next wait starts a new task
-            conn = listener_connection(self._pools[node], self._connect_timeout, None,
-                                       Retry(NoBackoff(), 0))
+            try:
+                conn = listener_connection(self._pools[node], self._connect_timeout, None,
+                                           Retry(NoBackoff(), 0))
+            except Exception as exc:  # the node's settings make no subscription connection
+                self._registry.refused(node, self._addresses[node], exc, hint=UNBUILDABLE)
+                self._refused.add(node)
+                return
             try:
                 await within(conn.connect(), self._connect_timeout)
             except Exception:

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import select
 import sys
 import time
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
 import redis.asyncio
@@ -34,6 +35,8 @@ from redlock._transport import (
     STRAGGLER_GRACE_MIN,
     Late,
     LateConnections,
+    acquire_keys,
+    pack,
     render,
 )
 
@@ -44,7 +47,7 @@ T = TypeVar("T")
 _EXCHANGES_PER_NODE = 16
 
 
-async def within(awaitable: Coroutine[Any, Any, T], timeout: float) -> T:
+async def within(awaitable: Awaitable[T], timeout: float) -> T:
     """``asyncio.wait_for`` without its extra Task per call where the language allows:
     ``asyncio.timeout`` (3.11+) cancels the current task in place, which is cheaper
     (BENCHMARKS.md, the asyncio overhead section)."""
@@ -96,6 +99,32 @@ class _Exchange:
         self.over = False  # the request stopped waiting for it
 
 
+class _Gathering:
+    """The replies of one request as its exchanges finish (their done callbacks), and
+    the future that wakes the request when there is something to decide."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, replies: list[object],
+                 enough: Callable[[Sequence[object]], bool] | None) -> None:
+        self.replies: list[object] | None = replies
+        self.enough = enough
+        self.left = 0  # exchanges not finished
+        self.decided = False
+        self.wake: asyncio.Future[None] = loop.create_future()
+
+    def decides(self) -> bool:
+        return self.enough is not None and self.replies is not None and self.enough(
+            self.replies)
+
+    def finished(self, exchange: _Exchange, _task: object) -> None:
+        self.left -= 1
+        if self.replies is None:  # the request is over
+            return
+        for index, result in zip(exchange.indexes, exchange.results, strict=True):
+            self.replies[index] = result
+        if not self.wake.done() and (self.left == 0 or (not self.decided and self.decides())):
+            self.wake.set_result(None)
+
+
 class AsyncTransport:
     """One connection pool per node; each request's nodes asked concurrently."""
 
@@ -113,6 +142,10 @@ class AsyncTransport:
         self._late: LateConnections[Any] = LateConnections(len(self.pools))
         self._running: set[asyncio.Task[None]] = set()
         self._per_node = [0] * len(self.pools)
+        # Connected connections taken from the pools and kept here between requests: a
+        # pool's checkout and return cost more than the request's own I/O (they stay
+        # "in use" for the pool, which closes them all on disconnect()).
+        self._idle: list[list[Any]] = [[] for _ in self.pools]
         # The call sent first on every new connection, and who is told the replies
         # (node -> reply) as soon as they arrive (set by the manager).
         self.identify: Callable[[int], Call] | None = None
@@ -132,6 +165,8 @@ class AsyncTransport:
         if self._late.any():
             await self.write_behind(request)
         replies: list[object] = [PENDING] * len(request.calls)
+        loop = asyncio.get_running_loop()
+        gathering = _Gathering(loop, replies, request.enough)
         tasks: dict[asyncio.Task[None], _Exchange] = {}
         for exchange in exchanges.values():
             if self._per_node[exchange.node] >= _EXCHANGES_PER_NODE:
@@ -139,42 +174,47 @@ class AsyncTransport:
                     f"no connection: {_EXCHANGES_PER_NODE} exchanges still running"))
                 continue
             self._per_node[exchange.node] += 1
-            task = asyncio.get_running_loop().create_task(self._exchange(exchange))
+            task = loop.create_task(self._exchange(exchange))
             self._running.add(task)
             task.add_done_callback(self._running.discard)
+            task.add_done_callback(functools.partial(gathering.finished, exchange))
             tasks[task] = exchange
+        gathering.left = len(tasks)
         started = time.monotonic()
-        deadline, decided = started + request.timeout, False
-        waiting = set(tasks)
+        deadline = started + request.timeout
         try:
-            while waiting:
-                if not decided and request.enough is not None and request.enough(replies):
+            # One wake-up per decision, not one per reply: the exchanges' done callbacks
+            # collect the replies and wake this task when the request is decided, when
+            # every exchange is done, or (below) never: then the deadline ends it.
+            while gathering.left:
+                if not gathering.decided and gathering.decides():
                     # Decided: the stragglers get as long again as the decision took
                     # (all of a healthy cluster's replies come in together), no longer.
-                    decided = True
+                    gathering.decided = True
                     now = time.monotonic()
                     deadline = min(deadline, now + max(now - started, STRAGGLER_GRACE_MIN))
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
-                done, waiting = await asyncio.wait(waiting, timeout=left,
-                                                   return_when=asyncio.FIRST_COMPLETED)
-                for task in done:
-                    self._collect(tasks[task], replies)
+                if gathering.wake.done():
+                    gathering.wake = loop.create_future()
+                    continue  # re-check: what woke us may have decided it
+                try:
+                    await within(gathering.wake, left)
+                except asyncio.TimeoutError:
+                    break
         finally:
             decided = request.enough is not None and request.enough(replies)
-            for task in waiting:  # they go on in the background (see the module's doc)
-                tasks[task].over = True
+            for task, exchange in tasks.items():
+                if task.done():
+                    continue
+                exchange.over = True  # it goes on in the background (see the module's doc)
                 if self.round_trips is not None and not decided:
-                    self.round_trips.late(tasks[task].node)  # it timed out: known slow
-                self._fill(tasks[task], replies, NOT_AWAITED if decided else
+                    self.round_trips.late(exchange.node)  # it timed out: known slow
+                self._fill(exchange, replies, NOT_AWAITED if decided else
                            RedisTimeoutError(f"no reply within {request.timeout * 1000:.0f} ms"))
+            gathering.replies = None  # late exchanges must not write into these replies
         return replies
-
-    @staticmethod
-    def _collect(exchange: _Exchange, replies: list[object]) -> None:
-        for index, result in zip(exchange.indexes, exchange.results, strict=True):
-            replies[index] = result
 
     @staticmethod
     def _fill(exchange: _Exchange, replies: list[object], exc: BaseException) -> None:
@@ -195,14 +235,16 @@ class AsyncTransport:
             self._per_node[node] -= 1
 
     async def _converse(self, exchange: _Exchange) -> None:
-        node, pool = exchange.node, self.pools[exchange.node]
-        conn = await pool.get_connection()
-        if exchange.over:
-            # Connected only after the request was over: its calls are not sent (as in
-            # the sync transport). An acquire sent now would set a key nobody waits for
-            # (its release may already have gone); a release or extend was already
-            # reported as failed on this node. The connection is warm for the next.
-            await pool.release(conn)
+        node = exchange.node
+        conn = await self._checkout(node)
+        if exchange.over and any(acquire_keys(call) for call in exchange.calls):
+            # Connected only after the request was over: an acquire sent now would set
+            # a key nobody waits for (its release may already have gone). A release
+            # still goes: its caller may have been cancelled (asyncio.timeout around
+            # ``async with``) and nothing else would free the key before its TTL; a
+            # late release or extend touches only our own key. The connection is warm
+            # for the next request either way.
+            self._idle[node].append(conn)
             return
         if _readable_while_idle(conn):
             # A pooled connection the server closed while it sat idle (it restarted):
@@ -215,7 +257,7 @@ class AsyncTransport:
         except BaseException:
             await self._discard(node, conn)  # a late reply must never be read as the next
             raise                            # command's
-        await pool.release(conn)
+        self._idle[node].append(conn)
 
     async def _talk(self, exchange: _Exchange, conn: Any) -> None:
         """Send the node's calls on ``conn`` and read every reply."""
@@ -230,7 +272,7 @@ class AsyncTransport:
         late = Late(conn, node, calls, len(commands), time.monotonic() + self.connect_timeout)
         self._late.add(late)  # a release for an acquire in here goes behind it
         try:
-            await conn.send_packed_command(conn.pack_commands(commands), check_health=False)
+            await conn.send_packed_command(pack(conn, commands), check_health=False)
             exchange.sent_at = time.monotonic()
             if probed:
                 identity = await self._reply(conn, late)
@@ -254,8 +296,8 @@ class AsyncTransport:
                 results[position] = reply
         if unknown:  # SCRIPT FLUSH since: send the bodies
             late.outstanding += len(unknown)
-            await conn.send_packed_command(conn.pack_commands(
-                [render(exchange.calls[i], evalsha=False) for i in unknown]),
+            await conn.send_packed_command(pack(
+                conn, [render(exchange.calls[i], evalsha=False) for i in unknown]),
                 check_health=False)
             for position in unknown:
                 results[position] = await self._reply(conn, late)
@@ -273,6 +315,16 @@ class AsyncTransport:
         finally:
             late.outstanding -= 1
 
+    async def _checkout(self, node: int) -> Any:
+        """A connection to ``node``: the last one kept, or the pool's (connected)."""
+        idle = self._idle[node]
+        while idle:
+            conn = idle.pop()
+            if conn.is_connected:
+                return conn
+            await self._discard(node, conn)
+        return await self.pools[node].get_connection()
+
     async def _discard(self, node: int, conn: Any) -> None:
         """Close a connection (pending writes are flushed first) and hand it back."""
         with contextlib.suppress(Exception):
@@ -288,8 +340,8 @@ class AsyncTransport:
                     continue
                 late.outstanding += 1
                 with contextlib.suppress(Exception):  # the normal release goes out too
-                    await late.conn.send_packed_command(late.conn.pack_commands(
-                        [render(call, evalsha=False)]), check_health=False)
+                    await late.conn.send_packed_command(pack(
+                        late.conn, [render(call, evalsha=False)]), check_health=False)
 
     async def close(self) -> None:
         for task in list(self._running):
@@ -299,5 +351,8 @@ class AsyncTransport:
                 await task
         for late in self._late.drain():
             await self._discard(late.node, late.conn)
+        for node, idle in enumerate(self._idle):
+            while idle:
+                await self._discard(node, idle.pop())
         for pool in self.pools:
             await pool.disconnect()

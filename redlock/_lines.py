@@ -38,9 +38,10 @@ class Ticket(Generic[E]):
     """One blocking acquire call's place in its resource's line, kept across its
     attempts (a waiter that loses a race keeps its place instead of going to the back)."""
 
-    __slots__ = ("key", "wake", "watch")
+    __slots__ = ("key", "since", "wake", "watch")
 
     def __init__(self) -> None:
+        self.since = time.monotonic()  # the call started (a release since may be for it)
         self.key: str | None = None
         self.wake: E | None = None  # made on the first wait only
         # The call's watch for releases elsewhere (redlock._wakeups), from its first wait

@@ -160,7 +160,8 @@ class ManagerBase(Generic[H, MH]):
         the patient wait once releases on every channel are heard."""
         if (ticket.watch is None and ticket.wake is not None and request.channels
                 and not self._closing.is_set()):
-            ticket.watch = self._wakeups.watch(request.channels, request.waiter, ticket.wake)
+            ticket.watch = self._wakeups.watch(request.channels, request.waiter, ticket.wake,
+                                               since=ticket.since)
             with self._maintenance_mutex:  # one listener, even when threads race here
                 if self._listener is None:
                     self._listener = self._open_listener()

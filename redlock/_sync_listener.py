@@ -23,6 +23,7 @@ from redis.retry import Retry
 from redlock._wakeups import (
     RECONNECT_MAX,
     RECONNECT_MIN,
+    UNBUILDABLE,
     NodeSubscription,
     WakeRegistry,
     listener_connection,
@@ -152,9 +153,15 @@ class SyncReleaseListener:
 
     def _open(self, node: _Node) -> None:
         """Open the node's connection in a helper thread; the listener picks it up."""
+        index = node.subscription.node
+        try:
+            conn = listener_connection(self._pools[index], self._connect_timeout,
+                                       self._connect_timeout, Retry(NoBackoff(), 0))
+        except Exception as exc:  # the node's settings make no subscription connection
+            self._registry.refused(index, self._addresses[index], exc, hint=UNBUILDABLE)
+            node.refused = True
+            return
         node.connecting = True
-        conn = listener_connection(self._pools[node.subscription.node], self._connect_timeout,
-                                   self._connect_timeout, Retry(NoBackoff(), 0))
 
         def connect() -> None:
             try:

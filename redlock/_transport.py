@@ -19,14 +19,14 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
 from redlock import _scripts as scripts
 from redlock._protocol import NOT_AWAITED, PENDING, Call, NotAwaited
 
 __all__ = ["NOT_AWAITED", "PENDING", "STRAGGLER_GRACE_MIN", "Late", "LateConnections",
-           "NotAwaited", "render"]
+           "NotAwaited", "pack", "render"]
 
 Conn = TypeVar("Conn")
 
@@ -38,6 +38,21 @@ LATE_PER_NODE = 16
 # last node's reply is typically a few tens of microseconds behind. Reading it costs
 # nothing and keeps the connection out of the late pool (and its vote counts).
 STRAGGLER_GRACE_MIN = 0.001
+
+
+_hiredis_pack: Callable[[tuple[Any, ...]], bytes] | None
+try:  # hiredis (redis-py's optional speed-up) packs a command 5-8x faster than
+    # redis.asyncio's pure-Python packer (the sync one uses hiredis by itself)
+    from hiredis import pack_command as _hiredis_pack
+except ImportError:  # pragma: no cover - without hiredis installed
+    _hiredis_pack = None
+
+
+def pack(conn: Any, commands: Sequence[tuple[Any, ...]]) -> Any:
+    """The wire bytes of ``commands`` for ``conn`` (what ``conn.pack_commands`` gives)."""
+    if _hiredis_pack is None:
+        return conn.pack_commands(commands)
+    return b"".join(_hiredis_pack(command) for command in commands)
 
 
 def render(call: Call, *, evalsha: bool) -> tuple[Any, ...]:

@@ -12,13 +12,16 @@ costs a waiter its backoff, never safety.
 A subscription only hears what is published after it is in place, so a release
 between a waiter's refused attempt and the subscription would be missed: when a
 channel's subscription comes up (on its first node, or again after every node lost
-it) its waiters are woken to look again.
+it) its waiters are woken to look again. A waiter watches from its first wait on; a
+release heard during its first attempt woke nobody and is kept for a while, and the
+waiter's first watch claims it (see :meth:`WakeRegistry._claim`).
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,6 +38,8 @@ LINGER = 2.0
 PING_INTERVAL = 5.0
 # A listener with nothing to listen to for this long closes its connections.
 IDLE_CLOSE = 30.0
+# How many releases that woke nobody are kept per channel (see WakeRegistry._claim).
+UNCLAIMED_KEPT = 8
 # Reconnecting a node's subscription: the first wait, doubling up to the longest.
 RECONNECT_MIN, RECONNECT_MAX = 0.1, 5.0
 
@@ -65,10 +70,15 @@ class WakeRegistry:
         self._idle_since: dict[str, float] = {}  # channels without a wait, lingering
         self._live: dict[str, set[int]] = {}  # channel -> nodes it is subscribed on
         self._refused: set[int] = set()  # nodes that refused SUBSCRIBE (told once)
+        # channel -> the last releases that woke nobody here: (heard at, data)
+        self._unclaimed: dict[str, deque[tuple[float, str]]] = {}
 
     # -- the waiters' side ---------------------------------------------------------
 
-    def watch(self, channels: Iterable[str], waiter: str | None, event: Wakeable) -> Watch:
+    def watch(self, channels: Iterable[str], waiter: str | None, event: Wakeable,
+              since: float | None = None) -> Watch:
+        """Wake ``event`` on releases from now on; ``since`` (monotonic): when the
+        waiter's call started, releases heard since then that woke nobody count too."""
         watch = Watch(tuple(channels), waiter, event)
         grew = False
         with self._mutex:
@@ -76,8 +86,11 @@ class WakeRegistry:
                 waits = self._watches.setdefault(channel, [])
                 grew |= not waits and self._idle_since.pop(channel, None) is None
                 waits.append(watch)
+            missed = since is not None and self._claim(watch.channels, waiter, since)
         if grew:
             self.changed()
+        if missed:
+            event.set()
         return watch
 
     def unwatch(self, watch: Watch) -> None:
@@ -100,6 +113,7 @@ class WakeRegistry:
         with self._mutex:
             for channel in [c for c, t in self._idle_since.items() if now - t >= LINGER]:
                 del self._idle_since[channel]
+                self._unclaimed.pop(channel, None)
             return set(self._watches) | set(self._idle_since)
 
     def subscribed(self, node: int, channel: str) -> None:
@@ -129,28 +143,45 @@ class WakeRegistry:
                 if not self._live[channel]:
                     del self._live[channel]
 
-    def refused(self, node: int, address: str, error: BaseException) -> None:
-        """The node refused SUBSCRIBE (an ACL without channel permissions): its waiters
-        fall back to their backoff. Told once per node."""
+    def refused(self, node: int, address: str, error: BaseException, *,
+                hint: str = "allow SUBSCRIBE on the namespace's channels") -> None:
+        """The node refused SUBSCRIBE (an ACL without channel permissions), or no
+        subscription connection can be made with the node's settings: its waiters fall
+        back to their backoff. Told once per node."""
         with self._mutex:
             if node in self._refused:
                 return
             self._refused.add(node)
         logger.warning("redlock.release_feed_refused", node=address,
                        error=f"{type(error).__name__}: {error}",
-                       hint="waiters in other processes notice releases by polling"
-                            " (allow SUBSCRIBE on the namespace's channels)")
+                       hint=f"waiters in other processes notice releases by polling ({hint})")
 
     def deliver(self, channel: str, data: str) -> None:
-        """A release on some node: wake the waiter it names, or the first one."""
+        """A release on some node: wake the waiter it names, or the first one. Woken
+        nobody: kept for a while, for a waiter still in its first attempt (below)."""
         with self._mutex:
-            waits = self._watches.get(channel)
-            if not waits:
-                return
+            waits = self._watches.get(channel, [])
             # Named: that waiter (if it waits here); unnamed: the first, one only.
             woken = [w for w in waits if w.waiter == data] if _is_waiter_id(data) else waits[:1]
+            if not woken:
+                self._unclaimed.setdefault(channel, deque(maxlen=UNCLAIMED_KEPT)).append(
+                    (time.monotonic(), data))
         for watch in woken:
             watch.event.set()
+
+    def _claim(self, channels: tuple[str, ...], waiter: str | None, since: float) -> bool:
+        """A release heard since ``since`` that named ``waiter``, or nobody, and woke
+        no one (call under the mutex). A waiter watches from its first wait on, so a
+        release during its first attempt (the lock was still held when the attempt
+        reached the nodes) would otherwise cost it its whole patient wait."""
+        for channel in channels:
+            kept = self._unclaimed.get(channel)
+            for entry in list(kept or ()):
+                heard_at, data = entry
+                if heard_at >= since and (data == waiter or data == ""):
+                    kept.remove(entry)  # type: ignore[union-attr]
+                    return True
+        return False
 
     def live(self, channel: str) -> bool:
         """Subscribed on some node (for tests and inspection)."""
@@ -233,13 +264,24 @@ def _text(value: object) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
+# The hint when no subscription connection can be built from a node's pool settings.
+UNBUILDABLE = "no subscription connection can be made with this node's settings"
+
+
 def listener_connection(pool: Any, connect_timeout: float, read_timeout: float | None,
                         retry: Any) -> Any:
     """A subscription connection to a pool's node (not taken from the pool: it lives as
     long as the listener): the node's settings, speaking RESP2 (messages are plain
     arrays), with no hidden retries (``retry``: a no-retry policy of the flavour) and
     our own timeouts."""
-    return pool.connection_class(**{
-        **pool.connection_kwargs, "protocol": 2, "socket_timeout": read_timeout,
-        "socket_connect_timeout": connect_timeout, "retry": retry,
-        "health_check_interval": 0, "decode_responses": False})
+    kwargs = {**pool.connection_kwargs, "protocol": 2, "socket_timeout": read_timeout,
+              "socket_connect_timeout": connect_timeout, "retry": retry,
+              "health_check_interval": 0, "decode_responses": False}
+    if "maint_notifications_config" in kwargs:
+        # redis-py 7+ turns maintenance notifications on for RESP3 pools; they need RESP3
+        # or hiredis, and without hiredis a RESP2 connection that carries the pool's
+        # setting raises in its constructor. A subscription needs none of it.
+        kwargs["maint_notifications_config"] = None
+        kwargs.pop("maint_notifications_pool_handler", None)
+        kwargs.pop("oss_cluster_maint_notifications_handler", None)
+    return pool.connection_class(**kwargs)

@@ -94,7 +94,11 @@ def lines_idle(manager: Any) -> bool:
 async def drop_idle_connections(manager: Any) -> None:
     """Close an AsyncRedlock's idle pooled connections: its next request to each node
     opens a new one (connect and handshake first)."""
-    for pool in manager._transport.pools:
+    transport = manager._transport
+    for node, idle in enumerate(transport._idle):
+        while idle:
+            await transport._discard(node, idle.pop())
+    for pool in transport.pools:
         await pool.disconnect()
 
 

@@ -167,6 +167,36 @@ def test_a_message_naming_nobody_wakes_the_first_waiter_only() -> None:
     assert [e.is_set() for e in events] == [True, False, False]
 
 
+def test_a_release_during_a_waiters_first_attempt_wakes_its_first_wait(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A waiter watches from its first wait on; a release heard while its first attempt
+    was still out (naming it, or nobody) woke no one and must end that wait at once,
+    not after the patient wait (found by the compose stack: 0.5 s per hand-off)."""
+    now = [100.0]
+    monkeypatch.setattr("redlock._wakeups.time.monotonic", lambda: now[0])
+    registry = WakeRegistry()
+    call_started = now[0]
+    now[0] += 0.01
+    registry.deliver("c", "a" * 40)  # names our waiter, who does not watch yet
+    registry.deliver("c", "b" * 40)  # names a waiter of another process
+    now[0] += 0.01
+    ours, theirs = threading.Event(), threading.Event()
+    registry.watch(["c"], "a" * 40, ours, since=call_started)
+    assert ours.is_set()
+    registry.watch(["c"], "c" * 40, theirs, since=call_started)
+    assert not theirs.is_set()  # named somebody else
+    again = threading.Event()
+    registry.watch(["c"], "a" * 40, again, since=call_started)
+    assert not again.is_set()  # a release is claimed once
+    registry.deliver("d", "")  # nobody in line, nobody waiting here
+    later = threading.Event()
+    registry.watch(["d"], "e" * 40, later, since=now[0] + 1.0)
+    assert not later.is_set()  # heard before this call started
+    early = threading.Event()
+    registry.watch(["d"], "e" * 40, early, since=call_started)
+    assert early.is_set()
+
+
 def test_the_first_confirmed_subscription_wakes_every_waiter_to_look_again() -> None:
     registry = WakeRegistry()
     events = [threading.Event() for _ in range(2)]

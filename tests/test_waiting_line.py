@@ -15,6 +15,7 @@ import sys
 import time
 from collections.abc import Callable
 
+import pytest
 import redis
 
 from redlock.testing import RedisNodes, capture_events
@@ -183,6 +184,69 @@ async def test_waiters_still_get_the_lock_where_subscribing_is_refused(
         await holder.release()
         acquired, _ = await asyncio.wait_for(waiter, 25)
     assert acquired
+
+
+# Run in a process of its own where hiredis cannot be imported (redis-py then parses
+# in pure Python): one manager holds, another waits with SLOW_BACKOFF; prints how long
+# the waiter took after the release.
+_WITHOUT_HIREDIS = """
+import asyncio, sys, threading, time
+sys.modules["hiredis"] = None  # as if it were not installed
+import redis.utils
+assert not redis.utils.HIREDIS_AVAILABLE
+from redlock import AsyncRedlock, Redlock
+
+kind, urls = sys.argv[1], sys.argv[2:]
+options = {"retry_delay_min": 2.0, "retry_delay_max": 3.0}
+
+def sync():
+    with Redlock(urls) as a, Redlock(urls, **options) as b:
+        holder = a.lock("line:plain", ttl=30.0)
+        assert holder.acquire(blocking=False)
+        waiting, took = b.lock("line:plain", ttl=10.0), []
+        def wait():
+            assert waiting.acquire(timeout=20.0)
+            took.append(time.monotonic())
+            waiting.release()
+        thread = threading.Thread(target=wait)
+        thread.start()
+        time.sleep(0.5)  # refused, in line, listening
+        released = time.monotonic()
+        holder.release()
+        thread.join(25)
+        print(took[0] - released)
+
+async def asyncio_():
+    async with AsyncRedlock(urls) as a, AsyncRedlock(urls, **options) as b:
+        holder = a.lock("line:plain", ttl=30.0)
+        assert await holder.acquire(blocking=False)
+        waiting = b.lock("line:plain", ttl=10.0)
+        async def wait():
+            assert await waiting.acquire(timeout=20.0)
+            took = time.monotonic()
+            await waiting.release()
+            return took
+        waiter = asyncio.create_task(wait())
+        await asyncio.sleep(0.5)
+        released = time.monotonic()
+        await holder.release()
+        print(await asyncio.wait_for(waiter, 25) - released)
+
+sync() if kind == "sync" else asyncio.run(asyncio_())
+"""
+
+
+@pytest.mark.parametrize("kind", ["sync", "asyncio"])
+def test_releases_are_heard_without_hiredis(kind: str, nodes3: RedisNodes) -> None:
+    """Without hiredis, a subscription connection built from a pool with redis-py's
+    maintenance notifications on raised in its constructor: the listener died (a
+    traceback on stderr) and waiters in other managers only polled."""
+    done = subprocess.run([sys.executable, "-c", _WITHOUT_HIREDIS, kind, *nodes3.urls],
+                          capture_output=True, text=True, timeout=60, check=False,
+                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""
+    assert float(done.stdout) < 1.5  # woken by the release, not its 2 s backoff
 
 
 def acquire_by_hand(client: redis.Redis, resource: str, owner: str,

@@ -18,7 +18,7 @@ expired mid-purchase cannot sell a ticket twice.
 Configuration (environment): ``LOCK_URLS`` (space-separated Redis URLs of the lock
 nodes), ``STORE_URL`` (the node holding the sale record), ``APP_HOST`` (default
 127.0.0.1), ``APP_PORT`` (8080), ``LOCK_TTL`` (5 s), ``LOCK_TIMEOUT`` (how long a
-buyer waits for the lock, 2 s).
+buyer waits for the lock, 2 s), ``LOG_LEVEL`` (WARNING; DEBUG shows every attempt).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from typing import Any
 import redis
 
 from fencing import RedisFencedStore, StaleTokenError
-from redlock import LockNotAcquired, Redlock, RedlockError
+from redlock import EventFormatter, LockNotAcquired, Redlock, RedlockError
 
 SALE = "sale:tickets"
 
@@ -139,7 +139,12 @@ def handler_for(shop: Shop) -> type[BaseHTTPRequestHandler]:
 
 
 def main() -> int:
-    logging.basicConfig(level=logging.WARNING)  # the library's warnings on stderr
+    # The library's events on stderr: its warnings by default, LOG_LEVEL=DEBUG for every
+    # attempt (docs/events.md lists them).
+    handler = logging.StreamHandler()
+    handler.setFormatter(EventFormatter("%(asctime)s %(threadName)s %(name)s %(message)s"))
+    logging.basicConfig(level=os.environ.get("LOG_LEVEL", "WARNING").upper(),
+                        handlers=[handler])
     lock_urls = os.environ["LOCK_URLS"].split()
     shop = Shop(lock_urls, os.environ["STORE_URL"], float(os.environ.get("LOCK_TTL", "5")),
                 float(os.environ.get("LOCK_TIMEOUT", "2")))

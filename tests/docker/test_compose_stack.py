@@ -141,6 +141,8 @@ def stack(docker_engine: EngineAPI, tmp_path: Path) -> Iterator[Stack]:
         stack.timings["up"] = time.monotonic() - started
         yield stack
     finally:
+        if os.environ.get("REDLOCK_APP_LOG"):  # debugging: keep the app's log
+            Path(os.environ["REDLOCK_APP_LOG"]).write_text(stack.compose("logs", "app").stdout)
         started = time.monotonic()
         down = stack.compose("down", "--volumes", "--remove-orphans", "--timeout", "10")
         stack.timings["down"] = time.monotonic() - started
