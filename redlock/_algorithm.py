@@ -244,8 +244,8 @@ class RedlockCore:
                 classify_acquire_reply(self.addresses[i], reply, len(resources))
                 for i, reply in enumerate(replies)])
             amnesia = yield from self.amnesia.check(outcomes, started)
-            if amnesia is not None:
-                yield self._release_calls(resources, owner, ttl)
+            if amnesia is not None:  # the call may try again: it keeps its place in line
+                yield self._release_calls(resources, owner, ttl, leave=False)
                 return amnesia
             # Per granting node, its counter for each resource (in the set's order).
             granted = {i: [int(c) for c in replies[i][1:]]  # type: ignore[index]

@@ -70,6 +70,8 @@ ACQUIRE = Script(
 -- ARGV[4] ticket: the waiter's place in line ('' for a single try, which does not queue)
 -- ARGV[5] patience in ms: how long the entry stays without a new attempt from its waiter
 -- returns {1, counter}   granted: SET NX PX done and counter = max(counter, floor) + 1
+--                        (a waiter granted as first in line keeps its place until its
+--                        call is over: RELEASE with leave '1')
 --         {2, counter}   the key already holds our owner value: TTL refreshed, counter unchanged
 --         {0, pttl}      held by another owner, pttl ms left (a ticket joins the line)
 --         {3, ahead}     free, but `ahead` waiters are before us in line (a ticket joins it)
@@ -118,8 +120,11 @@ if first and first ~= me then
     return {3, redis.call('ZRANK', KEYS[4], me) or redis.call('ZCARD', KEYS[4])}
 end
 if first then
-    redis.call('ZREM', KEYS[4], me)
-    redis.call('ZREM', KEYS[5], me)
+    -- Granted, first in line: keep the place until the acquire call is over (RELEASE
+    -- with ARGV[2] = '1', or the patience lapses). A failed attempt (no quorum) must
+    -- not lose it on the nodes that granted: the lines would then disagree and two
+    -- waiters could each be first on half of the nodes, again and again.
+    wait_in_line(now + tonumber(ARGV[5]))
 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 local counter = tonumber(redis.call('GET', KEYS[2]) or '0')

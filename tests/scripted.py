@@ -257,7 +257,8 @@ class ScriptedNodes:
                 ahead = sorted(line, key=lambda w: (line[w][0], w)).index(me) if me in line \
                     else len(line)
                 return [scripts.ACQUIRE_NOT_YOUR_TURN, ahead]
-            line.pop(me, None)
+            if me in line:  # first in line: the place is kept until the call is over
+                line[me] = (line[me][0], now + patience)
             db[lock] = owner
             self.ttl_ms[node][lock] = int(as_text(args[1]))
             db[fence] = max(counter(fence), int(as_text(args[2]))) + 1

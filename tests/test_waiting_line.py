@@ -108,6 +108,41 @@ def test_waiters_woken_together_do_not_split_the_nodes(nodes5: RedisNodes) -> No
             client.close()
 
 
+def test_a_failed_attempt_keeps_its_place_where_it_was_granted(nodes5: RedisNodes) -> None:
+    """W (first in line) is granted on two nodes and refused on two that still hold the
+    previous holder's key: no quorum, it releases what it got and tries again. It must
+    still be first on every node; it used to lose its place where it was granted, so X
+    (behind it) was first there: each got half of the nodes, attempt after attempt
+    (with one of five nodes down: a sale stalled for 20 s in the compose stack)."""
+    up = [node.client() for node in list(nodes5)[:4]]  # node 4 is down: never asked
+    try:
+        for client in up:
+            client.set(KEYS.marker, "run_id=unknown test")
+            client.set(KEYS.lock("line:keep"), "the-holder", px=30_000)
+            for ticket, waiter in enumerate(["W", "X"], start=1):
+                assert acquire_by_hand(client, "line:keep", waiter, ticket)[0] == \
+                    scripts.ACQUIRE_REFUSED
+        for client in up[:2]:  # the holder's release reached two nodes so far
+            client.delete(KEYS.lock("line:keep"))
+        assert [acquire_by_hand(c, "line:keep", "W", 1)[0] for c in up] == [
+            scripts.ACQUIRE_GRANTED] * 2 + [scripts.ACQUIRE_REFUSED] * 2
+        for client in up[:2]:  # W's failed attempt gives back what it got, stays in line
+            assert release_by_hand(client, "line:keep", "W", leave=False) == 1
+        for client in up[2:]:
+            client.delete(KEYS.lock("line:keep"))
+        assert [acquire_by_hand(c, "line:keep", "X", 2)[0] for c in up] == [
+            scripts.ACQUIRE_NOT_YOUR_TURN] * 4
+        assert [acquire_by_hand(c, "line:keep", "W", 1)[0] for c in up] == [
+            scripts.ACQUIRE_GRANTED] * 4
+        for client in up:  # W is done: its release leaves the line, X is first
+            assert release_by_hand(client, "line:keep", "W", leave=True) == 1
+        assert [acquire_by_hand(c, "line:keep", "X", 2)[0] for c in up] == [
+            scripts.ACQUIRE_GRANTED] * 4
+    finally:
+        for client in up:
+            client.close()
+
+
 async def test_a_single_try_does_not_jump_the_line(flavour: Flavour, me: Actor,
                                                    nodes3: RedisNodes) -> None:
     """A waiter whose turn it is (the lock is free, it has not taken it yet) is not
@@ -256,3 +291,11 @@ def acquire_by_hand(client: redis.Redis, resource: str, owner: str,
             KEYS.line_deadlines(resource))
     return [int(v) for v in client.eval(scripts.ACQUIRE.source, len(keys), *keys, owner,
                                         5000, 0, ticket, patience_ms)]
+
+
+def release_by_hand(client: redis.Redis, resource: str, owner: str, *, leave: bool) -> int:
+    """One node's RELEASE (``leave``: the acquire call is over, out of the line)."""
+    keys = (KEYS.lock(resource), KEYS.channel(resource), KEYS.line(resource),
+            KEYS.line_deadlines(resource))
+    return int(client.eval(scripts.RELEASE.source, len(keys), *keys, owner,
+                           "1" if leave else "0"))
