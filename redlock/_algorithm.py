@@ -104,8 +104,12 @@ class RedlockCore:
         is dropped too. Waits for every node but those known to be slow (what they
         answer later is read in the background)."""
         keys = self.keys
+        # A failed attempt keeps its place in line for the patience (the ACQUIRE that
+        # granted it cut its entry to the key's TTL).
+        args: tuple[CommandArg, ...] = (owner, "1") if leave else (
+            owner, "0", int(patience(self.settings, self.timeout(ttl)) * 1000))
         calls = tuple(
-            Call(i, (owner, "1" if leave else "0"), scripts.RELEASE,
+            Call(i, args, scripts.RELEASE,
                  (keys.lock(r), keys.channel(r), keys.line(r), keys.line_deadlines(r)))
             for i in (range(self.n) if nodes is None else nodes) for r in resources)
         return Broadcast(calls, self.timeout(ttl), enough=self._settled_by_node(calls))

@@ -59,6 +59,13 @@ local function drop_lapsed(line, deadlines, now)
         redis.call('ZREM', deadlines, waiter)
     end
 end
+-- Set an entry's deadline; both keys expire with the last entry.
+local function keep_until(line, deadlines, waiter, until_ms, now)
+    redis.call('ZADD', deadlines, until_ms, waiter)
+    local last = tonumber(redis.call('ZRANGE', deadlines, -1, -1, 'WITHSCORES')[2])
+    redis.call('PEXPIRE', line, last - now + 1)
+    redis.call('PEXPIRE', deadlines, last - now + 1)
+end
 """
 
 ACQUIRE = Script(
@@ -104,10 +111,7 @@ local function wait_in_line(until_ms)
         return
     end
     redis.call('ZADD', KEYS[4], ARGV[4], me)
-    redis.call('ZADD', KEYS[5], until_ms, me)
-    local last = tonumber(redis.call('ZRANGE', KEYS[5], -1, -1, 'WITHSCORES')[2])
-    redis.call('PEXPIRE', KEYS[4], last - now + 1)
-    redis.call('PEXPIRE', KEYS[5], last - now + 1)
+    keep_until(KEYS[4], KEYS[5], me, until_ms, now)
 end
 if holder then
     local pttl = redis.call('PTTL', KEYS[1])
@@ -120,11 +124,13 @@ if first and first ~= me then
     return {3, redis.call('ZRANK', KEYS[4], me) or redis.call('ZCARD', KEYS[4])}
 end
 if first then
-    -- Granted, first in line: keep the place until the acquire call is over (RELEASE
-    -- with ARGV[2] = '1', or the patience lapses). A failed attempt (no quorum) must
-    -- not lose it on the nodes that granted: the lines would then disagree and two
-    -- waiters could each be first on half of the nodes, again and again.
-    wait_in_line(now + tonumber(ARGV[5]))
+    -- Granted, first in line: the place is kept until the acquire call is over (its
+    -- RELEASE with leave '1'). A failed attempt (no quorum) must not lose it on the
+    -- nodes that granted: the lines would then disagree and two waiters could each be
+    -- first on half of the nodes, again and again. It lapses with our key at the
+    -- latest (a holder that died or froze must not block the line past its TTL); the
+    -- failed attempt's RELEASE (leave '0') gives it the patience again.
+    wait_in_line(now + math.min(tonumber(ARGV[5]), tonumber(ARGV[2])))
 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 local counter = tonumber(redis.call('GET', KEYS[2]) or '0')
@@ -214,7 +220,8 @@ RELEASE = Script(
 -- KEYS[1] lock key, KEYS[2] release notification channel,
 -- KEYS[3] waiting line, KEYS[4] line deadlines (see ACQUIRE)
 -- ARGV[1] owner value, ARGV[2] '1': also leave the line (the acquire call is over),
--- '0': keep our place (a failed attempt that will try again)
+-- '0': keep our place (a failed attempt that will try again); ARGV[3] (with '0') the
+-- patience in ms: our entry, cut to our key's TTL when it was granted, lasts that long
 -- returns 1 when our key was deleted, 0 when the key is absent or another owner's
 -- When the lock became free, publishes the waiter id of the first in line ('' when
 -- nobody is in line): only that waiter wakes (docs/design.md §6).
@@ -229,6 +236,12 @@ if ARGV[2] == '1' and redis.call('EXISTS', KEYS[3]) == 1 then
     local me = redis.sha1hex(ARGV[1])
     left = redis.call('ZREM', KEYS[3], me)
     redis.call('ZREM', KEYS[4], me)
+elseif ARGV[3] and released == 1 then
+    local me = redis.sha1hex(ARGV[1])
+    if redis.call('ZSCORE', KEYS[3], me) then
+        local now = now_ms()
+        keep_until(KEYS[3], KEYS[4], me, now + tonumber(ARGV[3]), now)
+    end
 end
 if released == 1 or (left == 1 and redis.call('EXISTS', KEYS[1]) == 0) then
     local first = ''

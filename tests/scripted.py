@@ -258,7 +258,7 @@ class ScriptedNodes:
                     else len(line)
                 return [scripts.ACQUIRE_NOT_YOUR_TURN, ahead]
             if me in line:  # first in line: the place is kept until the call is over
-                line[me] = (line[me][0], now + patience)
+                line[me] = (line[me][0], now + min(patience, int(as_text(args[1]))))
             db[lock] = owner
             self.ttl_ms[node][lock] = int(as_text(args[1]))
             db[fence] = max(counter(fence), int(as_text(args[2]))) + 1
@@ -291,8 +291,12 @@ class ScriptedNodes:
         if script is scripts.RELEASE:
             lock, _, line_key, _ = keys
             owner = as_text(args[0])
+            me = hashlib.sha1(owner.encode()).hexdigest()
+            line = self._line(node, line_key)
             if as_text(args[1]) == "1":
-                self._line(node, line_key).pop(hashlib.sha1(owner.encode()).hexdigest(), None)
+                line.pop(me, None)
+            elif len(args) > 2 and get(lock) == owner and me in line:  # keeps its place
+                line[me] = (line[me][0], self.now_ms(node) + int(as_text(args[2])))
             if get(lock) == owner:
                 del db[lock]
                 return 1

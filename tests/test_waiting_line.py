@@ -8,6 +8,7 @@ manager. Real nodes, both clients.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import signal
 import subprocess
@@ -128,6 +129,11 @@ def test_a_failed_attempt_keeps_its_place_where_it_was_granted(nodes5: RedisNode
             scripts.ACQUIRE_GRANTED] * 2 + [scripts.ACQUIRE_REFUSED] * 2
         for client in up[:2]:  # W's failed attempt gives back what it got, stays in line
             assert release_by_hand(client, "line:keep", "W", leave=False) == 1
+            # for its patience (60 s), not only the 5 s TTL its grant cut the entry to
+            seconds, micros = client.time()
+            deadline = client.zscore(KEYS.line_deadlines("line:keep"),
+                                     hashlib.sha1(b"W").hexdigest())
+            assert deadline is not None and deadline > seconds * 1000 + micros / 1000 + 50_000
         for client in up[2:]:
             client.delete(KEYS.lock("line:keep"))
         assert [acquire_by_hand(c, "line:keep", "X", 2)[0] for c in up] == [
@@ -141,6 +147,26 @@ def test_a_failed_attempt_keeps_its_place_where_it_was_granted(nodes5: RedisNode
     finally:
         for client in up:
             client.close()
+
+
+def test_a_holder_that_died_blocks_the_line_no_longer_than_its_key(
+        nodes3: RedisNodes) -> None:
+    """The place a granted waiter keeps lapses with its key: a holder that died (or is
+    frozen) without releasing must not keep the next in line out for its patience."""
+    with nodes3[0].client() as client:
+        client.set(KEYS.marker, "run_id=unknown test")
+        client.set(KEYS.lock("line:dead-holder"), "the-holder", px=30_000)
+        for ticket, waiter in enumerate(["W", "X"], start=1):
+            assert acquire_by_hand(client, "line:dead-holder", waiter, ticket)[0] == \
+                scripts.ACQUIRE_REFUSED
+        client.delete(KEYS.lock("line:dead-holder"))
+        assert acquire_by_hand(client, "line:dead-holder", "W", 1, ttl_ms=200)[0] == \
+            scripts.ACQUIRE_GRANTED
+        assert acquire_by_hand(client, "line:dead-holder", "X", 2)[0] == \
+            scripts.ACQUIRE_REFUSED  # W holds
+        time.sleep(0.3)  # W's key expired (its 60 s patience did not)
+        assert acquire_by_hand(client, "line:dead-holder", "X", 2)[0] == \
+            scripts.ACQUIRE_GRANTED
 
 
 async def test_a_single_try_does_not_jump_the_line(flavour: Flavour, me: Actor,
@@ -285,17 +311,20 @@ def test_releases_are_heard_without_hiredis(kind: str, nodes3: RedisNodes) -> No
 
 
 def acquire_by_hand(client: redis.Redis, resource: str, owner: str,
-                    ticket: int, *, patience_ms: int = 60_000) -> list[int]:
+                    ticket: int, *, patience_ms: int = 60_000, ttl_ms: int = 5000
+                    ) -> list[int]:
     """One node's ACQUIRE as a blocking acquire sends it (with a ticket)."""
     keys = (KEYS.lock(resource), KEYS.fence(resource), KEYS.marker, KEYS.line(resource),
             KEYS.line_deadlines(resource))
     return [int(v) for v in client.eval(scripts.ACQUIRE.source, len(keys), *keys, owner,
-                                        5000, 0, ticket, patience_ms)]
+                                        ttl_ms, 0, ticket, patience_ms)]
 
 
-def release_by_hand(client: redis.Redis, resource: str, owner: str, *, leave: bool) -> int:
-    """One node's RELEASE (``leave``: the acquire call is over, out of the line)."""
+def release_by_hand(client: redis.Redis, resource: str, owner: str, *, leave: bool,
+                    patience_ms: int = 60_000) -> int:
+    """One node's RELEASE (``leave``: the acquire call is over, out of the line; else a
+    failed attempt's, which keeps its place for ``patience_ms``)."""
     keys = (KEYS.lock(resource), KEYS.channel(resource), KEYS.line(resource),
             KEYS.line_deadlines(resource))
-    return int(client.eval(scripts.RELEASE.source, len(keys), *keys, owner,
-                           "1" if leave else "0"))
+    args = (owner, "1") if leave else (owner, "0", patience_ms)
+    return int(client.eval(scripts.RELEASE.source, len(keys), *keys, *args))
