@@ -23,6 +23,7 @@ import redis.asyncio
 from redis.asyncio.connection import parse_url
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -146,6 +147,7 @@ class AsyncTransport:
         # pool's checkout and return cost more than the request's own I/O (they stay
         # "in use" for the pool, which closes them all on disconnect()).
         self._idle: list[list[Any]] = [[] for _ in self.pools]
+        self._closed = False
         # The call sent first on every new connection, and who is told the replies
         # (node -> reply) as soon as they arrive (set by the manager).
         self.identify: Callable[[int], Call] | None = None
@@ -155,6 +157,8 @@ class AsyncTransport:
     async def broadcast(self, request: Broadcast) -> list[object]:
         """Every call's reply or exception (NOT_AWAITED for those the request was
         decided without). Calls for one node share one connection and one write."""
+        if self._closed:  # a background protocol (maintenance) racing the manager's close
+            return [RedisConnectionError("the manager is closed")] * len(request.calls)
         exchanges: dict[int, _Exchange] = {}
         for index, call in enumerate(request.calls):
             exchange = exchanges.get(call.node)
@@ -344,6 +348,7 @@ class AsyncTransport:
                         late.conn, [render(call, evalsha=False)]), check_health=False)
 
     async def close(self) -> None:
+        self._closed = True  # nothing new is sent: it would open connections after these
         for task in list(self._running):
             task.cancel()
         for task in list(self._running):

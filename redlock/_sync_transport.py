@@ -129,6 +129,8 @@ class SyncTransport:
     def broadcast(self, request: Broadcast) -> list[object]:
         """Every call's reply or exception (NOT_AWAITED for those the request was
         decided without). Calls for one node share one connection and one write."""
+        if self._closed:  # a background protocol (maintenance) racing the manager's close
+            return [redis.ConnectionError("the manager is closed")] * len(request.calls)
         if self._late.any():
             self._trail_releases(request)
         deadline = time.monotonic() + request.timeout

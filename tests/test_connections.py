@@ -116,3 +116,26 @@ async def test_a_user_who_may_not_run_info_still_locks_and_is_warned(
     assert warned == {f"{node.host}:{node.port}" for node in nodes}
     assert "allow +info" in next(e["problem"] for e in events
                                  if e["event"] == "redlock.node_unidentifiable")
+
+
+async def test_a_closed_manager_opens_no_connection(flavour: Flavour, me: Actor,
+                                                   nodes3: RedisNodes) -> None:
+    """After close(), nothing is sent: a request (a background maintenance racing the
+    close, or the caller's) would open connections nobody closes."""
+    dlm = flavour.manager(nodes3)
+    assert await me.cycle(dlm.lock("closed:x", ttl=5.0)) >= 1
+    await resolve(dlm.close())
+
+    def connected() -> list[int]:
+        counts = []
+        for node in nodes3:
+            with node.client() as client:  # itself one connection
+                counts.append(len(client.client_list()) - 1)
+        return counts
+
+    before = connected()
+    lock = me.on(dlm.lock("closed:x", ttl=5.0))
+    with pytest.raises(QuorumUnavailable) as caught:
+        await lock.acquire(blocking=False)
+    assert "the manager is closed" in str(caught.value)
+    assert connected() == before
