@@ -173,16 +173,17 @@ def _memory(report: NodeReport) -> str:
 
 
 def show_nodes(reports: Sequence[NodeReport], as_json: bool) -> None:
-    """``redlock nodes``: one row per reachable node, then its warnings and notes."""
+    """``redlock nodes``: one row per node (an unreachable one says no, and why on
+    stderr), then the warnings and notes."""
     if as_json:
         print_json({"quorum": len(reports) // 2 + 1,
                     "nodes": [report.as_dict() for report in reports]})
         return
-    rows = [[r.node, "yes" if r.reachable else "no",
-             "-" if r.rtt_ms is None else f"{r.rtt_ms:.2f} ms",
+    rows = [[r.node, "yes", "-" if r.rtt_ms is None else f"{r.rtt_ms:.2f} ms",
              _yes_no(r.marker), (r.run_id or "-")[:12], r.role or "-", r.version or "-",
              _persistence(r), _memory(r), str(len(r.warnings))]
-            for r in reports if r.reachable]
+            if r.reachable else [r.node, "no", *["-"] * 8]
+            for r in reports]
     if rows:
         print_table(["node", "reachable", "rtt", "marker", "run id", "role", "version",
                      "persistence", "maxmemory policy", "warnings"], rows)

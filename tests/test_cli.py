@@ -212,6 +212,10 @@ def test_a_hung_node_times_out_in_one_line(fresh_nodes: Callable[..., RedisNodes
         assert outcome.stderr.splitlines() == [
             f"redlock: node {nodes[2].host}:{nodes[2].port} unreachable: no answer within the"
             " timeout (--timeout): down, overloaded or firewalled"]
+    # Every node has its row in the nodes table, the hung one too.
+    rows = {line.split()[0]: line.split()[1] for line in nodes_result.stdout.splitlines()[2:5]}
+    assert rows == {f"{n.host}:{n.port}": "yes" for n in nodes[:2]} | {
+        f"{nodes[2].host}:{nodes[2].port}": "no"}
 
 
 # -- nodes ------------------------------------------------------------------------------
