@@ -119,6 +119,7 @@ class ManagerBase(Generic[H, MH]):
         self._background: set[Any] = set()  # asyncio keeps only weak refs to tasks
         self._closing = self._new_event()  # set by close(): background work ends
         self._maintaining = False
+        self._maintenance_runner: Any = None  # its thread or task, awaited by close()
         self._maintenance_news = self._new_event()  # a node newly needs it; close()
         self._maintenance_mutex = threading.Lock()
         # Releases anywhere wake waiters here (docs/design.md §6): the subscriptions are
@@ -144,8 +145,8 @@ class ManagerBase(Generic[H, MH]):
     def _current_owner(self) -> Hashable:
         raise NotImplementedError
 
-    def _spawn(self, protocol: Protocol[None], name: str) -> None:
-        """Run a protocol in the background (a thread, or a task)."""
+    def _spawn(self, protocol: Protocol[None], name: str) -> Any:
+        """Run a protocol in the background; returns its thread, or task."""
         raise NotImplementedError
 
     def _open_listener(self) -> Any:
@@ -320,7 +321,14 @@ class ManagerBase(Generic[H, MH]):
                     self._maintenance_news.set()
                 return
             self._maintaining = True
-        self._spawn(self._maintenance_flow(), "redlock-maintenance")
+        self._maintenance_runner = self._spawn(self._maintenance_flow(),
+                                               "redlock-maintenance")
+
+    def _close_grace(self) -> float:
+        """How long close() lets a running maintenance finish its step: a repair cut
+        short would leave its claim on the node (30 repair_timeouts), and no other
+        client could repair that node meanwhile."""
+        return 2 * self._core.settings.repair_timeout
 
     def _maintenance_flow(self) -> Protocol[None]:
         try:

@@ -9,6 +9,7 @@ waits. Cancelling an acquire releases whatever it may have set.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import inspect
 import time
@@ -111,7 +112,16 @@ class AsyncRedlock(ManagerBase[AsyncLock, AsyncMultiLock]):
     async def close(self) -> None:
         """Close the connections this manager opened (the caller's clients stay open)."""
         self._closing.set()
-        self._maintenance_news.set()
+        self._maintenance_news.set()  # a waiting maintenance stops at once
+        runner = self._maintenance_runner
+        if (runner is not None and not runner.done() and runner is not asyncio.current_task()
+                and runner.get_loop() is asyncio.get_running_loop()):
+            # A repair in progress finishes its step; one that hangs is cancelled.
+            await asyncio.wait({runner}, timeout=self._close_grace())
+            if not runner.done():
+                runner.cancel()
+                with contextlib.suppress(BaseException):
+                    await runner
         if self._listener is not None:
             await self._listener.close()
         await self._transport.close()
@@ -143,10 +153,11 @@ class AsyncRedlock(ManagerBase[AsyncLock, AsyncMultiLock]):
             raise RuntimeError("AsyncLock must be used from inside an asyncio task")
         return task
 
-    def _spawn(self, protocol: Protocol[None], name: str) -> None:
+    def _spawn(self, protocol: Protocol[None], name: str) -> asyncio.Task[None]:
         task = asyncio.get_running_loop().create_task(self._drive(protocol), name=name)
         self._background.add(task)  # the loop keeps only a weak reference
         task.add_done_callback(self._background.discard)
+        return task
 
     async def _drive(self, protocol: Protocol[T]) -> T:
         ticket: Ticket[asyncio.Event] = Ticket()  # a blocking acquire's place in line

@@ -147,7 +147,10 @@ class Redlock(ManagerBase[Lock, MultiLock]):
     def close(self) -> None:
         """Close the connections this manager opened (the caller's clients stay open)."""
         self._closing.set()
-        self._maintenance_news.set()
+        self._maintenance_news.set()  # a waiting maintenance stops at once
+        runner = self._maintenance_runner
+        if runner is not None and runner is not threading.current_thread():
+            runner.join(self._close_grace())  # a repair in progress finishes its step
         if self._listener is not None:
             self._listener.close()
         self._transport.close()
@@ -176,8 +179,10 @@ class Redlock(ManagerBase[Lock, MultiLock]):
     def _current_owner(self) -> Hashable:
         return threading.current_thread()
 
-    def _spawn(self, protocol: Protocol[None], name: str) -> None:
-        threading.Thread(target=self._drive, args=(protocol,), name=name, daemon=True).start()
+    def _spawn(self, protocol: Protocol[None], name: str) -> threading.Thread:
+        thread = threading.Thread(target=self._drive, args=(protocol,), name=name, daemon=True)
+        thread.start()
+        return thread
 
     def _drive(self, protocol: Protocol[T]) -> T:
         ticket: Ticket[threading.Event] = Ticket()  # a blocking acquire's place in line
