@@ -108,13 +108,28 @@ class Tally:
         self.cycle_started = time.monotonic()  # of the cycle running now
         self.started = time.perf_counter_ns()
         self.ended: int | None = None
+        self.in_a_row = 0  # failures since the last success (a failed warm-up counts)
 
     def fail(self, text: str, elapsed_ns: int | None) -> None:
         self.errors[text[:400]] += 1
         if elapsed_ns is None:
             self.warmup_failed += 1
+            self.in_a_row += 1
         else:
             self.failed_ns.append(elapsed_ns)
+
+    def ok(self, elapsed_ns: int) -> None:
+        self.ok_ns.append(elapsed_ns)
+        self.in_a_row = 0
+
+    def failed(self, text: str, elapsed_ns: int, max_failures: int) -> bool:
+        """A measured cycle failed; True when that makes ``max_failures`` in a row."""
+        self.fail(text, elapsed_ns)
+        self.in_a_row += 1
+        if self.in_a_row >= max_failures:
+            self.stopped = "failures"
+            return True
+        return False
 
     def result(self) -> dict[str, Any]:
         ok = sorted(v / 1000.0 for v in self.ok_ns)  # microseconds
@@ -158,7 +173,6 @@ def attempts(make: Make, attempt: Acquire, release: Release, resource: str, *, c
         except Exception as exc:
             tally.fail(_error_text(exc), None)
             break
-    in_a_row = tally.warmup_failed  # a failed warm-up counts towards max_failures
     tally.started = clock()
     stop_at = tally.started + int(budget_s * 1e9)
     for _ in range(cycles):
@@ -170,14 +184,10 @@ def attempts(make: Make, attempt: Acquire, release: Release, resource: str, *, c
         try:
             release(handle, attempt(handle))
         except Exception as exc:
-            tally.fail(_error_text(exc), clock() - t0)
-            in_a_row += 1
-            if in_a_row >= max_failures:
-                tally.stopped = "failures"
+            if tally.failed(_error_text(exc), clock() - t0, max_failures):
                 break
             continue
-        tally.ok_ns.append(clock() - t0)
-        in_a_row = 0
+        tally.ok(clock() - t0)
     tally.ended = clock()
     return tally.result()
 
@@ -217,7 +227,6 @@ async def attempts_async(make: Make, attempt: AsyncAcquire, release: AsyncReleas
                 return tally.result()
             tally.fail(_error_text(exc), None)
             break
-    in_a_row = tally.warmup_failed  # a failed warm-up counts towards max_failures
     tally.started = clock()
     stop_at = tally.started + int(budget_s * 1e9)
     for _ in range(cycles):
@@ -232,14 +241,10 @@ async def attempts_async(make: Make, attempt: AsyncAcquire, release: AsyncReleas
                 tally.fail(hung, clock() - t0)
                 tally.stopped = "hung"
                 break
-            tally.fail(_error_text(exc), clock() - t0)
-            in_a_row += 1
-            if in_a_row >= max_failures:
-                tally.stopped = "failures"
+            if tally.failed(_error_text(exc), clock() - t0, max_failures):
                 break
             continue
-        tally.ok_ns.append(clock() - t0)
-        in_a_row = 0
+        tally.ok(clock() - t0)
     tally.ended = clock()
     return tally.result()
 

@@ -21,10 +21,9 @@ from redlock._async_transport import wait_event, within
 from redlock._wakeups import (
     RECONNECT_MAX,
     RECONNECT_MIN,
-    UNBUILDABLE,
     NodeSubscription,
     WakeRegistry,
-    listener_connection,
+    subscription_connection,
 )
 
 # The longest a node's task waits for news: it sends a due ping and drops lingering
@@ -86,11 +85,10 @@ class AsyncReleaseListener:
         while not self._closed:
             if subscription.idle() and not self._registry.wanted():
                 return  # nothing to listen to; the next wait starts a new task
-            try:
-                conn = listener_connection(self._pools[node], self._connect_timeout, None,
+            conn = subscription_connection(self._registry, node, self._addresses[node],
+                                           self._pools[node], self._connect_timeout, None,
                                            Retry(NoBackoff(), 0))
-            except Exception as exc:  # the node's settings make no subscription connection
-                self._registry.refused(node, self._addresses[node], exc, hint=UNBUILDABLE)
+            if conn is None:
                 self._refused.add(node)
                 return
             try:

@@ -37,6 +37,7 @@ from redlock._transport import (
     Late,
     LateConnections,
     acquire_keys,
+    fill_pending,
     pack,
     render,
 )
@@ -174,7 +175,7 @@ class AsyncTransport:
         tasks: dict[asyncio.Task[None], _Exchange] = {}
         for exchange in exchanges.values():
             if self._per_node[exchange.node] >= _EXCHANGES_PER_NODE:
-                self._fill(exchange, replies, RedisTimeoutError(
+                fill_pending(exchange.indexes, replies, RedisTimeoutError(
                     f"no connection: {_EXCHANGES_PER_NODE} exchanges still running"))
                 continue
             self._per_node[exchange.node] += 1
@@ -215,16 +216,10 @@ class AsyncTransport:
                 exchange.over = True  # it goes on in the background (see the module's doc)
                 if self.round_trips is not None and not decided:
                     self.round_trips.late(exchange.node)  # it timed out: known slow
-                self._fill(exchange, replies, NOT_AWAITED if decided else
+                fill_pending(exchange.indexes, replies, NOT_AWAITED if decided else
                            RedisTimeoutError(f"no reply within {request.timeout * 1000:.0f} ms"))
             gathering.replies = None  # late exchanges must not write into these replies
         return replies
-
-    @staticmethod
-    def _fill(exchange: _Exchange, replies: list[object], exc: BaseException) -> None:
-        for index in exchange.indexes:
-            if replies[index] is PENDING:
-                replies[index] = exc
 
     async def _exchange(self, exchange: _Exchange) -> None:
         """Connect if need be, send the node's calls, read every reply: all within the

@@ -23,10 +23,9 @@ from redis.retry import Retry
 from redlock._wakeups import (
     RECONNECT_MAX,
     RECONNECT_MIN,
-    UNBUILDABLE,
     NodeSubscription,
     WakeRegistry,
-    listener_connection,
+    subscription_connection,
 )
 
 # The longest the thread sleeps in select: it notices close(), a ping to send and
@@ -154,11 +153,10 @@ class SyncReleaseListener:
     def _open(self, node: _Node) -> None:
         """Open the node's connection in a helper thread; the listener picks it up."""
         index = node.subscription.node
-        try:
-            conn = listener_connection(self._pools[index], self._connect_timeout,
+        conn = subscription_connection(self._registry, index, self._addresses[index],
+                                       self._pools[index], self._connect_timeout,
                                        self._connect_timeout, Retry(NoBackoff(), 0))
-        except Exception as exc:  # the node's settings make no subscription connection
-            self._registry.refused(index, self._addresses[index], exc, hint=UNBUILDABLE)
+        if conn is None:
             node.refused = True
             return
         node.connecting = True

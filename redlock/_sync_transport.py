@@ -34,6 +34,7 @@ from redlock._transport import (
     STRAGGLER_GRACE_MIN,
     Late,
     LateConnections,
+    fill_pending,
     render,
 )
 
@@ -146,7 +147,7 @@ class SyncTransport:
                 else:
                     attempt = self._connect(group.node)
                     if attempt is None:
-                        self._fill(group, replies, redis.TimeoutError(
+                        fill_pending(group.indexes, replies, redis.TimeoutError(
                             f"no connection: {_CONNECTS_PER_NODE} still opening"))
                     else:
                         connecting.append((group, attempt))
@@ -155,7 +156,7 @@ class SyncTransport:
             decided = request.enough is not None and request.enough(replies)
             for group, attempt in connecting:  # still connecting: it joins the pool later
                 self._abandon(attempt)
-                self._fill(group, replies, redis.TimeoutError(
+                fill_pending(group.indexes, replies, redis.TimeoutError(
                     f"still connecting (connect_timeout {self.connect_timeout:g} s)"))
             for group in sent:
                 if not group.done:  # decided without it, timed out or interrupted
@@ -164,7 +165,7 @@ class SyncTransport:
                     unread = (sum(1 for i in group.indexes if replies[i] is PENDING)
                               + (group.probed and group.identity is PENDING)
                               - (len(group.unknown) if not group.resent else 0))
-                    self._fill(group, replies, NOT_AWAITED if decided else
+                    fill_pending(group.indexes, replies, NOT_AWAITED if decided else
                                redis.TimeoutError("Timeout reading from socket"))
                     self._keep_late(group, unread)
         return replies
@@ -184,7 +185,7 @@ class SyncTransport:
                 group, attempt = item
                 conn = attempt.conn
                 if conn is None:
-                    self._fill(group, replies, attempt.error or redis.ConnectionError(
+                    fill_pending(group.indexes, replies, attempt.error or redis.ConnectionError(
                         "connection failed"))
                 else:
                     self._send(group, conn, replies, sent)
@@ -224,7 +225,7 @@ class SyncTransport:
             group.sent_at = time.monotonic()
             sent.append(group)
         except Exception as exc:
-            self._fill(group, replies, exc)
+            fill_pending(group.indexes, replies, exc)
             group.done = True
             self._discard(group.node, conn)
 
@@ -262,7 +263,7 @@ class SyncTransport:
         except redis.TimeoutError:
             return  # not done: kept (late) if the request ends without it
         except Exception as exc:
-            self._fill(group, replies, exc)
+            fill_pending(group.indexes, replies, exc)
             group.done = True
             self._discard(group.node, conn)
             return
@@ -277,12 +278,6 @@ class SyncTransport:
                                       disconnect_on_error=False)
         except redis.ResponseError as exc:
             return exc
-
-    @staticmethod
-    def _fill(group: _Group, replies: list[object], exc: BaseException) -> None:
-        for index in group.indexes:
-            if replies[index] is PENDING:
-                replies[index] = exc
 
     # -- connections ---------------------------------------------------------------
 

@@ -26,7 +26,7 @@ from redlock import _scripts as scripts
 from redlock._protocol import NOT_AWAITED, PENDING, Call, NotAwaited
 
 __all__ = ["NOT_AWAITED", "PENDING", "STRAGGLER_GRACE_MIN", "Late", "LateConnections",
-           "NotAwaited", "pack", "render"]
+           "NotAwaited", "fill_pending", "pack", "render"]
 
 Conn = TypeVar("Conn")
 
@@ -53,6 +53,13 @@ def pack(conn: Any, commands: Sequence[tuple[Any, ...]]) -> Any:
     if _hiredis_pack is None:
         return conn.pack_commands(commands)
     return b"".join(_hiredis_pack(command) for command in commands)
+
+
+def fill_pending(indexes: Sequence[int], replies: list[object], exc: BaseException) -> None:
+    """Give the calls at ``indexes`` that have no reply yet ``exc`` instead."""
+    for index in indexes:
+        if replies[index] is PENDING:
+            replies[index] = exc
 
 
 def render(call: Call, *, evalsha: bool) -> tuple[Any, ...]:

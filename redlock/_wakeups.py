@@ -264,8 +264,18 @@ def _text(value: object) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
-# The hint when no subscription connection can be built from a node's pool settings.
-UNBUILDABLE = "no subscription connection can be made with this node's settings"
+def subscription_connection(registry: WakeRegistry, node: int, address: str, pool: Any,
+                            connect_timeout: float, read_timeout: float | None,
+                            retry: Any) -> Any | None:
+    """:func:`listener_connection` for ``node``, or None when its settings make none
+    (told once as ``redlock.release_feed_refused``: its waiters poll)."""
+    try:
+        return listener_connection(pool, connect_timeout, read_timeout, retry)
+    except Exception as exc:
+        registry.refused(node, address, exc,
+                         hint="no subscription connection can be made with this node's"
+                              " settings")
+        return None
 
 
 def listener_connection(pool: Any, connect_timeout: float, read_timeout: float | None,
