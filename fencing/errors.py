@@ -29,29 +29,27 @@ class StaleTokenError(FencingError):
     """
 
     def __init__(self, resource: str, offered: int, highest: int) -> None:
-        super().__init__(
-            f"stale fencing token for {resource!r}: offered {offered}, but the resource "
-            f"already accepted {highest}; this writer's lock was lost to a newer holder "
-            f"and the write was rejected"
-        )
+        # args are the fields, plain JSON: pickle and the JSON serializers that rebuild
+        # an exception as type(*args) (Celery's default) both give it back whole.
+        super().__init__(resource, offered, highest)
         self.resource = resource
         self.offered = offered
         self.highest = highest
 
-    def __reduce__(self) -> tuple[type[StaleTokenError], tuple[str, int, int]]:
-        # Keep it picklable (it crosses process boundaries in multiprocessing pools).
-        return (type(self), (self.resource, self.offered, self.highest))
+    def __str__(self) -> str:
+        return (f"stale fencing token for {self.resource!r}: offered {self.offered}, but the"
+                f" resource already accepted {self.highest}; this writer's lock was lost to a"
+                " newer holder and the write was rejected")
 
 
 class RowNotFoundError(FencingError, LookupError):
     """A fenced UPDATE or guard found no row with that key (use ``upsert`` for first writes)."""
 
     def __init__(self, table: str, key: object) -> None:
-        super().__init__(
-            f"no row with key {key!r} in {table}: nothing to fence (create it with upsert())"
-        )
+        super().__init__(table, key)  # the fields (see StaleTokenError)
         self.table = table
         self.key = key
 
-    def __reduce__(self) -> tuple[type[RowNotFoundError], tuple[str, object]]:
-        return (type(self), (self.table, self.key))
+    def __str__(self) -> str:
+        return (f"no row with key {self.key!r} in {self.table}: nothing to fence (create it"
+                " with upsert())")

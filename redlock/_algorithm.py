@@ -67,6 +67,13 @@ class RedlockCore:
                            tolerated_failures=self.n - self.quorum,
                            hint="an odd N tolerates as many failures with one node fewer")
 
+    def after_fork(self) -> None:
+        """In a forked child: fresh thread locks (what they guard stays valid: floors and
+        round trips are only hints, node health is the nodes')."""
+        self.round_trips.after_fork()
+        self.floors.after_fork()
+        self.amnesia.health.after_fork()
+
     def timeout(self, ttl: float | None = None) -> float:
         """How long a request waits for the nodes: ``node_timeout`` if the user set one,
         else adapted to the measured round trips, within a fifth of ``ttl``."""
@@ -114,18 +121,39 @@ class RedlockCore:
             for i in (range(self.n) if nodes is None else nodes) for r in resources)
         return Broadcast(calls, self.timeout(ttl), enough=self._settled_by_node(calls))
 
-    def _settled_by_node(self, calls: Sequence[Call]) -> Callable[[Sequence[object]], bool]:
-        """When a release or extend stops waiting: once every node answered that is not
-        known to be slow (one that left a reply unread lately: releases and extends do
-        not wait for it; what it answers later is read in the background)."""
+    def _settled_by_node(self, calls: Sequence[Call], *,
+                         acks: bool = False) -> Callable[[Sequence[object]], bool]:
+        """When a release or extend stops waiting (docs/design.md §2.4, §5.1).
+
+        Once every node answered; or once every key is settled and every node not known
+        to be slow answered too. A key (one acquisition's key of one resource) is
+        settled once a quorum of the nodes asked answered (``acks``: a quorum
+        acknowledged it, replied 1, as an extend needs; or more nodes answered "our key
+        is gone" than a quorum can spare: it cannot be extended). Slowness is only a
+        reason not to wait for a node once the keys are settled: a request never gives
+        up on a node that can still answer within its timeout."""
         first: dict[int, int] = {}
+        # One entry per acquisition and resource (an owner's key): its calls' indexes.
+        keys: dict[tuple[object, tuple[str, ...]], list[int]] = {}
         for index, call in enumerate(calls):
             first.setdefault(call.node, index)
-        round_trips = self.round_trips
+            keys.setdefault((call.args[0], call.keys), []).append(index)
+        per_key = list(keys.values())
+        round_trips, spare = self.round_trips, self.n - self.quorum
+        needed = min(self.quorum, len(first))
+
+        def key_settled(indexes: list[int], replies: Sequence[object]) -> bool:
+            if not acks:
+                return sum(1 for i in indexes if replies[i] is not PENDING) >= needed
+            return (sum(1 for i in indexes if replies[i] == 1) >= needed
+                    or sum(1 for i in indexes if replies[i] == 0) > spare)
 
         def settled(replies: Sequence[object]) -> bool:
+            if not any(reply is PENDING for reply in replies):
+                return True
             return all(replies[index] is not PENDING or round_trips.slow(node)
-                       for node, index in first.items())
+                       for node, index in first.items()) and all(
+                key_settled(indexes, replies) for indexes in per_key)
         return settled
 
     def _per_node(self, replies: Sequence[object], resources: int,
@@ -241,7 +269,7 @@ class RedlockCore:
         started = self.clock()
         request = Broadcast(self._acquire_calls(resources, owner, ttl, ticket),
                             self.timeout(ttl), line=self.line(resources),
-                            enough=self._enough(_acquire_vote))
+                            turns=not ticket, enough=self._enough(_acquire_vote))
         try:
             replies = yield request
             outcomes = self.amnesia.screen([
@@ -375,7 +403,7 @@ class RedlockCore:
                 for state, ttl in live for i in range(self.n) for r in state.resources)
             replies = yield Broadcast(calls, min(self.timeout(max(t for _, t in live)),
                                                  min(s.deadline for s, _ in live) - started),
-                                      enough=self._settled_by_node(calls))
+                                      enough=self._settled_by_node(calls, acks=True))
             finished, offset = self.clock(), 0
             for state, ttl in live:
                 size = self.n * len(state.resources)
@@ -398,14 +426,44 @@ class RedlockCore:
         return failure
 
     def extend_or_lose(self, state: LockState, ttl: float) -> Protocol[None]:
-        """Explicit extend(): success, or the lock is marked lost, released and LockLost raised."""
+        """Explicit extend(): renewed on a quorum, or the lock is lost (marked, what is left
+        of its keys released, LockLost raised with the nodes' answers).
+
+        A round that fails while no majority says our key is gone (timeouts, errors: the
+        nodes were slow or briefly unreachable) is tried again, with backoff, as long as
+        validity is left, as the renewal loop does: the lock is still ours until then,
+        and giving it up would delete a lock we hold because of replies we did not get."""
         state.check()
-        failure = yield from self.extend(state, ttl)
-        if failure is None:
-            return
-        reason = "extend did not reach a quorum within the remaining validity"
-        yield from self.lose(state, reason, failure)
-        state.check()  # raises LockLost with the reason
+        delay = 0.0
+        while True:
+            failure = yield from self.extend(state, ttl)
+            if failure is None:
+                return
+            if state.status != Status.HELD:  # released, handed over or lost meanwhile
+                state.check()
+            left = state.deadline - self.clock()
+            if self.key_gone(failure) or left <= 0:
+                yield from self.lose(state, self.loss_reason(failure), failure)
+                state.check()  # raises LockLost with the reason
+            settings = self.settings
+            delay = (settings.retry_delay_min if not delay
+                     else min(2 * delay, settings.retry_delay_max))
+            yield Sleep(min(delay, left))
+
+    def key_gone(self, outcomes: Sequence[NodeResult]) -> bool:
+        """More nodes answered that our key is gone than a quorum can spare: no extend
+        can succeed any more. Only answers count: an error or a reply not read says
+        nothing about our key."""
+        return sum(1 for r in outcomes if r.outcome is Outcome.REFUSED) > self.n - self.quorum
+
+    def loss_reason(self, outcomes: Sequence[NodeResult]) -> str:
+        """Why a held lock is lost, in the nodes' words."""
+        gone = sum(1 for r in outcomes if r.outcome is Outcome.REFUSED)
+        if gone > self.n - self.quorum:
+            return (f"{gone} of {self.n} nodes answered that our key is gone (it expired,"
+                    " or an operator force-released it), more than a quorum can spare")
+        return (f"no quorum of the {self.n} nodes renewed it before its validity ran out"
+                f" ({gone} answered that our key is gone, the others did not answer in time)")
 
     def lose(self, state: LockState, reason: str,
              outcomes: Sequence[NodeResult]) -> Protocol[bool]:

@@ -62,6 +62,9 @@ class NodeHealth:
         self.news = False  # a node needs the maintenance since its last round
         self._mutex = threading.Lock()
 
+    def after_fork(self) -> None:
+        self._mutex = threading.Lock()  # a parent thread may have held it at the fork
+
     def identified(self, node: int, run_id: str, marker: bytes | None) -> bool:
         """Record what a new connection found; True if the node became a suspect."""
         with self._mutex:
@@ -247,6 +250,13 @@ class AmnesiaGuard:
             if any(reply == 1 for reply in probe):
                 return AttemptResult(None, tuple(outcomes), retry_now=True,
                                      reason="cluster initialisation in progress")
+            # Only a node that answered the second look without its marker lost its data;
+            # one that did not answer (a busy or slow node, a loaded client) is neither
+            # benched nor counted towards a majority loss: it is looked at again next time
+            # (it refuses to grant without its marker anyway).
+            unconfirmed = {i for i, reply in zip(newly_missing, probe, strict=True)
+                           if reply != 0}
+            missing = [i for i in missing if i not in unconfirmed]
         if len(missing) >= self.quorum:
             raise self._majority_lost(len(missing), outcomes)
         for i in missing:

@@ -44,9 +44,17 @@ from redlock._transport import (
 
 T = TypeVar("T")
 
-# Exchanges still running per node (connecting, or reading late replies): beyond this a
-# node gets no new one until some finish: a hung node does not collect connections.
-_EXCHANGES_PER_NODE = 16
+# Exchanges left running in the background per node (their request is over: still
+# connecting, or reading late replies): beyond this a node gets no new exchange until
+# some finish, so a hung node does not collect connections. Exchanges of requests still
+# waiting never count: a healthy node serves as many concurrent requests as the
+# application makes.
+_BACKGROUND_PER_NODE = 64
+# At a request's deadline, a reply may already sit in a socket or a stream buffer that a
+# busy event loop has not got round to (a coroutine doing CPU work delays every callback):
+# that reply arrived in time. Before calling the node late, the request lets the loop run
+# this many more turns while such replies wait to be read.
+_LAST_TURNS = 8
 
 
 async def within(awaitable: Awaitable[T], timeout: float) -> T:
@@ -90,15 +98,34 @@ def _readable_while_idle(conn: Any) -> bool:
 class _Exchange:
     """One node's calls of one request, and what came back."""
 
-    __slots__ = ("calls", "indexes", "node", "over", "results", "sent_at")
+    __slots__ = ("calls", "conn", "indexes", "node", "over", "results", "sent_at")
 
     def __init__(self, node: int) -> None:
         self.node = node
         self.indexes: list[int] = []
         self.calls: list[Call] = []
-        self.results: list[object] = []
+        self.results: list[object] = []  # one per call (PENDING until read), see broadcast
         self.sent_at = 0.0
         self.over = False  # the request stopped waiting for it
+        self.conn: Any = None  # the connection it talks on, once it has one
+
+    def copy_into(self, replies: list[object]) -> None:
+        """The replies read so far into the request's replies (what is still unread stays
+        PENDING there)."""
+        for index, result in zip(self.indexes, self.results, strict=True):
+            if result is not PENDING:
+                replies[index] = result
+
+    def reply_waiting(self) -> bool:
+        """Its next reply is already here (in the socket or the stream's buffer) but the
+        event loop has not handed it to the exchange yet."""
+        conn = self.conn
+        if conn is None:
+            return False
+        reader = getattr(conn, "_reader", None)
+        if reader is not None and getattr(reader, "_buffer", None):
+            return True
+        return _readable_while_idle(conn)
 
 
 class _Gathering:
@@ -119,10 +146,9 @@ class _Gathering:
 
     def finished(self, exchange: _Exchange, _task: object) -> None:
         self.left -= 1
-        if self.replies is None:  # the request is over
+        if self.replies is None:  # the request is over: it copied what it could use
             return
-        for index, result in zip(exchange.indexes, exchange.results, strict=True):
-            self.replies[index] = result
+        exchange.copy_into(self.replies)
         if not self.wake.done() and (self.left == 0 or (not self.decided and self.decides())):
             self.wake.set_result(None)
 
@@ -140,10 +166,11 @@ class AsyncTransport:
             build_pool(node, redis.asyncio.ConnectionPool, parse_url, overrides)
             for node in items]
         self.addresses = node_labels(items)
+        self.items = items  # the nodes as given (a forked child builds its own pools)
         self.connect_timeout = connect_timeout
         self._late: LateConnections[Any] = LateConnections(len(self.pools))
         self._running: set[asyncio.Task[None]] = set()
-        self._per_node = [0] * len(self.pools)
+        self._background = [0] * len(self.pools)  # exchanges running for no request
         # Connected connections taken from the pools and kept here between requests: a
         # pool's checkout and return cost more than the request's own I/O (they stay
         # "in use" for the pool, which closes them all on disconnect()).
@@ -174,11 +201,12 @@ class AsyncTransport:
         gathering = _Gathering(loop, replies, request.enough)
         tasks: dict[asyncio.Task[None], _Exchange] = {}
         for exchange in exchanges.values():
-            if self._per_node[exchange.node] >= _EXCHANGES_PER_NODE:
+            if self._background[exchange.node] >= _BACKGROUND_PER_NODE:
                 fill_pending(exchange.indexes, replies, RedisTimeoutError(
-                    f"no connection: {_EXCHANGES_PER_NODE} exchanges still running"))
+                    f"no new request: {_BACKGROUND_PER_NODE} earlier ones are still"
+                    " unanswered (the node hangs or is very slow)"))
                 continue
-            self._per_node[exchange.node] += 1
+            exchange.results = [PENDING] * len(exchange.calls)
             task = loop.create_task(self._exchange(exchange))
             self._running.add(task)
             task.add_done_callback(self._running.discard)
@@ -187,6 +215,7 @@ class AsyncTransport:
         gathering.left = len(tasks)
         started = time.monotonic()
         deadline = started + request.timeout
+        last_turns = _LAST_TURNS
         try:
             # One wake-up per decision, not one per reply: the exchanges' done callbacks
             # collect the replies and wake this task when the request is decided, when
@@ -200,6 +229,12 @@ class AsyncTransport:
                     deadline = min(deadline, now + max(now - started, STRAGGLER_GRACE_MIN))
                 left = deadline - time.monotonic()
                 if left <= 0:
+                    # A reply already here but not yet read (a busy loop) came in time.
+                    if last_turns and any(exchange.reply_waiting() for task, exchange
+                                          in tasks.items() if not task.done()):
+                        last_turns -= 1
+                        await asyncio.sleep(0)
+                        continue
                     break
                 if gathering.wake.done():
                     gathering.wake = loop.create_future()
@@ -207,35 +242,41 @@ class AsyncTransport:
                 try:
                     await within(gathering.wake, left)
                 except asyncio.TimeoutError:
-                    break
+                    continue  # the deadline: look for replies waiting to be read first
         finally:
+            # Every reply an exchange has read counts, whether or not its done callback
+            # (run a loop turn after the task ends) has copied it yet: a reply that was
+            # read is never lost, and one that was not is never taken for an answer.
+            for exchange in tasks.values():
+                exchange.copy_into(replies)
+            gathering.replies = None  # late exchanges must not write into these replies
             decided = request.enough is not None and request.enough(replies)
             for task, exchange in tasks.items():
                 if task.done():
                     continue
                 exchange.over = True  # it goes on in the background (see the module's doc)
+                self._background[exchange.node] += 1
                 if self.round_trips is not None and not decided:
                     self.round_trips.late(exchange.node)  # it timed out: known slow
                 fill_pending(exchange.indexes, replies, NOT_AWAITED if decided else
-                           RedisTimeoutError(f"no reply within {request.timeout * 1000:.0f} ms"))
-            gathering.replies = None  # late exchanges must not write into these replies
+                             RedisTimeoutError(f"no reply within {request.timeout * 1000:.0f} ms"))
         return replies
 
     async def _exchange(self, exchange: _Exchange) -> None:
         """Connect if need be, send the node's calls, read every reply: all within the
         connection's own budget (the request may stop waiting long before)."""
-        node = exchange.node
-        exchange.results = [PENDING] * len(exchange.calls)
         try:
             await within(self._converse(exchange), self.connect_timeout)
         except Exception as exc:  # asyncio.TimeoutError included: the node is hung
             exchange.results = [exc if r is PENDING else r for r in exchange.results]
         finally:
-            self._per_node[node] -= 1
+            if exchange.over:
+                self._background[exchange.node] -= 1
 
     async def _converse(self, exchange: _Exchange) -> None:
         node = exchange.node
         conn = await self._checkout(node)
+        exchange.conn = conn
         if exchange.over and any(acquire_keys(call) for call in exchange.calls):
             # Connected only after the request was over: an acquire sent now would set
             # a key nobody waits for (its release may already have gone). A release

@@ -20,6 +20,7 @@ import weakref
 from collections.abc import Callable, Hashable, Iterable
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+from redlock import _fork
 from redlock._algorithm import RedlockCore
 from redlock._handover import Handover, export_state
 from redlock._log import get_logger
@@ -80,6 +81,15 @@ class HandleBase(Generic[M]):
         # kept after a release so that a second release() is a no-op.
         self._states: weakref.WeakKeyDictionary[Any, LockState] = weakref.WeakKeyDictionary()
         self._mutex = threading.Lock()
+        self._generation = _fork.generation
+
+    def _guard(self) -> threading.Lock:
+        """The handle's thread lock, made anew in a forked child: another parent thread
+        may have held it at the fork, and nobody would ever release it there."""
+        if self._generation != _fork.generation:
+            self._mutex = threading.Lock()
+            self._generation = _fork.generation
+        return self._mutex
 
     def _owner_key(self) -> Hashable:
         acting_for = ACTING_FOR.get()
@@ -121,7 +131,7 @@ class HandleBase(Generic[M]):
             state.check()  # re-entering a lock whose validity ran out must not pass silently
             with state.mutex:
                 state.depth += 1
-            with self._mutex:
+            with self._guard():
                 self._states[owner] = state
             if self.ttl > state.ttl:
                 yield from self._core.extend_or_lose(state, self.ttl)
@@ -129,7 +139,7 @@ class HandleBase(Generic[M]):
             if self.auto_extend:
                 self._manager._renewals.add(state, self)
             return True
-        with self._mutex:
+        with self._guard():
             current = self._states.get(owner)
         if current is not None and current.status == Status.HELD and not current.expired():
             raise AlreadyHeld(
@@ -144,6 +154,8 @@ class HandleBase(Generic[M]):
         the critical section may have run unprotected. A second release is a no-op."""
         owner = self._owner_key()
         state = self._held(owner)
+        if state.inherited:  # the parent process's acquisition (a fork): it releases it
+            return
         with state.mutex:
             if state.depth > 1:
                 state.depth -= 1
@@ -218,7 +230,7 @@ class HandleBase(Generic[M]):
 
     def _hold(self, state: LockState, owner: Hashable) -> None:
         state.holder = weakref.ref(owner)
-        with self._mutex:
+        with self._guard():
             self._states[owner] = state
 
     def _entered_failure(self) -> LockNotAcquired:
@@ -228,11 +240,11 @@ class HandleBase(Generic[M]):
     # -- the caller's own acquisition -------------------------------------------
 
     def _current(self) -> LockState | None:
-        with self._mutex:
+        with self._guard():
             return self._states.get(self._owner_key())
 
     def _held(self, owner: Hashable | None = None) -> LockState:
-        with self._mutex:
+        with self._guard():
             state = self._states.get(self._owner_key() if owner is None else owner)
         if state is None:
             raise NotHeld(f"{self._shown} is not held by this owner through this handle",
@@ -294,6 +306,8 @@ class LockBase(HandleBase[M]):
         """
         owner = self._owner_key()
         state = self._held(owner)
+        if state.inherited:
+            state.check()  # raises NotHeld: the parent process's acquisition
         with state.mutex:
             if state.depth > 1:
                 raise RedlockError(

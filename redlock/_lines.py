@@ -110,6 +110,13 @@ class LocalLines(Generic[E, L]):
                 done = line.handoff_done
             return line, done, line.handoff_until
 
+    @staticmethod
+    def start_queued_attempt(ticket: Ticket[E]) -> None:
+        """An attempt of a waiter in the nodes' line: it takes no turn (the nodes' line
+        decides who may win); a release from here on wakes its next wait at once."""
+        if ticket.wake is not None:
+            ticket.wake.clear()
+
     def end_attempt(self, key: str, line: Line[E, L], ticket: Ticket[E]) -> None:
         """After the attempt (the caller has released ``line.turn``)."""
         with self._mutex:

@@ -16,7 +16,7 @@ import weakref
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import Any, Generic, TypeVar
 
-from redlock import _inspect
+from redlock import _fork, _inspect
 from redlock._algorithm import RedlockCore
 from redlock._decorator import F, make_decorator
 from redlock._handle import LockBase, MultiLockBase
@@ -104,12 +104,20 @@ class ManagerBase(Generic[H, MH]):
         # so nothing leaks if anything below raises.
         self._transport = self._open_transport(nodes, settings.connect_timeout)
         self._core = RedlockCore(self._transport.addresses, settings, clock)
-        self._transport.round_trips = self._core.round_trips
-        self._transport.identify = self._core.amnesia.identify_call
-        self._transport.identified = self._core.amnesia.identified
         self._telemetry = Telemetry.create(settings.namespace, self._core.n, self._core.quorum,
                                            tracer_provider, meter_provider)
         self._sleep = sleep
+        self._closing = self._new_event()  # set by close(): background work ends
+        self._start_process_state()
+        _fork.register(self)  # a forked child rebuilds what belongs to one process
+
+    def _start_process_state(self) -> None:
+        """What lives in one process only: the transport's wiring, the local lines, the
+        reentrancy registry, the renewal loop, the release listener, the background
+        maintenance and their events and thread locks (rebuilt in a forked child)."""
+        self._transport.round_trips = self._core.round_trips
+        self._transport.identify = self._core.amnesia.identify_call
+        self._transport.identified = self._core.amnesia.identified
         self._lines: LocalLines[Any, Any] = LocalLines(self._new_event, self._new_turn)
         # Per owner (a thread or task, held weakly: a finished one takes its entries
         # along), the acquisitions it may re-enter, by resource.
@@ -117,7 +125,6 @@ class ManagerBase(Generic[H, MH]):
             weakref.WeakKeyDictionary())
         self._reentrant_mutex = threading.Lock()
         self._background: set[Any] = set()  # asyncio keeps only weak refs to tasks
-        self._closing = self._new_event()  # set by close(): background work ends
         self._maintaining = False
         self._maintenance_runner: Any = None  # its thread or task, awaited by close()
         self._maintenance_news = self._new_event()  # a node newly needs it; close()
@@ -129,7 +136,23 @@ class ManagerBase(Generic[H, MH]):
         self._renewals = Renewals(self._core, self._new_event,
                                   lambda loop: self._spawn(loop, "redlock-renewals"),
                                   self._notify_lost,
-                                  functools.partial(record_renewal, self._telemetry))
+                                  functools.partial(record_renewal, self._telemetry),
+                                  closing=self._closing)
+
+    def _after_fork(self) -> None:
+        """In a forked child (redlock/_fork.py): own connections, lines, renewals and
+        listener; the parent's acquisitions stay the parent's (its renewal loop keeps
+        renewing them there, and the child neither renews nor releases them)."""
+        closed = self._closing.is_set()
+        self._closing = self._new_event()
+        if closed:
+            self._closing.set()
+        else:  # the parent's transport is the parent's: the child never touches its sockets
+            _fork.keep_forever(self._transport)
+            self._transport = self._open_transport(self._transport.items,
+                                                   self._core.settings.connect_timeout)
+        self._core.after_fork()
+        self._start_process_state()
 
     # -- what each shell provides ----------------------------------------------
 

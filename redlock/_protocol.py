@@ -60,16 +60,20 @@ class Broadcast:
     ``enough`` lets the request end before every node answered (early quorum,
     docs/design.md §2.4).
 
-    ``line``: the local line (a resource's key, see :mod:`redlock._lines`) whose
-    attempts from one manager take turns instead of overlapping. Acquire attempts
-    carry it: two attempts racing from the same process split the nodes between them
-    (each wins some, neither a quorum) and both fail; taking turns costs at most one
-    attempt's wait.
+    ``line``: the local line (a resource's key, see :mod:`redlock._lines`) of an
+    acquire attempt. With ``turns``, attempts on it from one manager take turns instead
+    of overlapping: two attempts racing from the same process would split the nodes
+    between them (each wins some, neither a quorum) and both fail. Attempts of waiters
+    in the nodes' waiting line do not take turns (``turns=False``): the line already
+    decides who may win (only its first), and serialising the others' attempts, which
+    only keep their places, made a hundred waiters of one busy event loop queue for
+    seconds behind each other while the lock sat free (docs/design.md §6.5).
     """
 
     calls: tuple[Call, ...]
     timeout: float
     line: str | None = None
+    turns: bool = True
     # True once the replies so far decide the request (unread ones are PENDING): the
     # transport returns at once, NOT_AWAITED standing for the rest (read later, off the
     # hot path). None: wait for every reply, or the timeout.

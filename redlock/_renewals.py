@@ -25,7 +25,7 @@ from redlock._algorithm import RedlockCore
 from redlock._log import get_logger
 from redlock._protocol import Protocol, Sleep, Wakeable
 from redlock._state import LockState, Status
-from redlock.errors import NodeResult, Outcome, describe
+from redlock.errors import NodeResult, describe
 
 logger = get_logger(__name__)
 
@@ -58,18 +58,21 @@ class Renewals:
     """
 
     def __init__(self, core: RedlockCore, new_event: Callable[[], Wakeable],
-                 start_loop: Callable[[Protocol[None]], None],
+                 start_loop: Callable[[Protocol[None]], Any],
                  lost: Callable[[LockState, list[Any]], None],
-                 observe: Callable[[LockState, str, int], None] = lambda *_: None) -> None:
+                 observe: Callable[[LockState, str, int], None] = lambda *_: None,
+                 *, closing: Wakeable | None = None) -> None:
         self._core = core
         self._new_event = new_event
         self._start_loop = start_loop
         self._lost = lost
         self._observe = observe  # (state, "extended" | "failed" | "lost", round start ns)
+        self._closing = closing  # set by the manager's close(): the loop stops
         self._renewals: dict[LockState, Renewal] = {}
         self._mutex = threading.Lock()
         self._wake: Wakeable | None = None  # made by the first loop (an asyncio.Event binds late)
         self._running = False
+        self.runner: Any = None  # the loop's thread or task while it runs (close() waits)
 
     def __len__(self) -> int:
         return len(self._renewals)
@@ -88,9 +91,16 @@ class Renewals:
                 self._wake = self._new_event()
             wake = self._wake
         if start:
-            self._start_loop(self._loop(wake))
+            self.runner = self._start_loop(self._loop(wake))
         else:
             wake.set()  # the new renewal may be due before the loop's next wake-up
+
+    def stop(self) -> None:
+        """The manager is closing: wake the loop, which stops (see :meth:`_closed`)."""
+        with self._mutex:
+            wake = self._wake
+        if wake is not None:
+            wake.set()
 
     def remove(self, state: LockState) -> None:
         with self._mutex:
@@ -107,6 +117,9 @@ class Renewals:
         try:
             while True:
                 wake.clear()
+                if self._closing is not None and self._closing.is_set():
+                    self._closed()
+                    return
                 now = self._core.clock()
                 with self._mutex:
                     if not self._renewals:
@@ -129,6 +142,21 @@ class Renewals:
             with self._mutex:
                 self._running = False
             raise
+
+    def _closed(self) -> None:
+        """The manager was closed while it renewed locks: nobody renews them any more, so
+        their holders must not go on believing they hold them. Each is marked lost (its
+        check(), token, extend() and release() raise LockLost); its keys stay on the
+        nodes until their TTL (its holder may still be writing: releasing would let the
+        next holder in at once). on_lost is not called: the application closed the
+        manager itself."""
+        with self._mutex:
+            renewals = list(self._renewals.values())
+            self._renewals.clear()
+            self._running = False
+        for renewal in renewals:
+            renewal.state.mark_lost("its manager was closed before it was released: nobody"
+                                    " renews it any more (its keys expire with their TTL)")
 
     def _crashed(self) -> None:
         with self._mutex:
@@ -170,13 +198,10 @@ class Renewals:
             self.remove(state)
             return False
         core = self._core
-        gone = sum(1 for r in failure if r.outcome is Outcome.REFUSED)
         left = state.deadline - now
-        if gone > core.n - core.quorum or left <= 0:
-            reason = ("a majority of nodes no longer hold our key" if left > 0
-                      else "renewal failed until the validity ran out")
+        if core.key_gone(failure) or left <= 0:
             self.remove(state)
-            if (yield from core.lose(state, reason, failure)):
+            if (yield from core.lose(state, core.loss_reason(failure), failure)):
                 self._lost(state, list(renewal.handles))
             return True
         settings = core.settings

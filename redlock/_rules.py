@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from redlock import _scripts as scripts
-from redlock._protocol import NotAwaited
+from redlock._protocol import PENDING, NotAwaited
 from redlock.errors import NodeResult, Outcome
 
 #: Tokens are Lua numbers on the nodes, exact integers only below 2**53: an
@@ -280,11 +280,18 @@ def not_awaited(node: str) -> NodeResult:
                       "the request was decided without this reply (read in the background)")
 
 
+def unread(node: str) -> NodeResult:
+    """A reply that nobody read: an error, never a refusal (it says nothing about our key)."""
+    return NodeResult(node, Outcome.ERROR, "no reply was read from this node")
+
+
 def classify_acquire_reply(node: str, reply: object, resources: int = 1) -> NodeResult:
     """ACQUIRE's reply (one resource) or ACQUIRE_MANY's (a set of ``resources``); a
     granting node's counters are ``reply[1:]``, one per resource (``counter``: the max)."""
     if isinstance(reply, NotAwaited):
         return not_awaited(node)
+    if reply is PENDING:
+        return unread(node)
     if isinstance(reply, BaseException):
         return NodeResult(node, Outcome.ERROR, error_detail(reply))
     if not isinstance(reply, list | tuple) or len(reply) < 2:
@@ -312,14 +319,20 @@ def classify_acquire_reply(node: str, reply: object, resources: int = 1) -> Node
 
 
 def classify_ack_reply(node: str, reply: object, *, refused: str) -> NodeResult:
-    """Replies of the owner-checked scripts (extend, write-back, release): 1 = done."""
+    """Replies of the owner-checked scripts (extend, write-back, release): 1 = done, 0 =
+    our key is not there. Only a 0 the node sent is a refusal: anything else (no reply
+    read, an error, a reply of another shape) is an error and says nothing about our key."""
     if isinstance(reply, NotAwaited):
         return not_awaited(node)
+    if reply is PENDING:
+        return unread(node)
     if isinstance(reply, BaseException):
         return NodeResult(node, Outcome.ERROR, error_detail(reply))
     if reply == 1:
         return NodeResult(node, Outcome.GRANTED)
-    return NodeResult(node, Outcome.REFUSED, refused)
+    if reply == 0:
+        return NodeResult(node, Outcome.REFUSED, refused)
+    return NodeResult(node, Outcome.ERROR, f"unexpected reply {reply!r}")
 
 
 def unsafe_config(info: object) -> list[str]:

@@ -8,6 +8,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from redlock import _fork
 from redlock._rules import shown
 from redlock.errors import LockLost, NodeResult, NotHeld
 
@@ -46,14 +47,27 @@ class LockState:
         self.holder: Callable[[], object] = _nobody  # the owner thread or task, weakly
         self.mutex = threading.Lock()
         self._clock = clock
+        self.generation = _fork.generation  # made in this process, not an ancestor
+
+    @property
+    def inherited(self) -> bool:
+        """Acquired by an ancestor process before it forked this one: it is that
+        process's (its renewal loop renews it there); this process neither renews nor
+        releases it, and a thread lock another thread held at the fork may never be
+        released here, so ``mutex`` must not be taken (docs/design.md §5.7)."""
+        return self.generation != _fork.generation
 
     def validity(self) -> float:
-        if self.status != Status.HELD:
+        if self.status != Status.HELD or self.inherited:
             return 0.0
         return max(0.0, self.deadline - self._clock())
 
     def check(self) -> None:
         """Raise unless the lock is held and still valid."""
+        if self.inherited:
+            raise NotHeld(f"lock on {shown(self.resources)} was acquired by the parent"
+                          " process before it forked this one: it is the parent's",
+                          resource=self.resource)
         if self.status == Status.LOST:
             raise LockLost(f"lock on {shown(self.resources)} was lost: {self.lost_reason}",
                            resource=self.resource, outcomes=self.lost_outcomes)
@@ -67,8 +81,9 @@ class LockState:
                            resource=self.resource)
 
     def expired(self) -> bool:
-        """Held, but its validity ran out (or it was lost): it no longer protects."""
-        return self.status == Status.LOST or (
+        """Held, but its validity ran out (or it was lost, or it is an ancestor
+        process's): it no longer protects this process."""
+        return self.inherited or self.status == Status.LOST or (
             self.status == Status.HELD and self._clock() >= self.deadline)
 
     def renewed(self, deadline: float, ttl: float) -> bool:
@@ -106,6 +121,9 @@ class TokenFloors:
     def __init__(self) -> None:
         self._floors: OrderedDict[str, int] = OrderedDict()
         self._mutex = threading.Lock()
+
+    def after_fork(self) -> None:
+        self._mutex = threading.Lock()  # a parent thread may have held it at the fork
 
     def get(self, resource: str) -> int:
         with self._mutex:
@@ -156,6 +174,9 @@ class RoundTrips:
         self._rttvar = [0.0] * node_count
         self._slow_until = [0.0] * node_count
         self._mutex = threading.Lock()
+
+    def after_fork(self) -> None:
+        self._mutex = threading.Lock()  # a parent thread may have held it at the fork
 
     def late(self, node: int) -> None:
         """A request timed out waiting for this node."""

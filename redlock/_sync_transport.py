@@ -100,6 +100,8 @@ class _Connect:
 
 # Connections opening at once per node: a hung node does not collect threads.
 _CONNECTS_PER_NODE = 4
+# At the deadline, how long reading a reply that is already in its socket may take.
+_LAST_READ = 0.001
 
 
 class SyncTransport:
@@ -113,9 +115,11 @@ class SyncTransport:
         self.pools: list[redis.ConnectionPool] = [
             build_pool(node, redis.ConnectionPool, parse_url, overrides) for node in items]
         self.addresses = node_labels(items)
+        self.items = items  # the nodes as given (a forked child builds its own pools)
         self.connect_timeout = connect_timeout
         self._late: LateConnections[Any] = LateConnections(len(self.pools))
         self._connects = [0] * len(self.pools)  # opening now, per node
+        self._opening: set[threading.Thread] = set()  # their threads (close() joins them)
         self._mutex = threading.Lock()
         self._drainer: threading.Thread | None = None
         self._closed = False
@@ -194,6 +198,10 @@ class SyncTransport:
                 return
             left = deadline - time.monotonic()
             if left <= 0:
+                # A reply already in a socket came in time, even if this thread (many
+                # threads, one GIL) is only now looking: read what is there, then stop.
+                for group in [g for g in waiting if _readable(g.conn)]:
+                    self._read(group, replies, time.monotonic() + _LAST_READ)
                 return
             ready = [g for g in waiting if _readable(g.conn)]
             if not ready and waiting:
@@ -322,8 +330,13 @@ class SyncTransport:
                 abandoned = attempt.abandoned
             if abandoned and attempt.conn is not None:
                 self.pools[node].release(attempt.conn)  # warm, for the next request
+            with self._mutex:
+                self._opening.discard(threading.current_thread())
 
-        threading.Thread(target=run, name="redlock-connect", daemon=True).start()
+        thread = threading.Thread(target=run, name="redlock-connect", daemon=True)
+        with self._mutex:
+            self._opening.add(thread)
+        thread.start()
         return attempt
 
     def _abandon(self, attempt: _Connect) -> None:
@@ -412,7 +425,14 @@ class SyncTransport:
             self._discard(late.node, late.conn)
 
     def close(self) -> None:
+        """Close every connection; the drainer and the threads still opening connections
+        end before this returns (each within its budget: a close leaves no thread)."""
         self._closed = True
+        with self._mutex:
+            threads = [self._drainer, *self._opening]
+        for thread in threads:
+            if thread is not None and thread is not threading.current_thread():
+                thread.join(self.connect_timeout + 0.1)
         for late in self._late.drain():
             self._discard(late.node, late.conn)
         for pool in self.pools:

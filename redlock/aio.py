@@ -110,18 +110,20 @@ class AsyncRedlock(ManagerBase[AsyncLock, AsyncMultiLock]):
         return await self._drive(self._adopt_flow(handover, auto_extend, on_lost))
 
     async def close(self) -> None:
-        """Close the connections this manager opened (the caller's clients stay open)."""
+        """See :meth:`redlock.Redlock.close` (no task of the manager is left running)."""
         self._closing.set()
         self._maintenance_news.set()  # a waiting maintenance stops at once
-        runner = self._maintenance_runner
-        if (runner is not None and not runner.done() and runner is not asyncio.current_task()
-                and runner.get_loop() is asyncio.get_running_loop()):
-            # A repair in progress finishes its step; one that hangs is cancelled.
-            await asyncio.wait({runner}, timeout=self._close_grace())
-            if not runner.done():
-                runner.cancel()
-                with contextlib.suppress(BaseException):
-                    await runner
+        self._renewals.stop()  # and so does the renewal loop, after its current round
+        for runner in (self._maintenance_runner, self._renewals.runner):
+            if (runner is not None and not runner.done()
+                    and runner is not asyncio.current_task()
+                    and runner.get_loop() is asyncio.get_running_loop()):
+                # A repair in progress finishes its step; one that hangs is cancelled.
+                await asyncio.wait({runner}, timeout=self._close_grace())
+                if not runner.done():
+                    runner.cancel()
+                    with contextlib.suppress(BaseException):
+                        await runner
         if self._listener is not None:
             await self._listener.close()
         await self._transport.close()
@@ -170,6 +172,9 @@ class AsyncRedlock(ManagerBase[AsyncLock, AsyncMultiLock]):
     async def _execute(self, ticket: Ticket[asyncio.Event], request: Request) -> Replies:
         if isinstance(request, Broadcast):
             if request.line is None:
+                return await self._transport.broadcast(request)
+            if not request.turns:
+                self._lines.start_queued_attempt(ticket)
                 return await self._transport.broadcast(request)
             line, handoff, until = self._lines.start_attempt(request.line, ticket)
             try:

@@ -145,12 +145,16 @@ class Redlock(ManagerBase[Lock, MultiLock]):
         return self._drive(self._adopt_flow(handover, auto_extend, on_lost))
 
     def close(self) -> None:
-        """Close the connections this manager opened (the caller's clients stay open)."""
+        """Stop the manager's background work and close the connections it opened (the
+        caller's clients stay open). When it returns no thread of the manager runs any
+        more. Auto-extended locks still held are no longer renewed: they are marked lost
+        (their holders' ``check()`` raises :class:`LockLost`) and expire with their TTL."""
         self._closing.set()
         self._maintenance_news.set()  # a waiting maintenance stops at once
-        runner = self._maintenance_runner
-        if runner is not None and runner is not threading.current_thread():
-            runner.join(self._close_grace())  # a repair in progress finishes its step
+        self._renewals.stop()  # and so does the renewal loop, after its current round
+        for runner in (self._maintenance_runner, self._renewals.runner):
+            if runner is not None and runner is not threading.current_thread():
+                runner.join(self._close_grace())  # a repair in progress finishes its step
         if self._listener is not None:
             self._listener.close()
         self._transport.close()
@@ -195,6 +199,9 @@ class Redlock(ManagerBase[Lock, MultiLock]):
     def _execute(self, ticket: Ticket[threading.Event], request: Request) -> Replies:
         if isinstance(request, Broadcast):
             if request.line is None:
+                return self._transport.broadcast(request)
+            if not request.turns:
+                self._lines.start_queued_attempt(ticket)
                 return self._transport.broadcast(request)
             line, handoff, until = self._lines.start_attempt(request.line, ticket)
             try:

@@ -24,8 +24,9 @@ node granted, refused, failed or was amnesiac. They survive pickling.
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 
 class Outcome(enum.Enum):
@@ -52,9 +53,29 @@ class NodeResult:
         text = f"{self.node} {self.outcome.value}"
         return f"{text} ({self.detail})" if self.detail else text
 
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready form (what a JSON serializer of exceptions carries)."""
+        return {"node": self.node, "outcome": self.outcome.value, "detail": self.detail,
+                "counter": self.counter, "pttl_ms": self.pttl_ms}
+
+    @classmethod
+    def from_dict(cls, value: Mapping[str, Any]) -> NodeResult:
+        return cls(str(value["node"]), Outcome(value["outcome"]), str(value.get("detail", "")),
+                   value.get("counter"), value.get("pttl_ms"))
+
 
 def describe(outcomes: Sequence[NodeResult]) -> str:
     return "; ".join(str(result) for result in outcomes)
+
+
+def _node_result(value: NodeResult | Mapping[str, Any] | Sequence[Any]) -> NodeResult:
+    """An outcome as given, or rebuilt from its dict (JSON) or field tuple."""
+    if isinstance(value, NodeResult):
+        return value
+    if isinstance(value, Mapping):
+        return NodeResult.from_dict(value)
+    node, outcome, *rest = value
+    return NodeResult(node, Outcome(outcome), *rest)
 
 
 class RedlockError(Exception):
@@ -62,17 +83,23 @@ class RedlockError(Exception):
 
     ``resource``: the resource involved (None when the error is about the cluster);
     ``outcomes``: one :class:`NodeResult` per node when nodes were asked (else empty).
-    Every error here pickles (they cross process boundaries in pools and task queues).
+
+    Every error here crosses process boundaries whole (pools, task queues): its ``args``
+    are ``(message, resource, outcomes as dicts)``, plain JSON, so both pickle and the
+    JSON serializers that rebuild an exception as ``type(*args)`` (Celery's default
+    result serializer) give back ``resource`` and ``outcomes``. ``str(error)`` is the
+    message.
     """
 
-    def __init__(self, message: str = "", *, resource: str | None = None,
-                 outcomes: Sequence[NodeResult] = ()) -> None:
-        super().__init__(message)
+    def __init__(self, message: str = "", resource: str | None = None,
+                 outcomes: Sequence[NodeResult | Mapping[str, Any]] = ()) -> None:
+        self.message = message
         self.resource = resource
-        self.outcomes: tuple[NodeResult, ...] = tuple(outcomes)
+        self.outcomes: tuple[NodeResult, ...] = tuple(_node_result(o) for o in outcomes)
+        super().__init__(message, resource, [o.to_dict() for o in self.outcomes])
 
-    # Pickling uses the default (class, args, __dict__): __init__ accepts the message
-    # alone, and resource/outcomes come back with __dict__.
+    def __str__(self) -> str:
+        return self.message
 
 
 class LockNotAcquired(RedlockError):

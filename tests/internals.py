@@ -14,7 +14,7 @@ from redlock import _node_scripts as node_scripts
 from redlock import _scripts as scripts
 from redlock._algorithm import RedlockCore
 from redlock._log import RESERVED_FIELDS, event_fields
-from redlock._protocol import Broadcast, Call, Invoke, Sleep, drive
+from redlock._protocol import PENDING, Broadcast, Call, Invoke, Sleep, drive
 from redlock._renewals import Renewals
 from redlock._repair import RepairReport
 from redlock._repair import read_counters as _read_counters
@@ -43,6 +43,7 @@ from redlock._wakeups import WakeRegistry
 __all__ = [
     "KEYS",
     "LINE_POLL_MAX",
+    "PENDING",
     "RECHECK_S",
     "RESERVED_FIELDS",
     "TOKEN_LIMIT",

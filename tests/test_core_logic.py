@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from redlock import LockLost, NodeResult, NotHeld, Outcome, RedlockError
 from tests.internals import (
+    PENDING,
     TOKEN_LIMIT,
     Keys,
     LockState,
@@ -223,7 +224,13 @@ def test_classify_ack_reply() -> None:
     assert classify_ack_reply("n", 1, refused="gone").outcome is Outcome.GRANTED
     refused = classify_ack_reply("n", 0, refused="gone")
     assert (refused.outcome, refused.detail) == (Outcome.REFUSED, "gone")
-    assert classify_ack_reply("n", None, refused="x").outcome is Outcome.REFUSED
+    # Only a 0 the node sent says our key is gone: a reply of another shape, or one that
+    # was never read, says nothing about it (reading an unread reply as "gone" made the
+    # renewal loop delete healthy locks on a busy event loop).
+    assert classify_ack_reply("n", None, refused="x").outcome is Outcome.ERROR
+    unread = classify_ack_reply("n", PENDING, refused="x")
+    assert unread.outcome is Outcome.ERROR and "no reply was read" in unread.detail
+    assert classify_acquire_reply("n", PENDING).outcome is Outcome.ERROR
     error = classify_ack_reply("n", ConnectionError("down"), refused="x")
     assert error.outcome is Outcome.ERROR and "down" in error.detail
 
