@@ -18,10 +18,10 @@ import pytest
 from redlock import ClusterAmnesiaError, LockLost, Outcome
 from redlock.testing import capture_events
 from tests.internals import (
+    PENDING,
     Broadcast,
     Call,
     Invoke,
-    PENDING,
     LockState,
     RedlockCore,
     Renewals,
