@@ -435,15 +435,17 @@ class RedlockCore:
         and giving it up would delete a lock we hold because of replies we did not get."""
         state.check()
         delay = 0.0
+        answers: tuple[NodeResult, ...] = ()  # the last round's, for the loss report
         while True:
             failure = yield from self.extend(state, ttl)
             if failure is None:
                 return
+            answers = failure or answers  # () : no round was sent (the validity ran out)
             if state.status != Status.HELD:  # released, handed over or lost meanwhile
                 state.check()
             left = state.deadline - self.clock()
-            if self.key_gone(failure) or left <= 0:
-                yield from self.lose(state, self.loss_reason(failure), failure)
+            if self.key_gone(answers) or left <= 0:
+                yield from self.lose(state, self.loss_reason(answers), answers)
                 state.check()  # raises LockLost with the reason
             settings = self.settings
             delay = (settings.retry_delay_min if not delay

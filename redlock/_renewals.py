@@ -36,12 +36,13 @@ _BATCH_WINDOW = 0.01
 class Renewal:
     """One auto-extended acquisition: when it is due, and who holds it."""
 
-    __slots__ = ("due", "handles", "retry_delay", "state")
+    __slots__ = ("answers", "due", "handles", "retry_delay", "state")
 
     def __init__(self, state: LockState, due: float) -> None:
         self.state = state
         self.due = due
         self.retry_delay = 0.0  # 0: the last renewal succeeded
+        self.answers: tuple[NodeResult, ...] = ()  # the last failed round's, for a loss
         self.handles: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
@@ -199,6 +200,7 @@ class Renewals:
             return False
         core = self._core
         left = state.deadline - now
+        failure = renewal.answers = failure or renewal.answers  # (): no round was sent
         if core.key_gone(failure) or left <= 0:
             self.remove(state)
             if (yield from core.lose(state, core.loss_reason(failure), failure)):

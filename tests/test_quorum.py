@@ -113,17 +113,20 @@ async def test_paused_nodes_cost_one_node_timeout_not_one_each(
 
 async def test_extend_with_a_minority_hung_succeeds_with_a_majority_hung_raises(
         flavour: Flavour, me: Actor, nodes5: RedisNodes) -> None:
-    lock = me.on(flavour.manager(nodes5, node_timeout=0.1).lock("q:extend", ttl=10.0))
+    """A hung minority does not stop an extend. A hung majority says nothing about our key:
+    the extend keeps trying while the validity lasts (the nodes may come back, docs/
+    design.md §5.1), then the lock is lost, with the nodes' answers attached."""
+    lock = me.on(flavour.manager(nodes5, node_timeout=0.1).lock("q:extend", ttl=3.0))
     assert await lock.acquire(timeout=5.0)
     nodes5[0].pause()
     nodes5[3].pause()
-    await lock.extend(20.0)
-    assert await lock.validity() > 19.0
+    await lock.extend(3.0)
+    assert await lock.validity() > 2.8
     nodes5[4].pause()
     took = Stopwatch()
-    with pytest.raises(LockLost) as caught:
+    with pytest.raises(LockLost, match="no quorum of the 5 nodes renewed it") as caught:
         await lock.extend()
-    assert took() < 2.0
+    assert 2.0 < took() < 5.0  # until its validity (just under 3 s) ran out, no longer
     assert outcomes_by_node(caught.value, nodes5) == [
         Outcome.ERROR, Outcome.GRANTED, Outcome.GRANTED, Outcome.ERROR, Outcome.ERROR]
     assert await lock.lost()
