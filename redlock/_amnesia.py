@@ -60,7 +60,15 @@ class NodeHealth:
         # who may not run INFO): to be stamped with the server's run id, as found.
         self.adopt: dict[int, tuple[bytes, str]] = {}
         self.news = False  # a node needs the maintenance since its last round
+        self._initialising = 0  # new-cluster initialisations of this manager in flight
         self._mutex = threading.Lock()
+
+    def initialising(self, change: int) -> None:
+        with self._mutex:
+            self._initialising += change
+
+    def initialising_now(self) -> bool:
+        return self._initialising > 0
 
     def after_fork(self) -> None:
         self._mutex = threading.Lock()  # a parent thread may have held it at the fork
@@ -221,7 +229,11 @@ class AmnesiaGuard:
         missing = [i for i in amnesiac if i not in self.health.suspect]
         if len(missing) == self.n and not self.health.marker_seen:
             # Every node answered and none has a marker: a new cluster. Initialise it.
-            written = yield self._init_markers(range(self.n))
+            self.health.initialising(+1)
+            try:
+                written = yield self._init_markers(range(self.n))
+            finally:
+                self.health.initialising(-1)
             if sum(1 for reply in written if reply == -1) >= self.quorum:
                 # A quorum would not take one: each holds an amnesia episode. Not a new
                 # cluster: one whose nodes lost their data (another client saw it).
@@ -240,6 +252,13 @@ class AmnesiaGuard:
                 f"new cluster not initialised yet: all {self.n} nodes must answer once,"
                 f" {silent} did not"))
         newly_missing = [i for i in missing if i not in self.health.unmarked]
+        if newly_missing and self.health.initialising_now():
+            # Another acquire of this manager is initialising the cluster right now: its
+            # markers have not reached these nodes yet (on a busy event loop, or with
+            # many threads, that can take longer than a request). Wait, then try again.
+            yield Sleep(self.timeout())
+            return AttemptResult(None, tuple(outcomes), retry_now=True,
+                                 reason="cluster initialisation in progress")
         if newly_missing:
             # A marker missing beside markers present is most often another client
             # initialising a new cluster right now: its broadcast is still in flight.
