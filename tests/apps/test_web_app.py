@@ -96,6 +96,11 @@ def web_server(nodes5: RedisNodes, counter_node: RedisNode) -> Iterator[WebServe
             if not thread.is_alive() or time.monotonic() > deadline:
                 pytest.fail(f"uvicorn did not start within {START_TIMEOUT} s: {crashed}")
             time.sleep(0.02)
+        # One request before the load, as a deployment's smoke test: the first acquire
+        # of the (flushed) nodes initialises them as a new cluster (docs/design.md
+        # §4.2); this test is about serving, not about a new cluster's first moments.
+        warm_up = httpx.post(f"{web.base_url}/count/warm-up", timeout=REQUEST_TIMEOUT)
+        assert warm_up.status_code == 200, warm_up.text
         yield web
     finally:
         server.should_exit = True
