@@ -54,7 +54,7 @@ async def data(counter_node: RedisNode) -> Any:
         await client.aclose()
 
 
-async def _within(seconds: float, work: Awaitable[None], tally: Tally, what: str) -> None:
+async def _within(seconds: float, work: Awaitable[object], tally: Tally, what: str) -> None:
     """``work`` must end within ``seconds``: a hang fails the test with the figures so far
     (its tasks are cancelled by wait_for, then the manager is closed by the caller)."""
     try:
@@ -106,16 +106,21 @@ async def test_auto_extended_locks_survive_a_busy_loop(lock_nodes: RedisNodes) -
     quorum = len(lock_nodes) // 2 + 1
     tally = Tally()
     told_lost: list[str] = []
-    at_end: list[str] = []
-    everyone_at_end = asyncio.Event()
+    at_end: list[str] = []  # the resources whose holders passed check() after the hold
+    everyone_at_end = asyncio.Event()  # every holder is at the end of its hold, or failed
     release_now = asyncio.Event()
-    finished = 0
+    arrived = 0
+
+    def arrive() -> None:
+        nonlocal arrived
+        arrived += 1
+        if arrived == HOLDERS:
+            everyone_at_end.set()
 
     async def on_lost(handle: AsyncLock) -> None:
         told_lost.append(str(handle))
 
     async def holder(dlm: AsyncRedlock, index: int) -> None:
-        nonlocal finished
         resource = f"job:{index}"
         where = "acquire"
         try:
@@ -126,18 +131,15 @@ async def test_auto_extended_locks_survive_a_busy_loop(lock_nodes: RedisNodes) -
                 where = "check"
                 held.check()
                 at_end.append(resource)
-                where = "held to the end"  # wait while the test looks at the nodes
-                if len(at_end) + finished == HOLDERS:
-                    everyone_at_end.set()
+                where = "held to the end"  # still held while the test looks at the nodes
+                arrive()
                 await asyncio.wait_for(release_now.wait(), 15.0)
                 where = "release"
             tally.ok()
         except Exception as exc:
             tally.failed(exc, where)
-        finally:
-            finished += 1
-            if len(at_end) + finished >= HOLDERS:
-                everyone_at_end.set()
+            if where not in ("held to the end", "release"):  # not arrived yet
+                arrive()
 
     held_keys: list[set[str]] = []
     async with AsyncRedlock(lock_nodes.urls) as dlm:
