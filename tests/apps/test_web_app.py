@@ -10,8 +10,8 @@ holding auto-extended locks for seconds.
 Why in-process: the server's event loop then shares the interpreter with the 200
 clients, so it is as busy (late to read replies, late to run its renewals) as a loaded
 production worker's. Measured on today's code on a 2-core machine: the same app in a
-uvicorn subprocess with a core to itself, or over 3 nodes, saw no loss; in-process over
-5 nodes it lost 232 of 1300 requests' locks.
+uvicorn subprocess with a core to itself saw no loss (3 and 5 nodes); in-process over
+5 nodes, 137 to 374 of the 1300 requests failed with a false ``LockLost`` (8 runs).
 """
 
 from __future__ import annotations
@@ -152,7 +152,8 @@ async def test_web_app_under_concurrent_load(web_server: WebServer,
 
     * no ``LockLost`` at all, neither in ``check()`` nor at release: the nodes are
       healthy, so any loss is false and the request failed for nothing;
-    * every request succeeds (the app's acquire timeout is 30 s, the line is short);
+    * every request succeeds (the app's acquire timeout is 30 s; the whole load takes
+      ~10-20 s);
     * no lost update: the counter is exactly the number of critical sections (1000),
       and the fenced store holds the same value;
     * tokens strictly increase in the order the critical sections ran (grants list);
