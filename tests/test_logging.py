@@ -376,31 +376,38 @@ def run_outage(*args: str) -> tuple[dict[str, Any], list[str]]:
 def test_basic_config_prints_warnings_a_person_can_act_on() -> None:
     # basicConfig() as it comes: WARNING and above, "LEVEL:logger:message".
     report, lines = run_outage("--nodes", "3", "--threads", "3", "--cycles", "100",
-                               "--after-s", "0.5", "--level", "WARNING")
+                               "--down-s", "30", "--after-s", "0.5", "--level", "WARNING")
     assert report["cycles_while_down"] >= 100
     assert lines and all(line.startswith("WARNING:redlock.") for line in lines), lines
     for line in lines:
         message = line.split(":", 2)[2]
         assert not re.fullmatch(r"redlock\.\w+", message), line  # more than the event name
         assert re.search(r"\b\d+\.\d+\.\d+\.\d+:\d+\b", message), line  # a node's host:port
-    [missed] = [line for line in lines if f"node {report['node']} " in line]
-    assert re.fullmatch(rf"WARNING:redlock\._algorithm:{sentence('redlock.release_incomplete')}",
-                        missed), missed
+    missed = [line for line in lines if f"node {report['node']} " in line]
+    assert 1 <= len(missed) <= 3, lines  # once per outage, not once per release
+    for line in missed:
+        assert re.fullmatch(
+            rf"WARNING:redlock\._algorithm:{sentence('redlock.release_incomplete')}", line), line
 
 
 def test_a_node_down_for_hundreds_of_releases_is_one_warning_and_one_summary() -> None:
     report, lines = run_outage("--nodes", "5", "--threads", "4", "--cycles", "200",
-                               "--after-s", "3", "--level", "INFO")
+                               "--down-s", "30", "--after-s", "3", "--level", "INFO")
     node = report["node"]
     missed = [line for line in lines
               if line.startswith("WARNING:redlock._algorithm:release of outage:")
               and f" did not reach node {node} " in line]
+    # One outage, one line; a release that finds a connection to the restarted node
+    # still opening may begin another.
     assert 1 <= len(missed) <= 3, lines
-    [again] = [line for line in lines
-               if line.startswith(f"INFO:redlock._algorithm:node {node} answers again")]
-    count = int(re.search(r"releases that missed it: (\d+)", again)[1])  # type: ignore[index]
-    # Every release while it was down missed it (a few more in flight when it came back).
-    assert count >= report["cycles_while_down"] >= 200, (again, report)
+    again = [line for line in lines
+             if line.startswith(f"INFO:redlock._algorithm:node {node} answers again")]
+    assert 1 <= len(again) <= len(missed), lines
+    count = int(re.search(r"releases that missed it: (\d+)", again[0])[1])  # type: ignore[index]
+    # Every release while it was down missed it, but for the cycles under way when it
+    # was killed (one per thread) and with a few more while it came back.
+    assert report["cycles_while_down"] >= 200
+    assert count >= report["cycles_while_down"] - 4, (again, report)
 
 
 # -- docs/events.md lists every event, with its level and fields ------------------------
@@ -443,6 +450,15 @@ def test_docs_list_every_event_with_its_level_and_fields() -> None:
     code, docs = events_in_code(), events_in_docs()
     assert len(code) >= 15
     assert code == docs
+
+
+def test_docs_show_every_event_with_its_sentence() -> None:
+    shown = {}
+    for line in (ROOT / "docs" / "events.md").read_text().splitlines():
+        match = re.match(r"\| `([a-z_.]+)` \|.*\| `([^`]*)` \|$", line)
+        if match:
+            shown[match.group(1)] = match.group(2)
+    assert shown == dict(SENTENCES)
 
 
 def test_no_event_field_clashes_with_a_log_record_attribute() -> None:
