@@ -124,9 +124,10 @@ def render(event: str, fields: Mapping[str, Any]) -> str:
     template = SENTENCES.get(event)
     if template is None:
         return event
-    values = {key: ", ".join(map(str, value)) or "none" if isinstance(value, list) else value
-              for key, value in fields.items()}
+    if list in map(type, fields.values()):  # rare (force_released): copy only then
+        fields = {key: ", ".join(map(str, value)) or "none" if isinstance(value, list)
+                  else value for key, value in fields.items()}
     try:
-        return template.format_map(values)
+        return template.format_map(fields)
     except (KeyError, IndexError, ValueError, TypeError, AttributeError) as error:
         return f"{event} (sentence not rendered: {type(error).__name__}: {error})"
