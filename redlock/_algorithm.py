@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from redlock import _scripts as scripts
 from redlock._amnesia import AmnesiaGuard
 from redlock._log import get_logger
+from redlock._outages import NodeOutages
 from redlock._protocol import PENDING, Broadcast, Call, CommandArg, Protocol, Sleep
 from redlock._repair import RepairReport
 from redlock._rules import (
@@ -62,6 +63,7 @@ class RedlockCore:
         self.quorum = quorum(self.n)
         self.floors = TokenFloors()
         self.amnesia = AmnesiaGuard(self.addresses, settings, self.keys, clock, self.timeout)
+        self.node_outages = NodeOutages(clock)  # failing nodes logged once per outage
         if self.n % 2 == 0:
             logger.warning("redlock.even_node_count", nodes=self.n, quorum=self.quorum,
                            tolerated_failures=self.n - self.quorum,
@@ -73,6 +75,7 @@ class RedlockCore:
         self.round_trips.after_fork()
         self.floors.after_fork()
         self.amnesia.health.after_fork()
+        self.node_outages.after_fork()
 
     def timeout(self, ttl: float | None = None) -> float:
         """How long a request waits for the nodes: ``node_timeout`` if the user set one,
@@ -378,11 +381,11 @@ class RedlockCore:
         state.mark_released()
         outcomes, _ = self._per_node(replies, len(state.resources), refused="key already gone")
         errors = [r for r in outcomes if r.outcome is Outcome.ERROR]
-        if errors:
-            # The keys on those nodes expire by their TTL; say so rather than hide it.
-            logger.warning("redlock.release_incomplete", resource=state.resource,
-                           outcomes=describe(errors), expires_within_s=state.ttl)
-        else:
+        if errors or self.node_outages:
+            # The keys on nodes it missed expire by their TTL; say so (once per node and
+            # outage: redlock.release_incomplete) rather than hide it.
+            self.node_outages.release(logger, state.resource, state.ttl, outcomes)
+        if not errors:
             logger.debug("redlock.released", resource=state.resource, token=state.token)
         return tuple(outcomes)
 
@@ -411,6 +414,8 @@ class RedlockCore:
                                                 len(state.resources),
                                                 refused="our key is gone (expired or taken)")
                 offset += size
+                if self.node_outages:
+                    self.node_outages.answers(logger, outcomes)
                 if min(acks) >= self.quorum and finished < state.deadline and state.renewed(
                         started + ttl - self.settings.drift(ttl), ttl):
                     logger.debug("redlock.extended", resource=state.resource,

@@ -25,7 +25,7 @@ from redlock._algorithm import RedlockCore
 from redlock._log import get_logger
 from redlock._protocol import Protocol, Sleep, Wakeable
 from redlock._state import LockState, Status
-from redlock.errors import NodeResult, describe
+from redlock.errors import NodeResult
 
 logger = get_logger(__name__)
 
@@ -210,8 +210,8 @@ class Renewals:
         renewal.retry_delay = (settings.retry_delay_min if not renewal.retry_delay
                                else min(renewal.retry_delay * 2, settings.retry_delay_max))
         renewal.due = now + min(renewal.retry_delay, left)
-        logger.warning("redlock.extend_retry", resource=state.resource,
-                       validity_left_s=round(left, 3), outcomes=describe(failure))
+        # redlock.extend_retry, once per failing node and outage (then counted).
+        core.node_outages.renewal_failed(logger, state.resource, round(left, 3), failure)
         return False
 
     def _abandoned(self, renewal: Renewal) -> Protocol[None]:

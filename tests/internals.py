@@ -13,7 +13,9 @@ from redlock import _cli_render as cli_render
 from redlock import _node_scripts as node_scripts
 from redlock import _scripts as scripts
 from redlock._algorithm import RedlockCore
-from redlock._log import RESERVED_FIELDS, event_fields
+from redlock._events import SENTENCES, render
+from redlock._log import RESERVED_FIELDS, EventLogger, event_fields
+from redlock._outages import NodeOutages
 from redlock._protocol import PENDING, Broadcast, Call, Invoke, Sleep, drive
 from redlock._renewals import Renewals
 from redlock._repair import RepairReport
@@ -46,12 +48,15 @@ __all__ = [
     "PENDING",
     "RECHECK_S",
     "RESERVED_FIELDS",
+    "SENTENCES",
     "TOKEN_LIMIT",
     "Broadcast",
     "Call",
+    "EventLogger",
     "Invoke",
     "Keys",
     "LockState",
+    "NodeOutages",
     "RedlockCore",
     "Renewals",
     "RepairReport",
@@ -73,6 +78,7 @@ __all__ = [
     "observe",
     "quorum",
     "read_counters",
+    "render",
     "repair_node",
     "scripts",
     "unsafe_config",

@@ -7,10 +7,11 @@
     assert [e for e in events if e["event"] == "redlock.quorum_failed"]
 
 Each event is a dict: ``event`` (its name), ``log_level`` (``"debug"``, ``"info"``,
-``"warning"``, ``"error"``), ``logger`` (``redlock._algorithm``, ...) and the event's
-fields; the same shape as ``structlog.testing.capture_logs`` gave while the library
-logged through structlog. pytest's ``caplog`` works too: the records' message is the
-event name and the fields are record attributes.
+``"warning"``, ``"error"``), ``logger`` (``redlock._algorithm``, ...), ``message`` (the
+sentence a person reads) and the event's fields; the shape of
+``structlog.testing.capture_logs``, plus the message. pytest's ``caplog`` works too:
+the records' message is the event's sentence, the name is their ``event`` attribute and
+the fields are record attributes.
 """
 
 from __future__ import annotations
@@ -29,9 +30,12 @@ class _EventList(logging.Handler):
         self.events: list[dict[str, Any]] = []
 
     def emit(self, record: logging.LogRecord) -> None:
-        entry: dict[str, Any] = {"event": record.getMessage(),
+        # The library's records carry their event's name as an attribute (the message is
+        # its sentence); a record logged otherwise is named by its message.
+        event = getattr(record, "event", None)
+        entry: dict[str, Any] = {"event": event if isinstance(event, str) else record.getMessage(),
                                  "log_level": record.levelname.lower(),
-                                 "logger": record.name}
+                                 "logger": record.name, "message": record.getMessage()}
         entry.update(event_fields(record))
         if record.exc_info:
             entry["exc_info"] = record.exc_info
