@@ -44,12 +44,12 @@ from redlock._transport import (
 
 T = TypeVar("T")
 
-# Exchanges left running in the background per node (their request is over: still
-# connecting, or reading late replies): beyond this a node gets no new exchange until
-# some finish, so a hung node does not collect connections. Exchanges of requests still
-# waiting never count: a healthy node serves as many concurrent requests as the
-# application makes.
-_BACKGROUND_PER_NODE = 64
+# New connections opening at once per node: a hung node (it accepts TCP, never answers
+# the handshake) does not collect sockets. An exchange that needs a connection beyond
+# this waits for a slot, or for a connection another exchange gives back, within its
+# budget: it never fails at once, so a healthy node under a burst of concurrent requests
+# serves them all (failing at once, as a cap did, lost auto-extended locks under load).
+_OPENING_PER_NODE = 16
 # At a request's deadline, a reply may already sit in a socket or a stream buffer that a
 # busy event loop has not got round to (a coroutine doing CPU work delays every callback):
 # that reply arrived in time. Before calling the node late, the request lets the loop run
@@ -170,7 +170,7 @@ class AsyncTransport:
         self.connect_timeout = connect_timeout
         self._late: LateConnections[Any] = LateConnections(len(self.pools))
         self._running: set[asyncio.Task[None]] = set()
-        self._background = [0] * len(self.pools)  # exchanges running for no request
+        self._opening = [asyncio.Semaphore(_OPENING_PER_NODE) for _ in self.pools]
         # Connected connections taken from the pools and kept here between requests: a
         # pool's checkout and return cost more than the request's own I/O (they stay
         # "in use" for the pool, which closes them all on disconnect()).
@@ -201,11 +201,6 @@ class AsyncTransport:
         gathering = _Gathering(loop, replies, request.enough)
         tasks: dict[asyncio.Task[None], _Exchange] = {}
         for exchange in exchanges.values():
-            if self._background[exchange.node] >= _BACKGROUND_PER_NODE:
-                fill_pending(exchange.indexes, replies, RedisTimeoutError(
-                    f"no new request: {_BACKGROUND_PER_NODE} earlier ones are still"
-                    " unanswered (the node hangs or is very slow)"))
-                continue
             exchange.results = [PENDING] * len(exchange.calls)
             task = loop.create_task(self._exchange(exchange))
             self._running.add(task)
@@ -255,7 +250,6 @@ class AsyncTransport:
                 if task.done():
                     continue
                 exchange.over = True  # it goes on in the background (see the module's doc)
-                self._background[exchange.node] += 1
                 if self.round_trips is not None and not decided:
                     self.round_trips.late(exchange.node)  # it timed out: known slow
                 fill_pending(exchange.indexes, replies, NOT_AWAITED if decided else
@@ -269,9 +263,6 @@ class AsyncTransport:
             await within(self._converse(exchange), self.connect_timeout)
         except Exception as exc:  # asyncio.TimeoutError included: the node is hung
             exchange.results = [exc if r is PENDING else r for r in exchange.results]
-        finally:
-            if exchange.over:
-                self._background[exchange.node] -= 1
 
     async def _converse(self, exchange: _Exchange) -> None:
         node = exchange.node
@@ -356,14 +347,23 @@ class AsyncTransport:
             late.outstanding -= 1
 
     async def _checkout(self, node: int) -> Any:
-        """A connection to ``node``: the last one kept, or the pool's (connected)."""
+        """A connection to ``node``: the last one kept, or a new one (at most
+        _OPENING_PER_NODE opening at once; beyond, wait for a slot or a kept one)."""
+        conn = await self._kept(node)
+        if conn is not None:
+            return conn
+        async with self._opening[node]:
+            conn = await self._kept(node)  # given back while this one waited for a slot
+            return conn if conn is not None else await self.pools[node].get_connection()
+
+    async def _kept(self, node: int) -> Any:
         idle = self._idle[node]
         while idle:
             conn = idle.pop()
             if conn.is_connected:
                 return conn
             await self._discard(node, conn)
-        return await self.pools[node].get_connection()
+        return None
 
     async def _discard(self, node: int, conn: Any) -> None:
         """Close a connection (pending writes are flushed first) and hand it back."""

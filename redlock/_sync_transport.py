@@ -25,6 +25,7 @@ from redis.connection import parse_url
 from redis.exceptions import NoScriptError
 from redis.retry import Retry
 
+from redlock import _scripts as scripts
 from redlock._node_config import build_pool, check_node_list, node_labels, pool_overrides
 from redlock._protocol import Broadcast, Call
 from redlock._state import RoundTrips
@@ -84,10 +85,20 @@ def _is_new(conn: Any) -> bool:
     return getattr(conn, "_redlock_identified", None) is not conn._sock
 
 
+def _given(node: int, conn: Any) -> _Connect:
+    """A connection found idle while waiting for a slot: as if opened for this request."""
+    attempt = _Connect(node)
+    attempt.conn = conn
+    attempt.ready.set()
+    return attempt
+
+
 class _Connect:
     """A connection one request is opening in the background, with its own budget. If
     the request stops waiting, the connection joins the pool when it is ready: the
-    next request finds it warm."""
+    next request finds it warm. A request of releases that stopped waiting still has
+    them sent on it then (``late``): nothing else would free those keys before their TTL,
+    and a release touches only its owner's key (the asyncio transport does the same)."""
 
     def __init__(self, node: int) -> None:
         self.node = node
@@ -95,11 +106,15 @@ class _Connect:
         self.conn: Any = None
         self.error: BaseException | None = None
         self.abandoned = False
+        self.late: list[Call] = []  # releases to send once connected (the request is over)
         self.mutex = threading.Lock()
 
 
-# Connections opening at once per node: a hung node does not collect threads.
-_CONNECTS_PER_NODE = 4
+# Connections opening at once per node: a hung node does not collect threads. A request
+# that needs one beyond this waits (polling every 2 ms) for a slot, or a connection given
+# back, until its deadline: it never fails at once, so a burst of threads on healthy
+# nodes (64 threads' first requests, or after a restart) is served.
+_CONNECTS_PER_NODE = 16
 # At the deadline, how long reading a reply that is already in its socket may take.
 _LAST_READ = 0.001
 
@@ -142,24 +157,25 @@ class SyncTransport:
         replies: list[object] = [PENDING] * len(request.calls)
         groups = _groups(request)
         sent: list[_Group] = []
-        connecting: list[tuple[_Group, _Connect]] = []
+        # Nodes without an open connection: opening one in the background, or (None)
+        # waiting for a free slot to open one, or for a connection given back.
+        connecting: list[tuple[_Group, _Connect | None]] = []
         try:
             for group in groups:  # scatter: nodes with an open connection at once
                 conn = self._idle_connection(group.node)
                 if conn is not None:
                     self._send(group, conn, replies, sent)
                 else:
-                    attempt = self._connect(group.node)
-                    if attempt is None:
-                        fill_pending(group.indexes, replies, redis.TimeoutError(
-                            f"no connection: {_CONNECTS_PER_NODE} still opening"))
-                    else:
-                        connecting.append((group, attempt))
+                    connecting.append((group, self._connect(group.node)))
             self._gather(request, replies, sent, connecting, deadline)
         finally:
             decided = request.enough is not None and request.enough(replies)
             for group, attempt in connecting:  # still connecting: it joins the pool later
-                self._abandon(attempt)
+                if attempt is None:
+                    fill_pending(group.indexes, replies, redis.TimeoutError(
+                        f"no connection: {_CONNECTS_PER_NODE} were still opening"))
+                    continue
+                self._abandon(attempt, group.calls)
                 fill_pending(group.indexes, replies, redis.TimeoutError(
                     f"still connecting (connect_timeout {self.connect_timeout:g} s)"))
             for group in sent:
@@ -175,7 +191,7 @@ class SyncTransport:
         return replies
 
     def _gather(self, request: Broadcast, replies: list[object], sent: list[_Group],
-                connecting: list[tuple[_Group, _Connect]], deadline: float) -> None:
+                connecting: list[tuple[_Group, _Connect | None]], deadline: float) -> None:
         started, decided = time.monotonic(), False
         while True:
             if not decided and request.enough is not None and request.enough(replies):
@@ -184,9 +200,17 @@ class SyncTransport:
                 decided = True
                 now = time.monotonic()
                 deadline = min(deadline, now + max(now - started, STRAGGLER_GRACE_MIN))
-            for item in [c for c in connecting if c[1].ready.is_set()]:
+            for position, (group, attempt) in enumerate(connecting):
+                if attempt is None:  # waiting for a slot: a connection given back, or a slot
+                    conn = self._idle_connection(group.node)
+                    if conn is not None:
+                        connecting[position] = (group, _given(group.node, conn))
+                    else:
+                        connecting[position] = (group, self._connect(group.node))
+            for item in [c for c in connecting if c[1] is not None and c[1].ready.is_set()]:
                 connecting.remove(item)
                 group, attempt = item
+                assert attempt is not None
                 conn = attempt.conn
                 if conn is None:
                     fill_pending(group.indexes, replies, attempt.error or redis.ConnectionError(
@@ -214,7 +238,11 @@ class SyncTransport:
                 except (OSError, TypeError, ValueError):  # a socket closed under us
                     ready = waiting
             elif not waiting:
-                connecting[0][1].ready.wait(min(left, 0.002))
+                first = connecting[0][1]
+                if first is not None:
+                    first.ready.wait(min(left, 0.002))
+                else:
+                    time.sleep(min(left, 0.002))
             for group in ready:
                 self._read(group, replies, deadline)
 
@@ -329,7 +357,7 @@ class SyncTransport:
                 attempt.ready.set()
                 abandoned = attempt.abandoned
             if abandoned and attempt.conn is not None:
-                self.pools[node].release(attempt.conn)  # warm, for the next request
+                self._hand_back(attempt)  # warm, for the next request
             with self._mutex:
                 self._opening.discard(threading.current_thread())
 
@@ -339,13 +367,30 @@ class SyncTransport:
         thread.start()
         return attempt
 
-    def _abandon(self, attempt: _Connect) -> None:
-        """The request gives up on the connection: to the pool now, or when ready."""
+    def _abandon(self, attempt: _Connect, calls: list[Call] | None = None) -> None:
+        """The request gives up on the connection: to the pool now, or when ready (with
+        ``calls``' releases sent on it first)."""
         with attempt.mutex:
             attempt.abandoned = True
+            attempt.late = [call for call in calls or () if call.script is scripts.RELEASE]
             ready = attempt.ready.is_set()
         if ready and attempt.conn is not None:
-            self.pools[attempt.node].release(attempt.conn)
+            self._hand_back(attempt)
+
+    def _hand_back(self, attempt: _Connect) -> None:
+        """A connection its request gave up on: its late releases go out on it (read by
+        the drainer, which then gives it back), else it joins the pool at once."""
+        conn, node = attempt.conn, attempt.node
+        if not attempt.late or self._closed:
+            self.pools[node].release(conn)
+            return
+        try:
+            conn.send_packed_command(conn.pack_commands(
+                [render(call, evalsha=False) for call in attempt.late]), check_health=False)
+        except Exception:
+            self._discard(node, conn)
+            return
+        self._keep_conn_late(node, conn, attempt.late, len(attempt.late))
 
     def _discard(self, node: int, conn: Any) -> None:
         with contextlib.suppress(Exception):
@@ -356,11 +401,13 @@ class SyncTransport:
     # -- late connections (see redlock._transport) ---------------------------------
 
     def _keep_late(self, group: _Group, unread: int) -> None:
-        conn = group.conn
+        self._keep_conn_late(group.node, group.conn, group.calls, unread)
+
+    def _keep_conn_late(self, node: int, conn: Any, calls: list[Call], unread: int) -> None:
         if getattr(conn, "_sock", None) is None:
-            self._discard(group.node, conn)
+            self._discard(node, conn)
             return
-        evicted = self._late.add(Late(conn, group.node, group.calls, unread,
+        evicted = self._late.add(Late(conn, node, calls, unread,
                                       time.monotonic() + self.connect_timeout))
         if evicted is not None:
             self._discard(evicted.node, evicted.conn)
