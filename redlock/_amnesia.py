@@ -45,6 +45,9 @@ from redlock.errors import ClusterAmnesiaError, NodeResult, Outcome
 
 logger = get_logger(__name__)
 
+# How many times a new cluster's initialiser asks again the nodes that did not answer.
+_INIT_RETRIES = 3
+
 class NodeHealth:
     """What one manager knows about its nodes' data (thread-safe)."""
 
@@ -231,7 +234,17 @@ class AmnesiaGuard:
             # Every node answered and none has a marker: a new cluster. Initialise it.
             self.health.initialising(+1)
             try:
-                written = yield self._init_markers(range(self.n))
+                written = list((yield self._init_markers(range(self.n))))
+                # Every node answered the acquire a moment ago: one that did not answer
+                # the initialisation in time (a busy client) is asked again, a few
+                # times, rather than left unmarked (it would be benched for max_ttl).
+                for _ in range(_INIT_RETRIES):
+                    unanswered = [i for i, reply in enumerate(written) if reply not in (1, 0, -1)]
+                    if not unanswered:
+                        break
+                    again = yield self._init_markers(unanswered)
+                    for i, reply in zip(unanswered, again, strict=True):
+                        written[i] = reply
             finally:
                 self.health.initialising(-1)
             if sum(1 for reply in written if reply == -1) >= self.quorum:

@@ -38,6 +38,7 @@ from redlock._transport import (
     LateConnections,
     acquire_keys,
     fill_pending,
+    late_sendable,
     pack,
     render,
 )
@@ -49,6 +50,7 @@ T = TypeVar("T")
 # this waits for a slot, or for a connection another exchange gives back, within its
 # budget: it never fails at once, so a healthy node under a burst of concurrent requests
 # serves them all (failing at once, as a cap did, lost auto-extended locks under load).
+# See _Slots for who is served first.
 _OPENING_PER_NODE = 16
 # At a request's deadline, a reply may already sit in a socket or a stream buffer that a
 # busy event loop has not got round to (a coroutine doing CPU work delays every callback):
@@ -109,6 +111,11 @@ class _Exchange:
         self.over = False  # the request stopped waiting for it
         self.conn: Any = None  # the connection it talks on, once it has one
 
+    def needless(self) -> bool:
+        """Its request is over and not all of its calls may be sent late (see
+        redlock._transport.late_sendable): nothing will be sent."""
+        return self.over and not all(late_sendable(call) for call in self.calls)
+
     def copy_into(self, replies: list[object]) -> None:
         """The replies read so far into the request's replies (what is still unread stays
         PENDING there)."""
@@ -126,6 +133,43 @@ class _Exchange:
         if reader is not None and getattr(reader, "_buffer", None):
             return True
         return _readable_while_idle(conn)
+
+
+class _Slots:
+    """The new connections opening to one node (at most _OPENING_PER_NODE at once), and
+    the exchanges waiting to open one. A freed slot, or a connection given back, wakes
+    one waiter, in this order: requests still waiting that hold locks (extends, releases,
+    and the rest that is not an acquire), then acquires still waiting, then requests
+    that are over. A holder must not queue behind a burst of new acquires: the first of
+    200 auto-extended locks renewed while the other 199 were still being acquired, and
+    its renewal waited for their connections until its validity ran out. An acquire
+    whose request is over stops waiting: it would send nothing."""
+
+    def __init__(self) -> None:
+        self.free = _OPENING_PER_NODE
+        self.waiting: list[tuple[_Exchange, asyncio.Future[None]]] = []
+
+    @staticmethod
+    def _rank(waiter: tuple[_Exchange, asyncio.Future[None]]) -> int:
+        exchange = waiter[0]
+        if exchange.over:
+            return 2
+        return 1 if any(acquire_keys(call) for call in exchange.calls) else 0
+
+    def wake_one(self) -> None:
+        if not self.waiting:
+            return
+        first = min(self.waiting, key=self._rank)  # the earliest of the best rank
+        self.waiting.remove(first)
+        if not first[1].done():
+            first[1].set_result(None)
+
+    def wake_over(self) -> None:
+        """Requests ended: their acquires waiting here give up (see _Exchange.needless)."""
+        for exchange, future in [w for w in self.waiting if w[0].needless()]:
+            self.waiting.remove((exchange, future))
+            if not future.done():
+                future.set_result(None)
 
 
 class _Gathering:
@@ -170,7 +214,7 @@ class AsyncTransport:
         self.connect_timeout = connect_timeout
         self._late: LateConnections[Any] = LateConnections(len(self.pools))
         self._running: set[asyncio.Task[None]] = set()
-        self._opening = [asyncio.Semaphore(_OPENING_PER_NODE) for _ in self.pools]
+        self._slots = [_Slots() for _ in self.pools]
         # Connected connections taken from the pools and kept here between requests: a
         # pool's checkout and return cost more than the request's own I/O (they stay
         # "in use" for the pool, which closes them all on disconnect()).
@@ -250,6 +294,8 @@ class AsyncTransport:
                 if task.done():
                     continue
                 exchange.over = True  # it goes on in the background (see the module's doc)
+                if exchange.conn is None:
+                    self._slots[exchange.node].wake_over()
                 if self.round_trips is not None and not decided:
                     self.round_trips.late(exchange.node)  # it timed out: known slow
                 fill_pending(exchange.indexes, replies, NOT_AWAITED if decided else
@@ -266,16 +312,19 @@ class AsyncTransport:
 
     async def _converse(self, exchange: _Exchange) -> None:
         node = exchange.node
-        conn = await self._checkout(node)
+        conn = await self._checkout(exchange)
+        if conn is None:  # an acquire whose request ended while it waited for a slot
+            return
         exchange.conn = conn
-        if exchange.over and any(acquire_keys(call) for call in exchange.calls):
+        if exchange.needless():
             # Connected only after the request was over: an acquire sent now would set
-            # a key nobody waits for (its release may already have gone). A release
+            # a key nobody waits for (its release may already have gone), and a failed
+            # attempt's release could delete the key a later attempt of the same call
+            # set (redlock._transport.late_sendable). A final release or an extend
             # still goes: its caller may have been cancelled (asyncio.timeout around
-            # ``async with``) and nothing else would free the key before its TTL; a
-            # late release or extend touches only our own key. The connection is warm
-            # for the next request either way.
-            self._idle[node].append(conn)
+            # ``async with``) and nothing else would free the key before its TTL. The
+            # connection is warm for the next request either way.
+            self._give_back(node, conn)
             return
         if _readable_while_idle(conn):
             # A pooled connection the server closed while it sat idle (it restarted):
@@ -288,7 +337,7 @@ class AsyncTransport:
         except BaseException:
             await self._discard(node, conn)  # a late reply must never be read as the next
             raise                            # command's
-        self._idle[node].append(conn)
+        self._give_back(node, conn)
 
     async def _talk(self, exchange: _Exchange, conn: Any) -> None:
         """Send the node's calls on ``conn`` and read every reply."""
@@ -346,15 +395,36 @@ class AsyncTransport:
         finally:
             late.outstanding -= 1
 
-    async def _checkout(self, node: int) -> Any:
-        """A connection to ``node``: the last one kept, or a new one (at most
-        _OPENING_PER_NODE opening at once; beyond, wait for a slot or a kept one)."""
-        conn = await self._kept(node)
-        if conn is not None:
-            return conn
-        async with self._opening[node]:
-            conn = await self._kept(node)  # given back while this one waited for a slot
-            return conn if conn is not None else await self.pools[node].get_connection()
+    async def _checkout(self, exchange: _Exchange) -> Any:
+        """A connection to the exchange's node: the last one given back, or a new one (see
+        _Slots); None for an acquire whose request ended while it waited."""
+        node = exchange.node
+        slots = self._slots[node]
+        while True:
+            conn = await self._kept(node)
+            if conn is not None:
+                return conn
+            if exchange.needless():
+                return None
+            if slots.free > 0:
+                slots.free -= 1
+                try:
+                    return await self.pools[node].get_connection()
+                finally:
+                    slots.free += 1
+                    slots.wake_one()
+            future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            slots.waiting.append((exchange, future))
+            try:
+                await future
+            finally:
+                if (exchange, future) in slots.waiting:
+                    slots.waiting.remove((exchange, future))
+
+    def _give_back(self, node: int, conn: Any) -> None:
+        """A connection for the next request; an exchange waiting for one takes it."""
+        self._idle[node].append(conn)
+        self._slots[node].wake_one()
 
     async def _kept(self, node: int) -> Any:
         idle = self._idle[node]

@@ -36,6 +36,7 @@ from redlock._transport import (
     Late,
     LateConnections,
     fill_pending,
+    late_sendable,
     render,
 )
 
@@ -372,7 +373,8 @@ class SyncTransport:
         ``calls``' releases sent on it first)."""
         with attempt.mutex:
             attempt.abandoned = True
-            attempt.late = [call for call in calls or () if call.script is scripts.RELEASE]
+            late = [call for call in calls or () if call.script is scripts.RELEASE]
+            attempt.late = late if all(map(late_sendable, late)) else []
             ready = attempt.ready.is_set()
         if ready and attempt.conn is not None:
             self._hand_back(attempt)
