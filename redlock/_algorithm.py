@@ -111,8 +111,8 @@ class RedlockCore:
                        *, leave: bool = True, nodes: Sequence[int] | None = None) -> Broadcast:
         """Compare-and-delete of each resource's key on every node (a set's calls to one
         node go out pipelined), and with ``leave`` the owner's entry in the waiting lines
-        is dropped too. Waits for every node but those known to be slow (what they
-        answer later is read in the background)."""
+        is dropped too. Decided once a quorum of the nodes asked answered (see
+        :meth:`_settled`); later answers are read in the background."""
         keys = self.keys
         # A failed attempt keeps its place in line for the patience (the ACQUIRE that
         # granted it cut its entry to the key's TTL).
@@ -122,28 +122,25 @@ class RedlockCore:
             Call(i, args, scripts.RELEASE,
                  (keys.lock(r), keys.channel(r), keys.line(r), keys.line_deadlines(r)))
             for i in (range(self.n) if nodes is None else nodes) for r in resources)
-        return Broadcast(calls, self.timeout(ttl), enough=self._settled_by_node(calls))
+        return Broadcast(calls, self.timeout(ttl), enough=self._settled(calls))
 
-    def _settled_by_node(self, calls: Sequence[Call], *,
-                         acks: bool = False) -> Callable[[Sequence[object]], bool]:
-        """When a release or extend stops waiting (docs/design.md §2.4, §5.1).
-
-        Once every node answered; or once every key is settled and every node not known
-        to be slow answered too. A key (one acquisition's key of one resource) is
-        settled once a quorum of the nodes asked answered (``acks``: a quorum
-        acknowledged it, replied 1, as an extend needs; or more nodes answered "our key
-        is gone" than a quorum can spare: it cannot be extended). Slowness is only a
-        reason not to wait for a node once the keys are settled: a request never gives
-        up on a node that can still answer within its timeout."""
-        first: dict[int, int] = {}
-        # One entry per acquisition and resource (an owner's key): its calls' indexes.
+    def _settled(self, calls: Sequence[Call], *,
+                 acks: bool = False) -> Callable[[Sequence[object]], bool]:
+        """When a release or extend is decided (docs/design.md §2.4, §5.1): once every key
+        in it (one acquisition's key of one resource) is settled, i.e. a quorum of the
+        nodes asked answered for it (``acks``: acknowledged it, replied 1, as an extend
+        needs; or more nodes answered "our key is gone" than a quorum can spare: it
+        cannot be extended). The stragglers then get the transport's grace, as long
+        again as the decision took; what they answer later is read in the background.
+        Until then the request waits for every node, up to its timeout: it never gives
+        up on a node that may still answer in time."""
         keys: dict[tuple[object, tuple[str, ...]], list[int]] = {}
+        nodes = set()
         for index, call in enumerate(calls):
-            first.setdefault(call.node, index)
+            nodes.add(call.node)
             keys.setdefault((call.args[0], call.keys), []).append(index)
         per_key = list(keys.values())
-        round_trips, spare = self.round_trips, self.n - self.quorum
-        needed = min(self.quorum, len(first))
+        spare, needed = self.n - self.quorum, min(self.quorum, len(nodes))
 
         def key_settled(indexes: list[int], replies: Sequence[object]) -> bool:
             if not acks:
@@ -152,11 +149,7 @@ class RedlockCore:
                     or sum(1 for i in indexes if replies[i] == 0) > spare)
 
         def settled(replies: Sequence[object]) -> bool:
-            if not any(reply is PENDING for reply in replies):
-                return True
-            return all(replies[index] is not PENDING or round_trips.slow(node)
-                       for node, index in first.items()) and all(
-                key_settled(indexes, replies) for indexes in per_key)
+            return all(key_settled(indexes, replies) for indexes in per_key)
         return settled
 
     def _per_node(self, replies: Sequence[object], resources: int,
@@ -414,7 +407,7 @@ class RedlockCore:
             timeout = min(max(self.timeout(max(t for _, t in live)), validity_left / 2),
                           validity_left)
             replies = yield Broadcast(calls, timeout,
-                                      enough=self._settled_by_node(calls, acks=True))
+                                      enough=self._settled(calls, acks=True))
             finished, offset = self.clock(), 0
             for state, ttl in live:
                 size = self.n * len(state.resources)

@@ -296,8 +296,6 @@ class AsyncTransport:
                 exchange.over = True  # it goes on in the background (see the module's doc)
                 if exchange.conn is None:
                     self._slots[exchange.node].wake_over()
-                if self.round_trips is not None and not decided:
-                    self.round_trips.late(exchange.node)  # it timed out: known slow
                 fill_pending(exchange.indexes, replies, NOT_AWAITED if decided else
                              RedisTimeoutError(f"no reply within {request.timeout * 1000:.0f} ms"))
         return replies

@@ -1,5 +1,5 @@
-"""Fork safety (docs/design.md §5.7): a child process starts with its own connections,
-threads and bookkeeping, and holds nothing its parent held.
+"""Fork safety (docs/design.md §5.7): a child process gets its own connections, threads
+and bookkeeping, and holds nothing its parent held.
 
 A process that forks after using a manager (gunicorn ``--preload``, Celery's prefork
 pool, ``multiprocessing`` with the fork start method) copies the manager into the child
@@ -8,41 +8,33 @@ loop and a release listener whose threads do not exist in the child (only the fo
 thread survives a fork), thread locks that another parent thread may have held at that
 instant (and that nobody will ever release in the child), and the parent's held locks.
 
-As redis-py and gRPC do, :func:`os.register_at_fork` runs :func:`_after_fork_in_child`
-in the child, in the forking thread, before anything else: every live manager rebuilds
-its transport, lines, renewals, listener and locks there, and :data:`generation` goes up,
-so acquisitions and handles made before the fork know they are the parent's. The
-parent's own objects are left alone: its sockets are never written, read, shut down or
-closed by the child (the child keeps the old transport referenced until it exits, so
-that no finaliser touches them).
+As redis-py and gRPC do, :func:`os.register_at_fork` tells the child at once: the
+:data:`generation` goes up. Everything made under an older generation belongs to an
+ancestor: a manager rebuilds what belongs to one process (transport, lines, renewals,
+listener, thread locks) on its first use in the new generation, not in the fork hook
+itself, so that the locks it makes are those of the child's threading as the child
+runs it (gevent's workers monkey-patch threading after the fork: a real lock made
+before that, held by one greenlet while another waits for it, stops the whole worker).
+Acquisitions and handles made before the fork know they are the parent's. The parent's
+sockets are never written, read, shut down or closed by the child: it keeps the old
+transport referenced until it exits, so that no finaliser touches them.
 """
 
 from __future__ import annotations
 
 import os
 import threading
-import weakref
-from typing import Any, Protocol
-
-
-class ForkAware(Protocol):
-    def _after_fork(self) -> None: ...
-
 
 #: How many forks this process descends from since the module was imported: objects made
 #: under another generation belong to an ancestor process.
 generation = 0
 
-_live: weakref.WeakSet[Any] = weakref.WeakSet()
-_mutex = threading.Lock()
+#: Held while a manager rebuilds itself for a new generation (two threads of the child
+#: may use it first at once). Made anew in each child: a parent thread may hold it.
+rebuilding = threading.Lock()
+
 # What the child must neither use nor let a finaliser close (the parent's sockets).
 _inherited: list[object] = []
-
-
-def register(obj: ForkAware) -> None:
-    """Call ``obj._after_fork()`` in every child forked from now on (held weakly)."""
-    with _mutex:
-        _live.add(obj)
 
 
 def keep_forever(obj: object) -> None:
@@ -52,11 +44,9 @@ def keep_forever(obj: object) -> None:
 
 
 def _after_fork_in_child() -> None:
-    global _mutex, generation
+    global generation, rebuilding
     generation += 1
-    _mutex = threading.Lock()  # another parent thread may have held it at the fork
-    for obj in list(_live):
-        obj._after_fork()
+    rebuilding = threading.Lock()
 
 
 if hasattr(os, "register_at_fork"):  # POSIX; Windows has no fork

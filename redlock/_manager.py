@@ -109,7 +109,7 @@ class ManagerBase(Generic[H, MH]):
         self._sleep = sleep
         self._closing = self._new_event()  # set by close(): background work ends
         self._start_process_state()
-        _fork.register(self)  # a forked child rebuilds what belongs to one process
+        self._generation = _fork.generation  # a forked child rebuilds on first use
 
     def _start_process_state(self) -> None:
         """What lives in one process only: the transport's wiring, the local lines, the
@@ -138,6 +138,15 @@ class ManagerBase(Generic[H, MH]):
                                   self._notify_lost,
                                   functools.partial(record_renewal, self._telemetry),
                                   closing=self._closing)
+
+    def _in_this_process(self) -> None:
+        """Called first by every driven call and by close(): in a process forked since the
+        manager was last used, rebuild what belongs to one process (redlock/_fork.py)."""
+        if self._generation != _fork.generation:
+            with _fork.rebuilding:
+                if self._generation != _fork.generation:
+                    self._after_fork()
+                    self._generation = _fork.generation
 
     def _after_fork(self) -> None:
         """In a forked child (redlock/_fork.py): own connections, lines, renewals and

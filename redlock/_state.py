@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -167,24 +166,14 @@ class RoundTrips:
     timeout is read from them (docs/design.md §2.4)."""
 
     FLOOR = 0.05  # never less: a busy machine's hiccup is not an outage
-    SLOW_FOR = 5.0  # a node that timed out is "known slow" this long
 
     def __init__(self, node_count: int) -> None:
         self._srtt: list[float | None] = [None] * node_count
         self._rttvar = [0.0] * node_count
-        self._slow_until = [0.0] * node_count
         self._mutex = threading.Lock()
 
     def after_fork(self) -> None:
         self._mutex = threading.Lock()  # a parent thread may have held it at the fork
-
-    def late(self, node: int) -> None:
-        """A request timed out waiting for this node."""
-        self._slow_until[node] = time.monotonic() + self.SLOW_FOR
-
-    def slow(self, node: int) -> bool:
-        """Known to be slow: releases and extends do not wait for it."""
-        return time.monotonic() < self._slow_until[node]
 
     def sample(self, node: int, seconds: float) -> None:
         with self._mutex:

@@ -68,9 +68,11 @@ class SyncReleaseListener:
         with self._mutex:
             if self._closed or self._thread is not None:
                 return
-            self._thread = threading.Thread(target=self._run, name="redlock-listener",
-                                            daemon=True)
-            self._thread.start()
+            thread = self._thread = threading.Thread(target=self._run, name="redlock-listener",
+                                                     daemon=True)
+        # Started outside the lock: starting a thread waits for it, and no lock of ours is
+        # held across a wait (under gevent a waiting greenlet holding it stops everyone).
+        thread.start()
 
     def poke(self) -> None:
         """Wake the thread (the wanted channels changed, or a connection is ready)."""

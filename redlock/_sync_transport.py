@@ -181,8 +181,6 @@ class SyncTransport:
                     f"still connecting (connect_timeout {self.connect_timeout:g} s)"))
             for group in sent:
                 if not group.done:  # decided without it, timed out or interrupted
-                    if self.round_trips is not None and not decided:
-                        self.round_trips.late(group.node)  # it timed out: known slow
                     unread = (sum(1 for i in group.indexes if replies[i] is PENDING)
                               + (group.probed and group.identity is PENDING)
                               - (len(group.unknown) if not group.resent else 0))
@@ -414,10 +412,14 @@ class SyncTransport:
         if evicted is not None:
             self._discard(evicted.node, evicted.conn)
         with self._mutex:
-            if self._drainer is None or not self._drainer.is_alive():
-                self._drainer = threading.Thread(target=self._drain, name="redlock-drain",
-                                                 daemon=True)
-                self._drainer.start()
+            drainer = self._drainer
+            if drainer is not None and (drainer.ident is None or drainer.is_alive()):
+                return  # running, or about to start
+            drainer = self._drainer = threading.Thread(target=self._drain,
+                                                       name="redlock-drain", daemon=True)
+        # Started outside the lock: starting a thread waits for it, and no lock of ours is
+        # held across a wait (under gevent a waiting greenlet holding it stops everyone).
+        drainer.start()
 
     def _trail_releases(self, request: Broadcast) -> None:
         """Write each release behind the unanswered acquires of the same owner."""

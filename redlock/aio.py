@@ -111,6 +111,7 @@ class AsyncRedlock(ManagerBase[AsyncLock, AsyncMultiLock]):
 
     async def close(self) -> None:
         """See :meth:`redlock.Redlock.close` (no task of the manager is left running)."""
+        self._in_this_process()  # in a forked child: nothing of the parent's is closed
         self._closing.set()
         self._maintenance_news.set()  # a waiting maintenance stops at once
         self._renewals.stop()  # and so does the renewal loop, after its current round
@@ -162,6 +163,7 @@ class AsyncRedlock(ManagerBase[AsyncLock, AsyncMultiLock]):
         return task
 
     async def _drive(self, protocol: Protocol[T]) -> T:
+        self._in_this_process()
         ticket: Ticket[asyncio.Event] = Ticket()  # a blocking acquire's place in line
         try:
             return await drive_async(protocol, functools.partial(self._execute, ticket))

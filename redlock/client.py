@@ -149,6 +149,7 @@ class Redlock(ManagerBase[Lock, MultiLock]):
         caller's clients stay open). When it returns no thread of the manager runs any
         more. Auto-extended locks still held are no longer renewed: they are marked lost
         (their holders' ``check()`` raises :class:`LockLost`) and expire with their TTL."""
+        self._in_this_process()  # in a forked child: nothing of the parent's is closed
         self._closing.set()
         self._maintenance_news.set()  # a waiting maintenance stops at once
         self._renewals.stop()  # and so does the renewal loop, after its current round
@@ -189,6 +190,7 @@ class Redlock(ManagerBase[Lock, MultiLock]):
         return thread
 
     def _drive(self, protocol: Protocol[T]) -> T:
+        self._in_this_process()
         ticket: Ticket[threading.Event] = Ticket()  # a blocking acquire's place in line
         try:
             return drive(protocol, functools.partial(self._execute, ticket))
