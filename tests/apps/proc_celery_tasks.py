@@ -21,7 +21,7 @@ import time
 from typing import Any
 
 import redis
-from celery import Celery
+from celery import Celery  # type: ignore[import-untyped]
 
 from redlock import Lock, Redlock
 
@@ -37,7 +37,7 @@ dlm = Redlock(os.environ["PROC_CELERY_NODES"].split(","))
 counter = redis.Redis.from_url(os.environ["PROC_CELERY_COUNTER"], socket_timeout=10.0)
 
 
-@app.task(name="proc.incr")
+@app.task(name="proc.incr")  # type: ignore[untyped-decorator]
 @dlm.locked("celery:counter", ttl=5.0, timeout=30.0, pass_lock="held")
 def incr(*, held: Lock | None = None) -> dict[str, Any]:
     assert held is not None
@@ -47,7 +47,7 @@ def incr(*, held: Lock | None = None) -> dict[str, Any]:
     return {"value": value + 1, "token": held.token, "pid": os.getpid()}
 
 
-@app.task(name="proc.try_busy")
+@app.task(name="proc.try_busy")  # type: ignore[untyped-decorator]
 @dlm.locked("celery:busy", ttl=5.0, blocking=False)
 def try_busy() -> str:
     return "ran"

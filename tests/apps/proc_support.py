@@ -16,6 +16,7 @@ test_gunicorn.py, test_celery.py, test_close.py, test_log_lines.py).
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import queue
 import re
@@ -103,6 +104,17 @@ def kill_processes(pids: Iterable[int]) -> None:
 
 # -- an application as a subprocess ----------------------------------------------------
 
+_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGKILL it if the test process dies (killed from
+    outside, so no ``finally`` runs). Its own children are not covered: gunicorn
+    workers and Celery's pool notice their parent is gone; the rest end by themselves."""
+    if _LIBC is not None:
+        _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
 
 class AppProcess:
     """A subprocess in its own session whose stdout and stderr lines are collected by
@@ -114,7 +126,8 @@ class AppProcess:
         self.process = subprocess.Popen(
             self.args, env=env if env is not None else child_env(), cwd=cwd,
             stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+            preexec_fn=_die_with_parent)  # a C call only: safe with threads running
         self.pid = self.process.pid
         self.stdout_lines: list[str] = []
         self.stderr_lines: list[str] = []

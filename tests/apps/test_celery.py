@@ -26,9 +26,9 @@ import signal
 import time
 from typing import Any
 
-import celery.exceptions
+import celery.exceptions  # type: ignore[import-untyped]
 from celery import Celery
-from celery.result import AsyncResult
+from celery.result import AsyncResult  # type: ignore[import-untyped]
 
 from redlock import LockNotAcquired, NodeResult, Outcome, Redlock
 from redlock.testing import RedisNodes

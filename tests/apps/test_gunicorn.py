@@ -32,7 +32,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-import gunicorn.config
+import gunicorn.config  # type: ignore[import-untyped]
 import pytest
 
 from redlock.testing import RedisNodes, ToxiproxyServer, free_port

@@ -20,6 +20,8 @@ import re
 import time
 from dataclasses import dataclass
 
+import pytest
+
 from redlock.testing import RedisNodes
 from tests.apps.proc_support import APPS_DIR, PYTHON, AppProcess
 
@@ -125,6 +127,7 @@ def test_acl_user_without_info_is_told_which_node_and_why() -> None:
                           + "\nstderr (head):\n" + stderr[:2000])
 
 
+@pytest.mark.slow
 def test_node_outage_under_load_is_aggregated() -> None:
     """One node of five (durable: AOF, fsync always) is killed for 6 s while 32 threads
     lock and release as fast as they can, then restarted with its data. Every warning
