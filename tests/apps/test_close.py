@@ -139,7 +139,7 @@ def test_sync_close_while_threads_hold_and_churn() -> None:
             for thread in threads:
                 thread.start()
             ready.wait()
-            time.sleep(1.2)  # at least one renewal round of every held lock
+            time.sleep(1.6)  # at least one renewal round (at ttl/3) of every held lock
             started = time.time()
             dlm.close()
             closed_at = time.time()
@@ -230,7 +230,7 @@ async def test_async_close_while_tasks_hold_and_churn() -> None:
         leftover_tasks: list[asyncio.Task[object]] = []
         try:
             await asyncio.wait_for(all_acquired.wait(), 20.0)
-            await asyncio.sleep(1.2)
+            await asyncio.sleep(1.6)  # at least one renewal round of every held lock
             started = time.time()
             await dlm.close()
             closed_at = time.time()
