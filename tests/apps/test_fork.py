@@ -12,8 +12,9 @@ processes contending, handed the lock from one to the next on release.
 
 What must hold, for every way of forking:
 
-- no child hangs (each must be done well within its ``timeout=30`` plus its hold;
-  hung ones are killed, their stacks dumped, and counted);
+- no child hangs (none may stay in an acquire 10 s past its ``timeout=30``, or in
+  anything else 10 s past its own length; hung ones have their stacks dumped, are
+  killed and counted);
 - no child loses its auto-extended lock (the renewal loop must run in the child);
 - holds of one shared resource never overlap, tokens strictly increase per resource;
 - contending children are handed the lock on release (wake-ups work in the child):
@@ -45,7 +46,7 @@ PARENT_TTL = 3.0  # proc_fork_app.PARENT_TTL: renewed every ~ttl/3
 # Median hand-off, s. Measured on a 2-core machine: 5 ms when each child builds its own
 # manager (wake-ups on release), 57-78 ms for children polling (backoff up to 250 ms).
 HANDOFF_MEDIAN_MAX = 0.025
-REPORT_TIMEOUT = 100.0  # s; the app kills children hung for 40 s, so it reports before
+REPORT_TIMEOUT = 100.0  # s; the app kills a child stuck 40 s in an acquire: it reports before
 
 
 def run_app(mode: str, tmp_path: Path) -> tuple[dict[str, Any], list[Command], str]:
@@ -74,9 +75,9 @@ def child_problems(children: list[dict[str, Any]]) -> list[str]:
         phases = {c["index"]: c.get("phase") for c in hung}
         stacks = "\n".join(f"--- child {c['index']} ---\n{c.get('stack', '(no stack)')}"
                            for c in hung[:2])
-        problems.append(f"{len(hung)} of {len(children)} children hung (killed 40 s after "
-                        f"their fork, past timeout=30 + 2.5 s hold); phase per child: "
-                        f"{phases}\nstacks of the first:\n{stacks}")
+        problems.append(f"{len(hung)} of {len(children)} children hung (killed once stuck "
+                        f"10 s past the bound of what they were doing: timeout=30 for an "
+                        f"acquire); phase per child: {phases}\nstacks of the first:\n{stacks}")
     failed = [f"child {c['index']}: {c.get('error') or 'not acquired within timeout=30'}"
               for c in children if not c["hung"] and (c.get("error") or not c.get("acquired"))]
     if failed:
