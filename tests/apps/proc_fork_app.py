@@ -313,15 +313,25 @@ def collect(children: list[Child], outdir: Path) -> list[dict[str, Any]]:
 # -- the sync parent ---------------------------------------------------------------------
 
 
-def busy_loop(dlm: Redlock, stop: threading.Event, tally: dict[str, int]) -> None:
+def busy_loop(dlm: Redlock, stop: threading.Event, tally: dict[str, Any]) -> None:
     """A parent thread that keeps taking a contended resource."""
     while not stop.is_set():
         try:
             with dlm.lock("app:busy", ttl=2.0, timeout=5.0):
                 tally["ok"] += 1
                 time.sleep(0.005)
-        except RedlockError:
-            tally["errors"] += 1
+        except RedlockError as error:
+            note_error(tally, error)
+
+
+def new_tally() -> dict[str, Any]:
+    return {"ok": 0, "errors": 0, "examples": []}
+
+
+def note_error(tally: dict[str, Any], error: BaseException) -> None:
+    tally["errors"] += 1
+    if len(tally["examples"]) < 2:
+        tally["examples"].append(f"{type(error).__name__}: {error}"[:600])
 
 
 def sync_parent(mode: str, outdir: Path, urls: list[str]) -> dict[str, Any]:
@@ -330,7 +340,7 @@ def sync_parent(mode: str, outdir: Path, urls: list[str]) -> dict[str, Any]:
     with dlm.lock("app:warmup", ttl=2.0):  # used once, as an application's startup does
         pass
     stop = threading.Event()
-    tallies = [{"ok": 0, "errors": 0} for _ in range(BUSY_THREADS)]
+    tallies = [new_tally() for _ in range(BUSY_THREADS)]
     busy = [threading.Thread(target=busy_loop, args=(dlm, stop, tallies[i]),
                              name=f"app-busy-{i}", daemon=True) for i in range(BUSY_THREADS)]
     for thread in busy:
@@ -410,16 +420,16 @@ async def async_parent(outdir: Path, urls: list[str]) -> dict[str, Any]:
     async with dlm.lock("app:warmup", ttl=2.0):
         pass
     stop = asyncio.Event()
-    tallies = [{"ok": 0, "errors": 0} for _ in range(BUSY_THREADS)]
+    tallies = [new_tally() for _ in range(BUSY_THREADS)]
 
-    async def busy(tally: dict[str, int]) -> None:
+    async def busy(tally: dict[str, Any]) -> None:
         while not stop.is_set():
             try:
                 async with dlm.lock("app:busy", ttl=2.0, timeout=5.0):
                     tally["ok"] += 1
                     await asyncio.sleep(0.005)
-            except RedlockError:
-                tally["errors"] += 1
+            except RedlockError as error:
+                note_error(tally, error)
 
     tasks = [asyncio.create_task(busy(t), name=f"app-busy-{i}") for i, t in enumerate(tallies)]
     await asyncio.sleep(0.3)

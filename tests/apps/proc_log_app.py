@@ -9,7 +9,8 @@ for tests/apps/test_log_lines.py.
 - ``acl``: the URLs name an ACL user who may not run INFO; takes 5 locks; ``done``.
 - ``outage``: 32 threads lock and release (ttl 2 s) as fast as they can; ``ready`` after
   a second; on ``mark`` it prints ``mark <operations so far>``; on ``stop`` it stops
-  them and prints ``done <json>`` (operations, errors by type).
+  them and prints ``done <json>`` (operations, errors by type and the first few in
+  full).
 
 Nothing else is printed on stdout; stderr carries only what logging printed.
 """
@@ -54,6 +55,7 @@ def outage(urls: list[str]) -> None:
     stop = threading.Event()
     ops = [0] * THREADS
     errors: Counter[str] = Counter()
+    examples: list[str] = []  # the first few errors, in full
     with Redlock(urls) as dlm:
 
         def work(index: int) -> None:
@@ -64,6 +66,8 @@ def outage(urls: list[str]) -> None:
                     ops[index] += 1
                 except RedlockError as error:
                     errors[type(error).__name__] += 1
+                    if len(examples) < 3:
+                        examples.append(f"{type(error).__name__}: {error}")
 
         threads = [threading.Thread(target=work, args=(i,), name=f"app-{i}", daemon=True)
                    for i in range(THREADS)]
@@ -80,8 +84,8 @@ def outage(urls: list[str]) -> None:
         for thread in threads:
             thread.join(20.0)
         hung = [t.name for t in threads if t.is_alive()]
-    print("done " + json.dumps({"ops": sum(ops), "errors": dict(errors), "hung": hung}),
-          flush=True)
+    print("done " + json.dumps({"ops": sum(ops), "errors": dict(errors), "examples": examples,
+                                "hung": hung}), flush=True)
 
 
 def main() -> int:
