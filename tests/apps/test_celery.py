@@ -84,6 +84,8 @@ def test_celery_prefork_tasks_under_dlm_locked() -> None:
                    "--hostname", f"proc-{service[0].port}@localhost"]
         client = Celery("proc-client", broker=broker, backend=backend)
         holder = Redlock(nodes.urls)
+        with holder.lock("celery:warmup", ttl=2.0, timeout=5.0):  # the new cluster is set
+            pass  # up before two pool processes race (see tests/apps/test_proc_startup.py)
         with AppProcess(command, env=env, cwd=REPO_ROOT) as worker:
             try:
                 ready = wait_until(lambda: " ready." in worker.stderr, 30.0, 0.1)

@@ -98,6 +98,8 @@ def test_sync_close_while_threads_hold_and_churn() -> None:
             nodes[0].client() as own_probe:
         own = {_probe_address(own_probe)}
         dlm = Redlock(nodes.urls)
+        with dlm.lock("close:warmup", ttl=2.0, timeout=5.0):  # the new cluster is set up
+            pass  # before the threads race (see tests/apps/test_proc_startup.py)
         ready = threading.Barrier(HOLDERS + 1, timeout=20.0)
         closed = threading.Event()
         reports = [HolderReport(f"app-holder-{i}", _held_key(f"close:held:{i}"))
@@ -188,6 +190,8 @@ async def test_async_close_while_tasks_hold_and_churn() -> None:
             nodes[0].client() as own_probe:
         own = {_probe_address(own_probe)}
         dlm = AsyncRedlock(nodes.urls)
+        async with dlm.lock("aclose:warmup", ttl=2.0, timeout=5.0):
+            pass
         closed = asyncio.Event()
         reports = [HolderReport(f"app-holder-{i}", _held_key(f"aclose:held:{i}"))
                    for i in range(HOLDERS)]

@@ -174,5 +174,5 @@ def test_node_outage_under_load_is_aggregated() -> None:
         problems.append("no line about the outage says how many events it stands for")
     problems += unreadable(lines, [dead])[:3]
     assert not problems, (f"{len(lines)} warning lines; {during} locks during the outage; "
-                          f"errors {done['errors']}\n" + "\n".join(problems)
+                          f"errors {done['errors']} {done['examples']}\n" + "\n".join(problems)
                           + "\nstderr (head):\n" + stderr[:1500])
