@@ -1,5 +1,5 @@
 """What the process-level application tests share (tests/apps/test_fork.py,
-test_gunicorn.py, test_celery.py, test_close.py, test_log_lines.py).
+test_gunicorn.py, test_celery.py, test_close.py, test_log_lines.py, test_proc_startup.py).
 
 - :data:`REPO_ROOT` and :func:`child_env`: subprocesses import this checkout's
   ``redlock`` (the worktree, or a clean clone installed editable in CI).
