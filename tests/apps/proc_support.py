@@ -102,6 +102,34 @@ def kill_processes(pids: Iterable[int]) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
+def tcp_connections(ports: Iterable[int], pid: int | None = None) -> list[tuple[str, str]]:
+    """The open TCP connections of process ``pid`` (default: this one) to any of
+    ``ports`` on loopback, as (local, remote) ``host:port`` pairs (Linux: the socket
+    inodes of ``/proc/<pid>/fd`` looked up in ``/proc/<pid>/net/tcp``)."""
+    pid = os.getpid() if pid is None else pid
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            if target.startswith("socket:["):
+                inodes.add(target[len("socket:["):-1])
+    wanted = set(ports)
+    found = []
+    for line in Path(f"/proc/{pid}/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        local, remote, state, inode = fields[1], fields[2], fields[3], fields[9]
+        remote_port = int(remote.split(":")[1], 16)
+        if inode in inodes and remote_port in wanted and state != "0A":  # 0A: LISTEN
+            found.append((_address(local), _address(remote)))
+    return found
+
+
+def _address(hex_address: str) -> str:
+    host, port = hex_address.split(":")
+    octets = [str(int(host[i:i + 2], 16)) for i in range(6, -1, -2)]  # little-endian
+    return f"{'.'.join(octets)}:{int(port, 16)}"
+
+
 # -- an application as a subprocess ----------------------------------------------------
 
 _LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
@@ -314,6 +342,11 @@ class Monitor:
         self._thread.join(5.0)
         with contextlib.suppress(OSError):
             self._sock.close()
+
+    @property
+    def local_address(self) -> str:
+        host, port = self._sock.getsockname()[:2]
+        return f"{host}:{port}"
 
     def touching(self, key: str) -> list[Command]:
         """The commands (scripts' own included) that named ``key``."""
