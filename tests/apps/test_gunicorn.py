@@ -76,7 +76,7 @@ def gunicorn_command(worker_class: str, port: int) -> list[str]:
                "--timeout", "20", "--graceful-timeout", str(GRACEFUL),
                "--log-level", "info", "--config", "python:tests.apps.proc_gunicorn_conf"]
     if any(s.name == "control_socket_disable" for s in gunicorn.config.KNOWN_SETTINGS):
-        command.append("--no-control-socket")  # gunicorn >= 25 would make ~/.gunicorn
+        command.append("--no-control-socket")  # else gunicorn 27 makes ~/.gunicorn/*.ctl
     return [*command, "tests.apps.proc_wsgi_app:app"]
 
 
