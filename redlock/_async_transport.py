@@ -33,6 +33,7 @@ from redlock._state import RoundTrips
 from redlock._transport import (
     NOT_AWAITED,
     PENDING,
+    SENT_LATE,
     STRAGGLER_GRACE_MIN,
     Late,
     LateConnections,
@@ -297,7 +298,9 @@ class AsyncTransport:
                 if exchange.conn is None:
                     self._slots[exchange.node].wake_over()
                 fill_pending(exchange.indexes, replies, NOT_AWAITED if decided else
-                             RedisTimeoutError(f"no reply within {request.timeout * 1000:.0f} ms"))
+                             SENT_LATE if exchange.conn is None and not exchange.needless()
+                             else RedisTimeoutError(
+                                 f"no reply within {request.timeout * 1000:.0f} ms"))
         return replies
 
     async def _exchange(self, exchange: _Exchange) -> None:

@@ -125,7 +125,11 @@ class NotAwaited(Exception):
     """The request was decided without this node's reply (it is read in the background)."""
 
 
-NOT_AWAITED = NotAwaited("not awaited: the request was decided without this reply")
+NOT_AWAITED = NotAwaited("the request was decided without this reply (read in the background)")
+#: A final release or an extend whose connection was still opening when its request
+#: ended: it is sent once the connection is open (docs/design.md §2.4), so the node is
+#: not counted as failed.
+SENT_LATE = NotAwaited("sent once its connection is open (the request did not wait for it)")
 
 
 Request = Broadcast | Sleep | Invoke

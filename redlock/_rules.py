@@ -275,8 +275,8 @@ def is_permanent_error(exc: BaseException) -> bool:
             or _is_cluster_error(exc))
 
 
-def not_awaited(node: str) -> NodeResult:
-    return NodeResult(node, Outcome.NOT_AWAITED,
+def not_awaited(node: str, why: NotAwaited | None = None) -> NodeResult:
+    return NodeResult(node, Outcome.NOT_AWAITED, str(why) if why is not None else
                       "the request was decided without this reply (read in the background)")
 
 
@@ -323,7 +323,7 @@ def classify_ack_reply(node: str, reply: object, *, refused: str) -> NodeResult:
     our key is not there. Only a 0 the node sent is a refusal: anything else (no reply
     read, an error, a reply of another shape) is an error and says nothing about our key."""
     if isinstance(reply, NotAwaited):
-        return not_awaited(node)
+        return not_awaited(node, reply)
     if reply is PENDING:
         return unread(node)
     if isinstance(reply, BaseException):

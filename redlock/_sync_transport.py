@@ -32,6 +32,7 @@ from redlock._state import RoundTrips
 from redlock._transport import (
     NOT_AWAITED,
     PENDING,
+    SENT_LATE,
     STRAGGLER_GRACE_MIN,
     Late,
     LateConnections,
@@ -116,6 +117,8 @@ class _Connect:
 # back, until its deadline: it never fails at once, so a burst of threads on healthy
 # nodes (64 threads' first requests, or after a restart) is served.
 _CONNECTS_PER_NODE = 16
+# Final releases queued per node for its next free connection, at most.
+_QUEUED_PER_NODE = 1024
 # At the deadline, how long reading a reply that is already in its socket may take.
 _LAST_READ = 0.001
 
@@ -136,6 +139,9 @@ class SyncTransport:
         self._late: LateConnections[Any] = LateConnections(len(self.pools))
         self._connects = [0] * len(self.pools)  # opening now, per node
         self._opening: set[threading.Thread] = set()  # their threads (close() joins them)
+        # Per node, final releases whose request ended before any connection was free:
+        # sent on the next connection to that node that is given back (bounded).
+        self._queued: list[list[Call]] = [[] for _ in self.pools]
         self._mutex = threading.Lock()
         self._drainer: threading.Thread | None = None
         self._closed = False
@@ -173,11 +179,13 @@ class SyncTransport:
             decided = request.enough is not None and request.enough(replies)
             for group, attempt in connecting:  # still connecting: it joins the pool later
                 if attempt is None:
-                    fill_pending(group.indexes, replies, redis.TimeoutError(
-                        f"no connection: {_CONNECTS_PER_NODE} were still opening"))
+                    queued = self._queue_late(group.node, group.calls)
+                    fill_pending(group.indexes, replies, SENT_LATE if queued else
+                                 redis.TimeoutError(
+                                     f"no connection: {_CONNECTS_PER_NODE} were still opening"))
                     continue
-                self._abandon(attempt, group.calls)
-                fill_pending(group.indexes, replies, redis.TimeoutError(
+                late = self._abandon(attempt, group.calls)
+                fill_pending(group.indexes, replies, SENT_LATE if late else redis.TimeoutError(
                     f"still connecting (connect_timeout {self.connect_timeout:g} s)"))
             for group in sent:
                 if not group.done:  # decided without it, timed out or interrupted
@@ -303,7 +311,7 @@ class SyncTransport:
             self._discard(group.node, conn)
             return
         group.done = True
-        self.pools[group.node].release(conn)
+        self._give_back(group.node, conn)
 
     @staticmethod
     def _read_one(conn: Any, deadline: float) -> object:
@@ -366,31 +374,63 @@ class SyncTransport:
         thread.start()
         return attempt
 
-    def _abandon(self, attempt: _Connect, calls: list[Call] | None = None) -> None:
+    def _abandon(self, attempt: _Connect, calls: list[Call] | None = None) -> bool:
         """The request gives up on the connection: to the pool now, or when ready (with
-        ``calls``' releases sent on it first)."""
+        ``calls`` sent on it first if they are all final releases: True)."""
         with attempt.mutex:
             attempt.abandoned = True
-            late = [call for call in calls or () if call.script is scripts.RELEASE]
-            attempt.late = late if all(map(late_sendable, late)) else []
+            late = list(calls or ())
+            attempt.late = late if late and all(
+                call.script is scripts.RELEASE and late_sendable(call) for call in late) else []
             ready = attempt.ready.is_set()
         if ready and attempt.conn is not None:
             self._hand_back(attempt)
+        return bool(attempt.late)
 
     def _hand_back(self, attempt: _Connect) -> None:
         """A connection its request gave up on: its late releases go out on it (read by
         the drainer, which then gives it back), else it joins the pool at once."""
         conn, node = attempt.conn, attempt.node
         if not attempt.late or self._closed:
-            self.pools[node].release(conn)
+            self._give_back(node, conn)
             return
+        self._send_late(node, conn, attempt.late)
+
+    def _give_back(self, node: int, conn: Any) -> None:
+        """A connection back to its pool (first carrying the node's queued releases, if
+        any); once the manager is closed, closed instead (a request that was under way
+        when close() ran must not leave it open)."""
+        if self._queued[node] and not self._closed:
+            with self._mutex:
+                calls, self._queued[node] = self._queued[node], []
+            if calls:
+                self._send_late(node, conn, calls)
+                return
+        self.pools[node].release(conn)
+        if self._closed:
+            self._discard(node, conn)
+
+    def _queue_late(self, node: int, calls: list[Call]) -> bool:
+        """Queue final releases for the node's next free connection (True), when every
+        call is one (see redlock._transport.late_sendable)."""
+        if not all(call.script is scripts.RELEASE and late_sendable(call) for call in calls):
+            return False
+        with self._mutex:
+            queue = self._queued[node]
+            queue.extend(calls)
+            del queue[:-_QUEUED_PER_NODE]  # the oldest go first: their keys expire by TTL
+        return True
+
+    def _send_late(self, node: int, conn: Any, calls: list[Call]) -> None:
+        """Send calls nobody waits for on ``conn``: the drainer reads the replies, then
+        gives the connection back."""
         try:
             conn.send_packed_command(conn.pack_commands(
-                [render(call, evalsha=False) for call in attempt.late]), check_health=False)
+                [render(call, evalsha=False) for call in calls]), check_health=False)
         except Exception:
             self._discard(node, conn)
             return
-        self._keep_conn_late(node, conn, attempt.late, len(attempt.late))
+        self._keep_conn_late(node, conn, calls, len(calls))
 
     def _discard(self, node: int, conn: Any) -> None:
         with contextlib.suppress(Exception):
@@ -471,7 +511,7 @@ class SyncTransport:
             late.closed = True
         self._late.remove(late)
         if late.outstanding == 0:
-            self.pools[late.node].release(late.conn)
+            self._give_back(late.node, late.conn)
         else:
             self._discard(late.node, late.conn)
 

@@ -23,9 +23,9 @@ from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
 from redlock import _scripts as scripts
-from redlock._protocol import NOT_AWAITED, PENDING, Call, NotAwaited
+from redlock._protocol import NOT_AWAITED, PENDING, SENT_LATE, Call, NotAwaited
 
-__all__ = ["NOT_AWAITED", "PENDING", "STRAGGLER_GRACE_MIN", "Late", "LateConnections",
+__all__ = ["NOT_AWAITED", "PENDING", "SENT_LATE", "STRAGGLER_GRACE_MIN", "Late", "LateConnections",
            "NotAwaited", "fill_pending", "late_sendable", "pack", "render"]
 
 Conn = TypeVar("Conn")
