@@ -117,6 +117,8 @@ class _Connect:
 # back, until its deadline: it never fails at once, so a burst of threads on healthy
 # nodes (64 threads' first requests, or after a restart) is served.
 _CONNECTS_PER_NODE = 16
+# A request under way notices close() within this (it ends, and close() waits for it).
+_CLOSE_NOTICED = 0.05
 # Final releases queued per node for its next free connection, at most.
 _QUEUED_PER_NODE = 1024
 # At the deadline, how long reading a reply that is already in its socket may take.
@@ -145,6 +147,8 @@ class SyncTransport:
         self._mutex = threading.Lock()
         self._drainer: threading.Thread | None = None
         self._closed = False
+        self._active = 0  # requests under way (close() waits for them to end)
+        self._idle_now = threading.Condition(self._mutex)
         # The call sent first on every new connection, and who is told the replies
         # (node -> reply) before the request's replies are returned (set by the manager).
         self.identify: Callable[[int], Call] | None = None
@@ -156,8 +160,19 @@ class SyncTransport:
     def broadcast(self, request: Broadcast) -> list[object]:
         """Every call's reply or exception (NOT_AWAITED for those the request was
         decided without). Calls for one node share one connection and one write."""
-        if self._closed:  # a background protocol (maintenance) racing the manager's close
-            return [redis.ConnectionError("the manager is closed")] * len(request.calls)
+        with self._mutex:
+            if self._closed:  # a thread or background protocol racing the manager's close
+                return [redis.ConnectionError("the manager is closed")] * len(request.calls)
+            self._active += 1  # close() waits for the requests under way
+        try:
+            return self._broadcast(request)
+        finally:
+            with self._mutex:
+                self._active -= 1
+                if not self._active:
+                    self._idle_now.notify_all()
+
+    def _broadcast(self, request: Broadcast) -> list[object]:
         if self._late.any():
             self._trail_releases(request)
         deadline = time.monotonic() + request.timeout
@@ -225,8 +240,8 @@ class SyncTransport:
                 else:
                     self._send(group, conn, replies, sent)
             waiting = [g for g in sent if not g.done]
-            if not waiting and not connecting:
-                return
+            if (not waiting and not connecting) or self._closed:
+                return  # (closed: close() waits for this request; what is unread is lost)
             left = deadline - time.monotonic()
             if left <= 0:
                 # A reply already in a socket came in time, even if this thread (many
@@ -237,7 +252,7 @@ class SyncTransport:
             ready = [g for g in waiting if _readable(g.conn)]
             if not ready and waiting:
                 # Wake for a reply, or every few ms while a connection is still opening.
-                wait = min(left, 0.002) if connecting else left
+                wait = min(left, 0.002 if connecting else _CLOSE_NOTICED)
                 try:
                     readable, _, _ = select.select([g.conn._sock for g in waiting], [], [],
                                                    wait)
@@ -346,10 +361,6 @@ class SyncTransport:
     def _connect(self, node: int) -> _Connect | None:
         """A connection to ``node`` opening in the background for one request (None when
         too many are opening already: the node is slow to accept or to handshake)."""
-        with self._mutex:
-            if self._connects[node] >= _CONNECTS_PER_NODE:
-                return None
-            self._connects[node] += 1
         attempt = _Connect(node)
 
         def run() -> None:
@@ -370,6 +381,9 @@ class SyncTransport:
 
         thread = threading.Thread(target=run, name="redlock-connect", daemon=True)
         with self._mutex:
+            if self._closed or self._connects[node] >= _CONNECTS_PER_NODE:
+                return None  # (closed: close() has collected the threads it waits for)
+            self._connects[node] += 1
             self._opening.add(thread)
         thread.start()
         return attempt
@@ -444,7 +458,7 @@ class SyncTransport:
         self._keep_conn_late(group.node, group.conn, group.calls, unread)
 
     def _keep_conn_late(self, node: int, conn: Any, calls: list[Call], unread: int) -> None:
-        if getattr(conn, "_sock", None) is None:
+        if getattr(conn, "_sock", None) is None or self._closed:
             self._discard(node, conn)
             return
         evicted = self._late.add(Late(conn, node, calls, unread,
@@ -453,8 +467,9 @@ class SyncTransport:
             self._discard(evicted.node, evicted.conn)
         with self._mutex:
             drainer = self._drainer
-            if drainer is not None and (drainer.ident is None or drainer.is_alive()):
-                return  # running, or about to start
+            if self._closed or (drainer is not None and (drainer.ident is None
+                                                         or drainer.is_alive())):
+                return  # running, or about to start (closed: close() drains what is left)
             drainer = self._drainer = threading.Thread(target=self._drain,
                                                        name="redlock-drain", daemon=True)
         # Started outside the lock: starting a thread waits for it, and no lock of ours is
@@ -518,8 +533,11 @@ class SyncTransport:
     def close(self) -> None:
         """Close every connection; the drainer and the threads still opening connections
         end before this returns (each within its budget: a close leaves no thread)."""
-        self._closed = True
-        with self._mutex:
+        with self._mutex:  # against _connect and _keep_conn_late starting threads
+            self._closed = True
+            # Requests under way notice within _CLOSE_NOTICED and end: their sockets
+            # must be closed below, not after this returns.
+            self._idle_now.wait_for(lambda: not self._active, timeout=2 * self.connect_timeout)
             threads = [self._drainer, *self._opening]
         for thread in threads:
             if thread is not None and thread is not threading.current_thread():
