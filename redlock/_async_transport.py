@@ -27,6 +27,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from redlock import _scripts as scripts
 from redlock._node_config import build_pool, check_node_list, node_labels, pool_overrides
 from redlock._protocol import Broadcast, Call
 from redlock._state import RoundTrips
@@ -116,6 +117,12 @@ class _Exchange:
         """Its request is over and not all of its calls may be sent late (see
         redlock._transport.late_sendable): nothing will be sent."""
         return self.over and not all(late_sendable(call) for call in self.calls)
+
+    def releases_late(self) -> bool:
+        """Final releases still waiting for a connection when their request ended: they
+        go out once it is open (an extend that did not get through in time failed)."""
+        return self.conn is None and not self.needless() and all(
+            call.script is scripts.RELEASE for call in self.calls)
 
     def copy_into(self, replies: list[object]) -> None:
         """The replies read so far into the request's replies (what is still unread stays
@@ -298,7 +305,7 @@ class AsyncTransport:
                 if exchange.conn is None:
                     self._slots[exchange.node].wake_over()
                 fill_pending(exchange.indexes, replies, NOT_AWAITED if decided else
-                             SENT_LATE if exchange.conn is None and not exchange.needless()
+                             SENT_LATE if exchange.releases_late()
                              else RedisTimeoutError(
                                  f"no reply within {request.timeout * 1000:.0f} ms"))
         return replies

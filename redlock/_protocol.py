@@ -126,7 +126,7 @@ class NotAwaited(Exception):
 
 
 NOT_AWAITED = NotAwaited("the request was decided without this reply (read in the background)")
-#: A final release or an extend whose connection was still opening when its request
+#: A final release whose connection was still opening (or not free) when its request
 #: ended: it is sent once the connection is open (docs/design.md §2.4), so the node is
 #: not counted as failed.
 SENT_LATE = NotAwaited("sent once its connection is open (the request did not wait for it)")
