@@ -210,6 +210,7 @@ def check_fork_run(mode: str, tmp_path: Path) -> None:
     busy = [(t["ok"], t["errors"]) for t in report["busy"]]
     summary = (f"{mode}: children ran {took:.1f} s; parent's busy threads (ok, errors) {busy}; "
                f"hand-offs (ms) {sorted(round(g * 1000) for g in gaps)}")
+    print(summary)  # the figures (RELIABILITY.md, real applications): pytest -rP shows them
     assert not problems, summary + "\n" + "\n".join(problems) + "\napp stderr (tail):\n" \
         + stderr[-2000:]
 
