@@ -102,6 +102,33 @@ def _pttl_checks(probe: redis.Redis, keys: list[str]
     return problems, seen
 
 
+def _after_close_problems(survivors: list[str], sockets: list[tuple[str, str]],
+                         monitor: Monitor, closed_at: float, own: set[str],
+                         pttl_problems: list[str], reports: list[HolderReport],
+                         hung: list[str], workers: str) -> list[str]:
+    """What both clients' close() tests check once close() has returned."""
+    problems = []
+    if survivors:
+        problems.append(f"threads alive after close() returned: {survivors}")
+    if sockets:
+        problems.append(f"{len(sockets)} connections to the nodes still open after close() "
+                        f"returned (local, node): {sockets[:6]}")
+    late = _after_close(monitor, closed_at, own)
+    if late:
+        shown = [" ".join(c.args[:4]) for c in late[:5]]
+        problems.append(f"{len(late)} command(s) reached node 0 after close() returned "
+                        f"(first: {shown})")
+    problems += pttl_problems
+    believed = [f"{r.name}: check()={r.check}, locked()={r.believed_held}" for r in reports
+                if r.check == "ok" or r.believed_held]
+    if believed:
+        problems.append(f"{len(believed)} of {HOLDERS} holders still believe they hold their "
+                        f"auto-extended lock after close(): {believed}")
+    if hung:
+        problems.append(f"worker {workers} still running 15 s after close(): {hung}")
+    return problems
+
+
 def test_sync_close_while_threads_hold_and_churn() -> None:
     """Four threads each hold an auto-extended lock (ttl 3 s) and keep acquiring and
     releasing two contended resources; the main thread calls ``dlm.close()``. Proves
@@ -172,26 +199,9 @@ def test_sync_close_while_threads_hold_and_churn() -> None:
                 thread.join(15.0)
         hung = [t.name for t in threads if t.is_alive()]
 
-    close_took = closed_at - started
-    if survivors:
-        problems.append(f"threads alive after close() returned: {survivors}")
-    if sockets:
-        problems.append(f"{len(sockets)} connections to the nodes still open after close() "
-                        f"returned (local, node): {sockets[:6]}")
-    late = _after_close(monitor, closed_at, own)
-    if late:
-        shown = [" ".join(c.args[:4]) for c in late[:5]]
-        problems.append(f"{len(late)} command(s) reached node 0 after close() returned "
-                        f"(first: {shown})")
-    problems += pttl_problems
-    believed = [f"{r.name}: check()={r.check}, locked()={r.believed_held}" for r in reports
-                if r.check == "ok" or r.believed_held]
-    if believed:
-        problems.append(f"{len(believed)} of {HOLDERS} holders still believe they hold their "
-                        f"auto-extended lock after close(): {believed}")
-    if hung:
-        problems.append(f"worker threads still running 15 s after close(): {hung}")
-    assert not problems, (f"close() took {close_took:.3f} s; PTTLs (ms, now and 1.3 s "
+    problems += _after_close_problems(survivors, sockets, monitor, closed_at, own,
+                                      pttl_problems, reports, hung, "threads")
+    assert not problems, (f"close() took {closed_at - started:.3f} s; PTTLs (ms, now and 1.3 s "
                           f"later): {pttls}\n" + "\n".join(problems))
 
 
@@ -278,26 +288,9 @@ async def test_async_close_while_tasks_hold_and_churn() -> None:
             await asyncio.gather(*pending, *leftover_tasks, return_exceptions=True)
         hung = sorted(t.get_name() for t in pending)
 
-    close_took = closed_at - started
     if leftover:
         problems.append(f"library tasks still running after close() returned: {leftover}")
-    if survivors:
-        problems.append(f"threads alive after close() returned: {survivors}")
-    if sockets:
-        problems.append(f"{len(sockets)} connections to the nodes still open after close() "
-                        f"returned (local, node): {sockets[:6]}")
-    late = _after_close(monitor, closed_at, own)
-    if late:
-        shown = [" ".join(c.args[:4]) for c in late[:5]]
-        problems.append(f"{len(late)} command(s) reached node 0 after close() returned "
-                        f"(first: {shown})")
-    problems += pttl_problems
-    believed = [f"{r.name}: check()={r.check}, locked()={r.believed_held}" for r in reports
-                if r.check == "ok" or r.believed_held]
-    if believed:
-        problems.append(f"{len(believed)} of {HOLDERS} holders still believe they hold their "
-                        f"auto-extended lock after close(): {believed}")
-    if hung:
-        problems.append(f"worker tasks still running 15 s after close(): {hung}")
-    assert not problems, (f"close() took {close_took:.3f} s; PTTLs (ms, now and 1.3 s "
+    problems += _after_close_problems(survivors, sockets, monitor, closed_at, own,
+                                      pttl_problems, reports, hung, "tasks")
+    assert not problems, (f"close() took {closed_at - started:.3f} s; PTTLs (ms, now and 1.3 s "
                           f"later): {pttls}\n" + "\n".join(problems))
