@@ -47,6 +47,9 @@ from redlock.errors import NodeResult, Outcome, describe
 
 logger = get_logger(__name__)
 
+# The least a holder's release waits for a quorum's answers (see _release_calls).
+_RELEASE_FLOOR = 0.25
+
 
 class RedlockCore:
     """Quorum acquire with fencing, release, extend and the watchdog, for N nodes."""
@@ -108,7 +111,8 @@ class RedlockCore:
         return tuple(Call(i, args, script, keys) for i in targets)
 
     def _release_calls(self, resources: Sequence[str], owner: str, ttl: float | None = None,
-                       *, leave: bool = True, nodes: Sequence[int] | None = None) -> Broadcast:
+                       *, leave: bool = True, nodes: Sequence[int] | None = None,
+                       patient: bool = False) -> Broadcast:
         """Compare-and-delete of each resource's key on every node (a set's calls to one
         node go out pipelined), and with ``leave`` the owner's entry in the waiting lines
         is dropped too. Decided once a quorum of the nodes asked answered (see
@@ -122,7 +126,14 @@ class RedlockCore:
             Call(i, args, scripts.RELEASE,
                  (keys.lock(r), keys.channel(r), keys.line(r), keys.line_deadlines(r)))
             for i in (range(self.n) if nodes is None else nodes) for r in resources)
-        return Broadcast(calls, self.timeout(ttl), enough=self._settled(calls))
+        timeout = self.timeout(ttl)
+        if patient:
+            # A holder's release is decided as soon as a quorum answered; the timeout
+            # only bounds it when fewer do. A client thread starved of the GIL (dozens
+            # of threads on two cores) or a busy event loop reads healthy nodes' answers
+            # late: give them that long before calling them unreachable.
+            timeout = max(timeout, min(self.settings.request_ceiling(ttl), _RELEASE_FLOOR))
+        return Broadcast(calls, timeout, enough=self._settled(calls))
 
     def _settled(self, calls: Sequence[Call], *,
                  acks: bool = False) -> Callable[[Sequence[object]], bool]:
@@ -362,7 +373,7 @@ class RedlockCore:
         The acquisition counts as released only once the release was sent: if the
         caller is interrupted (cancelled) meanwhile, it is sent again before the
         interruption propagates, as a cancelled acquire does."""
-        request = self._release_calls(state.resources, state.owner, state.ttl)
+        request = self._release_calls(state.resources, state.owner, state.ttl, patient=True)
         try:
             replies = yield request
         except GeneratorExit:

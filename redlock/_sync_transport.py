@@ -121,8 +121,10 @@ _CONNECTS_PER_NODE = 16
 _CLOSE_NOTICED = 0.05
 # Final releases queued per node for its next free connection, at most.
 _QUEUED_PER_NODE = 1024
-# At the deadline, how long reading a reply that is already in its socket may take.
-_LAST_READ = 0.001
+# At the deadline, how long reading the replies that are already arriving may take: a
+# thread starved of the GIL (the switch interval is 5 ms, and dozens of threads wait)
+# needs more than the read itself.
+_LAST_READ = 0.05
 
 
 class SyncTransport:
@@ -464,7 +466,7 @@ class SyncTransport:
         evicted = self._late.add(Late(conn, node, calls, unread,
                                       time.monotonic() + self.connect_timeout))
         if evicted is not None:
-            self._discard(evicted.node, evicted.conn)
+            self._dispose(evicted, give_back=False)
         with self._mutex:
             drainer = self._drainer
             if self._closed or (drainer is not None and (drainer.ident is None
@@ -499,11 +501,9 @@ class SyncTransport:
                 continue
             now = time.monotonic()
             for late in [e for e in entries if e.deadline <= now or e.conn._sock is None]:
-                with late.mutex:
-                    late.closed = True
-                self._late.remove(late)  # past its deadline (a hung node), or broken
-                self._discard(late.node, late.conn)
-            live = [e for e in entries if e.deadline > now and e.conn._sock is not None]
+                self._dispose(late, give_back=False)  # past its deadline (hung), or broken
+            live = [e for e in entries if not e.closed and e.deadline > now
+                    and e.conn._sock is not None]
             if not live:
                 continue
             with contextlib.suppress(Exception):
@@ -513,6 +513,8 @@ class SyncTransport:
 
     def _drain_one(self, late: Late[Any]) -> None:
         with late.mutex:
+            if late.closed:  # evicted, or past its deadline: no longer ours to read
+                return
             try:
                 while late.outstanding and late.conn.can_read(timeout=0):
                     late.conn.read_response(timeout=0.05, disconnect_on_error=False)
@@ -523,9 +525,21 @@ class SyncTransport:
                 late.outstanding = -1  # broken: close it
             if late.outstanding > 0:
                 return
+        self._dispose(late, give_back=late.outstanding == 0)
+
+    def _dispose(self, late: Late[Any], *, give_back: bool) -> None:
+        """Done with a late connection: back to the pool (everything read) or closed.
+        Whoever marks it closed, under its lock, disposes of it, exactly once: given
+        back twice, a connection could be handed to two requests at once, and one would
+        read the other's replies (seen: a release got an IDENTIFY reply, another the
+        reply of a handshake's CLIENT SETINFO), and the drainer must never read from a
+        connection the pool has given to another request since."""
+        with late.mutex:
+            if late.closed or (give_back and late.outstanding):
+                return  # disposed of already; or a release was written behind meanwhile
             late.closed = True
         self._late.remove(late)
-        if late.outstanding == 0:
+        if give_back:
             self._give_back(late.node, late.conn)
         else:
             self._discard(late.node, late.conn)
