@@ -393,7 +393,7 @@ class RedlockCore:
             logger.debug("redlock.released", resource=state.resource, token=state.token)
         return tuple(outcomes)
 
-    def extend_many(self, items: Sequence[tuple[LockState, float]],
+    def extend_many(self, items: Sequence[tuple[LockState, float]], *, lane: str | None = None,
                     ) -> Protocol[list[tuple[NodeResult, ...] | None]]:
         """One extend round for several acquisitions (one request: each node gets its
         calls pipelined). Per acquisition: None on success, else the per-node outcomes.
@@ -417,8 +417,8 @@ class RedlockCore:
             validity_left = min(s.deadline for s, _ in live) - started
             timeout = min(max(self.timeout(max(t for _, t in live)), validity_left / 2),
                           validity_left)
-            replies = yield Broadcast(calls, timeout,
-                                      enough=self._settled(calls, acks=True))
+            replies = yield Broadcast(calls, timeout, enough=self._settled(calls, acks=True),
+                                      lane=lane)
             finished, offset = self.clock(), 0
             for state, ttl in live:
                 size = self.n * len(state.resources)

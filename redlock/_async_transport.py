@@ -102,10 +102,11 @@ def _readable_while_idle(conn: Any) -> bool:
 class _Exchange:
     """One node's calls of one request, and what came back."""
 
-    __slots__ = ("calls", "conn", "indexes", "node", "over", "results", "sent_at")
+    __slots__ = ("calls", "conn", "indexes", "lane", "node", "over", "results", "sent_at")
 
-    def __init__(self, node: int) -> None:
+    def __init__(self, node: int, lane: str | None = None) -> None:
         self.node = node
+        self.lane = lane  # its request's lane of connections (None: the shared ones)
         self.indexes: list[int] = []
         self.calls: list[Call] = []
         self.results: list[object] = []  # one per call (PENDING until read), see broadcast
@@ -227,6 +228,7 @@ class AsyncTransport:
         # pool's checkout and return cost more than the request's own I/O (they stay
         # "in use" for the pool, which closes them all on disconnect()).
         self._idle: list[list[Any]] = [[] for _ in self.pools]
+        self._lanes: dict[str, list[list[Any]]] = {}  # lane -> per node, its connections
         self._closed = False
         # The call sent first on every new connection, and who is told the replies
         # (node -> reply) as soon as they arrive (set by the manager).
@@ -243,7 +245,7 @@ class AsyncTransport:
         for index, call in enumerate(request.calls):
             exchange = exchanges.get(call.node)
             if exchange is None:
-                exchange = exchanges[call.node] = _Exchange(call.node)
+                exchange = exchanges[call.node] = _Exchange(call.node, request.lane)
             exchange.indexes.append(index)
             exchange.calls.append(call)
         if self._late.any():
@@ -332,7 +334,7 @@ class AsyncTransport:
             # still goes: its caller may have been cancelled (asyncio.timeout around
             # ``async with``) and nothing else would free the key before its TTL. The
             # connection is warm for the next request either way.
-            self._give_back(node, conn)
+            self._give_back(node, conn, exchange.lane)
             return
         if _readable_while_idle(conn):
             # A pooled connection the server closed while it sat idle (it restarted):
@@ -345,7 +347,7 @@ class AsyncTransport:
         except BaseException:
             await self._discard(node, conn)  # a late reply must never be read as the next
             raise                            # command's
-        self._give_back(node, conn)
+        self._give_back(node, conn, exchange.lane)
 
     async def _talk(self, exchange: _Exchange, conn: Any) -> None:
         """Send the node's calls on ``conn`` and read every reply."""
@@ -407,6 +409,13 @@ class AsyncTransport:
         """A connection to the exchange's node: the last one given back, or a new one (see
         _Slots); None for an acquire whose request ended while it waited."""
         node = exchange.node
+        if exchange.lane is not None:
+            # The lane's own connection; the first time, a shared one (served first among
+            # waiters: a lock holder's request), which then stays in the lane. Opening a
+            # new one instead took 300 ms on a busy event loop.
+            conn = await self._kept(node, exchange.lane)
+            if conn is not None:
+                return conn
         slots = self._slots[node]
         while True:
             conn = await self._kept(node)
@@ -429,13 +438,18 @@ class AsyncTransport:
                 if (exchange, future) in slots.waiting:
                     slots.waiting.remove((exchange, future))
 
-    def _give_back(self, node: int, conn: Any) -> None:
-        """A connection for the next request; an exchange waiting for one takes it."""
+    def _give_back(self, node: int, conn: Any, lane: str | None = None) -> None:
+        """A connection for the next request (of its lane); an exchange waiting for one
+        takes it."""
+        if lane is not None:
+            self._lanes.setdefault(lane, [[] for _ in self.pools])[node].append(conn)
+            return
         self._idle[node].append(conn)
         self._slots[node].wake_one()
 
-    async def _kept(self, node: int) -> Any:
-        idle = self._idle[node]
+    async def _kept(self, node: int, lane: str | None = None) -> Any:
+        idle = self._idle[node] if lane is None else self._lanes.setdefault(
+            lane, [[] for _ in self.pools])[node]
         while idle:
             conn = idle.pop()
             if conn.is_connected:
@@ -470,8 +484,9 @@ class AsyncTransport:
                 await task
         for late in self._late.drain():
             await self._discard(late.node, late.conn)
-        for node, idle in enumerate(self._idle):
-            while idle:
-                await self._discard(node, idle.pop())
+        for stacks in (self._idle, *self._lanes.values()):
+            for node, idle in enumerate(stacks):
+                while idle:
+                    await self._discard(node, idle.pop())
         for pool in self.pools:
             await pool.disconnect()

@@ -74,6 +74,11 @@ class Broadcast:
     timeout: float
     line: str | None = None
     turns: bool = True
+    # A lane of connections of its own (one per node, kept between requests): the
+    # renewal loop's, so that a renewal never waits for a connection behind a burst of
+    # other requests (on a busy event loop it waited 80-170 ms for one, and a lock with
+    # a 1 s TTL was lost). None: the shared connections.
+    lane: str | None = None
     # True once the replies so far decide the request (unread ones are PENDING): the
     # transport returns at once, NOT_AWAITED standing for the rest (read later, off the
     # hot path). None: wait for every reply, or the timeout.

@@ -29,6 +29,8 @@ from redlock.errors import NodeResult
 
 logger = get_logger(__name__)
 
+# The renewal loop's own connections (redlock._protocol.Broadcast.lane).
+RENEWALS_LANE = "renewals"
 # Renewals due within this many seconds of the first one go out with it (early is fine).
 _BATCH_WINDOW = 0.01
 
@@ -180,7 +182,8 @@ class Renewals:
         if not live:
             return
         started_ns = time.time_ns()
-        failures = yield from self._core.extend_many([(r.state, r.state.ttl) for r in live])
+        failures = yield from self._core.extend_many([(r.state, r.state.ttl) for r in live],
+                                                     lane=RENEWALS_LANE)
         now = self._core.clock()
         for renewal, failure in zip(live, failures, strict=True):
             if failure is None:

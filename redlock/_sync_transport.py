@@ -45,11 +45,12 @@ from redlock._transport import (
 class _Group:
     """The calls of one request for one node, sent on one connection (pipelined)."""
 
-    __slots__ = ("calls", "conn", "done", "identity", "indexes", "node", "probed", "resent",
-                 "sampled", "sent_at", "unknown")
+    __slots__ = ("calls", "conn", "done", "identity", "indexes", "lane", "node", "probed",
+                 "resent", "sampled", "sent_at", "unknown")
 
-    def __init__(self, node: int) -> None:
+    def __init__(self, node: int, lane: str | None = None) -> None:
         self.node = node
+        self.lane = lane  # its request's lane of connections (None: the shared ones)
         self.indexes: list[int] = []
         self.calls: list[Call] = []
         self.conn: Any = None
@@ -67,7 +68,7 @@ def _groups(request: Broadcast) -> list[_Group]:
     for index, call in enumerate(request.calls):
         group = by_node.get(call.node)
         if group is None:
-            group = by_node[call.node] = _Group(call.node)
+            group = by_node[call.node] = _Group(call.node, request.lane)
         group.indexes.append(index)
         group.calls.append(call)
     return list(by_node.values())
@@ -146,6 +147,9 @@ class SyncTransport:
         # Per node, final releases whose request ended before any connection was free:
         # sent on the next connection to that node that is given back (bounded).
         self._queued: list[list[Call]] = [[] for _ in self.pools]
+        # Lanes (redlock._protocol.Broadcast.lane): per lane and node, its connections,
+        # checked out of the pool and kept aside.
+        self._lanes: dict[str, list[list[Any]]] = {}
         self._mutex = threading.Lock()
         self._drainer: threading.Thread | None = None
         self._closed = False
@@ -186,11 +190,12 @@ class SyncTransport:
         connecting: list[tuple[_Group, _Connect | None]] = []
         try:
             for group in groups:  # scatter: nodes with an open connection at once
-                conn = self._idle_connection(group.node)
+                conn = self._idle_connection(group.node, group.lane)
                 if conn is not None:
                     self._send(group, conn, replies, sent)
                 else:
-                    connecting.append((group, self._connect(group.node)))
+                    connecting.append((group, self._connect(group.node,
+                                                            anyway=group.lane is not None)))
             self._gather(request, replies, sent, connecting, deadline)
         finally:
             decided = request.enough is not None and request.enough(replies)
@@ -328,7 +333,7 @@ class SyncTransport:
             self._discard(group.node, conn)
             return
         group.done = True
-        self._give_back(group.node, conn)
+        self._give_back(group.node, conn, group.lane)
 
     @staticmethod
     def _read_one(conn: Any, deadline: float) -> object:
@@ -350,8 +355,16 @@ class SyncTransport:
             return False
         return getattr(newest, "_sock", None) is not None
 
-    def _idle_connection(self, node: int) -> Any:
-        """An open connection from the pool, without connecting (None if there is none)."""
+    def _idle_connection(self, node: int, lane: str | None = None) -> Any:
+        """An open connection from the pool (or the lane), without connecting (None if
+        there is none)."""
+        if lane is not None:  # the lane's own; the first time, one from the pool
+            with self._mutex:
+                kept = self._lanes.setdefault(lane, [[] for _ in self.pools])[node]
+                while kept:
+                    conn = kept.pop()
+                    if getattr(conn, "_sock", None) is not None:
+                        return conn
         pool = self.pools[node]
         if not self._has_idle(pool):
             return None
@@ -360,9 +373,10 @@ class SyncTransport:
         except Exception:
             return None
 
-    def _connect(self, node: int) -> _Connect | None:
+    def _connect(self, node: int, *, anyway: bool = False) -> _Connect | None:
         """A connection to ``node`` opening in the background for one request (None when
-        too many are opening already: the node is slow to accept or to handshake)."""
+        too many are opening already: the node is slow to accept or to handshake;
+        ``anyway``: a lane's, which does not wait for a slot)."""
         attempt = _Connect(node)
 
         def run() -> None:
@@ -383,7 +397,7 @@ class SyncTransport:
 
         thread = threading.Thread(target=run, name="redlock-connect", daemon=True)
         with self._mutex:
-            if self._closed or self._connects[node] >= _CONNECTS_PER_NODE:
+            if self._closed or (self._connects[node] >= _CONNECTS_PER_NODE and not anyway):
                 return None  # (closed: close() has collected the threads it waits for)
             self._connects[node] += 1
             self._opening.add(thread)
@@ -412,10 +426,14 @@ class SyncTransport:
             return
         self._send_late(node, conn, attempt.late)
 
-    def _give_back(self, node: int, conn: Any) -> None:
+    def _give_back(self, node: int, conn: Any, lane: str | None = None) -> None:
         """A connection back to its pool (first carrying the node's queued releases, if
-        any); once the manager is closed, closed instead (a request that was under way
-        when close() ran must not leave it open)."""
+        any), or to its lane; once the manager is closed, closed instead (a request that
+        was under way when close() ran must not leave it open)."""
+        if lane is not None and not self._closed:
+            with self._mutex:
+                self._lanes.setdefault(lane, [[] for _ in self.pools])[node].append(conn)
+            return
         if self._queued[node] and not self._closed:
             with self._mutex:
                 calls, self._queued[node] = self._queued[node], []
