@@ -1,7 +1,7 @@
 """The asyncio client: :class:`AsyncRedlock` and its :class:`AsyncLock` handles.
 
 Same algorithm, same surface as :mod:`redlock.client` (a test keeps them equal): a
-thin shell over :mod:`redlock._manager` and :mod:`redlock._handle` that adds the
+thin shell over :mod:`redlock._client.manager` and :mod:`redlock._client.handles` that adds the
 asyncio transport (a request's calls run concurrently), the driver, and how a task
 waits. Cancelling an acquire releases whatever it may have set.
 """
@@ -17,14 +17,13 @@ from collections.abc import Callable, Hashable, Iterable, Mapping
 from types import TracebackType
 from typing import Any, TypeVar, cast
 
-from redlock._async_listener import AsyncReleaseListener
-from redlock._async_transport import AsyncTransport, wait_event
-from redlock._handle import HandleBase, LockBase, MultiLockBase
-from redlock._handover import Handover
-from redlock._inspect import LockStatus, ReleaseReport
-from redlock._lines import Ticket
-from redlock._manager import ManagerBase
-from redlock._protocol import (
+from redlock._client.handles import HandleBase, LockBase, MultiLockBase
+from redlock._client.lines import Ticket
+from redlock._client.manager import ManagerBase
+from redlock._core.amnesia.repair import RepairReport
+from redlock._core.handover import Handover
+from redlock._core.inspect import LockStatus, ReleaseReport
+from redlock._core.requests import (
     NO_REPLY,
     Broadcast,
     Protocol,
@@ -34,7 +33,8 @@ from redlock._protocol import (
     T,
     drive_async,
 )
-from redlock._repair import RepairReport
+from redlock._io.async_listener import AsyncReleaseListener
+from redlock._io.async_transport import AsyncTransport, wait_event
 
 _H = TypeVar("_H", bound="_AsyncHandle")
 

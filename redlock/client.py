@@ -1,6 +1,6 @@
 """The synchronous client: :class:`Redlock` and its :class:`Lock` handles.
 
-A thin shell over :mod:`redlock._manager` and :mod:`redlock._handle` (everything
+A thin shell over :mod:`redlock._client.manager` and :mod:`redlock._client.handles` (everything
 shared with the asyncio client): it adds the sync transport (scatter/gather on one
 thread), the driver, and how a thread waits (events, the local line's turn lock,
 background threads for the renewal loop and on_lost).
@@ -15,15 +15,15 @@ from collections.abc import Callable, Hashable, Iterable, Mapping
 from types import TracebackType
 from typing import Any, TypeVar, cast
 
-from redlock._handle import HandleBase, LockBase, MultiLockBase
-from redlock._handover import Handover
-from redlock._inspect import LockStatus, ReleaseReport
-from redlock._lines import Ticket
-from redlock._manager import ManagerBase
-from redlock._protocol import NO_REPLY, Broadcast, Protocol, Replies, Request, Sleep, T, drive
-from redlock._repair import RepairReport
-from redlock._sync_listener import SyncReleaseListener
-from redlock._sync_transport import SyncTransport
+from redlock._client.handles import HandleBase, LockBase, MultiLockBase
+from redlock._client.lines import Ticket
+from redlock._client.manager import ManagerBase
+from redlock._core.amnesia.repair import RepairReport
+from redlock._core.handover import Handover
+from redlock._core.inspect import LockStatus, ReleaseReport
+from redlock._core.requests import NO_REPLY, Broadcast, Protocol, Replies, Request, Sleep, T, drive
+from redlock._io.sync_listener import SyncReleaseListener
+from redlock._io.sync_transport import SyncTransport
 
 _H = TypeVar("_H", bound="_SyncHandle")
 

@@ -9,19 +9,14 @@ from __future__ import annotations
 from collections.abc import Generator, Sequence
 from typing import Any
 
-from redlock import _cli_render as cli_render
-from redlock import _node_scripts as node_scripts
-from redlock import _scripts as scripts
-from redlock._algorithm import RedlockCore
-from redlock._events import SENTENCES, render
-from redlock._log import RESERVED_FIELDS, EventLogger, event_fields
-from redlock._outages import NodeOutages
-from redlock._protocol import PENDING, Broadcast, Call, Invoke, Sleep, drive
-from redlock._renewals import Renewals
-from redlock._repair import RepairReport
-from redlock._repair import read_counters as _read_counters
-from redlock._repair import repair_node as _repair_node
-from redlock._rules import (
+from redlock._client.telemetry import RECHECK_S, Telemetry, observe
+from redlock._core.algorithm import RedlockCore
+from redlock._core.amnesia.repair import RepairReport
+from redlock._core.amnesia.repair import read_counters as _read_counters
+from redlock._core.amnesia.repair import repair_node as _repair_node
+from redlock._core.renewals import Renewals
+from redlock._core.requests import PENDING, Broadcast, Call, Invoke, Sleep, drive
+from redlock._core.rules import (
     TOKEN_LIMIT,
     Keys,
     Settings,
@@ -37,10 +32,15 @@ from redlock._rules import (
     validate_timeout,
     validity_left,
 )
-from redlock._state import LockState, Status
-from redlock._telemetry import RECHECK_S, Telemetry, observe
-from redlock._waiting import LINE_POLL_MAX
-from redlock._wakeups import WakeRegistry
+from redlock._core.state import LockState, Status
+from redlock._core.waiting import LINE_POLL_MAX
+from redlock._io.wakeups import WakeRegistry
+from redlock._observe.events import SENTENCES, render
+from redlock._observe.log import RESERVED_FIELDS, EventLogger, event_fields
+from redlock._observe.outages import NodeOutages
+from redlock._scripts import lock as scripts
+from redlock._scripts import node as node_scripts
+from redlock.cli import render as cli_render
 
 __all__ = [
     "KEYS",

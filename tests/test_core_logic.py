@@ -1,4 +1,4 @@
-"""Pure unit tests of the sans-IO rules (:mod:`redlock._rules`, :mod:`redlock._state`):
+"""Pure unit tests of the sans-IO rules (:mod:`redlock._core.rules`, :mod:`redlock._core.state`):
 no servers, no sockets.
 
 Quorum, validity and drift, the token rule, reply classification, LockState with an

@@ -1,5 +1,5 @@
 """The waiting line in the acquire protocol (scripted nodes, tests/scripted.py) and the
-wake-up bookkeeping (redlock._wakeups) on their own: who gets a ticket, what a failed
+wake-up bookkeeping (redlock._io.wakeups) on their own: who gets a ticket, what a failed
 attempt releases, who leaves the line when, and whom a release message wakes."""
 
 from __future__ import annotations
@@ -173,7 +173,7 @@ def test_a_release_during_a_waiters_first_attempt_wakes_its_first_wait(
     was still out (naming it, or nobody) woke no one and must end that wait at once,
     not after the patient wait (found by the compose stack: 0.5 s per hand-off)."""
     now = [100.0]
-    monkeypatch.setattr("redlock._wakeups.time.monotonic", lambda: now[0])
+    monkeypatch.setattr("redlock._io.wakeups.time.monotonic", lambda: now[0])
     registry = WakeRegistry()
     call_started = now[0]
     now[0] += 0.01
@@ -219,7 +219,7 @@ def test_the_first_confirmed_subscription_wakes_every_waiter_to_look_again() -> 
 def test_wanted_channels_linger_after_the_last_wait_then_go(monkeypatch: pytest.MonkeyPatch,
                                                             ) -> None:
     now = [100.0]
-    monkeypatch.setattr("redlock._wakeups.time.monotonic", lambda: now[0])
+    monkeypatch.setattr("redlock._io.wakeups.time.monotonic", lambda: now[0])
     changes: list[int] = []
     registry = WakeRegistry(changed=lambda: changes.append(1))
     watch = registry.watch(["c", "d"], None, threading.Event())
