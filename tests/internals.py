@@ -9,13 +9,27 @@ from __future__ import annotations
 from collections.abc import Generator, Sequence
 from typing import Any
 
+from redlock._client.environment import real as real_environment
 from redlock._client.telemetry import RECHECK_S, Telemetry, observe
 from redlock._core.algorithm import RedlockCore
+from redlock._core.amnesia.episodes import open_episodes
+from redlock._core.amnesia.maintenance import maintenance
 from redlock._core.amnesia.repair import RepairReport
 from redlock._core.amnesia.repair import read_counters as _read_counters
 from redlock._core.amnesia.repair import repair_node as _repair_node
+from redlock._core.environment import Environment
 from redlock._core.renewals import Renewals
-from redlock._core.requests import PENDING, Broadcast, Call, Invoke, Sleep, drive
+from redlock._core.requests import (
+    PENDING,
+    Backoff,
+    Broadcast,
+    Call,
+    Invoke,
+    Pause,
+    PauseUntilWoken,
+    Wait,
+    drive,
+)
 from redlock._core.rules import (
     TOKEN_LIMIT,
     Keys,
@@ -50,20 +64,24 @@ __all__ = [
     "RESERVED_FIELDS",
     "SENTENCES",
     "TOKEN_LIMIT",
+    "Backoff",
     "Broadcast",
     "Call",
+    "Environment",
     "EventLogger",
     "Invoke",
     "Keys",
     "LockState",
     "NodeOutages",
+    "Pause",
+    "PauseUntilWoken",
     "RedlockCore",
     "Renewals",
     "RepairReport",
     "Settings",
-    "Sleep",
     "Status",
     "Telemetry",
+    "Wait",
     "WakeRegistry",
     "choose_token",
     "classify_ack_reply",
@@ -74,10 +92,13 @@ __all__ = [
     "event_fields",
     "is_permanent_error",
     "lines_idle",
+    "maintenance",
     "node_scripts",
     "observe",
+    "open_episodes",
     "quorum",
     "read_counters",
+    "real_environment",
     "render",
     "repair_node",
     "scripts",
@@ -95,7 +116,7 @@ KEYS = Keys("redlock")  # the key names of the default namespace
 def lines_idle(manager: Any) -> bool:
     """True when no thread or task of ``manager`` waits in, or holds a turn of, a local
     line (Redlock and AsyncRedlock keep them in a private attribute)."""
-    return bool(manager._lines.idle())
+    return bool(manager._room.lines.idle())
 
 
 async def drop_idle_connections(manager: Any) -> None:

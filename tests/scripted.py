@@ -3,7 +3,7 @@
 A protocol (a generator on RedlockCore) yields requests; :class:`ScriptedNodes` plays
 N nodes at the protocol level, each a dict of keys with the Lua scripts' semantics
 (the scripts themselves run on real nodes in the behaviour tests), and answers them.
-A :class:`FakeClock` moves only when the test, a Sleep or a round trip moves it; each
+A :class:`FakeClock` moves only when the test, a wait or a round trip moves it; each
 node's clock (Redis TIME, in ms) is derived from it, optionally skewed per node.
 
 Each node has a server run id, changed by :meth:`ScriptedNodes.restart`; the scripts
@@ -24,10 +24,12 @@ from tests.internals import (
     Broadcast,
     Call,
     Invoke,
+    PauseUntilWoken,
     RedlockCore,
     Settings,
-    Sleep,
+    Wait,
     node_scripts,
+    real_environment,
     scripts,
 )
 
@@ -73,7 +75,7 @@ class ScriptedNodes:
     cluster a test finds after its first acquire); ``counters`` seed the fence counter of
     resource ``r``. ``down``: nodes that answer every call with a TimeoutError.
     ``intercept(call)``, if set, may answer a call itself (return anything but PASS): a
-    reply out of script. A Sleep advances the clock by its seconds (unless its ``until``
+    reply out of script. A wait advances the clock by its seconds (unless its ``wake``
     event is set: it returns at once), every broadcast by ``round_trip`` seconds; without
     a ``clock`` the nodes keep one of their own. ``ttl_ms[node][key]`` records the TTL
     last set on a key. ``resp3``: CONFIG GET answers a map, as on a RESP3 connection.
@@ -110,7 +112,7 @@ class ScriptedNodes:
         self.scan_page = scan_page
         self.resp3 = resp3
         self.intercept: Callable[[Call], object] | None = None
-        self.requests: list[Broadcast | Sleep] = []
+        self.requests: list[Broadcast | Wait] = []
         self.attached: RedlockCore | None = None  # see attach()
         self.new_connections: set[int] = set()
 
@@ -189,11 +191,11 @@ class ScriptedNodes:
 
     # -- playing the nodes ----------------------------------------------------------
 
-    def execute(self, request: Broadcast | Sleep | Invoke) -> list[object]:
+    def execute(self, request: Broadcast | Wait | Invoke) -> list[object]:
         assert not isinstance(request, Invoke), "no protocol here calls user code"
         self.requests.append(request)
-        if isinstance(request, Sleep):
-            if request.until is None or not request.until.is_set():
+        if isinstance(request, Wait):
+            if not (isinstance(request, PauseUntilWoken) and request.wake.is_set()):
                 self.clock.advance(request.seconds)
             return []
         identities: dict[int, object] = {}
@@ -442,7 +444,7 @@ class ScriptedNodes:
         return [r for r in self.requests if isinstance(r, Broadcast)]
 
     def sleeps(self) -> list[float]:
-        return [r.seconds for r in self.requests if isinstance(r, Sleep)]
+        return [r.seconds for r in self.requests if isinstance(r, Wait)]
 
     def scripts_sent(self) -> list[str]:
         return [r.calls[0].script.name for r in self.broadcasts()
@@ -476,6 +478,6 @@ def make_core(n: int, clock: FakeClock | None = None, **settings: object) -> Red
     """A core past its one-time node inspection (tested on its own), so each test sees
     only the protocol round trips it is about."""
     core = RedlockCore([f"n{i}:6379" for i in range(n)], Settings(**settings),  # type: ignore[arg-type]
-                       clock or FakeClock())
+                       real_environment(clock or FakeClock()))
     core.amnesia.health.inspected = True
     return core

@@ -9,6 +9,7 @@ repair) on scripted nodes: tests/test_core_protocols.py.
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Callable
 from itertools import combinations
 
@@ -30,6 +31,7 @@ from tests.internals import (
     classify_acquire_reply,
     is_permanent_error,
     quorum,
+    real_environment,
     scripts,
     validate_node_addresses,
     validate_resource,
@@ -255,7 +257,8 @@ def test_permanent_errors_are_credentials_and_permissions_only() -> None:
 
 
 def make_state(clock: FakeClock, ttl: float = 10.0) -> LockState:
-    return LockState("res", "owner", ttl, token=5, deadline=clock() + ttl, clock=clock)
+    return LockState("res", "owner", ttl, token=5, deadline=clock() + ttl, clock=clock,
+                     mutex=threading.Lock())
 
 
 def test_lock_state_validity_counts_down_on_the_injected_clock() -> None:
@@ -372,7 +375,7 @@ def test_settings_reject_bad_values(options: dict[str, object]) -> None:
 
 
 def test_ttl_must_exceed_the_drift_allowance_and_max_ttl() -> None:
-    core = RedlockCore(["a:1"], Settings(max_ttl=60.0))
+    core = RedlockCore(["a:1"], Settings(max_ttl=60.0), real_environment())
     settings = core.settings
     assert settings.check_ttl(1) == 1.0
     with pytest.raises(ValueError, match="drift"):

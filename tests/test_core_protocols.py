@@ -26,11 +26,14 @@ from tests.internals import (
     RedlockCore,
     Renewals,
     Settings,
-    Sleep,
     Status,
+    Wait,
     drive,
+    maintenance,
     node_scripts,
+    open_episodes,
     read_counters,
+    real_environment,
     repair_node,
     scripts,
 )
@@ -54,7 +57,8 @@ from tests.scripted import (
 def test_first_acquire_inspects_every_node_once_then_never_again() -> None:
     nodes = ScriptedNodes(3)
     nodes.replicas = {1}
-    core = RedlockCore([f"n{i}:6379" for i in range(3)], Settings(), FakeClock())
+    core = RedlockCore([f"n{i}:6379" for i in range(3)], Settings(),
+                       real_environment(FakeClock()))
     with capture_events() as events:
         for _ in range(2):
             result = drive(core.acquire("r", 10.0, blocking=False, timeout=None),
@@ -125,7 +129,7 @@ def test_acquire_protocol_never_returns_an_expired_lock() -> None:
     clock = FakeClock()
     nodes = ScriptedNodes(3)
 
-    def slow(request: Broadcast | Sleep | Invoke) -> list[object]:
+    def slow(request: Broadcast | Wait | Invoke) -> list[object]:
         clock.advance(10.0)  # the round trip ate the whole ttl
         return nodes.execute(request)
 
@@ -158,8 +162,8 @@ def test_acquire_protocol_blocking_backs_off_and_stops_at_the_deadline() -> None
     for db in nodes.data:
         db["redlock:{r}:lock"] = "holder"
 
-    def execute(request: Broadcast | Sleep | Invoke) -> list[object]:
-        if isinstance(request, Sleep):
+    def execute(request: Broadcast | Wait | Invoke) -> list[object]:
+        if isinstance(request, Wait):
             assert request.seconds > 0
             clock.advance(request.seconds)
         return nodes.execute(request)
@@ -169,7 +173,7 @@ def test_acquire_protocol_blocking_backs_off_and_stops_at_the_deadline() -> None
     assert result.state is None
     assert not result.unavailable  # contention, not an outage
     assert result.attempts > 1
-    sleeps = [r for r in nodes.requests if isinstance(r, Sleep)]
+    sleeps = [r for r in nodes.requests if isinstance(r, Wait)]
     assert sleeps and all(s.line == "redlock:{r}:released" for s in sleeps)
     # Between retry_delay_min and retry_delay_max, except the last one cut at the deadline.
     settings = Settings()
@@ -381,9 +385,9 @@ def run_renewals(core: RedlockCore, states: list[LockState], nodes: ScriptedNode
     for state, holder in zip(states, kept, strict=True):
         renewals.add(state, holder)
 
-    def execute(request: Broadcast | Sleep | Invoke) -> list[object]:
+    def execute(request: Broadcast | Wait | Invoke) -> list[object]:
         extends = nodes.scripts_sent().count("extend")
-        if isinstance(request, Sleep) and release_after is not None \
+        if isinstance(request, Wait) and release_after is not None \
                 and extends >= release_after:
             for state in states:
                 state.mark_released()
@@ -612,7 +616,7 @@ def test_a_missing_marker_is_looked_at_again_before_it_counts_as_amnesia() -> No
     assert result.state is not None and result.attempts == 2
     assert nodes.commands_sent() == ["acquire", "EXISTS", "release", "acquire"]
     sleep = nodes.requests[1]
-    assert isinstance(sleep, Sleep) and sleep.seconds == core.timeout()
+    assert isinstance(sleep, Wait) and sleep.seconds == core.timeout()
     assert [(c.node, c.args) for c in nodes.broadcasts()[1].calls] == [
         (2, ("EXISTS", MARKER))]  # only the missing one
     assert core.amnesia.health.benched() == set()
@@ -794,17 +798,17 @@ def maintain(core: RedlockCore, nodes: ScriptedNodes, *, sleeps: int | None = 1,
     news = threading.Event()  # the manager sets it on close, and when a node needs it
     asked = 0
 
-    def execute(request: Broadcast | Sleep | Invoke) -> list[object]:
+    def execute(request: Broadcast | Wait | Invoke) -> list[object]:
         nonlocal asked
-        if isinstance(request, Sleep):
-            assert request.until is news  # news or closing cut the wait short
+        if isinstance(request, Wait):
+            assert request.wake is news  # news or closing cut the wait short
             asked += 1
             if sleeps is not None and asked >= sleeps:
                 stop.set()
                 news.set()
         return nodes.execute(request)
 
-    assert drive(core.amnesia.maintenance(stop, news), execute) is None
+    assert drive(maintenance(core.amnesia, stop, news), execute) is None
     return stop
 
 
@@ -967,7 +971,7 @@ def test_an_episode_of_the_same_server_run_is_kept_one_from_another_run_begins_a
     health = core.amnesia.health
     health.lost_data(2)
     assert health.rejoins_in(2, clock()) is None  # not known before its episode is read
-    drive(core.amnesia.open_episodes([2]), nodes.execute)
+    drive(open_episodes(core.amnesia, [2]), nodes.execute)
     [call] = nodes.broadcasts()[0].calls
     assert (call.node, call.keys) == (2, (MARKER, EPISODE))
     assert nodes.data[2][EPISODE] == begun  # kept: the same server run
@@ -977,17 +981,17 @@ def test_an_episode_of_the_same_server_run_is_kept_one_from_another_run_begins_a
     clock.advance(20.0)
     nodes.restart(2, keep_data=True)
     health.episode_unknown(2)
-    drive(core.amnesia.open_episodes([2]), nodes.execute)
+    drive(open_episodes(core.amnesia, [2]), nodes.execute)
     assert nodes.episode(2) == (nodes.now_ms(2), nodes.run_id(2), "lost its node marker")
     assert health.rejoins_in(2, clock()) == 60.0
     # Unreachable: its rejoin time is kept until it answers.
     nodes.down = {2}
-    drive(core.amnesia.open_episodes([2]), nodes.execute)
+    drive(open_episodes(core.amnesia, [2]), nodes.execute)
     assert health.rejoins_in(2, clock()) == 60.0
     # Repaired meanwhile by another client: healthy, nothing written.
     nodes.down = set()
     nodes.data[2][MARKER] = nodes.stamp(2, "repaired by another client")
-    drive(core.amnesia.open_episodes([2]), nodes.execute)
+    drive(open_episodes(core.amnesia, [2]), nodes.execute)
     assert health.benched() == set()
 
 
@@ -1215,7 +1219,7 @@ def test_a_repair_waits_for_max_ttl_by_the_nodes_clock_not_the_clients() -> None
     nodes = amnesiac_cluster(clock=clock)
     core = make_core(5, clock, max_ttl=60.0)
     core.amnesia.health.lost_data(0)
-    drive(core.amnesia.open_episodes([0]), nodes.execute)  # begins now, by node 0's clock
+    drive(open_episodes(core.amnesia, [0]), nodes.execute)  # begins now, by node 0's clock
     begun = nodes.data[0][EPISODE]
     clock.advance(60.0)
     nodes.skew[0] = -10.0  # node 0's clock was set back 10 s meanwhile

@@ -12,6 +12,7 @@ import re
 import string
 import subprocess
 import sys
+import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -311,7 +312,7 @@ def release_outcomes(down: set[str]) -> list[NodeResult]:
 
 def test_a_node_that_misses_releases_is_logged_once_then_summarised() -> None:
     clocks = Clocks()
-    outages = NodeOutages(clocks.monotonic, clocks.wall)
+    outages = NodeOutages(clocks.monotonic, clocks.wall, threading.Lock())
     log = EventLogger("redlock.locks")
     assert not outages
     with capture_events() as events:
@@ -342,7 +343,7 @@ def test_a_node_that_misses_releases_is_logged_once_then_summarised() -> None:
 
 def test_failed_renewals_and_releases_of_one_node_share_its_outage() -> None:
     clocks = Clocks()
-    outages = NodeOutages(clocks.monotonic, clocks.wall)
+    outages = NodeOutages(clocks.monotonic, clocks.wall, threading.Lock())
     log = EventLogger("redlock.locks")
     down = [NodeResult("a:1", Outcome.ERROR, "TimeoutError"),
             NodeResult("b:1", Outcome.NOT_AWAITED, "slow"),

@@ -131,7 +131,7 @@ def test_lock_factory_defaults_match_the_handle_constructor() -> None:
         factory = {p.name: p.default for p in inspect.signature(manager.lock).parameters
                    .values() if p.name != "self"}
         ctor = {p.name: p.default for p in inspect.signature(handle.__init__).parameters
-                .values() if p.name not in ("self", "manager")}
+                .values() if p.name not in ("self", "registry")}
         assert factory == ctor
 
 

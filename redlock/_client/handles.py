@@ -18,13 +18,14 @@ import contextvars
 import threading
 import weakref
 from collections.abc import Callable, Hashable, Iterable
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import Any
 
 from redlock import _fork
+from redlock._client.registry import Registry
 from redlock._client.telemetry import observe
 from redlock._core.algorithm import RedlockCore
 from redlock._core.handover import Handover, export_state
-from redlock._core.requests import Invoke, Protocol, T
+from redlock._core.requests import Flow, Invoke, T
 from redlock._core.rules import (
     label,
     shown,
@@ -45,12 +46,8 @@ from redlock.errors import (
     describe,
 )
 
-if TYPE_CHECKING:
-    from redlock._client.manager import ManagerBase
-
 logger = get_logger("redlock.locks")
 
-M = TypeVar("M", bound="ManagerBase[Any, Any]")
 
 # Set only while on_lost runs (in a thread or task of its own): the handle then answers
 # token/lost/check() for the lost acquisition instead of the caller's own.
@@ -64,14 +61,15 @@ def check_mode(blocking: bool, timeout: float | None) -> None:
                          " pass one or the other")
 
 
-class HandleBase(Generic[M]):
+class HandleBase:
     """Options, per-owner state and the flows, for one resource or a set."""
 
-    def __init__(self, manager: M, resources: tuple[str, ...], ttl: float, *, blocking: bool,
+    def __init__(self, registry: Registry, resources: tuple[str, ...], ttl: float, *,
+                 blocking: bool,
                  timeout: float | None, auto_extend: bool,
                  on_lost: Callable[[Any], object] | None, reentrant: bool) -> None:
-        self._manager = manager
-        self._core: RedlockCore = manager._core
+        self._registry = registry
+        self._core: RedlockCore = registry.core
         self._resources = resources
         self._label = label(resources)
         self._shown = shown(resources)  # in messages
@@ -101,16 +99,16 @@ class HandleBase(Generic[M]):
         acting_for = ACTING_FOR.get()
         if acting_for is not None:  # inside on_lost: the handle shows the lost acquisition
             return acting_for
-        return self._manager._current_owner()
+        return self._registry.current_owner()
 
-    def _observed(self, op: str, protocol: Protocol[T]) -> Protocol[T]:
+    def _observed(self, op: str, protocol: Flow[T]) -> Flow[T]:
         """The protocol, wrapped for OpenTelemetry when something records (§11.5)."""
-        return observe(self._manager._telemetry, op, protocol, self,
+        return observe(self._registry.telemetry, op, protocol, self,
                        self._core.amnesia.health)
 
     # -- the flows the shells drive -------------------------------------------
 
-    def _acquire_flow(self, blocking: bool | None, timeout: float | None) -> Protocol[bool]:
+    def _acquire_flow(self, blocking: bool | None, timeout: float | None) -> Flow[bool]:
         owner = self._owner_key()
         if blocking is not None and timeout is not None:
             check_mode(bool(blocking), validate_timeout(timeout))
@@ -124,15 +122,15 @@ class HandleBase(Generic[M]):
         if state is None:
             return False
         if self.auto_extend:
-            self._manager._renewals.add(state, self)
+            self._registry.renewals.add(state, self)
         return True
 
-    def _reenter_flow(self, owner: Hashable) -> Protocol[bool]:
+    def _reenter_flow(self, owner: Hashable) -> Flow[bool]:
         """True when the owner re-entered an acquisition it holds (a reentrant lock);
         raises :class:`AlreadyHeld` if it holds one through this handle and may not nest.
         Re-entry through another handle honours that handle's options: a longer TTL is
         extended to, and auto_extend starts renewing."""
-        state = self._manager._reentered(self._label, owner) if self.reentrant else None
+        state = self._registry.reentered(self._label, owner) if self.reentrant else None
         if state is not None:
             state.check()  # re-entering a lock whose validity ran out must not pass silently
             with state.mutex:
@@ -141,9 +139,9 @@ class HandleBase(Generic[M]):
                 self._states[owner] = state
             if self.ttl > state.ttl:
                 yield from self._core.extend_or_lose(state, self.ttl)
-                self._manager._renewals.rescheduled(state)
+                self._registry.renewals.rescheduled(state)
             if self.auto_extend:
-                self._manager._renewals.add(state, self)
+                self._registry.renewals.add(state, self)
             return True
         with self._guard():
             current = self._states.get(owner)
@@ -154,7 +152,7 @@ class HandleBase(Generic[M]):
                 resource=self._label)
         return False
 
-    def _release_flow(self) -> Protocol[None]:
+    def _release_flow(self) -> Flow[None]:
         """Release at depth 0. Raises :class:`LockLost` (after cleaning up) when the
         acquisition had been lost, had expired, or a majority no longer held our key:
         the critical section may have run unprotected. A second release is a no-op."""
@@ -169,15 +167,15 @@ class HandleBase(Generic[M]):
             if state.release_called or state.status == Status.HANDED_OVER:
                 return
             state.release_called = True
-        self._manager._renewals.remove(state)
-        self._manager._forget_reentrant(state, owner)
+        self._registry.renewals.remove(state)
+        self._registry.forget_reentrant(state, owner)
         if state.status == Status.LOST:  # its keys were dropped when it was lost
             state.check()
         expired = state.expired()
         try:
             outcomes = yield from self._core.release(state)
         finally:
-            self._manager._notify_released(state)
+            self._registry.released(state)
         taken = sum(1 for r in outcomes if r.outcome is Outcome.REFUSED)
         if expired or taken > self._core.n - self._core.quorum:
             why = ("its validity had run out" if expired
@@ -186,7 +184,7 @@ class HandleBase(Generic[M]):
                            " critical section may have run unprotected",
                            resource=self._label, outcomes=outcomes)
 
-    def _exit_flow(self, propagating: bool) -> Protocol[None]:
+    def _exit_flow(self, propagating: bool) -> Flow[None]:
         """Leaving a ``with`` block: release; a lost lock raises unless another
         exception is already on its way (that one says more; the loss is logged)."""
         try:
@@ -196,13 +194,13 @@ class HandleBase(Generic[M]):
                 raise
             logger.warning("redlock.lost_on_exit", resource=self._label, reason=str(lost))
 
-    def _extend_flow(self, ttl: float | None) -> Protocol[None]:
+    def _extend_flow(self, ttl: float | None) -> Flow[None]:
         state = self._held(self._owner_key())
         ttl = self.ttl if ttl is None else self._core.settings.check_ttl(ttl)
         yield from self._core.extend_or_lose(state, ttl)
-        self._manager._renewals.rescheduled(state)
+        self._registry.renewals.rescheduled(state)
 
-    def _lost_flow(self, state: LockState) -> Protocol[None]:
+    def _lost_flow(self, state: LockState) -> Flow[None]:
         """Tell this handle's on_lost that ``state`` was lost while renewed."""
         if self.on_lost is None:
             return
@@ -231,7 +229,7 @@ class HandleBase(Generic[M]):
             return None
         self._hold(result.state, owner)
         if self.reentrant:
-            self._manager._register_reentrant(result.state, owner)
+            self._registry.register_reentrant(result.state, owner)
         return result.state
 
     def _hold(self, state: LockState, owner: Hashable) -> None:
@@ -284,15 +282,15 @@ class HandleBase(Generic[M]):
         return f"<{type(self).__name__} {self._label} ttl={self.ttl:g}s {status}>"
 
 
-class LockBase(HandleBase[M]):
+class LockBase(HandleBase):
     """One resource's lock handle."""
 
-    def __init__(self, manager: M, resource: str, ttl: float = 10.0, *,
+    def __init__(self, registry: Registry, resource: str, ttl: float = 10.0, *,
                  blocking: bool = True, timeout: float | None = None, auto_extend: bool = False,
                  on_lost: Callable[[Any], object] | None = None,
                  reentrant: bool = False) -> None:
         self.resource = validate_resource(resource)
-        super().__init__(manager, (self.resource,), ttl, blocking=blocking, timeout=timeout,
+        super().__init__(registry, (self.resource,), ttl, blocking=blocking, timeout=timeout,
                          auto_extend=auto_extend, on_lost=on_lost, reentrant=reentrant)
 
     @property
@@ -319,27 +317,27 @@ class LockBase(HandleBase[M]):
                 raise RedlockError(
                     f"{self.resource!r} is re-entered ({state.depth} levels): export it"
                     " from the outermost level only", resource=self.resource)
-        value = export_state(state, self._core.keys.namespace)
+        value = export_state(state, self._core.keys.namespace, self._core.env.wall_clock)
         with state.mutex:
             if state.status != Status.HELD:  # lost meanwhile (the renewals)
                 state.check()
             state.status = Status.HANDED_OVER
-        self._manager._renewals.remove(state)
-        self._manager._forget_reentrant(state, owner)
+        self._registry.renewals.remove(state)
+        self._registry.forget_reentrant(state, owner)
         return value
 
 
-class MultiLockBase(HandleBase[M]):
+class MultiLockBase(HandleBase):
     """A set of resources' lock handle: all or nothing, a token per resource (not
     reentrant). The keys are those of single locks, so single and set acquisitions of
     a resource exclude each other and share its fence counter (docs/design.md §11.2)."""
 
-    def __init__(self, manager: M, resources: Iterable[str], ttl: float = 10.0, *,
+    def __init__(self, registry: Registry, resources: Iterable[str], ttl: float = 10.0, *,
                  blocking: bool = True, timeout: float | None = None,
                  auto_extend: bool = False,
                  on_lost: Callable[[Any], object] | None = None) -> None:
         self.resources = validate_resources(resources)
-        super().__init__(manager, self.resources, ttl, blocking=blocking, timeout=timeout,
+        super().__init__(registry, self.resources, ttl, blocking=blocking, timeout=timeout,
                          auto_extend=auto_extend, on_lost=on_lost, reentrant=False)
 
     @property

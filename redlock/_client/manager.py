@@ -1,41 +1,63 @@
-"""The lock manager's part that the sync and asyncio clients share: all but waiting
-and socket I/O.
+"""The lock manager's part that the sync and asyncio clients share: everything but the
+flavour's transport, listener, executor and backend, which the shells name.
 
-:class:`ManagerBase` holds the settings, the algorithm (:class:`RedlockCore`), the
-local lines, the renewal loop and the reentrancy registry, and makes handles
-(:mod:`redlock._client.handles`). The shells (:mod:`redlock.client`, :mod:`redlock.aio`) add
-only a transport, a driver and how they wait.
+:class:`ManagerBase` builds the settings, the core (:class:`RedlockCore`), the
+registry the handles share (:mod:`redlock._client.registry`), the waiting room (local
+lines and release wake-ups), the renewal loop and the background maintenance; it makes
+handles (:mod:`redlock._client.handles`) and drives flows through its executor
+(:mod:`redlock._client.executors`). The shells (:mod:`redlock.client`,
+:mod:`redlock.aio`) add the flavour's pieces and the public methods that block or await.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 import threading
 import time
-import weakref
-from collections.abc import Callable, Hashable, Iterable, Mapping
-from typing import Any, Generic, TypeVar
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, ClassVar, Generic, TypeVar
 
 from redlock import _fork
+from redlock._client import environment
 from redlock._client.decorator import F, make_decorator
 from redlock._client.handles import LockBase, MultiLockBase
-from redlock._client.lines import LocalLines, Ticket
+from redlock._client.registry import Registry
 from redlock._client.telemetry import Telemetry, record_renewal
+from redlock._client.waiting_room import WaitingRoom
 from redlock._core import inspect as _inspect
 from redlock._core.algorithm import RedlockCore
+from redlock._core.amnesia.maintenance import maintenance
 from redlock._core.handover import Handover, as_handover
 from redlock._core.handover import adopt as adopt_handover
 from redlock._core.renewals import Renewals
-from redlock._core.requests import Protocol, Sleep, Wakeable
-from redlock._core.rules import Settings, validate_resource
-from redlock._core.state import LockState, Status
-from redlock._io.wakeups import WakeRegistry, Watch
+from redlock._core.requests import Flow
+from redlock._core.rules import Keys, Settings, validate_resource
+from redlock._io.wakeups import WakeRegistry
 from redlock._observe.log import get_logger
 
 logger = get_logger("redlock.nodes")
 
-H = TypeVar("H", bound=LockBase[Any])
-MH = TypeVar("MH", bound=MultiLockBase[Any])
+
+class _Rebuilding:
+    """Held while a manager rebuilds itself in a forked child (two threads of the child
+    may use it first at once); made anew in every child, where a parent thread may
+    have held it at the fork (redlock/_fork.py)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+
+    def after_fork(self) -> None:
+        self.lock = threading.Lock()
+
+
+_rebuilding = _Rebuilding()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_rebuilding.after_fork)
+
+
+H = TypeVar("H", bound=LockBase)
+MH = TypeVar("MH", bound=MultiLockBase)
 
 
 class ManagerBase(Generic[H, MH]):
@@ -77,7 +99,11 @@ class ManagerBase(Generic[H, MH]):
 
     _handle_class: type[H]
     _multi_handle_class: type[MH]
-    _asynchronous = False  # the asyncio shell's handles are awaited
+    # The flavour's pieces (redlock.client: threads; redlock.aio: asyncio).
+    _backend_class: ClassVar[Any]
+    _transport_class: ClassVar[Any]
+    _listener_class: ClassVar[Any]
+    _executor_class: ClassVar[Any]
 
     def __init__(
         self,
@@ -101,50 +127,63 @@ class ManagerBase(Generic[H, MH]):
                             drift_factor=drift_factor, retry_delay_min=retry_delay_min,
                             retry_delay_max=retry_delay_max, max_ttl=max_ttl,
                             outage_timeout=outage_timeout)
+        self._backend = self._backend_class()
         # The transport checks the node list; it opens no connection before first use,
         # so nothing leaks if anything below raises.
-        self._transport = self._open_transport(nodes, settings.connect_timeout)
-        self._core = RedlockCore(self._transport.addresses, settings, clock)
+        self._transport = self._open_transport(nodes, settings)
+        self._core = RedlockCore(self._transport.addresses, settings,
+                                 environment.real(clock))
         self._telemetry = Telemetry.create(settings.namespace, self._core.n, self._core.quorum,
                                            tracer_provider, meter_provider)
         self._sleep = sleep
-        self._closing = self._new_event()  # set by close(): background work ends
+        self._closing = self._backend.new_event()  # set by close(): background work ends
+        self._registry = Registry(self._core, self._telemetry, self._backend.current_owner,
+                                  self._drive, self._spawn_flow)
         self._start_process_state()
         self._generation = _fork.generation  # a forked child rebuilds on first use
 
+    def _open_transport(self, nodes: Iterable[Any], settings: Settings) -> Any:
+        identify = Keys(settings.namespace).identify_command()
+        return self._transport_class(nodes, settings.connect_timeout, identify)
+
+    def _open_listener(self, wakeups: WakeRegistry) -> Any:
+        return self._listener_class(self._transport.pools, self._transport.addresses,
+                                    self._core.settings.connect_timeout, wakeups)
+
     def _start_process_state(self) -> None:
-        """What lives in one process only: the transport's wiring, the local lines, the
-        reentrancy registry, the renewal loop, the release listener, the background
-        maintenance and their events and thread locks (rebuilt in a forked child)."""
-        self._transport.round_trips = self._core.round_trips
-        self._transport.identify = self._core.amnesia.identify_call
-        self._transport.identified = self._core.amnesia.identified
-        self._lines: LocalLines[Any, Any] = LocalLines(self._new_event, self._new_turn)
-        # Per owner (a thread or task, held weakly: a finished one takes its entries
-        # along), the acquisitions it may re-enter, by resource.
-        self._reentrant: weakref.WeakKeyDictionary[Any, dict[str, LockState]] = (
-            weakref.WeakKeyDictionary())
-        self._reentrant_mutex = threading.Lock()
-        self._background: set[Any] = set()  # asyncio keeps only weak refs to tasks
+        """What lives in one process only: the waiting room (local lines, release
+        listener), the renewal loop, the reentrancy map, the background maintenance,
+        the executor, and their events and thread locks (rebuilt in a forked child)."""
+        backend = self._backend
+        self._room = WaitingRoom(self._core, backend.new_event, backend.new_turn,
+                                 self._open_listener, self._closing)
         self._maintaining = False
         self._maintenance_runner: Any = None  # its thread or task, awaited by close()
-        self._maintenance_news = self._new_event()  # a node newly needs it; close()
+        self._maintenance_news = backend.new_event()  # a node newly needs it; close()
         self._maintenance_mutex = threading.Lock()
-        # Releases anywhere wake waiters here (docs/design.md §6): the subscriptions are
-        # opened when a blocking acquire first waits.
-        self._wakeups = WakeRegistry(changed=lambda: self._listener and self._listener.poke())
-        self._listener: Any = None
-        self._renewals = Renewals(self._core, self._new_event,
-                                  lambda loop: self._spawn(loop, "redlock-renewals"),
-                                  self._notify_lost,
-                                  functools.partial(record_renewal, self._telemetry),
-                                  closing=self._closing)
+        renewals = Renewals(self._core, backend.new_event,
+                            lambda loop: self._spawn_flow(loop, "redlock-renewals"),
+                            self._registry.lost,
+                            functools.partial(record_renewal, self._telemetry),
+                            closing=self._closing)
+        self._registry.start_process(renewals, self._room.released)
+        self._executor = self._executor_class(self._transport, self._room, self._core.absorb,
+                                              self._maintain, self._sleep)
+
+    def _drive(self, flow: Flow[Any]) -> Any:
+        """Run a flow to its end (asyncio: an awaitable of its end) by the executor."""
+        self._in_this_process()
+        return self._executor.drive(flow)
+
+    def _spawn_flow(self, flow: Flow[None], name: str) -> Any:
+        """Run a flow in the background, in a thread or task; returns it."""
+        return self._backend.spawn(lambda: self._drive(flow), name)
 
     def _in_this_process(self) -> None:
         """Called first by every driven call and by close(): in a process forked since the
         manager was last used, rebuild what belongs to one process (redlock/_fork.py)."""
         if self._generation != _fork.generation:
-            with _fork.rebuilding:
+            with _rebuilding.lock:
                 if self._generation != _fork.generation:
                     self._after_fork()
                     self._generation = _fork.generation
@@ -154,64 +193,16 @@ class ManagerBase(Generic[H, MH]):
         listener; the parent's acquisitions stay the parent's (its renewal loop keeps
         renewing them there, and the child neither renews nor releases them)."""
         closed = self._closing.is_set()
-        self._closing = self._new_event()
+        self._backend = self._backend_class()
+        self._closing = self._backend.new_event()
         if closed:
             self._closing.set()
         else:  # the parent's transport is the parent's: the child never touches its sockets
             _fork.keep_forever(self._transport)
-            self._transport = self._open_transport(self._transport.items,
-                                                   self._core.settings.connect_timeout)
+            self._transport = self._open_transport(self._transport.items, self._core.settings)
         self._core.after_fork()
+        self._registry.current_owner = self._backend.current_owner
         self._start_process_state()
-
-    # -- what each shell provides ----------------------------------------------
-
-    def _open_transport(self, nodes: Iterable[Any], connect_timeout: float) -> Any:
-        raise NotImplementedError
-
-    def _new_event(self) -> Wakeable:
-        raise NotImplementedError
-
-    def _new_turn(self) -> Any:
-        raise NotImplementedError
-
-    def _current_owner(self) -> Hashable:
-        raise NotImplementedError
-
-    def _spawn(self, protocol: Protocol[None], name: str) -> Any:
-        """Run a protocol in the background; returns its thread, or task."""
-        raise NotImplementedError
-
-    def _open_listener(self) -> Any:
-        """The release listener of the shell's flavour (see :mod:`redlock._io.wakeups`)."""
-        raise NotImplementedError
-
-    # -- waiting for a release (used by the shells' waits) ---------------------
-
-    def _watch_releases(self, request: Sleep, ticket: Ticket[Any]) -> float:
-        """From an acquire call's first wait to its end (:meth:`_end_call`), a release
-        on the request's channels wakes it (``ticket.wake``). Returns how long to wait:
-        the patient wait once releases on every channel are heard."""
-        if (ticket.watch is None and ticket.wake is not None and request.channels
-                and not self._closing.is_set()):
-            ticket.watch = self._wakeups.watch(request.channels, request.waiter, ticket.wake,
-                                               since=ticket.since)
-            with self._maintenance_mutex:  # one listener, even when threads race here
-                if self._listener is None:
-                    self._listener = self._open_listener()
-                listener = self._listener
-            listener.ensure_running()
-        if ticket.watch is not None and request.patient is not None and all(
-                self._wakeups.live(channel) for channel in request.channels):
-            return request.patient
-        return request.seconds
-
-    def _end_call(self, ticket: Ticket[Any]) -> None:
-        """A driven call is over: leave the local line, stop watching for releases."""
-        self._lines.leave(ticket)
-        if isinstance(ticket.watch, Watch):
-            self._wakeups.unwatch(ticket.watch)
-            ticket.watch = None
 
     # -- public ----------------------------------------------------------------
 
@@ -237,7 +228,7 @@ class ManagerBase(Generic[H, MH]):
         reentrant: bool = False,
     ) -> H:
         """A lock handle for ``resource``; nothing is sent until it is acquired."""
-        return self._handle_class(self, resource, ttl, blocking=blocking, timeout=timeout,
+        return self._handle_class(self._registry, resource, ttl, blocking=blocking, timeout=timeout,
                                   auto_extend=auto_extend, on_lost=on_lost, reentrant=reentrant)
 
     def lock_many(
@@ -253,24 +244,24 @@ class ManagerBase(Generic[H, MH]):
         """One lock over several resources, all or nothing, with a token per resource;
         no deadlock between overlapping sets (docs/design.md §11.2). Nothing is sent
         until it is acquired; the options are :meth:`lock`'s (not reentrant)."""
-        return self._multi_handle_class(self, resources, ttl, blocking=blocking,
+        return self._multi_handle_class(self._registry, resources, ttl, blocking=blocking,
                                         timeout=timeout, auto_extend=auto_extend,
                                         on_lost=on_lost)
 
-    # -- operator views and tools (redlock/_inspect.py), driven by the shells ---
+    # -- operator views and tools (redlock/_core/inspect.py), driven by the shells
 
-    def _inspect_flow(self, resource: str) -> Protocol[_inspect.LockStatus]:
+    def _inspect_flow(self, resource: str) -> Flow[_inspect.LockStatus]:
         return _inspect.inspect_lock(self._core, validate_resource(resource))
 
-    def _is_locked_flow(self, resource: str) -> Protocol[bool]:
+    def _is_locked_flow(self, resource: str) -> Flow[bool]:
         return _inspect.is_locked(self._core, validate_resource(resource))
 
-    def _force_release_flow(self, resource: str) -> Protocol[list[_inspect.ReleaseReport]]:
+    def _force_release_flow(self, resource: str) -> Flow[list[_inspect.ReleaseReport]]:
         resource = validate_resource(resource)
         try:
             return (yield from _inspect.force_release(self._core, resource))
         finally:
-            self._lines.notify(self._core.keys.channel(resource))  # local waiters: go
+            self._room.lines.notify(self._core.keys.channel(resource))  # local waiters: go
 
     def locked(
         self,
@@ -300,47 +291,23 @@ class ManagerBase(Generic[H, MH]):
         options = {"ttl": ttl, "blocking": blocking, "timeout": timeout,
                    "auto_extend": auto_extend, "on_lost": on_lost, "reentrant": reentrant}
         return make_decorator(self, resource, options, pass_lock,
-                              asynchronous=self._asynchronous)
+                              asynchronous=self._backend_class.asynchronous)
 
     def _adopt_flow(self, handover: Handover | Mapping[str, Any] | str | bytes,
-                    auto_extend: bool, on_lost: Callable[[H], object] | None) -> Protocol[H]:
+                    auto_extend: bool, on_lost: Callable[[H], object] | None) -> Flow[H]:
         """Take over an exported acquisition (docs/design.md §5.6) in a new handle that
         the calling owner (thread or task) holds."""
         value = as_handover(handover)
-        handle = self._handle_class(self, value.resource, value.ttl, auto_extend=auto_extend,
-                                    on_lost=on_lost)
+        handle = self._handle_class(self._registry, value.resource, value.ttl,
+                                    auto_extend=auto_extend, on_lost=on_lost)
         owner = handle._owner_key()
         state = yield from adopt_handover(self._core, value)
         handle._hold(state, owner)
         if handle.auto_extend:
-            self._renewals.add(state, handle)
+            self._registry.renewals.add(state, handle)
         return handle
 
-    # -- reentrancy: per (resource, owner) across this manager's handles -------
-
-    def _reentered(self, resource: str, owner: Hashable) -> LockState | None:
-        """The acquisition of ``resource`` this owner may re-enter, if any."""
-        with self._reentrant_mutex:
-            held = self._reentrant.get(owner, {})
-            state = held.get(resource)
-            if state is not None and state.status != Status.HELD:
-                del held[resource]
-                return None
-            return state
-
-    def _register_reentrant(self, state: LockState, owner: Hashable) -> None:
-        with self._reentrant_mutex:
-            self._reentrant.setdefault(owner, {})[state.resource] = state
-
-    def _forget_reentrant(self, state: LockState, owner: Hashable | None) -> None:
-        if owner is None:
-            return
-        with self._reentrant_mutex:
-            held = self._reentrant.get(owner)
-            if held is not None and held.get(state.resource) is state:
-                del held[state.resource]
-
-    # -- background maintenance of the nodes (redlock/_amnesia.py) --------------
+    # -- background maintenance of the nodes (redlock/_core/amnesia/) -----------
 
     def _maintain(self) -> None:
         """Start judging restarted nodes and repairing amnesiac ones in the background
@@ -354,8 +321,8 @@ class ManagerBase(Generic[H, MH]):
                     self._maintenance_news.set()
                 return
             self._maintaining = True
-        self._maintenance_runner = self._spawn(self._maintenance_flow(),
-                                               "redlock-maintenance")
+        self._maintenance_runner = self._spawn_flow(self._maintenance_flow(),
+                                                    "redlock-maintenance")
 
     def _close_grace(self) -> float:
         """How long close() lets a running maintenance finish its step: a repair cut
@@ -363,32 +330,12 @@ class ManagerBase(Generic[H, MH]):
         client could repair that node meanwhile."""
         return 2 * self._core.settings.repair_timeout
 
-    def _maintenance_flow(self) -> Protocol[None]:
+    def _maintenance_flow(self) -> Flow[None]:
         try:
-            yield from self._core.amnesia.maintenance(self._closing, self._maintenance_news)
+            yield from maintenance(self._core.amnesia, self._closing, self._maintenance_news)
         except Exception:
             logger.exception("redlock.maintenance_crashed")
         finally:
             with self._maintenance_mutex:
                 self._maintaining = False
 
-    def _notify_released(self, state: LockState) -> None:
-        """Wake this manager's local waiters for what ``state`` held, unless the
-        release's own message does (a subscribed channel: the message wakes the first
-        in the nodes' line, wherever it waits; waking the first local waiter as well
-        would cost an attempt whenever that is not the same waiter)."""
-        line = self._core.line(state.resources)
-        if len(state.resources) > 1 or not self._wakeups.live(line):
-            self._lines.notify(line)  # a set's local line has no channel of its own
-        if len(state.resources) > 1:  # waiters for a single resource of the set, too
-            for resource in state.resources:
-                channel = self._core.keys.channel(resource)
-                if not self._wakeups.live(channel):
-                    self._lines.notify(channel)
-
-    def _notify_lost(self, state: LockState, handles: list[Any]) -> None:
-        """The renewals lost ``state``: tell each handle, each in a thread/task of its own
-        (a slow callback must not hold up the renewal of other locks)."""
-        for handle in handles:
-            if handle.on_lost is not None:
-                self._spawn(handle._lost_flow(state), f"redlock-on-lost:{state.resource}")

@@ -34,7 +34,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from redlock._core.requests import Broadcast, Protocol, Sleep
+from redlock._core.requests import Backoff, Broadcast, Flow
 from redlock._scripts import lock as scripts
 from redlock.errors import ClusterAmnesiaError, LockLost, NotHeld, QuorumUnavailable
 
@@ -164,8 +164,8 @@ def _script_name(request: object) -> str | None:
     return None
 
 
-def observe(telemetry: Telemetry | None, op: str, protocol: Protocol[T], handle: Any,
-            amnesia_health: Any = None) -> Protocol[T]:
+def observe(telemetry: Telemetry | None, op: str, protocol: Flow[T], handle: Any,
+            amnesia_health: Any = None) -> Flow[T]:
     """``protocol`` itself when nothing records; else an observer around it."""
     if telemetry is None:
         return protocol
@@ -194,7 +194,7 @@ class _Observer:
                 "redlock.namespace": self.t.namespace, "redlock.nodes": self.t.nodes,
                 "redlock.quorum": self.t.quorum}
 
-    def run(self, protocol: Protocol[T]) -> Protocol[T]:
+    def run(self, protocol: Flow[T]) -> Flow[T]:
         span = self.i.tracer.start_span(f"redlock.{self.op}", attributes=self._base_attributes())
         started = time.perf_counter()
         amnesiac_before = self._amnesiac()
@@ -211,7 +211,7 @@ class _Observer:
             return set()
         return set(self.health.benched())
 
-    def _forward(self, protocol: Protocol[T]) -> Protocol[T]:
+    def _forward(self, protocol: Flow[T]) -> Flow[T]:
         """Forward requests and replies unchanged, noting what goes by."""
         try:
             request = next(protocol)
@@ -225,7 +225,7 @@ class _Observer:
                 except BaseException as exc:
                     request = protocol.throw(exc)
                     continue
-                if isinstance(request, Sleep):
+                if isinstance(request, Backoff):
                     self.waited += time.perf_counter() - sent
                 elif _script_name(request) in _ACQUIRE_SCRIPTS:
                     self.attempts += 1

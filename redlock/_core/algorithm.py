@@ -9,13 +9,22 @@ that the sync and asyncio shells drive; node amnesia is delegated to
 
 from __future__ import annotations
 
-import secrets
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from redlock._core.amnesia.guard import AmnesiaGuard
-from redlock._core.amnesia.repair import RepairReport
-from redlock._core.requests import PENDING, Broadcast, Call, CommandArg, Protocol, Sleep
+from redlock._core.amnesia.repair import RepairReport, initialise, repair
+from redlock._core.environment import Environment
+from redlock._core.requests import (
+    PENDING,
+    Backoff,
+    Broadcast,
+    Call,
+    CommandArg,
+    Decision,
+    Flow,
+    Pause,
+    Replies,
+)
 from redlock._core.rules import (
     TOKEN_LIMIT,
     Keys,
@@ -43,6 +52,7 @@ from redlock._observe.log import get_logger
 from redlock._observe.outages import NodeOutages
 from redlock._scripts import lock as scripts
 from redlock._scripts.lock import Script
+from redlock._scripts.replies import restarted
 from redlock.errors import NodeResult, Outcome, describe
 
 logger = get_logger("redlock.locks")
@@ -55,19 +65,20 @@ _RELEASE_FLOOR = 0.25
 class RedlockCore:
     """Quorum acquire with fencing, release, extend and the watchdog, for N nodes."""
 
-    def __init__(self, addresses: Sequence[str], settings: Settings,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, addresses: Sequence[str], settings: Settings, env: Environment) -> None:
         validate_node_addresses(addresses)
-        self.round_trips = RoundTrips(len(addresses))  # fed by the transport
+        self.env = env
+        self.round_trips = RoundTrips(len(addresses), env.new_mutex())  # fed by the I/O
         self.addresses = tuple(addresses)
         self.settings = settings
         self.keys = Keys(settings.namespace)
-        self.clock = clock
+        self.clock = env.clock
         self.n = len(addresses)
         self.quorum = quorum(self.n)
-        self.floors = TokenFloors()
-        self.amnesia = AmnesiaGuard(self.addresses, settings, self.keys, clock, self.timeout)
-        self.node_outages = NodeOutages(clock)  # failing nodes logged once per outage
+        self.floors = TokenFloors(env.new_mutex())
+        self.amnesia = AmnesiaGuard(self.addresses, settings, self.keys, env, self.timeout)
+        # Failing nodes are logged once per outage.
+        self.node_outages = NodeOutages(env.clock, env.wall_clock, env.new_mutex())
         if self.n % 2 == 0:
             nodes_logger.warning("redlock.even_node_count", nodes=self.n, quorum=self.quorum,
                            tolerated_failures=self.n - self.quorum,
@@ -76,10 +87,11 @@ class RedlockCore:
     def after_fork(self) -> None:
         """In a forked child: fresh thread locks (what they guard stays valid: floors and
         round trips are only hints, node health is the nodes')."""
-        self.round_trips.after_fork()
-        self.floors.after_fork()
-        self.amnesia.health.after_fork()
-        self.node_outages.after_fork()
+        new_mutex = self.env.new_mutex
+        self.round_trips.after_fork(new_mutex())
+        self.floors.after_fork(new_mutex())
+        self.amnesia.health.after_fork(new_mutex())
+        self.node_outages.after_fork(new_mutex())
 
     def timeout(self, ttl: float | None = None) -> float:
         """How long a request waits for the nodes: ``node_timeout`` if the user set one,
@@ -88,18 +100,28 @@ class RedlockCore:
             return self.settings.node_timeout
         return self.round_trips.timeout(self.quorum, self.settings.request_ceiling(ttl))
 
-    def _enough(self, votes: Callable[[object], int | None]) -> Callable[[Sequence[object]], bool]:
+    def absorb(self, replies: Replies) -> None:
+        """What a broadcast learnt on the way (the drivers call this before its flow goes
+        on): round trips measured, servers identified on new connections."""
+        for node, seconds in replies.round_trips.items():
+            self.round_trips.sample(node, seconds)
+        if replies.identities:
+            self.amnesia.identified(replies.identities)
+
+    def _enough(self, votes: Callable[[object], int | None]) -> Decision:
         """An early decision on one-call-per-node replies: ``votes(reply)`` is 1 (yes),
         0 (no), None (unknown: an error, or not read yet). Decided once a quorum said
         yes, or more nodes said no than a quorum can spare. A node whose grants do not
-        count yet (restarted, being judged) never votes yes."""
-        q, n, suspect = self.quorum, self.n, self.amnesia.health.suspect
+        count yet (restarted, being judged; or found restarted by this very request's new
+        connection, docs/design.md §4.4) never votes yes."""
+        q, n, suspect = self.quorum, self.n, set(self.amnesia.health.suspect)
 
-        def enough(replies: Sequence[object]) -> bool:
+        def enough(replies: Sequence[object], identities: Mapping[int, object]) -> bool:
             yes = no = 0
             for node, reply in enumerate(replies):
                 vote = votes(reply)
-                if vote == 1 and node not in suspect:
+                if vote == 1 and node not in suspect and not (
+                        node in identities and restarted(identities[node])):
                     yes += 1
                 elif vote == 0:
                     no += 1
@@ -136,8 +158,7 @@ class RedlockCore:
             timeout = max(timeout, min(self.settings.request_ceiling(ttl), _RELEASE_FLOOR))
         return Broadcast(calls, timeout, enough=self._settled(calls))
 
-    def _settled(self, calls: Sequence[Call], *,
-                 acks: bool = False) -> Callable[[Sequence[object]], bool]:
+    def _settled(self, calls: Sequence[Call], *, acks: bool = False) -> Decision:
         """When a release or extend is decided (docs/design.md §2.4, §5.1): once every key
         in it (one acquisition's key of one resource) is settled, i.e. a quorum of the
         nodes asked answered for it (``acks``: acknowledged it, replied 1, as an extend
@@ -160,7 +181,7 @@ class RedlockCore:
             return (sum(1 for i in indexes if replies[i] == 1) >= needed
                     or sum(1 for i in indexes if replies[i] == 0) > spare)
 
-        def settled(replies: Sequence[object]) -> bool:
+        def settled(replies: Sequence[object], _identities: Mapping[int, object]) -> bool:
             return all(key_settled(indexes, replies) for indexes in per_key)
         return settled
 
@@ -184,20 +205,20 @@ class RedlockCore:
     # -- acquire ---------------------------------------------------------------
 
     def acquire(self, resources: str | tuple[str, ...], ttl: float, *, blocking: bool,
-                timeout: float | None) -> Protocol[AcquireResult]:
+                timeout: float | None) -> Flow[AcquireResult]:
         """Attempts until success, the deadline, or (non-blocking) after one attempt.
 
         A blocking acquire also gives up once the cluster has been unavailable (too few
         nodes answering, not contention) for ``outage_timeout``: waiting longer would
         hide an outage from the caller."""
         resources = (resources,) if isinstance(resources, str) else resources
-        owner = secrets.token_hex(16)  # 128 bits, secret: only we can release our key
+        owner = self.env.random_hex(16)  # 128 bits, secret: only we can release our key
         # A blocking acquire of one resource waits in the nodes' line for it; its ticket
         # (wall-clock microseconds: comparable across hosts, see docs/design.md §6) is
         # its place, the same on every node and every attempt. A single try, or a set,
         # does not queue.
         queued = blocking and timeout != 0 and len(resources) == 1
-        ticket = str(time.time_ns() // 1000) if queued else ""
+        ticket = str(int(self.env.wall_clock() * 1_000_000)) if queued else ""
         started = self.clock()
         deadline = None if timeout is None else started + timeout
         outage_limit = self.settings.outage_timeout
@@ -235,9 +256,9 @@ class RedlockCore:
                                         unavailable=result.unavailable,
                                         left=None if deadline is None else deadline - now)
             try:
-                yield Sleep(delay, line=self.line(resources),
-                            channels=tuple(self.keys.channel(r) for r in resources),
-                            waiter=waiter_id(owner) if queued else None, patient=patient)
+                yield Backoff(delay, line=self.line(resources),
+                              channels=tuple(self.keys.channel(r) for r in resources),
+                              waiter=waiter_id(owner) if queued else None, patient=patient)
             except GeneratorExit:
                 raise
             except BaseException:  # interrupted (cancelled) while waiting: leave the line
@@ -245,7 +266,7 @@ class RedlockCore:
                 raise
 
     def _leave_line(self, resources: tuple[str, ...], owner: str, ttl: float,
-                    ticket: str) -> Protocol[None]:
+                    ticket: str) -> Flow[None]:
         """A queued acquire call that ends without the lock drops its entries from the
         waiting lines at once: the next in line need not wait for them to lapse."""
         if ticket:
@@ -272,7 +293,7 @@ class RedlockCore:
                          (owner, ttl_ms, *(floors.get(r) for r in resources)))
 
     def _attempt(self, resources: tuple[str, ...], owner: str, ttl: float,
-                 ticket: str) -> Protocol[AttemptResult]:
+                 ticket: str) -> Flow[AttemptResult]:
         settings, keys, name = self.settings, self.keys, label(resources)
         started = self.clock()
         request = Broadcast(self._acquire_calls(resources, owner, ttl, ticket),
@@ -323,7 +344,7 @@ class RedlockCore:
                         self.floors.raise_to(r, token)
                     state = LockState(name, owner, ttl, max(tokens.values()),
                                       started + ttl - settings.drift(ttl), self.clock,
-                                      tokens=tokens)
+                                      self.env.new_mutex(), tokens=tokens)
                     logger.debug("redlock.acquired", resource=name, token=state.token,
                                  validity_ms=round(validity * 1000, 3), granted=len(granted),
                                  nodes=self.n)
@@ -366,7 +387,7 @@ class RedlockCore:
 
     # -- release / extend --------------------------------------------------------
 
-    def release(self, state: LockState) -> Protocol[tuple[NodeResult, ...]]:
+    def release(self, state: LockState) -> Flow[tuple[NodeResult, ...]]:
         """Compare-and-delete on every node; idempotent; never deletes another's key.
         Per node: GRANTED (deleted our key of every resource), REFUSED (some key was
         not ours any more) or ERROR.
@@ -395,7 +416,7 @@ class RedlockCore:
         return tuple(outcomes)
 
     def extend_many(self, items: Sequence[tuple[LockState, float]], *, lane: str | None = None,
-                    ) -> Protocol[list[tuple[NodeResult, ...] | None]]:
+                    ) -> Flow[list[tuple[NodeResult, ...] | None]]:
         """One extend round for several acquisitions (one request: each node gets its
         calls pipelined). Per acquisition: None on success, else the per-node outcomes.
         Success needs a quorum of acks for every resource before the old validity ran
@@ -438,12 +459,12 @@ class RedlockCore:
                     results[state] = tuple(outcomes)
         return [results.get(state, ()) for state, _ in items]
 
-    def extend(self, state: LockState, ttl: float) -> Protocol[tuple[NodeResult, ...] | None]:
+    def extend(self, state: LockState, ttl: float) -> Flow[tuple[NodeResult, ...] | None]:
         """One extend round for one acquisition (see :meth:`extend_many`)."""
         [failure] = yield from self.extend_many([(state, ttl)])
         return failure
 
-    def extend_or_lose(self, state: LockState, ttl: float) -> Protocol[None]:
+    def extend_or_lose(self, state: LockState, ttl: float) -> Flow[None]:
         """Explicit extend(): renewed on a quorum, or the lock is lost (marked, what is left
         of its keys released, LockLost raised with the nodes' answers).
 
@@ -468,7 +489,7 @@ class RedlockCore:
             settings = self.settings
             delay = (settings.retry_delay_min if not delay
                      else min(2 * delay, settings.retry_delay_max))
-            yield Sleep(min(delay, left))
+            yield Pause(min(delay, left))
 
     def key_gone(self, outcomes: Sequence[NodeResult]) -> bool:
         """More nodes answered that our key is gone than a quorum can spare: no extend
@@ -486,7 +507,7 @@ class RedlockCore:
                 f" ({gone} answered that our key is gone, the others did not answer in time)")
 
     def lose(self, state: LockState, reason: str,
-             outcomes: Sequence[NodeResult]) -> Protocol[bool]:
+             outcomes: Sequence[NodeResult]) -> Flow[bool]:
         """Mark the lock lost and drop what is left of our keys; True the first time."""
         first = state.mark_lost(reason, outcomes)
         if first:
@@ -498,13 +519,13 @@ class RedlockCore:
 
     # -- repair ------------------------------------------------------------------
 
-    def repair(self, *, force: bool) -> Protocol[list[RepairReport]]:
+    def repair(self, *, force: bool) -> Flow[list[RepairReport]]:
         """See :func:`redlock._core.amnesia.repair.repair`."""
-        return (yield from self.amnesia.repair(force=force))
+        return (yield from repair(self.amnesia, force=force))
 
-    def initialise(self, *, force: bool) -> Protocol[list[RepairReport]]:
+    def initialise(self, *, force: bool) -> Flow[list[RepairReport]]:
         """See :func:`redlock._core.amnesia.repair.initialise`."""
-        return (yield from self.amnesia.initialise(force=force))
+        return (yield from initialise(self.amnesia, force=force))
 
 
 def _acquire_vote(reply: object) -> int | None:
@@ -526,10 +547,10 @@ def _refused(reply: object) -> bool:
 
 
 def _commit_enough(write_backs: Sequence[tuple[str, Call]], committed: dict[str, int],
-                   quorum: int) -> Callable[[Sequence[object]], bool]:
+                   quorum: int) -> Decision:
     """The write-back round is decided once every resource's token is committed on a
     quorum (what the token already had, plus the acks so far)."""
-    def enough(replies: Sequence[object]) -> bool:
+    def enough(replies: Sequence[object], _identities: Mapping[int, object]) -> bool:
         now = dict(committed)
         for (resource, _), ack in zip(write_backs, replies, strict=True):
             now[resource] += ack == 1

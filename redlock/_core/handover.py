@@ -25,13 +25,12 @@ from __future__ import annotations
 import json
 import math
 import re
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from redlock._core.algorithm import RedlockCore
-from redlock._core.requests import Broadcast, Call, Protocol
+from redlock._core.requests import Broadcast, Call, Flow
 from redlock._core.rules import error_detail, validate_resource
 from redlock._core.state import LockState
 from redlock._scripts.lock import Script
@@ -88,9 +87,10 @@ class Handover:
         if not isinstance(self.namespace, str) or not self.namespace:
             raise ValueError(f"namespace must be a non-empty str, got {self.namespace!r}")
 
-    def age(self, wall_clock: Callable[[], float] = time.time) -> float:
-        """Seconds since the export by this host's wall clock (never negative)."""
-        return max(0.0, wall_clock() - self.exported_at)
+    def age(self, now: float) -> float:
+        """Seconds since the export, ``now`` being this host's wall clock (``time.time()``)
+        (never negative)."""
+        return max(0.0, now - self.exported_at)
 
     def to_dict(self) -> dict[str, Any]:
         return {"version": FORMAT_VERSION, **asdict(self)}
@@ -129,8 +129,7 @@ def as_handover(value: Handover | Mapping[str, Any] | str | bytes) -> Handover:
     return Handover.from_dict(value)
 
 
-def export_state(state: LockState, namespace: str,
-                 wall_clock: Callable[[], float] = time.time) -> Handover:
+def export_state(state: LockState, namespace: str, wall_clock: Callable[[], float]) -> Handover:
     """The hand-over value of a held acquisition (the caller marks it handed over)."""
     state.check()
     return Handover(resource=state.resource, token=state.token, ttl=state.ttl,
@@ -138,8 +137,7 @@ def export_state(state: LockState, namespace: str,
                     namespace=namespace, owner=state.owner)
 
 
-def adopt(core: RedlockCore, handover: Handover,
-          wall_clock: Callable[[], float] = time.time) -> Protocol[LockState]:
+def adopt(core: RedlockCore, handover: Handover) -> Flow[LockState]:
     """Take over an exported acquisition: check it on the nodes and compute our deadline."""
     resource = handover.resource
     if handover.namespace != core.keys.namespace:
@@ -147,7 +145,7 @@ def adopt(core: RedlockCore, handover: Handover,
                          f" this manager uses {core.keys.namespace!r}")
     ttl = core.settings.check_ttl(handover.ttl)
     started = core.clock()
-    age = handover.age(wall_clock)
+    age = handover.age(core.env.wall_clock())
     carried = handover.validity - age
     if carried <= 0:
         raise LockLost(f"hand-over of {resource!r} expired: exported with"
@@ -178,7 +176,8 @@ def adopt(core: RedlockCore, handover: Handover,
         raise LockLost(f"could not adopt {resource!r}: its validity ran out during the"
                        " hand-over", resource=resource, outcomes=outcomes)
     core.floors.raise_to(resource, handover.token)
-    return LockState(resource, handover.owner, ttl, handover.token, deadline, core.clock)
+    return LockState(resource, handover.owner, ttl, handover.token, deadline, core.clock,
+                     core.env.new_mutex())
 
 
 def _classify(node: str, reply: object) -> NodeResult:

@@ -18,7 +18,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from redlock._core.requests import Broadcast, Call, Protocol
+from redlock._core.requests import Broadcast, Call, Flow
 from redlock._core.rules import error_detail
 from redlock._observe.log import get_logger
 from redlock._scripts import lock as scripts
@@ -140,7 +140,7 @@ def _node_status(core: RedlockCore, index: int, reply: object) -> NodeLockStatus
                           rejoins_in_s=rejoins)
 
 
-def inspect_lock(core: RedlockCore, resource: str) -> Protocol[LockStatus]:
+def inspect_lock(core: RedlockCore, resource: str) -> Flow[LockStatus]:
     """Every node's view of ``resource`` in one parallel round of read-only scripts."""
     keys = (core.keys.lock(resource), core.keys.fence(resource), core.keys.marker,
             core.keys.repair_guard, core.keys.episode)
@@ -149,7 +149,7 @@ def inspect_lock(core: RedlockCore, resource: str) -> Protocol[LockStatus]:
                       tuple(_node_status(core, i, reply) for i, reply in enumerate(replies)))
 
 
-def is_locked(core: RedlockCore, resource: str) -> Protocol[bool]:
+def is_locked(core: RedlockCore, resource: str) -> Flow[bool]:
     """Whether anyone holds ``resource`` on a quorum; raises :class:`QuorumUnavailable`
     when the nodes that did not answer could decide it."""
     status = yield from inspect_lock(core, resource)
@@ -163,7 +163,7 @@ def is_locked(core: RedlockCore, resource: str) -> Protocol[bool]:
     return locked
 
 
-def force_release(core: RedlockCore, resource: str) -> Protocol[list[ReleaseReport]]:
+def force_release(core: RedlockCore, resource: str) -> Flow[list[ReleaseReport]]:
     """Delete ``resource``'s lock key on every node, whoever holds it."""
     keys = (core.keys.lock(resource), core.keys.channel(resource), core.keys.line(resource),
             core.keys.line_deadlines(resource))

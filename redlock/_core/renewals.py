@@ -15,14 +15,12 @@ ever.
 
 from __future__ import annotations
 
-import threading
-import time
 import weakref
 from collections.abc import Callable
 from typing import Any
 
 from redlock._core.algorithm import RedlockCore
-from redlock._core.requests import Protocol, Sleep, Wakeable
+from redlock._core.requests import Flow, PauseUntilWoken, Wakeable
 from redlock._core.state import LockState, Status
 from redlock._observe.log import get_logger
 from redlock.errors import NodeResult
@@ -61,7 +59,7 @@ class Renewals:
     """
 
     def __init__(self, core: RedlockCore, new_event: Callable[[], Wakeable],
-                 start_loop: Callable[[Protocol[None]], Any],
+                 start_loop: Callable[[Flow[None]], Any],
                  lost: Callable[[LockState, list[Any]], None],
                  observe: Callable[[LockState, str, int], None] = lambda *_: None,
                  *, closing: Wakeable | None = None) -> None:
@@ -72,7 +70,7 @@ class Renewals:
         self._observe = observe  # (state, "extended" | "failed" | "lost", round start ns)
         self._closing = closing  # set by the manager's close(): the loop stops
         self._renewals: dict[LockState, Renewal] = {}
-        self._mutex = threading.Lock()
+        self._mutex = core.env.new_mutex()
         self._wake: Wakeable | None = None  # made by the first loop (an asyncio.Event binds late)
         self._running = False
         self.runner: Any = None  # the loop's thread or task while it runs (close() waits)
@@ -116,7 +114,7 @@ class Renewals:
             if renewal is not None:
                 renewal.due = next_renewal(state, self._core.clock())
 
-    def _loop(self, wake: Wakeable) -> Protocol[None]:
+    def _loop(self, wake: Wakeable) -> Flow[None]:
         try:
             while True:
                 wake.clear()
@@ -132,7 +130,7 @@ class Renewals:
                     due = [r for r in self._renewals.values()
                            if r.due <= max(now, first) + _BATCH_WINDOW]
                 if first > now:
-                    yield Sleep(first - now, until=wake)
+                    yield PauseUntilWoken(first - now, wake)
                     continue
                 try:
                     yield from self._renew(due)
@@ -170,7 +168,7 @@ class Renewals:
             if renewal.state.mark_lost("the auto-extend loop crashed"):
                 self._lost(renewal.state, list(renewal.handles))
 
-    def _renew(self, due: list[Renewal]) -> Protocol[None]:
+    def _renew(self, due: list[Renewal]) -> Flow[None]:
         live = []
         for renewal in due:
             if renewal.state.status != Status.HELD:
@@ -181,7 +179,7 @@ class Renewals:
                 live.append(renewal)
         if not live:
             return
-        started_ns = time.time_ns()
+        started_ns = int(self._core.env.wall_clock() * 1e9)
         failures = yield from self._core.extend_many([(r.state, r.state.ttl) for r in live],
                                                      lane=RENEWALS_LANE)
         now = self._core.clock()
@@ -195,7 +193,7 @@ class Renewals:
                 self._observe(renewal.state, "lost" if lost else "failed", started_ns)
 
     def _failed(self, renewal: Renewal, failure: tuple[NodeResult, ...],
-                now: float) -> Protocol[bool]:
+                now: float) -> Flow[bool]:
         """Retry later, or lose the lock (True)."""
         state = renewal.state
         if state.status != Status.HELD:  # released (or lost) meanwhile
@@ -217,7 +215,7 @@ class Renewals:
         core.node_outages.renewal_failed(logger, state.resource, round(left, 3), failure)
         return False
 
-    def _abandoned(self, renewal: Renewal) -> Protocol[None]:
+    def _abandoned(self, renewal: Renewal) -> Flow[None]:
         """Every handle holding the acquisition is gone: release it instead of renewing."""
         self.remove(renewal.state)
         logger.warning("redlock.abandoned", resource=renewal.state.resource,

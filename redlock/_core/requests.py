@@ -1,32 +1,34 @@
-"""Requests that the algorithm yields, and the two drivers that execute them.
+"""Requests that flows yield, and the two drivers that run flows.
 
-The algorithm (:mod:`redlock._core.algorithm`) is free of I/O: each operation is a
-*protocol*, a generator that yields requests and receives their replies (the
-"sans-I/O" shape, see docs/design.md §10)::
+The core (:mod:`redlock._core`) is free of I/O: each operation is a *flow*, a generator
+that yields *requests* and receives their replies (the "sans-I/O" shape, see
+docs/design.md §10)::
 
-    request = next(protocol)
+    request = next(flow)
     while True:
-        reply = <run request.calls on their nodes in parallel> or <sleep> or <invoke>
-        request = protocol.send(reply)        # StopIteration carries the result
+        reply = <run request.calls on their nodes in parallel> or <wait> or <invoke>
+        request = flow.send(reply)        # StopIteration carries the result
 
-A :class:`Broadcast` asks for some calls on some nodes *in parallel*, each bounded
-by ``timeout``; its reply holds, per call, the node's reply or the exception it
-raised (never raised into the protocol). A :class:`Sleep` asks for a wait, an
+A :class:`Broadcast` asks for some *calls* on some nodes in parallel, each bounded by
+``timeout``; its reply (:class:`Replies`) holds, per call, the node's reply or the
+exception it raised (never raised into the flow), and what the I/O learnt on the way
+(the identity of servers met on new connections, round trips measured). A wait
+(:class:`Pause`, :class:`PauseUntilWoken`, :class:`Backoff`) asks to wait, an
 :class:`Invoke` for a user callback; both reply with an empty tuple. If executing a
-request raises (asyncio cancellation, KeyboardInterrupt, a callback's error), the
-driver throws the exception into the protocol, which cleans up (releases keys it
-may have set) and re-raises or handles it.
+request raises (asyncio cancellation, KeyboardInterrupt, a callback's error), the driver
+throws the exception into the flow, which cleans up (releases keys it may have set) and
+re-raises or handles it.
 
-:func:`drive` and :func:`drive_async` are the only protocol loops: the sync and
-asyncio shells pass them an executor that knows their transport and how to wait.
+:func:`drive` and :func:`drive_async` are the only flow loops: the sync and asyncio
+clients pass them an executor that knows their transport and how to wait, and the core's
+``absorb``, told what each broadcast learnt before its flow goes on.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Generator, Sequence
+from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
-from typing import Protocol as TypingProtocol
+from typing import Any, Protocol, TypeVar
 
 from redlock._scripts.lock import Script
 
@@ -35,8 +37,8 @@ T = TypeVar("T")
 CommandArg = str | bytes | int | float
 
 
-class Wakeable(TypingProtocol):
-    """What a sleep may be cut short by: a ``threading.Event`` or an ``asyncio.Event``."""
+class Wakeable(Protocol):
+    """What a wait may be cut short by: a ``threading.Event`` or an ``asyncio.Event``."""
 
     def set(self) -> None: ...
     def clear(self) -> None: ...
@@ -53,12 +55,18 @@ class Call:
     keys: tuple[str, ...] = ()
 
 
+#: An early decision on a broadcast's replies so far (PENDING where none yet), given the
+#: identities of the servers its new connections met (node -> IDENTIFY reply).
+Decision = Callable[[Sequence[object], Mapping[int, object]], bool]
+
+
 @dataclass(frozen=True)
 class Broadcast:
     """Run ``calls`` in parallel; each must answer within ``timeout`` seconds.
 
     ``enough`` lets the request end before every node answered (early quorum,
-    docs/design.md §2.4).
+    docs/design.md §2.4): a pure function of the replies so far, decided as soon as it
+    is true.
 
     ``line``: the local line (a resource's key, see :mod:`redlock._client.lines`) of an
     acquire attempt. With ``turns``, attempts on it from one manager take turns instead
@@ -68,42 +76,56 @@ class Broadcast:
     decides who may win (only its first), and serialising the others' attempts, which
     only keep their places, made a hundred waiters of one busy event loop queue for
     seconds behind each other while the lock sat free (docs/design.md §6.5).
+
+    ``lane``: a lane of connections of its own (one per node, kept between requests):
+    the renewal loop's, so that a renewal never waits for a connection behind a burst of
+    other requests (on a busy event loop it waited 80-170 ms for one, and a lock with a
+    1 s TTL was lost). None: the shared connections.
     """
 
     calls: tuple[Call, ...]
     timeout: float
     line: str | None = None
     turns: bool = True
-    # A lane of connections of its own (one per node, kept between requests): the
-    # renewal loop's, so that a renewal never waits for a connection behind a burst of
-    # other requests (on a busy event loop it waited 80-170 ms for one, and a lock with
-    # a 1 s TTL was lost). None: the shared connections.
     lane: str | None = None
-    # True once the replies so far decide the request (unread ones are PENDING): the
-    # transport returns at once, NOT_AWAITED standing for the rest (read later, off the
-    # hot path). None: wait for every reply, or the timeout.
-    enough: Callable[[Sequence[object]], bool] | None = None
+    enough: Decision | None = None
 
 
 @dataclass(frozen=True)
-class Sleep:
-    """Wait ``seconds``.
+class Pause:
+    """Wait ``seconds`` (an extend's backoff, a second look at a node)."""
 
-    ``line``: a blocking acquire's backoff; the shell keeps the caller's place in that
-    local line and wakes it early when a handle of the same manager releases.
-    ``channels``: the release channels that may end the wait early (a release anywhere
-    publishes on them); ``waiter``: the waiter id a wake-up must name (the first in the
-    nodes' waiting line), None to be woken by a release that names nobody.
-    ``patient``: how long to wait instead, once releases on ``channels`` are heard.
-    ``until``: an event that ends the wait early when set (a watchdog's stop signal).
+    seconds: float
+
+
+@dataclass(frozen=True)
+class PauseUntilWoken:
+    """Wait ``seconds``, or until ``wake`` is set (the renewal loop until its next
+    renewal is due, the background maintenance until its next step)."""
+
+    seconds: float
+    wake: Wakeable
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """A blocking acquire's wait between two attempts, ``seconds``.
+
+    The client keeps the caller's place in the local ``line`` and wakes it early when a
+    handle of the same manager releases; a release published on one of ``channels`` (a
+    release anywhere) wakes it too, if it names ``waiter`` (the first in the nodes'
+    waiting line), or names nobody when ``waiter`` is None. ``patient``: how long to wait
+    instead, once releases on ``channels`` are heard (docs/design.md §6.4).
     """
 
     seconds: float
-    line: str | None = None
-    until: Wakeable | None = None
+    line: str
     channels: tuple[str, ...] = ()
     waiter: str | None = None
     patient: float | None = None
+
+
+Wait = Pause | PauseUntilWoken | Backoff
 
 
 @dataclass(frozen=True)
@@ -137,44 +159,61 @@ NOT_AWAITED = NotAwaited("the request was decided without this reply (read in th
 SENT_LATE = NotAwaited("sent once its connection is open (the request did not wait for it)")
 
 
-Request = Broadcast | Sleep | Invoke
-Replies = Sequence[object]  # per call: the reply, or the exception the node raised
-Protocol = Generator[Request, Replies, T]
-NO_REPLY: Replies = ()
+class Replies(list[object]):
+    """A broadcast's replies, one per call: the node's reply or the exception it raised;
+    and what the I/O learnt on the way, as data for the core (``absorb``):
+    ``identities``, node -> the IDENTIFY reply of a new connection (docs/design.md §4.4),
+    and ``round_trips``, node -> seconds from sending to its first reply."""
+
+    def __init__(self, replies: Sequence[object] = ()) -> None:
+        super().__init__(replies)
+        self.identities: dict[int, object] = {}
+        self.round_trips: dict[int, float] = {}
 
 
-def drive(protocol: Protocol[T], execute: Callable[[Request], Replies]) -> T:
-    """Run a protocol to its end with a blocking executor (the sync shell, unit tests)."""
+Request = Broadcast | Wait | Invoke
+Flow = Generator[Request, Sequence[object], T]
+NO_REPLY: Sequence[object] = ()
+Absorb = Callable[[Replies], None]
+
+
+def drive(flow: Flow[T], execute: Callable[[Request], Sequence[object]],
+          absorb: Absorb | None = None) -> T:
+    """Run a flow to its end with a blocking executor (the sync client, unit tests)."""
     try:
-        request = next(protocol)
+        request = next(flow)
         while True:
             try:
                 reply = execute(request)
-            except BaseException as exc:  # interrupted or failed: the protocol decides
-                request = protocol.throw(exc)
+            except BaseException as exc:  # interrupted or failed: the flow decides
+                request = flow.throw(exc)
                 continue
-            request = protocol.send(reply)
-    except StopIteration as stop:  # the protocol returned (maybe before any request)
+            if absorb is not None and isinstance(reply, Replies):
+                absorb(reply)
+            request = flow.send(reply)
+    except StopIteration as stop:  # the flow returned (maybe before any request)
         return stop.value  # type: ignore[no-any-return]
 
 
-async def drive_async(protocol: Protocol[T],
-                      execute: Callable[[Request], Awaitable[Replies]]) -> T:
-    """Run a protocol to its end with an asyncio executor (the asyncio shell)."""
+async def drive_async(flow: Flow[T], execute: Callable[[Request], Awaitable[Sequence[object]]],
+                      absorb: Absorb | None = None) -> T:
+    """Run a flow to its end with an asyncio executor (the asyncio client)."""
     try:
-        request = next(protocol)
+        request = next(flow)
         while True:
             try:
                 reply = await execute(request)
-            except BaseException as exc:  # cancelled or failed: the protocol decides
-                request = protocol.throw(exc)
+            except BaseException as exc:  # cancelled or failed: the flow decides
+                request = flow.throw(exc)
                 continue
-            request = protocol.send(reply)
-    except StopIteration as stop:  # the protocol returned (maybe before any request)
+            if absorb is not None and isinstance(reply, Replies):
+                absorb(reply)
+            request = flow.send(reply)
+    except StopIteration as stop:  # the flow returned (maybe before any request)
         return stop.value  # type: ignore[no-any-return]
 
 
-def ask_one(call: Call, timeout: float) -> Protocol[object]:
+def ask_one(call: Call, timeout: float) -> Flow[object]:
     """One call on one node: its reply, or the exception it raised."""
     replies = yield Broadcast((call,), timeout)
     return replies[0]

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from redlock._core.requests import PENDING, NotAwaited
 from redlock._scripts import lock as scripts
+from redlock._scripts import node as node_scripts
 from redlock.errors import NodeResult, Outcome
 
 #: Tokens are Lua numbers on the nodes, exact integers only below 2**53: an
@@ -185,6 +186,11 @@ class Keys:
     @property
     def marker(self) -> str:
         return f"{self.namespace}:node-marker"
+
+    def identify_command(self) -> tuple[str | int, ...]:
+        """IDENTIFY, as the transports send it first on every new connection: an EVAL
+        with the body (it never meets NOSCRIPT, and it is rare; docs/design.md §4.4)."""
+        return ("EVAL", node_scripts.IDENTIFY.source, 1, self.marker)
 
     @property
     def episode(self) -> str:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from redlock import _fork
+from redlock._core.environment import Mutex
 from redlock._core.rules import shown
 from redlock.errors import LockLost, NodeResult, NotHeld
 
@@ -30,7 +30,8 @@ class LockState:
     ``token`` its largest token."""
 
     def __init__(self, resource: str, owner: str, ttl: float, token: int, deadline: float,
-                 clock: Callable[[], float], *, tokens: Mapping[str, int] | None = None) -> None:
+                 clock: Callable[[], float], mutex: Mutex, *,
+                 tokens: Mapping[str, int] | None = None) -> None:
         self.resource = resource
         self.owner = owner
         self.ttl = ttl
@@ -44,7 +45,7 @@ class LockState:
         self.lost_outcomes: tuple[NodeResult, ...] = ()
         self.release_called = False  # the owner released it (a second release is a no-op)
         self.holder: Callable[[], object] = _nobody  # the owner thread or task, weakly
-        self.mutex = threading.Lock()
+        self.mutex = mutex
         self._clock = clock
         self.generation = _fork.generation  # made in this process, not an ancestor
 
@@ -117,12 +118,12 @@ class TokenFloors:
 
     CAPACITY = 4096
 
-    def __init__(self) -> None:
+    def __init__(self, mutex: Mutex) -> None:
         self._floors: OrderedDict[str, int] = OrderedDict()
-        self._mutex = threading.Lock()
+        self._mutex = mutex
 
-    def after_fork(self) -> None:
-        self._mutex = threading.Lock()  # a parent thread may have held it at the fork
+    def after_fork(self, mutex: Mutex) -> None:
+        self._mutex = mutex  # a parent thread may have held the old one at the fork
 
     def get(self, resource: str) -> int:
         with self._mutex:
@@ -167,13 +168,13 @@ class RoundTrips:
 
     FLOOR = 0.05  # never less: a busy machine's hiccup is not an outage
 
-    def __init__(self, node_count: int) -> None:
+    def __init__(self, node_count: int, mutex: Mutex) -> None:
         self._srtt: list[float | None] = [None] * node_count
         self._rttvar = [0.0] * node_count
-        self._mutex = threading.Lock()
+        self._mutex = mutex
 
-    def after_fork(self) -> None:
-        self._mutex = threading.Lock()  # a parent thread may have held it at the fork
+    def after_fork(self, mutex: Mutex) -> None:
+        self._mutex = mutex  # a parent thread may have held the old one at the fork
 
     def sample(self, node: int, seconds: float) -> None:
         with self._mutex:

@@ -16,7 +16,7 @@ import functools
 import select
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Iterable
 from typing import Any, TypeVar
 
 import redis.asyncio
@@ -27,8 +27,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from redlock._core.requests import Broadcast, Call
-from redlock._core.state import RoundTrips
+from redlock._core.requests import Broadcast, Call, CommandArg, Decision, Replies
 from redlock._io.nodes import build_pool, check_node_list, node_labels, pool_overrides
 from redlock._io.wire import (
     NOT_AWAITED,
@@ -102,10 +101,15 @@ def _readable_while_idle(conn: Any) -> bool:
 class _Exchange:
     """One node's calls of one request, and what came back."""
 
-    __slots__ = ("calls", "conn", "indexes", "lane", "node", "over", "results", "sent_at")
+    __slots__ = ("calls", "conn", "indexes", "lane", "node", "over", "replies", "results",
+                 "sent_at")
 
-    def __init__(self, node: int, lane: str | None = None) -> None:
+    def __init__(self, node: int, replies: Replies, lane: str | None = None) -> None:
         self.node = node
+        # The request's replies while it waits (None once it is over): what the exchange
+        # learns of the server (its identity, a round trip) goes there at once, for the
+        # request's early decision.
+        self.replies: Replies | None = replies
         self.lane = lane  # its request's lane of connections (None: the shared ones)
         self.indexes: list[int] = []
         self.calls: list[Call] = []
@@ -125,7 +129,7 @@ class _Exchange:
         return self.conn is None and not self.needless() and all(
             call.script is scripts.RELEASE for call in self.calls)
 
-    def copy_into(self, replies: list[object]) -> None:
+    def copy_into(self, replies: Replies) -> None:
         """The replies read so far into the request's replies (what is still unread stays
         PENDING there)."""
         for index, result in zip(self.indexes, self.results, strict=True):
@@ -185,9 +189,9 @@ class _Gathering:
     """The replies of one request as its exchanges finish (their done callbacks), and
     the future that wakes the request when there is something to decide."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, replies: list[object],
-                 enough: Callable[[Sequence[object]], bool] | None) -> None:
-        self.replies: list[object] | None = replies
+    def __init__(self, loop: asyncio.AbstractEventLoop, replies: Replies,
+                 enough: Decision | None) -> None:
+        self.replies: Replies | None = replies
         self.enough = enough
         self.left = 0  # exchanges not finished
         self.decided = False
@@ -195,7 +199,7 @@ class _Gathering:
 
     def decides(self) -> bool:
         return self.enough is not None and self.replies is not None and self.enough(
-            self.replies)
+            self.replies, self.replies.identities)
 
     def finished(self, exchange: _Exchange, _task: object) -> None:
         self.left -= 1
@@ -209,8 +213,11 @@ class _Gathering:
 class AsyncTransport:
     """One connection pool per node; each request's nodes asked concurrently."""
 
-    def __init__(self, nodes: Iterable[str | redis.asyncio.Redis],
-                 connect_timeout: float) -> None:
+    def __init__(self, nodes: Iterable[str | redis.asyncio.Redis], connect_timeout: float,
+                 identify: tuple[CommandArg, ...] | None = None) -> None:
+        # ``identify``: the command sent first on every new connection (IDENTIFY, docs/
+        # design.md §4.4); its reply is returned with the request's (Replies.identities).
+        self.identify = identify
         # Our reads carry their own timeouts: the pools' socket timeout bounds only the
         # connection's handshake (and a send that cannot proceed), like connecting.
         overrides = pool_overrides(connect_timeout, Retry(NoBackoff(), 0))
@@ -232,25 +239,22 @@ class AsyncTransport:
         self._closed = False
         # The call sent first on every new connection, and who is told the replies
         # (node -> reply) as soon as they arrive (set by the manager).
-        self.identify: Callable[[int], Call] | None = None
-        self.identified: Callable[[dict[int, object]], None] = lambda _: None
-        self.round_trips: RoundTrips | None = None  # fed with every reply's round trip
 
-    async def broadcast(self, request: Broadcast) -> list[object]:
+    async def broadcast(self, request: Broadcast) -> Replies:
         """Every call's reply or exception (NOT_AWAITED for those the request was
         decided without). Calls for one node share one connection and one write."""
         if self._closed:  # a background protocol (maintenance) racing the manager's close
-            return [RedisConnectionError("the manager is closed")] * len(request.calls)
+            return Replies([RedisConnectionError("the manager is closed")] * len(request.calls))
+        replies = Replies([PENDING] * len(request.calls))
         exchanges: dict[int, _Exchange] = {}
         for index, call in enumerate(request.calls):
             exchange = exchanges.get(call.node)
             if exchange is None:
-                exchange = exchanges[call.node] = _Exchange(call.node, request.lane)
+                exchange = exchanges[call.node] = _Exchange(call.node, replies, request.lane)
             exchange.indexes.append(index)
             exchange.calls.append(call)
         if self._late.any():
             await self.write_behind(request)
-        replies: list[object] = [PENDING] * len(request.calls)
         loop = asyncio.get_running_loop()
         gathering = _Gathering(loop, replies, request.enough)
         tasks: dict[asyncio.Task[None], _Exchange] = {}
@@ -299,7 +303,10 @@ class AsyncTransport:
             for exchange in tasks.values():
                 exchange.copy_into(replies)
             gathering.replies = None  # late exchanges must not write into these replies
-            decided = request.enough is not None and request.enough(replies)
+            for exchange in tasks.values():
+                exchange.replies = None
+            decided = request.enough is not None and request.enough(replies,
+                                                                    replies.identities)
             for task, exchange in tasks.items():
                 if task.done():
                     continue
@@ -358,7 +365,7 @@ class AsyncTransport:
         commands = [render(call, evalsha=not new) for call in calls]
         probed = new and self.identify is not None
         if probed:
-            commands.insert(0, render(self.identify(node), evalsha=False))  # type: ignore[misc]
+            commands.insert(0, self.identify)  # type: ignore[arg-type]
         late = Late(conn, node, calls, len(commands), time.monotonic() + self.connect_timeout)
         self._late.add(late)  # a release for an acquire in here goes behind it
         try:
@@ -367,7 +374,8 @@ class AsyncTransport:
             if probed:
                 identity = await self._reply(conn, late)
                 conn._redlock_identified = conn._writer  # this connection is known now
-                self.identified({node: identity})  # at once: the request's early decision
+                if exchange.replies is not None:  # at once: the request's early decision
+                    exchange.replies.identities[node] = identity
             await self._read(exchange, conn, late)
         finally:
             late.closed = True
@@ -378,8 +386,9 @@ class AsyncTransport:
         unknown = []
         for position in range(len(exchange.calls)):
             reply = await self._reply(conn, late)
-            if position == 0 and self.round_trips is not None:
-                self.round_trips.sample(exchange.node, time.monotonic() - exchange.sent_at)
+            if position == 0 and exchange.replies is not None:
+                exchange.replies.round_trips[exchange.node] = (
+                    time.monotonic() - exchange.sent_at)
             if isinstance(reply, NoScriptError):
                 unknown.append(position)
             else:

@@ -16,7 +16,7 @@ import contextlib
 import select
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 import redis
@@ -25,8 +25,7 @@ from redis.connection import parse_url
 from redis.exceptions import NoScriptError
 from redis.retry import Retry
 
-from redlock._core.requests import Broadcast, Call
-from redlock._core.state import RoundTrips
+from redlock._core.requests import Broadcast, Call, CommandArg, Replies
 from redlock._io.nodes import build_pool, check_node_list, node_labels, pool_overrides
 from redlock._io.wire import (
     NOT_AWAITED,
@@ -131,7 +130,11 @@ _LAST_READ = 0.05
 class SyncTransport:
     """One connection pool per node, and scatter/gather over raw connections."""
 
-    def __init__(self, nodes: Iterable[str | redis.Redis], connect_timeout: float) -> None:
+    def __init__(self, nodes: Iterable[str | redis.Redis], connect_timeout: float,
+                 identify: tuple[CommandArg, ...] | None = None) -> None:
+        # ``identify``: the command sent first on every new connection (IDENTIFY, docs/
+        # design.md §4.4); its reply is returned with the request's (Replies.identities).
+        self.identify = identify
         # Our reads carry their own timeouts: the pools' socket timeout bounds only the
         # connection's handshake (and a send that cannot proceed), like connecting.
         overrides = pool_overrides(connect_timeout, Retry(NoBackoff(), 0))
@@ -157,9 +160,6 @@ class SyncTransport:
         self._idle_now = threading.Condition(self._mutex)
         # The call sent first on every new connection, and who is told the replies
         # (node -> reply) before the request's replies are returned (set by the manager).
-        self.identify: Callable[[int], Call] | None = None
-        self.identified: Callable[[dict[int, object]], None] = lambda _: None
-        self.round_trips: RoundTrips | None = None  # fed with every reply's round trip
 
     # -- a request ---------------------------------------------------------------
 
@@ -182,7 +182,7 @@ class SyncTransport:
         if self._late.any():
             self._trail_releases(request)
         deadline = time.monotonic() + request.timeout
-        replies: list[object] = [PENDING] * len(request.calls)
+        replies = Replies([PENDING] * len(request.calls))
         groups = _groups(request)
         sent: list[_Group] = []
         # Nodes without an open connection: opening one in the background, or (None)
@@ -198,7 +198,8 @@ class SyncTransport:
                                                             anyway=group.lane is not None)))
             self._gather(request, replies, sent, connecting, deadline)
         finally:
-            decided = request.enough is not None and request.enough(replies)
+            decided = request.enough is not None and request.enough(replies,
+                                                                    replies.identities)
             for group, attempt in connecting:  # still connecting: it joins the pool later
                 if attempt is None:
                     queued = self._queue_late(group.node, group.calls)
@@ -219,11 +220,12 @@ class SyncTransport:
                     self._keep_late(group, unread)
         return replies
 
-    def _gather(self, request: Broadcast, replies: list[object], sent: list[_Group],
+    def _gather(self, request: Broadcast, replies: Replies, sent: list[_Group],
                 connecting: list[tuple[_Group, _Connect | None]], deadline: float) -> None:
         started, decided = time.monotonic(), False
         while True:
-            if not decided and request.enough is not None and request.enough(replies):
+            if not decided and request.enough is not None and request.enough(
+                    replies, replies.identities):
                 # Decided: the stragglers get as long again as the decision took (all of
                 # a healthy cluster's replies come in together), then no longer.
                 decided = True
@@ -275,7 +277,7 @@ class SyncTransport:
             for group in ready:
                 self._read(group, replies, deadline)
 
-    def _send(self, group: _Group, conn: Any, replies: list[object],
+    def _send(self, group: _Group, conn: Any, replies: Replies,
               sent: list[_Group]) -> None:
         group.conn = conn
         try:
@@ -285,7 +287,7 @@ class SyncTransport:
             commands = [render(call, evalsha=not new) for call in group.calls]
             if new and self.identify is not None:
                 group.probed = True
-                commands.insert(0, render(self.identify(group.node), evalsha=False))
+                commands.insert(0, self.identify)
             conn.send_packed_command(conn.pack_commands(commands), check_health=False)
             group.sent_at = time.monotonic()
             sent.append(group)
@@ -294,7 +296,7 @@ class SyncTransport:
             group.done = True
             self._discard(group.node, conn)
 
-    def _read(self, group: _Group, replies: list[object], deadline: float) -> None:
+    def _read(self, group: _Group, replies: Replies, deadline: float) -> None:
         """Read the group's replies (they are arriving): done, failed (and closed), or
         not complete at the deadline (the rest is read later, or in the background)."""
         conn = group.conn
@@ -302,16 +304,16 @@ class SyncTransport:
             if group.probed and group.identity is PENDING:
                 group.identity = self._read_one(conn, deadline)
                 conn._redlock_identified = conn._sock  # this connection is known now
-                # Told at once: this request's own early decision must not count a
-                # restarted node's grant.
-                self.identified({group.node: group.identity})
+                # Among the replies at once: this request's own early decision must not
+                # count a restarted node's grant.
+                replies.identities[group.node] = group.identity
             for index in group.indexes:
                 if replies[index] is not PENDING or index in group.unknown:
                     continue  # read already, before a timeout
                 reply = self._read_one(conn, deadline)
-                if self.round_trips is not None and not group.sampled:
+                if not group.sampled:
                     group.sampled = True
-                    self.round_trips.sample(group.node, time.monotonic() - group.sent_at)
+                    replies.round_trips[group.node] = time.monotonic() - group.sent_at
                 if isinstance(reply, NoScriptError):  # SCRIPT FLUSH since: send the body
                     group.unknown.append(index)
                 else:

@@ -26,9 +26,8 @@ in trouble.
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -75,18 +74,18 @@ class Failure:
 class NodeOutages:
     """Per node, the failures of its current outage (thread-safe)."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic,
-                 wall_clock: Callable[[], float] = time.time, *,
-                 summary_every_s: float = 60.0, settle_s: float = 5.0) -> None:
+    def __init__(self, clock: Callable[[], float], wall_clock: Callable[[], float],
+                 mutex: AbstractContextManager[object], *, summary_every_s: float = 60.0,
+                 settle_s: float = 5.0) -> None:
         self._clock = clock
         self._wall_clock = wall_clock
         self.summary_every_s = summary_every_s
         self.settle_s = settle_s
-        self._mutex = threading.Lock()
+        self._mutex = mutex
         self._outages: dict[str, _Outage] = {}
 
-    def after_fork(self) -> None:
-        self._mutex = threading.Lock()  # a parent thread may have held it at the fork
+    def after_fork(self, mutex: AbstractContextManager[object]) -> None:
+        self._mutex = mutex  # a parent thread may have held the old one at the fork
 
     def __bool__(self) -> bool:
         """Is some node in trouble? Read without the lock: a stale answer only delays

@@ -11,19 +11,16 @@ and, forced, of a majority that lost its data.
 
 from __future__ import annotations
 
-import secrets
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
 
-from redlock._core.requests import Broadcast, Call, CommandArg, Protocol, ask_one
+from redlock._core.amnesia.episodes import judge, open_episodes
+from redlock._core.amnesia.guard import AmnesiaGuard
+from redlock._core.requests import Broadcast, Call, CommandArg, Flow, ask_one
 from redlock._core.rules import error_detail
 from redlock._observe.log import get_logger
 from redlock._scripts import node as node_scripts
-
-if TYPE_CHECKING:
-    from redlock._core.amnesia.guard import AmnesiaGuard
+from redlock._scripts.replies import identity, is_healthy, text
 
 logger = get_logger("redlock.nodes")
 
@@ -37,44 +34,18 @@ class RepairReport:
     detail: str = ""
 
 
-def text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def stamped_run(marker: object) -> str | None:
-    """The server run id a marker value was stamped with (None: an unstamped marker)."""
-    for word in text(marker).split():
-        if word.startswith("run_id="):
-            return word[len("run_id="):]
-    return None
-
-
-def identity(reply: object) -> tuple[str, bytes | None] | None:
-    """(run id, marker value or None) from an IDENTIFY reply, or None if it failed."""
-    if isinstance(reply, list | tuple) and len(reply) == 2 and reply[0]:
-        marker = reply[1]
-        return text(reply[0]), (None if marker is None else text(marker).encode())
-    return None
-
-
 def _why(reply: object) -> str:
     return error_detail(reply) if isinstance(reply, BaseException) else f"unexpected {reply!r}"
 
 
-def is_healthy(reply: object) -> bool:
-    """The node has a marker stamped by the server run that answers."""
-    found = identity(reply)
-    return found is not None and found[1] is not None and stamped_run(found[1]) == found[0]
-
-
 def repair_node(guard: AmnesiaGuard, target: int, *, force: bool,
-                sources: Sequence[int] | None = None) -> Protocol[RepairReport]:
+                sources: Sequence[int] | None = None) -> Flow[RepairReport]:
     """Re-seed ``target``'s fence counters, then give it its marker back (if its episode
     is one ``max_ttl`` old, or ``force``). ``sources``: the nodes to read counters from
     (all of them must answer); by default every healthy node, of which a quorum must."""
     address = guard.addresses[target]
     timeout = guard.settings.repair_timeout
-    repair_id = secrets.token_hex(8)
+    repair_id = guard.env.random_hex(8)
     claim = guard.keys.repair_guard
     claimed = yield from ask_one(Call(target, ("SET", claim, repair_id, "NX", "PX",
                                                int(timeout * 1000 * 30))), timeout)
@@ -113,7 +84,7 @@ def repair_node(guard: AmnesiaGuard, target: int, *, force: bool,
             return RepairReport(address, "failed", f"seeding interrupted: {seeded!r}")
     delay_ms = 0 if force else int(guard.settings.max_ttl * 1000)
     done = yield from ask_one(Call(
-        target, (repair_id, f"repaired at={time.time():.3f} by={repair_id}", delay_ms),
+        target, (repair_id, f"repaired at={guard.env.wall_clock():.3f} by={repair_id}", delay_ms),
         node_scripts.FINISH_REPAIR, (claim, guard.keys.marker, guard.keys.episode)), timeout)
     if done == -1:
         yield from ask_one(Call(target, ("DEL", claim)), timeout)
@@ -121,7 +92,7 @@ def repair_node(guard: AmnesiaGuard, target: int, *, force: bool,
         # repair_interval later: this was no failure).
         guard.health.episode_unknown(target)
         guard.health.last_try.pop(target, None)
-        yield from guard.open_episodes([target])
+        yield from open_episodes(guard, [target])
         return RepairReport(address, "waiting", "its amnesia episode is younger than"
                             " max_ttl by its clock (it lost data again, or restarted)")
     if done != 1:
@@ -132,7 +103,7 @@ def repair_node(guard: AmnesiaGuard, target: int, *, force: bool,
     return RepairReport(address, "repaired", f"{len(items)} fence counters re-seeded")
 
 
-def read_counters(guard: AmnesiaGuard, node: int) -> Protocol[dict[str, int] | None]:
+def read_counters(guard: AmnesiaGuard, node: int) -> Flow[dict[str, int] | None]:
     """Every fence counter of the namespace on one node (SCAN + MGET), or None."""
     cursor: CommandArg = 0
     values: dict[str, int] = {}
@@ -155,7 +126,7 @@ def read_counters(guard: AmnesiaGuard, node: int) -> Protocol[dict[str, int] | N
     return None
 
 
-def repair(guard: AmnesiaGuard, *, force: bool) -> Protocol[list[RepairReport]]:
+def repair(guard: AmnesiaGuard, *, force: bool) -> Flow[list[RepairReport]]:
     """Look at every node; judge restarted ones, and repair those that lost their data
     once their episode is one ``max_ttl`` old by their own clock (or at once: ``force``,
     when every lock held before the loss has certainly expired)."""
@@ -175,12 +146,12 @@ def repair(guard: AmnesiaGuard, *, force: bool) -> Protocol[list[RepairReport]]:
                                                "uninitialised cluster"))
         return [reports[i] for i in range(guard.n)]
     if guard.health.suspect:
-        yield from guard.judge(dict(guard.health.suspect))
+        yield from judge(guard, dict(guard.health.suspect))
     for i in range(guard.n):
         if i not in reports and i not in marked:
             guard.health.lost_data(i)
     # Nodes without a marker, and those judge() just demoted: their episodes.
-    yield from guard.open_episodes([i for i, due in list(guard.health.unmarked.items())
+    yield from open_episodes(guard, [i for i, due in list(guard.health.unmarked.items())
                                     if due is None and i not in reports])
     now = guard.clock()
     for i in sorted(guard.health.benched() - set(reports)):
@@ -201,7 +172,7 @@ def repair(guard: AmnesiaGuard, *, force: bool) -> Protocol[list[RepairReport]]:
     return [reports[i] for i in range(guard.n)]
 
 
-def _is_blank(guard: AmnesiaGuard, node: int) -> Protocol[bool]:
+def _is_blank(guard: AmnesiaGuard, node: int) -> Flow[bool]:
     """No amnesia episode and no key of the namespace (the whole keyspace scanned)."""
     timeout = guard.settings.repair_timeout
     episode = yield from ask_one(Call(node, ("EXISTS", guard.keys.episode)), timeout)
@@ -220,7 +191,7 @@ def _is_blank(guard: AmnesiaGuard, node: int) -> Protocol[bool]:
     return False
 
 
-def initialise(guard: AmnesiaGuard, *, force: bool) -> Protocol[list[RepairReport]]:
+def initialise(guard: AmnesiaGuard, *, force: bool) -> Flow[list[RepairReport]]:
     """Give every node without its marker one: a new cluster, or the rest of an
     interrupted initialisation (nodes that never held anything). ``force``: also nodes
     that lost their data (a majority, or while the cluster cannot repair them), after
