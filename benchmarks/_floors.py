@@ -29,7 +29,7 @@ from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from redlock._core.rules import Keys
+from redlock._core.settings import Keys
 from redlock._io.nodes import pool_overrides
 from redlock._scripts import lock as scripts
 

@@ -34,16 +34,17 @@ class _AsyncHandle(HandleBase):
 
     async def acquire(self, blocking: bool | None = None, timeout: float | None = None) -> bool:
         """See :meth:`redlock.Lock.acquire`."""
-        flow = self._observed("acquire", self._acquire_flow(blocking, timeout))
+        flow = self._observed(
+            "acquire", lambda watch: self._acquire_flow(blocking, timeout, watch))
         return cast(bool, await self._registry.drive(flow))
 
     async def release(self) -> None:
         """See :meth:`redlock.Lock.release`."""
-        await self._registry.drive(self._observed("release", self._release_flow()))
+        await self._registry.drive(self._observed("release", lambda _: self._release_flow()))
 
     async def extend(self, ttl: float | None = None) -> None:
         """See :meth:`redlock.Lock.extend`."""
-        await self._registry.drive(self._observed("extend", self._extend_flow(ttl)))
+        await self._registry.drive(self._observed("extend", lambda _: self._extend_flow(ttl)))
 
     async def __aenter__(self: _H) -> _H:
         if not await self.acquire():
@@ -53,7 +54,7 @@ class _AsyncHandle(HandleBase):
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> None:
         leaving = self._exit_flow(exc_type is not None)
-        await self._registry.drive(self._observed("release", leaving))
+        await self._registry.drive(self._observed("release", lambda _: leaving))
 
 
 class AsyncLock(_AsyncHandle, LockBase):

@@ -39,7 +39,8 @@ class _SyncHandle(HandleBase):
         lock; raises :class:`QuorumUnavailable` when too few nodes answer at all (an
         outage is not contention), at once or after the manager's ``outage_timeout``.
         """
-        flow = self._observed("acquire", self._acquire_flow(blocking, timeout))
+        flow = self._observed(
+            "acquire", lambda watch: self._acquire_flow(blocking, timeout, watch))
         return cast(bool, self._registry.drive(flow))
 
     def release(self) -> None:
@@ -50,11 +51,11 @@ class _SyncHandle(HandleBase):
         may have run unprotected. Leaving a ``with`` block raises it too, unless another
         exception is already propagating.
         """
-        self._registry.drive(self._observed("release", self._release_flow()))
+        self._registry.drive(self._observed("release", lambda _: self._release_flow()))
 
     def extend(self, ttl: float | None = None) -> None:
         """Reset the TTL on a quorum; raises :class:`LockLost` when that fails in time."""
-        self._registry.drive(self._observed("extend", self._extend_flow(ttl)))
+        self._registry.drive(self._observed("extend", lambda _: self._extend_flow(ttl)))
 
     def __enter__(self: _H) -> _H:
         if not self.acquire():
@@ -64,7 +65,7 @@ class _SyncHandle(HandleBase):
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         leaving = self._exit_flow(exc_type is not None)
-        self._registry.drive(self._observed("release", leaving))
+        self._registry.drive(self._observed("release", lambda _: leaving))
 
 
 class Lock(_SyncHandle, LockBase):

@@ -30,30 +30,25 @@ from redlock._core.requests import (
     Wait,
     drive,
 )
-from redlock._core.rules import (
-    TOKEN_LIMIT,
+from redlock._core.settings import (
     Keys,
     Settings,
-    choose_token,
-    classify_ack_reply,
-    classify_acquire_reply,
-    is_permanent_error,
-    quorum,
-    unsafe_config,
     validate_node_addresses,
     validate_resource,
     validate_seconds,
     validate_timeout,
-    validity_left,
 )
 from redlock._core.state import LockState, Status
+from redlock._core.tokens import TOKEN_LIMIT, choose_token, quorum, validity_left
 from redlock._core.waiting import LINE_POLL_MAX
+from redlock._io.failures import as_failure, map_failures
 from redlock._io.wakeups import WakeRegistry
 from redlock._observe.events import SENTENCES, render
 from redlock._observe.log import RESERVED_FIELDS, EventLogger, event_fields
 from redlock._observe.outages import NodeOutages
 from redlock._scripts import lock as scripts
 from redlock._scripts import node as node_scripts
+from redlock._scripts.replies import ack_outcome, acquire_outcome, unsafe_config
 from redlock.cli import render as cli_render
 
 __all__ = [
@@ -83,16 +78,17 @@ __all__ = [
     "Telemetry",
     "Wait",
     "WakeRegistry",
+    "ack_outcome",
+    "acquire_outcome",
+    "as_failure",
     "choose_token",
-    "classify_ack_reply",
-    "classify_acquire_reply",
     "cli_render",
     "drive",
     "drop_idle_connections",
     "event_fields",
-    "is_permanent_error",
     "lines_idle",
     "maintenance",
+    "map_failures",
     "node_scripts",
     "observe",
     "open_episodes",

@@ -28,6 +28,7 @@ from tests.internals import (
     RedlockCore,
     Settings,
     Wait,
+    map_failures,
     node_scripts,
     real_environment,
     scripts,
@@ -206,6 +207,7 @@ class ScriptedNodes:
                     identities[node] = identity
                     self.new_connections.discard(node)
         replies = [self.reply(call) for call in request.calls]
+        map_failures(replies)  # as the transports do: the core sees node failures only
         if identities:
             assert self.attached is not None
             self.attached.amnesia.identified(identities)
@@ -225,7 +227,7 @@ class ScriptedNodes:
 
     def run_script(self, node: int, script: object, keys: tuple[str, ...],
                    args: tuple[object, ...]) -> object:
-        """The Lua scripts of redlock/_scripts.py, step for step."""
+        """The Lua scripts of redlock/_scripts/lock.py, step for step."""
         db = self.data[node]
 
         def get(key: str) -> str | None:

@@ -25,7 +25,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from redlock._core.rules import validate_resource
+from redlock._core.settings import validate_resource
 
 F = TypeVar("F", bound=Callable[..., Any])
 

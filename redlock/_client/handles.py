@@ -22,11 +22,11 @@ from typing import Any
 
 from redlock import _fork
 from redlock._client.registry import Registry
-from redlock._client.telemetry import observe
+from redlock._client.telemetry import AttemptWatch, observe
 from redlock._core.algorithm import RedlockCore
 from redlock._core.handover import Handover, export_state
 from redlock._core.requests import Flow, Invoke, T
-from redlock._core.rules import (
+from redlock._core.settings import (
     label,
     shown,
     validate_resource,
@@ -101,14 +101,17 @@ class HandleBase:
             return acting_for
         return self._registry.current_owner()
 
-    def _observed(self, op: str, protocol: Flow[T]) -> Flow[T]:
-        """The protocol, wrapped for OpenTelemetry when something records (§11.5)."""
-        return observe(self._registry.telemetry, op, protocol, self,
+    def _observed(self, op: str, make_flow: Callable[[AttemptWatch | None], Flow[T]]) -> Flow[T]:
+        """The operation's flow, made by ``make_flow(watch)`` and observed for
+        OpenTelemetry when something records (§11.5); ``watch`` hears of each acquire
+        attempt from the core (None when nothing records)."""
+        return observe(self._registry.telemetry, op, make_flow, self,
                        self._core.amnesia.health)
 
     # -- the flows the shells drive -------------------------------------------
 
-    def _acquire_flow(self, blocking: bool | None, timeout: float | None) -> Flow[bool]:
+    def _acquire_flow(self, blocking: bool | None, timeout: float | None,
+                      watch: AttemptWatch | None = None) -> Flow[bool]:
         owner = self._owner_key()
         if blocking is not None and timeout is not None:
             check_mode(bool(blocking), validate_timeout(timeout))
@@ -117,7 +120,7 @@ class HandleBase:
         if (yield from self._reenter_flow(owner)):
             return True
         result = yield from self._core.acquire(self._resources, self.ttl, blocking=blocking,
-                                               timeout=timeout)
+                                               timeout=timeout, watch=watch)
         state = self._finish_acquire(result, owner)
         if state is None:
             return False

@@ -32,7 +32,7 @@ from redlock._core.handover import Handover, as_handover
 from redlock._core.handover import adopt as adopt_handover
 from redlock._core.renewals import Renewals
 from redlock._core.requests import Flow
-from redlock._core.rules import Keys, Settings, validate_resource
+from redlock._core.settings import Keys, Settings, validate_resource
 from redlock._io.wakeups import WakeRegistry
 from redlock._observe.log import get_logger
 

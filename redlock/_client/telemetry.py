@@ -29,14 +29,16 @@ without its marker, ``majority`` for a ClusterAmnesiaError).
 
 from __future__ import annotations
 
-import contextlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from redlock._core.requests import Backoff, Broadcast, Flow
-from redlock._scripts import lock as scripts
-from redlock.errors import ClusterAmnesiaError, LockLost, NotHeld, QuorumUnavailable
+from redlock._core.requests import Backoff, Flow
+from redlock._core.state import AttemptResult
+from redlock.errors import ClusterAmnesiaError, LockLost, NotHeld, Outcome, QuorumUnavailable
+
+AttemptWatch = Callable[[AttemptResult], None]
 
 try:
     from opentelemetry import metrics as otel_metrics
@@ -49,7 +51,6 @@ except ImportError:  # the otel extra is not installed: no telemetry, no cost
 T = TypeVar("T")
 
 _INSTRUMENTATION = "redlock"
-_ACQUIRE_SCRIPTS = (scripts.ACQUIRE.name, scripts.ACQUIRE_MANY.name)
 
 
 RECHECK_S = 1.0  # how often a manager without providers looks for global ones
@@ -142,37 +143,19 @@ class Telemetry:
         return made
 
 
-def _granted_votes(replies: object) -> int:
-    """Nodes that granted in an acquire round (ACQUIRE codes 1, 2; ACQUIRE_MANY 1)."""
-    votes = 0
-    for reply in replies:  # type: ignore[attr-defined]
-        if isinstance(reply, list | tuple) and reply:
-            with contextlib.suppress(TypeError, ValueError):
-                votes += int(reply[0]) in (1, 2)
-    return votes
-
-
-def _all_unmarked(replies: object) -> bool:
-    """Every node answered "no marker": a new cluster, about to be initialised."""
-    return all(isinstance(r, list | tuple) and len(r) == 2 and r[0] == -1
-               for r in replies)  # type: ignore[attr-defined]
-
-
-def _script_name(request: object) -> str | None:
-    if isinstance(request, Broadcast) and request.calls and request.calls[0].script:
-        return request.calls[0].script.name
-    return None
-
-
-def observe(telemetry: Telemetry | None, op: str, protocol: Flow[T], handle: Any,
+def observe(telemetry: Telemetry | None, op: str,
+            make_flow: Callable[[AttemptWatch | None], Flow[T]], handle: Any,
             amnesia_health: Any = None) -> Flow[T]:
-    """``protocol`` itself when nothing records; else an observer around it."""
+    """The operation's flow (``make_flow(watch)``) as it is when nothing records; else
+    wrapped in an observer, which the core tells of each acquire attempt (``watch``:
+    events from the core, not wire replies read again)."""
     if telemetry is None:
-        return protocol
+        return make_flow(None)
     instruments = telemetry.instruments()
     if instruments is None:
-        return protocol
-    return _Observer(telemetry, instruments, op, handle, amnesia_health).run(protocol)
+        return make_flow(None)
+    observer = _Observer(telemetry, instruments, op, handle, amnesia_health)
+    return observer.run(make_flow(observer.attempted))
 
 
 class _Observer:
@@ -211,8 +194,17 @@ class _Observer:
             return set()
         return set(self.health.benched())
 
+    def attempted(self, result: AttemptResult) -> None:
+        """The core ended an acquire attempt: count it, its votes, a quorum failure (a
+        new cluster's first round, every node without a marker, is none)."""
+        self.attempts += 1
+        self.votes = sum(1 for r in result.outcomes if r.outcome is Outcome.GRANTED)
+        if self.votes < self.t.quorum and not all(
+                r.outcome is Outcome.AMNESIAC for r in result.outcomes):
+            self.quorum_failures += 1
+
     def _forward(self, protocol: Flow[T]) -> Flow[T]:
-        """Forward requests and replies unchanged, noting what goes by."""
+        """Forward requests and replies unchanged, timing the waits between attempts."""
         try:
             request = next(protocol)
             while True:
@@ -227,11 +219,6 @@ class _Observer:
                     continue
                 if isinstance(request, Backoff):
                     self.waited += time.perf_counter() - sent
-                elif _script_name(request) in _ACQUIRE_SCRIPTS:
-                    self.attempts += 1
-                    self.votes = _granted_votes(reply)
-                    if self.votes < self.t.quorum and not _all_unmarked(reply):
-                        self.quorum_failures += 1  # (a new cluster's first round is not)
                 request = protocol.send(reply)
         except StopIteration as stop:
             return stop.value  # type: ignore[no-any-return]

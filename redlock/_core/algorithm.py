@@ -1,10 +1,11 @@
 """The Redlock algorithm with quorum fencing, free of I/O (docs/design.md §2-§5).
 
-Everything that decides anything about locks lives here: the acquire attempt, its
-quorum, validity and token commit, retries and backoff, release, extend and the
-watchdog's renewals. Each operation is a protocol (see :mod:`redlock._core.requests`)
-that the sync and asyncio shells drive; node amnesia is delegated to
-:class:`redlock._core.amnesia.guard.AmnesiaGuard`.
+Everything that decides anything about locks lives here and in
+:mod:`redlock._core.holding`: the acquire attempt, its quorum, validity and token
+commit, retries and backoff here; release, extend and loss there (the renewal loop,
+:mod:`redlock._core.renewals`, drives those). Each operation is a protocol (see
+:mod:`redlock._core.requests`) that the sync and asyncio shells drive; node amnesia is
+delegated to :class:`redlock._core.amnesia.guard.AmnesiaGuard`.
 """
 
 from __future__ import annotations
@@ -14,56 +15,49 @@ from collections.abc import Callable, Mapping, Sequence
 from redlock._core.amnesia.guard import AmnesiaGuard
 from redlock._core.amnesia.repair import RepairReport, initialise, repair
 from redlock._core.environment import Environment
+from redlock._core.holding import Holding
 from redlock._core.requests import (
-    PENDING,
     Backoff,
     Broadcast,
     Call,
     CommandArg,
     Decision,
     Flow,
-    Pause,
     Replies,
 )
-from redlock._core.rules import (
+from redlock._core.settings import Keys, Settings, label, validate_node_addresses
+from redlock._core.state import AcquireResult, AttemptResult, LockState, RoundTrips
+from redlock._core.tokens import (
     TOKEN_LIMIT,
-    Keys,
-    Settings,
+    TokenFloors,
     choose_token,
-    classify_ack_reply,
-    classify_acquire_reply,
-    is_permanent_error,
-    label,
     quorum,
-    validate_node_addresses,
     validity_left,
     waiter_id,
-)
-from redlock._core.state import (
-    AcquireResult,
-    AttemptResult,
-    LockState,
-    RoundTrips,
-    Status,
-    TokenFloors,
 )
 from redlock._core.waiting import Waits, patience
 from redlock._observe.log import get_logger
 from redlock._observe.outages import NodeOutages
 from redlock._scripts import lock as scripts
-from redlock._scripts.lock import Script
-from redlock._scripts.replies import restarted
-from redlock.errors import NodeResult, Outcome, describe
+from redlock._scripts.replies import (
+    FailureKind,
+    NodeFailure,
+    acked,
+    acquire_counters,
+    acquire_outcome,
+    acquire_set_nothing,
+    acquire_vote,
+    restarted,
+)
+from redlock._scripts.script import Script
+from redlock.errors import Outcome, describe
 
 logger = get_logger("redlock.locks")
 nodes_logger = get_logger("redlock.nodes")
 
-# The least a holder's release waits for a quorum's answers (see _release_calls).
-_RELEASE_FLOOR = 0.25
-
-
-class RedlockCore:
-    """Quorum acquire with fencing, release, extend and the watchdog, for N nodes."""
+class RedlockCore(Holding):
+    """Quorum acquire with fencing for N nodes; release, extend and loss come from
+    :class:`~redlock._core.holding.Holding`."""
 
     def __init__(self, addresses: Sequence[str], settings: Settings, env: Environment) -> None:
         validate_node_addresses(addresses)
@@ -133,79 +127,11 @@ class RedlockCore:
         targets = range(self.n) if nodes is None else nodes
         return tuple(Call(i, args, script, keys) for i in targets)
 
-    def _release_calls(self, resources: Sequence[str], owner: str, ttl: float | None = None,
-                       *, leave: bool = True, nodes: Sequence[int] | None = None,
-                       patient: bool = False) -> Broadcast:
-        """Compare-and-delete of each resource's key on every node (a set's calls to one
-        node go out pipelined), and with ``leave`` the owner's entry in the waiting lines
-        is dropped too. Decided once a quorum of the nodes asked answered (see
-        :meth:`_settled`); later answers are read in the background."""
-        keys = self.keys
-        # A failed attempt keeps its place in line for the patience (the ACQUIRE that
-        # granted it cut its entry to the key's TTL).
-        args: tuple[CommandArg, ...] = (owner, "1") if leave else (
-            owner, "0", int(patience(self.settings, self.timeout(ttl)) * 1000))
-        calls = tuple(
-            Call(i, args, scripts.RELEASE,
-                 (keys.lock(r), keys.channel(r), keys.line(r), keys.line_deadlines(r)))
-            for i in (range(self.n) if nodes is None else nodes) for r in resources)
-        timeout = self.timeout(ttl)
-        if patient:
-            # A holder's release is decided as soon as a quorum answered; the timeout
-            # only bounds it when fewer do. A client thread starved of the GIL (dozens
-            # of threads on two cores) or a busy event loop reads healthy nodes' answers
-            # late: give them that long before calling them unreachable.
-            timeout = max(timeout, min(self.settings.request_ceiling(ttl), _RELEASE_FLOOR))
-        return Broadcast(calls, timeout, enough=self._settled(calls))
-
-    def _settled(self, calls: Sequence[Call], *, acks: bool = False) -> Decision:
-        """When a release or extend is decided (docs/design.md §2.4, §5.1): once every key
-        in it (one acquisition's key of one resource) is settled, i.e. a quorum of the
-        nodes asked answered for it (``acks``: acknowledged it, replied 1, as an extend
-        needs; or more nodes answered "our key is gone" than a quorum can spare: it
-        cannot be extended). The stragglers then get the transport's grace, as long
-        again as the decision took; what they answer later is read in the background.
-        Until then the request waits for every node, up to its timeout: it never gives
-        up on a node that may still answer in time."""
-        keys: dict[tuple[object, tuple[str, ...]], list[int]] = {}
-        nodes = set()
-        for index, call in enumerate(calls):
-            nodes.add(call.node)
-            keys.setdefault((call.args[0], call.keys), []).append(index)
-        per_key = list(keys.values())
-        spare, needed = self.n - self.quorum, min(self.quorum, len(nodes))
-
-        def key_settled(indexes: list[int], replies: Sequence[object]) -> bool:
-            if not acks:
-                return sum(1 for i in indexes if replies[i] is not PENDING) >= needed
-            return (sum(1 for i in indexes if replies[i] == 1) >= needed
-                    or sum(1 for i in indexes if replies[i] == 0) > spare)
-
-        def settled(replies: Sequence[object], _identities: Mapping[int, object]) -> bool:
-            return all(key_settled(indexes, replies) for indexes in per_key)
-        return settled
-
-    def _per_node(self, replies: Sequence[object], resources: int,
-                  refused: str) -> tuple[list[NodeResult], list[int]]:
-        """Replies of an owner-checked script sent per node and resource (node-major):
-        each node's outcome (GRANTED only if it acked every resource) and, per
-        resource, how many nodes acked."""
-        outcomes, acks = [], [0] * resources
-        for i in range(self.n):
-            mine = replies[i * resources:(i + 1) * resources]
-            results = [classify_ack_reply(self.addresses[i], reply, refused=refused)
-                       for reply in mine]
-            for j, result in enumerate(results):
-                acks[j] += result.outcome is Outcome.GRANTED
-            worst = next((r for r in results if r.outcome is Outcome.ERROR),
-                         next((r for r in results if r.outcome is Outcome.REFUSED), results[0]))
-            outcomes.append(worst)
-        return outcomes, acks
-
     # -- acquire ---------------------------------------------------------------
 
     def acquire(self, resources: str | tuple[str, ...], ttl: float, *, blocking: bool,
-                timeout: float | None) -> Flow[AcquireResult]:
+                timeout: float | None,
+                watch: Callable[[AttemptResult], None] | None = None) -> Flow[AcquireResult]:
         """Attempts until success, the deadline, or (non-blocking) after one attempt.
 
         A blocking acquire also gives up once the cluster has been unavailable (too few
@@ -231,6 +157,8 @@ class RedlockCore:
             attempts += 1
             attempt_started = self.clock()
             result = yield from self._attempt(resources, owner, ttl, ticket)
+            if watch is not None:  # observation (OpenTelemetry) hears of each attempt
+                watch(result)
             if result.retry_now and attempts < 3:
                 continue
             if result.state is not None or not blocking or result.permanent:
@@ -298,18 +226,18 @@ class RedlockCore:
         started = self.clock()
         request = Broadcast(self._acquire_calls(resources, owner, ttl, ticket),
                             self.timeout(ttl), line=self.line(resources),
-                            turns=not ticket, enough=self._enough(_acquire_vote))
+                            turns=not ticket, enough=self._enough(acquire_vote))
         try:
             replies = yield request
             outcomes = self.amnesia.screen([
-                classify_acquire_reply(self.addresses[i], reply, len(resources))
+                acquire_outcome(self.addresses[i], reply, len(resources))
                 for i, reply in enumerate(replies)])
             amnesia = yield from self.amnesia.check(outcomes, started)
             if amnesia is not None:  # the call may try again: it keeps its place in line
                 yield self._release_calls(resources, owner, ttl, leave=False)
                 return amnesia
             # Per granting node, its counter for each resource (in the set's order).
-            granted = {i: [int(c) for c in replies[i][1:]]  # type: ignore[index]
+            granted = {i: acquire_counters(replies[i])
                        for i, r in enumerate(outcomes) if r.outcome is Outcome.GRANTED}
             if len(granted) >= self.quorum:
                 # The token rule, resource by resource (docs/design.md §3).
@@ -328,7 +256,7 @@ class RedlockCore:
                                            enough=_commit_enough(write_backs, committed,
                                                                  self.quorum))
                     for (r, _), ack in zip(write_backs, acks, strict=True):
-                        committed[r] += int(ack == 1)
+                        committed[r] += acked(ack)
                     for r in {r for r, _ in write_backs}:
                         logger.info("redlock.token_write_back", resource=r,
                                     token=choices[r].token,
@@ -366,12 +294,13 @@ class RedlockCore:
         # Failure: release wherever our key may be, including nodes that timed out (reply
         # lost after SET); not where the script refused (it set nothing). The waiter
         # keeps its place in line: the acquire call may try again.
-        maybe_set = [i for i, reply in enumerate(replies) if not _refused(reply)]
+        maybe_set = [i for i, reply in enumerate(replies) if not acquire_set_nothing(reply)]
         if maybe_set:
             yield self._release_calls(resources, owner, ttl, leave=False, nodes=maybe_set)
         healthy = sum(1 for r in outcomes if r.outcome in (Outcome.GRANTED, Outcome.REFUSED))
         unavailable = healthy < self.quorum
-        if all(type(reply).__name__ == "TimeoutError" for reply in replies):
+        if all(isinstance(reply, NodeFailure) and reply.kind is FailureKind.TIMEOUT
+               for reply in replies):
             reason += (f"; every node timed out after {request.timeout * 1000:.0f} ms:"
                        + (" node_timeout is too short for this network (leave it unset"
                           " to adapt to the measured round trips)"
@@ -379,143 +308,11 @@ class RedlockCore:
                           " check the network, and connect_timeout if new connections"
                           " are slow"))
         permanent = unavailable and any(
-            isinstance(reply, BaseException) and is_permanent_error(reply) for reply in replies)
+            isinstance(reply, NodeFailure) and reply.permanent for reply in replies)
         logger.debug("redlock.quorum_failed", resource=name, reason=reason,
                      granted=len(granted), needed=self.quorum, nodes=self.n,
                      unavailable=unavailable, outcomes=describe(outcomes))
         return AttemptResult(None, outcomes, unavailable, permanent, reason=reason)
-
-    # -- release / extend --------------------------------------------------------
-
-    def release(self, state: LockState) -> Flow[tuple[NodeResult, ...]]:
-        """Compare-and-delete on every node; idempotent; never deletes another's key.
-        Per node: GRANTED (deleted our key of every resource), REFUSED (some key was
-        not ours any more) or ERROR.
-
-        The acquisition counts as released only once the release was sent: if the
-        caller is interrupted (cancelled) meanwhile, it is sent again before the
-        interruption propagates, as a cancelled acquire does."""
-        request = self._release_calls(state.resources, state.owner, state.ttl, patient=True)
-        try:
-            replies = yield request
-        except GeneratorExit:
-            raise
-        except BaseException:
-            yield request
-            state.mark_released()
-            raise
-        state.mark_released()
-        outcomes, _ = self._per_node(replies, len(state.resources), refused="key already gone")
-        errors = [r for r in outcomes if r.outcome is Outcome.ERROR]
-        if errors or self.node_outages:
-            # The keys on nodes it missed expire by their TTL; say so (once per node and
-            # outage: redlock.release_incomplete) rather than hide it.
-            self.node_outages.release(logger, state.resource, state.ttl, outcomes)
-        if not errors:
-            logger.debug("redlock.released", resource=state.resource, token=state.token)
-        return tuple(outcomes)
-
-    def extend_many(self, items: Sequence[tuple[LockState, float]], *, lane: str | None = None,
-                    ) -> Flow[list[tuple[NodeResult, ...] | None]]:
-        """One extend round for several acquisitions (one request: each node gets its
-        calls pipelined). Per acquisition: None on success, else the per-node outcomes.
-        Success needs a quorum of acks for every resource before the old validity ran
-        out; the new validity is measured from this round's start."""
-        started = self.clock()
-        live = [(state, ttl) for state, ttl in items
-                if state.status == Status.HELD and started < state.deadline]
-        results: dict[LockState, tuple[NodeResult, ...] | None] = {}
-        if live:
-            calls = tuple(
-                Call(i, (state.owner, max(1, int(ttl * 1000))), scripts.EXTEND,
-                     (self.keys.lock(r),))
-                for state, ttl in live for i in range(self.n) for r in state.resources)
-            # A round may take up to half the validity left (and at least a request
-            # timeout): an answer that comes later than a round trip is still in time
-            # while the lock is valid, and a round given up too early is only sent again
-            # (a batch of 200 renewals on a busy event loop took longer than the 50 ms a
-            # single round trip gave it, again and again, until 33 of 200 locks were
-            # lost). Early decisions end it as soon as a quorum answered (§2.4).
-            validity_left = min(s.deadline for s, _ in live) - started
-            timeout = min(max(self.timeout(max(t for _, t in live)), validity_left / 2),
-                          validity_left)
-            replies = yield Broadcast(calls, timeout, enough=self._settled(calls, acks=True),
-                                      lane=lane)
-            finished, offset = self.clock(), 0
-            for state, ttl in live:
-                size = self.n * len(state.resources)
-                outcomes, acks = self._per_node(replies[offset:offset + size],
-                                                len(state.resources),
-                                                refused="our key is gone (expired or taken)")
-                offset += size
-                if self.node_outages:
-                    self.node_outages.answers(logger, outcomes)
-                if min(acks) >= self.quorum and finished < state.deadline and state.renewed(
-                        started + ttl - self.settings.drift(ttl), ttl):
-                    logger.debug("redlock.extended", resource=state.resource,
-                                 token=state.token, acks=min(acks), ttl_s=ttl)
-                    results[state] = None
-                else:
-                    results[state] = tuple(outcomes)
-        return [results.get(state, ()) for state, _ in items]
-
-    def extend(self, state: LockState, ttl: float) -> Flow[tuple[NodeResult, ...] | None]:
-        """One extend round for one acquisition (see :meth:`extend_many`)."""
-        [failure] = yield from self.extend_many([(state, ttl)])
-        return failure
-
-    def extend_or_lose(self, state: LockState, ttl: float) -> Flow[None]:
-        """Explicit extend(): renewed on a quorum, or the lock is lost (marked, what is left
-        of its keys released, LockLost raised with the nodes' answers).
-
-        A round that fails while no majority says our key is gone (timeouts, errors: the
-        nodes were slow or briefly unreachable) is tried again, with backoff, as long as
-        validity is left, as the renewal loop does: the lock is still ours until then,
-        and giving it up would delete a lock we hold because of replies we did not get."""
-        state.check()
-        delay = 0.0
-        answers: tuple[NodeResult, ...] = ()  # the last round's, for the loss report
-        while True:
-            failure = yield from self.extend(state, ttl)
-            if failure is None:
-                return
-            answers = failure or answers  # () : no round was sent (the validity ran out)
-            if state.status != Status.HELD:  # released, handed over or lost meanwhile
-                state.check()
-            left = state.deadline - self.clock()
-            if self.key_gone(answers) or left <= 0:
-                yield from self.lose(state, self.loss_reason(answers), answers)
-                state.check()  # raises LockLost with the reason
-            settings = self.settings
-            delay = (settings.retry_delay_min if not delay
-                     else min(2 * delay, settings.retry_delay_max))
-            yield Pause(min(delay, left))
-
-    def key_gone(self, outcomes: Sequence[NodeResult]) -> bool:
-        """More nodes answered that our key is gone than a quorum can spare: no extend
-        can succeed any more. Only answers count: an error or a reply not read says
-        nothing about our key."""
-        return sum(1 for r in outcomes if r.outcome is Outcome.REFUSED) > self.n - self.quorum
-
-    def loss_reason(self, outcomes: Sequence[NodeResult]) -> str:
-        """Why a held lock is lost, in the nodes' words."""
-        gone = sum(1 for r in outcomes if r.outcome is Outcome.REFUSED)
-        if gone > self.n - self.quorum:
-            return (f"{gone} of {self.n} nodes answered that our key is gone (it expired,"
-                    " or an operator force-released it), more than a quorum can spare")
-        return (f"no quorum of the {self.n} nodes renewed it before its validity ran out"
-                f" ({gone} answered that our key is gone, the others did not answer in time)")
-
-    def lose(self, state: LockState, reason: str,
-             outcomes: Sequence[NodeResult]) -> Flow[bool]:
-        """Mark the lock lost and drop what is left of our keys; True the first time."""
-        first = state.mark_lost(reason, outcomes)
-        if first:
-            logger.warning("redlock.lost", resource=state.resource, token=state.token,
-                           reason=reason, outcomes=describe(outcomes))
-            # Drop what is left of our keys so the next holder need not wait for the TTL.
-            yield self._release_calls(state.resources, state.owner, state.ttl)
-        return first
 
     # -- repair ------------------------------------------------------------------
 
@@ -528,24 +325,6 @@ class RedlockCore:
         return (yield from initialise(self.amnesia, force=force))
 
 
-def _acquire_vote(reply: object) -> int | None:
-    """An ACQUIRE / ACQUIRE_MANY reply as a vote: granted (1), held by another or
-    another's turn (0)."""
-    if isinstance(reply, list | tuple) and reply:
-        code = reply[0]
-        if code in (scripts.ACQUIRE_GRANTED, scripts.ACQUIRE_ALREADY_OURS):
-            return 1
-        if code in (scripts.ACQUIRE_REFUSED, scripts.ACQUIRE_NOT_YOUR_TURN):
-            return 0
-    return None
-
-
-def _refused(reply: object) -> bool:
-    """An ACQUIRE / ACQUIRE_MANY reply that set nothing on its node."""
-    return isinstance(reply, list | tuple) and bool(reply) and reply[0] in (
-        scripts.ACQUIRE_REFUSED, scripts.ACQUIRE_NOT_YOUR_TURN, scripts.ACQUIRE_AMNESIAC)
-
-
 def _commit_enough(write_backs: Sequence[tuple[str, Call]], committed: dict[str, int],
                    quorum: int) -> Decision:
     """The write-back round is decided once every resource's token is committed on a
@@ -553,6 +332,6 @@ def _commit_enough(write_backs: Sequence[tuple[str, Call]], committed: dict[str,
     def enough(replies: Sequence[object], _identities: Mapping[int, object]) -> bool:
         now = dict(committed)
         for (resource, _), ack in zip(write_backs, replies, strict=True):
-            now[resource] += ack == 1
+            now[resource] += acked(ack)
         return all(count >= quorum for count in now.values())
     return enough

@@ -31,23 +31,11 @@ from typing import Any
 
 from redlock._core.algorithm import RedlockCore
 from redlock._core.requests import Broadcast, Call, Flow
-from redlock._core.rules import error_detail, validate_resource
+from redlock._core.settings import validate_resource
 from redlock._core.state import LockState
-from redlock._scripts.lock import Script
-from redlock.errors import LockLost, NodeResult, Outcome, QuorumUnavailable, describe
-
-OWNED_PTTL = Script(
-    "owned_pttl",
-    """
--- KEYS[1] lock key
--- ARGV[1] owner value
--- returns the key's PTTL in ms when it holds this owner value, else -2
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-    return redis.call('PTTL', KEYS[1])
-end
-return -2
-""",
-)
+from redlock._scripts.lock import OWNED_PTTL
+from redlock._scripts.replies import owned_outcome
+from redlock.errors import LockLost, Outcome, QuorumUnavailable, describe
 
 _OWNER_RE = re.compile(r"^[0-9a-f]{32}$")
 FORMAT_VERSION = 1
@@ -155,7 +143,7 @@ def adopt(core: RedlockCore, handover: Handover) -> Flow[LockState]:
         tuple(Call(i, (handover.owner,), OWNED_PTTL, (core.keys.lock(resource),))
               for i in range(core.n)),
         min(core.timeout(), carried))
-    outcomes = tuple(_classify(core.addresses[i], reply) for i, reply in enumerate(replies))
+    outcomes = tuple(owned_outcome(core.addresses[i], reply) for i, reply in enumerate(replies))
     owned = sorted((r.pttl_ms for r in outcomes
                     if r.outcome is Outcome.GRANTED and r.pttl_ms is not None), reverse=True)
     if len(owned) < core.quorum:
@@ -178,11 +166,3 @@ def adopt(core: RedlockCore, handover: Handover) -> Flow[LockState]:
     core.floors.raise_to(resource, handover.token)
     return LockState(resource, handover.owner, ttl, handover.token, deadline, core.clock,
                      core.env.new_mutex())
-
-
-def _classify(node: str, reply: object) -> NodeResult:
-    if isinstance(reply, BaseException):
-        return NodeResult(node, Outcome.ERROR, error_detail(reply))
-    if isinstance(reply, int) and not isinstance(reply, bool) and reply > 0:
-        return NodeResult(node, Outcome.GRANTED, pttl_ms=reply)
-    return NodeResult(node, Outcome.REFUSED, "does not hold this acquisition's key")

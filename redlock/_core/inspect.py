@@ -19,9 +19,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from redlock._core.requests import Broadcast, Call, Flow
-from redlock._core.rules import error_detail
 from redlock._observe.log import get_logger
 from redlock._scripts import lock as scripts
+from redlock._scripts.replies import ReleaseStatus, failure_detail, force_released, inspected
+from redlock._scripts.script import Script
 from redlock.errors import NodeResult, Outcome, QuorumUnavailable
 
 if TYPE_CHECKING:
@@ -96,21 +97,16 @@ class LockStatus:
 
 @dataclass(frozen=True)
 class ReleaseReport:
-    """What a forced release did on one node: ``status`` is ``"deleted"`` (a key was
-    there), ``"absent"`` (no key) or ``"failed"`` (``detail`` says why)."""
+    """What a forced release did on one node (``detail`` says why it failed)."""
 
     node: str
-    status: str
+    status: ReleaseStatus
     detail: str = ""
 
 
-def _lock_calls(core: RedlockCore, script: scripts.Script, keys: tuple[str, ...]) -> Broadcast:
+def _lock_calls(core: RedlockCore, script: Script, keys: tuple[str, ...]) -> Broadcast:
     return Broadcast(tuple(Call(i, (), script, keys) for i in range(core.n)),
                      core.timeout())
-
-
-def _text(value: object) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _node_status(core: RedlockCore, index: int, reply: object) -> NodeLockStatus:
@@ -118,25 +114,18 @@ def _node_status(core: RedlockCore, index: int, reply: object) -> NodeLockStatus
     health = core.amnesia.health
     benched = index in health.benched()
     rejoins = health.rejoins_in(index, core.clock())
-    episode = _text(reply[5]) if isinstance(reply, list | tuple) and len(reply) == 7 else ""
-    if episode.split()[:1] and episode.split()[0].isdigit():  # the node's own account
-        benched = True
-        age = (int(reply[6]) - int(episode.split()[0])) / 1000.0  # type: ignore[index]
+    seen = inspected(reply)
+    if seen is not None and seen.episode.split()[:1] and seen.episode.split()[0].isdigit():
+        benched = True  # the node's own account of its amnesia episode
+        age = (seen.now_ms - int(seen.episode.split()[0])) / 1000.0
         rejoins = max(0.0, core.settings.max_ttl - age)
-    if isinstance(reply, BaseException):
+    if seen is None:
         return NodeLockStatus(address, False, benched=benched, rejoins_in_s=rejoins,
-                              error=error_detail(reply))
-    try:
-        if not isinstance(reply, list | tuple) or len(reply) != 7:
-            raise ValueError
-        pttl, fence = int(reply[0]), int(_text(reply[1]))
-    except (TypeError, ValueError):  # a proxy or a foreign script answering: not ours
-        return NodeLockStatus(address, False, benched=benched, rejoins_in_s=rejoins,
-                              error=f"unexpected reply {reply!r}")
-    held = pttl != -2
-    return NodeLockStatus(address, True, held=held, pttl_ms=pttl if held else 0, fence=fence,
-                          marker=reply[2] == 1, repairing=reply[3] == 1,
-                          holder=_text(reply[4]) if held else None, benched=benched,
+                              error=failure_detail(reply))
+    held = seen.pttl_ms != -2
+    return NodeLockStatus(address, True, held=held, pttl_ms=seen.pttl_ms if held else 0,
+                          fence=seen.fence, marker=seen.marker, repairing=seen.repairing,
+                          holder=seen.holder if held else None, benched=benched,
                           rejoins_in_s=rejoins)
 
 
@@ -168,20 +157,12 @@ def force_release(core: RedlockCore, resource: str) -> Flow[list[ReleaseReport]]
     keys = (core.keys.lock(resource), core.keys.channel(resource), core.keys.line(resource),
             core.keys.line_deadlines(resource))
     replies = yield _lock_calls(core, scripts.FORCE_RELEASE, keys)
-    reports = []
-    for i, reply in enumerate(replies):
-        if isinstance(reply, BaseException):
-            reports.append(ReleaseReport(core.addresses[i], "failed", error_detail(reply)))
-        elif reply == 1:
-            reports.append(ReleaseReport(core.addresses[i], "deleted"))
-        elif reply == 0:
-            reports.append(ReleaseReport(core.addresses[i], "absent"))
-        else:
-            reports.append(ReleaseReport(core.addresses[i], "failed",
-                                         f"unexpected reply {reply!r}"))
+    reports = [ReleaseReport(core.addresses[i], *force_released(reply))
+               for i, reply in enumerate(replies)]
     # An operator evicted a holder that may still be working: worth a warning always.
     logger.warning("redlock.force_released", resource=resource,
-                   deleted=sum(1 for r in reports if r.status == "deleted"),
-                   failed=[f"{r.node} ({r.detail})" for r in reports if r.status == "failed"],
+                   deleted=sum(1 for r in reports if r.status is ReleaseStatus.DELETED),
+                   failed=[f"{r.node} ({r.detail})" for r in reports
+                           if r.status is ReleaseStatus.FAILED],
                    nodes=core.n)
     return reports

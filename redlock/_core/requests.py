@@ -28,9 +28,15 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
-from redlock._scripts.lock import Script
+from redlock._scripts.replies import NOT_AWAITED, PENDING, SENT_LATE, NotAwaited, Pending
+from redlock._scripts.script import Script
+
+__all__ = ["NOT_AWAITED", "NO_REPLY", "PENDING", "SENT_LATE", "Absorb", "Backoff", "Broadcast",
+           "Call", "CommandArg", "Decision", "Flow", "Invoke", "NotAwaited", "Pause",
+           "PauseUntilWoken", "Pending", "Replies", "Request", "Wait", "Wakeable", "ask_one",
+           "drive", "drive_async"]
 
 T = TypeVar("T")
 
@@ -134,29 +140,6 @@ class Invoke:
 
     function: Callable[..., object]
     args: tuple[object, ...] = ()
-
-
-class Pending:
-    """The marker of a reply not read yet (None is a real reply)."""
-
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        return "PENDING"
-
-
-PENDING: Any = Pending()
-
-
-class NotAwaited(Exception):
-    """The request was decided without this node's reply (it is read in the background)."""
-
-
-NOT_AWAITED = NotAwaited("the request was decided without this reply (read in the background)")
-#: A final release whose connection was still opening (or not free) when its request
-#: ended: it is sent once the connection is open (docs/design.md §2.4), so the node is
-#: not counted as failed.
-SENT_LATE = NotAwaited("sent once its connection is open (the request did not wait for it)")
 
 
 class Replies(list[object]):

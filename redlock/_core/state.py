@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections import OrderedDict
+import enum
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from redlock import _fork
 from redlock._core.environment import Mutex
-from redlock._core.rules import shown
+from redlock._core.settings import shown
 from redlock.errors import LockLost, NodeResult, NotHeld
 
 
@@ -16,7 +16,11 @@ def _nobody() -> None:
     return None
 
 
-class Status:
+class Status(str, enum.Enum):
+    """Where one acquisition stands (compares equal to its text: ``"held"``...)."""
+
+    __str__ = str.__str__  # "held", on every Python (not "Status.HELD")
+
     HELD = "held"
     RELEASED = "released"
     LOST = "lost"
@@ -109,33 +113,6 @@ class LockState:
             self.lost_reason = reason
             self.lost_outcomes = tuple(outcomes)
             return True
-
-
-class TokenFloors:
-    """The highest token this manager saw per resource, sent with each acquire as the
-    counter's floor (docs/design.md §3). An optimisation only: forgetting one is safe,
-    so the table is bounded (least recently used resources are dropped)."""
-
-    CAPACITY = 4096
-
-    def __init__(self, mutex: Mutex) -> None:
-        self._floors: OrderedDict[str, int] = OrderedDict()
-        self._mutex = mutex
-
-    def after_fork(self, mutex: Mutex) -> None:
-        self._mutex = mutex  # a parent thread may have held the old one at the fork
-
-    def get(self, resource: str) -> int:
-        with self._mutex:
-            return self._floors.get(resource, 0)
-
-    def raise_to(self, resource: str, token: int) -> None:
-        with self._mutex:
-            if token > self._floors.get(resource, 0):
-                self._floors[resource] = token
-            self._floors.move_to_end(resource)
-            while len(self._floors) > self.CAPACITY:
-                self._floors.popitem(last=False)
 
 
 @dataclass(frozen=True)

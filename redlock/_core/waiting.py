@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import tenacity
 
-from redlock._core.rules import Settings
+from redlock._core.settings import Settings
 from redlock.errors import NodeResult
 
 # The longest a waiter in line that hears releases waits between attempts: it keeps

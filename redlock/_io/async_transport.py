@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import select
 import sys
 import time
 from collections.abc import Awaitable, Iterable
@@ -27,7 +26,15 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from redlock._core.requests import Broadcast, Call, CommandArg, Decision, Replies
+from redlock._core.requests import Broadcast, CommandArg, Replies
+from redlock._io.async_exchange import (
+    Exchange,
+    Gathering,
+    Slots,
+    is_new,
+    readable_while_idle,
+)
+from redlock._io.failures import as_failure, map_failures
 from redlock._io.nodes import build_pool, check_node_list, node_labels, pool_overrides
 from redlock._io.wire import (
     NOT_AWAITED,
@@ -36,23 +43,13 @@ from redlock._io.wire import (
     STRAGGLER_GRACE_MIN,
     Late,
     LateConnections,
-    acquire_keys,
     fill_pending,
-    late_sendable,
     pack,
     render,
 )
-from redlock._scripts import lock as scripts
 
 T = TypeVar("T")
 
-# New connections opening at once per node: a hung node (it accepts TCP, never answers
-# the handshake) does not collect sockets. An exchange that needs a connection beyond
-# this waits for a slot, or for a connection another exchange gives back, within its
-# budget: it never fails at once, so a healthy node under a burst of concurrent requests
-# serves them all (failing at once, as a cap did, lost auto-extended locks under load).
-# See _Slots for who is served first.
-_OPENING_PER_NODE = 16
 # At a request's deadline, a reply may already sit in a socket or a stream buffer that a
 # busy event loop has not got round to (a coroutine doing CPU work delays every callback):
 # that reply arrived in time. Before calling the node late, the request lets the loop run
@@ -78,138 +75,6 @@ async def wait_event(event: asyncio.Event, seconds: float) -> None:
         await within(event.wait(), seconds)
 
 
-def _is_new(conn: Any) -> bool:
-    """A connection (re)opened since the server was last identified on it: redis-py
-    reconnects under us, so the stream itself is what was identified."""
-    return getattr(conn, "_redlock_identified", None) is not conn._writer
-
-
-def _readable_while_idle(conn: Any) -> bool:
-    """An idle connection with something to read: the server closed it (EOF), or sent
-    what nobody asked for. Either way it must not carry a request."""
-    writer = getattr(conn, "_writer", None)
-    sock = writer.get_extra_info("socket") if writer is not None else None
-    if sock is None:
-        return False
-    try:
-        readable, _, _ = select.select([sock.fileno()], [], [], 0)
-    except (OSError, ValueError):
-        return True
-    return bool(readable)
-
-
-class _Exchange:
-    """One node's calls of one request, and what came back."""
-
-    __slots__ = ("calls", "conn", "indexes", "lane", "node", "over", "replies", "results",
-                 "sent_at")
-
-    def __init__(self, node: int, replies: Replies, lane: str | None = None) -> None:
-        self.node = node
-        # The request's replies while it waits (None once it is over): what the exchange
-        # learns of the server (its identity, a round trip) goes there at once, for the
-        # request's early decision.
-        self.replies: Replies | None = replies
-        self.lane = lane  # its request's lane of connections (None: the shared ones)
-        self.indexes: list[int] = []
-        self.calls: list[Call] = []
-        self.results: list[object] = []  # one per call (PENDING until read), see broadcast
-        self.sent_at = 0.0
-        self.over = False  # the request stopped waiting for it
-        self.conn: Any = None  # the connection it talks on, once it has one
-
-    def needless(self) -> bool:
-        """Its request is over and not all of its calls may be sent late (see
-        redlock._io.wire.late_sendable): nothing will be sent."""
-        return self.over and not all(late_sendable(call) for call in self.calls)
-
-    def releases_late(self) -> bool:
-        """Final releases still waiting for a connection when their request ended: they
-        go out once it is open (an extend that did not get through in time failed)."""
-        return self.conn is None and not self.needless() and all(
-            call.script is scripts.RELEASE for call in self.calls)
-
-    def copy_into(self, replies: Replies) -> None:
-        """The replies read so far into the request's replies (what is still unread stays
-        PENDING there)."""
-        for index, result in zip(self.indexes, self.results, strict=True):
-            if result is not PENDING:
-                replies[index] = result
-
-    def reply_waiting(self) -> bool:
-        """Its next reply is already here (in the socket or the stream's buffer) but the
-        event loop has not handed it to the exchange yet."""
-        conn = self.conn
-        if conn is None:
-            return False
-        reader = getattr(conn, "_reader", None)
-        if reader is not None and getattr(reader, "_buffer", None):
-            return True
-        return _readable_while_idle(conn)
-
-
-class _Slots:
-    """The new connections opening to one node (at most _OPENING_PER_NODE at once), and
-    the exchanges waiting to open one. A freed slot, or a connection given back, wakes
-    one waiter, in this order: requests still waiting that hold locks (extends, releases,
-    and the rest that is not an acquire), then acquires still waiting, then requests
-    that are over. A holder must not queue behind a burst of new acquires: the first of
-    200 auto-extended locks renewed while the other 199 were still being acquired, and
-    its renewal waited for their connections until its validity ran out. An acquire
-    whose request is over stops waiting: it would send nothing."""
-
-    def __init__(self) -> None:
-        self.free = _OPENING_PER_NODE
-        self.waiting: list[tuple[_Exchange, asyncio.Future[None]]] = []
-
-    @staticmethod
-    def _rank(waiter: tuple[_Exchange, asyncio.Future[None]]) -> int:
-        exchange = waiter[0]
-        if exchange.over:
-            return 2
-        return 1 if any(acquire_keys(call) for call in exchange.calls) else 0
-
-    def wake_one(self) -> None:
-        if not self.waiting:
-            return
-        first = min(self.waiting, key=self._rank)  # the earliest of the best rank
-        self.waiting.remove(first)
-        if not first[1].done():
-            first[1].set_result(None)
-
-    def wake_over(self) -> None:
-        """Requests ended: their acquires waiting here give up (see _Exchange.needless)."""
-        for exchange, future in [w for w in self.waiting if w[0].needless()]:
-            self.waiting.remove((exchange, future))
-            if not future.done():
-                future.set_result(None)
-
-
-class _Gathering:
-    """The replies of one request as its exchanges finish (their done callbacks), and
-    the future that wakes the request when there is something to decide."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, replies: Replies,
-                 enough: Decision | None) -> None:
-        self.replies: Replies | None = replies
-        self.enough = enough
-        self.left = 0  # exchanges not finished
-        self.decided = False
-        self.wake: asyncio.Future[None] = loop.create_future()
-
-    def decides(self) -> bool:
-        return self.enough is not None and self.replies is not None and self.enough(
-            self.replies, self.replies.identities)
-
-    def finished(self, exchange: _Exchange, _task: object) -> None:
-        self.left -= 1
-        if self.replies is None:  # the request is over: it copied what it could use
-            return
-        exchange.copy_into(self.replies)
-        if not self.wake.done() and (self.left == 0 or (not self.decided and self.decides())):
-            self.wake.set_result(None)
-
-
 class AsyncTransport:
     """One connection pool per node; each request's nodes asked concurrently."""
 
@@ -230,7 +95,7 @@ class AsyncTransport:
         self.connect_timeout = connect_timeout
         self._late: LateConnections[Any] = LateConnections(len(self.pools))
         self._running: set[asyncio.Task[None]] = set()
-        self._slots = [_Slots() for _ in self.pools]
+        self._slots = [Slots() for _ in self.pools]
         # Connected connections taken from the pools and kept here between requests: a
         # pool's checkout and return cost more than the request's own I/O (they stay
         # "in use" for the pool, which closes them all on disconnect()).
@@ -244,20 +109,21 @@ class AsyncTransport:
         """Every call's reply or exception (NOT_AWAITED for those the request was
         decided without). Calls for one node share one connection and one write."""
         if self._closed:  # a background protocol (maintenance) racing the manager's close
-            return Replies([RedisConnectionError("the manager is closed")] * len(request.calls))
+            return Replies([as_failure(RedisConnectionError("the manager is closed"))]
+                           * len(request.calls))
         replies = Replies([PENDING] * len(request.calls))
-        exchanges: dict[int, _Exchange] = {}
+        exchanges: dict[int, Exchange] = {}
         for index, call in enumerate(request.calls):
             exchange = exchanges.get(call.node)
             if exchange is None:
-                exchange = exchanges[call.node] = _Exchange(call.node, replies, request.lane)
+                exchange = exchanges[call.node] = Exchange(call.node, replies, request.lane)
             exchange.indexes.append(index)
             exchange.calls.append(call)
         if self._late.any():
             await self.write_behind(request)
         loop = asyncio.get_running_loop()
-        gathering = _Gathering(loop, replies, request.enough)
-        tasks: dict[asyncio.Task[None], _Exchange] = {}
+        gathering = Gathering(loop, replies, request.enough)
+        tasks: dict[asyncio.Task[None], Exchange] = {}
         for exchange in exchanges.values():
             exchange.results = [PENDING] * len(exchange.calls)
             task = loop.create_task(self._exchange(exchange))
@@ -317,9 +183,10 @@ class AsyncTransport:
                              SENT_LATE if exchange.releases_late()
                              else RedisTimeoutError(
                                  f"no reply within {request.timeout * 1000:.0f} ms"))
+        map_failures(replies)  # redis-py errors as the library's (_io/failures.py)
         return replies
 
-    async def _exchange(self, exchange: _Exchange) -> None:
+    async def _exchange(self, exchange: Exchange) -> None:
         """Connect if need be, send the node's calls, read every reply: all within the
         connection's own budget (the request may stop waiting long before)."""
         try:
@@ -327,7 +194,7 @@ class AsyncTransport:
         except Exception as exc:  # asyncio.TimeoutError included: the node is hung
             exchange.results = [exc if r is PENDING else r for r in exchange.results]
 
-    async def _converse(self, exchange: _Exchange) -> None:
+    async def _converse(self, exchange: Exchange) -> None:
         node = exchange.node
         conn = await self._checkout(exchange)
         if conn is None:  # an acquire whose request ended while it waited for a slot
@@ -343,7 +210,7 @@ class AsyncTransport:
             # connection is warm for the next request either way.
             self._give_back(node, conn, exchange.lane)
             return
-        if _readable_while_idle(conn):
+        if readable_while_idle(conn):
             # A pooled connection the server closed while it sat idle (it restarted):
             # redis.asyncio does not notice on checkout (the sync pool does). Nothing
             # was sent on it: open a new one.
@@ -356,10 +223,10 @@ class AsyncTransport:
             raise                            # command's
         self._give_back(node, conn, exchange.lane)
 
-    async def _talk(self, exchange: _Exchange, conn: Any) -> None:
+    async def _talk(self, exchange: Exchange, conn: Any) -> None:
         """Send the node's calls on ``conn`` and read every reply."""
         node, calls = exchange.node, exchange.calls
-        new = _is_new(conn)
+        new = is_new(conn)
         # A new connection: identify the server first, and send script bodies (the
         # server may be new, or restarted: EVALSHA would cost a NOSCRIPT round trip).
         commands = [render(call, evalsha=not new) for call in calls]
@@ -381,7 +248,7 @@ class AsyncTransport:
             late.closed = True
             self._late.remove(late)
 
-    async def _read(self, exchange: _Exchange, conn: Any, late: Late[Any]) -> None:
+    async def _read(self, exchange: Exchange, conn: Any, late: Late[Any]) -> None:
         results = exchange.results
         unknown = []
         for position in range(len(exchange.calls)):
@@ -414,9 +281,9 @@ class AsyncTransport:
         finally:
             late.outstanding -= 1
 
-    async def _checkout(self, exchange: _Exchange) -> Any:
+    async def _checkout(self, exchange: Exchange) -> Any:
         """A connection to the exchange's node: the last one given back, or a new one (see
-        _Slots); None for an acquire whose request ended while it waited."""
+        Slots); None for an acquire whose request ended while it waited."""
         node = exchange.node
         if exchange.lane is not None:
             # The lane's own connection; the first time, a shared one (served first among

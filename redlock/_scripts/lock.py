@@ -1,8 +1,8 @@
 """Lua scripts run atomically on each Redis node.
 
 Every script is a module constant with a header naming its KEYS, ARGV and
-replies. Reply codes are small integers; :mod:`redlock._core.rules` translates them
-into outcomes in one place (:func:`redlock._core.rules.classify_acquire_reply`).
+replies. Reply codes are small integers, named here; :mod:`redlock._scripts.replies`
+is the one place that reads replies.
 
 Keys of one resource share a hash tag (``ns:{resource}:lock`` and
 ``ns:{resource}:fence``) so the lock and its fence counter live in one slot.
@@ -12,8 +12,7 @@ remembers its counters from one that lost its data (amnesia, docs/design.md §4)
 
 from __future__ import annotations
 
-import hashlib
-from dataclasses import dataclass, field
+from redlock._scripts.script import Script
 
 # Reply codes of ACQUIRE (first element of the reply array).
 ACQUIRE_REFUSED = 0  # another owner holds the key; second element: its PTTL in ms
@@ -21,18 +20,6 @@ ACQUIRE_GRANTED = 1  # we set the key; second element: the new fence counter
 ACQUIRE_ALREADY_OURS = 2  # our owner value was already there (a retry); counter as is
 ACQUIRE_AMNESIAC = -1  # the node has no marker: it may have forgotten locks and counters
 ACQUIRE_NOT_YOUR_TURN = 3  # free, but others are first in line; second element: how many
-
-
-@dataclass(frozen=True)
-class Script:
-    """A Lua script with its SHA1, so shells can EVALSHA and fall back to EVAL."""
-
-    name: str
-    source: str
-    sha: str = field(init=False)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "sha", hashlib.sha1(self.source.encode()).hexdigest())
 
 
 # -- the waiting line (docs/design.md §6) ----------------------------------------------
@@ -271,7 +258,7 @@ return 0
 """,
 )
 
-# -- operator tools (redlock/_inspect.py) ---------------------------------------------
+# -- operator tools (redlock/_core/inspect.py) ---------------------------------------------
 
 INSPECT = Script(
     "inspect",
@@ -319,5 +306,20 @@ if redis.call('DEL', KEYS[1]) == 1 then
     return 1
 end
 return 0
+""",
+)
+
+# -- hand-over (redlock/_core/handover.py) ---------------------------------------------
+
+OWNED_PTTL = Script(
+    "owned_pttl",
+    """
+-- KEYS[1] lock key
+-- ARGV[1] owner value
+-- returns the key's PTTL in ms when it holds this owner value, else -2
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+    return redis.call('PTTL', KEYS[1])
+end
+return -2
 """,
 )

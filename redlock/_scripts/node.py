@@ -6,7 +6,16 @@ KEYS, ARGV and replies).
 
 from __future__ import annotations
 
-from redlock._scripts.lock import Script
+from redlock._scripts.script import Script
+
+# Replies of INIT_MARKER.
+INIT_WRITTEN = 1  # the marker was written
+INIT_EXISTS = 0  # the node has one already
+INIT_EPISODE = -1  # the node has an amnesia episode: only a repair may give its marker back
+# Replies of FINISH_REPAIR.
+REPAIR_WRITTEN = 1
+REPAIR_GUARD_GONE = 0
+REPAIR_TOO_YOUNG = -1
 
 SEED_COUNTERS = Script(
     "seed_counters",

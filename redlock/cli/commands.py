@@ -30,9 +30,10 @@ from typing import NoReturn
 from redis.connection import parse_url
 
 from redlock import __version__
-from redlock._core.amnesia.repair import RepairReport
-from redlock._core.rules import Keys
+from redlock._core.amnesia.repair import RepairReport, RepairStatus
+from redlock._core.settings import Keys
 from redlock._observe.log import EventFormatter
+from redlock._scripts.replies import ReleaseStatus
 from redlock.cli.node_report import read_nodes
 from redlock.cli.render import (
     PROG,
@@ -161,17 +162,19 @@ def cmd_release(args: argparse.Namespace) -> int:
                 f"Delete the lock on {args.resource!r} on all {len(dlm.nodes)} nodes, whoever"
                 " holds it? Its holder is not told and may still be working.")
         reports = dlm.force_release(args.resource)
-    report_unreachable([(r.node, r.detail if r.status == "failed" else None) for r in reports])
+    failed = [r.status is ReleaseStatus.FAILED for r in reports]
+    report_unreachable([(r.node, r.detail if down else None)
+                        for r, down in zip(reports, failed, strict=True)])
     show_release(args.resource, reports, args.json)
-    return reachability_code(sum(1 for r in reports if r.status != "failed"), len(reports))
+    return reachability_code(failed.count(False), len(reports))
 
 
 def _repair_reports(args: argparse.Namespace, reports: Sequence[RepairReport]) -> int:
     show_repair(reports, args.json)
     statuses = {r.status for r in reports}
-    if "failed" in statuses:
+    if RepairStatus.FAILED in statuses:
         return EXIT_FAILED
-    return EXIT_PARTIAL if "waiting" in statuses else EXIT_OK
+    return EXIT_PARTIAL if RepairStatus.WAITING in statuses else EXIT_OK
 
 
 def cmd_repair(args: argparse.Namespace) -> int:

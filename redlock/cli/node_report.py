@@ -22,7 +22,9 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from redlock._core.rules import Keys, error_detail, unsafe_config
+from redlock._core.settings import Keys
+from redlock._io.failures import as_failure
+from redlock._scripts.replies import unsafe_config
 
 
 @dataclass
@@ -124,7 +126,7 @@ def read_node(url: str, address: str, keys: Keys, timeout: float) -> NodeReport:
         warnings, report.notes = _persistence_findings(report)
         report.warnings = unsafe_config(raw) + warnings
     except (redis.RedisError, OSError) as exc:
-        report.error = error_detail(exc)
+        report.error = as_failure(exc).detail
     finally:
         client.close()
     return report

@@ -15,8 +15,9 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from redlock._core.amnesia.repair import RepairReport
+from redlock._core.amnesia.repair import RepairReport, RepairStatus
 from redlock._core.inspect import LockStatus, ReleaseReport
+from redlock._scripts.replies import ReleaseStatus
 from redlock.cli.node_report import NodeReport
 
 PROG = "redlock"
@@ -204,7 +205,7 @@ def show_release(resource: str, reports: Sequence[ReleaseReport], as_json: bool)
             {"node": r.node, "status": r.status, "detail": r.detail} for r in reports]})
         return
     print_table(["node", "result"], [[r.node, r.status] for r in reports])
-    deleted = sum(1 for r in reports if r.status == "deleted")
+    deleted = sum(1 for r in reports if r.status is ReleaseStatus.DELETED)
     say(f"force-released {resource!r}: key deleted on {deleted} of {len(reports)}"
         " nodes; fence counters kept (the next holder's token is larger)")
 
@@ -212,7 +213,7 @@ def show_release(resource: str, reports: Sequence[ReleaseReport], as_json: bool)
 def show_repair(reports: Sequence[RepairReport], as_json: bool) -> None:
     """``redlock repair`` / ``initialise``: each node's status, failures on stderr."""
     for report in reports:
-        if report.status == "failed":
+        if report.status is RepairStatus.FAILED:
             complain(f"node {report.node}: {node_problem(report.detail)}")
     if as_json:
         print_json({"nodes": [{"node": r.node, "status": r.status, "detail": r.detail}

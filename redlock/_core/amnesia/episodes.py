@@ -12,7 +12,7 @@ from redlock._core.amnesia.guard import AmnesiaGuard
 from redlock._core.requests import Broadcast, Call, Flow, ask_one
 from redlock._observe.log import get_logger
 from redlock._scripts import node as node_scripts
-from redlock._scripts.replies import identity, text
+from redlock._scripts.replies import acked, episode, identity, not_durable
 
 logger = get_logger("redlock.nodes")
 
@@ -24,14 +24,13 @@ def adopt_markers(guard: AmnesiaGuard, markers: dict[int, tuple[bytes, str]]) ->
                   for node, (marker, run_id) in markers.items())
     replies = yield Broadcast(calls, guard.settings.repair_timeout)
     for (node, found), reply in zip(markers.items(), replies, strict=True):
-        with guard.health._mutex:
-            if guard.health.adopt.get(node) == found:
-                del guard.health.adopt[node]
-        if reply == 1:
+        guard.health.adopted(node, found)
+        if acked(reply):
             logger.info("redlock.node_marker_adopted", node=guard.addresses[node],
                         run_id=found[1])
         # Otherwise the marker or the server changed meanwhile: the next connection
         # identifies it again (a node that did not answer is looked at then, too).
+
 
 def judge(guard: AmnesiaGuard, suspects: dict[int, tuple[bytes, str]]) -> Flow[None]:
     """A restarted node: re-stamp it if nothing it acknowledged can have been lost,
@@ -44,13 +43,13 @@ def judge(guard: AmnesiaGuard, suspects: dict[int, tuple[bytes, str]]) -> Flow[N
     replies = yield Broadcast(calls, timeout)
     for k, node in enumerate(nodes):
         appendonly, appendfsync, replication = replies[3 * k:3 * k + 3]
-        why = _not_durable(appendonly, appendfsync, replication)
+        why = not_durable(appendonly, appendfsync, replication)
         marker, run_id = suspects[node]
         if why is None and not isinstance(replication, BaseException):
             done = yield from ask_one(Call(
                 node, (marker, f"restamped at={guard.env.wall_clock():.3f}", run_id),
                 node_scripts.RESTAMP, (guard.keys.marker,)), timeout)
-            if done == 1:
+            if acked(done):
                 guard.health.healthy(node)
                 logger.info("redlock.node_restamped", node=guard.addresses[node])
                 continue
@@ -58,7 +57,7 @@ def judge(guard: AmnesiaGuard, suspects: dict[int, tuple[bytes, str]]) -> Flow[N
             done = yield from ask_one(Call(
                 node, (marker, why), node_scripts.DEMOTE,
                 (guard.keys.marker, guard.keys.episode)), timeout)
-            if done == 1:
+            if acked(done):
                 guard.health.lost_data(node)
                 logger.warning("redlock.node_amnesiac", node=guard.addresses[node],
                                rejoins_after_s=guard.settings.max_ttl)
@@ -67,6 +66,7 @@ def judge(guard: AmnesiaGuard, suspects: dict[int, tuple[bytes, str]]) -> Flow[N
         again = identity((yield from ask_one(guard.identify_call(node), timeout)))
         if again is not None:
             guard.health.identified(node, *again)
+
 
 def open_episodes(guard: AmnesiaGuard, nodes: Sequence[int]) -> Flow[None]:
     """Begin (or read) the amnesia episode of nodes without their marker, and from it
@@ -79,32 +79,10 @@ def open_episodes(guard: AmnesiaGuard, nodes: Sequence[int]) -> Flow[None]:
         guard.settings.repair_timeout)
     now = guard.clock()
     for node, reply in zip(nodes, replies, strict=True):
-        if not isinstance(reply, list | tuple) or not reply:
+        found = episode(reply)
+        if found is None:
             continue  # unreachable: try again later
-        if int(reply[0]) == 0:
+        if found.marked:
             guard.health.marked(node)  # repaired meanwhile (by another client)
             continue
-        age = (int(reply[2]) - int(reply[1])) / 1000.0
-        guard.health.rejoins_at(node, now + max(0.0, guard.settings.max_ttl - age))
-
-# -- admin steps (redlock/_repair.py) -----------------------------------------
-
-
-def _not_durable(appendonly: object, appendfsync: object, replication: object) -> str | None:
-    """Why a restarted node may have lost acknowledged writes (None: it cannot have)."""
-    def setting(reply: object) -> str:  # CONFIG GET: a map (RESP3) or a pair (RESP2)
-        if isinstance(reply, dict) and len(reply) == 1:
-            return text(next(iter(reply.values())))
-        if isinstance(reply, list | tuple) and len(reply) == 2:
-            return text(reply[1])
-        return "unknown"
-
-    if isinstance(replication, BaseException):
-        return None  # unreachable: judged again later
-    fields = dict(line.split(":", 1) for line in text(replication).splitlines() if ":" in line)
-    if fields.get("second_repl_offset", "-1").strip() != "-1":
-        return "a promoted replica (its copy may lag behind the old primary)"
-    if setting(appendonly) != "yes" or setting(appendfsync) != "always":
-        return (f"restarted with appendonly {setting(appendonly)}, appendfsync"
-                f" {setting(appendfsync)}: the last writes may be lost")
-    return None
+        guard.health.rejoins_at(node, now + max(0.0, guard.settings.max_ttl - found.age))

@@ -27,11 +27,19 @@ from collections.abc import Callable, Mapping, Sequence
 from redlock._core.amnesia.health import NodeHealth
 from redlock._core.environment import Environment
 from redlock._core.requests import PENDING, Broadcast, Call, Flow, Pause
-from redlock._core.rules import Keys, Settings, quorum, unsafe_config
+from redlock._core.settings import Keys, Settings
 from redlock._core.state import AttemptResult
+from redlock._core.tokens import quorum
 from redlock._observe.log import get_logger
 from redlock._scripts import node as node_scripts
-from redlock._scripts.replies import identity, stamped_run
+from redlock._scripts.replies import (
+    Initialised,
+    identity,
+    initialised,
+    marker_exists,
+    stamped_run,
+    unsafe_config,
+)
 from redlock.errors import ClusterAmnesiaError, NodeResult, Outcome
 
 logger = get_logger("redlock.nodes")
@@ -131,7 +139,8 @@ class AmnesiaGuard:
                 # the initialisation in time (a busy client) is asked again, a few
                 # times, rather than left unmarked (it would be benched for max_ttl).
                 for _ in range(_INIT_RETRIES):
-                    unanswered = [i for i, reply in enumerate(written) if reply not in (1, 0, -1)]
+                    unanswered = [i for i, reply in enumerate(written)
+                                  if initialised(reply) is Initialised.UNANSWERED]
                     if not unanswered:
                         break
                     again = yield self._init_markers(unanswered)
@@ -139,12 +148,14 @@ class AmnesiaGuard:
                         written[i] = reply
             finally:
                 self.health.initialising(-1)
-            if sum(1 for reply in written if reply == -1) >= self.quorum:
+            if sum(1 for reply in written
+                   if initialised(reply) is Initialised.EPISODE) >= self.quorum:
                 # A quorum would not take one: each holds an amnesia episode. Not a new
                 # cluster: one whose nodes lost their data (another client saw it).
                 raise self._majority_lost(self.n, outcomes)
             logger.info("redlock.cluster_initialised", nodes=self.n,
-                        marked=sum(1 for reply in written if reply == 1))
+                        marked=sum(1 for reply in written
+                                   if initialised(reply) is Initialised.WRITTEN))
             return AttemptResult(None, tuple(outcomes), retry_now=True,
                                  reason="cluster initialised")
         if not with_marker and not self.health.marker_seen:
@@ -171,7 +182,7 @@ class AmnesiaGuard:
             yield Pause(self.timeout())
             probe = yield Broadcast(tuple(Call(i, ("EXISTS", self.keys.marker))
                                           for i in newly_missing), self.timeout())
-            if any(reply == 1 for reply in probe):
+            if any(marker_exists(reply) for reply in probe):
                 return AttemptResult(None, tuple(outcomes), retry_now=True,
                                      reason="cluster initialisation in progress")
             # Only a node that answered the second look without its marker lost its data;
@@ -179,7 +190,7 @@ class AmnesiaGuard:
             # benched nor counted towards a majority loss: it is looked at again next time
             # (it refuses to grant without its marker anyway).
             unconfirmed = {i for i, reply in zip(newly_missing, probe, strict=True)
-                           if reply != 0}
+                           if marker_exists(reply) is not False}
             missing = [i for i in missing if i not in unconfirmed]
         if len(missing) >= self.quorum:
             raise self._majority_lost(len(missing), outcomes)

@@ -11,31 +11,51 @@ and, forced, of a majority that lost its data.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from redlock._core.amnesia.episodes import judge, open_episodes
 from redlock._core.amnesia.guard import AmnesiaGuard
 from redlock._core.requests import Broadcast, Call, CommandArg, Flow, ask_one
-from redlock._core.rules import error_detail
 from redlock._observe.log import get_logger
 from redlock._scripts import node as node_scripts
-from redlock._scripts.replies import identity, is_healthy, text
+from redlock._scripts.replies import (
+    RepairFinished,
+    acked,
+    failure_detail,
+    identity,
+    is_healthy,
+    repair_finished,
+    text,
+)
 
 logger = get_logger("redlock.nodes")
 
 _SEED_BATCH = 500  # fence counters per SEED_COUNTERS call
 
 
+class RepairStatus(str, enum.Enum):
+    """What repair() or initialise() found or did on one node."""
+
+    __str__ = str.__str__
+
+    HEALTHY = "healthy"  # it has its marker (or the cluster was never initialised)
+    REPAIRED = "repaired"  # its counters re-seeded, its marker given back
+    INITIALISED = "initialised"  # given its first marker by initialise()
+    WAITING = "waiting"  # lost its data; rejoins once its episode is max_ttl old
+    FAILED = "failed"  # unreachable, or the step refused (``detail`` says why)
+
+
 @dataclass(frozen=True)
 class RepairReport:
     node: str
-    status: str  # "healthy", "repaired", "initialised", "waiting", "failed"
+    status: RepairStatus
     detail: str = ""
 
 
 def _why(reply: object) -> str:
-    return error_detail(reply) if isinstance(reply, BaseException) else f"unexpected {reply!r}"
+    return failure_detail(reply)
 
 
 def repair_node(guard: AmnesiaGuard, target: int, *, force: bool,
@@ -50,8 +70,8 @@ def repair_node(guard: AmnesiaGuard, target: int, *, force: bool,
     claimed = yield from ask_one(Call(target, ("SET", claim, repair_id, "NX", "PX",
                                                int(timeout * 1000 * 30))), timeout)
     if isinstance(claimed, BaseException) or claimed is None:
-        detail = error_detail(claimed) if isinstance(claimed, BaseException) else "busy"
-        return RepairReport(address, "failed", f"could not claim the repair: {detail}")
+        detail = failure_detail(claimed) if isinstance(claimed, BaseException) else "busy"
+        return RepairReport(address, RepairStatus.FAILED, f"could not claim the repair: {detail}")
     if sources is None:
         others = [i for i in range(guard.n) if i != target]
         probe = yield Broadcast(tuple(guard.identify_call(i) for i in others), timeout)
@@ -72,7 +92,7 @@ def repair_node(guard: AmnesiaGuard, target: int, *, force: bool,
     # commit set (q - 1 healthy members + q readers > N - 1 healthy nodes).
     if complete < needed:
         yield from ask_one(Call(target, ("DEL", claim)), timeout)
-        return RepairReport(address, "failed",
+        return RepairReport(address, RepairStatus.FAILED,
                             f"read counters from {complete} healthy nodes, need {needed}")
     items = sorted(counters.items())
     for start in range(0, len(items), _SEED_BATCH):
@@ -80,27 +100,28 @@ def repair_node(guard: AmnesiaGuard, target: int, *, force: bool,
         seeded = yield from ask_one(Call(
             target, (repair_id, *(value for _, value in batch)), node_scripts.SEED_COUNTERS,
             (claim, *(key for key, _ in batch))), timeout)
-        if seeded != 1:
-            return RepairReport(address, "failed", f"seeding interrupted: {seeded!r}")
+        if not acked(seeded):
+            return RepairReport(address, RepairStatus.FAILED, f"seeding interrupted: {seeded!r}")
     delay_ms = 0 if force else int(guard.settings.max_ttl * 1000)
     done = yield from ask_one(Call(
         target, (repair_id, f"repaired at={guard.env.wall_clock():.3f} by={repair_id}", delay_ms),
         node_scripts.FINISH_REPAIR, (claim, guard.keys.marker, guard.keys.episode)), timeout)
-    if done == -1:
+    finished = repair_finished(done)
+    if finished is RepairFinished.TOO_YOUNG:
         yield from ask_one(Call(target, ("DEL", claim)), timeout)
         # Its episode is read again now, and the repair comes when that says (not one
         # repair_interval later: this was no failure).
         guard.health.episode_unknown(target)
         guard.health.last_try.pop(target, None)
         yield from open_episodes(guard, [target])
-        return RepairReport(address, "waiting", "its amnesia episode is younger than"
+        return RepairReport(address, RepairStatus.WAITING, "its amnesia episode is younger than"
                             " max_ttl by its clock (it lost data again, or restarted)")
-    if done != 1:
-        return RepairReport(address, "failed", f"marker not written: {done!r}")
+    if finished is not RepairFinished.WRITTEN:
+        return RepairReport(address, RepairStatus.FAILED, f"marker not written: {done!r}")
     guard.health.healthy(target)
     logger.warning("redlock.node_repaired", node=address, counters_seeded=len(items),
                    sources=complete)
-    return RepairReport(address, "repaired", f"{len(items)} fence counters re-seeded")
+    return RepairReport(address, RepairStatus.REPAIRED, f"{len(items)} fence counters re-seeded")
 
 
 def read_counters(guard: AmnesiaGuard, node: int) -> Flow[dict[str, int] | None]:
@@ -139,10 +160,10 @@ def repair(guard: AmnesiaGuard, *, force: bool) -> Flow[list[RepairReport]]:
         guard.health.marker_seen = True
     for i, reply in enumerate(probe):
         if identity(reply) is None:
-            reports[i] = RepairReport(guard.addresses[i], "failed", _why(reply))
+            reports[i] = RepairReport(guard.addresses[i], RepairStatus.FAILED, _why(reply))
     if not guard.health.marker_seen:
         for i in range(guard.n):
-            reports.setdefault(i, RepairReport(guard.addresses[i], "healthy",
+            reports.setdefault(i, RepairReport(guard.addresses[i], RepairStatus.HEALTHY,
                                                "uninitialised cluster"))
         return [reports[i] for i in range(guard.n)]
     if guard.health.suspect:
@@ -157,18 +178,18 @@ def repair(guard: AmnesiaGuard, *, force: bool) -> Flow[list[RepairReport]]:
     for i in sorted(guard.health.benched() - set(reports)):
         wait = guard.health.rejoins_in(i, now)
         if i in guard.health.suspect:
-            reports[i] = RepairReport(guard.addresses[i], "failed",
+            reports[i] = RepairReport(guard.addresses[i], RepairStatus.FAILED,
                                       "restarted; its persistence could not be checked")
         elif force or wait == 0.0:
             reports[i] = yield from repair_node(guard, i, force=force)
         elif wait is not None:
-            reports[i] = RepairReport(guard.addresses[i], "waiting",
+            reports[i] = RepairReport(guard.addresses[i], RepairStatus.WAITING,
                                       f"rejoins in {wait:.1f} s (one max_ttl after it lost"
                                       " its data, by its own clock)")
         else:
-            reports[i] = RepairReport(guard.addresses[i], "failed", "episode unreadable")
+            reports[i] = RepairReport(guard.addresses[i], RepairStatus.FAILED, "episode unreadable")
     for i in range(guard.n):
-        reports.setdefault(i, RepairReport(guard.addresses[i], "healthy"))
+        reports.setdefault(i, RepairReport(guard.addresses[i], RepairStatus.HEALTHY))
     return [reports[i] for i in range(guard.n)]
 
 
@@ -202,21 +223,21 @@ def initialise(guard: AmnesiaGuard, *, force: bool) -> Flow[list[RepairReport]]:
     probe = yield Broadcast(tuple(guard.identify_call(i) for i in range(guard.n)), timeout)
     silent = [i for i, reply in enumerate(probe) if identity(reply) is None]
     if silent:
-        return [RepairReport(guard.addresses[i], "failed", _why(probe[i])) if i in silent
-                else RepairReport(guard.addresses[i], "healthy",
+        return [RepairReport(guard.addresses[i], RepairStatus.FAILED, _why(probe[i])) if i in silent
+                else RepairReport(guard.addresses[i], RepairStatus.HEALTHY,
                                   "not changed: every node must answer")
                 for i in range(guard.n)]
     marked = [i for i, reply in enumerate(probe) if (identity(reply) or ("", None))[1] is not None]
     unmarked = [i for i in range(guard.n) if i not in marked]
-    reports = {i: RepairReport(guard.addresses[i], "healthy") for i in marked}
+    reports = {i: RepairReport(guard.addresses[i], RepairStatus.HEALTHY) for i in marked}
     if unmarked and not force:
         if len(marked) >= guard.quorum:
             # A quorum has markers: locks may have been granted, and a node without one
             # lost its data. It rejoins through repair, after max_ttl.
             for i in unmarked:
                 reports[i] = RepairReport(
-                    guard.addresses[i], "failed", "a quorum of nodes has markers: this node"
-                    " lost its data; repair() brings it back one max_ttl after the loss"
+                    guard.addresses[i], RepairStatus.FAILED, "a quorum of nodes has markers:"
+                    " this node lost its data; repair() brings it back one max_ttl after the loss"
                     " (or initialise(force=True) once every lock held before has expired)")
         else:
             # Nodes that never held anything: no episode, no key of the namespace.
@@ -224,16 +245,16 @@ def initialise(guard: AmnesiaGuard, *, force: bool) -> Flow[list[RepairReport]]:
                 blank = yield from _is_blank(guard, i)
                 if not blank:
                     reports[i] = RepairReport(
-                        guard.addresses[i], "failed", "it lost data (it holds keys or an"
+                        guard.addresses[i], RepairStatus.FAILED, "it lost data (it holds keys or an"
                         " amnesia episode): initialise(force=True) once every lock held"
                         " before has expired (max_ttl)")
     for i in unmarked:
         if i in reports:
             continue
         report = yield from repair_node(guard, i, force=True, sources=marked)
-        reports[i] = (RepairReport(report.node, "initialised", report.detail)
-                      if report.status == "repaired" else report)
-    if all(r.status in ("healthy", "initialised") for r in reports.values()):
+        reports[i] = (RepairReport(report.node, RepairStatus.INITIALISED, report.detail)
+                      if report.status is RepairStatus.REPAIRED else report)
+    if all(r.status in (RepairStatus.HEALTHY, RepairStatus.INITIALISED) for r in reports.values()):
         guard.health.marker_seen = True
         logger.warning("redlock.cluster_initialised_by_hand", nodes=guard.n,
                        initialised=len(unmarked), forced=force)
