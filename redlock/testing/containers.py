@@ -8,22 +8,28 @@ containers, started with testcontainers.
         nodes[0].pause()                      # docker pause: hung, sockets stay open
         nodes[1].restart(keep_data=False)     # a new, empty container on the same port
 
-Each node is testcontainers' ``RedisContainer`` on ``redlock-fenced/redis:local`` (or
-``$REDLOCK_REDIS_IMAGE``), the Toxiproxy server a ``DockerContainer`` on
-``redlock-fenced/toxiproxy:local`` (or ``$REDLOCK_TOXIPROXY_IMAGE``). Our own images
-are built from this machine's binaries when missing (:mod:`redlock.testing.images`);
-nothing is pulled. Every container uses host networking and listens on 127.0.0.1, on
-a free port, so clients reach it exactly as a local process and no traffic leaves
-loopback (no bridge, no port mapping).
+Each node is testcontainers' ``RedisContainer`` on the image ``redis:7``, the Toxiproxy
+server a ``DockerContainer`` on Shopify's ``ghcr.io/shopify/toxiproxy:2.12.0``; the
+engine pulls them when missing, as for any testcontainers container. Other images are
+chosen with ``image=``, or for every container of a run with ``$REDLOCK_REDIS_IMAGE`` /
+``$REDLOCK_TOXIPROXY_IMAGE`` (what ``start_nodes(..., backend="docker")`` and the
+pytest plugin's ``--redlock-backend=docker`` use): any image whose ``redis-server`` is
+on PATH, any whose entry point is the Toxiproxy server (this project's own CI, where no
+registry is reachable, points them at images it builds from the machine's binaries).
+Every container uses host networking and listens on 127.0.0.1, on a free port, so
+clients reach it exactly as a local process and no traffic leaves loopback (no port
+mapping); the engine must therefore run on this machine (Linux).
 
-Ryuk, testcontainers' reaper, is an image that would have to be pulled: unless
-``TESTCONTAINERS_RYUK_DISABLED`` says otherwise it is turned off, and the clean-up is
-ours: ``close()`` removes a container with its volumes, an atexit hook removes what a
-test left, and each start removes the containers whose creating process (the
-``org.redlock-fenced.owner`` label) is gone, i.e. what a killed run left behind.
+Clean-up: ``close()`` removes a container with its volumes, an atexit hook removes
+what a test left, and the first start of a process removes the containers whose
+creating process (the ``org.redlock-fenced.owner`` label) is gone, i.e. what a killed
+run left behind. testcontainers' own reaper (Ryuk) is left as its configuration says
+(``TESTCONTAINERS_RYUK_DISABLED``); this clean-up does not need it.
 
-Needs the ``docker`` extra (``pip install redlock-fenced[docker]``) and a local Docker
-engine (``$DOCKER_HOST``, or the default socket).
+Needs the ``docker`` extra (``pip install 'redlock-fenced[docker]'``: testcontainers,
+with the docker SDK) and a Docker engine on this machine (``$DOCKER_HOST``, the
+current docker context, or the default socket, as testcontainers finds it).
+testcontainers is imported on the first start, not with this module.
 """
 
 from __future__ import annotations
@@ -38,14 +44,6 @@ from typing import TYPE_CHECKING, Any
 import redis
 
 from redlock.testing._leftovers import track, untrack
-from redlock.testing.dockerd import EngineAPI, EngineError, EngineUnavailable
-from redlock.testing.images import (
-    REDIS_IMAGE,
-    REDIS_REPOSITORY,
-    TOXIPROXY_IMAGE,
-    TOXIPROXY_REPOSITORY,
-    ensure_images,
-)
 from redlock.testing.node import NodeSet
 from redlock.testing.redis_nodes import free_port
 from redlock.testing.toxiproxy import ToxiproxyError, ToxiproxyServer
@@ -56,8 +54,28 @@ if TYPE_CHECKING:
 TESTING_LABEL = "org.redlock-fenced.testing"
 OWNER_LABEL = "org.redlock-fenced.owner"
 
-_PREPARED: set[str] = set()
+DEFAULT_REDIS_IMAGE = "redis:7"
+DEFAULT_TOXIPROXY_IMAGE = "ghcr.io/shopify/toxiproxy:2.12.0"
+REDIS_IMAGE_ENV = "REDLOCK_REDIS_IMAGE"
+TOXIPROXY_IMAGE_ENV = "REDLOCK_TOXIPROXY_IMAGE"
 
+_prepared = False
+
+
+class DockerUnavailable(RuntimeError):
+    """The Docker backend cannot be used here: testcontainers is not installed, or no
+    Docker engine answers (the message says which)."""
+
+
+def redis_image(explicit: str | None = None) -> str:
+    """The Redis image: ``explicit``, else ``$REDLOCK_REDIS_IMAGE``, else ``redis:7``."""
+    return explicit or os.environ.get(REDIS_IMAGE_ENV) or DEFAULT_REDIS_IMAGE
+
+
+def toxiproxy_image(explicit: str | None = None) -> str:
+    """The Toxiproxy image: ``explicit``, else ``$REDLOCK_TOXIPROXY_IMAGE``, else
+    ``ghcr.io/shopify/toxiproxy:2.12.0``."""
+    return explicit or os.environ.get(TOXIPROXY_IMAGE_ENV) or DEFAULT_TOXIPROXY_IMAGE
 
 
 def _owner() -> str:
@@ -82,41 +100,79 @@ def _owner_gone(owner: str) -> bool:
     return False
 
 
-def remove_orphans(api: EngineAPI | None = None) -> list[str]:
-    """Remove the containers of ours whose creating process is gone (a killed run)."""
-    api = api or EngineAPI.from_host()
-    removed = []
-    for container in api.containers([TESTING_LABEL]):
-        if _owner_gone(container.get("Labels", {}).get(OWNER_LABEL, "")):
-            api.remove_container(container["Id"])
-            removed.append(container["Id"][:12])
-    return removed
-
-
-def prepare(image: str) -> None:
-    """Once per process and image: our clean-up instead of Ryuk, orphans removed, and
-    our own image built if it is the one asked for and missing."""
-    os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")
-    if image in _PREPARED:
-        return
+def _docker_client() -> Any:
+    """A ``docker.DockerClient`` on the engine testcontainers uses (close it after use);
+    :class:`DockerUnavailable` if testcontainers is missing or no engine answers."""
     try:
-        import testcontainers  # noqa: F401
+        from testcontainers.core.docker_client import DockerClient
     except ImportError as exc:
-        raise EngineUnavailable(
+        raise DockerUnavailable(
             "the Docker backend needs testcontainers: pip install 'redlock-fenced[docker]'"
         ) from exc
     try:
-        api = EngineAPI.from_host()
-    except EngineUnavailable:
-        _PREPARED.add(image)  # a remote engine: testcontainers alone deals with it
+        client = DockerClient().client
+    except Exception as exc:  # docker.errors.DockerException: no socket, no context
+        raise DockerUnavailable(f"no Docker engine found: {exc}") from exc
+    try:
+        client.ping()
+    except Exception as exc:
+        client.close()
+        raise DockerUnavailable(f"no Docker engine answers at {client.api.base_url}: "
+                                f"{exc}") from exc
+    return client
+
+
+def _our_containers(client: Any) -> list[Any]:
+    return list(client.containers.list(all=True, filters={"label": TESTING_LABEL}))
+
+
+def remove_orphans(client: Any = None) -> list[str]:
+    """Remove the containers of ours whose creating process is gone (a killed run);
+    the short ids removed. ``client``: a ``docker.DockerClient``, else one on the
+    engine testcontainers uses."""
+    own = client is None
+    engine = _docker_client() if own else client
+    try:
+        removed = []
+        for container in _our_containers(engine):
+            if _owner_gone(container.labels.get(OWNER_LABEL, "")):
+                with contextlib.suppress(Exception):  # removed meanwhile
+                    container.remove(force=True, v=True)
+                removed.append(container.id[:12])
+        return removed
+    finally:
+        if own:
+            engine.close()
+
+
+def engine_leftovers(client: Any = None) -> list[str]:
+    """Short ids of the containers of ours still on the engine, whoever started them
+    (for tests that check the clean-up); empty if no engine answers."""
+    try:
+        engine = _docker_client() if client is None else client
+    except DockerUnavailable:
+        return []
+    try:
+        return [container.id[:12] for container in _our_containers(engine)]
+    except Exception:
+        return []
+    finally:
+        if client is None:
+            engine.close()
+
+
+def prepare() -> None:
+    """Once per process, before the first container: testcontainers is there, an engine
+    answers, and what killed runs left is removed (:class:`DockerUnavailable` if not)."""
+    global _prepared
+    if _prepared:
         return
-    if not api.ping():
-        raise EngineUnavailable(f"no Docker engine answers at {api.socket_path}")
-    remove_orphans(api)
-    ours = {REDIS_IMAGE: "redis", TOXIPROXY_IMAGE: "toxiproxy"}
-    if image in ours and api.image(image) is None:
-        ensure_images(api, only=[ours[image]])
-    _PREPARED.add(image)
+    client = _docker_client()
+    try:
+        remove_orphans(client)
+    finally:
+        client.close()
+    _prepared = True
 
 
 def _redis_container(image: str, port: int, host: str, password: str | None,
@@ -161,7 +217,7 @@ class ContainerRedisNode:
         self.port = port or free_port(host)
         self.appendonly = appendonly
         self.password = password
-        self.image = image or os.environ.get("REDLOCK_REDIS_IMAGE") or REDIS_IMAGE
+        self.image = redis_image(image)
         self.extra_args = list(extra_args)
         self.start_timeout = start_timeout
         self.paused = False
@@ -214,7 +270,7 @@ class ContainerRedisNode:
     def start(self) -> ContainerRedisNode:
         if self.running:
             return self
-        prepare(self.image)
+        prepare()
         if self._container is not None:
             # Killed with its files kept: the same container (and /data) again.
             self._container.get_wrapped_container().start()
@@ -337,7 +393,7 @@ class ContainerToxiproxy(ToxiproxyServer):
         self.port = 0
         self.request_timeout = request_timeout
         self.start_timeout = start_timeout
-        self.image = image or os.environ.get("REDLOCK_TOXIPROXY_IMAGE") or TOXIPROXY_IMAGE
+        self.image = toxiproxy_image(image)
         self._process = None
         self._log = None
         self._count = 0
@@ -346,7 +402,7 @@ class ContainerToxiproxy(ToxiproxyServer):
     def start(self) -> ContainerToxiproxy:
         if self._container is not None:
             return self
-        prepare(self.image)
+        prepare()
         from testcontainers.core.container import DockerContainer
 
         for _attempt in range(3):  # a free port can be taken between probe and bind
@@ -402,25 +458,21 @@ class ContainerToxiproxy(ToxiproxyServer):
         return self.start()
 
 
-def engine_leftovers(api: EngineAPI | None = None) -> list[str]:
-    """Containers of ours still on the engine (for tests that check the clean-up)."""
-    api = api or EngineAPI.from_host()
-    try:
-        return [c["Id"][:12] for c in api.containers([TESTING_LABEL])]
-    except (OSError, EngineError):
-        return []
-
-
 __all__ = [
+    "DEFAULT_REDIS_IMAGE",
+    "DEFAULT_TOXIPROXY_IMAGE",
     "OWNER_LABEL",
-    "REDIS_REPOSITORY",
+    "REDIS_IMAGE_ENV",
     "TESTING_LABEL",
-    "TOXIPROXY_REPOSITORY",
+    "TOXIPROXY_IMAGE_ENV",
     "ContainerRedisNode",
     "ContainerRedisNodes",
     "ContainerToxiproxy",
+    "DockerUnavailable",
     "engine_leftovers",
     "labels",
     "prepare",
+    "redis_image",
     "remove_orphans",
+    "toxiproxy_image",
 ]

@@ -1,6 +1,6 @@
 """A private Docker engine for the tests, and a small client for the Engine API.
 
-    from redlock.testing.dockerd import PrivateDockerd
+    from tests.support.dockerd import PrivateDockerd
 
     with PrivateDockerd() as engine:        # dockerd on a socket of its own (needs root)
         api = engine.api()                  # EngineAPI: containers, images, clean-up
@@ -21,7 +21,7 @@ killed leaves a stale pid file: the next ``start()`` stops that dockerd first, s
 new one (which picks up the containerd and containers left behind) and removes every
 container, network and volume before handing the engine out.
 
-``python -m redlock.testing.dockerd up|down|clean|status`` does the same from a shell
+``python -m tests.support.dockerd up|down|clean|status`` does the same from a shell
 (``scripts/test`` uses it).
 """
 
@@ -552,7 +552,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         print(json.dumps({"host": engine.host, **engine.api().leftovers()}))
         return 0
-    print(f"usage: python -m redlock.testing.dockerd up|down|clean|status (not {action!r})",
+    print(f"usage: python -m tests.support.dockerd up|down|clean|status (not {action!r})",
           file=sys.stderr)
     return 2
 

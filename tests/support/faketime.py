@@ -16,7 +16,7 @@ installs it). Any other build can be named with ``$REDLOCK_FAKETIME_REDIS_SERVER
 (e.g. one built from source with ``make MALLOC=libc``).
 
     from redlock.testing import RedisNode
-    from redlock.testing.faketime import find_faketime_redis
+    from tests.support.faketime import find_faketime_redis
 
     fake = find_faketime_redis()              # FaketimeUnavailable says why not
     node = RedisNode(data_dir=tmp, redis_server=fake.redis_server, env=fake.env(2.0))

@@ -1,6 +1,6 @@
 """A throwaway PostgreSQL server on loopback, for tests and examples.
 
-    from redlock.testing.postgres import PostgresServer
+    from tests.support.postgres import PostgresServer
 
     with PostgresServer() as pg:                 # initdb + postgres on a free port
         conn = psycopg.connect(pg.dsn)

@@ -1,7 +1,7 @@
 """Docker images built locally, from binaries already on this machine: no registry.
 
-    from redlock.testing.dockerd import EngineAPI
-    from redlock.testing.images import ensure_images
+    from tests.support.dockerd import EngineAPI
+    from tests.support.images import ensure_images
 
     ensure_images(EngineAPI.from_host())     # redlock-fenced/redis:local, .../toxiproxy:local
 
@@ -24,7 +24,7 @@ into it (paths, modes, file contents, config) and ``:local`` points at the curre
 one. An unchanged input costs one hash; a changed one builds anew and drops the old
 tag.
 
-``python -m redlock.testing.images [--app CHECKOUT]`` builds what is missing.
+``python -m tests.support.images [--app CHECKOUT]`` builds what is missing.
 """
 
 from __future__ import annotations
@@ -44,9 +44,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from redlock.testing.dockerd import EngineAPI
 from redlock.testing.redis_nodes import find_redis_server
 from redlock.testing.toxiproxy import find_toxiproxy_server
+from tests.support.dockerd import EngineAPI
 
 LOCAL_TAG = "local"
 REDIS_REPOSITORY = "redlock-fenced/redis"
