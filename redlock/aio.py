@@ -108,12 +108,7 @@ class AsyncRedlock(ManagerBase[AsyncLock, AsyncMultiLock]):
 
     async def close(self) -> None:
         """See :meth:`redlock.Redlock.close` (no task of the manager is left running)."""
-        self._in_this_process()  # in a forked child: nothing of the parent's is closed
-        self._closing.set()
-        self._maintenance_news.set()  # a waiting maintenance stops at once
-        renewals = self._registry.renewals
-        renewals.stop()  # and so does the renewal loop, after its current round
-        for runner in (self._maintenance_runner, renewals.runner):
+        for runner in self._stop_background():
             if (runner is not None and not runner.done()
                     and runner is not asyncio.current_task()
                     and runner.get_loop() is asyncio.get_running_loop()):

@@ -156,12 +156,7 @@ class Redlock(ManagerBase[Lock, MultiLock]):
         caller's clients stay open). When it returns no thread of the manager runs any
         more. Auto-extended locks still held are no longer renewed: they are marked lost
         (their holders' ``check()`` raises :class:`LockLost`) and expire with their TTL."""
-        self._in_this_process()  # in a forked child: nothing of the parent's is closed
-        self._closing.set()
-        self._maintenance_news.set()  # a waiting maintenance stops at once
-        renewals = self._registry.renewals
-        renewals.stop()  # and so does the renewal loop, after its current round
-        for runner in (self._maintenance_runner, renewals.runner):
+        for runner in self._stop_background():
             if runner is not None and runner is not threading.current_thread():
                 runner.join(self._close_grace())  # a repair in progress finishes its step
         if self._room.listener is not None:

@@ -458,7 +458,7 @@ def test_renewals_retry_with_backoff_while_validity_remains() -> None:
     # retry_delay_max, then a third of the renewed validity.
     assert nodes.sleeps() == pytest.approx([validity / 3, 0.1, 0.2, 0.3, 0.3, validity / 3])
     assert nodes.scripts_sent() == ["extend"] * 5
-    # Four failed renewals, logged once per failing node (then counted, redlock/_observe/outages.py).
+    # Four failed renewals, logged once per failing node (then counted: _observe/outages.py).
     assert sorted(e["node"] for e in events if e["event"] == "redlock.extend_retry") == [
         "n0:6379", "n1:6379", "n2:6379"]
     assert state.status == Status.RELEASED  # never lost

@@ -36,18 +36,36 @@ from redlock._io.sync_transport import SyncTransport
 T = TypeVar("T")
 
 
-class SyncExecutor:
+class _Executor:
+    """What both executors hold: the manager's waiting room (local lines, the release
+    listener), the core's ``absorb``, the ``maintain`` hook that sees to restarted or
+    amnesiac nodes, and a test's injected sleep (None: the real waits)."""
+
+    def __init__(self, room: WaitingRoom, absorb: Absorb, maintain: Callable[[], None],
+                 sleep: Callable[[float], Any] | None) -> None:
+        self._room = room
+        self._absorb = absorb
+        self._maintain = maintain
+        self._sleep = sleep
+
+    def _start_backoff(self, ticket: Ticket[Any], request: Backoff) -> tuple[Any, Any, float]:
+        """A backoff starts: nodes found restarted are seen to, the call waits in its
+        local line (its line, and the event that wakes it), and listens for releases
+        (how long to wait)."""
+        self._maintain()  # a blocking acquire met a restarted node: see to it now
+        line, wake = self._room.lines.start_wait(request.line, ticket)
+        return line, wake, self._room.watch_releases(request, ticket)
+
+
+class SyncExecutor(_Executor):
     """The sync client's: requests run on the calling thread; waits block it.
     ``sleep``: a test's injected sleep, honoured for every wait but one that a signal
     ends (``PauseUntilWoken``)."""
 
     def __init__(self, transport: SyncTransport, room: WaitingRoom, absorb: Absorb,
                  maintain: Callable[[], None], sleep: Callable[[float], Any] | None) -> None:
+        super().__init__(room, absorb, maintain, sleep)
         self._transport = transport
-        self._room = room
-        self._absorb = absorb
-        self._maintain = maintain
-        self._sleep = sleep
 
     def drive(self, flow: Flow[T]) -> T:
         ticket: Ticket[threading.Event] = Ticket()  # a blocking acquire's place in line
@@ -93,29 +111,23 @@ class SyncExecutor:
         elif self._sleep is not None:  # an injected sleep (tests) is honoured as given
             self._sleep(request.seconds)
         elif isinstance(request, Backoff):
-            self._maintain()  # a blocking acquire met a restarted node: see to it now
-            lines = self._room.lines
-            line, wake = lines.start_wait(request.line, ticket)
-            seconds = self._room.watch_releases(request, ticket)
+            line, wake, seconds = self._start_backoff(ticket, request)
             try:
                 wake.wait(seconds)
             finally:
-                lines.exit(request.line, line)
+                self._room.lines.exit(request.line, line)
         else:
             time.sleep(request.seconds)
 
 
-class AsyncExecutor:
+class AsyncExecutor(_Executor):
     """The asyncio client's: requests run in the calling task; waits await.
     ``sleep``: a test's injected sleep (a coroutine function), as for the sync one."""
 
     def __init__(self, transport: AsyncTransport, room: WaitingRoom, absorb: Absorb,
                  maintain: Callable[[], None], sleep: Callable[[float], Any] | None) -> None:
+        super().__init__(room, absorb, maintain, sleep)
         self._transport = transport
-        self._room = room
-        self._absorb = absorb
-        self._maintain = maintain
-        self._sleep = sleep
 
     async def drive(self, flow: Flow[T]) -> T:
         ticket: Ticket[Any] = Ticket()  # a blocking acquire's place in line
@@ -164,13 +176,10 @@ class AsyncExecutor:
         elif self._sleep is not None:  # an injected sleep (tests) is honoured as given
             await self._sleep(request.seconds)
         elif isinstance(request, Backoff):
-            self._maintain()  # a blocking acquire met a restarted node: see to it now
-            lines = self._room.lines
-            line, wake = lines.start_wait(request.line, ticket)
-            seconds = self._room.watch_releases(request, ticket)
+            line, wake, seconds = self._start_backoff(ticket, request)
             try:
                 await wait_event(wake, seconds)
             finally:
-                lines.exit(request.line, line)
+                self._room.lines.exit(request.line, line)
         else:
             await asyncio.sleep(request.seconds)

@@ -1,7 +1,7 @@
 """Lock handles, shared by the sync and asyncio clients: all but waiting and I/O.
 
 A handle holds its options and, per owner, that owner's acquisition, and writes
-acquire, release, extend and ``on_lost`` as protocols (see :mod:`redlock._core.requests`)
+acquire, release, extend and ``on_lost`` as flows (see :mod:`redlock._core.requests`)
 that the shells drive: ``lock.acquire()`` there is ``drive(self._acquire_flow(...))``.
 :class:`LockBase` is one resource's handle, :class:`MultiLockBase` a set's (all or
 nothing, a token per resource); the algorithm treats both as a tuple of resources.

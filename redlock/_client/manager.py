@@ -324,6 +324,17 @@ class ManagerBase(Generic[H, MH]):
         self._maintenance_runner = self._spawn_flow(self._maintenance_flow(),
                                                     "redlock-maintenance")
 
+    def _stop_background(self) -> tuple[Any, ...]:
+        """The start of close(): the maintenance and the renewal loop are told to stop
+        (after the current step, or round); returns their threads or tasks to wait for
+        (None: not running)."""
+        self._in_this_process()  # in a forked child: nothing of the parent's is closed
+        self._closing.set()
+        self._maintenance_news.set()  # a waiting maintenance stops at once
+        renewals = self._registry.renewals
+        renewals.stop()  # and so does the renewal loop, after its current round
+        return self._maintenance_runner, renewals.runner
+
     def _close_grace(self) -> float:
         """How long close() lets a running maintenance finish its step: a repair cut
         short would leave its claim on the node (30 repair_timeouts), and no other

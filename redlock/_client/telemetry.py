@@ -3,15 +3,15 @@
 The library uses only the OpenTelemetry *API* (the ``otel`` extra); the application
 installs the SDK and sets providers, or passes its own to the manager
 (``Redlock(..., tracer_provider=..., meter_provider=...)``). Nothing is recorded, and
-the protocols run unwrapped, when the API is not installed, or when no provider was
+the flows run unwrapped, when the API is not installed, or when no provider was
 given and the global ones are still OpenTelemetry's no-op/proxy defaults: then the cost
 is one clock read per operation (the providers are looked up again once a second, so a
 global provider set after the manager was made is used within a second).
 
-When recording, an operation's protocol is wrapped in an observer that forwards every
+When recording, an operation's flow is wrapped in an observer that forwards every
 request and reply unchanged and watches them go by: acquire rounds (attempts, votes
 granted), the backoff sleeps between them (wait time), extend rounds, and how the
-operation ended. It does not change what the protocol does.
+operation ended. It does not change what the flow does.
 
 Spans: ``redlock.acquire``, ``redlock.extend`` (explicit, or a renewal by the manager's
 auto-extend loop with ``redlock.auto_extend=true``), ``redlock.release``. Attributes:
@@ -78,6 +78,19 @@ def _is_noop_meter_provider(provider: object) -> bool:
             or type(provider).__name__ == "_ProxyMeterProvider")
 
 
+# The metrics: (_Instruments field, name, unit, description); "s": a histogram of
+# seconds, otherwise a counter.
+_METRICS = (
+    ("duration", "redlock.acquire.duration", "s", "time from acquire() to its outcome"),
+    ("wait", "redlock.acquire.wait", "s", "time an acquire spent waiting between attempts"),
+    ("quorum_failures", "redlock.acquire.quorum_failures", "{attempt}",
+     "acquire attempts in which fewer than a quorum of nodes granted"),
+    ("lost", "redlock.locks.lost", "{lock}", "held locks lost (extend or auto-extend failed)"),
+    ("amnesia", "redlock.nodes.amnesia", "{event}",
+     "nodes newly seen without their marker, and majority losses"),
+)
+
+
 class Telemetry:
     """One manager's view of OpenTelemetry: whether to record, and the instruments."""
 
@@ -121,24 +134,10 @@ class Telemetry:
             return cached[2]
         tracer = tracer_provider.get_tracer(_INSTRUMENTATION)
         meter = meter_provider.get_meter(_INSTRUMENTATION)
-        made = _Instruments(
-            tracer=tracer,
-            duration=meter.create_histogram(
-                "redlock.acquire.duration", unit="s",
-                description="time from acquire() to its outcome"),
-            wait=meter.create_histogram(
-                "redlock.acquire.wait", unit="s",
-                description="time an acquire spent waiting between attempts"),
-            quorum_failures=meter.create_counter(
-                "redlock.acquire.quorum_failures", unit="{attempt}",
-                description="acquire attempts in which fewer than a quorum of nodes granted"),
-            lost=meter.create_counter(
-                "redlock.locks.lost", unit="{lock}",
-                description="held locks lost (extend or auto-extend failed)"),
-            amnesia=meter.create_counter(
-                "redlock.nodes.amnesia", unit="{event}",
-                description="nodes newly seen without their marker, and majority losses"),
-        )
+        made = _Instruments(tracer=tracer, **{
+            field: (meter.create_histogram if unit == "s" else meter.create_counter)(
+                name, unit=unit, description=description)
+            for field, name, unit, description in _METRICS})
         self._cached = (tracer_provider, meter_provider, made)
         return made
 
@@ -177,12 +176,12 @@ class _Observer:
                 "redlock.namespace": self.t.namespace, "redlock.nodes": self.t.nodes,
                 "redlock.quorum": self.t.quorum}
 
-    def run(self, protocol: Flow[T]) -> Flow[T]:
+    def run(self, flow: Flow[T]) -> Flow[T]:
         span = self.i.tracer.start_span(f"redlock.{self.op}", attributes=self._base_attributes())
         started = time.perf_counter()
         amnesiac_before = self._amnesiac()
         try:
-            result = yield from self._forward(protocol)
+            result = yield from self._forward(flow)
         except BaseException as exc:
             self._finish(span, started, amnesiac_before, None, exc)
             raise
@@ -203,23 +202,23 @@ class _Observer:
                 r.outcome is Outcome.AMNESIAC for r in result.outcomes):
             self.quorum_failures += 1
 
-    def _forward(self, protocol: Flow[T]) -> Flow[T]:
+    def _forward(self, flow: Flow[T]) -> Flow[T]:
         """Forward requests and replies unchanged, timing the waits between attempts."""
         try:
-            request = next(protocol)
+            request = next(flow)
             while True:
                 sent = time.perf_counter()
                 try:
                     reply = yield request
                 except GeneratorExit:
-                    protocol.close()
+                    flow.close()
                     raise
                 except BaseException as exc:
-                    request = protocol.throw(exc)
+                    request = flow.throw(exc)
                     continue
                 if isinstance(request, Backoff):
                     self.waited += time.perf_counter() - sent
-                request = protocol.send(reply)
+                request = flow.send(reply)
         except StopIteration as stop:
             return stop.value  # type: ignore[no-any-return]
 

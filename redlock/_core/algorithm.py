@@ -3,7 +3,7 @@
 Everything that decides anything about locks lives here and in
 :mod:`redlock._core.holding`: the acquire attempt, its quorum, validity and token
 commit, retries and backoff here; release, extend and loss there (the renewal loop,
-:mod:`redlock._core.renewals`, drives those). Each operation is a protocol (see
+:mod:`redlock._core.renewals`, drives those). Each operation is a flow (see
 :mod:`redlock._core.requests`) that the sync and asyncio shells drive; node amnesia is
 delegated to :class:`redlock._core.amnesia.guard.AmnesiaGuard`.
 """

@@ -9,7 +9,7 @@ to one holder. ``dlm.is_locked(resource)`` answers from that view whether anyone
 the resource; a handle's ``locked()`` says whether *its caller* holds it, without I/O.
 ``dlm.force_release(resource)`` deletes the lock key on every node whoever holds it.
 
-Each operation is a protocol (see :mod:`redlock._core.requests`) that both clients drive.
+Each operation is a flow (see :mod:`redlock._core.requests`) that both clients drive.
 """
 
 from __future__ import annotations

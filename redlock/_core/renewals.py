@@ -54,7 +54,7 @@ def next_renewal(state: LockState, now: float) -> float:
 class Renewals:
     """The auto-extended acquisitions of one manager, and the loop that renews them.
 
-    ``start_loop`` runs a protocol in the background (the shell's thread or task);
+    ``start_loop`` runs a flow in the background (the shell's thread or task);
     ``lost`` is told of every acquisition lost while renewed, with its live handles.
     """
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import Generic, Protocol, TypeVar, cast
 
 from redlock._scripts.replies import NOT_AWAITED, PENDING, SENT_LATE, NotAwaited, Pending
 from redlock._scripts.script import Script
@@ -160,40 +160,74 @@ NO_REPLY: Sequence[object] = ()
 Absorb = Callable[[Replies], None]
 
 
+class _Steps(Generic[T]):
+    """One flow run step by step, for the drivers below: its next request, given what
+    the last one came to (its replies, handed to ``absorb`` first; or the exception it
+    raised, thrown into the flow, which decides), until it returns."""
+
+    __slots__ = ("_absorb", "_flow", "done", "result")
+
+    def __init__(self, flow: Flow[T], absorb: Absorb | None) -> None:
+        self._flow = flow
+        self._absorb = absorb
+        self.done = False
+        self.result: T | None = None
+
+    def first(self) -> Request | None:
+        try:
+            return next(self._flow)
+        except StopIteration as stop:  # the flow returned before any request
+            self.done, self.result = True, stop.value
+            return None
+
+    def next(self, outcome: Sequence[object] | BaseException) -> Request | None:
+        try:
+            if isinstance(outcome, BaseException):  # interrupted or failed
+                return self._flow.throw(outcome)
+            if self._absorb is not None and isinstance(outcome, Replies):
+                self._absorb(outcome)
+            return self._flow.send(outcome)
+        except StopIteration as stop:  # the flow returned
+            self.done, self.result = True, stop.value
+            return None
+
+
+def _outcome(execute: Callable[[Request], Sequence[object]],
+             request: Request | None) -> Sequence[object] | BaseException:
+    assert request is not None
+    try:
+        return execute(request)
+    except BaseException as exc:  # interrupted (KeyboardInterrupt) or failed
+        return exc
+
+
+async def _outcome_async(execute: Callable[[Request], Awaitable[Sequence[object]]],
+                         request: Request | None) -> Sequence[object] | BaseException:
+    assert request is not None
+    try:
+        return await execute(request)
+    except BaseException as exc:  # cancelled or failed
+        return exc
+
+
 def drive(flow: Flow[T], execute: Callable[[Request], Sequence[object]],
           absorb: Absorb | None = None) -> T:
     """Run a flow to its end with a blocking executor (the sync client, unit tests)."""
-    try:
-        request = next(flow)
-        while True:
-            try:
-                reply = execute(request)
-            except BaseException as exc:  # interrupted or failed: the flow decides
-                request = flow.throw(exc)
-                continue
-            if absorb is not None and isinstance(reply, Replies):
-                absorb(reply)
-            request = flow.send(reply)
-    except StopIteration as stop:  # the flow returned (maybe before any request)
-        return stop.value  # type: ignore[no-any-return]
+    steps = _Steps(flow, absorb)
+    request = steps.first()
+    while not steps.done:
+        request = steps.next(_outcome(execute, request))
+    return cast(T, steps.result)
 
 
 async def drive_async(flow: Flow[T], execute: Callable[[Request], Awaitable[Sequence[object]]],
                       absorb: Absorb | None = None) -> T:
     """Run a flow to its end with an asyncio executor (the asyncio client)."""
-    try:
-        request = next(flow)
-        while True:
-            try:
-                reply = await execute(request)
-            except BaseException as exc:  # cancelled or failed: the flow decides
-                request = flow.throw(exc)
-                continue
-            if absorb is not None and isinstance(reply, Replies):
-                absorb(reply)
-            request = flow.send(reply)
-    except StopIteration as stop:  # the flow returned (maybe before any request)
-        return stop.value  # type: ignore[no-any-return]
+    steps = _Steps(flow, absorb)
+    request = steps.first()
+    while not steps.done:
+        request = steps.next(await _outcome_async(execute, request))
+    return cast(T, steps.result)
 
 
 def ask_one(call: Call, timeout: float) -> Flow[object]:

@@ -117,7 +117,7 @@ class LockState:
 
 @dataclass(frozen=True)
 class AcquireResult:
-    """What an acquire protocol ended with: a state, or why not."""
+    """What an acquire flow ended with: a state, or why not."""
 
     state: LockState | None
     outcomes: tuple[NodeResult, ...]

@@ -108,7 +108,7 @@ class AsyncTransport:
     async def broadcast(self, request: Broadcast) -> Replies:
         """Every call's reply or exception (NOT_AWAITED for those the request was
         decided without). Calls for one node share one connection and one write."""
-        if self._closed:  # a background protocol (maintenance) racing the manager's close
+        if self._closed:  # a background flow (maintenance) racing the manager's close
             return Replies([as_failure(RedisConnectionError("the manager is closed"))]
                            * len(request.calls))
         replies = Replies([PENDING] * len(request.calls))

@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from redlock._scripts import lock as scripts
 from redlock._scripts import node as node_scripts
 from redlock.errors import NodeResult, Outcome
+
+T = TypeVar("T")
 
 # -- replies that are no answer ----------------------------------------------------------
 
@@ -305,14 +307,16 @@ class Initialised(enum.Enum):
     UNANSWERED = "unanswered"
 
 
+def _coded(reply: object, codes: dict[int, T], otherwise: T) -> T:
+    """What an integer reply code means (``otherwise`` for anything else)."""
+    return codes.get(reply, otherwise) if isinstance(reply, int) else otherwise
+
+
 def initialised(reply: object) -> Initialised:
-    if reply == node_scripts.INIT_WRITTEN:
-        return Initialised.WRITTEN
-    if reply == node_scripts.INIT_EXISTS:
-        return Initialised.EXISTS
-    if reply == node_scripts.INIT_EPISODE:
-        return Initialised.EPISODE
-    return Initialised.UNANSWERED
+    return _coded(reply, {node_scripts.INIT_WRITTEN: Initialised.WRITTEN,
+                          node_scripts.INIT_EXISTS: Initialised.EXISTS,
+                          node_scripts.INIT_EPISODE: Initialised.EPISODE},
+                  Initialised.UNANSWERED)
 
 
 class RepairFinished(enum.Enum):
@@ -325,13 +329,10 @@ class RepairFinished(enum.Enum):
 
 
 def repair_finished(reply: object) -> RepairFinished:
-    if reply == node_scripts.REPAIR_WRITTEN:
-        return RepairFinished.WRITTEN
-    if reply == node_scripts.REPAIR_GUARD_GONE:
-        return RepairFinished.GUARD_GONE
-    if reply == node_scripts.REPAIR_TOO_YOUNG:
-        return RepairFinished.TOO_YOUNG
-    return RepairFinished.FAILED
+    return _coded(reply, {node_scripts.REPAIR_WRITTEN: RepairFinished.WRITTEN,
+                          node_scripts.REPAIR_GUARD_GONE: RepairFinished.GUARD_GONE,
+                          node_scripts.REPAIR_TOO_YOUNG: RepairFinished.TOO_YOUNG},
+                  RepairFinished.FAILED)
 
 
 def marker_exists(reply: object) -> bool | None:

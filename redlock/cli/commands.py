@@ -177,26 +177,35 @@ def _repair_reports(args: argparse.Namespace, reports: Sequence[RepairReport]) -
     return EXIT_PARTIAL if RepairStatus.WAITING in statuses else EXIT_OK
 
 
-def cmd_repair(args: argparse.Namespace) -> int:
+# What forcing each admin step means, asked before it is done: (what, question).
+_FORCED = {
+    "repair": ("force a repair",
+               "Re-seed and readmit every node without its marker now? Safe only once every"
+               " lock held before those nodes lost their data has expired (one max_ttl"
+               " after the loss)."),
+    "initialise": ("force the initialisation",
+                   "Write node markers on the nodes that lack one, although some nodes"
+                   " already have one? Safe only once every lock has expired (one max_ttl"
+                   " after the nodes lost their data)."),
+}
+
+
+def _admin_step(args: argparse.Namespace, step: str) -> int:
+    """``redlock repair`` / ``redlock initialise``: the manager's step of that name."""
     with open_manager(args) as dlm:
         if args.force:
-            confirm(args, "force a repair",
-                    "Re-seed and readmit every node without its marker now? Safe only once"
-                    " every lock held before those nodes lost their data has expired"
-                    " (one max_ttl after the loss).")
-        reports = dlm.repair(force=args.force)
+            confirm(args, *_FORCED[step])
+        run = dlm.repair if step == "repair" else dlm.initialise
+        reports = run(force=args.force)
     return _repair_reports(args, reports)
+
+
+def cmd_repair(args: argparse.Namespace) -> int:
+    return _admin_step(args, "repair")
 
 
 def cmd_initialise(args: argparse.Namespace) -> int:
-    with open_manager(args) as dlm:
-        if args.force:
-            confirm(args, "force the initialisation",
-                    "Write node markers on the nodes that lack one, although some nodes"
-                    " already have one? Safe only once every lock has expired (one max_ttl"
-                    " after the nodes lost their data).")
-        reports = dlm.initialise(force=args.force)
-    return _repair_reports(args, reports)
+    return _admin_step(args, "initialise")
 
 
 # -- the parser ------------------------------------------------------------------------
