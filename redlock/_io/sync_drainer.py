@@ -174,6 +174,13 @@ class SyncDrainer:
             self._closed = True
             thread = self._thread
         if thread is not None and thread is not threading.current_thread():
-            thread.join(self._connect_timeout + 0.1)
+            # keep() may have made the thread and not started it yet (it starts it
+            # outside the lock): wait for the start, a join before it raises. Once
+            # started the thread sees _closed and ends within one select.
+            until = time.monotonic() + self._connect_timeout + 0.1
+            while thread.ident is None and time.monotonic() < until:
+                time.sleep(0.001)
+            if thread.ident is not None:
+                thread.join(max(0.0, until - time.monotonic()))
         for late in self._late.drain():
             self._discard(late.node, late.conn)
