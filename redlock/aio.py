@@ -11,18 +11,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 from collections.abc import Awaitable, Callable, Mapping
 from types import TracebackType
 from typing import Any, TypeVar, cast
 
+from redlock import _fork
 from redlock._client.backends import AsyncioBackend
 from redlock._client.executors import AsyncExecutor
 from redlock._client.handles import HandleBase, LockBase, MultiLockBase
 from redlock._client.manager import ManagerBase
+from redlock._client.renewal_thread import RenewalThread
 from redlock._core.amnesia.repair import RepairReport
 from redlock._core.handover import Handover
 from redlock._core.inspect import LockStatus, ReleaseReport
 from redlock._core.requests import Flow, T
+from redlock._core.settings import Keys
+from redlock._core.state import LockState
 from redlock._io.async_listener import AsyncReleaseListener
 from redlock._io.async_transport import AsyncTransport
 
@@ -106,10 +111,29 @@ class AsyncRedlock(ManagerBase[AsyncLock, AsyncMultiLock]):
     def _drive(self, flow: Flow[T]) -> Awaitable[T]:
         return cast(Awaitable[T], super()._drive(flow))
 
+    def _renewal_runner(self) -> tuple[Callable[[], Any], Callable[[Flow[None]], Any],
+                                       Callable[[LockState, list[Any]], None]]:
+        """The renewals run in a thread of their own, not as a task: a busy loop wakes a
+        task late and reads its replies late (redlock/_client/renewal_thread.py)."""
+        previous: RenewalThread | None = getattr(self, "_renewal_thread", None)
+        if previous is not None:  # a forked child: the parent's connections stay unused
+            _fork.keep_forever(previous.forget())
+        settings = self._core.settings
+        self._renewal_thread = RenewalThread.for_nodes(
+            self._transport.items, settings.connect_timeout,
+            Keys(settings.namespace).identify_command(), self._room, self._core.absorb,
+            self._registry.lost, self._maintain)
+        if self._renewal_thread is None:  # Sentinel-managed nodes: a task on the loop
+            return super()._renewal_runner()
+        return threading.Event, self._renewal_thread.start, self._renewal_thread.lost
+
     async def close(self) -> None:
-        """See :meth:`redlock.Redlock.close` (no task of the manager is left running)."""
+        """See :meth:`redlock.Redlock.close` (no task or thread of the manager is left
+        running)."""
         for runner in self._stop_background():
-            if (runner is not None and not runner.done()
+            if isinstance(runner, threading.Thread) and self._renewal_thread is not None:
+                await self._renewal_thread.join(self._close_grace())  # ends after its round
+            elif (runner is not None and not runner.done()
                     and runner is not asyncio.current_task()
                     and runner.get_loop() is asyncio.get_running_loop()):
                 # A repair in progress finishes its step; one that hangs is cancelled.
@@ -120,6 +144,8 @@ class AsyncRedlock(ManagerBase[AsyncLock, AsyncMultiLock]):
                         await runner
         if self._room.listener is not None:
             await self._room.listener.close()
+        if self._renewal_thread is not None:
+            await self._renewal_thread.close()
         await self._transport.close()
 
     async def __aenter__(self) -> AsyncRedlock:

@@ -7,10 +7,17 @@ from __future__ import annotations
 import asyncio
 import random
 import sys
+import threading
+import time
+from collections.abc import Callable
 
 import pytest
+import redis
+import redis.asyncio
+import redis.connection
 
-from redlock import AsyncRedlock
+from redlock import AsyncRedlock, LockLost
+from redlock._io.nodes import blocking_twin
 from redlock.testing import RedisNodes
 from tests.internals import lines_idle
 from tests.peek import (
@@ -19,6 +26,7 @@ from tests.peek import (
     fence_counters,
     keep_busy,
     lock_keys,
+    lock_pttls,
     lock_values,
 )
 
@@ -127,3 +135,88 @@ async def test_acquire_under_wait_for_belongs_to_the_caller(nodes3: RedisNodes) 
             assert lock_keys(nodes3, "r") == [False] * 3
         finally:
             delete_lock_keys(nodes3, "r")
+
+
+# -- renewals run in a thread of their own (redlock/_client/renewal_thread.py) -----------
+
+
+def _renewal_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "redlock-renewals"]
+
+
+async def test_an_auto_extended_lock_outlives_a_blocked_event_loop(nodes3: RedisNodes) -> None:
+    """The holder's event loop is blocked for three TTLs (CPU work, a sync call): a
+    renewal task could not run, and the healthy lock would be lost. The renewal thread
+    renews it meanwhile, so the lock is still held, its key is on every node with a
+    fresh TTL, and it releases cleanly."""
+    async with AsyncRedlock(nodes3.urls) as dlm:
+        lock = dlm.lock("blocked-loop", ttl=0.5, auto_extend=True)
+        assert await lock.acquire()
+        token = lock.token
+        time.sleep(1.5)  # blocks the loop: no task runs for 1.5 s
+        lock.check()  # not lost
+        assert lock.token == token
+        assert lock_keys(nodes3, "blocked-loop") == [True, True, True]
+        pttls = lock_pttls(nodes3, "blocked-loop")
+        assert all(0 < pttl <= 500 for pttl in pttls), pttls
+        await lock.release()
+        assert any_lock_keys(nodes3) == [[], [], []]
+    assert not _renewal_threads()  # close() waited for it
+
+
+async def test_renewals_of_a_manager_over_asyncio_clients_use_their_settings(
+        fresh_nodes: Callable[..., RedisNodes]) -> None:
+    """Nodes given as ``redis.asyncio`` clients (here with a password the URLs do not
+    carry): the renewal thread's blocking connections log in with the clients' settings,
+    and a loss is told on the loop (``on_lost`` runs as a task of it)."""
+    nodes = fresh_nodes(3, password="s3cret")
+    clients = [redis.asyncio.Redis(host=n.host, port=n.port, password="s3cret")
+               for n in nodes]
+    lost_on: list[asyncio.AbstractEventLoop] = []
+    try:
+        async with AsyncRedlock(clients) as dlm:
+            lock = dlm.lock("clients", ttl=0.4, auto_extend=True,
+                            on_lost=lambda _: lost_on.append(asyncio.get_running_loop()))
+            assert await lock.acquire()
+            assert _renewal_threads()
+            await asyncio.sleep(1.2)  # three renewals by the thread
+            lock.check()
+            delete_lock_keys(nodes, "clients")  # the next renewal finds it gone
+            for _ in range(200):
+                if lost_on:
+                    break
+                await asyncio.sleep(0.01)
+            assert lost_on == [asyncio.get_running_loop()]
+            with pytest.raises(LockLost):
+                lock.check()
+    finally:
+        for client in clients:
+            await client.aclose()
+
+
+def test_blocking_twins_of_asyncio_clients() -> None:
+    """What the renewal thread connects with: URLs as they are, asyncio clients as
+    blocking clients of the same server and credentials (TCP, TLS, unix socket), and no
+    twin for connection classes it does not know."""
+    assert blocking_twin("redis://h:1/2") == "redis://h:1/2"
+    tcp = blocking_twin(redis.asyncio.Redis(host="h", port=1, db=2, username="u",
+                                            password="p"))
+    assert isinstance(tcp, redis.Redis)
+    kwargs = tcp.connection_pool.connection_kwargs
+    assert tcp.connection_pool.connection_class is redis.connection.Connection
+    assert {k: kwargs[k] for k in ("host", "port", "db", "username", "password")} == {
+        "host": "h", "port": 1, "db": 2, "username": "u", "password": "p"}
+    tls = blocking_twin(redis.asyncio.Redis(host="h", ssl=True, ssl_ca_certs="/ca.pem"))
+    assert isinstance(tls, redis.Redis)
+    assert tls.connection_pool.connection_class is redis.connection.SSLConnection
+    assert tls.connection_pool.connection_kwargs["ssl_ca_certs"] == "/ca.pem"
+    unix = blocking_twin(redis.asyncio.Redis(unix_socket_path="/tmp/r.sock"))
+    assert isinstance(unix, redis.Redis)
+    assert unix.connection_pool.connection_class is redis.connection.UnixDomainSocketConnection
+
+    class Custom(redis.asyncio.connection.Connection):
+        pass
+
+    own = redis.asyncio.Redis(connection_pool=redis.asyncio.ConnectionPool(
+        connection_class=Custom))
+    assert blocking_twin(own) is None  # such nodes are renewed by a task on the loop

@@ -33,6 +33,7 @@ from redlock._core.handover import adopt as adopt_handover
 from redlock._core.renewals import Renewals
 from redlock._core.requests import Flow
 from redlock._core.settings import Keys, Settings, validate_resource
+from redlock._core.state import LockState
 from redlock._io.wakeups import WakeRegistry
 from redlock._observe.log import get_logger
 
@@ -161,14 +162,21 @@ class ManagerBase(Generic[H, MH]):
         self._maintenance_runner: Any = None  # its thread or task, awaited by close()
         self._maintenance_news = backend.new_event()  # a node newly needs it; close()
         self._maintenance_mutex = threading.Lock()
-        renewals = Renewals(self._core, backend.new_event,
-                            lambda loop: self._spawn_flow(loop, "redlock-renewals"),
-                            self._registry.lost,
+        self._executor = self._executor_class(self._transport, self._room, self._core.absorb,
+                                              self._maintain, self._sleep)
+        new_event, start_loop, lost = self._renewal_runner()
+        renewals = Renewals(self._core, new_event, start_loop, lost,
                             functools.partial(record_renewal, self._telemetry),
                             closing=self._closing)
         self._registry.start_process(renewals, self._room.released)
-        self._executor = self._executor_class(self._transport, self._room, self._core.absorb,
-                                              self._maintain, self._sleep)
+
+    def _renewal_runner(self) -> tuple[Callable[[], Any], Callable[[Flow[None]], Any],
+                                       Callable[[LockState, list[Any]], None]]:
+        """How the renewal loop runs: the event that wakes it, how it is started (returns
+        its thread or task) and who is told of a loss. Here the flavour's own way, in
+        the background like the rest of its work (the asyncio client's differs)."""
+        return (self._backend.new_event,
+                lambda loop: self._spawn_flow(loop, "redlock-renewals"), self._registry.lost)
 
     def _drive(self, flow: Flow[Any]) -> Any:
         """Run a flow to its end (asyncio: an awaitable of its end) by the executor."""

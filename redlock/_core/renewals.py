@@ -129,10 +129,10 @@ class Renewals:
                     first = min(r.due for r in self._renewals.values())
                     due = [r for r in self._renewals.values()
                            if r.due <= max(now, first) + _BATCH_WINDOW]
-                if first > now:
-                    yield PauseUntilWoken(first - now, wake)
-                    continue
                 try:
+                    if first > now:
+                        yield PauseUntilWoken(first - now, wake)
+                        continue
                     yield from self._renew(due)
                 except Exception:
                     # A bug in here: the holders must not go on believing they hold.

@@ -23,6 +23,8 @@ import os
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
+import redis
+import redis.connection
 from redis.connection import parse_url
 
 from redlock._io import sentinel as _sentinel
@@ -146,3 +148,31 @@ def build_pool(node: Any, pool_class: Callable[..., PoolT],
     source = node.connection_pool
     return pool_class(connection_class=source.connection_class,
                       **{**source.connection_kwargs, **overrides})
+
+
+# What a blocking connection takes from an asyncio connection's settings: where the
+# server is and how to log in (TLS included). The rest is the client's own machinery
+# (parsers, retry objects, notification handlers of the asyncio flavour), which the
+# transport sets for itself anyway (pool_overrides above).
+_SETTINGS = frozenset({"host", "port", "path", "db", "username", "password",
+                       "credential_provider", "client_name", "protocol", "socket_keepalive",
+                       "socket_keepalive_options", "socket_type"})
+
+
+def blocking_twin(node: Any) -> str | redis.Redis | None:
+    """The node as the sync transport takes it: a URL as it is; a ``redis.asyncio``
+    client as a blocking client of the same server and settings; None when there is no
+    such twin (Sentinel-managed nodes, connection classes of the application's own)."""
+    if isinstance(node, str):
+        return node
+    if _sentinel.sentinel_pool(node) is not None:
+        return None
+    pool = node.connection_pool
+    twin_class = getattr(redis.connection, pool.connection_class.__name__, None)
+    if twin_class not in (redis.connection.Connection, redis.connection.SSLConnection,
+                          redis.connection.UnixDomainSocketConnection):
+        return None
+    settings = {key: value for key, value in pool.connection_kwargs.items()
+                if key in _SETTINGS or key.startswith("ssl_")}
+    return redis.Redis(connection_pool=redis.ConnectionPool(connection_class=twin_class,
+                                                            **settings))
