@@ -3,7 +3,7 @@ no servers, no sockets.
 
 Quorum, validity and drift, the token rule, reply classification, LockState with an
 injected clock, the validators. The protocols (acquire, release, extend, watchdog,
-repair) on scripted nodes: tests/test_core_protocols.py.
+repair) on scripted nodes: the other files of tests/core.
 """
 
 from __future__ import annotations
