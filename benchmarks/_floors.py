@@ -29,9 +29,9 @@ from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from redlock import _scripts as scripts
-from redlock._node_config import pool_overrides
-from redlock._rules import Keys
+from redlock._core.settings import Keys
+from redlock._io.nodes import pool_overrides
+from redlock._scripts import lock as scripts
 
 MARKER = Keys("redlock").marker
 

@@ -162,7 +162,11 @@ def postgres_database(dsn: str | None) -> Iterator[Connect | None]:
     if dsn:
         yield lambda: psycopg.connect(dsn)
         return
-    from redlock.testing.postgres import PostgresServer, postgres_available
+    try:  # the repository's test tooling (tests/support): examples run from a clone
+        from tests.support.postgres import PostgresServer, postgres_available
+    except ModuleNotFoundError:  # run by path (python examples/x.py): the clone's root
+        sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+        from tests.support.postgres import PostgresServer, postgres_available
 
     if not postgres_available():
         print("PostgreSQL: skipped, server binaries not found (bash scripts/setup.sh "

@@ -14,8 +14,9 @@ orders for one SKU. Meanwhile worker Z took the lock first, read the stock, and 
 past its TTL (a pause, a slow disk). When it wakes it writes the stock it computed from
 its stale read, with its old token: the table rejects it.
 
-Without --dsn, PostgreSQL is a throwaway server started with
-redlock.testing.postgres (skipped, with a note, when its binaries are missing).
+Without --dsn, PostgreSQL is a throwaway server started with the repository's test
+tooling, tests/support/postgres.py (skipped, with a note, when its binaries are
+missing).
 It exits non-zero unless, on every database, the final stock equals the initial
 stock minus what the fulfilled orders took, it never went negative, and Z was
 rejected.

@@ -6,16 +6,17 @@
         store.write("orders:42", held.token, b"...")   # the resource rejects stale tokens
 
 See :mod:`redlock.errors` for the exception tree and docs/design.md for the
-algorithm (it lives in :mod:`redlock._algorithm`; both clients are thin I/O shells
-over :mod:`redlock._manager` and :mod:`redlock._handle`).
+algorithm (it lives in :mod:`redlock._core.algorithm`; both clients are thin I/O shells
+over :mod:`redlock._client.manager` and :mod:`redlock._client.handles`).
 """
 
 __version__ = "0.1.0"  # the single source: pyproject.toml reads it, CHANGELOG.md names it
 
-from redlock._handover import Handover
-from redlock._inspect import LockStatus, NodeLockStatus, ReleaseReport
-from redlock._log import EventFormatter
-from redlock._repair import RepairReport
+from redlock._core.amnesia.repair import RepairReport, RepairStatus
+from redlock._core.handover import Handover
+from redlock._core.inspect import LockStatus, NodeLockStatus, ReleaseReport
+from redlock._observe.log import EventFormatter
+from redlock._scripts.replies import ReleaseStatus
 from redlock.aio import AsyncLock, AsyncMultiLock, AsyncRedlock
 from redlock.client import Lock, MultiLock, Redlock
 from redlock.errors import (
@@ -51,5 +52,7 @@ __all__ = [
     "Redlock",
     "RedlockError",
     "ReleaseReport",
+    "ReleaseStatus",
     "RepairReport",
+    "RepairStatus",
 ]

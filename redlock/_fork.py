@@ -23,15 +23,10 @@ transport referenced until it exits, so that no finaliser touches them.
 from __future__ import annotations
 
 import os
-import threading
 
 #: How many forks this process descends from since the module was imported: objects made
 #: under another generation belong to an ancestor process.
 generation = 0
-
-#: Held while a manager rebuilds itself for a new generation (two threads of the child
-#: may use it first at once). Made anew in each child: a parent thread may hold it.
-rebuilding = threading.Lock()
 
 # What the child must neither use nor let a finaliser close (the parent's sockets).
 _inherited: list[object] = []
@@ -44,9 +39,8 @@ def keep_forever(obj: object) -> None:
 
 
 def _after_fork_in_child() -> None:
-    global generation, rebuilding
+    global generation
     generation += 1
-    rebuilding = threading.Lock()
 
 
 if hasattr(os, "register_at_fork"):  # POSIX; Windows has no fork

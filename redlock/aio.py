@@ -1,59 +1,50 @@
 """The asyncio client: :class:`AsyncRedlock` and its :class:`AsyncLock` handles.
 
-Same algorithm, same surface as :mod:`redlock.client` (a test keeps them equal): a
-thin shell over :mod:`redlock._manager` and :mod:`redlock._handle` that adds the
-asyncio transport (a request's calls run concurrently), the driver, and how a task
-waits. Cancelling an acquire releases whatever it may have set.
+Same algorithm, same surface as :mod:`redlock.client` (a test keeps them equal): a thin
+shell over :mod:`redlock._client` that names the asyncio flavour's pieces (the
+transport that asks a request's nodes concurrently, a listener task per node, the
+executor that awaits, tasks for background work) and gives the public methods, which
+are coroutines. Cancelling an acquire releases whatever it may have set.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
-import inspect
-import time
-from collections.abc import Callable, Hashable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from types import TracebackType
 from typing import Any, TypeVar, cast
 
-from redlock._async_listener import AsyncReleaseListener
-from redlock._async_transport import AsyncTransport, wait_event
-from redlock._handle import HandleBase, LockBase, MultiLockBase
-from redlock._handover import Handover
-from redlock._inspect import LockStatus, ReleaseReport
-from redlock._lines import Ticket
-from redlock._manager import ManagerBase
-from redlock._protocol import (
-    NO_REPLY,
-    Broadcast,
-    Protocol,
-    Replies,
-    Request,
-    Sleep,
-    T,
-    drive_async,
-)
-from redlock._repair import RepairReport
+from redlock._client.backends import AsyncioBackend
+from redlock._client.executors import AsyncExecutor
+from redlock._client.handles import HandleBase, LockBase, MultiLockBase
+from redlock._client.manager import ManagerBase
+from redlock._core.amnesia.repair import RepairReport
+from redlock._core.handover import Handover
+from redlock._core.inspect import LockStatus, ReleaseReport
+from redlock._core.requests import Flow, T
+from redlock._io.async_listener import AsyncReleaseListener
+from redlock._io.async_transport import AsyncTransport
 
 _H = TypeVar("_H", bound="_AsyncHandle")
 
 
-class _AsyncHandle(HandleBase["AsyncRedlock"]):
+class _AsyncHandle(HandleBase):
     """What an asyncio handle adds to the shared one: its I/O methods, driven here."""
 
     async def acquire(self, blocking: bool | None = None, timeout: float | None = None) -> bool:
         """See :meth:`redlock.Lock.acquire`."""
-        flow = self._observed("acquire", self._acquire_flow(blocking, timeout))
-        return await self._manager._drive(flow)
+        flow = self._observed(
+            "acquire", lambda watch: self._acquire_flow(blocking, timeout, watch))
+        return cast(bool, await self._registry.drive(flow))
 
     async def release(self) -> None:
         """See :meth:`redlock.Lock.release`."""
-        await self._manager._drive(self._observed("release", self._release_flow()))
+        await self._registry.drive(self._observed("release", lambda _: self._release_flow()))
 
     async def extend(self, ttl: float | None = None) -> None:
         """See :meth:`redlock.Lock.extend`."""
-        await self._manager._drive(self._observed("extend", self._extend_flow(ttl)))
+        await self._registry.drive(self._observed("extend", lambda _: self._extend_flow(ttl)))
 
     async def __aenter__(self: _H) -> _H:
         if not await self.acquire():
@@ -63,14 +54,14 @@ class _AsyncHandle(HandleBase["AsyncRedlock"]):
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> None:
         leaving = self._exit_flow(exc_type is not None)
-        await self._manager._drive(self._observed("release", leaving))
+        await self._registry.drive(self._observed("release", lambda _: leaving))
 
 
-class AsyncLock(_AsyncHandle, LockBase["AsyncRedlock"]):
+class AsyncLock(_AsyncHandle, LockBase):
     """The asyncio twin of :class:`redlock.Lock`; each task gets its own acquisition."""
 
 
-class AsyncMultiLock(_AsyncHandle, MultiLockBase["AsyncRedlock"]):
+class AsyncMultiLock(_AsyncHandle, MultiLockBase):
     """The asyncio twin of :class:`redlock.MultiLock`; each task gets its own acquisition."""
 
 
@@ -80,8 +71,11 @@ class AsyncRedlock(ManagerBase[AsyncLock, AsyncMultiLock]):
 
     _handle_class = AsyncLock
     _multi_handle_class = AsyncMultiLock
+    _backend_class = AsyncioBackend
+    _transport_class = AsyncTransport
+    _listener_class = AsyncReleaseListener
+    _executor_class = AsyncExecutor
     _transport: AsyncTransport
-    _asynchronous = True
 
     async def repair(self, *, force: bool = False) -> list[RepairReport]:
         """See :meth:`redlock.Redlock.repair`."""
@@ -109,13 +103,12 @@ class AsyncRedlock(ManagerBase[AsyncLock, AsyncMultiLock]):
         """See :meth:`redlock.Redlock.adopt` (the calling task holds the handle)."""
         return await self._drive(self._adopt_flow(handover, auto_extend, on_lost))
 
+    def _drive(self, flow: Flow[T]) -> Awaitable[T]:
+        return cast(Awaitable[T], super()._drive(flow))
+
     async def close(self) -> None:
         """See :meth:`redlock.Redlock.close` (no task of the manager is left running)."""
-        self._in_this_process()  # in a forked child: nothing of the parent's is closed
-        self._closing.set()
-        self._maintenance_news.set()  # a waiting maintenance stops at once
-        self._renewals.stop()  # and so does the renewal loop, after its current round
-        for runner in (self._maintenance_runner, self._renewals.runner):
+        for runner in self._stop_background():
             if (runner is not None and not runner.done()
                     and runner is not asyncio.current_task()
                     and runner.get_loop() is asyncio.get_running_loop()):
@@ -125,8 +118,8 @@ class AsyncRedlock(ManagerBase[AsyncLock, AsyncMultiLock]):
                     runner.cancel()
                     with contextlib.suppress(BaseException):
                         await runner
-        if self._listener is not None:
-            await self._listener.close()
+        if self._room.listener is not None:
+            await self._room.listener.close()
         await self._transport.close()
 
     async def __aenter__(self) -> AsyncRedlock:
@@ -134,80 +127,3 @@ class AsyncRedlock(ManagerBase[AsyncLock, AsyncMultiLock]):
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
-
-    # -- the shell: transport, driver, waiting -------------------------------------
-
-    def _open_transport(self, nodes: Iterable[Any], connect_timeout: float) -> AsyncTransport:
-        return AsyncTransport(nodes, connect_timeout)
-
-    def _open_listener(self) -> AsyncReleaseListener:
-        return AsyncReleaseListener(self._transport.pools, self._transport.addresses,
-                                    self._core.settings.connect_timeout, self._wakeups)
-
-    def _new_event(self) -> asyncio.Event:
-        return asyncio.Event()
-
-    def _new_turn(self) -> asyncio.Lock:
-        return asyncio.Lock()
-
-    def _current_owner(self) -> Hashable:
-        task = asyncio.current_task()
-        if task is None:
-            raise RuntimeError("AsyncLock must be used from inside an asyncio task")
-        return task
-
-    def _spawn(self, protocol: Protocol[None], name: str) -> asyncio.Task[None]:
-        task = asyncio.get_running_loop().create_task(self._drive(protocol), name=name)
-        self._background.add(task)  # the loop keeps only a weak reference
-        task.add_done_callback(self._background.discard)
-        return task
-
-    async def _drive(self, protocol: Protocol[T]) -> T:
-        self._in_this_process()
-        ticket: Ticket[asyncio.Event] = Ticket()  # a blocking acquire's place in line
-        try:
-            return await drive_async(protocol, functools.partial(self._execute, ticket))
-        finally:
-            self._end_call(ticket)
-            self._maintain()  # a request found a restarted or amnesiac node: see to it
-
-    async def _execute(self, ticket: Ticket[asyncio.Event], request: Request) -> Replies:
-        if isinstance(request, Broadcast):
-            if request.line is None:
-                return await self._transport.broadcast(request)
-            if not request.turns:
-                self._lines.start_queued_attempt(ticket)
-                return await self._transport.broadcast(request)
-            line, handoff, until = self._lines.start_attempt(request.line, ticket)
-            try:
-                if handoff is not None:
-                    await wait_event(handoff, until - time.monotonic())
-                await line.turn.acquire()
-            except BaseException:
-                self._lines.exit(request.line, line)
-                raise
-            try:
-                return await self._transport.broadcast(request)
-            finally:
-                line.turn.release()
-                self._lines.end_attempt(request.line, line, ticket)
-        if isinstance(request, Sleep):
-            if request.until is not None:
-                await wait_event(cast(asyncio.Event, request.until), request.seconds)
-            elif self._sleep is not None:  # an injected sleep (tests) is honoured as given
-                await self._sleep(request.seconds)
-            elif request.line is not None:
-                self._maintain()  # a blocking acquire met a restarted node: see to it now
-                line, wake = self._lines.start_wait(request.line, ticket)
-                seconds = self._watch_releases(request, ticket)
-                try:
-                    await wait_event(wake, seconds)
-                finally:
-                    self._lines.exit(request.line, line)
-            else:
-                await asyncio.sleep(request.seconds)
-            return NO_REPLY
-        outcome = request.function(*request.args)
-        if inspect.isawaitable(outcome):
-            await outcome
-        return NO_REPLY

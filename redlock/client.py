@@ -1,34 +1,33 @@
 """The synchronous client: :class:`Redlock` and its :class:`Lock` handles.
 
-A thin shell over :mod:`redlock._manager` and :mod:`redlock._handle` (everything
-shared with the asyncio client): it adds the sync transport (scatter/gather on one
-thread), the driver, and how a thread waits (events, the local line's turn lock,
-background threads for the renewal loop and on_lost).
+A thin shell over :mod:`redlock._client` (everything shared with the asyncio client):
+it names the sync flavour's pieces (the scatter/gather transport on one thread, the
+release listener thread, the executor that blocks, threads for background work) and
+gives the public methods, which block.
 """
 
 from __future__ import annotations
 
-import functools
 import threading
-import time
-from collections.abc import Callable, Hashable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import Any, TypeVar, cast
 
-from redlock._handle import HandleBase, LockBase, MultiLockBase
-from redlock._handover import Handover
-from redlock._inspect import LockStatus, ReleaseReport
-from redlock._lines import Ticket
-from redlock._manager import ManagerBase
-from redlock._protocol import NO_REPLY, Broadcast, Protocol, Replies, Request, Sleep, T, drive
-from redlock._repair import RepairReport
-from redlock._sync_listener import SyncReleaseListener
-from redlock._sync_transport import SyncTransport
+from redlock._client.backends import ThreadBackend
+from redlock._client.executors import SyncExecutor
+from redlock._client.handles import HandleBase, LockBase, MultiLockBase
+from redlock._client.manager import ManagerBase
+from redlock._core.amnesia.repair import RepairReport
+from redlock._core.handover import Handover
+from redlock._core.inspect import LockStatus, ReleaseReport
+from redlock._core.requests import Flow, T
+from redlock._io.sync_listener import SyncReleaseListener
+from redlock._io.sync_transport import SyncTransport
 
 _H = TypeVar("_H", bound="_SyncHandle")
 
 
-class _SyncHandle(HandleBase["Redlock"]):
+class _SyncHandle(HandleBase):
     """What a sync handle adds to the shared one: its I/O methods, driven here."""
 
     def acquire(self, blocking: bool | None = None, timeout: float | None = None) -> bool:
@@ -40,8 +39,9 @@ class _SyncHandle(HandleBase["Redlock"]):
         lock; raises :class:`QuorumUnavailable` when too few nodes answer at all (an
         outage is not contention), at once or after the manager's ``outage_timeout``.
         """
-        flow = self._observed("acquire", self._acquire_flow(blocking, timeout))
-        return self._manager._drive(flow)
+        flow = self._observed(
+            "acquire", lambda watch: self._acquire_flow(blocking, timeout, watch))
+        return cast(bool, self._registry.drive(flow))
 
     def release(self) -> None:
         """Release on every node (a re-entered lock at depth 0); a second call is a no-op.
@@ -51,11 +51,11 @@ class _SyncHandle(HandleBase["Redlock"]):
         may have run unprotected. Leaving a ``with`` block raises it too, unless another
         exception is already propagating.
         """
-        self._manager._drive(self._observed("release", self._release_flow()))
+        self._registry.drive(self._observed("release", lambda _: self._release_flow()))
 
     def extend(self, ttl: float | None = None) -> None:
         """Reset the TTL on a quorum; raises :class:`LockLost` when that fails in time."""
-        self._manager._drive(self._observed("extend", self._extend_flow(ttl)))
+        self._registry.drive(self._observed("extend", lambda _: self._extend_flow(ttl)))
 
     def __enter__(self: _H) -> _H:
         if not self.acquire():
@@ -65,10 +65,10 @@ class _SyncHandle(HandleBase["Redlock"]):
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         leaving = self._exit_flow(exc_type is not None)
-        self._manager._drive(self._observed("release", leaving))
+        self._registry.drive(self._observed("release", lambda _: leaving))
 
 
-class Lock(_SyncHandle, LockBase["Redlock"]):
+class Lock(_SyncHandle, LockBase):
     """One resource's lock handle. Safe to share across threads: each thread that
     acquires through it gets its own acquisition (own owner value and token).
 
@@ -77,7 +77,7 @@ class Lock(_SyncHandle, LockBase["Redlock"]):
     """
 
 
-class MultiLock(_SyncHandle, MultiLockBase["Redlock"]):
+class MultiLock(_SyncHandle, MultiLockBase):
     """A lock over several resources at once (``dlm.lock_many([...])``): all or
     nothing, a token per resource in :attr:`tokens`. Safe to share across threads."""
 
@@ -87,6 +87,10 @@ class Redlock(ManagerBase[Lock, MultiLock]):
 
     _handle_class = Lock
     _multi_handle_class = MultiLock
+    _backend_class = ThreadBackend
+    _transport_class = SyncTransport
+    _listener_class = SyncReleaseListener
+    _executor_class = SyncExecutor
     _transport: SyncTransport
 
     def repair(self, *, force: bool = False) -> list[RepairReport]:
@@ -144,20 +148,19 @@ class Redlock(ManagerBase[Lock, MultiLock]):
         """
         return self._drive(self._adopt_flow(handover, auto_extend, on_lost))
 
+    def _drive(self, flow: Flow[T]) -> T:
+        return cast(T, super()._drive(flow))
+
     def close(self) -> None:
         """Stop the manager's background work and close the connections it opened (the
         caller's clients stay open). When it returns no thread of the manager runs any
         more. Auto-extended locks still held are no longer renewed: they are marked lost
         (their holders' ``check()`` raises :class:`LockLost`) and expire with their TTL."""
-        self._in_this_process()  # in a forked child: nothing of the parent's is closed
-        self._closing.set()
-        self._maintenance_news.set()  # a waiting maintenance stops at once
-        self._renewals.stop()  # and so does the renewal loop, after its current round
-        for runner in (self._maintenance_runner, self._renewals.runner):
+        for runner in self._stop_background():
             if runner is not None and runner is not threading.current_thread():
                 runner.join(self._close_grace())  # a repair in progress finishes its step
-        if self._listener is not None:
-            self._listener.close()
+        if self._room.listener is not None:
+            self._room.listener.close()
         self._transport.close()
 
     def __enter__(self) -> Redlock:
@@ -165,74 +168,3 @@ class Redlock(ManagerBase[Lock, MultiLock]):
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
-
-    # -- the shell: transport, driver, waiting -------------------------------------
-
-    def _open_transport(self, nodes: Iterable[Any], connect_timeout: float) -> SyncTransport:
-        return SyncTransport(nodes, connect_timeout)
-
-    def _open_listener(self) -> SyncReleaseListener:
-        return SyncReleaseListener(self._transport.pools, self._transport.addresses,
-                                   self._core.settings.connect_timeout, self._wakeups)
-
-    def _new_event(self) -> threading.Event:
-        return threading.Event()
-
-    def _new_turn(self) -> threading.Lock:
-        return threading.Lock()
-
-    def _current_owner(self) -> Hashable:
-        return threading.current_thread()
-
-    def _spawn(self, protocol: Protocol[None], name: str) -> threading.Thread:
-        thread = threading.Thread(target=self._drive, args=(protocol,), name=name, daemon=True)
-        thread.start()
-        return thread
-
-    def _drive(self, protocol: Protocol[T]) -> T:
-        self._in_this_process()
-        ticket: Ticket[threading.Event] = Ticket()  # a blocking acquire's place in line
-        try:
-            return drive(protocol, functools.partial(self._execute, ticket))
-        finally:
-            self._end_call(ticket)
-            self._maintain()  # a request found a restarted or amnesiac node: see to it
-
-    def _execute(self, ticket: Ticket[threading.Event], request: Request) -> Replies:
-        if isinstance(request, Broadcast):
-            if request.line is None:
-                return self._transport.broadcast(request)
-            if not request.turns:
-                self._lines.start_queued_attempt(ticket)
-                return self._transport.broadcast(request)
-            line, handoff, until = self._lines.start_attempt(request.line, ticket)
-            try:
-                if handoff is not None:
-                    handoff.wait(max(0.0, until - time.monotonic()))
-                line.turn.acquire()
-            except BaseException:
-                self._lines.exit(request.line, line)
-                raise
-            try:
-                return self._transport.broadcast(request)
-            finally:
-                line.turn.release()
-                self._lines.end_attempt(request.line, line, ticket)
-        if isinstance(request, Sleep):
-            if request.until is not None:
-                cast(threading.Event, request.until).wait(request.seconds)
-            elif self._sleep is not None:  # an injected sleep (tests) is honoured as given
-                self._sleep(request.seconds)
-            elif request.line is not None:
-                self._maintain()  # a blocking acquire met a restarted node: see to it now
-                line, wake = self._lines.start_wait(request.line, ticket)
-                seconds = self._watch_releases(request, ticket)
-                try:
-                    wake.wait(seconds)
-                finally:
-                    self._lines.exit(request.line, line)
-            else:
-                time.sleep(request.seconds)
-            return NO_REPLY
-        request.function(*request.args)
-        return NO_REPLY

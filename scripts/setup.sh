@@ -6,9 +6,9 @@
 # With --docker (scripts/test passes it unless the Docker tests are deselected), also:
 #   - Debian's docker.io (dockerd, containerd, runc) and docker-compose (v1: the v2
 #     plugin is not packaged by Debian 12 nor on PyPI);
-#   - a private dockerd (redlock/testing/dockerd.py: its own data root in .tools/docker,
+#   - a private dockerd (tests/support/dockerd.py: its own data root in .tools/docker,
 #     socket, no bridge, no iptables), started to build the local images
-#     (redlock/testing/images.py: FROM scratch, from this machine's redis-server,
+#     (tests/support/images.py: FROM scratch, from this machine's redis-server,
 #     toxiproxy-server and Python; cached by content hash) and stopped again by its pid.
 # Nothing is installed by hand anywhere else; CI and a fresh clone run exactly this.
 set -euo pipefail
@@ -85,14 +85,14 @@ fi
 if [ "$want_docker" = 1 ]; then
     export PATH="$ROOT/.tools/bin:$PATH"
     started=$EPOCHREALTIME
-    if host=$(.venv/bin/python -m redlock.testing.dockerd up); then
+    if host=$(.venv/bin/python -m tests.support.dockerd up); then
         log "private dockerd up in $(since "$started") s at $host"
         set +e
-        DOCKER_HOST=$host .venv/bin/python -m redlock.testing.images --app "$ROOT" \
+        DOCKER_HOST=$host .venv/bin/python -m tests.support.images --app "$ROOT" \
             | sed 's/^/[setup] image /' >&2
         built=${PIPESTATUS[0]}
         set -e
-        .venv/bin/python -m redlock.testing.dockerd down
+        .venv/bin/python -m tests.support.dockerd down
         [ "$built" = 0 ] || { log "building the local images failed"; exit 1; }
         log "private dockerd stopped; engine and images took $(since "$started") s"
     else

@@ -9,38 +9,47 @@ from __future__ import annotations
 from collections.abc import Generator, Sequence
 from typing import Any
 
-from redlock import _cli_render as cli_render
-from redlock import _node_scripts as node_scripts
-from redlock import _scripts as scripts
-from redlock._algorithm import RedlockCore
-from redlock._events import SENTENCES, render
-from redlock._log import RESERVED_FIELDS, EventLogger, event_fields
-from redlock._outages import NodeOutages
-from redlock._protocol import PENDING, Broadcast, Call, Invoke, Sleep, drive
-from redlock._renewals import Renewals
-from redlock._repair import RepairReport
-from redlock._repair import read_counters as _read_counters
-from redlock._repair import repair_node as _repair_node
-from redlock._rules import (
-    TOKEN_LIMIT,
+from redlock._client.environment import real as real_environment
+from redlock._client.telemetry import RECHECK_S, Telemetry, observe
+from redlock._core.algorithm import RedlockCore
+from redlock._core.amnesia.episodes import open_episodes
+from redlock._core.amnesia.maintenance import maintenance
+from redlock._core.amnesia.repair import RepairReport
+from redlock._core.amnesia.repair import read_counters as _read_counters
+from redlock._core.amnesia.repair import repair_node as _repair_node
+from redlock._core.environment import Environment
+from redlock._core.renewals import Renewals
+from redlock._core.requests import (
+    PENDING,
+    Backoff,
+    Broadcast,
+    Call,
+    Invoke,
+    Pause,
+    PauseUntilWoken,
+    Wait,
+    drive,
+)
+from redlock._core.settings import (
     Keys,
     Settings,
-    choose_token,
-    classify_ack_reply,
-    classify_acquire_reply,
-    is_permanent_error,
-    quorum,
-    unsafe_config,
     validate_node_addresses,
     validate_resource,
     validate_seconds,
     validate_timeout,
-    validity_left,
 )
-from redlock._state import LockState, Status
-from redlock._telemetry import RECHECK_S, Telemetry, observe
-from redlock._waiting import LINE_POLL_MAX
-from redlock._wakeups import WakeRegistry
+from redlock._core.state import LockState, Status
+from redlock._core.tokens import TOKEN_LIMIT, choose_token, quorum, validity_left
+from redlock._core.waiting import LINE_POLL_MAX
+from redlock._io.failures import as_failure, map_failures
+from redlock._io.wakeups import WakeRegistry
+from redlock._observe.events import SENTENCES, render
+from redlock._observe.log import RESERVED_FIELDS, EventLogger, event_fields
+from redlock._observe.outages import NodeOutages
+from redlock._scripts import lock as scripts
+from redlock._scripts import node as node_scripts
+from redlock._scripts.replies import ack_outcome, acquire_outcome, unsafe_config
+from redlock.cli import render as cli_render
 
 __all__ = [
     "KEYS",
@@ -50,34 +59,42 @@ __all__ = [
     "RESERVED_FIELDS",
     "SENTENCES",
     "TOKEN_LIMIT",
+    "Backoff",
     "Broadcast",
     "Call",
+    "Environment",
     "EventLogger",
     "Invoke",
     "Keys",
     "LockState",
     "NodeOutages",
+    "Pause",
+    "PauseUntilWoken",
     "RedlockCore",
     "Renewals",
     "RepairReport",
     "Settings",
-    "Sleep",
     "Status",
     "Telemetry",
+    "Wait",
     "WakeRegistry",
+    "ack_outcome",
+    "acquire_outcome",
+    "as_failure",
     "choose_token",
-    "classify_ack_reply",
-    "classify_acquire_reply",
     "cli_render",
     "drive",
     "drop_idle_connections",
     "event_fields",
-    "is_permanent_error",
     "lines_idle",
+    "maintenance",
+    "map_failures",
     "node_scripts",
     "observe",
+    "open_episodes",
     "quorum",
     "read_counters",
+    "real_environment",
     "render",
     "repair_node",
     "scripts",
@@ -95,7 +112,7 @@ KEYS = Keys("redlock")  # the key names of the default namespace
 def lines_idle(manager: Any) -> bool:
     """True when no thread or task of ``manager`` waits in, or holds a turn of, a local
     line (Redlock and AsyncRedlock keep them in a private attribute)."""
-    return bool(manager._lines.idle())
+    return bool(manager._room.lines.idle())
 
 
 async def drop_idle_connections(manager: Any) -> None:

@@ -3,7 +3,7 @@
 A protocol (a generator on RedlockCore) yields requests; :class:`ScriptedNodes` plays
 N nodes at the protocol level, each a dict of keys with the Lua scripts' semantics
 (the scripts themselves run on real nodes in the behaviour tests), and answers them.
-A :class:`FakeClock` moves only when the test, a Sleep or a round trip moves it; each
+A :class:`FakeClock` moves only when the test, a wait or a round trip moves it; each
 node's clock (Redis TIME, in ms) is derived from it, optionally skewed per node.
 
 Each node has a server run id, changed by :meth:`ScriptedNodes.restart`; the scripts
@@ -26,10 +26,13 @@ from tests.internals import (
     Broadcast,
     Call,
     Invoke,
+    PauseUntilWoken,
     RedlockCore,
     Settings,
-    Sleep,
+    Wait,
+    map_failures,
     node_scripts,
+    real_environment,
     scripts,
 )
 
@@ -75,7 +78,7 @@ class ScriptedNodes:
     cluster a test finds after its first acquire); ``counters`` seed the fence counter of
     resource ``r``. ``down``: nodes that answer every call with a TimeoutError.
     ``intercept(call)``, if set, may answer a call itself (return anything but PASS): a
-    reply out of script. A Sleep advances the clock by its seconds (unless its ``until``
+    reply out of script. A wait advances the clock by its seconds (unless its ``wake``
     event is set: it returns at once), every broadcast by ``round_trip`` seconds; without
     a ``clock`` the nodes keep one of their own. ``ttl_ms[node][key]`` records the TTL
     last set on a key. ``resp3``: CONFIG GET answers a map, as on a RESP3 connection.
@@ -115,7 +118,7 @@ class ScriptedNodes:
         self.scan_page = scan_page
         self.resp3 = resp3
         self.intercept: Callable[[Call], object] | None = None
-        self.requests: list[Broadcast | Sleep] = []
+        self.requests: list[Broadcast | Wait] = []
         self.attached: RedlockCore | None = None  # see attach()
         self.new_connections: set[int] = set()
 
@@ -195,11 +198,11 @@ class ScriptedNodes:
 
     # -- playing the nodes ----------------------------------------------------------
 
-    def execute(self, request: Broadcast | Sleep | Invoke) -> list[object]:
+    def execute(self, request: Broadcast | Wait | Invoke) -> list[object]:
         assert not isinstance(request, Invoke), "no protocol here calls user code"
         self.requests.append(request)
-        if isinstance(request, Sleep):
-            if request.until is None or not request.until.is_set():
+        if isinstance(request, Wait):
+            if not (isinstance(request, PauseUntilWoken) and request.wake.is_set()):
                 self.clock.advance(request.seconds)
             return []
         identities: dict[int, object] = {}
@@ -210,6 +213,7 @@ class ScriptedNodes:
                     identities[node] = identity
                     self.new_connections.discard(node)
         replies = [self.reply(call) for call in request.calls]
+        map_failures(replies)  # as the transports do: the core sees node failures only
         if identities:
             assert self.attached is not None
             self.attached.amnesia.identified(identities)
@@ -229,8 +233,8 @@ class ScriptedNodes:
 
     def run_script(self, node: int, script: object, keys: tuple[str, ...],
                    args: tuple[object, ...]) -> object:
-        """The Lua scripts of redlock/_scripts.py and redlock/_node_scripts.py, step for
-        step (tests/core/test_scripts_contract.py plays both and compares)."""
+        """The Lua scripts of redlock/_scripts/lock.py and redlock/_scripts/node.py, step
+        for step (tests/core/test_scripts_contract.py plays both and compares)."""
         db = self.data[node]
 
         def get(key: str) -> str | None:
@@ -326,6 +330,11 @@ class ScriptedNodes:
                 return 0
             self.ttl_ms[node][lock] = int(as_text(args[1]))
             return 1
+        if script is scripts.OWNED_PTTL:
+            lock = keys[0]
+            if get(lock) != as_text(args[0]):
+                return -2
+            return self.ttl_ms[node].get(lock, -1)
         if script is scripts.FORCE_RELEASE:
             lock, _, line_key, _ = keys
             if db.pop(lock, None) is None:
@@ -515,7 +524,7 @@ class ScriptedNodes:
         return [r for r in self.requests if isinstance(r, Broadcast)]
 
     def sleeps(self) -> list[float]:
-        return [r.seconds for r in self.requests if isinstance(r, Sleep)]
+        return [r.seconds for r in self.requests if isinstance(r, Wait)]
 
     def scripts_sent(self) -> list[str]:
         return [r.calls[0].script.name for r in self.broadcasts()
@@ -549,6 +558,6 @@ def make_core(n: int, clock: FakeClock | None = None, **settings: object) -> Red
     """A core past its one-time node inspection (tested on its own), so each test sees
     only the protocol round trips it is about."""
     core = RedlockCore([f"n{i}:6379" for i in range(n)], Settings(**settings),  # type: ignore[arg-type]
-                       clock or FakeClock())
+                       real_environment(clock or FakeClock()))
     core.amnesia.health.inspected = True
     return core

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from redlock.testing.postgres import postgres_available
+from tests.support.postgres import postgres_available
 
 ROOT = Path(__file__).resolve().parent.parent
 

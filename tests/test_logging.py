@@ -12,6 +12,7 @@ import re
 import string
 import subprocess
 import sys
+import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -82,7 +83,7 @@ def test_basic_config_at_warning_silences_debug_and_info(nodes3: RedisNodes) -> 
     assert result.stdout == "done\n"
     for event in WARNING_EVENTS:
         assert printed(result, "WARNING", event), (event, result.stderr)
-    assert "WARNING:redlock._algorithm:lock log:lost (token " in result.stderr
+    assert "WARNING:redlock.locks:lock log:lost (token " in result.stderr
     for event in (*DEBUG_EVENTS, "redlock.cluster_initialised"):
         assert not re.search(sentence(event), result.stderr), (event, result.stderr)
     assert "DEBUG" not in result.stderr and "INFO" not in result.stderr
@@ -121,7 +122,7 @@ async def test_caplog_sees_events_with_their_fields(managers: tuple[Any, Any],
         return [r for r in caplog.records if getattr(r, "event", None) == event]
 
     [acquired] = records("redlock.acquired")[-1:]
-    assert acquired.levelno == logging.DEBUG and acquired.name == "redlock._algorithm"
+    assert acquired.levelno == logging.DEBUG and acquired.name == "redlock.locks"
     fields = event_fields(acquired)
     assert acquired.getMessage() == (f"acquired log:fields with fencing token {token}: 3 of 3"
                                      f" nodes granted it, valid for {fields['validity_ms']:.0f} ms")
@@ -192,12 +193,12 @@ async def test_a_structlog_application_gets_event_names_and_fields(
 def test_event_formatter_appends_the_event_and_its_fields(
         caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING, logger="redlock")
-    EventLogger("redlock._algorithm").warning("redlock.lost_on_exit", resource="orders:42",
+    EventLogger("redlock.locks").warning("redlock.lost_on_exit", resource="orders:42",
                                               reason="gone")
     [record] = caplog.records
     text = EventFormatter("%(levelname)s %(name)s: %(message)s").format(record)
     assert text == (
-        "WARNING redlock._algorithm: the with block holding orders:42 was left by an exception"
+        "WARNING redlock.locks: the with block holding orders:42 was left by an exception"
         " after the lock was lost (gone); the block's exception propagates"
         " event='redlock.lost_on_exit' resource='orders:42' reason='gone'")
     plain = logging.LogRecord("app", logging.INFO, __file__, 1, "hello", (), None)
@@ -208,14 +209,14 @@ def test_capture_events_restores_the_logger_levels() -> None:
     top = logging.getLogger("redlock")
     before = top.level
     with capture_events() as events:
-        EventLogger("redlock._algorithm").debug("redlock.released", resource="r", token=7)
-        logging.getLogger("redlock._algorithm").debug("redlock.x", extra={"a": 1})
+        EventLogger("redlock.locks").debug("redlock.released", resource="r", token=7)
+        logging.getLogger("redlock.locks").debug("redlock.x", extra={"a": 1})
     assert events == [{"event": "redlock.released", "log_level": "debug",
-                       "logger": "redlock._algorithm",
+                       "logger": "redlock.locks",
                        "message": "released r (token 7) on every node", "resource": "r",
                        "token": 7},
                       # A record not logged by the library is named by its message.
-                      {"event": "redlock.x", "log_level": "debug", "logger": "redlock._algorithm",
+                      {"event": "redlock.x", "log_level": "debug", "logger": "redlock.locks",
                        "message": "redlock.x", "a": 1}]
     assert top.level == before
     assert not [h for h in top.handlers if not isinstance(h, logging.NullHandler)]
@@ -263,7 +264,7 @@ def test_sentences_render_any_value_as_it_is() -> None:
 def test_a_percent_sign_in_a_field_reaches_the_handler_as_it_is(
         caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING, logger="redlock")
-    EventLogger("redlock._handle").warning("redlock.lost_on_exit", resource="r%d",
+    EventLogger("redlock.locks").warning("redlock.lost_on_exit", resource="r%d",
                                            reason="100% (%s)")
     [record] = caplog.records
     assert record.getMessage() == ("the with block holding r%d was left by an exception after"
@@ -280,7 +281,7 @@ def test_a_disabled_level_renders_nothing(caplog: pytest.LogCaptureFixture) -> N
             rendered.append(spec)
             return "spy"
 
-    log = EventLogger("redlock._algorithm")
+    log = EventLogger("redlock.locks")
     caplog.set_level(logging.INFO, logger="redlock")
     log.debug("redlock.released", resource=Spy(), token=1)
     assert rendered == [] and not caplog.records
@@ -311,8 +312,8 @@ def release_outcomes(down: set[str]) -> list[NodeResult]:
 
 def test_a_node_that_misses_releases_is_logged_once_then_summarised() -> None:
     clocks = Clocks()
-    outages = NodeOutages(clocks.monotonic, clocks.wall)
-    log = EventLogger("redlock._algorithm")
+    outages = NodeOutages(clocks.monotonic, clocks.wall, threading.Lock())
+    log = EventLogger("redlock.locks")
     assert not outages
     with capture_events() as events:
         for _ in range(200):  # 100 s of releases, one every 0.5 s, node a:1 down
@@ -342,8 +343,8 @@ def test_a_node_that_misses_releases_is_logged_once_then_summarised() -> None:
 
 def test_failed_renewals_and_releases_of_one_node_share_its_outage() -> None:
     clocks = Clocks()
-    outages = NodeOutages(clocks.monotonic, clocks.wall)
-    log = EventLogger("redlock._renewals")
+    outages = NodeOutages(clocks.monotonic, clocks.wall, threading.Lock())
+    log = EventLogger("redlock.locks")
     down = [NodeResult("a:1", Outcome.ERROR, "TimeoutError"),
             NodeResult("b:1", Outcome.NOT_AWAITED, "slow"),
             NodeResult("c:1", Outcome.GRANTED)]
@@ -388,7 +389,7 @@ def test_basic_config_prints_warnings_a_person_can_act_on() -> None:
     assert 1 <= len(missed) <= 3, lines  # once per outage, not once per release
     for line in missed:
         assert re.fullmatch(
-            rf"WARNING:redlock\._algorithm:{sentence('redlock.release_incomplete')}", line), line
+            rf"WARNING:redlock\.locks:{sentence('redlock.release_incomplete')}", line), line
 
 
 def test_a_node_down_for_hundreds_of_releases_is_one_warning_and_one_summary() -> None:
@@ -396,13 +397,13 @@ def test_a_node_down_for_hundreds_of_releases_is_one_warning_and_one_summary() -
                                "--down-s", "30", "--after-s", "7", "--level", "INFO")
     node = report["node"]
     missed = [line for line in lines
-              if line.startswith("WARNING:redlock._algorithm:release of outage:")
+              if line.startswith("WARNING:redlock.locks:release of outage:")
               and f" did not reach node {node} " in line]
     # One outage, one line; a release that finds a connection to the restarted node
     # still opening may begin another.
     assert 1 <= len(missed) <= 3, lines
     again = [line for line in lines
-             if line.startswith(f"INFO:redlock._algorithm:node {node} answers again")]
+             if line.startswith(f"INFO:redlock.nodes:node {node} answers again")]
     assert 1 <= len(again) <= len(missed), lines
     count = int(re.search(r"releases that missed it: (\d+)", again[0])[1])  # type: ignore[index]
     # Every release while it was down missed it, but for the cycles under way when it

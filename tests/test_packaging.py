@@ -1,5 +1,6 @@
 """What a pip user gets: one version, the metadata, the README's first commands, and
-harness messages that do not assume a clone of the repository."""
+harness messages that do not assume a clone of the repository (the wheel itself, built
+and installed into a clean virtualenv: tests/test_wheel.py)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ from pathlib import Path
 import pytest
 
 import redlock
-from redlock.testing import faketime, find_redis_server, find_toxiproxy_server
-from redlock.testing.postgres import PostgresNotFound, find_postgres_bin
+from redlock.testing import find_redis_server, find_toxiproxy_server
+from tests.support import faketime
+from tests.support.postgres import PostgresNotFound, find_postgres_bin
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -69,22 +71,31 @@ def test_missing_servers_are_explained_to_pip_users_too() -> None:
         find_redis_server()
     with pytest.raises(FileNotFoundError) as toxiproxy_missing:
         find_toxiproxy_server()
-    with pytest.raises(PostgresNotFound) as postgres_missing:
-        find_postgres_bin()
-    messages = {"redis": str(redis_missing.value), "toxiproxy": str(toxiproxy_missing.value),
-                "postgres": str(postgres_missing.value)}
+    messages = {"redis": str(redis_missing.value), "toxiproxy": str(toxiproxy_missing.value)}
     assert "apt-get install redis-server" in messages["redis"]
     assert "REDIS_SERVER" in messages["redis"]
     assert "github.com/Shopify/toxiproxy/releases" in messages["toxiproxy"]
     assert "TOXIPROXY_SERVER" in messages["toxiproxy"]
-    assert "apt-get install postgresql" in messages["postgres"]
-    assert "PG_BIN" in messages["postgres"]
     for message in messages.values():  # the repository's script is an aside, not the way
         assert message.index("scripts/setup.sh") > message.index("install")
         assert "In a clone of redlock-fenced" in message
 
 
-def test_missing_libfaketime_is_explained_too(monkeypatch: pytest.MonkeyPatch) -> None:
+# PostgreSQL and libfaketime are the repository's own test tooling (tests/support, not in
+# the wheel); their messages still say how to install them by hand, then the script.
+
+
+@pytest.mark.usefixtures("nothing_installed")
+def test_missing_postgresql_is_explained() -> None:
+    with pytest.raises(PostgresNotFound) as missing:
+        find_postgres_bin()
+    message = str(missing.value)
+    assert "apt-get install postgresql" in message
+    assert "PG_BIN" in message
+    assert message.index("scripts/setup.sh") > message.index("install")
+
+
+def test_missing_libfaketime_is_explained(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(faketime, "_FOUND", None)  # the lookup's per-process cache
     monkeypatch.setattr(faketime, "_FAILURE", None)
     monkeypatch.setattr(faketime, "find_faketime_lib", lambda: None)

@@ -44,7 +44,7 @@ IO_METHODS = {
 # Context-manager protocol: the same role under sync and async names.
 CONTEXT = {"__enter__": "__aenter__", "__exit__": "__aexit__"}
 # Injected defaults that are by nature different between the two worlds. None today:
-# both constructors are the one in redlock._manager (sleep=None means "the shell's own").
+# both constructors are the one in redlock._client.manager (sleep=None means "the shell's own").
 ALLOWED_DEFAULT_DIFFERENCES: dict[tuple[str, str], tuple[Any, Any]] = {}
 
 PAIRS = list(IO_METHODS)
@@ -131,7 +131,7 @@ def test_lock_factory_defaults_match_the_handle_constructor() -> None:
         factory = {p.name: p.default for p in inspect.signature(manager.lock).parameters
                    .values() if p.name != "self"}
         ctor = {p.name: p.default for p in inspect.signature(handle.__init__).parameters
-                .values() if p.name not in ("self", "manager")}
+                .values() if p.name not in ("self", "registry")}
         assert factory == ctor
 
 

@@ -227,7 +227,14 @@ def test_nothing_is_wrapped_without_a_provider(nodes3: RedisNodes) -> None:
         assert dlm._telemetry is not None
         assert dlm._telemetry.instruments() is None
         flow = dlm.lock("ot:h")._acquire_flow(None, None)
-        assert observe(dlm._telemetry, "acquire", flow, None) is flow  # unwrapped
+        watches = []
+
+        def make_flow(watch: object) -> object:
+            watches.append(watch)
+            return flow
+
+        assert observe(dlm._telemetry, "acquire", make_flow, None) is flow  # unwrapped
+        assert watches == [None]  # the core is told of no attempts: nothing records
         flow.close()
     telemetry = Telemetry.create("redlock", 3, 2)
     assert telemetry is not None and telemetry.instruments() is None

@@ -26,26 +26,70 @@ or ``$REDLOCK_TEST_BACKEND=docker`` (:mod:`redlock.testing.backends`; local proc
 stay the default). The pytest plugin (:mod:`redlock.testing.pytest_plugin`) offers
 clusters, clients and faults as fixtures. ``capture_events()`` collects the library's
 log events in a test.
+
+Importing this package imports none of that: each name is loaded from its module on
+first use, so that the pytest plugin (a module of this package, loaded into every pytest
+session that has the package installed) costs nothing until a fixture is used.
 """
 
-from redlock.testing.backends import start_nodes, start_toxiproxy
-from redlock.testing.logs import capture_events
-from redlock.testing.node import Node, Nodes
-from redlock.testing.redis_nodes import (
-    NodeBackup,
-    RedisNode,
-    RedisNodes,
-    find_redis_server,
-    free_port,
-)
-from redlock.testing.sentinel import RedisSentinel
-from redlock.testing.toxiproxy import (
-    Proxies,
-    Proxy,
-    ToxiproxyError,
-    ToxiproxyServer,
-    find_toxiproxy_server,
-)
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from redlock.testing.backends import start_nodes, start_toxiproxy
+    from redlock.testing.logs import capture_events
+    from redlock.testing.node import Node, Nodes
+    from redlock.testing.redis_nodes import (
+        NodeBackup,
+        RedisNode,
+        RedisNodes,
+        find_redis_server,
+        free_port,
+    )
+    from redlock.testing.sentinel import RedisSentinel
+    from redlock.testing.toxiproxy import (
+        Proxies,
+        Proxy,
+        ToxiproxyError,
+        ToxiproxyServer,
+        find_toxiproxy_server,
+    )
+
+# Public name -> the module that defines it (loaded on first access, PEP 562).
+_LAZY = {
+    "start_nodes": "backends",
+    "start_toxiproxy": "backends",
+    "capture_events": "logs",
+    "Node": "node",
+    "Nodes": "node",
+    "NodeBackup": "redis_nodes",
+    "RedisNode": "redis_nodes",
+    "RedisNodes": "redis_nodes",
+    "find_redis_server": "redis_nodes",
+    "free_port": "redis_nodes",
+    "RedisSentinel": "sentinel",
+    "Proxies": "toxiproxy",
+    "Proxy": "toxiproxy",
+    "ToxiproxyError": "toxiproxy",
+    "ToxiproxyServer": "toxiproxy",
+    "find_toxiproxy_server": "toxiproxy",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value  # the next access is a plain lookup
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
+
 
 __all__ = [
     "Node",

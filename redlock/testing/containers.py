@@ -8,29 +8,34 @@ containers, started with testcontainers.
         nodes[0].pause()                      # docker pause: hung, sockets stay open
         nodes[1].restart(keep_data=False)     # a new, empty container on the same port
 
-Each node is testcontainers' ``RedisContainer`` on ``redlock-fenced/redis:local`` (or
-``$REDLOCK_REDIS_IMAGE``), the Toxiproxy server a ``DockerContainer`` on
-``redlock-fenced/toxiproxy:local`` (or ``$REDLOCK_TOXIPROXY_IMAGE``). Our own images
-are built from this machine's binaries when missing (:mod:`redlock.testing.images`);
-nothing is pulled. Every container uses host networking and listens on 127.0.0.1, on
-a free port, so clients reach it exactly as a local process and no traffic leaves
-loopback (no bridge, no port mapping).
+Each node is testcontainers' ``RedisContainer`` on the image ``redis:7``, the Toxiproxy
+server a ``DockerContainer`` on Shopify's ``ghcr.io/shopify/toxiproxy:2.12.0``; the
+engine pulls them when missing, as for any testcontainers container. Other images are
+chosen with ``image=``, or for every container of a run with ``$REDLOCK_REDIS_IMAGE`` /
+``$REDLOCK_TOXIPROXY_IMAGE`` (what ``start_nodes(..., backend="docker")`` and the
+pytest plugin's ``--redlock-backend=docker`` use): any image whose ``redis-server`` is
+on PATH, any whose entry point is the Toxiproxy server (this project's own CI, where no
+registry is reachable, points them at images it builds from the machine's binaries).
+Every container uses host networking and listens on 127.0.0.1, on a free port, so
+clients reach it exactly as a local process and no traffic leaves loopback (no port
+mapping); the engine must therefore run on this machine (Linux).
 
-Ryuk, testcontainers' reaper, is an image that would have to be pulled: unless
-``TESTCONTAINERS_RYUK_DISABLED`` says otherwise it is turned off, and the clean-up is
-ours: ``close()`` removes a container with its volumes, an atexit hook removes what a
-test left, and each start removes the containers whose creating process (the
-``org.redlock-fenced.owner`` label) is gone, i.e. what a killed run left behind.
+Clean-up: ``close()`` removes a container with its volumes, an atexit hook removes
+what a test left, and the first start of a process removes the containers whose
+creating process (the ``org.redlock-fenced.owner`` label) is gone, i.e. what a killed
+run left behind. testcontainers' own reaper (Ryuk) is left as its configuration says
+(``TESTCONTAINERS_RYUK_DISABLED``); this clean-up does not need it.
 
-Needs the ``docker`` extra (``pip install redlock-fenced[docker]``) and a local Docker
-engine (``$DOCKER_HOST``, or the default socket).
+Needs the ``docker`` extra (``pip install 'redlock-fenced[docker]'``: testcontainers,
+with the docker SDK) and a Docker engine on this machine (``$DOCKER_HOST``, the
+current docker context, or the default socket, as testcontainers finds it).
+testcontainers is imported on the first start, not with this module.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -38,86 +43,27 @@ from typing import TYPE_CHECKING, Any
 import redis
 
 from redlock.testing._leftovers import track, untrack
-from redlock.testing.dockerd import EngineAPI, EngineError, EngineUnavailable
-from redlock.testing.images import (
-    REDIS_IMAGE,
-    REDIS_REPOSITORY,
-    TOXIPROXY_IMAGE,
-    TOXIPROXY_REPOSITORY,
-    ensure_images,
+from redlock.testing.docker_engine import (  # the engine's side, re-exported here
+    DEFAULT_REDIS_IMAGE,
+    DEFAULT_TOXIPROXY_IMAGE,
+    OWNER_LABEL,
+    REDIS_IMAGE_ENV,
+    TESTING_LABEL,
+    TOXIPROXY_IMAGE_ENV,
+    DockerUnavailable,
+    engine_leftovers,
+    labels,
+    prepare,
+    redis_image,
+    remove_orphans,
+    toxiproxy_image,
 )
 from redlock.testing.node import NodeSet
 from redlock.testing.redis_nodes import free_port
-from redlock.testing.toxiproxy import ToxiproxyError, ToxiproxyServer
+from redlock.testing.toxiproxy import ToxiproxyServer
 
 if TYPE_CHECKING:
     from testcontainers.core.container import DockerContainer
-
-TESTING_LABEL = "org.redlock-fenced.testing"
-OWNER_LABEL = "org.redlock-fenced.owner"
-
-_PREPARED: set[str] = set()
-
-
-
-def _owner() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
-
-
-def labels() -> dict[str, str]:
-    """The labels of every container this module starts."""
-    return {TESTING_LABEL: "1", OWNER_LABEL: _owner()}
-
-
-def _owner_gone(owner: str) -> bool:
-    host, _, pid = owner.rpartition(":")
-    if host != socket.gethostname() or not pid.isdigit():
-        return False  # another machine's container: not ours to judge
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
-
-
-def remove_orphans(api: EngineAPI | None = None) -> list[str]:
-    """Remove the containers of ours whose creating process is gone (a killed run)."""
-    api = api or EngineAPI.from_host()
-    removed = []
-    for container in api.containers([TESTING_LABEL]):
-        if _owner_gone(container.get("Labels", {}).get(OWNER_LABEL, "")):
-            api.remove_container(container["Id"])
-            removed.append(container["Id"][:12])
-    return removed
-
-
-def prepare(image: str) -> None:
-    """Once per process and image: our clean-up instead of Ryuk, orphans removed, and
-    our own image built if it is the one asked for and missing."""
-    os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")
-    if image in _PREPARED:
-        return
-    try:
-        import testcontainers  # noqa: F401
-    except ImportError as exc:
-        raise EngineUnavailable(
-            "the Docker backend needs testcontainers: pip install 'redlock-fenced[docker]'"
-        ) from exc
-    try:
-        api = EngineAPI.from_host()
-    except EngineUnavailable:
-        _PREPARED.add(image)  # a remote engine: testcontainers alone deals with it
-        return
-    if not api.ping():
-        raise EngineUnavailable(f"no Docker engine answers at {api.socket_path}")
-    remove_orphans(api)
-    ours = {REDIS_IMAGE: "redis", TOXIPROXY_IMAGE: "toxiproxy"}
-    if image in ours and api.image(image) is None:
-        ensure_images(api, only=[ours[image]])
-    _PREPARED.add(image)
-
 
 def _redis_container(image: str, port: int, host: str, password: str | None,
                      command: list[str], start_timeout: float) -> DockerContainer:
@@ -161,7 +107,7 @@ class ContainerRedisNode:
         self.port = port or free_port(host)
         self.appendonly = appendonly
         self.password = password
-        self.image = image or os.environ.get("REDLOCK_REDIS_IMAGE") or REDIS_IMAGE
+        self.image = redis_image(image)
         self.extra_args = list(extra_args)
         self.start_timeout = start_timeout
         self.paused = False
@@ -214,7 +160,7 @@ class ContainerRedisNode:
     def start(self) -> ContainerRedisNode:
         if self.running:
             return self
-        prepare(self.image)
+        prepare()
         if self._container is not None:
             # Killed with its files kept: the same container (and /data) again.
             self._container.get_wrapped_container().start()
@@ -337,48 +283,46 @@ class ContainerToxiproxy(ToxiproxyServer):
         self.port = 0
         self.request_timeout = request_timeout
         self.start_timeout = start_timeout
-        self.image = image or os.environ.get("REDLOCK_TOXIPROXY_IMAGE") or TOXIPROXY_IMAGE
+        self.image = toxiproxy_image(image)
         self._process = None
         self._log = None
+        self._log_fd = None
         self._count = 0
         self._container: DockerContainer | None = None
 
     def start(self) -> ContainerToxiproxy:
-        if self._container is not None:
-            return self
-        prepare(self.image)
+        super().start()
+        return self
+
+    def _what(self) -> str:
+        return "toxiproxy container"
+
+    def _running(self) -> bool:
+        return self._container is not None
+
+    def _before_start(self) -> None:
+        prepare()
+
+    def _after_start(self) -> None:
+        pass
+
+    def _launch(self) -> None:
         from testcontainers.core.container import DockerContainer
 
-        for _attempt in range(3):  # a free port can be taken between probe and bind
-            self.port = free_port(self.host)
-            container = (DockerContainer(self.image)
-                         .with_command([f"-host={self.host}", f"-port={self.port}"])
-                         .with_env("LOG_LEVEL", os.environ.get("LOG_LEVEL", "warn"))
-                         .with_kwargs(network_mode="host", labels=labels()))
-            container.start()
-            self._container = container
-            track(self)
-            if self._wait_ready(self.start_timeout):
-                return self
-            self._kill()
-        tail = self.log_tail()
-        self.close()
-        raise ToxiproxyError(f"toxiproxy container did not start: {tail}")
+        container = (DockerContainer(self.image)
+                     .with_command([f"-host={self.host}", f"-port={self.port}"])
+                     .with_env("LOG_LEVEL", os.environ.get("LOG_LEVEL", "warn"))
+                     .with_kwargs(network_mode="host", labels=labels()))
+        container.start()
+        self._container = container
 
-    def _wait_ready(self, timeout: float = 10.0) -> bool:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            assert self._container is not None
-            wrapped = self._container.get_wrapped_container()
-            with contextlib.suppress(Exception):
-                wrapped.reload()
-            if wrapped.status in ("exited", "dead"):
-                return False
-            with contextlib.suppress(OSError, ToxiproxyError):
-                self.request("GET", "/version")
-                return True
-            time.sleep(0.05)
-        return False
+    def _exited(self) -> bool:
+        if self._container is None:
+            return True
+        wrapped = self._container.get_wrapped_container()
+        with contextlib.suppress(Exception):
+            wrapped.reload()
+        return bool(wrapped.status in ("exited", "dead"))
 
     def log_tail(self, lines: int = 5) -> str:
         if self._container is None:
@@ -402,25 +346,21 @@ class ContainerToxiproxy(ToxiproxyServer):
         return self.start()
 
 
-def engine_leftovers(api: EngineAPI | None = None) -> list[str]:
-    """Containers of ours still on the engine (for tests that check the clean-up)."""
-    api = api or EngineAPI.from_host()
-    try:
-        return [c["Id"][:12] for c in api.containers([TESTING_LABEL])]
-    except (OSError, EngineError):
-        return []
-
-
 __all__ = [
+    "DEFAULT_REDIS_IMAGE",
+    "DEFAULT_TOXIPROXY_IMAGE",
     "OWNER_LABEL",
-    "REDIS_REPOSITORY",
+    "REDIS_IMAGE_ENV",
     "TESTING_LABEL",
-    "TOXIPROXY_REPOSITORY",
+    "TOXIPROXY_IMAGE_ENV",
     "ContainerRedisNode",
     "ContainerRedisNodes",
     "ContainerToxiproxy",
+    "DockerUnavailable",
     "engine_leftovers",
     "labels",
     "prepare",
+    "redis_image",
     "remove_orphans",
+    "toxiproxy_image",
 ]

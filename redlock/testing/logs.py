@@ -7,7 +7,7 @@
     assert [e for e in events if e["event"] == "redlock.quorum_failed"]
 
 Each event is a dict: ``event`` (its name), ``log_level`` (``"debug"``, ``"info"``,
-``"warning"``, ``"error"``), ``logger`` (``redlock._algorithm``, ...), ``message`` (the
+``"warning"``, ``"error"``), ``logger`` (``redlock._core.algorithm``, ...), ``message`` (the
 sentence a person reads) and the event's fields; the shape of
 ``structlog.testing.capture_logs``, plus the message. pytest's ``caplog`` works too:
 the records' message is the event's sentence, the name is their ``event`` attribute and
@@ -21,7 +21,7 @@ import logging
 from collections.abc import Iterator
 from typing import Any
 
-from redlock._log import event_fields
+from redlock._observe.log import event_fields
 
 
 class _EventList(logging.Handler):

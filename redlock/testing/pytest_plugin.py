@@ -2,7 +2,9 @@
 for your own test suite.
 
 Installed with the package (entry point ``pytest11``: ``redlock``); it costs nothing
-until a test asks for one of its fixtures (nothing but pytest is imported before).
+until a test asks for one of its fixtures: loading it imports pytest and the library
+(``redlock``, its parent package) and nothing else; servers, testcontainers and docker
+come with the first fixture that needs them.
 
     import pytest
     from redlock import QuorumUnavailable
@@ -46,8 +48,10 @@ Backends (``--redlock-backend``, ini ``redlock_backend``, or ``$REDLOCK_TEST_BAC
 ``local`` (default) runs ``redis-server`` and ``toxiproxy-server`` processes from
 PATH (``$REDIS_SERVER`` / ``$TOXIPROXY_SERVER``); without a Toxiproxy binary the
 cluster is direct and the network faults raise. ``docker`` runs them in containers
-with testcontainers (``pip install 'redlock-fenced[docker]'`` and a local engine at
-``$DOCKER_HOST``), see :mod:`redlock.testing.containers`.
+with testcontainers (``pip install 'redlock-fenced[docker]'`` and a Docker engine on
+this machine), on the images ``redis:7`` and ``ghcr.io/shopify/toxiproxy:2.12.0``
+unless ``$REDLOCK_REDIS_IMAGE`` / ``$REDLOCK_TOXIPROXY_IMAGE`` name others, see
+:mod:`redlock.testing.containers`.
 """
 
 from __future__ import annotations

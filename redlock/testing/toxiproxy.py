@@ -186,8 +186,10 @@ class ToxiproxyServer:
         self.host = host
         self.port = 0
         self.request_timeout = request_timeout
+        self.start_timeout = 10.0
         self._process: subprocess.Popen[bytes] | None = None
         self._log: Path | None = None
+        self._log_fd: int | None = None  # the log, open while starting
         self._count = 0
 
     @property
@@ -195,32 +197,57 @@ class ToxiproxyServer:
         return f"http://{self.host}:{self.port}"
 
     def start(self) -> ToxiproxyServer:
-        if self._process is not None:
+        """Start the server on a free port and wait until its API answers (tried on
+        three ports: a free port can be taken between the probe and the bind)."""
+        if self._running():
             return self
-        fd, log = tempfile.mkstemp(prefix="toxiproxy-", suffix=".log")
-        self._log = Path(log)
-        for _attempt in range(3):  # a free port can be taken between probe and bind
-            self.port = free_port(self.host)
-            with os.fdopen(os.dup(fd), "wb") as out:
-                self._process = subprocess.Popen(
-                    [self.binary, "-host", self.host, "-port", str(self.port)],
-                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                    env={**os.environ, "LOG_LEVEL": os.environ.get("LOG_LEVEL", "warn")})
-            track(self)
-            if self._wait_ready():
-                os.close(fd)
-                return self
-            self._kill()
-        os.close(fd)
+        self._before_start()
+        try:
+            for _attempt in range(3):
+                self.port = free_port(self.host)
+                self._launch()
+                track(self)
+                if self._wait_ready():
+                    return self
+                self._kill()
+        finally:
+            self._after_start()
         tail = self.log_tail()
         self.close()
-        raise ToxiproxyError(f"toxiproxy-server did not start: {tail}")
+        raise ToxiproxyError(f"{self._what()} did not start: {tail}")
 
-    def _wait_ready(self, timeout: float = 10.0) -> bool:
-        deadline = time.monotonic() + timeout
+    # What a server of another kind (a container) does differently.
+
+    def _what(self) -> str:
+        return "toxiproxy-server"
+
+    def _running(self) -> bool:
+        return self._process is not None
+
+    def _before_start(self) -> None:
+        self._log_fd, log = tempfile.mkstemp(prefix="toxiproxy-", suffix=".log")
+        self._log = Path(log)
+
+    def _after_start(self) -> None:
+        if self._log_fd is not None:
+            os.close(self._log_fd)
+            self._log_fd = None
+
+    def _launch(self) -> None:
+        assert self._log_fd is not None
+        with os.fdopen(os.dup(self._log_fd), "wb") as out:
+            self._process = subprocess.Popen(
+                [self.binary, "-host", self.host, "-port", str(self.port)],
+                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                env={**os.environ, "LOG_LEVEL": os.environ.get("LOG_LEVEL", "warn")})
+
+    def _exited(self) -> bool:
+        return self._process is None or self._process.poll() is not None
+
+    def _wait_ready(self) -> bool:
+        deadline = time.monotonic() + self.start_timeout
         while time.monotonic() < deadline:
-            assert self._process is not None
-            if self._process.poll() is not None:
+            if self._exited():
                 return False
             with contextlib.suppress(OSError, ToxiproxyError):
                 self.request("GET", "/version")

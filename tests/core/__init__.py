@@ -1,9 +1,10 @@
-"""The sans-IO core (redlock/_algorithm.py and the modules it drives) without servers:
+"""The sans-IO core (redlock/_core/: RedlockCore and the flows it drives) without servers:
 its protocols on scripted nodes (tests/scripted.py) and its pure rules, one file per
 part of the core:
 
 - test_rules.py: quorum, validity, the token rule, reply classification, LockState,
-  validators (redlock/_rules.py, redlock/_state.py);
+  validators (redlock/_core/: settings.py, tokens.py, state.py; replies read by
+  redlock/_scripts/replies.py);
 - test_acquire.py, test_extend.py: the acquire, release and extend protocols;
 - test_line_protocol.py: the waiting line on the acquire path, and wake-ups;
 - test_renewals.py: the auto-extend renewal loop;

@@ -68,6 +68,8 @@ def comparable(call: Call, reply: object) -> object:
         pttl, fence, marker, repairing, holder, episode, now = reply
         return [ttl_shape(pttl), fence, marker, repairing, holder,
                 string_value(KEYS.episode, str(episode)), Near(now)]
+    if name == "owned_pttl" and isinstance(reply, int) and reply > 0:
+        return Near(reply, TTL_SLACK)  # the model: the TTL last set
     if name == "open_episode" and isinstance(reply, list) and reply[0] == 1:
         return [1, Near(reply[1]), Near(reply[2])]
     return reply

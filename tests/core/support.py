@@ -10,13 +10,16 @@ from tests.internals import (
     Invoke,
     LockState,
     RedlockCore,
-    Sleep,
+    Wait,
     drive,
+    maintenance,
 )
 from tests.scripted import (
+    FakeClock,
     ScriptedNodes,
     fence_key,
     lock_key,
+    make_core,
 )
 
 
@@ -29,6 +32,16 @@ def held(core: RedlockCore, nodes: ScriptedNodes, resource: str = "r",
     return result.state
 
 
+def held_lock(n: int = 3, *, ttl: float = 10.0,
+              **settings: object) -> tuple[FakeClock, ScriptedNodes, RedlockCore, LockState]:
+    """A fake clock, ``n`` scripted nodes on it, a core on it (``settings``) and a lock on
+    "r" it holds there for ``ttl`` (:func:`held`)."""
+    clock = FakeClock()
+    nodes = ScriptedNodes(n, clock=clock)
+    core = make_core(n, clock, **settings)
+    return clock, nodes, core, held(core, nodes, ttl=ttl)
+
+
 def maintain(core: RedlockCore, nodes: ScriptedNodes, *, sleeps: int | None = 1,
              stop: threading.Event | None = None) -> threading.Event:
     """Run the background maintenance on the scripted nodes; the manager closes (sets
@@ -38,17 +51,17 @@ def maintain(core: RedlockCore, nodes: ScriptedNodes, *, sleeps: int | None = 1,
     news = threading.Event()  # the manager sets it on close, and when a node needs it
     asked = 0
 
-    def execute(request: Broadcast | Sleep | Invoke) -> list[object]:
+    def execute(request: Broadcast | Wait | Invoke) -> list[object]:
         nonlocal asked
-        if isinstance(request, Sleep):
-            assert request.until is news  # news or closing cut the wait short
+        if isinstance(request, Wait):
+            assert request.wake is news  # news or closing cut the wait short
             asked += 1
             if sleeps is not None and asked >= sleeps:
                 stop.set()
                 news.set()
         return nodes.execute(request)
 
-    assert drive(core.amnesia.maintenance(stop, news), execute) is None
+    assert drive(maintenance(core.amnesia, stop, news), execute) is None
     return stop
 
 
@@ -63,3 +76,13 @@ def amnesiac_cluster(n: int = 5, **options: object) -> ScriptedNodes:
                 nodes.data[i][fence_key(resource)] = value
     nodes.data[1][lock_key("a")] = "a holder"  # not a counter: never seeded
     return nodes
+
+
+def amnesiac_core(**settings: object) -> tuple[FakeClock, ScriptedNodes, RedlockCore]:
+    """:func:`amnesiac_cluster` on a fake clock, and a core on it (``settings``) that knows
+    node 0 lost its data."""
+    clock = FakeClock()
+    nodes = amnesiac_cluster(clock=clock)
+    core = make_core(5, clock, **settings)
+    core.amnesia.health.lost_data(0)
+    return clock, nodes, core

@@ -17,8 +17,9 @@ from tests.internals import (
     Invoke,
     RedlockCore,
     Settings,
-    Sleep,
+    Wait,
     drive,
+    real_environment,
     scripts,
 )
 from tests.scripted import (
@@ -31,7 +32,8 @@ from tests.scripted import (
 def test_first_acquire_inspects_every_node_once_then_never_again() -> None:
     nodes = ScriptedNodes(3)
     nodes.replicas = {1}
-    core = RedlockCore([f"n{i}:6379" for i in range(3)], Settings(), FakeClock())
+    core = RedlockCore([f"n{i}:6379" for i in range(3)], Settings(),
+                       real_environment(FakeClock()))
     with capture_events() as events:
         for _ in range(2):
             result = drive(core.acquire("r", 10.0, blocking=False, timeout=None),
@@ -59,22 +61,22 @@ def test_acquire_protocol_steady_state_is_one_round_trip() -> None:
 
 
 def test_acquire_protocol_diverged_counters_write_back_to_lower_nodes_only() -> None:
-    nodes = ScriptedNodes(5, counters=[10, 5, 5, 5, 5])
-    nodes.data[0]["redlock:{r}:lock"] = "someone else"
-    nodes.data[1]["redlock:{r}:lock"] = "someone else"
-    result = drive(make_core(5).acquire("r", 10.0, blocking=False, timeout=None),
-                               nodes.execute)
-    assert result.state is not None
-    assert result.state.token == 6
+    def granted_by_2_3_4(counters: list[int]) -> tuple[ScriptedNodes, int]:
+        """Nodes 0 and 1 held by someone else: the token the other three grant."""
+        nodes = ScriptedNodes(5, counters=counters)
+        nodes.data[0]["redlock:{r}:lock"] = "someone else"
+        nodes.data[1]["redlock:{r}:lock"] = "someone else"
+        result = drive(make_core(5).acquire("r", 10.0, blocking=False, timeout=None),
+                       nodes.execute)
+        assert result.state is not None
+        return nodes, result.state.token
+
+    nodes, token = granted_by_2_3_4([10, 5, 5, 5, 5])
+    assert token == 6
     assert nodes.scripts_sent() == ["acquire"]  # all three granting nodes returned 6
 
-    nodes = ScriptedNodes(5, counters=[5, 5, 10, 5, 5])
-    nodes.data[0]["redlock:{r}:lock"] = "someone else"
-    nodes.data[1]["redlock:{r}:lock"] = "someone else"
-    result = drive(make_core(5).acquire("r", 10.0, blocking=False, timeout=None),
-                               nodes.execute)
-    assert result.state is not None
-    assert result.state.token == 11
+    nodes, token = granted_by_2_3_4([5, 5, 10, 5, 5])
+    assert token == 11
     assert nodes.scripts_sent() == ["acquire", "write_back"]
     write_back = nodes.requests[1]
     assert isinstance(write_back, Broadcast)
@@ -102,7 +104,7 @@ def test_acquire_protocol_never_returns_an_expired_lock() -> None:
     clock = FakeClock()
     nodes = ScriptedNodes(3)
 
-    def slow(request: Broadcast | Sleep | Invoke) -> list[object]:
+    def slow(request: Broadcast | Wait | Invoke) -> list[object]:
         clock.advance(10.0)  # the round trip ate the whole ttl
         return nodes.execute(request)
 
@@ -135,8 +137,8 @@ def test_acquire_protocol_blocking_backs_off_and_stops_at_the_deadline() -> None
     for db in nodes.data:
         db["redlock:{r}:lock"] = "holder"
 
-    def execute(request: Broadcast | Sleep | Invoke) -> list[object]:
-        if isinstance(request, Sleep):
+    def execute(request: Broadcast | Wait | Invoke) -> list[object]:
+        if isinstance(request, Wait):
             assert request.seconds > 0
             clock.advance(request.seconds)
         return nodes.execute(request)
@@ -146,7 +148,7 @@ def test_acquire_protocol_blocking_backs_off_and_stops_at_the_deadline() -> None
     assert result.state is None
     assert not result.unavailable  # contention, not an outage
     assert result.attempts > 1
-    sleeps = [r for r in nodes.requests if isinstance(r, Sleep)]
+    sleeps = [r for r in nodes.requests if isinstance(r, Wait)]
     assert sleeps and all(s.line == "redlock:{r}:released" for s in sleeps)
     # Between retry_delay_min and retry_delay_max, except the last one cut at the deadline.
     settings = Settings()

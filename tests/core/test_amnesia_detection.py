@@ -1,4 +1,4 @@
-"""Amnesia on the acquire path (redlock/_amnesia.py, docs/design.md §4.2-§4.4) on scripted
+"""Amnesia on the acquire path (redlock/_core/amnesia/, docs/design.md §4.2-§4.4) on scripted
 nodes: a new cluster initialised by a full view only, a missing marker looked at again,
 a node that lost its data benched, a majority that did refused, restarted nodes as
 suspects whose replies do not count, and markers without a known run adopted.
@@ -18,7 +18,7 @@ from redlock.testing import capture_events
 from tests.core.support import maintain
 from tests.internals import (
     Call,
-    Sleep,
+    Wait,
     drive,
     node_scripts,
 )
@@ -86,7 +86,7 @@ def test_a_missing_marker_is_looked_at_again_before_it_counts_as_amnesia() -> No
     assert result.state is not None and result.attempts == 2
     assert nodes.commands_sent() == ["acquire", "EXISTS", "release", "acquire"]
     sleep = nodes.requests[1]
-    assert isinstance(sleep, Sleep) and sleep.seconds == core.timeout()
+    assert isinstance(sleep, Wait) and sleep.seconds == core.timeout()
     assert [(c.node, c.args) for c in nodes.broadcasts()[1].calls] == [
         (2, ("EXISTS", MARKER))]  # only the missing one
     assert core.amnesia.health.benched() == set()

@@ -1,6 +1,6 @@
-"""The admin step ``initialise()`` (redlock/_repair.py, docs/design.md §4.8) on scripted
-nodes: the rest of an interrupted initialisation, nodes that lost data refused unless
-forced, the whole keyspace looked through, and every node must answer."""
+"""The admin step ``initialise()`` (redlock/_core/amnesia/repair.py, docs/design.md
+§4.8) on scripted nodes: the rest of an interrupted initialisation, nodes that lost data
+refused unless forced, the whole keyspace looked through, and every node must answer."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The background maintenance (``AmnesiaGuard.maintenance``, redlock/_amnesia.py,
+"""The background maintenance (``maintenance``, redlock/_core/amnesia/maintenance.py,
 docs/design.md §4.3-§4.5) on scripted nodes: judging restarted nodes (re-stamp the
 durable ones, demote the others), amnesia episodes kept or begun anew by the node's
 clock and server run, and the repairs it runs: when, how often, and what a second data
@@ -12,12 +12,13 @@ import pytest
 
 from redlock import Outcome
 from redlock.testing import capture_events
-from tests.core.support import amnesiac_cluster, maintain
+from tests.core.support import amnesiac_core, maintain
 from tests.internals import (
     Call,
     Settings,
     drive,
     node_scripts,
+    open_episodes,
 )
 from tests.scripted import (
     EPISODE,
@@ -189,7 +190,7 @@ def test_an_episode_of_the_same_server_run_is_kept_one_from_another_run_begins_a
     health = core.amnesia.health
     health.lost_data(2)
     assert health.rejoins_in(2, clock()) is None  # not known before its episode is read
-    drive(core.amnesia.open_episodes([2]), nodes.execute)
+    drive(open_episodes(core.amnesia, [2]), nodes.execute)
     [call] = nodes.broadcasts()[0].calls
     assert (call.node, call.keys) == (2, (MARKER, EPISODE))
     assert nodes.data[2][EPISODE] == begun  # kept: the same server run
@@ -199,17 +200,17 @@ def test_an_episode_of_the_same_server_run_is_kept_one_from_another_run_begins_a
     clock.advance(20.0)
     nodes.restart(2, keep_data=True)
     health.episode_unknown(2)
-    drive(core.amnesia.open_episodes([2]), nodes.execute)
+    drive(open_episodes(core.amnesia, [2]), nodes.execute)
     assert nodes.episode(2) == (nodes.now_ms(2), nodes.run_id(2), "lost its node marker")
     assert health.rejoins_in(2, clock()) == 60.0
     # Unreachable: its rejoin time is kept until it answers.
     nodes.down = {2}
-    drive(core.amnesia.open_episodes([2]), nodes.execute)
+    drive(open_episodes(core.amnesia, [2]), nodes.execute)
     assert health.rejoins_in(2, clock()) == 60.0
     # Repaired meanwhile by another client: healthy, nothing written.
     nodes.down = set()
     nodes.data[2][MARKER] = nodes.stamp(2, "repaired by another client")
-    drive(core.amnesia.open_episodes([2]), nodes.execute)
+    drive(open_episodes(core.amnesia, [2]), nodes.execute)
     assert health.benched() == set()
 
 
@@ -255,10 +256,7 @@ def test_restamp_refuses_a_server_other_than_the_one_judged() -> None:
 
 
 def test_maintenance_repairs_a_node_once_its_episode_is_max_ttl_old_then_ends() -> None:
-    clock = FakeClock()
-    nodes = amnesiac_cluster(clock=clock)
-    core = make_core(5, clock, max_ttl=60.0, repair_interval=5.0)
-    core.amnesia.health.lost_data(0)
+    _, nodes, core = amnesiac_core(max_ttl=60.0, repair_interval=5.0)
     with capture_events() as events:
         maintain(core, nodes, sleeps=None)
     assert nodes.sleeps() == [5.0] * 12  # 60 s, looked at every repair_interval
@@ -272,10 +270,7 @@ def test_maintenance_repairs_a_node_once_its_episode_is_max_ttl_old_then_ends() 
 
 @pytest.mark.parametrize("loss", ["restart empty", "restart with its data", "flushall"])
 def test_a_second_data_loss_during_the_wait_restarts_it(loss: str) -> None:
-    clock = FakeClock()
-    nodes = amnesiac_cluster(clock=clock)
-    core = make_core(5, clock, max_ttl=60.0, repair_interval=5.0)
-    core.amnesia.health.lost_data(0)
+    clock, nodes, core = amnesiac_core(max_ttl=60.0, repair_interval=5.0)
     maintain(core, nodes, sleeps=11)  # the episode began; 50 s of the wait went by
     first = nodes.episode(0)
     assert first is not None
@@ -298,10 +293,7 @@ def test_a_second_data_loss_during_the_wait_restarts_it(loss: str) -> None:
 
 
 def test_maintenance_retries_a_failed_repair_only_after_repair_interval() -> None:
-    clock = FakeClock()
-    nodes = amnesiac_cluster(clock=clock)
-    core = make_core(5, clock, max_ttl=10.0, repair_interval=5.0)
-    core.amnesia.health.lost_data(0)
+    clock, nodes, core = amnesiac_core(max_ttl=10.0, repair_interval=5.0)
     claims: list[float] = []
 
     def reads_fail_twice(call: Call) -> object:
@@ -322,10 +314,7 @@ def test_maintenance_repairs_as_soon_as_the_nodes_clock_says_after_a_too_early_t
     """A repair tried a little early by the client's clock (the node's runs behind) is no
     failure: the episode is read again and the repair comes when the node's clock says,
     not one repair_interval later."""
-    clock = FakeClock()
-    nodes = amnesiac_cluster(clock=clock)
-    core = make_core(5, clock, max_ttl=10.0, repair_interval=5.0)
-    core.amnesia.health.lost_data(0)
+    clock, nodes, core = amnesiac_core(max_ttl=10.0, repair_interval=5.0)
     finishes: list[float] = []
 
     def node_clock_falls_behind(call: Call) -> object:

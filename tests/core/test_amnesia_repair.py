@@ -1,4 +1,4 @@
-"""Repair (redlock/_repair.py, docs/design.md §4.5) on scripted nodes: ``repair_node``
+"""Repair (redlock/_core/amnesia/repair.py, docs/design.md §4.5) on scripted nodes: ``repair_node``
 claims the node, reads every healthy node's counters (``read_counters``: page by page),
 seeds the maximum and gives the marker back once the episode is one max_ttl old by the
 node's clock; what makes it fail or wait; and the admin step ``repair()`` over every
@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import pytest
 
-from tests.core.support import amnesiac_cluster
+from tests.core.support import amnesiac_cluster, amnesiac_core
 from tests.internals import (
     Call,
     drive,
     node_scripts,
+    open_episodes,
     read_counters,
     repair_node,
 )
@@ -30,10 +31,7 @@ from tests.scripted import (
 
 
 def test_repair_claims_the_node_reads_every_healthy_node_seeds_the_max_and_marks_it() -> None:
-    clock = FakeClock()
-    nodes = amnesiac_cluster(clock=clock)
-    core = make_core(5, clock, max_ttl=60.0)
-    core.amnesia.health.lost_data(0)
+    _, nodes, core = amnesiac_core(max_ttl=60.0)
     nodes.begin_episode(0, ago=60.0)
     report = drive(repair_node(core, 0), nodes.execute)
     assert (report.node, report.status) == ("n0:6379", "repaired")
@@ -174,11 +172,8 @@ def test_read_counters_skips_keys_that_vanished_and_gives_up_on_a_malformed_page
 
 
 def test_a_repair_waits_for_max_ttl_by_the_nodes_clock_not_the_clients() -> None:
-    clock = FakeClock()
-    nodes = amnesiac_cluster(clock=clock)
-    core = make_core(5, clock, max_ttl=60.0)
-    core.amnesia.health.lost_data(0)
-    drive(core.amnesia.open_episodes([0]), nodes.execute)  # begins now, by node 0's clock
+    clock, nodes, core = amnesiac_core(max_ttl=60.0)
+    drive(open_episodes(core.amnesia, [0]), nodes.execute)  # begins now, by node 0's clock
     begun = nodes.data[0][EPISODE]
     clock.advance(60.0)
     nodes.skew[0] = -10.0  # node 0's clock was set back 10 s meanwhile

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from redlock import LockLost, Outcome
-from tests.core.support import held
+from tests.core.support import held, held_lock
 from tests.internals import (
     PENDING,
     Settings,
@@ -15,20 +15,11 @@ from tests.internals import (
     drive,
     scripts,
 )
-from tests.scripted import (
-    PASS,
-    FakeClock,
-    ScriptedNodes,
-    lock_key,
-    make_core,
-)
+from tests.scripted import PASS, FakeClock, ScriptedNodes, lock_key, make_core
 
 
 def test_extend_with_a_quorum_of_acks_renews_from_the_start_of_the_extend() -> None:
-    clock = FakeClock()
-    nodes = ScriptedNodes(3, clock=clock)
-    core = make_core(3, clock)
-    state = held(core, nodes)
+    clock, nodes, core, state = held_lock()
     clock.advance(4.0)
     del nodes.data[2][lock_key("r")]  # one node lost our key: two acks are a quorum
     nodes.round_trip = 0.5
@@ -62,10 +53,7 @@ def test_extend_without_a_quorum_of_acks_changes_nothing_and_reports_why() -> No
 
 
 def test_extend_is_bounded_by_the_validity_left_and_late_acks_do_not_count() -> None:
-    clock = FakeClock()
-    nodes = ScriptedNodes(3, clock=clock)
-    core = make_core(3, clock)
-    state = held(core, nodes)
+    clock, nodes, core, state = held_lock()
     deadline = state.deadline
     clock.advance(deadline - clock() - 0.01)  # 10 ms of validity left
     nodes.round_trip = 0.02  # every node acks, 20 ms later: past the deadline
@@ -92,10 +80,7 @@ def test_extend_of_an_expired_or_released_lock_sends_nothing() -> None:
 
 
 def test_drive_returns_the_value_of_a_protocol_that_needs_no_request() -> None:
-    clock = FakeClock()
-    nodes = ScriptedNodes(3, clock=clock)
-    core = make_core(3, clock)
-    state = held(core, nodes)
+    clock, nodes, core, state = held_lock()
     clock.advance(10.0)
     assert drive(core.extend(state, 10.0), nodes.execute) == ()
 
@@ -130,10 +115,7 @@ def test_explicit_extend_retries_through_a_stall_while_validity_is_left() -> Non
     (backing off) while validity is left, and a lock whose nodes answer again is kept,
     keys and all. Before, one timed-out round marked the lock lost and deleted its keys
     everywhere, with 9 s of validity left (nodes ~2 ms away, stalled 0.3 s once)."""
-    clock = FakeClock()
-    nodes = ScriptedNodes(3, clock=clock)
-    core = make_core(3, clock)
-    state = held(core, nodes, ttl=10.0)
+    _, nodes, core, state = held_lock(ttl=10.0)
     nodes.down = {0, 1, 2}
     rounds = 0
 
@@ -154,10 +136,7 @@ def test_explicit_extend_retries_through_a_stall_while_validity_is_left() -> Non
 
 
 def test_explicit_extend_gives_up_when_the_validity_runs_out() -> None:
-    clock = FakeClock()
-    nodes = ScriptedNodes(3, clock=clock)
-    core = make_core(3, clock, retry_delay_min=0.1, retry_delay_max=0.25)
-    state = held(core, nodes, ttl=0.9)
+    clock, nodes, core, state = held_lock(ttl=0.9, retry_delay_min=0.1, retry_delay_max=0.25)
     nodes.down = {0, 1, 2}
     with pytest.raises(LockLost, match="no quorum of the 3 nodes renewed it"):
         drive(core.extend_or_lose(state, 5.0), nodes.execute)
@@ -168,10 +147,7 @@ def test_explicit_extend_gives_up_when_the_validity_runs_out() -> None:
 def test_replies_not_read_never_count_as_our_key_gone() -> None:
     """A reply the transport never read (PENDING) is an error, not a refusal: neither an
     extend nor the renewal loop may decide that a majority lost our key from it."""
-    clock = FakeClock()
-    nodes = ScriptedNodes(3, clock=clock)
-    core = make_core(3, clock)
-    state = held(core, nodes, ttl=9.0)
+    _, nodes, core, state = held_lock(ttl=9.0)
     nodes.intercept = lambda call: PENDING if getattr(call, "node", None) in (0, 1) else PASS
     failure = drive(core.extend(state, 9.0), nodes.execute)
     assert failure is not None
@@ -180,10 +156,7 @@ def test_replies_not_read_never_count_as_our_key_gone() -> None:
 
 
 def test_explicit_extend_of_an_expired_lock_raises_without_io() -> None:
-    clock = FakeClock()
-    nodes = ScriptedNodes(3, clock=clock)
-    core = make_core(3, clock)
-    state = held(core, nodes)
+    clock, nodes, core, state = held_lock()
     clock.advance(10.0)
     with pytest.raises(LockLost, match="expired"):
         drive(core.extend_or_lose(state, 10.0), nodes.execute)

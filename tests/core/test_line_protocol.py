@@ -1,5 +1,5 @@
 """The waiting line in the acquire protocol (scripted nodes, tests/scripted.py) and the
-wake-up bookkeeping (redlock._wakeups) on their own: who gets a ticket, what a failed
+wake-up bookkeeping (redlock._io.wakeups) on their own: who gets a ticket, what a failed
 attempt releases, who leaves the line when, and whom a release message wakes."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from tests.internals import (
     LINE_POLL_MAX,
     Broadcast,
     Invoke,
-    Sleep,
+    Wait,
     WakeRegistry,
     drive,
     scripts,
@@ -46,8 +46,8 @@ def run_blocking(nodes: ScriptedNodes, clock: FakeClock, timeout: float,
     ``free_after`` sleeps (None: never)."""
     sleeps = [0]
 
-    def execute(request: Broadcast | Sleep | Invoke) -> list[object]:
-        if isinstance(request, Sleep):
+    def execute(request: Broadcast | Wait | Invoke) -> list[object]:
+        if isinstance(request, Wait):
             clock.advance(request.seconds)
             sleeps[0] += 1
             if sleeps[0] == free_after:
@@ -98,7 +98,7 @@ def test_waits_in_line_name_the_waiter_and_may_be_patient() -> None:
     nodes = ScriptedNodes(3)
     held_by_another(nodes)
     run_blocking(nodes, FakeClock(), timeout=1.0)
-    sleeps = [r for r in nodes.requests if isinstance(r, Sleep)]
+    sleeps = [r for r in nodes.requests if isinstance(r, Wait)]
     owner = acquire_calls(nodes)[0].calls[0].args[0]
     assert sleeps and all(s.waiter == waiter_id(owner) for s in sleeps)
     assert all(s.channels == ("redlock:{r}:released",) for s in sleeps)
@@ -112,7 +112,7 @@ def test_an_interrupted_wait_leaves_the_line() -> None:
     held_by_another(nodes)
     protocol = make_core(3).acquire("r", 10.0, blocking=True, timeout=None)
     request = next(protocol)
-    while not isinstance(request, Sleep):
+    while not isinstance(request, Wait):
         request = protocol.send(nodes.execute(request))
     assert any(nodes.lines[i]["redlock:{r}:line"] for i in range(3))
     leave = protocol.throw(KeyboardInterrupt())
@@ -131,13 +131,13 @@ def test_a_set_does_not_queue() -> None:
     run_blocking_set = make_core(3, clock).acquire(("a", "r"), 10.0, blocking=True,
                                                    timeout=0.01)
 
-    def execute(request: Broadcast | Sleep | Invoke) -> list[object]:
-        if isinstance(request, Sleep):
+    def execute(request: Broadcast | Wait | Invoke) -> list[object]:
+        if isinstance(request, Wait):
             clock.advance(request.seconds)
         return nodes.execute(request)
 
     drive(run_blocking_set, execute)
-    sleeps = [r for r in nodes.requests if isinstance(r, Sleep)]
+    sleeps = [r for r in nodes.requests if isinstance(r, Wait)]
     assert all(s.waiter is None and s.patient is None for s in sleeps)
     assert all(s.channels == ("redlock:{a}:released", "redlock:{r}:released") for s in sleeps)
 
@@ -173,7 +173,7 @@ def test_a_release_during_a_waiters_first_attempt_wakes_its_first_wait(
     was still out (naming it, or nobody) woke no one and must end that wait at once,
     not after the patient wait (found by the compose stack: 0.5 s per hand-off)."""
     now = [100.0]
-    monkeypatch.setattr("redlock._wakeups.time.monotonic", lambda: now[0])
+    monkeypatch.setattr("redlock._io.wakeups.time.monotonic", lambda: now[0])
     registry = WakeRegistry()
     call_started = now[0]
     now[0] += 0.01
@@ -219,7 +219,7 @@ def test_the_first_confirmed_subscription_wakes_every_waiter_to_look_again() -> 
 def test_wanted_channels_linger_after_the_last_wait_then_go(monkeypatch: pytest.MonkeyPatch,
                                                             ) -> None:
     now = [100.0]
-    monkeypatch.setattr("redlock._wakeups.time.monotonic", lambda: now[0])
+    monkeypatch.setattr("redlock._io.wakeups.time.monotonic", lambda: now[0])
     changes: list[int] = []
     registry = WakeRegistry(changed=lambda: changes.append(1))
     watch = registry.watch(["c", "d"], None, threading.Event())

@@ -1,4 +1,4 @@
-"""Auto-extend: the manager's renewal loop (redlock/_renewals.py, docs/design.md §5.2) on
+"""Auto-extend: the manager's renewal loop (redlock/_core/renewals.py, docs/design.md §5.2) on
 scripted nodes: when renewals go out, batched, retried with backoff while validity is
 left, when the lock is lost, and acquisitions released meanwhile or abandoned."""
 
@@ -11,7 +11,7 @@ import pytest
 
 from redlock import Outcome
 from redlock.testing import capture_events
-from tests.core.support import held
+from tests.core.support import held, held_lock
 from tests.internals import (
     Broadcast,
     Invoke,
@@ -19,18 +19,12 @@ from tests.internals import (
     RedlockCore,
     Renewals,
     Settings,
-    Sleep,
     Status,
+    Wait,
     drive,
     scripts,
 )
-from tests.scripted import (
-    PASS,
-    FakeClock,
-    ScriptedNodes,
-    lock_key,
-    make_core,
-)
+from tests.scripted import PASS, FakeClock, ScriptedNodes, lock_key, make_core
 
 
 class Holder:
@@ -51,9 +45,9 @@ def run_renewals(core: RedlockCore, states: list[LockState], nodes: ScriptedNode
     for state, holder in zip(states, kept, strict=True):
         renewals.add(state, holder)
 
-    def execute(request: Broadcast | Sleep | Invoke) -> list[object]:
+    def execute(request: Broadcast | Wait | Invoke) -> list[object]:
         extends = nodes.scripts_sent().count("extend")
-        if isinstance(request, Sleep) and release_after is not None \
+        if isinstance(request, Wait) and release_after is not None \
                 and extends >= release_after:
             for state in states:
                 state.mark_released()
@@ -66,10 +60,7 @@ def run_renewals(core: RedlockCore, states: list[LockState], nodes: ScriptedNode
 
 
 def test_renewals_come_at_a_third_of_the_validity_left_until_released() -> None:
-    clock = FakeClock()
-    nodes = ScriptedNodes(3, clock=clock)
-    core = make_core(3, clock)
-    state = held(core, nodes, ttl=9.0)
+    _, nodes, core, state = held_lock(ttl=9.0)
     validity = 9.0 - Settings().drift(9.0)
     assert run_renewals(core, [state], nodes, release_after=3) == []
     assert nodes.sleeps() == pytest.approx([validity / 3] * 4)
@@ -103,10 +94,7 @@ def test_renewals_due_together_go_out_in_one_request() -> None:
 
 
 def test_renewals_retry_with_backoff_while_validity_remains() -> None:
-    clock = FakeClock()
-    nodes = ScriptedNodes(3, clock=clock)
-    core = make_core(3, clock, retry_delay_min=0.1, retry_delay_max=0.3)
-    state = held(core, nodes, ttl=9.0)
+    _, nodes, core, state = held_lock(ttl=9.0, retry_delay_min=0.1, retry_delay_max=0.3)
     validity = 9.0 - Settings().drift(9.0)
     failed_calls = 0
 
@@ -124,17 +112,14 @@ def test_renewals_retry_with_backoff_while_validity_remains() -> None:
     # retry_delay_max, then a third of the renewed validity.
     assert nodes.sleeps() == pytest.approx([validity / 3, 0.1, 0.2, 0.3, 0.3, validity / 3])
     assert nodes.scripts_sent() == ["extend"] * 5
-    # Four failed renewals, logged once per failing node (then counted, redlock/_outages.py).
+    # Four failed renewals, logged once per failing node (then counted: _observe/outages.py).
     assert sorted(e["node"] for e in events if e["event"] == "redlock.extend_retry") == [
         "n0:6379", "n1:6379", "n2:6379"]
     assert state.status == Status.RELEASED  # never lost
 
 
 def test_renewals_retry_when_only_a_minority_refuses() -> None:
-    clock = FakeClock()
-    nodes = ScriptedNodes(5, clock=clock)
-    core = make_core(5, clock)
-    state = held(core, nodes, ttl=9.0)
+    _, nodes, core, state = held_lock(5, ttl=9.0)
     for i in (0, 1):  # two of five refuse (no more than N - quorum): not proof of loss
         del nodes.data[i][lock_key("r")]
     nodes.down = {2}  # and one is silent: two acks, no quorum
@@ -154,10 +139,7 @@ def test_renewals_retry_when_only_a_minority_refuses() -> None:
 
 
 def test_renewals_declare_the_lock_lost_at_once_when_a_majority_refuses() -> None:
-    clock = FakeClock()
-    nodes = ScriptedNodes(3, clock=clock)
-    core = make_core(3, clock)
-    state = held(core, nodes, ttl=9.0)
+    _, nodes, core, state = held_lock(ttl=9.0)
     for i in (0, 1):
         del nodes.data[i][lock_key("r")]
     assert run_renewals(core, [state], nodes) == [state]
@@ -171,10 +153,7 @@ def test_renewals_declare_the_lock_lost_at_once_when_a_majority_refuses() -> Non
 
 
 def test_renewals_declare_the_lock_lost_when_validity_runs_out() -> None:
-    clock = FakeClock()
-    nodes = ScriptedNodes(3, clock=clock)
-    core = make_core(3, clock, retry_delay_min=0.1, retry_delay_max=0.25)
-    state = held(core, nodes, ttl=0.9)
+    clock, nodes, core, state = held_lock(ttl=0.9, retry_delay_min=0.1, retry_delay_max=0.25)
     deadline = state.deadline
     nodes.down = {0, 1, 2}
     assert run_renewals(core, [state], nodes) == [state]
@@ -190,10 +169,7 @@ def test_renewals_declare_the_lock_lost_when_validity_runs_out() -> None:
 
 
 def test_a_lock_released_during_a_renewal_is_neither_lost_nor_released_again() -> None:
-    clock = FakeClock()
-    nodes = ScriptedNodes(3, clock=clock)
-    core = make_core(3, clock)
-    state = held(core, nodes, ttl=9.0)
+    _, nodes, core, state = held_lock(ttl=9.0)
 
     def released_meanwhile(call: object) -> object:
         state.mark_released()  # the owner released while the extend was out
@@ -206,10 +182,7 @@ def test_a_lock_released_during_a_renewal_is_neither_lost_nor_released_again() -
 
 
 def test_an_acquisition_whose_handles_were_collected_is_released_not_renewed() -> None:
-    clock = FakeClock()
-    nodes = ScriptedNodes(3, clock=clock)
-    core = make_core(3, clock)
-    state = held(core, nodes, ttl=9.0)
+    _, nodes, core, state = held_lock(ttl=9.0)
     holders = [Holder()]
     loops: list[object] = []
     renewals = Renewals(core, threading.Event, loops.append, lambda *_: None)

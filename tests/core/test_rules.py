@@ -1,5 +1,6 @@
-"""Pure unit tests of the sans-IO rules (:mod:`redlock._rules`, :mod:`redlock._state`):
-no servers, no sockets.
+"""Pure unit tests of the sans-IO rules (:mod:`redlock._core.settings`,
+:mod:`redlock._core.tokens`, :mod:`redlock._core.state`, :mod:`redlock._scripts.replies`,
+:mod:`redlock._io.failures`): no servers, no sockets.
 
 Quorum, validity and drift, the token rule, reply classification, LockState with an
 injected clock, the validators. The protocols (acquire, release, extend, watchdog,
@@ -9,10 +10,12 @@ repair) on scripted nodes: the other files of tests/core.
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Callable
 from itertools import combinations
 
 import pytest
+import redis.exceptions
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -25,11 +28,12 @@ from tests.internals import (
     RedlockCore,
     Settings,
     Status,
+    ack_outcome,
+    acquire_outcome,
+    as_failure,
     choose_token,
-    classify_ack_reply,
-    classify_acquire_reply,
-    is_permanent_error,
     quorum,
+    real_environment,
     scripts,
     validate_node_addresses,
     validate_resource,
@@ -188,9 +192,9 @@ def test_committed_tokens_never_go_backwards_in_a_random_history(n: int,
         ("granted", Outcome.ERROR, None, None),
     ],
 )
-def test_classify_acquire_reply(reply: object, outcome: Outcome, counter: int | None,
+def test_acquire_outcome(reply: object, outcome: Outcome, counter: int | None,
                                 pttl: int | None) -> None:
-    result = classify_acquire_reply("n1:6379", reply)
+    result = acquire_outcome("n1:6379", reply)
     assert result.node == "n1:6379"
     assert result.outcome is outcome
     assert result.counter == counter
@@ -199,54 +203,59 @@ def test_classify_acquire_reply(reply: object, outcome: Outcome, counter: int | 
         assert result.detail  # says what was unexpected
 
 
-def test_classify_acquire_reply_refused_and_amnesiac_say_why() -> None:
-    refused = classify_acquire_reply("a", [scripts.ACQUIRE_REFUSED, 500])
+def test_acquire_outcome_refused_and_amnesiac_say_why() -> None:
+    refused = acquire_outcome("a", [scripts.ACQUIRE_REFUSED, 500])
     assert "500 ms" in refused.detail and "another owner" in refused.detail
-    amnesiac = classify_acquire_reply("a", [scripts.ACQUIRE_AMNESIAC, 0])
+    amnesiac = acquire_outcome("a", [scripts.ACQUIRE_AMNESIAC, 0])
     assert "marker" in amnesiac.detail
     assert str(refused).startswith("a refused (")
 
 
 @pytest.mark.parametrize("exc", [ConnectionRefusedError("refused"), TimeoutError(),
                                  RuntimeError("NOSCRIPT boom")])
-def test_classify_acquire_reply_exception_is_an_error_naming_the_type(exc: Exception) -> None:
-    result = classify_acquire_reply("n", exc)
+def test_acquire_outcome_exception_is_an_error_naming_the_type(exc: Exception) -> None:
+    result = acquire_outcome("n", exc)
     assert result.outcome is Outcome.ERROR
     assert result.detail.startswith(type(exc).__name__ + ":")
 
 
 @pytest.mark.parametrize("reply", [[b"x", 1], [None, None]])
-def test_classify_acquire_reply_malformed_pair_is_an_error_not_a_crash(reply: object) -> None:
-    assert classify_acquire_reply("n", reply).outcome is Outcome.ERROR
+def test_acquire_outcome_malformed_pair_is_an_error_not_a_crash(reply: object) -> None:
+    assert acquire_outcome("n", reply).outcome is Outcome.ERROR
 
 
-def test_classify_ack_reply() -> None:
-    assert classify_ack_reply("n", 1, refused="gone").outcome is Outcome.GRANTED
-    refused = classify_ack_reply("n", 0, refused="gone")
+def test_ack_outcome() -> None:
+    assert ack_outcome("n", 1, refused="gone").outcome is Outcome.GRANTED
+    refused = ack_outcome("n", 0, refused="gone")
     assert (refused.outcome, refused.detail) == (Outcome.REFUSED, "gone")
     # Only a 0 the node sent says our key is gone: a reply of another shape, or one that
     # was never read, says nothing about it (reading an unread reply as "gone" made the
     # renewal loop delete healthy locks on a busy event loop).
-    assert classify_ack_reply("n", None, refused="x").outcome is Outcome.ERROR
-    unread = classify_ack_reply("n", PENDING, refused="x")
+    assert ack_outcome("n", None, refused="x").outcome is Outcome.ERROR
+    unread = ack_outcome("n", PENDING, refused="x")
     assert unread.outcome is Outcome.ERROR and "no reply was read" in unread.detail
-    assert classify_acquire_reply("n", PENDING).outcome is Outcome.ERROR
-    error = classify_ack_reply("n", ConnectionError("down"), refused="x")
+    assert acquire_outcome("n", PENDING).outcome is Outcome.ERROR
+    error = ack_outcome("n", ConnectionError("down"), refused="x")
     assert error.outcome is Outcome.ERROR and "down" in error.detail
 
 
-def test_permanent_errors_are_credentials_and_permissions_only() -> None:
-    class AuthenticationError(Exception):
-        pass
+def test_permanent_errors_are_credentials_permissions_and_the_wrong_kind_of_node() -> None:
+    """redis-py's errors, mapped once at the I/O boundary (redlock/_io/failures.py)."""
+    def permanent(error: Exception) -> bool:
+        return as_failure(error).permanent
 
-    assert is_permanent_error(AuthenticationError("invalid"))
-    assert is_permanent_error(Exception("WRONGPASS invalid username-password pair"))
-    assert is_permanent_error(Exception("NOPERM this user has no permissions"))
-    assert is_permanent_error(Exception("NOAUTH Authentication required."))
-    assert is_permanent_error(Exception("READONLY You can't write against a read only replica."))
-    assert not is_permanent_error(TimeoutError("timed out"))
-    assert not is_permanent_error(ConnectionRefusedError("refused"))
-    assert not is_permanent_error(Exception("BUSY Redis is busy running a script"))
+    assert permanent(redis.exceptions.AuthenticationError("invalid"))
+    assert permanent(redis.exceptions.ResponseError("WRONGPASS invalid username-password pair"))
+    assert permanent(redis.exceptions.NoPermissionError("this user has no permissions"))
+    assert permanent(redis.exceptions.ResponseError("NOPERM this user has no permissions"))
+    assert permanent(redis.exceptions.ResponseError("NOAUTH Authentication required."))
+    assert permanent(redis.exceptions.ReadOnlyError("You can't write against a read only replica."))
+    assert permanent(redis.exceptions.ClusterCrossSlotError("Keys in request don't hash"))
+    assert not permanent(redis.exceptions.TimeoutError("timed out"))
+    assert not permanent(ConnectionRefusedError("refused"))
+    assert not permanent(redis.exceptions.ResponseError("BUSY Redis is busy running a script"))
+    failure = as_failure(redis.exceptions.AuthenticationError("invalid password"))
+    assert failure.detail == "AuthenticationError: invalid password"
 
 
 # ---------------------------------------------------------------------------
@@ -255,7 +264,8 @@ def test_permanent_errors_are_credentials_and_permissions_only() -> None:
 
 
 def make_state(clock: FakeClock, ttl: float = 10.0) -> LockState:
-    return LockState("res", "owner", ttl, token=5, deadline=clock() + ttl, clock=clock)
+    return LockState("res", "owner", ttl, token=5, deadline=clock() + ttl, clock=clock,
+                     mutex=threading.Lock())
 
 
 def test_lock_state_validity_counts_down_on_the_injected_clock() -> None:
@@ -372,7 +382,7 @@ def test_settings_reject_bad_values(options: dict[str, object]) -> None:
 
 
 def test_ttl_must_exceed_the_drift_allowance_and_max_ttl() -> None:
-    core = RedlockCore(["a:1"], Settings(max_ttl=60.0))
+    core = RedlockCore(["a:1"], Settings(max_ttl=60.0), real_environment())
     settings = core.settings
     assert settings.check_ttl(1) == 1.0
     with pytest.raises(ValueError, match="drift"):

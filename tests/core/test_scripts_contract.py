@@ -70,6 +70,10 @@ def extend(r: str, owner: str, ttl: int = 2 * TTL) -> Call:
     return Call(0, (owner, ttl), scripts.EXTEND, (K.lock(r),))
 
 
+def owned_pttl(r: str, owner: str) -> Call:
+    return Call(0, (owner,), scripts.OWNED_PTTL, (K.lock(r),))
+
+
 def force_release(r: str) -> Call:
     return Call(0, (), scripts.FORCE_RELEASE,
                 (K.lock(r), K.channel(r), K.line(r), K.line_deadlines(r)))
@@ -193,6 +197,8 @@ def tokens_and_ownership(c: Contract) -> None:
         write_back("a", "alice", 9), write_back("a", "alice", 3),  # raised, never lowered
         write_back("a", "bob", 20),  # not the owner: nothing
         extend("a", "alice"), extend("a", "bob"),
+        owned_pttl("a", "alice"), owned_pttl("a", "bob"), owned_pttl("z", "alice"),
+        command("SET", K.lock("d"), "carol"), owned_pttl("d", "carol"),  # no expiry: -1
         inspect("a"),
         acquire_many(["a", "b"], "bob", [1, 1]),  # a is alice's: nothing set
         acquire_many(["b", "c"], "bob", [6, 0]),
@@ -348,6 +354,7 @@ def lock_calls(tickets: Tickets, owner: str) -> st.SearchStrategy[Call]:
                   st.just(owner), st.none(), TTLS),
         st.builds(write_back, RESOURCES, st.just(owner), st.integers(0, 12)),
         st.builds(extend, RESOURCES, st.just(owner), TTLS),
+        st.builds(owned_pttl, RESOURCES, st.just(owner)),
         st.builds(force_release, RESOURCES),
         st.builds(inspect, RESOURCES),
         st.builds(lambda r: command("DEL", K.lock(r)), RESOURCES),  # its key expired
@@ -397,16 +404,12 @@ def play(server: redis.Redis, data: st.DataObject,
         contract.step(shown(data.draw(calls(tickets, owner))))
 
 
+@pytest.mark.parametrize("calls", [lock_calls, node_calls], ids=["lock", "node"])
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
-def test_random_lock_calls_agree(server: redis.Redis, data: st.DataObject) -> None:
-    play(server, data, lock_calls)
-
-
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(data=st.data())
-def test_random_node_calls_agree(server: redis.Redis, data: st.DataObject) -> None:
-    play(server, data, node_calls)
+def test_random_calls_agree(server: redis.Redis, calls: Callable[[Tickets, str],
+                            st.SearchStrategy[Call]], data: st.DataObject) -> None:
+    play(server, data, calls)
 
 
 # -- the contract holds the model to the scripts ---------------------------------------
@@ -423,6 +426,7 @@ MUTATIONS = [  # (script, a line of it, that line changed)
      "if ARGV[2] == '0' and redis.call('EXISTS', KEYS[3]) == 1 then"),
     (scripts.EXTEND, "    redis.call('PEXPIRE', KEYS[1], ARGV[2])",
      "    redis.call('PERSIST', KEYS[1])"),
+    (scripts.OWNED_PTTL, "return -2", "return -1"),
     (scripts.FORCE_RELEASE, "return 0", "return 1"),
     (scripts.INSPECT, "redis.call('EXISTS', KEYS[3]), redis.call('EXISTS', KEYS[4]),",
      "redis.call('EXISTS', KEYS[4]), redis.call('EXISTS', KEYS[3]),"),

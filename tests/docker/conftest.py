@@ -5,6 +5,12 @@ The engine is the one at ``$DOCKER_HOST`` when it answers (``scripts/test`` star
 private dockerd and sets it), else a private dockerd started here and stopped at the
 end of the session. Where none can start, the tests skip with the reason, and fail
 under CI (``$CI`` set): CI must run them.
+
+No registry is reachable here: the Docker backend of ``redlock.testing`` (whose defaults
+are the public ``redis:7`` and Toxiproxy images) is pointed at the images built locally
+(tests/support/images.py) through ``$REDLOCK_REDIS_IMAGE`` / ``$REDLOCK_TOXIPROXY_IMAGE``,
+and testcontainers' reaper (Ryuk, another image to pull) is turned off: the clean-up is
+the backend's own, then the engine's.
 """
 
 from __future__ import annotations
@@ -16,17 +22,19 @@ from collections.abc import Iterator
 import pytest
 from docker_support import ROOT, TIMINGS, missing
 
-from redlock.testing.containers import remove_orphans
-from redlock.testing.dockerd import EngineAPI, EngineUnavailable, PrivateDockerd, docker_host
-from redlock.testing.images import ensure_images
+from redlock.testing.containers import REDIS_IMAGE_ENV, TOXIPROXY_IMAGE_ENV, remove_orphans
+from tests.support.dockerd import EngineAPI, EngineUnavailable, PrivateDockerd, docker_host
+from tests.support.images import REDIS_IMAGE, TOXIPROXY_IMAGE, ensure_images
 
 _DURATIONS: dict[str, float] = {}
 
 
 @pytest.fixture(scope="session")
 def docker_engine() -> Iterator[EngineAPI]:
-    """A Docker engine that answers, with the local images built."""
+    """A Docker engine that answers, with the local images built and chosen."""
     os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")
+    os.environ.setdefault(REDIS_IMAGE_ENV, REDIS_IMAGE)
+    os.environ.setdefault(TOXIPROXY_IMAGE_ENV, TOXIPROXY_IMAGE)
     private: PrivateDockerd | None = None
     if os.environ.get("DOCKER_HOST"):
         try:
@@ -62,7 +70,7 @@ def docker_engine() -> Iterator[EngineAPI]:
         if private is not None:
             private.stop()
         else:
-            remove_orphans(api)
+            remove_orphans()
 
 
 @pytest.fixture(autouse=True)

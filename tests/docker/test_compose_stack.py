@@ -27,8 +27,8 @@ import pytest
 import redis
 from docker_support import ROOT, TIMINGS, missing
 
-from redlock.testing.dockerd import EngineAPI
 from redlock.testing.redis_nodes import free_port
+from tests.support.dockerd import EngineAPI
 
 pytestmark = pytest.mark.docker
 

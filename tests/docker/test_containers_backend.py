@@ -1,5 +1,7 @@
 """The testcontainers backend of redlock.testing: Redis nodes and Toxiproxy in
-containers, with the surface of the local-process harness, and our own clean-up."""
+containers, with the surface of the local-process harness, and our own clean-up. The
+images are the locally built ones (tests/docker/conftest.py sets them), as a user sets
+theirs."""
 
 from __future__ import annotations
 
@@ -13,17 +15,23 @@ import redis
 from redlock import QuorumUnavailable, Redlock
 from redlock.testing.backends import backend_name, start_nodes, start_toxiproxy
 from redlock.testing.containers import (
+    DEFAULT_REDIS_IMAGE,
+    DEFAULT_TOXIPROXY_IMAGE,
     OWNER_LABEL,
+    REDIS_IMAGE_ENV,
     TESTING_LABEL,
+    TOXIPROXY_IMAGE_ENV,
     ContainerRedisNode,
     ContainerRedisNodes,
     ContainerToxiproxy,
     engine_leftovers,
+    redis_image,
     remove_orphans,
+    toxiproxy_image,
 )
-from redlock.testing.dockerd import EngineAPI
-from redlock.testing.images import REDIS_IMAGE
 from redlock.testing.node import Node
+from tests.support.dockerd import EngineAPI
+from tests.support.images import REDIS_IMAGE, TOXIPROXY_IMAGE
 
 pytestmark = pytest.mark.docker
 
@@ -43,6 +51,25 @@ def test_backend_is_chosen_by_argument_or_environment(monkeypatch: pytest.Monkey
         nodes.close()
 
 
+def test_images_are_the_public_ones_unless_chosen(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(REDIS_IMAGE_ENV, raising=False)
+    monkeypatch.delenv(TOXIPROXY_IMAGE_ENV, raising=False)
+    assert (DEFAULT_REDIS_IMAGE, DEFAULT_TOXIPROXY_IMAGE) == (
+        "redis:7", "ghcr.io/shopify/toxiproxy:2.12.0")
+    assert ContainerRedisNode().image == redis_image() == DEFAULT_REDIS_IMAGE
+    assert ContainerToxiproxy().image == toxiproxy_image() == DEFAULT_TOXIPROXY_IMAGE
+    monkeypatch.setenv(REDIS_IMAGE_ENV, "registry.example/redis:7.4")
+    monkeypatch.setenv(TOXIPROXY_IMAGE_ENV, "registry.example/toxiproxy:2.12.0")
+    assert ContainerRedisNode().image == "registry.example/redis:7.4"
+    assert ContainerToxiproxy().image == "registry.example/toxiproxy:2.12.0"
+    assert ContainerRedisNode(image="redis:7.2").image == "redis:7.2"  # the argument wins
+    assert ContainerToxiproxy(image="mine:1").image == "mine:1"
+
+
+def test_our_suite_runs_on_the_locally_built_images() -> None:
+    assert (redis_image(), toxiproxy_image()) == (REDIS_IMAGE, TOXIPROXY_IMAGE)
+
+
 def test_nodes_are_testcontainers_redis_containers_on_loopback(docker_engine: EngineAPI
                                                                ) -> None:
     from testcontainers.community.redis import RedisContainer
@@ -57,11 +84,11 @@ def test_nodes_are_testcontainers_redis_containers_on_loopback(docker_engine: En
                 assert client.ping()
             info = docker_engine.json("GET", f"/containers/{node.container_id}/json")
             assert info["HostConfig"]["NetworkMode"] == "host"
-            assert info["Config"]["Image"] == REDIS_IMAGE
+            assert info["Config"]["Image"] == REDIS_IMAGE  # chosen through the environment
             assert info["Config"]["Labels"][OWNER_LABEL].endswith(f":{os.getpid()}")
             assert node.pid is not None  # the server, as a process of this machine
         ids = [node.container_id for node in nodes]
-    assert not set(ids) & set(engine_leftovers(docker_engine))
+    assert not set(ids) & set(engine_leftovers())
 
 
 def test_faults_through_containers_and_toxiproxy_container(docker_engine: EngineAPI) -> None:
@@ -110,7 +137,7 @@ def test_restart_keeps_data_with_aof_and_forgets_without(docker_engine: EngineAP
     finally:
         durable.close()
         volatile.close()
-    assert not engine_leftovers(docker_engine)
+    assert not engine_leftovers()
 
 
 def test_orphans_of_a_killed_run_are_removed(docker_engine: EngineAPI) -> None:
@@ -128,11 +155,11 @@ def test_orphans_of_a_killed_run_are_removed(docker_engine: EngineAPI) -> None:
     orphan = result.stdout.strip()
     mine = ContainerRedisNode().start()
     try:
-        assert orphan in engine_leftovers(docker_engine)
-        removed = remove_orphans(docker_engine)
+        assert orphan in engine_leftovers()
+        removed = remove_orphans()
         assert orphan in removed
         assert mine.container_id is not None and mine.container_id[:12] not in removed
-        assert engine_leftovers(docker_engine) == [mine.container_id[:12]]
+        assert engine_leftovers() == [mine.container_id[:12]]
     finally:
         mine.close()
     assert docker_engine.containers([TESTING_LABEL]) == []

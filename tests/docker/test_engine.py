@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from docker_support import ROOT
 
-from redlock.testing.dockerd import (
+from tests.support.dockerd import (
     ISOLATION_FLAGS,
     EngineAPI,
     EngineError,
@@ -21,7 +21,7 @@ from redlock.testing.dockerd import (
     _alive,
     _cmdline,
 )
-from redlock.testing.images import ensure_images
+from tests.support.images import ensure_images
 
 pytestmark = pytest.mark.docker
 

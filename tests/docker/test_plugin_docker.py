@@ -13,7 +13,7 @@ import testcontainers.community.redis  # noqa: F401
 from docker_support import ROOT
 
 from redlock.testing.containers import engine_leftovers
-from redlock.testing.dockerd import EngineAPI
+from tests.support.dockerd import EngineAPI
 
 pytestmark = pytest.mark.docker
 
@@ -41,4 +41,4 @@ def test_example_suite_on_the_docker_backend(pytester: pytest.Pytester,
     result.assert_outcomes(passed=11, failed=1)
     result.stdout.fnmatch_lines(["*_ test_fails_on_purpose_without_a_quorum _*",
                                  "E * redlock.errors.QuorumUnavailable: *0 of 3 nodes granted*"])
-    assert engine_leftovers(docker_engine) == []
+    assert engine_leftovers() == []

@@ -26,7 +26,7 @@ from redlock.testing import (
     ToxiproxyServer,
     find_toxiproxy_server,
 )
-from redlock.testing.faketime import FaketimeRedis, FaketimeUnavailable, find_faketime_redis
+from tests.support.faketime import FaketimeRedis, FaketimeUnavailable, find_faketime_redis
 
 
 def _missing(what: str) -> None:

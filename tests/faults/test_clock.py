@@ -33,11 +33,11 @@ import pytest
 from fencing import RedisFencedStore, StaleTokenError
 from redlock import LockLost, LockNotAcquired
 from redlock.testing import RedisNode
-from redlock.testing.faketime import FaketimeRedis
-from redlock.testing.faketime import measure_clock_rate as clock_rate
 from tests.faults.conftest import DLM_OPTIONS, MakeDlm
 from tests.faults.fault_figures import scenario
 from tests.history import ACCEPTED, ERROR, REJECTED, History, Hold, Write
+from tests.support.faketime import FaketimeRedis
+from tests.support.faketime import measure_clock_rate as clock_rate
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(240)]
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from redlock.testing import RedisNode
-from redlock.testing.faketime import (
+from tests.support.faketime import (
     FaketimeRedis,
     check_under_faketime,
     find_faketime_lib,

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from redlock.testing.postgres import PostgresServer, postgres_available
 from tests.fencing.workload import Backend
+from tests.support.postgres import PostgresServer, postgres_available
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,4 @@
-"""redlock.testing.postgres: a real throwaway PostgreSQL server, cleaned up on close."""
+"""tests.support.postgres: a real throwaway PostgreSQL server, cleaned up on close."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pwd
 import psycopg
 import pytest
 
-from redlock.testing.postgres import PostgresServer, find_postgres_bin
+from tests.support.postgres import PostgresServer, find_postgres_bin
 
 
 def test_server_starts_answers_and_leaves_nothing_behind(postgres: PostgresServer) -> None:

@@ -4,6 +4,7 @@ suite (no shadowed fixture, no foreign option, nothing imported or started unuse
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -74,29 +75,50 @@ def test_only_its_own_options(pytester: pytest.Pytester) -> None:
     assert options == ["--redlock-backend", "--redlock-nodes"]
 
 
-def test_importing_it_imports_no_docker_and_starts_nothing() -> None:
+# Never imported by loading the plugin, nor in a session that uses none of its fixtures:
+# the Docker backend and its libraries, the database driver, the harness's servers, and
+# the repository's own tooling (tests/support, not in the package; their old names).
+HEAVY_PACKAGES = ("testcontainers", "docker", "psycopg")
+HEAVY_MODULES = ("redlock.testing.containers", "redlock.testing.backends",
+                 "redlock.testing.redis_nodes", "redlock.testing.toxiproxy",
+                 "redlock.testing.sentinel", "redlock.testing.logs",
+                 "redlock.testing.dockerd", "redlock.testing.images",
+                 "redlock.testing.postgres", "redlock.testing.faketime")
+
+
+def test_loading_it_imports_nothing_beyond_its_package() -> None:
+    """What pytest does in every session of a user who installed the package: the
+    plugin module adds itself and ``redlock.testing`` (whose names load lazily) to
+    ``import redlock``, nothing else."""
     code = (
-        "import sys\n"
+        "import json, sys\n"
+        "import pytest\n"
+        "import redlock\n"
+        "before = set(sys.modules)\n"
         "import redlock.testing.pytest_plugin\n"
-        "heavy = [m for m in sys.modules if m.split('.')[0] in ('testcontainers', 'docker')"
-        " or m in ('redlock.testing.containers', 'redlock.testing.dockerd',"
-        " 'redlock.testing.images')]\n"
-        "print(heavy)\n"
+        "print(json.dumps(sorted(set(sys.modules) - before)))\n"
+        "print(json.dumps(sorted(sys.modules)))\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             timeout=60, check=True)
-    assert result.stdout.strip() == "[]"
+    added, everything = (json.loads(line) for line in result.stdout.splitlines())
+    assert added == ["redlock.testing", "redlock.testing.pytest_plugin"]
+    heavy = [m for m in everything if m.split(".")[0] in (*HEAVY_PACKAGES, "pytest_asyncio")
+             or m in HEAVY_MODULES or m.startswith("tests.support")]
+    assert heavy == []
 
 
 def test_an_unused_plugin_starts_no_server(pytester: pytest.Pytester) -> None:
     pytester.makeini(INI)
-    pytester.makepyfile(test_plain="""
+    pytester.makepyfile(test_plain=f"""
         import sys
 
         def test_plain():
+            loaded = [m for m in sys.modules if m.split(".")[0] in {HEAVY_PACKAGES!r}
+                      or m in {HEAVY_MODULES!r} or m.startswith("tests.support")]
+            assert loaded == []
             from redlock.testing import _leftovers
             assert not list(_leftovers._LIVE)  # nothing was started
-            assert "testcontainers" not in sys.modules
     """)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
     result.assert_outcomes(passed=1)

@@ -1,0 +1,69 @@
+"""How each flavour of client waits and runs things in the background: the small part
+of a manager that differs between threads and asyncio (beside the transport and the
+executor). A backend makes events and the locks of the local lines' turns, names the
+current owner of acquisitions (a thread or a task), and starts background work (the
+renewal loop, the maintenance, ``on_lost`` callbacks) in a thread or a task."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable, Coroutine, Hashable
+from typing import Any
+
+
+class ThreadBackend:
+    """The sync client's: ``threading`` events and locks, a daemon thread each."""
+
+    asynchronous = False
+
+    @staticmethod
+    def new_event() -> threading.Event:
+        return threading.Event()
+
+    @staticmethod
+    def new_turn() -> threading.Lock:
+        return threading.Lock()
+
+    @staticmethod
+    def current_owner() -> Hashable:
+        return threading.current_thread()
+
+    @staticmethod
+    def spawn(run: Callable[[], object], name: str) -> threading.Thread:
+        """Run ``run()`` in a daemon thread of its own; returns the thread."""
+        thread = threading.Thread(target=run, name=name, daemon=True)
+        thread.start()
+        return thread
+
+
+class AsyncioBackend:
+    """The asyncio client's: ``asyncio`` events and locks, a task each."""
+
+    asynchronous = True
+
+    def __init__(self) -> None:
+        self._tasks: set[asyncio.Task[Any]] = set()  # the loop keeps only weak references
+
+    @staticmethod
+    def new_event() -> asyncio.Event:
+        return asyncio.Event()
+
+    @staticmethod
+    def new_turn() -> asyncio.Lock:
+        return asyncio.Lock()
+
+    @staticmethod
+    def current_owner() -> Hashable:
+        task = asyncio.current_task()
+        if task is None:
+            raise RuntimeError("AsyncLock must be used from inside an asyncio task")
+        return task
+
+    def spawn(self, run: Callable[[], Coroutine[Any, Any, object]],
+              name: str) -> asyncio.Task[Any]:
+        """Run the coroutine ``run()`` in a task of its own; returns the task."""
+        task = asyncio.get_running_loop().create_task(run(), name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task

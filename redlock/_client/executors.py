@@ -1,0 +1,185 @@
+"""Running flows: one executor per flavour (docs/design.md §10). An executor carries out
+each request a flow yields: a broadcast through the transport (taking turns in the
+local line when the request asks it), a wait of one of the three kinds, a user callback;
+and drives the flow to its end, handing what each broadcast learnt to the core
+(``absorb``) and, once the call is over, leaving the local line and seeing to nodes that
+need the background maintenance."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar, cast
+
+from redlock._client.lines import Ticket
+from redlock._client.waiting_room import WaitingRoom
+from redlock._core.requests import (
+    NO_REPLY,
+    Absorb,
+    Backoff,
+    Broadcast,
+    Flow,
+    Invoke,
+    PauseUntilWoken,
+    Request,
+    Wait,
+    drive,
+    drive_async,
+)
+from redlock._io.async_transport import AsyncTransport, wait_event
+from redlock._io.sync_transport import SyncTransport
+
+T = TypeVar("T")
+
+
+class _Executor:
+    """What both executors hold: the manager's waiting room (local lines, the release
+    listener), the core's ``absorb``, the ``maintain`` hook that sees to restarted or
+    amnesiac nodes, and a test's injected sleep (None: the real waits)."""
+
+    def __init__(self, room: WaitingRoom, absorb: Absorb, maintain: Callable[[], None],
+                 sleep: Callable[[float], Any] | None) -> None:
+        self._room = room
+        self._absorb = absorb
+        self._maintain = maintain
+        self._sleep = sleep
+
+    def _start_backoff(self, ticket: Ticket[Any], request: Backoff) -> tuple[Any, Any, float]:
+        """A backoff starts: nodes found restarted are seen to, the call waits in its
+        local line (its line, and the event that wakes it), and listens for releases
+        (how long to wait)."""
+        self._maintain()  # a blocking acquire met a restarted node: see to it now
+        line, wake = self._room.lines.start_wait(request.line, ticket)
+        return line, wake, self._room.watch_releases(request, ticket)
+
+
+class SyncExecutor(_Executor):
+    """The sync client's: requests run on the calling thread; waits block it.
+    ``sleep``: a test's injected sleep, honoured for every wait but one that a signal
+    ends (``PauseUntilWoken``)."""
+
+    def __init__(self, transport: SyncTransport, room: WaitingRoom, absorb: Absorb,
+                 maintain: Callable[[], None], sleep: Callable[[float], Any] | None) -> None:
+        super().__init__(room, absorb, maintain, sleep)
+        self._transport = transport
+
+    def drive(self, flow: Flow[T]) -> T:
+        ticket: Ticket[threading.Event] = Ticket()  # a blocking acquire's place in line
+        try:
+            return drive(flow, functools.partial(self._execute, ticket), self._absorb)
+        finally:
+            self._room.end_call(ticket)
+            self._maintain()  # a request found a restarted or amnesiac node: see to it
+
+    def _execute(self, ticket: Ticket[threading.Event], request: Request) -> Sequence[object]:
+        if isinstance(request, Broadcast):
+            return self._broadcast(ticket, request)
+        if isinstance(request, Invoke):
+            request.function(*request.args)
+        else:
+            self._wait(ticket, request)
+        return NO_REPLY
+
+    def _broadcast(self, ticket: Ticket[threading.Event], request: Broadcast) -> Sequence[object]:
+        lines = self._room.lines
+        if request.line is None:
+            return self._transport.broadcast(request)
+        if not request.turns:
+            lines.start_queued_attempt(ticket)
+            return self._transport.broadcast(request)
+        line, handoff, until = lines.start_attempt(request.line, ticket)
+        try:
+            if handoff is not None:
+                handoff.wait(max(0.0, until - time.monotonic()))
+            line.turn.acquire()
+        except BaseException:
+            lines.exit(request.line, line)
+            raise
+        try:
+            return self._transport.broadcast(request)
+        finally:
+            line.turn.release()
+            lines.end_attempt(request.line, line, ticket)
+
+    def _wait(self, ticket: Ticket[threading.Event], request: Wait) -> None:
+        if isinstance(request, PauseUntilWoken):
+            cast(threading.Event, request.wake).wait(request.seconds)
+        elif self._sleep is not None:  # an injected sleep (tests) is honoured as given
+            self._sleep(request.seconds)
+        elif isinstance(request, Backoff):
+            line, wake, seconds = self._start_backoff(ticket, request)
+            try:
+                wake.wait(seconds)
+            finally:
+                self._room.lines.exit(request.line, line)
+        else:
+            time.sleep(request.seconds)
+
+
+class AsyncExecutor(_Executor):
+    """The asyncio client's: requests run in the calling task; waits await.
+    ``sleep``: a test's injected sleep (a coroutine function), as for the sync one."""
+
+    def __init__(self, transport: AsyncTransport, room: WaitingRoom, absorb: Absorb,
+                 maintain: Callable[[], None], sleep: Callable[[float], Any] | None) -> None:
+        super().__init__(room, absorb, maintain, sleep)
+        self._transport = transport
+
+    async def drive(self, flow: Flow[T]) -> T:
+        ticket: Ticket[Any] = Ticket()  # a blocking acquire's place in line
+        try:
+            return await drive_async(flow, functools.partial(self._execute, ticket),
+                                     self._absorb)
+        finally:
+            self._room.end_call(ticket)
+            self._maintain()  # a request found a restarted or amnesiac node: see to it
+
+    async def _execute(self, ticket: Ticket[Any], request: Request) -> Sequence[object]:
+        if isinstance(request, Broadcast):
+            return await self._broadcast(ticket, request)
+        if isinstance(request, Invoke):
+            outcome = request.function(*request.args)
+            if inspect.isawaitable(outcome):
+                await outcome
+        else:
+            await self._wait(ticket, request)
+        return NO_REPLY
+
+    async def _broadcast(self, ticket: Ticket[Any], request: Broadcast) -> Sequence[object]:
+        lines = self._room.lines
+        if request.line is None:
+            return await self._transport.broadcast(request)
+        if not request.turns:
+            lines.start_queued_attempt(ticket)
+            return await self._transport.broadcast(request)
+        line, handoff, until = lines.start_attempt(request.line, ticket)
+        try:
+            if handoff is not None:
+                await wait_event(handoff, until - time.monotonic())
+            await line.turn.acquire()
+        except BaseException:
+            lines.exit(request.line, line)
+            raise
+        try:
+            return await self._transport.broadcast(request)
+        finally:
+            line.turn.release()
+            lines.end_attempt(request.line, line, ticket)
+
+    async def _wait(self, ticket: Ticket[Any], request: Wait) -> None:
+        if isinstance(request, PauseUntilWoken):
+            await wait_event(cast(asyncio.Event, request.wake), request.seconds)
+        elif self._sleep is not None:  # an injected sleep (tests) is honoured as given
+            await self._sleep(request.seconds)
+        elif isinstance(request, Backoff):
+            line, wake, seconds = self._start_backoff(ticket, request)
+            try:
+                await wait_event(wake, seconds)
+            finally:
+                self._room.lines.exit(request.line, line)
+        else:
+            await asyncio.sleep(request.seconds)

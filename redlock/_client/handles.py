@@ -1,0 +1,352 @@
+"""Lock handles, shared by the sync and asyncio clients: all but waiting and I/O.
+
+A handle holds its options and, per owner, that owner's acquisition, and writes
+acquire, release, extend and ``on_lost`` as flows (see :mod:`redlock._core.requests`)
+that the shells drive: ``lock.acquire()`` there is ``drive(self._acquire_flow(...))``.
+:class:`LockBase` is one resource's handle, :class:`MultiLockBase` a set's (all or
+nothing, a token per resource); the algorithm treats both as a tuple of resources.
+
+A handle may be shared by threads (sync) or tasks (asyncio): each owner (thread or
+task) that acquires through it gets its own acquisition, with its own secret owner
+value and token; ``token``, ``validity``, ``release()`` act on the caller's own. Owners
+are held weakly: a finished thread or task takes its entries along.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import threading
+import weakref
+from collections.abc import Callable, Hashable, Iterable
+from typing import Any
+
+from redlock import _fork
+from redlock._client.registry import Registry
+from redlock._client.telemetry import AttemptWatch, observe
+from redlock._core.algorithm import RedlockCore
+from redlock._core.handover import Handover, export_state
+from redlock._core.requests import Flow, Invoke, T
+from redlock._core.settings import (
+    label,
+    shown,
+    validate_resource,
+    validate_resources,
+    validate_timeout,
+)
+from redlock._core.state import AcquireResult, LockState, Status
+from redlock._observe.log import get_logger
+from redlock.errors import (
+    AlreadyHeld,
+    LockLost,
+    LockNotAcquired,
+    NotHeld,
+    Outcome,
+    QuorumUnavailable,
+    RedlockError,
+    describe,
+)
+
+logger = get_logger("redlock.locks")
+
+
+# Set only while on_lost runs (in a thread or task of its own): the handle then answers
+# token/lost/check() for the lost acquisition instead of the caller's own.
+ACTING_FOR: contextvars.ContextVar[Hashable | None] = contextvars.ContextVar(
+    "redlock_acting_for", default=None)
+
+
+def check_mode(blocking: bool, timeout: float | None) -> None:
+    if not blocking and timeout is not None:
+        raise ValueError("a timeout makes no sense with blocking=False (one attempt):"
+                         " pass one or the other")
+
+
+class HandleBase:
+    """Options, per-owner state and the flows, for one resource or a set."""
+
+    def __init__(self, registry: Registry, resources: tuple[str, ...], ttl: float, *,
+                 blocking: bool,
+                 timeout: float | None, auto_extend: bool,
+                 on_lost: Callable[[Any], object] | None, reentrant: bool) -> None:
+        self._registry = registry
+        self._core: RedlockCore = registry.core
+        self._resources = resources
+        self._label = label(resources)
+        self._shown = shown(resources)  # in messages
+        self.ttl = self._core.settings.check_ttl(ttl)
+        self.blocking = bool(blocking)
+        self.timeout = validate_timeout(timeout)
+        check_mode(self.blocking, self.timeout)
+        self.auto_extend = bool(auto_extend)
+        self.on_lost = on_lost
+        self.reentrant = bool(reentrant)
+        self.last_failure: LockNotAcquired | None = None
+        # Per owner (thread or task, held weakly), its acquisition through this handle;
+        # kept after a release so that a second release() is a no-op.
+        self._states: weakref.WeakKeyDictionary[Any, LockState] = weakref.WeakKeyDictionary()
+        self._mutex = threading.Lock()
+        self._generation = _fork.generation
+
+    def _guard(self) -> threading.Lock:
+        """The handle's thread lock, made anew in a forked child: another parent thread
+        may have held it at the fork, and nobody would ever release it there."""
+        if self._generation != _fork.generation:
+            self._mutex = threading.Lock()
+            self._generation = _fork.generation
+        return self._mutex
+
+    def _owner_key(self) -> Hashable:
+        acting_for = ACTING_FOR.get()
+        if acting_for is not None:  # inside on_lost: the handle shows the lost acquisition
+            return acting_for
+        return self._registry.current_owner()
+
+    def _observed(self, op: str, make_flow: Callable[[AttemptWatch | None], Flow[T]]) -> Flow[T]:
+        """The operation's flow, made by ``make_flow(watch)`` and observed for
+        OpenTelemetry when something records (§11.5); ``watch`` hears of each acquire
+        attempt from the core (None when nothing records)."""
+        return observe(self._registry.telemetry, op, make_flow, self,
+                       self._core.amnesia.health)
+
+    # -- the flows the shells drive -------------------------------------------
+
+    def _acquire_flow(self, blocking: bool | None, timeout: float | None,
+                      watch: AttemptWatch | None = None) -> Flow[bool]:
+        owner = self._owner_key()
+        if blocking is not None and timeout is not None:
+            check_mode(bool(blocking), validate_timeout(timeout))
+        blocking = self.blocking if blocking is None else bool(blocking)
+        timeout = self.timeout if timeout is None else validate_timeout(timeout)
+        if (yield from self._reenter_flow(owner)):
+            return True
+        result = yield from self._core.acquire(self._resources, self.ttl, blocking=blocking,
+                                               timeout=timeout, watch=watch)
+        state = self._finish_acquire(result, owner)
+        if state is None:
+            return False
+        if self.auto_extend:
+            self._registry.renewals.add(state, self)
+        return True
+
+    def _reenter_flow(self, owner: Hashable) -> Flow[bool]:
+        """True when the owner re-entered an acquisition it holds (a reentrant lock);
+        raises :class:`AlreadyHeld` if it holds one through this handle and may not nest.
+        Re-entry through another handle honours that handle's options: a longer TTL is
+        extended to, and auto_extend starts renewing."""
+        state = self._registry.reentered(self._label, owner) if self.reentrant else None
+        if state is not None:
+            state.check()  # re-entering a lock whose validity ran out must not pass silently
+            with state.mutex:
+                state.depth += 1
+            with self._guard():
+                self._states[owner] = state
+            if self.ttl > state.ttl:
+                yield from self._core.extend_or_lose(state, self.ttl)
+                self._registry.renewals.rescheduled(state)
+            if self.auto_extend:
+                self._registry.renewals.add(state, self)
+            return True
+        with self._guard():
+            current = self._states.get(owner)
+        if current is not None and current.status == Status.HELD and not current.expired():
+            raise AlreadyHeld(
+                f"this owner already holds {self._shown} through this handle: release it"
+                " first, or create the lock with reentrant=True to nest",
+                resource=self._label)
+        return False
+
+    def _release_flow(self) -> Flow[None]:
+        """Release at depth 0. Raises :class:`LockLost` (after cleaning up) when the
+        acquisition had been lost, had expired, or a majority no longer held our key:
+        the critical section may have run unprotected. A second release is a no-op."""
+        owner = self._owner_key()
+        state = self._held(owner)
+        if state.inherited:  # the parent process's acquisition (a fork): it releases it
+            return
+        with state.mutex:
+            if state.depth > 1:
+                state.depth -= 1
+                return
+            if state.release_called or state.status == Status.HANDED_OVER:
+                return
+            state.release_called = True
+        self._registry.renewals.remove(state)
+        self._registry.forget_reentrant(state, owner)
+        if state.status == Status.LOST:  # its keys were dropped when it was lost
+            state.check()
+        expired = state.expired()
+        try:
+            outcomes = yield from self._core.release(state)
+        finally:
+            self._registry.released(state)
+        taken = sum(1 for r in outcomes if r.outcome is Outcome.REFUSED)
+        if expired or taken > self._core.n - self._core.quorum:
+            why = ("its validity had run out" if expired
+                   else f"{taken} of {self._core.n} nodes no longer held our key")
+            raise LockLost(f"lock on {self._shown} was not held to the end ({why}): the"
+                           " critical section may have run unprotected",
+                           resource=self._label, outcomes=outcomes)
+
+    def _exit_flow(self, propagating: bool) -> Flow[None]:
+        """Leaving a ``with`` block: release; a lost lock raises unless another
+        exception is already on its way (that one says more; the loss is logged)."""
+        try:
+            yield from self._release_flow()
+        except LockLost as lost:
+            if not propagating:
+                raise
+            logger.warning("redlock.lost_on_exit", resource=self._label, reason=str(lost))
+
+    def _extend_flow(self, ttl: float | None) -> Flow[None]:
+        state = self._held(self._owner_key())
+        ttl = self.ttl if ttl is None else self._core.settings.check_ttl(ttl)
+        yield from self._core.extend_or_lose(state, ttl)
+        self._registry.renewals.rescheduled(state)
+
+    def _lost_flow(self, state: LockState) -> Flow[None]:
+        """Tell this handle's on_lost that ``state`` was lost while renewed."""
+        if self.on_lost is None:
+            return
+        # The callback runs in a thread or task of its own, not in the owner's: let the
+        # handle's token/lost/check() answer for the owner's acquisition in there.
+        acting = ACTING_FOR.set(state.holder())
+        try:
+            yield Invoke(self.on_lost, (self,))
+        except Exception:
+            logger.exception("redlock.on_lost_failed", resource=self._label)
+        finally:
+            ACTING_FOR.reset(acting)
+
+    # -- bookkeeping -------------------------------------------------------------
+
+    def _finish_acquire(self, result: AcquireResult, owner: Hashable) -> LockState | None:
+        """Record a success, or build (and for outages raise) the failure."""
+        if result.state is None:
+            failure_type = QuorumUnavailable if result.unavailable else LockNotAcquired
+            self.last_failure = failure_type(
+                f"could not acquire {self._shown} after {result.attempts} attempt(s):"
+                f" {result.reason}; {describe(result.outcomes)}",
+                resource=self._label, outcomes=result.outcomes)
+            if result.unavailable:
+                raise self.last_failure
+            return None
+        self._hold(result.state, owner)
+        if self.reentrant:
+            self._registry.register_reentrant(result.state, owner)
+        return result.state
+
+    def _hold(self, state: LockState, owner: Hashable) -> None:
+        state.holder = weakref.ref(owner)
+        with self._guard():
+            self._states[owner] = state
+
+    def _entered_failure(self) -> LockNotAcquired:
+        return self.last_failure or LockNotAcquired(
+            f"could not acquire {self._shown}", resource=self._label)
+
+    # -- the caller's own acquisition -------------------------------------------
+
+    def _current(self) -> LockState | None:
+        with self._guard():
+            return self._states.get(self._owner_key())
+
+    def _held(self, owner: Hashable | None = None) -> LockState:
+        with self._guard():
+            state = self._states.get(self._owner_key() if owner is None else owner)
+        if state is None:
+            raise NotHeld(f"{self._shown} is not held by this owner through this handle",
+                          resource=self._label)
+        return state
+
+    @property
+    def validity(self) -> float:
+        """Seconds of validity left on a monotonic clock; 0 when not held."""
+        state = self._current()
+        return 0.0 if state is None else state.validity()
+
+    @property
+    def lost(self) -> bool:
+        """True once the lock was lost (extend or the renewals failed)."""
+        state = self._current()
+        return state is not None and state.status == Status.LOST
+
+    def locked(self) -> bool:
+        """True while the caller holds the lock and its validity has not run out (no
+        I/O). Whether anyone holds the resource: the manager's ``is_locked(resource)``."""
+        return self.validity > 0
+
+    def check(self) -> None:
+        """Raise :class:`LockLost` if the lock was lost or its validity ran out."""
+        self._held().check()
+
+    def __repr__(self) -> str:
+        state = self._current()
+        status = "unlocked" if state is None else state.status
+        return f"<{type(self).__name__} {self._label} ttl={self.ttl:g}s {status}>"
+
+
+class LockBase(HandleBase):
+    """One resource's lock handle."""
+
+    def __init__(self, registry: Registry, resource: str, ttl: float = 10.0, *,
+                 blocking: bool = True, timeout: float | None = None, auto_extend: bool = False,
+                 on_lost: Callable[[Any], object] | None = None,
+                 reentrant: bool = False) -> None:
+        self.resource = validate_resource(resource)
+        super().__init__(registry, (self.resource,), ttl, blocking=blocking, timeout=timeout,
+                         auto_extend=auto_extend, on_lost=on_lost, reentrant=reentrant)
+
+    @property
+    def token(self) -> int:
+        """The fencing token; raises :class:`LockLost` once the lock is lost or expired."""
+        state = self._held()
+        state.check()
+        return state.token
+
+    def export(self) -> Handover:
+        """Hand the caller's acquisition over: a value another process or manager passes
+        to ``adopt()`` to hold, extend and release it (docs/design.md §5.6).
+
+        Ownership moves: from now on this handle neither extends (its renewals stop)
+        nor releases (``release()`` sends nothing), and ``token``/``check()`` raise
+        :class:`NotHeld`. Raises :class:`LockLost` if the lock is no longer valid.
+        """
+        owner = self._owner_key()
+        state = self._held(owner)
+        if state.inherited:
+            state.check()  # raises NotHeld: the parent process's acquisition
+        with state.mutex:
+            if state.depth > 1:
+                raise RedlockError(
+                    f"{self.resource!r} is re-entered ({state.depth} levels): export it"
+                    " from the outermost level only", resource=self.resource)
+        value = export_state(state, self._core.keys.namespace, self._core.env.wall_clock)
+        with state.mutex:
+            if state.status != Status.HELD:  # lost meanwhile (the renewals)
+                state.check()
+            state.status = Status.HANDED_OVER
+        self._registry.renewals.remove(state)
+        self._registry.forget_reentrant(state, owner)
+        return value
+
+
+class MultiLockBase(HandleBase):
+    """A set of resources' lock handle: all or nothing, a token per resource (not
+    reentrant). The keys are those of single locks, so single and set acquisitions of
+    a resource exclude each other and share its fence counter (docs/design.md §11.2)."""
+
+    def __init__(self, registry: Registry, resources: Iterable[str], ttl: float = 10.0, *,
+                 blocking: bool = True, timeout: float | None = None,
+                 auto_extend: bool = False,
+                 on_lost: Callable[[Any], object] | None = None) -> None:
+        self.resources = validate_resources(resources)
+        super().__init__(registry, self.resources, ttl, blocking=blocking, timeout=timeout,
+                         auto_extend=auto_extend, on_lost=on_lost, reentrant=False)
+
+    @property
+    def tokens(self) -> dict[str, int]:
+        """The fencing token of each resource (raises :class:`LockLost` once lost or
+        expired): pass ``tokens[resource]`` to that resource's fenced store."""
+        state = self._held()
+        state.check()
+        return dict(state.tokens)

@@ -1,0 +1,337 @@
+"""The Redlock algorithm with quorum fencing, free of I/O (docs/design.md §2-§5).
+
+Everything that decides anything about locks lives here and in
+:mod:`redlock._core.holding`: the acquire attempt, its quorum, validity and token
+commit, retries and backoff here; release, extend and loss there (the renewal loop,
+:mod:`redlock._core.renewals`, drives those). Each operation is a flow (see
+:mod:`redlock._core.requests`) that the sync and asyncio shells drive; node amnesia is
+delegated to :class:`redlock._core.amnesia.guard.AmnesiaGuard`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+
+from redlock._core.amnesia.guard import AmnesiaGuard
+from redlock._core.amnesia.repair import RepairReport, initialise, repair
+from redlock._core.environment import Environment
+from redlock._core.holding import Holding
+from redlock._core.requests import (
+    Backoff,
+    Broadcast,
+    Call,
+    CommandArg,
+    Decision,
+    Flow,
+    Replies,
+)
+from redlock._core.settings import Keys, Settings, label, validate_node_addresses
+from redlock._core.state import AcquireResult, AttemptResult, LockState, RoundTrips
+from redlock._core.tokens import (
+    TOKEN_LIMIT,
+    TokenFloors,
+    choose_token,
+    quorum,
+    validity_left,
+    waiter_id,
+)
+from redlock._core.waiting import Waits, patience
+from redlock._observe.log import get_logger
+from redlock._observe.outages import NodeOutages
+from redlock._scripts import lock as scripts
+from redlock._scripts.replies import (
+    FailureKind,
+    NodeFailure,
+    acked,
+    acquire_counters,
+    acquire_outcome,
+    acquire_set_nothing,
+    acquire_vote,
+    restarted,
+)
+from redlock._scripts.script import Script
+from redlock.errors import Outcome, describe
+
+logger = get_logger("redlock.locks")
+nodes_logger = get_logger("redlock.nodes")
+
+class RedlockCore(Holding):
+    """Quorum acquire with fencing for N nodes; release, extend and loss come from
+    :class:`~redlock._core.holding.Holding`."""
+
+    def __init__(self, addresses: Sequence[str], settings: Settings, env: Environment) -> None:
+        validate_node_addresses(addresses)
+        self.env = env
+        self.round_trips = RoundTrips(len(addresses), env.new_mutex())  # fed by the I/O
+        self.addresses = tuple(addresses)
+        self.settings = settings
+        self.keys = Keys(settings.namespace)
+        self.clock = env.clock
+        self.n = len(addresses)
+        self.quorum = quorum(self.n)
+        self.floors = TokenFloors(env.new_mutex())
+        self.amnesia = AmnesiaGuard(self.addresses, settings, self.keys, env, self.timeout)
+        # Failing nodes are logged once per outage.
+        self.node_outages = NodeOutages(env.clock, env.wall_clock, env.new_mutex())
+        if self.n % 2 == 0:
+            nodes_logger.warning("redlock.even_node_count", nodes=self.n, quorum=self.quorum,
+                           tolerated_failures=self.n - self.quorum,
+                           hint="an odd N tolerates as many failures with one node fewer")
+
+    def after_fork(self) -> None:
+        """In a forked child: fresh thread locks (what they guard stays valid: floors and
+        round trips are only hints, node health is the nodes')."""
+        new_mutex = self.env.new_mutex
+        self.round_trips.after_fork(new_mutex())
+        self.floors.after_fork(new_mutex())
+        self.amnesia.health.after_fork(new_mutex())
+        self.node_outages.after_fork(new_mutex())
+
+    def timeout(self, ttl: float | None = None) -> float:
+        """How long a request waits for the nodes: ``node_timeout`` if the user set one,
+        else adapted to the measured round trips, within a fifth of ``ttl``."""
+        if self.settings.node_timeout is not None:
+            return self.settings.node_timeout
+        return self.round_trips.timeout(self.quorum, self.settings.request_ceiling(ttl))
+
+    def absorb(self, replies: Replies) -> None:
+        """What a broadcast learnt on the way (the drivers call this before its flow goes
+        on): round trips measured, servers identified on new connections."""
+        for node, seconds in replies.round_trips.items():
+            self.round_trips.sample(node, seconds)
+        if replies.identities:
+            self.amnesia.identified(replies.identities)
+
+    def _enough(self, votes: Callable[[object], int | None]) -> Decision:
+        """An early decision on one-call-per-node replies: ``votes(reply)`` is 1 (yes),
+        0 (no), None (unknown: an error, or not read yet). Decided once a quorum said
+        yes, or more nodes said no than a quorum can spare. A node whose grants do not
+        count yet (restarted, being judged; or found restarted by this very request's new
+        connection, docs/design.md §4.4) never votes yes."""
+        q, n, suspect = self.quorum, self.n, set(self.amnesia.health.suspect)
+
+        def enough(replies: Sequence[object], identities: Mapping[int, object]) -> bool:
+            yes = no = 0
+            for node, reply in enumerate(replies):
+                vote = votes(reply)
+                if vote == 1 and node not in suspect and not (
+                        node in identities and restarted(identities[node])):
+                    yes += 1
+                elif vote == 0:
+                    no += 1
+            return yes >= q or no > n - q
+        return enough
+
+    def _all(self, script: Script, keys: tuple[str, ...], args: tuple[CommandArg, ...],
+             nodes: Sequence[int] | None = None) -> tuple[Call, ...]:
+        targets = range(self.n) if nodes is None else nodes
+        return tuple(Call(i, args, script, keys) for i in targets)
+
+    # -- acquire ---------------------------------------------------------------
+
+    def acquire(self, resources: str | tuple[str, ...], ttl: float, *, blocking: bool,
+                timeout: float | None,
+                watch: Callable[[AttemptResult], None] | None = None) -> Flow[AcquireResult]:
+        """Attempts until success, the deadline, or (non-blocking) after one attempt.
+
+        A blocking acquire also gives up once the cluster has been unavailable (too few
+        nodes answering, not contention) for ``outage_timeout``: waiting longer would
+        hide an outage from the caller."""
+        resources = (resources,) if isinstance(resources, str) else resources
+        owner = self.env.random_hex(16)  # 128 bits, secret: only we can release our key
+        # A blocking acquire of one resource waits in the nodes' line for it; its ticket
+        # (wall-clock microseconds: comparable across hosts, see docs/design.md §6) is
+        # its place, the same on every node and every attempt. A single try, or a set,
+        # does not queue.
+        queued = blocking and timeout != 0 and len(resources) == 1
+        ticket = str(int(self.env.wall_clock() * 1_000_000)) if queued else ""
+        started = self.clock()
+        deadline = None if timeout is None else started + timeout
+        outage_limit = self.settings.outage_timeout
+        outage_since: float | None = None
+        waits = Waits(self.settings, queued=queued)
+        attempts = 0
+        if not self.amnesia.health.inspected:
+            yield from self.amnesia.inspect_nodes()
+        while True:
+            attempts += 1
+            attempt_started = self.clock()
+            result = yield from self._attempt(resources, owner, ttl, ticket)
+            if watch is not None:  # observation (OpenTelemetry) hears of each attempt
+                watch(result)
+            if result.retry_now and attempts < 3:
+                continue
+            if result.state is not None or not blocking or result.permanent:
+                if result.state is None:
+                    yield from self._leave_line(resources, owner, ttl, ticket)
+                return AcquireResult(result.state, result.outcomes, attempts,
+                                     result.unavailable, result.reason)
+            now = self.clock()
+            if result.unavailable:
+                outage_since = attempt_started if outage_since is None else outage_since
+                if outage_limit is not None and now - outage_since >= outage_limit:
+                    yield from self._leave_line(resources, owner, ttl, ticket)
+                    return AcquireResult(None, result.outcomes, attempts, True,
+                                         f"{result.reason}; the cluster has been unavailable"
+                                         f" for {now - outage_since:.1f} s (outage_timeout)")
+            else:
+                outage_since = None
+            if deadline is not None and now >= deadline:
+                yield from self._leave_line(resources, owner, ttl, ticket)
+                return AcquireResult(None, result.outcomes, attempts, result.unavailable,
+                                     result.reason)
+            delay, patient = waits.next(attempts, result.outcomes,
+                                        unavailable=result.unavailable,
+                                        left=None if deadline is None else deadline - now)
+            try:
+                yield Backoff(delay, line=self.line(resources),
+                              channels=tuple(self.keys.channel(r) for r in resources),
+                              waiter=waiter_id(owner) if queued else None, patient=patient)
+            except GeneratorExit:
+                raise
+            except BaseException:  # interrupted (cancelled) while waiting: leave the line
+                yield from self._leave_line(resources, owner, ttl, ticket)
+                raise
+
+    def _leave_line(self, resources: tuple[str, ...], owner: str, ttl: float,
+                    ticket: str) -> Flow[None]:
+        """A queued acquire call that ends without the lock drops its entries from the
+        waiting lines at once: the next in line need not wait for them to lapse."""
+        if ticket:
+            yield self._release_calls(resources, owner, ttl, leave=True)
+
+    def line(self, resources: Sequence[str]) -> str:
+        """The local line of an acquisition: a resource's release channel (a set has one
+        of its own). Attempts in one line from one manager take turns."""
+        return self.keys.channel(resources[0] if len(resources) == 1 else "\x00".join(resources))
+
+    def _acquire_calls(self, resources: tuple[str, ...], owner: str, ttl: float,
+                       ticket: str) -> tuple[Call, ...]:
+        keys, floors, ttl_ms = self.keys, self.floors, max(1, int(ttl * 1000))
+        if len(resources) == 1:
+            [resource] = resources
+            return self._all(scripts.ACQUIRE,
+                             (keys.lock(resource), keys.fence(resource), keys.marker,
+                              keys.line(resource), keys.line_deadlines(resource)),
+                             (owner, ttl_ms, floors.get(resource), ticket,
+                              int(patience(self.settings, self.timeout(ttl)) * 1000)))
+        return self._all(scripts.ACQUIRE_MANY,
+                         (keys.marker, *(keys.lock(r) for r in resources),
+                          *(keys.fence(r) for r in resources)),
+                         (owner, ttl_ms, *(floors.get(r) for r in resources)))
+
+    def _attempt(self, resources: tuple[str, ...], owner: str, ttl: float,
+                 ticket: str) -> Flow[AttemptResult]:
+        settings, keys, name = self.settings, self.keys, label(resources)
+        started = self.clock()
+        request = Broadcast(self._acquire_calls(resources, owner, ttl, ticket),
+                            self.timeout(ttl), line=self.line(resources),
+                            turns=not ticket, enough=self._enough(acquire_vote))
+        try:
+            replies = yield request
+            outcomes = self.amnesia.screen([
+                acquire_outcome(self.addresses[i], reply, len(resources))
+                for i, reply in enumerate(replies)])
+            amnesia = yield from self.amnesia.check(outcomes, started)
+            if amnesia is not None:  # the call may try again: it keeps its place in line
+                yield self._release_calls(resources, owner, ttl, leave=False)
+                return amnesia
+            # Per granting node, its counter for each resource (in the set's order).
+            granted = {i: acquire_counters(replies[i])
+                       for i, r in enumerate(outcomes) if r.outcome is Outcome.GRANTED}
+            if len(granted) >= self.quorum:
+                # The token rule, resource by resource (docs/design.md §3).
+                choices = {r: choose_token({i: c[j] for i, c in granted.items()})
+                           for j, r in enumerate(resources)}
+                committed = {r: len(c.committed) for r, c in choices.items()}
+                write_backs = [(r, Call(i, (owner, c.token), scripts.WRITE_BACK,
+                                        (keys.lock(r), keys.fence(r), keys.marker)))
+                               for r, c in choices.items() if committed[r] < self.quorum
+                               for i in c.write_back]
+                if write_backs:
+                    # Counters diverged: raise the lower ones to the token, but only on
+                    # nodes that still hold our key (the script checks the owner).
+                    acks = yield Broadcast(tuple(call for _, call in write_backs),
+                                           self.timeout(ttl),
+                                           enough=_commit_enough(write_backs, committed,
+                                                                 self.quorum))
+                    for (r, _), ack in zip(write_backs, acks, strict=True):
+                        committed[r] += acked(ack)
+                    for r in {r for r, _ in write_backs}:
+                        logger.info("redlock.token_write_back", resource=r,
+                                    token=choices[r].token,
+                                    returned_token=len(choices[r].committed),
+                                    written_back=len(choices[r].write_back),
+                                    committed=committed[r])
+                validity = validity_left(settings, ttl, started, self.clock())
+                short = [r for r in resources if committed[r] < self.quorum]
+                too_big = [r for r in resources if choices[r].token >= TOKEN_LIMIT]
+                if not short and not too_big and validity > 0:
+                    tokens = {r: c.token for r, c in choices.items()}
+                    for r, token in tokens.items():
+                        self.floors.raise_to(r, token)
+                    state = LockState(name, owner, ttl, max(tokens.values()),
+                                      started + ttl - settings.drift(ttl), self.clock,
+                                      self.env.new_mutex(), tokens=tokens)
+                    logger.debug("redlock.acquired", resource=name, token=state.token,
+                                 validity_ms=round(validity * 1000, 3), granted=len(granted),
+                                 nodes=self.n)
+                    return AttemptResult(state, outcomes)
+                if too_big:
+                    reason = f"fence counter reached {TOKEN_LIMIT}"
+                elif short:
+                    reason = f"token committed on {committed[short[0]]} nodes, need {self.quorum}"
+                else:
+                    reason = "validity ran out during the attempt"
+            else:
+                reason = f"{len(granted)} of {self.n} nodes granted, need {self.quorum}"
+        except GeneratorExit:
+            raise
+        except BaseException:
+            # Interrupted (cancelled) after sending: the SET may have happened anywhere.
+            yield self._release_calls(resources, owner, ttl)
+            raise
+        # Failure: release wherever our key may be, including nodes that timed out (reply
+        # lost after SET); not where the script refused (it set nothing). The waiter
+        # keeps its place in line: the acquire call may try again.
+        maybe_set = [i for i, reply in enumerate(replies) if not acquire_set_nothing(reply)]
+        if maybe_set:
+            yield self._release_calls(resources, owner, ttl, leave=False, nodes=maybe_set)
+        healthy = sum(1 for r in outcomes if r.outcome in (Outcome.GRANTED, Outcome.REFUSED))
+        unavailable = healthy < self.quorum
+        if all(isinstance(reply, NodeFailure) and reply.kind is FailureKind.TIMEOUT
+               for reply in replies):
+            reason += (f"; every node timed out after {request.timeout * 1000:.0f} ms:"
+                       + (" node_timeout is too short for this network (leave it unset"
+                          " to adapt to the measured round trips)"
+                          if self.settings.node_timeout is not None else
+                          " check the network, and connect_timeout if new connections"
+                          " are slow"))
+        permanent = unavailable and any(
+            isinstance(reply, NodeFailure) and reply.permanent for reply in replies)
+        logger.debug("redlock.quorum_failed", resource=name, reason=reason,
+                     granted=len(granted), needed=self.quorum, nodes=self.n,
+                     unavailable=unavailable, outcomes=describe(outcomes))
+        return AttemptResult(None, outcomes, unavailable, permanent, reason=reason)
+
+    # -- repair ------------------------------------------------------------------
+
+    def repair(self, *, force: bool) -> Flow[list[RepairReport]]:
+        """See :func:`redlock._core.amnesia.repair.repair`."""
+        return (yield from repair(self.amnesia, force=force))
+
+    def initialise(self, *, force: bool) -> Flow[list[RepairReport]]:
+        """See :func:`redlock._core.amnesia.repair.initialise`."""
+        return (yield from initialise(self.amnesia, force=force))
+
+
+def _commit_enough(write_backs: Sequence[tuple[str, Call]], committed: dict[str, int],
+                   quorum: int) -> Decision:
+    """The write-back round is decided once every resource's token is committed on a
+    quorum (what the token already had, plus the acks so far)."""
+    def enough(replies: Sequence[object], _identities: Mapping[int, object]) -> bool:
+        now = dict(committed)
+        for (resource, _), ack in zip(write_backs, replies, strict=True):
+            now[resource] += acked(ack)
+        return all(count >= quorum for count in now.values())
+    return enough

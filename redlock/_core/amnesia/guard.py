@@ -1,0 +1,221 @@
+"""Node amnesia: detection, exclusion, repair and rejoin (docs/design.md §4).
+
+A node that lost its data may have forgotten lock keys (breaking mutual exclusion)
+and fence counters (letting tokens go backwards). Two things betray it:
+
+* its marker key is missing (a total loss: restart without persistence, FLUSHALL, a
+  replica that never had it); the acquire script refuses on such a node by itself;
+* its marker was stamped by another server run than the one answering (a restart, or
+  a promoted replica): its data may be an older copy. Every new connection identifies
+  the server first (IDENTIFY, sent by the transports ahead of the first call); until
+  the node is judged, its grants do not count. A durable restart (``appendonly yes``,
+  ``appendfsync always``, not a promoted replica) is re-stamped; anything else becomes
+  a total loss: the marker is removed and an episode begins.
+
+An episode key records on the node itself, by its own clock and with its run id, when
+it was first seen without its marker. A repair (re-seed every fence counter from a
+majority of healthy nodes, then give the marker back) succeeds only once the episode is
+one ``max_ttl`` old, checked by the node in the script that writes the marker: every
+client measures the same delay, and a new loss restarts it. Judging and repairing run
+in the manager's background maintenance, never on an acquire's path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+
+from redlock._core.amnesia.health import NodeHealth
+from redlock._core.environment import Environment
+from redlock._core.requests import PENDING, Broadcast, Call, Flow, Pause
+from redlock._core.settings import Keys, Settings
+from redlock._core.state import AttemptResult
+from redlock._core.tokens import quorum
+from redlock._observe.log import get_logger
+from redlock._scripts import node as node_scripts
+from redlock._scripts.replies import (
+    Initialised,
+    identity,
+    initialised,
+    marker_exists,
+    stamped_run,
+    unsafe_config,
+)
+from redlock.errors import ClusterAmnesiaError, NodeResult, Outcome
+
+logger = get_logger("redlock.nodes")
+
+# How many times a new cluster's initialiser asks again the nodes that did not answer.
+_INIT_RETRIES = 3
+
+
+class AmnesiaGuard:
+    """Amnesia decisions, judging and repair for one manager's nodes."""
+
+    def __init__(self, addresses: Sequence[str], settings: Settings, keys: Keys,
+                 env: Environment, timeout: Callable[[], float]) -> None:
+        self.addresses = tuple(addresses)
+        self.settings = settings
+        self.keys = keys
+        self.env = env
+        self.clock = env.clock
+        self.timeout = timeout  # a request's wait on the acquire path (adaptive or set)
+        self.n = len(self.addresses)
+        self.quorum = quorum(self.n)
+        self.health = NodeHealth(env.new_mutex())
+
+    def identify_call(self, node: int) -> Call:
+        """What a transport sends first on every new connection to ``node`` (an EVAL with
+        the body, not EVALSHA: it never meets NOSCRIPT, and it is rare)."""
+        return Call(node, self.keys.identify_command())
+
+    def identified(self, identities: Mapping[int, object]) -> None:
+        """The replies to :meth:`identify_call` that a request's new connections got."""
+        for node, reply in identities.items():
+            found = identity(reply)
+            if found is not None:
+                run_id, marker = found
+                if run_id == "unknown" and node not in self.health.unidentifiable:
+                    self.health.unidentifiable.add(node)
+                    logger.warning("redlock.node_unidentifiable", node=self.addresses[node],
+                                   problem="the lock user may not run INFO (ACL"
+                                   " -@dangerous): restarts and rollbacks of this node"
+                                   " cannot be detected; allow +info")
+                if self.health.identified(node, run_id, marker):
+                    logger.info("redlock.node_restarted", node=self.addresses[node],
+                                run_id=run_id, stamped=stamped_run(marker) or "")
+
+    def needs_maintenance(self) -> bool:
+        return self.health.pending()
+
+    # -- on the acquire path (no waiting on repairs) ------------------------------
+
+    def inspect_nodes(self) -> Flow[None]:
+        """Once per manager, on its first acquire: read every node's INFO and warn about
+        configurations that break the lock's assumptions. One round, in parallel,
+        bounded by the node timeout; a node that does not answer is not asked again
+        (its acquire replies say what is wrong with it)."""
+        self.health.inspected = True
+        quorum = self.quorum
+        replies = yield Broadcast(
+            tuple(Call(i, ("INFO",)) for i in range(self.n)), self.timeout(),
+            # Advice only: a quorum's answers (and whoever answers as fast) will do.
+            enough=lambda got, _: sum(1 for r in got if r is not PENDING) >= quorum)
+        for i, reply in enumerate(replies):
+            for finding in unsafe_config(reply):
+                logger.warning("redlock.node_unsafe_config", node=self.addresses[i],
+                               problem=finding)
+
+    def screen(self, outcomes: Sequence[NodeResult]) -> tuple[NodeResult, ...]:
+        """A restarted node's grant does not count until it is judged: its data may be an
+        older copy (its counters behind committed tokens, its lock keys missing)."""
+        suspect = self.health.suspect
+        if not suspect:  # hot path
+            return tuple(outcomes)
+        return tuple(NodeResult(r.node, Outcome.AMNESIAC,
+                                "restarted since its marker was written: checking its"
+                                " persistence") if i in suspect and r.outcome in
+                     (Outcome.GRANTED, Outcome.REFUSED) else r
+                     for i, r in enumerate(outcomes))
+
+    def check(self, outcomes: Sequence[NodeResult],
+              now: float) -> Flow[AttemptResult | None]:
+        """What amnesiac replies in an attempt mean: None (carry on with the others), an
+        attempt result to return (the cluster is new or being initialised), or
+        :class:`ClusterAmnesiaError` (a majority lost its data)."""
+        amnesiac = [i for i, r in enumerate(outcomes) if r.outcome is Outcome.AMNESIAC]
+        with_marker = [i for i, r in enumerate(outcomes)
+                       if r.outcome in (Outcome.GRANTED, Outcome.REFUSED)]
+        if with_marker:
+            self.health.marker_seen = True
+        if not amnesiac:
+            return None
+        missing = [i for i in amnesiac if i not in self.health.suspect]
+        if len(missing) == self.n and not self.health.marker_seen:
+            # Every node answered and none has a marker: a new cluster. Initialise it.
+            self.health.initialising(+1)
+            try:
+                written = list((yield self._init_markers(range(self.n))))
+                # Every node answered the acquire a moment ago: one that did not answer
+                # the initialisation in time (a busy client) is asked again, a few
+                # times, rather than left unmarked (it would be benched for max_ttl).
+                for _ in range(_INIT_RETRIES):
+                    unanswered = [i for i, reply in enumerate(written)
+                                  if initialised(reply) is Initialised.UNANSWERED]
+                    if not unanswered:
+                        break
+                    again = yield self._init_markers(unanswered)
+                    for i, reply in zip(unanswered, again, strict=True):
+                        written[i] = reply
+            finally:
+                self.health.initialising(-1)
+            if sum(1 for reply in written
+                   if initialised(reply) is Initialised.EPISODE) >= self.quorum:
+                # A quorum would not take one: each holds an amnesia episode. Not a new
+                # cluster: one whose nodes lost their data (another client saw it).
+                raise self._majority_lost(self.n, outcomes)
+            logger.info("redlock.cluster_initialised", nodes=self.n,
+                        marked=sum(1 for reply in written
+                                   if initialised(reply) is Initialised.WRITTEN))
+            return AttemptResult(None, tuple(outcomes), retry_now=True,
+                                 reason="cluster initialised")
+        if not with_marker and not self.health.marker_seen:
+            # No node we reached has a marker and we never saw one: most likely a new
+            # cluster with some node not answering. Only a full view may initialise it
+            # (a partial one could be a majority that lost its data), and these nodes
+            # are not amnesiac as far as anyone knows: do not bench them.
+            silent = self.n - len(amnesiac)
+            return AttemptResult(None, tuple(outcomes), unavailable=True, reason=(
+                f"new cluster not initialised yet: all {self.n} nodes must answer once,"
+                f" {silent} did not"))
+        newly_missing = [i for i in missing if i not in self.health.unmarked]
+        if newly_missing and self.health.initialising_now():
+            # Another acquire of this manager is initialising the cluster right now: its
+            # markers have not reached these nodes yet (on a busy event loop, or with
+            # many threads, that can take longer than a request). Wait, then try again.
+            yield Pause(self.timeout())
+            return AttemptResult(None, tuple(outcomes), retry_now=True,
+                                 reason="cluster initialisation in progress")
+        if newly_missing:
+            # A marker missing beside markers present is most often another client
+            # initialising a new cluster right now: its broadcast is still in flight.
+            # Look again once it must have landed before calling it amnesia.
+            yield Pause(self.timeout())
+            probe = yield Broadcast(tuple(Call(i, ("EXISTS", self.keys.marker))
+                                          for i in newly_missing), self.timeout())
+            if any(marker_exists(reply) for reply in probe):
+                return AttemptResult(None, tuple(outcomes), retry_now=True,
+                                     reason="cluster initialisation in progress")
+            # Only a node that answered the second look without its marker lost its data;
+            # one that did not answer (a busy or slow node, a loaded client) is neither
+            # benched nor counted towards a majority loss: it is looked at again next time
+            # (it refuses to grant without its marker anyway).
+            unconfirmed = {i for i, reply in zip(newly_missing, probe, strict=True)
+                           if marker_exists(reply) is not False}
+            missing = [i for i in missing if i not in unconfirmed]
+        if len(missing) >= self.quorum:
+            raise self._majority_lost(len(missing), outcomes)
+        for i in missing:
+            if self.health.lost_data(i):
+                logger.warning("redlock.node_amnesiac", node=self.addresses[i],
+                               rejoins_after_s=self.settings.max_ttl)
+        return None
+
+    def _majority_lost(self, missing: int, outcomes: Sequence[NodeResult]) -> ClusterAmnesiaError:
+        return ClusterAmnesiaError(
+            f"{missing} of {self.n} nodes have no node marker (they lost their data: restart"
+            " without persistence, FLUSHALL, failover to an empty replica; or a new"
+            " cluster's initialisation was interrupted): fence tokens could go backwards,"
+            " so redlock refuses. Restore the nodes' data if you can; else, once every lock"
+            " held before has expired (max_ttl), run `redlock initialise --force`"
+            " (Redlock.initialise(force=True)). An interrupted initialisation, where fewer"
+            " than a quorum of nodes ever had a marker, needs only `redlock initialise`.",
+            outcomes=outcomes)
+
+    def _init_markers(self, nodes: Sequence[int] | range) -> Broadcast:
+        text = f"initialised at={self.env.wall_clock():.3f} by={self.env.random_hex(8)}"
+        return Broadcast(tuple(Call(i, (text,), node_scripts.INIT_MARKER,
+                                    (self.keys.marker, self.keys.episode)) for i in nodes),
+                         self.timeout())
+
+    # -- background maintenance ---------------------------------------------------
+

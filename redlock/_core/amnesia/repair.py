@@ -1,0 +1,261 @@
+"""Repairing nodes that lost their data, and the admin steps around it
+(docs/design.md §4.5, §4.8).
+
+A repair re-seeds every fence counter of the namespace on the node from a majority of
+healthy nodes (so no committed token is above what the node will count from), then
+gives the node its marker back; the script that writes the marker refuses unless the
+node's amnesia episode is one ``max_ttl`` old by the node's own clock. ``repair()``
+reports every node; ``initialise()`` is the way out of an interrupted initialisation
+and, forced, of a majority that lost its data.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from redlock._core.amnesia.episodes import judge, open_episodes
+from redlock._core.amnesia.guard import AmnesiaGuard
+from redlock._core.requests import Broadcast, Call, CommandArg, Flow, ask_one
+from redlock._observe.log import get_logger
+from redlock._scripts import node as node_scripts
+from redlock._scripts.replies import (
+    RepairFinished,
+    acked,
+    failure_detail,
+    identity,
+    is_healthy,
+    repair_finished,
+    text,
+)
+
+logger = get_logger("redlock.nodes")
+
+_SEED_BATCH = 500  # fence counters per SEED_COUNTERS call
+
+
+class RepairStatus(str, enum.Enum):
+    """What repair() or initialise() found or did on one node."""
+
+    __str__ = str.__str__
+
+    HEALTHY = "healthy"  # it has its marker (or the cluster was never initialised)
+    REPAIRED = "repaired"  # its counters re-seeded, its marker given back
+    INITIALISED = "initialised"  # given its first marker by initialise()
+    WAITING = "waiting"  # lost its data; rejoins once its episode is max_ttl old
+    FAILED = "failed"  # unreachable, or the step refused (``detail`` says why)
+
+
+@dataclass(frozen=True)
+class RepairReport:
+    node: str
+    status: RepairStatus
+    detail: str = ""
+
+
+def _why(reply: object) -> str:
+    return failure_detail(reply)
+
+
+def repair_node(guard: AmnesiaGuard, target: int, *, force: bool,
+                sources: Sequence[int] | None = None) -> Flow[RepairReport]:
+    """Re-seed ``target``'s fence counters, then give it its marker back (if its episode
+    is one ``max_ttl`` old, or ``force``). ``sources``: the nodes to read counters from
+    (all of them must answer); by default every healthy node, of which a quorum must."""
+    address = guard.addresses[target]
+    timeout = guard.settings.repair_timeout
+    repair_id = guard.env.random_hex(8)
+    claim = guard.keys.repair_guard
+    claimed = yield from ask_one(Call(target, ("SET", claim, repair_id, "NX", "PX",
+                                               int(timeout * 1000 * 30))), timeout)
+    if isinstance(claimed, BaseException) or claimed is None:
+        detail = failure_detail(claimed) if isinstance(claimed, BaseException) else "busy"
+        return RepairReport(address, RepairStatus.FAILED, f"could not claim the repair: {detail}")
+    if sources is None:
+        others = [i for i in range(guard.n) if i != target]
+        probe = yield Broadcast(tuple(guard.identify_call(i) for i in others), timeout)
+        readers = [i for i, reply in zip(others, probe, strict=True) if is_healthy(reply)]
+        needed = guard.quorum
+    else:
+        readers, needed = list(sources), len(sources)
+    counters: dict[str, int] = {}
+    complete = 0
+    for source in readers:
+        values = yield from read_counters(guard, source)
+        if values is None:
+            continue
+        complete += 1
+        for key, value in values.items():
+            counters[key] = max(value, counters.get(key, 0))
+    # Max over a majority of the healthy nodes intersects every committed token's
+    # commit set (q - 1 healthy members + q readers > N - 1 healthy nodes).
+    if complete < needed:
+        yield from ask_one(Call(target, ("DEL", claim)), timeout)
+        return RepairReport(address, RepairStatus.FAILED,
+                            f"read counters from {complete} healthy nodes, need {needed}")
+    items = sorted(counters.items())
+    for start in range(0, len(items), _SEED_BATCH):
+        batch = items[start:start + _SEED_BATCH]
+        seeded = yield from ask_one(Call(
+            target, (repair_id, *(value for _, value in batch)), node_scripts.SEED_COUNTERS,
+            (claim, *(key for key, _ in batch))), timeout)
+        if not acked(seeded):
+            return RepairReport(address, RepairStatus.FAILED, f"seeding interrupted: {seeded!r}")
+    delay_ms = 0 if force else int(guard.settings.max_ttl * 1000)
+    done = yield from ask_one(Call(
+        target, (repair_id, f"repaired at={guard.env.wall_clock():.3f} by={repair_id}", delay_ms),
+        node_scripts.FINISH_REPAIR, (claim, guard.keys.marker, guard.keys.episode)), timeout)
+    finished = repair_finished(done)
+    if finished is RepairFinished.TOO_YOUNG:
+        yield from ask_one(Call(target, ("DEL", claim)), timeout)
+        # Its episode is read again now, and the repair comes when that says (not one
+        # repair_interval later: this was no failure).
+        guard.health.episode_unknown(target)
+        guard.health.last_try.pop(target, None)
+        yield from open_episodes(guard, [target])
+        return RepairReport(address, RepairStatus.WAITING, "its amnesia episode is younger than"
+                            " max_ttl by its clock (it lost data again, or restarted)")
+    if finished is not RepairFinished.WRITTEN:
+        return RepairReport(address, RepairStatus.FAILED, f"marker not written: {done!r}")
+    guard.health.healthy(target)
+    logger.warning("redlock.node_repaired", node=address, counters_seeded=len(items),
+                   sources=complete)
+    return RepairReport(address, RepairStatus.REPAIRED, f"{len(items)} fence counters re-seeded")
+
+
+def read_counters(guard: AmnesiaGuard, node: int) -> Flow[dict[str, int] | None]:
+    """Every fence counter of the namespace on one node (SCAN + MGET), or None."""
+    cursor: CommandArg = 0
+    values: dict[str, int] = {}
+    timeout = guard.settings.repair_timeout
+    for _ in range(1_000_000):  # bounded: SCAN terminates, this only guards a bug
+        page = yield from ask_one(Call(node, ("SCAN", cursor, "MATCH",
+                                              guard.keys.fence_pattern, "COUNT", 1000)), timeout)
+        if isinstance(page, BaseException) or not isinstance(page, list | tuple):
+            return None
+        cursor, keys = page[0], [text(k) for k in page[1]]
+        if keys:
+            got = yield from ask_one(Call(node, ("MGET", *keys)), timeout)
+            if isinstance(got, BaseException) or not isinstance(got, list | tuple):
+                return None
+            for key, value in zip(keys, got, strict=True):
+                if value is not None:
+                    values[key] = int(value)
+        if int(cursor) == 0:
+            return values
+    return None
+
+
+def repair(guard: AmnesiaGuard, *, force: bool) -> Flow[list[RepairReport]]:
+    """Look at every node; judge restarted ones, and repair those that lost their data
+    once their episode is one ``max_ttl`` old by their own clock (or at once: ``force``,
+    when every lock held before the loss has certainly expired)."""
+    timeout = guard.settings.repair_timeout
+    probe = yield Broadcast(tuple(guard.identify_call(i) for i in range(guard.n)), timeout)
+    reports: dict[int, RepairReport] = {}
+    guard.identified({i: reply for i, reply in enumerate(probe)})
+    marked = [i for i, reply in enumerate(probe) if (found := identity(reply)) and found[1]]
+    if marked:
+        guard.health.marker_seen = True
+    for i, reply in enumerate(probe):
+        if identity(reply) is None:
+            reports[i] = RepairReport(guard.addresses[i], RepairStatus.FAILED, _why(reply))
+    if not guard.health.marker_seen:
+        for i in range(guard.n):
+            reports.setdefault(i, RepairReport(guard.addresses[i], RepairStatus.HEALTHY,
+                                               "uninitialised cluster"))
+        return [reports[i] for i in range(guard.n)]
+    if guard.health.suspect:
+        yield from judge(guard, dict(guard.health.suspect))
+    for i in range(guard.n):
+        if i not in reports and i not in marked:
+            guard.health.lost_data(i)
+    # Nodes without a marker, and those judge() just demoted: their episodes.
+    yield from open_episodes(guard, [i for i, due in list(guard.health.unmarked.items())
+                                    if due is None and i not in reports])
+    now = guard.clock()
+    for i in sorted(guard.health.benched() - set(reports)):
+        wait = guard.health.rejoins_in(i, now)
+        if i in guard.health.suspect:
+            reports[i] = RepairReport(guard.addresses[i], RepairStatus.FAILED,
+                                      "restarted; its persistence could not be checked")
+        elif force or wait == 0.0:
+            reports[i] = yield from repair_node(guard, i, force=force)
+        elif wait is not None:
+            reports[i] = RepairReport(guard.addresses[i], RepairStatus.WAITING,
+                                      f"rejoins in {wait:.1f} s (one max_ttl after it lost"
+                                      " its data, by its own clock)")
+        else:
+            reports[i] = RepairReport(guard.addresses[i], RepairStatus.FAILED, "episode unreadable")
+    for i in range(guard.n):
+        reports.setdefault(i, RepairReport(guard.addresses[i], RepairStatus.HEALTHY))
+    return [reports[i] for i in range(guard.n)]
+
+
+def _is_blank(guard: AmnesiaGuard, node: int) -> Flow[bool]:
+    """No amnesia episode and no key of the namespace (the whole keyspace scanned)."""
+    timeout = guard.settings.repair_timeout
+    episode = yield from ask_one(Call(node, ("EXISTS", guard.keys.episode)), timeout)
+    if episode != 0:
+        return False
+    cursor: CommandArg = 0
+    for _ in range(1_000_000):  # bounded: SCAN terminates, this only guards a bug
+        page = yield from ask_one(Call(node, ("SCAN", cursor, "MATCH",
+                                              f"{guard.keys.namespace}:*", "COUNT", 1000)),
+                                  timeout)
+        if not isinstance(page, list | tuple) or len(page) != 2 or page[1]:
+            return False  # unreadable, or a key of ours
+        cursor = page[0]
+        if int(cursor) == 0:
+            return True
+    return False
+
+
+def initialise(guard: AmnesiaGuard, *, force: bool) -> Flow[list[RepairReport]]:
+    """Give every node without its marker one: a new cluster, or the rest of an
+    interrupted initialisation (nodes that never held anything). ``force``: also nodes
+    that lost their data (a majority, or while the cluster cannot repair them), after
+    seeding their counters from every node that has its marker; only once every lock
+    held before has expired, and tokens may then restart below earlier ones (the fenced
+    stores reject them until they catch up). Every node must answer."""
+    timeout = guard.settings.repair_timeout
+    probe = yield Broadcast(tuple(guard.identify_call(i) for i in range(guard.n)), timeout)
+    silent = [i for i, reply in enumerate(probe) if identity(reply) is None]
+    if silent:
+        return [RepairReport(guard.addresses[i], RepairStatus.FAILED, _why(probe[i])) if i in silent
+                else RepairReport(guard.addresses[i], RepairStatus.HEALTHY,
+                                  "not changed: every node must answer")
+                for i in range(guard.n)]
+    marked = [i for i, reply in enumerate(probe) if (identity(reply) or ("", None))[1] is not None]
+    unmarked = [i for i in range(guard.n) if i not in marked]
+    reports = {i: RepairReport(guard.addresses[i], RepairStatus.HEALTHY) for i in marked}
+    if unmarked and not force:
+        if len(marked) >= guard.quorum:
+            # A quorum has markers: locks may have been granted, and a node without one
+            # lost its data. It rejoins through repair, after max_ttl.
+            for i in unmarked:
+                reports[i] = RepairReport(
+                    guard.addresses[i], RepairStatus.FAILED, "a quorum of nodes has markers:"
+                    " this node lost its data; repair() brings it back one max_ttl after the loss"
+                    " (or initialise(force=True) once every lock held before has expired)")
+        else:
+            # Nodes that never held anything: no episode, no key of the namespace.
+            for i in unmarked:
+                blank = yield from _is_blank(guard, i)
+                if not blank:
+                    reports[i] = RepairReport(
+                        guard.addresses[i], RepairStatus.FAILED, "it lost data (it holds keys or an"
+                        " amnesia episode): initialise(force=True) once every lock held"
+                        " before has expired (max_ttl)")
+    for i in unmarked:
+        if i in reports:
+            continue
+        report = yield from repair_node(guard, i, force=True, sources=marked)
+        reports[i] = (RepairReport(report.node, RepairStatus.INITIALISED, report.detail)
+                      if report.status is RepairStatus.REPAIRED else report)
+    if all(r.status in (RepairStatus.HEALTHY, RepairStatus.INITIALISED) for r in reports.values()):
+        guard.health.marker_seen = True
+        logger.warning("redlock.cluster_initialised_by_hand", nodes=guard.n,
+                       initialised=len(unmarked), forced=force)
+    return [reports[i] for i in range(guard.n)]

@@ -1,0 +1,168 @@
+"""Hand-over: export a held acquisition, adopt it in another process (docs/design.md §5.6).
+
+A web process acquires, hands the acquisition to a worker, and the worker extends and
+releases it (python-redis-lock's ``id=``, redsync's ``WithValue``). What moves is a
+:class:`Handover`: the owner secret, the token, the TTL, and the validity left at
+export with the wall-clock time of the export. Exporting moves ownership: the
+exporting handle stops extending, and its ``release()`` sends nothing.
+
+The exporter's deadline is a point on *its* monotonic clock, meaningless elsewhere, so
+the adopter computes its own, conservatively, as the smaller of:
+
+- the carried validity minus the hand-over's age by the wall clocks (the only clock
+  two hosts share; a negative age counts as 0), and
+- what the nodes say: one round asks every node for the PTTL of the lock key *if it
+  still holds this owner value*; the q-th largest of those, less the drift allowance,
+  is how long a quorum keeps the key from the start of that round.
+
+Fewer than q nodes holding the key means the acquisition is gone (expired, released,
+or taken after expiry): :class:`~redlock.LockLost`; fewer than q nodes answering at all
+is an outage: :class:`~redlock.QuorumUnavailable`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from redlock._core.algorithm import RedlockCore
+from redlock._core.requests import Broadcast, Call, Flow
+from redlock._core.settings import validate_resource
+from redlock._core.state import LockState
+from redlock._scripts.lock import OWNED_PTTL
+from redlock._scripts.replies import owned_outcome
+from redlock.errors import LockLost, Outcome, QuorumUnavailable, describe
+
+_OWNER_RE = re.compile(r"^[0-9a-f]{32}$")
+FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Handover:
+    """A held acquisition, exported to be adopted elsewhere (``dlm.adopt(handover)``).
+
+    It carries the owner secret: whoever has it can extend and release the lock, so
+    send it only where the lock may go (``repr()`` hides it). Serialise it with
+    :meth:`to_json` / :meth:`from_json` (or :meth:`to_dict`, or pickle).
+
+    ``validity`` is the seconds of validity the exporter had left at ``exported_at``
+    (wall clock, ``time.time()``); the adopter subtracts the time since then.
+    """
+
+    resource: str
+    token: int
+    ttl: float
+    validity: float
+    exported_at: float
+    namespace: str
+    owner: str = field(repr=False)
+
+    def __post_init__(self) -> None:
+        validate_resource(self.resource)
+        if not isinstance(self.owner, str) or not _OWNER_RE.match(self.owner):
+            raise ValueError("owner must be the 32 hex digits of an exported acquisition")
+        if isinstance(self.token, bool) or not isinstance(self.token, int) or self.token < 1:
+            raise ValueError(f"token must be a positive int, got {self.token!r}")
+        for name in ("ttl", "validity", "exported_at"):
+            value = getattr(self, name)
+            if (isinstance(value, bool) or not isinstance(value, int | float)
+                    or not math.isfinite(value)):
+                raise ValueError(f"{name} must be a finite number, got {value!r}")
+        if not isinstance(self.namespace, str) or not self.namespace:
+            raise ValueError(f"namespace must be a non-empty str, got {self.namespace!r}")
+
+    def age(self, now: float) -> float:
+        """Seconds since the export, ``now`` being this host's wall clock (``time.time()``)
+        (never negative)."""
+        return max(0.0, now - self.exported_at)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"version": FORMAT_VERSION, **asdict(self)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Handover:
+        if not isinstance(data, Mapping):
+            raise TypeError(f"a hand-over is a mapping, not {type(data).__name__}")
+        version = data.get("version")
+        if version != FORMAT_VERSION:
+            raise ValueError(f"unknown hand-over format version {version!r}"
+                             f" (this library reads {FORMAT_VERSION})")
+        names = ("resource", "token", "ttl", "validity", "exported_at", "namespace", "owner")
+        missing = [name for name in names if name not in data]
+        if missing:
+            raise ValueError(f"hand-over lacks {', '.join(missing)}")
+        return cls(**{name: data[name] for name in names})
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> Handover:
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            raise ValueError(f"not a hand-over: {exc}") from None
+        return cls.from_dict(data)
+
+
+def as_handover(value: Handover | Mapping[str, Any] | str | bytes) -> Handover:
+    if isinstance(value, Handover):
+        return value
+    if isinstance(value, str | bytes):
+        return Handover.from_json(value)
+    return Handover.from_dict(value)
+
+
+def export_state(state: LockState, namespace: str, wall_clock: Callable[[], float]) -> Handover:
+    """The hand-over value of a held acquisition (the caller marks it handed over)."""
+    state.check()
+    return Handover(resource=state.resource, token=state.token, ttl=state.ttl,
+                    validity=state.validity(), exported_at=wall_clock(),
+                    namespace=namespace, owner=state.owner)
+
+
+def adopt(core: RedlockCore, handover: Handover) -> Flow[LockState]:
+    """Take over an exported acquisition: check it on the nodes and compute our deadline."""
+    resource = handover.resource
+    if handover.namespace != core.keys.namespace:
+        raise ValueError(f"hand-over of {resource!r} is for namespace {handover.namespace!r},"
+                         f" this manager uses {core.keys.namespace!r}")
+    ttl = core.settings.check_ttl(handover.ttl)
+    started = core.clock()
+    age = handover.age(core.env.wall_clock())
+    carried = handover.validity - age
+    if carried <= 0:
+        raise LockLost(f"hand-over of {resource!r} expired: exported with"
+                       f" {handover.validity:.3f} s of validity, {age:.3f} s ago",
+                       resource=resource)
+    replies = yield Broadcast(
+        tuple(Call(i, (handover.owner,), OWNED_PTTL, (core.keys.lock(resource),))
+              for i in range(core.n)),
+        min(core.timeout(), carried))
+    outcomes = tuple(owned_outcome(core.addresses[i], reply) for i, reply in enumerate(replies))
+    owned = sorted((r.pttl_ms for r in outcomes
+                    if r.outcome is Outcome.GRANTED and r.pttl_ms is not None), reverse=True)
+    if len(owned) < core.quorum:
+        answered = sum(1 for r in outcomes if r.outcome is not Outcome.ERROR)
+        if answered < core.quorum:
+            raise QuorumUnavailable(
+                f"could not adopt {resource!r}: only {answered} of {core.n} nodes answered,"
+                f" need {core.quorum}; {describe(outcomes)}",
+                resource=resource, outcomes=outcomes)
+        raise LockLost(
+            f"could not adopt {resource!r}: only {len(owned)} of {core.n} nodes still hold"
+            " its key (it expired, was released, or is someone else's now); "
+            f"{describe(outcomes)}", resource=resource, outcomes=outcomes)
+    quorum_pttl = owned[core.quorum - 1] / 1000.0
+    measured = quorum_pttl - core.settings.drift(quorum_pttl)
+    deadline = started + min(carried, measured)
+    if core.clock() >= deadline:
+        raise LockLost(f"could not adopt {resource!r}: its validity ran out during the"
+                       " hand-over", resource=resource, outcomes=outcomes)
+    core.floors.raise_to(resource, handover.token)
+    return LockState(resource, handover.owner, ttl, handover.token, deadline, core.clock,
+                     core.env.new_mutex())

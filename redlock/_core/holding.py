@@ -1,0 +1,256 @@
+"""What a holder does with an acquisition, free of I/O (docs/design.md §2.4, §5.1):
+release it, extend it (one round, several acquisitions at once, or until renewed or
+lost), and lose it; with the release calls and the decisions of these rounds, which
+the acquire also uses (a failed attempt releases wherever its key may be).
+
+:class:`Holding` is one half of :class:`redlock._core.algorithm.RedlockCore` (the
+acquire is the other): a mixin, so that both clients and the renewal loop keep
+calling ``core.release(state)``; it uses the core's nodes, settings and timeouts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from redlock._core.environment import Environment
+from redlock._core.requests import (
+    PENDING,
+    Broadcast,
+    Call,
+    CommandArg,
+    Decision,
+    Flow,
+    Pause,
+)
+from redlock._core.settings import Keys, Settings
+from redlock._core.state import LockState, Status
+from redlock._core.waiting import patience
+from redlock._observe.log import get_logger
+from redlock._observe.outages import NodeOutages
+from redlock._scripts import lock as scripts
+from redlock._scripts.replies import ack_outcome, acked, key_gone
+from redlock.errors import NodeResult, Outcome, describe
+
+logger = get_logger("redlock.locks")
+
+# The least a holder's release waits for a quorum's answers (see _release_calls).
+_RELEASE_FLOOR = 0.25
+
+
+class Holding:
+    """Release, extend and loss of acquisitions, for the core's N nodes."""
+
+    # Set by RedlockCore.__init__.
+    env: Environment
+    addresses: tuple[str, ...]
+    settings: Settings
+    keys: Keys
+    n: int
+    quorum: int
+    node_outages: NodeOutages
+    clock: Callable[[], float]
+
+    if TYPE_CHECKING:
+        def timeout(self, ttl: float | None = None) -> float: ...
+
+    def _release_calls(self, resources: Sequence[str], owner: str, ttl: float | None = None,
+                       *, leave: bool = True, nodes: Sequence[int] | None = None,
+                       patient: bool = False) -> Broadcast:
+        """Compare-and-delete of each resource's key on every node (a set's calls to one
+        node go out pipelined), and with ``leave`` the owner's entry in the waiting lines
+        is dropped too. Decided once a quorum of the nodes asked answered (see
+        :meth:`_settled`); later answers are read in the background."""
+        keys = self.keys
+        # A failed attempt keeps its place in line for the patience (the ACQUIRE that
+        # granted it cut its entry to the key's TTL).
+        args: tuple[CommandArg, ...] = (owner, "1") if leave else (
+            owner, "0", int(patience(self.settings, self.timeout(ttl)) * 1000))
+        calls = tuple(
+            Call(i, args, scripts.RELEASE,
+                 (keys.lock(r), keys.channel(r), keys.line(r), keys.line_deadlines(r)))
+            for i in (range(self.n) if nodes is None else nodes) for r in resources)
+        timeout = self.timeout(ttl)
+        if patient:
+            # A holder's release is decided as soon as a quorum answered; the timeout
+            # only bounds it when fewer do. A client thread starved of the GIL (dozens
+            # of threads on two cores) or a busy event loop reads healthy nodes' answers
+            # late: give them that long before calling them unreachable.
+            timeout = max(timeout, min(self.settings.request_ceiling(ttl), _RELEASE_FLOOR))
+        return Broadcast(calls, timeout, enough=self._settled(calls))
+
+    def _settled(self, calls: Sequence[Call], *, acks: bool = False) -> Decision:
+        """When a release or extend is decided (docs/design.md §2.4, §5.1): once every key
+        in it (one acquisition's key of one resource) is settled, i.e. a quorum of the
+        nodes asked answered for it (``acks``: acknowledged it, replied 1, as an extend
+        needs; or more nodes answered "our key is gone" than a quorum can spare: it
+        cannot be extended). The stragglers then get the transport's grace, as long
+        again as the decision took; what they answer later is read in the background.
+        Until then the request waits for every node, up to its timeout: it never gives
+        up on a node that may still answer in time."""
+        keys: dict[tuple[object, tuple[str, ...]], list[int]] = {}
+        nodes = set()
+        for index, call in enumerate(calls):
+            nodes.add(call.node)
+            keys.setdefault((call.args[0], call.keys), []).append(index)
+        per_key = list(keys.values())
+        spare, needed = self.n - self.quorum, min(self.quorum, len(nodes))
+
+        def key_settled(indexes: list[int], replies: Sequence[object]) -> bool:
+            if not acks:
+                return sum(1 for i in indexes if replies[i] is not PENDING) >= needed
+            return (sum(1 for i in indexes if acked(replies[i])) >= needed
+                    or sum(1 for i in indexes if key_gone(replies[i])) > spare)
+
+        def settled(replies: Sequence[object], _identities: Mapping[int, object]) -> bool:
+            return all(key_settled(indexes, replies) for indexes in per_key)
+        return settled
+
+    def _per_node(self, replies: Sequence[object], resources: int,
+                  refused: str) -> tuple[list[NodeResult], list[int]]:
+        """Replies of an owner-checked script sent per node and resource (node-major):
+        each node's outcome (GRANTED only if it acked every resource) and, per
+        resource, how many nodes acked."""
+        outcomes, acks = [], [0] * resources
+        for i in range(self.n):
+            mine = replies[i * resources:(i + 1) * resources]
+            results = [ack_outcome(self.addresses[i], reply, refused=refused)
+                       for reply in mine]
+            for j, result in enumerate(results):
+                acks[j] += result.outcome is Outcome.GRANTED
+            worst = next((r for r in results if r.outcome is Outcome.ERROR),
+                         next((r for r in results if r.outcome is Outcome.REFUSED), results[0]))
+            outcomes.append(worst)
+        return outcomes, acks
+
+    # -- release / extend --------------------------------------------------------
+
+    def release(self, state: LockState) -> Flow[tuple[NodeResult, ...]]:
+        """Compare-and-delete on every node; idempotent; never deletes another's key.
+        Per node: GRANTED (deleted our key of every resource), REFUSED (some key was
+        not ours any more) or ERROR.
+
+        The acquisition counts as released only once the release was sent: if the
+        caller is interrupted (cancelled) meanwhile, it is sent again before the
+        interruption propagates, as a cancelled acquire does."""
+        request = self._release_calls(state.resources, state.owner, state.ttl, patient=True)
+        try:
+            replies = yield request
+        except GeneratorExit:
+            raise
+        except BaseException:
+            yield request
+            state.mark_released()
+            raise
+        state.mark_released()
+        outcomes, _ = self._per_node(replies, len(state.resources), refused="key already gone")
+        errors = [r for r in outcomes if r.outcome is Outcome.ERROR]
+        if errors or self.node_outages:
+            # The keys on nodes it missed expire by their TTL; say so (once per node and
+            # outage: redlock.release_incomplete) rather than hide it.
+            self.node_outages.release(logger, state.resource, state.ttl, outcomes)
+        if not errors:
+            logger.debug("redlock.released", resource=state.resource, token=state.token)
+        return tuple(outcomes)
+
+    def extend_many(self, items: Sequence[tuple[LockState, float]], *, lane: str | None = None,
+                    ) -> Flow[list[tuple[NodeResult, ...] | None]]:
+        """One extend round for several acquisitions (one request: each node gets its
+        calls pipelined). Per acquisition: None on success, else the per-node outcomes.
+        Success needs a quorum of acks for every resource before the old validity ran
+        out; the new validity is measured from this round's start."""
+        started = self.clock()
+        live = [(state, ttl) for state, ttl in items
+                if state.status == Status.HELD and started < state.deadline]
+        results: dict[LockState, tuple[NodeResult, ...] | None] = {}
+        if live:
+            calls = tuple(
+                Call(i, (state.owner, max(1, int(ttl * 1000))), scripts.EXTEND,
+                     (self.keys.lock(r),))
+                for state, ttl in live for i in range(self.n) for r in state.resources)
+            # A round may take up to half the validity left (and at least a request
+            # timeout): an answer that comes later than a round trip is still in time
+            # while the lock is valid, and a round given up too early is only sent again
+            # (a batch of 200 renewals on a busy event loop took longer than the 50 ms a
+            # single round trip gave it, again and again, until 33 of 200 locks were
+            # lost). Early decisions end it as soon as a quorum answered (§2.4).
+            validity_left = min(s.deadline for s, _ in live) - started
+            timeout = min(max(self.timeout(max(t for _, t in live)), validity_left / 2),
+                          validity_left)
+            replies = yield Broadcast(calls, timeout, enough=self._settled(calls, acks=True),
+                                      lane=lane)
+            finished, offset = self.clock(), 0
+            for state, ttl in live:
+                size = self.n * len(state.resources)
+                outcomes, acks = self._per_node(replies[offset:offset + size],
+                                                len(state.resources),
+                                                refused="our key is gone (expired or taken)")
+                offset += size
+                if self.node_outages:
+                    self.node_outages.answers(logger, outcomes)
+                if min(acks) >= self.quorum and finished < state.deadline and state.renewed(
+                        started + ttl - self.settings.drift(ttl), ttl):
+                    logger.debug("redlock.extended", resource=state.resource,
+                                 token=state.token, acks=min(acks), ttl_s=ttl)
+                    results[state] = None
+                else:
+                    results[state] = tuple(outcomes)
+        return [results.get(state, ()) for state, _ in items]
+
+    def extend(self, state: LockState, ttl: float) -> Flow[tuple[NodeResult, ...] | None]:
+        """One extend round for one acquisition (see :meth:`extend_many`)."""
+        [failure] = yield from self.extend_many([(state, ttl)])
+        return failure
+
+    def extend_or_lose(self, state: LockState, ttl: float) -> Flow[None]:
+        """Explicit extend(): renewed on a quorum, or the lock is lost (marked, what is left
+        of its keys released, LockLost raised with the nodes' answers).
+
+        A round that fails while no majority says our key is gone (timeouts, errors: the
+        nodes were slow or briefly unreachable) is tried again, with backoff, as long as
+        validity is left, as the renewal loop does: the lock is still ours until then,
+        and giving it up would delete a lock we hold because of replies we did not get."""
+        state.check()
+        delay = 0.0
+        answers: tuple[NodeResult, ...] = ()  # the last round's, for the loss report
+        while True:
+            failure = yield from self.extend(state, ttl)
+            if failure is None:
+                return
+            answers = failure or answers  # () : no round was sent (the validity ran out)
+            if state.status != Status.HELD:  # released, handed over or lost meanwhile
+                state.check()
+            left = state.deadline - self.clock()
+            if self.key_gone(answers) or left <= 0:
+                yield from self.lose(state, self.loss_reason(answers), answers)
+                state.check()  # raises LockLost with the reason
+            settings = self.settings
+            delay = (settings.retry_delay_min if not delay
+                     else min(2 * delay, settings.retry_delay_max))
+            yield Pause(min(delay, left))
+
+    def key_gone(self, outcomes: Sequence[NodeResult]) -> bool:
+        """More nodes answered that our key is gone than a quorum can spare: no extend
+        can succeed any more. Only answers count: an error or a reply not read says
+        nothing about our key."""
+        return sum(1 for r in outcomes if r.outcome is Outcome.REFUSED) > self.n - self.quorum
+
+    def loss_reason(self, outcomes: Sequence[NodeResult]) -> str:
+        """Why a held lock is lost, in the nodes' words."""
+        gone = sum(1 for r in outcomes if r.outcome is Outcome.REFUSED)
+        if gone > self.n - self.quorum:
+            return (f"{gone} of {self.n} nodes answered that our key is gone (it expired,"
+                    " or an operator force-released it), more than a quorum can spare")
+        return (f"no quorum of the {self.n} nodes renewed it before its validity ran out"
+                f" ({gone} answered that our key is gone, the others did not answer in time)")
+
+    def lose(self, state: LockState, reason: str,
+             outcomes: Sequence[NodeResult]) -> Flow[bool]:
+        """Mark the lock lost and drop what is left of our keys; True the first time."""
+        first = state.mark_lost(reason, outcomes)
+        if first:
+            logger.warning("redlock.lost", resource=state.resource, token=state.token,
+                           reason=reason, outcomes=describe(outcomes))
+            # Drop what is left of our keys so the next holder need not wait for the TTL.
+            yield self._release_calls(state.resources, state.owner, state.ttl)
+        return first

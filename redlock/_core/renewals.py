@@ -1,0 +1,224 @@
+"""Auto-extend for every lock of one manager from one loop (docs/design.md §5).
+
+Each auto-extended acquisition is renewed when a third of the validity it has left
+has passed (measured from the acquire or the last renewal, never from the TTL: an
+acquire may return late). The renewals due together are sent in one request, so
+each node gets them pipelined on one connection; a thousand auto-extended locks
+cost one loop, not a thousand threads. A failed renewal is retried quickly while
+validity remains; when it runs out, or a majority says our key is gone, the lock is
+lost: its keys are dropped and the handles are told (``on_lost``).
+
+The loop holds acquisitions strongly and their handles weakly: an acquisition whose
+handles were all garbage-collected without a release is released, not renewed for
+ever.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+from redlock._core.algorithm import RedlockCore
+from redlock._core.requests import Flow, PauseUntilWoken, Wakeable
+from redlock._core.state import LockState, Status
+from redlock._observe.log import get_logger
+from redlock.errors import NodeResult
+
+logger = get_logger("redlock.locks")
+
+# The renewal loop's own connections (redlock._core.requests.Broadcast.lane).
+RENEWALS_LANE = "renewals"
+# Renewals due within this many seconds of the first one go out with it (early is fine).
+_BATCH_WINDOW = 0.01
+
+
+class Renewal:
+    """One auto-extended acquisition: when it is due, and who holds it."""
+
+    __slots__ = ("answers", "due", "handles", "retry_delay", "state")
+
+    def __init__(self, state: LockState, due: float) -> None:
+        self.state = state
+        self.due = due
+        self.retry_delay = 0.0  # 0: the last renewal succeeded
+        self.answers: tuple[NodeResult, ...] = ()  # the last failed round's, for a loss
+        self.handles: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def next_renewal(state: LockState, now: float) -> float:
+    """When to renew: after a third of the validity left (never later than half)."""
+    return now + max(0.0, state.deadline - now) / 3.0
+
+
+class Renewals:
+    """The auto-extended acquisitions of one manager, and the loop that renews them.
+
+    ``start_loop`` runs a flow in the background (the shell's thread or task);
+    ``lost`` is told of every acquisition lost while renewed, with its live handles.
+    """
+
+    def __init__(self, core: RedlockCore, new_event: Callable[[], Wakeable],
+                 start_loop: Callable[[Flow[None]], Any],
+                 lost: Callable[[LockState, list[Any]], None],
+                 observe: Callable[[LockState, str, int], None] = lambda *_: None,
+                 *, closing: Wakeable | None = None) -> None:
+        self._core = core
+        self._new_event = new_event
+        self._start_loop = start_loop
+        self._lost = lost
+        self._observe = observe  # (state, "extended" | "failed" | "lost", round start ns)
+        self._closing = closing  # set by the manager's close(): the loop stops
+        self._renewals: dict[LockState, Renewal] = {}
+        self._mutex = core.env.new_mutex()
+        self._wake: Wakeable | None = None  # made by the first loop (an asyncio.Event binds late)
+        self._running = False
+        self.runner: Any = None  # the loop's thread or task while it runs (close() waits)
+
+    def __len__(self) -> int:
+        return len(self._renewals)
+
+    def add(self, state: LockState, handle: Any) -> None:
+        """Renew ``state`` for ``handle`` (weakly held) until released or lost."""
+        now = self._core.clock()
+        with self._mutex:
+            renewal = self._renewals.get(state)
+            if renewal is None:
+                renewal = self._renewals[state] = Renewal(state, next_renewal(state, now))
+            renewal.handles.add(handle)
+            start = not self._running
+            self._running = True
+            if self._wake is None:
+                self._wake = self._new_event()
+            wake = self._wake
+        if start:
+            self.runner = self._start_loop(self._loop(wake))
+        else:
+            wake.set()  # the new renewal may be due before the loop's next wake-up
+
+    def stop(self) -> None:
+        """The manager is closing: wake the loop, which stops (see :meth:`_closed`)."""
+        with self._mutex:
+            wake = self._wake
+        if wake is not None:
+            wake.set()
+
+    def remove(self, state: LockState) -> None:
+        with self._mutex:
+            self._renewals.pop(state, None)
+
+    def rescheduled(self, state: LockState) -> None:
+        """An explicit extend() renewed ``state``: the next renewal moves accordingly."""
+        with self._mutex:
+            renewal = self._renewals.get(state)
+            if renewal is not None:
+                renewal.due = next_renewal(state, self._core.clock())
+
+    def _loop(self, wake: Wakeable) -> Flow[None]:
+        try:
+            while True:
+                wake.clear()
+                if self._closing is not None and self._closing.is_set():
+                    self._closed()
+                    return
+                now = self._core.clock()
+                with self._mutex:
+                    if not self._renewals:
+                        self._running = False
+                        return
+                    first = min(r.due for r in self._renewals.values())
+                    due = [r for r in self._renewals.values()
+                           if r.due <= max(now, first) + _BATCH_WINDOW]
+                if first > now:
+                    yield PauseUntilWoken(first - now, wake)
+                    continue
+                try:
+                    yield from self._renew(due)
+                except Exception:
+                    # A bug in here: the holders must not go on believing they hold.
+                    logger.exception("redlock.renewals_crashed", locks=len(self._renewals))
+                    self._crashed()
+                    return
+        except BaseException:  # the loop died (cancelled, or its event loop is closing)
+            with self._mutex:
+                self._running = False
+            raise
+
+    def _closed(self) -> None:
+        """The manager was closed while it renewed locks: nobody renews them any more, so
+        their holders must not go on believing they hold them. Each is marked lost (its
+        check(), token, extend() and release() raise LockLost); its keys stay on the
+        nodes until their TTL (its holder may still be writing: releasing would let the
+        next holder in at once). on_lost is not called: the application closed the
+        manager itself."""
+        with self._mutex:
+            renewals = list(self._renewals.values())
+            self._renewals.clear()
+            self._running = False
+        for renewal in renewals:
+            renewal.state.mark_lost("its manager was closed before it was released: nobody"
+                                    " renews it any more (its keys expire with their TTL)")
+
+    def _crashed(self) -> None:
+        with self._mutex:
+            renewals = list(self._renewals.values())
+            self._renewals.clear()
+            self._running = False
+        for renewal in renewals:
+            if renewal.state.mark_lost("the auto-extend loop crashed"):
+                self._lost(renewal.state, list(renewal.handles))
+
+    def _renew(self, due: list[Renewal]) -> Flow[None]:
+        live = []
+        for renewal in due:
+            if renewal.state.status != Status.HELD:
+                self.remove(renewal.state)
+            elif not renewal.handles:
+                yield from self._abandoned(renewal)
+            else:
+                live.append(renewal)
+        if not live:
+            return
+        started_ns = int(self._core.env.wall_clock() * 1e9)
+        failures = yield from self._core.extend_many([(r.state, r.state.ttl) for r in live],
+                                                     lane=RENEWALS_LANE)
+        now = self._core.clock()
+        for renewal, failure in zip(live, failures, strict=True):
+            if failure is None:
+                renewal.retry_delay = 0.0
+                renewal.due = next_renewal(renewal.state, now)
+                self._observe(renewal.state, "extended", started_ns)
+            else:
+                lost = yield from self._failed(renewal, failure, now)
+                self._observe(renewal.state, "lost" if lost else "failed", started_ns)
+
+    def _failed(self, renewal: Renewal, failure: tuple[NodeResult, ...],
+                now: float) -> Flow[bool]:
+        """Retry later, or lose the lock (True)."""
+        state = renewal.state
+        if state.status != Status.HELD:  # released (or lost) meanwhile
+            self.remove(state)
+            return False
+        core = self._core
+        left = state.deadline - now
+        failure = renewal.answers = failure or renewal.answers  # (): no round was sent
+        if core.key_gone(failure) or left <= 0:
+            self.remove(state)
+            if (yield from core.lose(state, core.loss_reason(failure), failure)):
+                self._lost(state, list(renewal.handles))
+            return True
+        settings = core.settings
+        renewal.retry_delay = (settings.retry_delay_min if not renewal.retry_delay
+                               else min(renewal.retry_delay * 2, settings.retry_delay_max))
+        renewal.due = now + min(renewal.retry_delay, left)
+        # redlock.extend_retry, once per failing node and outage (then counted).
+        core.node_outages.renewal_failed(logger, state.resource, round(left, 3), failure)
+        return False
+
+    def _abandoned(self, renewal: Renewal) -> Flow[None]:
+        """Every handle holding the acquisition is gone: release it instead of renewing."""
+        self.remove(renewal.state)
+        logger.warning("redlock.abandoned", resource=renewal.state.resource,
+                       token=renewal.state.token,
+                       reason="auto-extended lock's handle was garbage-collected unreleased")
+        yield from self._core.release(renewal.state)

@@ -1,0 +1,236 @@
+"""Requests that flows yield, and the two drivers that run flows.
+
+The core (:mod:`redlock._core`) is free of I/O: each operation is a *flow*, a generator
+that yields *requests* and receives their replies (the "sans-I/O" shape, see
+docs/design.md §10)::
+
+    request = next(flow)
+    while True:
+        reply = <run request.calls on their nodes in parallel> or <wait> or <invoke>
+        request = flow.send(reply)        # StopIteration carries the result
+
+A :class:`Broadcast` asks for some *calls* on some nodes in parallel, each bounded by
+``timeout``; its reply (:class:`Replies`) holds, per call, the node's reply or the
+exception it raised (never raised into the flow), and what the I/O learnt on the way
+(the identity of servers met on new connections, round trips measured). A wait
+(:class:`Pause`, :class:`PauseUntilWoken`, :class:`Backoff`) asks to wait, an
+:class:`Invoke` for a user callback; both reply with an empty tuple. If executing a
+request raises (asyncio cancellation, KeyboardInterrupt, a callback's error), the driver
+throws the exception into the flow, which cleans up (releases keys it may have set) and
+re-raises or handles it.
+
+:func:`drive` and :func:`drive_async` are the only flow loops: the sync and asyncio
+clients pass them an executor that knows their transport and how to wait, and the core's
+``absorb``, told what each broadcast learnt before its flow goes on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Generic, Protocol, TypeVar, cast
+
+from redlock._scripts.replies import NOT_AWAITED, PENDING, SENT_LATE, NotAwaited, Pending
+from redlock._scripts.script import Script
+
+__all__ = ["NOT_AWAITED", "NO_REPLY", "PENDING", "SENT_LATE", "Absorb", "Backoff", "Broadcast",
+           "Call", "CommandArg", "Decision", "Flow", "Invoke", "NotAwaited", "Pause",
+           "PauseUntilWoken", "Pending", "Replies", "Request", "Wait", "Wakeable", "ask_one",
+           "drive", "drive_async"]
+
+T = TypeVar("T")
+
+CommandArg = str | bytes | int | float
+
+
+class Wakeable(Protocol):
+    """What a wait may be cut short by: a ``threading.Event`` or an ``asyncio.Event``."""
+
+    def set(self) -> None: ...
+    def clear(self) -> None: ...
+    def is_set(self) -> bool: ...
+
+
+@dataclass(frozen=True)
+class Call:
+    """One command for one node: a script (EVALSHA, EVAL on NOSCRIPT) or a plain command."""
+
+    node: int
+    args: tuple[CommandArg, ...]
+    script: Script | None = None
+    keys: tuple[str, ...] = ()
+
+
+#: An early decision on a broadcast's replies so far (PENDING where none yet), given the
+#: identities of the servers its new connections met (node -> IDENTIFY reply).
+Decision = Callable[[Sequence[object], Mapping[int, object]], bool]
+
+
+@dataclass(frozen=True)
+class Broadcast:
+    """Run ``calls`` in parallel; each must answer within ``timeout`` seconds.
+
+    ``enough`` lets the request end before every node answered (early quorum,
+    docs/design.md §2.4): a pure function of the replies so far, decided as soon as it
+    is true.
+
+    ``line``: the local line (a resource's key, see :mod:`redlock._client.lines`) of an
+    acquire attempt. With ``turns``, attempts on it from one manager take turns instead
+    of overlapping: two attempts racing from the same process would split the nodes
+    between them (each wins some, neither a quorum) and both fail. Attempts of waiters
+    in the nodes' waiting line do not take turns (``turns=False``): the line already
+    decides who may win (only its first), and serialising the others' attempts, which
+    only keep their places, made a hundred waiters of one busy event loop queue for
+    seconds behind each other while the lock sat free (docs/design.md §6.5).
+
+    ``lane``: a lane of connections of its own (one per node, kept between requests):
+    the renewal loop's, so that a renewal never waits for a connection behind a burst of
+    other requests (on a busy event loop it waited 80-170 ms for one, and a lock with a
+    1 s TTL was lost). None: the shared connections.
+    """
+
+    calls: tuple[Call, ...]
+    timeout: float
+    line: str | None = None
+    turns: bool = True
+    lane: str | None = None
+    enough: Decision | None = None
+
+
+@dataclass(frozen=True)
+class Pause:
+    """Wait ``seconds`` (an extend's backoff, a second look at a node)."""
+
+    seconds: float
+
+
+@dataclass(frozen=True)
+class PauseUntilWoken:
+    """Wait ``seconds``, or until ``wake`` is set (the renewal loop until its next
+    renewal is due, the background maintenance until its next step)."""
+
+    seconds: float
+    wake: Wakeable
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """A blocking acquire's wait between two attempts, ``seconds``.
+
+    The client keeps the caller's place in the local ``line`` and wakes it early when a
+    handle of the same manager releases; a release published on one of ``channels`` (a
+    release anywhere) wakes it too, if it names ``waiter`` (the first in the nodes'
+    waiting line), or names nobody when ``waiter`` is None. ``patient``: how long to wait
+    instead, once releases on ``channels`` are heard (docs/design.md §6.4).
+    """
+
+    seconds: float
+    line: str
+    channels: tuple[str, ...] = ()
+    waiter: str | None = None
+    patient: float | None = None
+
+
+Wait = Pause | PauseUntilWoken | Backoff
+
+
+@dataclass(frozen=True)
+class Invoke:
+    """Call a user callback; the asyncio driver awaits what it returns if awaitable."""
+
+    function: Callable[..., object]
+    args: tuple[object, ...] = ()
+
+
+class Replies(list[object]):
+    """A broadcast's replies, one per call: the node's reply or the exception it raised;
+    and what the I/O learnt on the way, as data for the core (``absorb``):
+    ``identities``, node -> the IDENTIFY reply of a new connection (docs/design.md §4.4),
+    and ``round_trips``, node -> seconds from sending to its first reply."""
+
+    def __init__(self, replies: Sequence[object] = ()) -> None:
+        super().__init__(replies)
+        self.identities: dict[int, object] = {}
+        self.round_trips: dict[int, float] = {}
+
+
+Request = Broadcast | Wait | Invoke
+Flow = Generator[Request, Sequence[object], T]
+NO_REPLY: Sequence[object] = ()
+Absorb = Callable[[Replies], None]
+
+
+class _Steps(Generic[T]):
+    """One flow run step by step, for the drivers below: its next request, given what
+    the last one came to (its replies, handed to ``absorb`` first; or the exception it
+    raised, thrown into the flow, which decides), until it returns."""
+
+    __slots__ = ("_absorb", "_flow", "done", "result")
+
+    def __init__(self, flow: Flow[T], absorb: Absorb | None) -> None:
+        self._flow = flow
+        self._absorb = absorb
+        self.done = False
+        self.result: T | None = None
+
+    def first(self) -> Request | None:
+        try:
+            return next(self._flow)
+        except StopIteration as stop:  # the flow returned before any request
+            self.done, self.result = True, stop.value
+            return None
+
+    def next(self, outcome: Sequence[object] | BaseException) -> Request | None:
+        try:
+            if isinstance(outcome, BaseException):  # interrupted or failed
+                return self._flow.throw(outcome)
+            if self._absorb is not None and isinstance(outcome, Replies):
+                self._absorb(outcome)
+            return self._flow.send(outcome)
+        except StopIteration as stop:  # the flow returned
+            self.done, self.result = True, stop.value
+            return None
+
+
+def _outcome(execute: Callable[[Request], Sequence[object]],
+             request: Request | None) -> Sequence[object] | BaseException:
+    assert request is not None
+    try:
+        return execute(request)
+    except BaseException as exc:  # interrupted (KeyboardInterrupt) or failed
+        return exc
+
+
+async def _outcome_async(execute: Callable[[Request], Awaitable[Sequence[object]]],
+                         request: Request | None) -> Sequence[object] | BaseException:
+    assert request is not None
+    try:
+        return await execute(request)
+    except BaseException as exc:  # cancelled or failed
+        return exc
+
+
+def drive(flow: Flow[T], execute: Callable[[Request], Sequence[object]],
+          absorb: Absorb | None = None) -> T:
+    """Run a flow to its end with a blocking executor (the sync client, unit tests)."""
+    steps = _Steps(flow, absorb)
+    request = steps.first()
+    while not steps.done:
+        request = steps.next(_outcome(execute, request))
+    return cast(T, steps.result)
+
+
+async def drive_async(flow: Flow[T], execute: Callable[[Request], Awaitable[Sequence[object]]],
+                      absorb: Absorb | None = None) -> T:
+    """Run a flow to its end with an asyncio executor (the asyncio client)."""
+    steps = _Steps(flow, absorb)
+    request = steps.first()
+    while not steps.done:
+        request = steps.next(await _outcome_async(execute, request))
+    return cast(T, steps.result)
+
+
+def ask_one(call: Call, timeout: float) -> Flow[object]:
+    """One call on one node: its reply, or the exception it raised."""
+    replies = yield Broadcast((call,), timeout)
+    return replies[0]

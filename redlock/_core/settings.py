@@ -1,0 +1,185 @@
+"""What the caller gives, checked at the call site (``TypeError`` / ``ValueError``), the
+settings a manager's locks share, and the names of the keys on the nodes."""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from redlock._scripts import node as node_scripts
+
+DEFAULT_MAX_TTL = 3600.0
+_NAMESPACE_RE = re.compile(r"^[A-Za-z0-9_.:\-]+$")
+
+
+def validate_resource(resource: object) -> str:
+    if not isinstance(resource, str):
+        raise TypeError(f"resource must be a str, not {type(resource).__name__}")
+    if not resource:
+        raise ValueError("resource must be a non-empty string")
+    return resource
+
+
+def _as_float(name: str, value: object, what: str) -> float:
+    """A number as float; bool is rejected (True is not a duration)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{name} must be {what}, not {type(value).__name__}")
+    try:
+        return float(value)
+    except OverflowError:  # an int beyond float range: absurd, not a crash
+        raise ValueError(f"{name}={value!r} s is larger than any usable duration") from None
+
+
+def validate_seconds(name: str, value: object, *, upper: float | None = None) -> float:
+    """A finite, positive number of seconds."""
+    seconds = _as_float(name, value, "a number of seconds")
+    if math.isnan(seconds) or math.isinf(seconds):
+        raise ValueError(f"{name} must be finite, got {value!r}")
+    if seconds <= 0:
+        raise ValueError(f"{name} must be > 0 seconds, got {value!r}")
+    if upper is not None and seconds > upper:
+        raise ValueError(f"{name}={value!r} s is larger than the maximum {upper:g} s")
+    return seconds
+
+
+def validate_resources(resources: object) -> tuple[str, ...]:
+    """A set of resources: validated, without duplicates, sorted (the order its keys are
+    sent in, so every client asks for a set's keys in the same order)."""
+    if isinstance(resources, str | bytes) or not isinstance(resources, Iterable):
+        raise TypeError("resources must be a collection of resource names (str), not"
+                        f" {type(resources).__name__}")
+    names = tuple(sorted({validate_resource(r) for r in resources}))
+    if not names:
+        raise ValueError("at least one resource is needed")
+    return names
+
+
+def label(resources: Sequence[str]) -> str:
+    """What an acquisition is called in messages: its resource, or its set."""
+    if len(resources) == 1:
+        return resources[0]
+    return "[" + ", ".join(repr(r) for r in resources) + "]"
+
+
+def shown(resources: Sequence[str]) -> str:
+    """An acquisition in an error message: ``'orders:42'``, or ``['a', 'b']``."""
+    return repr(resources[0]) if len(resources) == 1 else label(resources)
+
+
+def validate_timeout(timeout: object) -> float | None:
+    """``None`` waits without a deadline; 0 means a single attempt."""
+    if timeout is None:
+        return None
+    seconds = _as_float("timeout", timeout, "a number of seconds or None")
+    if math.isnan(seconds) or math.isinf(seconds) or seconds < 0:
+        raise ValueError(f"timeout must be a finite number >= 0 or None, got {timeout!r}")
+    return seconds
+
+
+def validate_node_addresses(addresses: Sequence[str]) -> None:
+    if not addresses:
+        raise ValueError("at least one Redis node is needed")
+    seen: set[str] = set()
+    for address in addresses:
+        if address in seen:
+            raise ValueError(f"node {address} is listed twice: each node must be independent")
+        seen.add(address)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Tuning shared by every lock of one manager (all durations in seconds)."""
+
+    namespace: str = "redlock"
+    node_timeout: float | None = None  # None: adapt to the measured round trips
+    connect_timeout: float = 1.0
+    drift_factor: float = 0.01
+    drift_constant: float = 0.002
+    retry_delay_min: float = 0.005
+    retry_delay_max: float = 0.25
+    max_ttl: float = DEFAULT_MAX_TTL
+    repair_interval: float = 5.0
+    repair_timeout: float = 2.0
+    outage_timeout: float | None = 5.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.namespace, str) or not _NAMESPACE_RE.match(self.namespace):
+            raise ValueError(
+                f"namespace must match {_NAMESPACE_RE.pattern} (no braces or glob characters),"
+                f" got {self.namespace!r}"
+            )
+        if self.node_timeout is not None:
+            validate_seconds("node_timeout", self.node_timeout)
+        for name in ("connect_timeout", "retry_delay_min", "retry_delay_max", "max_ttl",
+                     "repair_interval", "repair_timeout"):
+            validate_seconds(name, getattr(self, name))
+        if self.outage_timeout is not None:
+            validate_seconds("outage_timeout", self.outage_timeout)
+        if isinstance(self.drift_factor, bool) or not 0 <= self.drift_factor < 0.5:
+            raise ValueError(f"drift_factor must be in [0, 0.5), got {self.drift_factor!r}")
+        if self.retry_delay_min > self.retry_delay_max:
+            raise ValueError("retry_delay_min must not exceed retry_delay_max")
+
+    def drift(self, ttl: float) -> float:
+        """Clock drift allowance: ttl * drift_factor + a constant for timer granularity."""
+        return ttl * self.drift_factor + self.drift_constant
+
+    def request_ceiling(self, ttl: float | None) -> float:
+        """The most an adaptive request may wait: a fifth of the TTL (the rest is the
+        holder's), and a second without one (admin views, probes)."""
+        return 1.0 if ttl is None else min(2.0, max(ttl / 5, 0.01))
+
+    def check_ttl(self, ttl: object) -> float:
+        seconds = validate_seconds("ttl", ttl, upper=self.max_ttl)
+        if seconds <= self.drift(seconds):
+            raise ValueError(f"ttl={ttl!r} s is not larger than the clock-drift allowance")
+        return seconds
+
+
+@dataclass(frozen=True)
+class Keys:
+    """Key names. A resource's keys share a hash tag (``{resource}``): one slot."""
+
+    namespace: str
+
+    def lock(self, resource: str) -> str:
+        return f"{self.namespace}:{{{resource}}}:lock"
+
+    def fence(self, resource: str) -> str:
+        return f"{self.namespace}:{{{resource}}}:fence"
+
+    def channel(self, resource: str) -> str:
+        """Where a release publishes; also the key of the resource's local line."""
+        return f"{self.namespace}:{{{resource}}}:released"
+
+    def line(self, resource: str) -> str:
+        """The resource's waiting line on a node (docs/design.md §6)."""
+        return f"{self.namespace}:{{{resource}}}:line"
+
+    def line_deadlines(self, resource: str) -> str:
+        """When each entry of the waiting line lapses, by the node's clock."""
+        return f"{self.namespace}:{{{resource}}}:line-deadlines"
+
+    @property
+    def marker(self) -> str:
+        return f"{self.namespace}:node-marker"
+
+    def identify_command(self) -> tuple[str | int, ...]:
+        """IDENTIFY, as the transports send it first on every new connection: an EVAL
+        with the body (it never meets NOSCRIPT, and it is rare; docs/design.md §4.4)."""
+        return ("EVAL", node_scripts.IDENTIFY.source, 1, self.marker)
+
+    @property
+    def episode(self) -> str:
+        """When (by the node's clock) and in which server run it lost its data."""
+        return f"{self.namespace}:node-amnesia"
+
+    @property
+    def repair_guard(self) -> str:
+        return f"{self.namespace}:node-repair"
+
+    @property
+    def fence_pattern(self) -> str:
+        return f"{self.namespace}:{{*}}:fence"

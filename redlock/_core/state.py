@@ -1,0 +1,178 @@
+"""Mutable state shared between threads or tasks: one acquisition, and token floors."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from redlock import _fork
+from redlock._core.environment import Mutex
+from redlock._core.settings import shown
+from redlock.errors import LockLost, NodeResult, NotHeld
+
+
+def _nobody() -> None:
+    return None
+
+
+class Status(str, enum.Enum):
+    """Where one acquisition stands (compares equal to its text: ``"held"``...)."""
+
+    __str__ = str.__str__  # "held", on every Python (not "Status.HELD")
+
+    HELD = "held"
+    RELEASED = "released"
+    LOST = "lost"
+    HANDED_OVER = "handed over"  # exported: another handle (maybe elsewhere) owns it now
+
+
+class LockState:
+    """One acquisition (of one resource, or of a set: ``tokens`` has one per resource):
+    shared by the handles that re-entered it and by the renewal loop. ``resource`` is
+    what it is called in messages (the resource's name, or the set's label) and
+    ``token`` its largest token."""
+
+    def __init__(self, resource: str, owner: str, ttl: float, token: int, deadline: float,
+                 clock: Callable[[], float], mutex: Mutex, *,
+                 tokens: Mapping[str, int] | None = None) -> None:
+        self.resource = resource
+        self.owner = owner
+        self.ttl = ttl
+        self.tokens: dict[str, int] = dict(tokens) if tokens else {resource: token}
+        self.resources = tuple(self.tokens)
+        self.token = token
+        self.deadline = deadline  # monotonic time when validity runs out
+        self.depth = 1  # re-entries by the same owner (reentrant locks)
+        self.status = Status.HELD
+        self.lost_reason = ""
+        self.lost_outcomes: tuple[NodeResult, ...] = ()
+        self.release_called = False  # the owner released it (a second release is a no-op)
+        self.holder: Callable[[], object] = _nobody  # the owner thread or task, weakly
+        self.mutex = mutex
+        self._clock = clock
+        self.generation = _fork.generation  # made in this process, not an ancestor
+
+    @property
+    def inherited(self) -> bool:
+        """Acquired by an ancestor process before it forked this one: it is that
+        process's (its renewal loop renews it there); this process neither renews nor
+        releases it, and a thread lock another thread held at the fork may never be
+        released here, so ``mutex`` must not be taken (docs/design.md §5.7)."""
+        return self.generation != _fork.generation
+
+    def validity(self) -> float:
+        if self.status != Status.HELD or self.inherited:
+            return 0.0
+        return max(0.0, self.deadline - self._clock())
+
+    def check(self) -> None:
+        """Raise unless the lock is held and still valid."""
+        if self.inherited:
+            raise NotHeld(f"lock on {shown(self.resources)} was acquired by the parent"
+                          " process before it forked this one: it is the parent's",
+                          resource=self.resource)
+        if self.status == Status.LOST:
+            raise LockLost(f"lock on {shown(self.resources)} was lost: {self.lost_reason}",
+                           resource=self.resource, outcomes=self.lost_outcomes)
+        if self.status == Status.RELEASED:
+            raise NotHeld(f"lock on {shown(self.resources)} was released", resource=self.resource)
+        if self.status == Status.HANDED_OVER:
+            raise NotHeld(f"lock on {shown(self.resources)} was handed over (exported): the"
+                          " adopter holds it now", resource=self.resource)
+        if self._clock() >= self.deadline:
+            raise LockLost(f"lock on {shown(self.resources)} expired: its validity ran out",
+                           resource=self.resource)
+
+    def expired(self) -> bool:
+        """Held, but its validity ran out (or it was lost, or it is an ancestor
+        process's): it no longer protects this process."""
+        return self.inherited or self.status == Status.LOST or (
+            self.status == Status.HELD and self._clock() >= self.deadline)
+
+    def renewed(self, deadline: float, ttl: float) -> bool:
+        """Record a successful extend; False if the acquisition ended meanwhile."""
+        with self.mutex:
+            if self.status != Status.HELD:
+                return False
+            self.deadline = deadline
+            self.ttl = ttl
+            return True
+
+    def mark_released(self) -> None:
+        with self.mutex:
+            if self.status == Status.HELD:
+                self.status = Status.RELEASED
+
+    def mark_lost(self, reason: str, outcomes: Sequence[NodeResult] = ()) -> bool:
+        """Returns True for the caller that made the transition (it fires callbacks)."""
+        with self.mutex:
+            if self.status != Status.HELD:
+                return False
+            self.status = Status.LOST
+            self.lost_reason = reason
+            self.lost_outcomes = tuple(outcomes)
+            return True
+
+
+@dataclass(frozen=True)
+class AcquireResult:
+    """What an acquire flow ended with: a state, or why not."""
+
+    state: LockState | None
+    outcomes: tuple[NodeResult, ...]
+    attempts: int
+    unavailable: bool  # fewer than a quorum of nodes answered healthily
+    reason: str
+
+
+@dataclass(frozen=True)
+class AttemptResult:
+    """What one acquire attempt ended with."""
+
+    state: LockState | None
+    outcomes: tuple[NodeResult, ...]
+    unavailable: bool = False  # fewer than a quorum of nodes answered healthily
+    permanent: bool = False  # ...and retrying cannot help (auth, permissions)
+    retry_now: bool = False  # the cluster was just initialised: try again at once
+    reason: str = ""
+
+
+class RoundTrips:
+    """Per node, a smoothed round-trip time and its variation, as TCP keeps them
+    (RFC 6298: alpha 1/8, beta 1/4), fed by the transports; the adaptive request
+    timeout is read from them (docs/design.md §2.4)."""
+
+    FLOOR = 0.05  # never less: a busy machine's hiccup is not an outage
+
+    def __init__(self, node_count: int, mutex: Mutex) -> None:
+        self._srtt: list[float | None] = [None] * node_count
+        self._rttvar = [0.0] * node_count
+        self._mutex = mutex
+
+    def after_fork(self, mutex: Mutex) -> None:
+        self._mutex = mutex  # a parent thread may have held the old one at the fork
+
+    def sample(self, node: int, seconds: float) -> None:
+        with self._mutex:
+            srtt = self._srtt[node]
+            if srtt is None:
+                self._srtt[node], self._rttvar[node] = seconds, seconds / 2
+            else:
+                self._rttvar[node] = 0.75 * self._rttvar[node] + 0.25 * abs(srtt - seconds)
+                self._srtt[node] = 0.875 * srtt + 0.125 * seconds
+
+    def estimate(self, node: int) -> float | None:
+        """The node's retransmission-timeout estimate, SRTT + 4 RTTVAR (None: unknown)."""
+        with self._mutex:
+            srtt = self._srtt[node]
+            return None if srtt is None else srtt + 4 * self._rttvar[node]
+
+    def timeout(self, quorum: int, ceiling: float) -> float:
+        """Time enough for a quorum to answer: twice the estimate of the quorum-th
+        fastest node, at least FLOOR, at most ``ceiling`` (until a quorum of nodes has
+        been measured: ``ceiling``)."""
+        known = sorted(e for e in map(self.estimate, range(len(self._srtt))) if e is not None)
+        if len(known) < quorum:
+            return ceiling
+        return min(ceiling, max(self.FLOOR, 2 * known[quorum - 1]))

@@ -1,0 +1,62 @@
+"""Between two attempts of a blocking acquire: how long to wait (docs/design.md §6.1,
+§6.2, §6.4). Pure: the algorithm asks, the shells wait."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import tenacity
+
+from redlock._core.settings import Settings
+from redlock.errors import NodeResult
+
+# The longest a waiter in line that hears releases waits between attempts: it keeps
+# its place in line, and a lost wake-up costs it at most this (docs/design.md §6.4).
+LINE_POLL_MAX = 0.5
+
+
+def patience(settings: Settings, request_timeout: float) -> float:
+    """How long a waiting-line entry stays without a new attempt from its waiter: two
+    of the longest waits between attempts (a wait and an attempt), so a live waiter
+    keeps its place and a dead one blocks the line briefly (about 1.1 s by default)."""
+    longest_wait = max(settings.retry_delay_max, LINE_POLL_MAX)
+    return 2 * (longest_wait + request_timeout) + 0.05
+
+
+class Waits:
+    """The waits of one acquire call: ``next()`` after each failed attempt."""
+
+    def __init__(self, settings: Settings, *, queued: bool) -> None:
+        self._settings = settings
+        self._queued = queued
+        self._state: tenacity.RetryCallState | None = None  # made on the first retry
+        self._wait = tenacity.wait_random_exponential(multiplier=settings.retry_delay_min,
+                                                      max=settings.retry_delay_max)
+
+    def next(self, attempt: int, outcomes: Sequence[NodeResult], *, unavailable: bool,
+             left: float | None) -> tuple[float, float | None]:
+        """(wait, patient wait or None) after failed attempt number ``attempt``;
+        ``left``: seconds to the caller's deadline (None: no deadline)."""
+        settings = self._settings
+        if self._state is None:
+            self._state = tenacity.RetryCallState(tenacity.Retrying(), None, (), {})
+        self._state.attempt_number = attempt
+        # tenacity's full jitter draws from [0, cap]; retry_delay_min is the floor its
+        # name promises (a near-zero wait only hammers the nodes the holder still owns).
+        delay = max(settings.retry_delay_min, float(self._wait(self._state)))
+        # The holder's key cannot free itself before its PTTL: no point polling faster
+        # than that, but never sleep past it either.
+        pttls = [r.pttl_ms for r in outcomes if r.pttl_ms is not None and r.pttl_ms > 0]
+        expiry = None if not pttls else max(min(pttls) / 1000.0, settings.retry_delay_min)
+        if expiry is not None:
+            delay = min(delay, expiry)
+        # Waiting in line where releases are heard, a release wakes the first in line:
+        # the next attempt is due only when the holder's key would expire by itself, or
+        # to keep our place (entries lapse after the patience without an attempt).
+        patient = None
+        if self._queued and not unavailable:
+            patient = LINE_POLL_MAX if expiry is None else min(LINE_POLL_MAX, expiry)
+        if left is not None:
+            delay = min(delay, left)
+            patient = None if patient is None else min(patient, left)
+        return delay, patient

@@ -1,0 +1,186 @@
+"""The sync transport's background reader (see :mod:`redlock._io.wire`).
+
+A request that ends before every reply came in (decided early, timed out, interrupted)
+leaves its connection here with the number of replies still owed: one thread, the
+drainer, reads them as they arrive and gives the connection back to its pool (or
+closes it, past its deadline: the node is hung). Releases of the same owner go out
+behind unanswered acquires on such a connection (``trail_releases``). Final releases
+that found no free connection wait, per node, for the next one given back (``queue``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import select
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import redis
+
+from redlock._core.requests import Broadcast, Call
+from redlock._io.wire import Late, LateConnections, late_sendable, render
+from redlock._scripts import lock as scripts
+
+# Final releases queued per node for its next free connection, at most.
+_QUEUED_PER_NODE = 1024
+
+ConnHandler = Callable[[int, Any], None]  # (node, connection)
+
+
+class SyncDrainer:
+    """Late connections of one transport, and the thread that drains them."""
+
+    def __init__(self, node_count: int, connect_timeout: float, *, give_back: ConnHandler,
+                 discard: ConnHandler) -> None:
+        self._connect_timeout = connect_timeout  # how long owed replies are waited for
+        self._give_back = give_back  # to the pool (after sending any queued releases)
+        self._discard = discard  # closed
+        self._late: LateConnections[Any] = LateConnections(node_count)
+        # Per node, final releases whose request ended before any connection was free:
+        # sent on the next connection to that node that is given back (bounded).
+        self._queued: list[list[Call]] = [[] for _ in range(node_count)]
+        self._mutex = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    def any(self) -> bool:
+        return self._late.any()
+
+    # -- final releases without a connection ---------------------------------------
+
+    def queue(self, node: int, calls: list[Call]) -> bool:
+        """Queue final releases for the node's next free connection (True), when every
+        call is one (see redlock._io.wire.late_sendable)."""
+        if not all(call.script is scripts.RELEASE and late_sendable(call) for call in calls):
+            return False
+        with self._mutex:
+            queue = self._queued[node]
+            queue.extend(calls)
+            del queue[:-_QUEUED_PER_NODE]  # the oldest go first: their keys expire by TTL
+        return True
+
+    def take_queued(self, node: int) -> list[Call]:
+        """The node's queued releases, for a connection being given back to send."""
+        if not self._queued[node]:
+            return []
+        with self._mutex:
+            calls, self._queued[node] = self._queued[node], []
+        return calls
+
+    def send(self, node: int, conn: Any, calls: list[Call]) -> None:
+        """Send calls nobody waits for on ``conn``: the drainer reads the replies, then
+        gives the connection back."""
+        try:
+            conn.send_packed_command(conn.pack_commands(
+                [render(call, evalsha=False) for call in calls]), check_health=False)
+        except Exception:
+            self._discard(node, conn)
+            return
+        self.keep(node, conn, calls, len(calls))
+
+    # -- connections with replies owed -----------------------------------------------
+
+    def keep(self, node: int, conn: Any, calls: list[Call], unread: int) -> None:
+        """``conn`` owes ``unread`` replies to ``calls``: read them in the background."""
+        if getattr(conn, "_sock", None) is None or self._closed:
+            self._discard(node, conn)
+            return
+        evicted = self._late.add(Late(conn, node, calls, unread,
+                                      time.monotonic() + self._connect_timeout))
+        if evicted is not None:
+            self._dispose(evicted, give_back=False)
+        with self._mutex:
+            thread = self._thread
+            if self._closed or (thread is not None and (thread.ident is None
+                                                        or thread.is_alive())):
+                return  # running, or about to start (closed: close() drains what is left)
+            thread = self._thread = threading.Thread(target=self._drain,
+                                                     name="redlock-drain", daemon=True)
+        # Started outside the lock: starting a thread waits for it, and no lock of ours is
+        # held across a wait (under gevent a waiting greenlet holding it stops everyone).
+        thread.start()
+
+    def trail_releases(self, request: Broadcast) -> None:
+        """Write each release behind the unanswered acquires of the same owner."""
+        for call in request.calls:
+            for late in self._late.behind(call):
+                with late.mutex, contextlib.suppress(Exception):  # the normal release too
+                    if late.closed:
+                        continue
+                    late.conn.send_command(*render(call, evalsha=False), check_health=False)
+                    late.outstanding += 1
+
+    def _drain(self) -> None:
+        """Read late replies as they arrive; a drained connection goes back to the pool,
+        one past its deadline (the node is hung) is closed. Ends when none is left."""
+        while not self._closed:
+            entries = self._late.entries()
+            if not entries:
+                with self._mutex:
+                    if not self._late.any():
+                        self._thread = None
+                        return
+                continue
+            now = time.monotonic()
+            for late in [e for e in entries if e.deadline <= now or e.conn._sock is None]:
+                self._dispose(late, give_back=False)  # past its deadline (hung), or broken
+            live = [e for e in entries if not e.closed and e.deadline > now
+                    and e.conn._sock is not None]
+            if not live:
+                continue
+            with contextlib.suppress(Exception):
+                readable, _, _ = select.select([e.conn._sock for e in live], [], [], 0.05)
+                for late in (e for e in live if e.conn._sock in readable):
+                    self._drain_one(late)
+
+    def _drain_one(self, late: Late[Any]) -> None:
+        with late.mutex:
+            if late.closed:  # evicted, or past its deadline: no longer ours to read
+                return
+            try:
+                while late.outstanding and late.conn.can_read(timeout=0):
+                    late.conn.read_response(timeout=0.05, disconnect_on_error=False)
+                    late.outstanding -= 1
+            except redis.ResponseError:
+                late.outstanding -= 1
+            except Exception:
+                late.outstanding = -1  # broken: close it
+            if late.outstanding > 0:
+                return
+        self._dispose(late, give_back=late.outstanding == 0)
+
+    def _dispose(self, late: Late[Any], *, give_back: bool) -> None:
+        """Done with a late connection: back to the pool (everything read) or closed.
+        Whoever marks it closed, under its lock, disposes of it, exactly once: given
+        back twice, a connection could be handed to two requests at once, and one would
+        read the other's replies (seen: a release got an IDENTIFY reply, another the
+        reply of a handshake's CLIENT SETINFO), and the drainer must never read from a
+        connection the pool has given to another request since."""
+        with late.mutex:
+            if late.closed or (give_back and late.outstanding):
+                return  # disposed of already; or a release was written behind meanwhile
+            late.closed = True
+        self._late.remove(late)
+        if give_back:
+            self._give_back(late.node, late.conn)
+        else:
+            self._discard(late.node, late.conn)
+
+    def close(self) -> None:
+        """Stop the drainer (it ends within one select) and close what it still held."""
+        with self._mutex:  # against keep() starting a thread
+            self._closed = True
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            # keep() may have made the thread and not started it yet (it starts it
+            # outside the lock): wait for the start, a join before it raises. Once
+            # started the thread sees _closed and ends within one select.
+            until = time.monotonic() + self._connect_timeout + 0.1
+            while thread.ident is None and time.monotonic() < until:
+                time.sleep(0.001)
+            if thread.ident is not None:
+                thread.join(max(0.0, until - time.monotonic()))
+        for late in self._late.drain():
+            self._discard(late.node, late.conn)

@@ -1,0 +1,394 @@
+"""The sync transport: parallel requests to N nodes from one thread.
+
+Parallel means parallel on one thread: a request's commands are written to every
+node first (scatter), then the replies are read as they arrive (gather, ``select``
+over the sockets), so N nodes cost one round trip, not N; the request ends as soon
+as its replies decide it (early quorum) or at its deadline. What is left unread is
+read in the background (see :mod:`redlock._io.wire`). A node without an open
+connection is connected in the background with its own budget (``connect_timeout``):
+the request waits for it only until its own deadline, and a hung node that accepts
+TCP but never answers the handshake costs one node timeout, not the connect budget.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import select
+import threading
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import redis
+from redis.backoff import NoBackoff
+from redis.connection import parse_url
+from redis.exceptions import NoScriptError
+from redis.retry import Retry
+
+from redlock._core.requests import Broadcast, Call, CommandArg, Replies
+from redlock._io.failures import as_failure, map_failures
+from redlock._io.nodes import build_pool, check_node_list, node_labels, pool_overrides
+from redlock._io.sync_drainer import SyncDrainer
+from redlock._io.sync_exchange import Connect, Group, by_node, given, has_input, is_new
+from redlock._io.wire import (
+    NOT_AWAITED,
+    PENDING,
+    SENT_LATE,
+    STRAGGLER_GRACE_MIN,
+    fill_pending,
+    late_sendable,
+    render,
+)
+from redlock._scripts import lock as scripts
+
+# Connections opening at once per node: a hung node does not collect threads. A request
+# that needs one beyond this waits (polling every 2 ms) for a slot, or a connection given
+# back, until its deadline: it never fails at once, so a burst of threads on healthy
+# nodes (64 threads' first requests, or after a restart) is served.
+_CONNECTS_PER_NODE = 16
+# A request under way notices close() within this (it ends, and close() waits for it).
+_CLOSE_NOTICED = 0.05
+# At the deadline, how long reading the replies that are already arriving may take: a
+# thread starved of the GIL (the switch interval is 5 ms, and dozens of threads wait)
+# needs more than the read itself.
+_LAST_READ = 0.05
+
+
+class SyncTransport:
+    """One connection pool per node, and scatter/gather over raw connections."""
+
+    def __init__(self, nodes: Iterable[str | redis.Redis], connect_timeout: float,
+                 identify: tuple[CommandArg, ...] | None = None) -> None:
+        # ``identify``: the command sent first on every new connection (IDENTIFY, docs/
+        # design.md §4.4); its reply is returned with the request's (Replies.identities).
+        self.identify = identify
+        # Our reads carry their own timeouts: the pools' socket timeout bounds only the
+        # connection's handshake (and a send that cannot proceed), like connecting.
+        overrides = pool_overrides(connect_timeout, Retry(NoBackoff(), 0))
+        items = check_node_list(nodes, redis.Redis, "redis.Redis")
+        self.pools: list[redis.ConnectionPool] = [
+            build_pool(node, redis.ConnectionPool, parse_url, overrides) for node in items]
+        self.addresses = node_labels(items)
+        self.items = items  # the nodes as given (a forked child builds its own pools)
+        self.connect_timeout = connect_timeout
+        # Replies owed on connections nobody waits on any more; queued final releases.
+        self._drainer = SyncDrainer(len(self.pools), connect_timeout,
+                                    give_back=self._give_back, discard=self._discard)
+        self._connects = [0] * len(self.pools)  # opening now, per node
+        self._opening: set[threading.Thread] = set()  # their threads (close() joins them)
+        # Lanes (redlock._core.requests.Broadcast.lane): per lane and node, its connections,
+        # checked out of the pool and kept aside.
+        self._lanes: dict[str, list[list[Any]]] = {}
+        self._mutex = threading.Lock()
+        self._closed = False
+        self._active = 0  # requests under way (close() waits for them to end)
+        self._idle_now = threading.Condition(self._mutex)
+        # The call sent first on every new connection, and who is told the replies
+        # (node -> reply) before the request's replies are returned (set by the manager).
+
+    # -- a request ---------------------------------------------------------------
+
+    def broadcast(self, request: Broadcast) -> Replies:
+        """Every call's reply or exception (NOT_AWAITED for those the request was
+        decided without). Calls for one node share one connection and one write."""
+        with self._mutex:
+            if self._closed:  # a thread or background flow racing the manager's close
+                return Replies([as_failure(redis.ConnectionError("the manager is closed"))]
+                               * len(request.calls))
+            self._active += 1  # close() waits for the requests under way
+        try:
+            return self._broadcast(request)
+        finally:
+            with self._mutex:
+                self._active -= 1
+                if not self._active:
+                    self._idle_now.notify_all()
+
+    def _broadcast(self, request: Broadcast) -> Replies:
+        if self._drainer.any():
+            self._drainer.trail_releases(request)
+        deadline = time.monotonic() + request.timeout
+        replies = Replies([PENDING] * len(request.calls))
+        groups = by_node(request)
+        sent: list[Group] = []
+        # Nodes without an open connection: opening one in the background, or (None)
+        # waiting for a free slot to open one, or for a connection given back.
+        connecting: list[tuple[Group, Connect | None]] = []
+        try:
+            for group in groups:  # scatter: nodes with an open connection at once
+                conn = self._idle_connection(group.node, group.lane)
+                if conn is not None:
+                    self._send(group, conn, replies, sent)
+                else:
+                    connecting.append((group, self._connect(group.node,
+                                                            anyway=group.lane is not None)))
+            self._gather(request, replies, sent, connecting, deadline)
+        finally:
+            decided = request.enough is not None and request.enough(replies,
+                                                                    replies.identities)
+            for group, attempt in connecting:  # still connecting: it joins the pool later
+                if attempt is None:
+                    queued = self._drainer.queue(group.node, group.calls)
+                    fill_pending(group.indexes, replies, SENT_LATE if queued else
+                                 redis.TimeoutError(
+                                     f"no connection: {_CONNECTS_PER_NODE} were still opening"))
+                    continue
+                late = self._abandon(attempt, group.calls)
+                fill_pending(group.indexes, replies, SENT_LATE if late else redis.TimeoutError(
+                    f"still connecting (connect_timeout {self.connect_timeout:g} s)"))
+            for group in sent:
+                if not group.done:  # decided without it, timed out or interrupted
+                    unread = (sum(1 for i in group.indexes if replies[i] is PENDING)
+                              + (group.probed and group.identity is PENDING)
+                              - (len(group.unknown) if not group.resent else 0))
+                    fill_pending(group.indexes, replies, NOT_AWAITED if decided else
+                               redis.TimeoutError("Timeout reading from socket"))
+                    self._drainer.keep(group.node, group.conn, group.calls, unread)
+        map_failures(replies)  # redis-py errors as the library's (_io/failures.py)
+        return replies
+
+    def _gather(self, request: Broadcast, replies: Replies, sent: list[Group],
+                connecting: list[tuple[Group, Connect | None]], deadline: float) -> None:
+        started, decided = time.monotonic(), False
+        while True:
+            if not decided and request.enough is not None and request.enough(
+                    replies, replies.identities):
+                # Decided: the stragglers get as long again as the decision took (all of
+                # a healthy cluster's replies come in together), then no longer.
+                decided = True
+                now = time.monotonic()
+                deadline = min(deadline, now + max(now - started, STRAGGLER_GRACE_MIN))
+            for position, (group, attempt) in enumerate(connecting):
+                if attempt is None:  # waiting for a slot: a connection given back, or a slot
+                    conn = self._idle_connection(group.node)
+                    if conn is not None:
+                        connecting[position] = (group, given(group.node, conn))
+                    else:
+                        connecting[position] = (group, self._connect(group.node))
+            for item in [c for c in connecting if c[1] is not None and c[1].ready.is_set()]:
+                connecting.remove(item)
+                group, attempt = item
+                assert attempt is not None
+                conn = attempt.conn
+                if conn is None:
+                    fill_pending(group.indexes, replies, attempt.error or redis.ConnectionError(
+                        "connection failed"))
+                else:
+                    self._send(group, conn, replies, sent)
+            waiting = [g for g in sent if not g.done]
+            if (not waiting and not connecting) or self._closed:
+                return  # (closed: close() waits for this request; what is unread is lost)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                # A reply already in a socket came in time, even if this thread (many
+                # threads, one GIL) is only now looking: read what is there, then stop.
+                for group in [g for g in waiting if has_input(g.conn)]:
+                    self._read(group, replies, time.monotonic() + _LAST_READ)
+                return
+            ready = [g for g in waiting if has_input(g.conn)]
+            if not ready and waiting:
+                # Wake for a reply, or every few ms while a connection is still opening.
+                wait = min(left, 0.002 if connecting else _CLOSE_NOTICED)
+                try:
+                    readable, _, _ = select.select([g.conn._sock for g in waiting], [], [],
+                                                   wait)
+                    ready = [g for g in waiting if g.conn._sock in readable]
+                except (OSError, TypeError, ValueError):  # a socket closed under us
+                    ready = waiting
+            elif not waiting:
+                first = connecting[0][1]
+                if first is not None:
+                    first.ready.wait(min(left, 0.002))
+                else:
+                    time.sleep(min(left, 0.002))
+            for group in ready:
+                self._read(group, replies, deadline)
+
+    def _send(self, group: Group, conn: Any, replies: Replies,
+              sent: list[Group]) -> None:
+        group.conn = conn
+        try:
+            # A new connection: identify the server first, and send script bodies (the
+            # server may be new, or restarted: EVALSHA would cost a NOSCRIPT round trip).
+            new = is_new(conn)
+            commands = [render(call, evalsha=not new) for call in group.calls]
+            if new and self.identify is not None:
+                group.probed = True
+                commands.insert(0, self.identify)
+            conn.send_packed_command(conn.pack_commands(commands), check_health=False)
+            group.sent_at = time.monotonic()
+            sent.append(group)
+        except Exception as exc:
+            fill_pending(group.indexes, replies, exc)
+            group.done = True
+            self._discard(group.node, conn)
+
+    def _read(self, group: Group, replies: Replies, deadline: float) -> None:
+        """Read the group's replies (they are arriving): done, failed (and closed), or
+        not complete at the deadline (the rest is read later, or in the background)."""
+        conn = group.conn
+        try:
+            if group.probed and group.identity is PENDING:
+                group.identity = self._read_one(conn, deadline)
+                conn._redlock_identified = conn._sock  # this connection is known now
+                # Among the replies at once: this request's own early decision must not
+                # count a restarted node's grant.
+                replies.identities[group.node] = group.identity
+            for index in group.indexes:
+                if replies[index] is not PENDING or index in group.unknown:
+                    continue  # read already, before a timeout
+                reply = self._read_one(conn, deadline)
+                if not group.sampled:
+                    group.sampled = True
+                    replies.round_trips[group.node] = time.monotonic() - group.sent_at
+                if isinstance(reply, NoScriptError):  # SCRIPT FLUSH since: send the body
+                    group.unknown.append(index)
+                else:
+                    replies[index] = reply
+            if group.unknown and not group.resent:
+                group.resent = True
+                by_index = dict(zip(group.indexes, group.calls, strict=True))
+                conn.send_packed_command(conn.pack_commands(
+                    [render(by_index[i], evalsha=False) for i in group.unknown]),
+                    check_health=False)
+            while group.unknown:
+                replies[group.unknown[0]] = self._read_one(conn, deadline)
+                group.unknown.pop(0)
+        except redis.TimeoutError:
+            return  # not done: kept (late) if the request ends without it
+        except Exception as exc:
+            fill_pending(group.indexes, replies, exc)
+            group.done = True
+            self._discard(group.node, conn)
+            return
+        group.done = True
+        self._give_back(group.node, conn, group.lane)
+
+    @staticmethod
+    def _read_one(conn: Any, deadline: float) -> object:
+        """One reply; an error reply is returned, not raised (it is that call's result)."""
+        try:
+            return conn.read_response(timeout=max(deadline - time.monotonic(), 0.0005),
+                                      disconnect_on_error=False)
+        except redis.ResponseError as exc:
+            return exc
+
+    # -- connections ---------------------------------------------------------------
+
+    @staticmethod
+    def _has_idle(pool: redis.ConnectionPool) -> bool:
+        idle = getattr(pool, "_available_connections", None)
+        try:
+            newest = idle[-1] if idle else None  # the one get_connection() pops next
+        except IndexError:  # another thread took it meanwhile
+            return False
+        return getattr(newest, "_sock", None) is not None
+
+    def _idle_connection(self, node: int, lane: str | None = None) -> Any:
+        """An open connection from the pool (or the lane), without connecting (None if
+        there is none)."""
+        if lane is not None:  # the lane's own; the first time, one from the pool
+            with self._mutex:
+                kept = self._lanes.setdefault(lane, [[] for _ in self.pools])[node]
+                while kept:
+                    conn = kept.pop()
+                    if getattr(conn, "_sock", None) is not None:
+                        return conn
+        pool = self.pools[node]
+        if not self._has_idle(pool):
+            return None
+        try:
+            return pool.get_connection()  # may still reconnect if it raced: rare, bounded
+        except Exception:
+            return None
+
+    def _connect(self, node: int, *, anyway: bool = False) -> Connect | None:
+        """A connection to ``node`` opening in the background for one request (None when
+        too many are opening already: the node is slow to accept or to handshake;
+        ``anyway``: a lane's, which does not wait for a slot)."""
+        attempt = Connect(node)
+
+        def run() -> None:
+            try:
+                attempt.conn = self.pools[node].get_connection()
+            except Exception as exc:
+                attempt.error = exc
+            finally:
+                with self._mutex:
+                    self._connects[node] -= 1
+            with attempt.mutex:
+                attempt.ready.set()
+                abandoned = attempt.abandoned
+            if abandoned and attempt.conn is not None:
+                self._hand_back(attempt)  # warm, for the next request
+            with self._mutex:
+                self._opening.discard(threading.current_thread())
+
+        thread = threading.Thread(target=run, name="redlock-connect", daemon=True)
+        with self._mutex:
+            if self._closed or (self._connects[node] >= _CONNECTS_PER_NODE and not anyway):
+                return None  # (closed: close() has collected the threads it waits for)
+            self._connects[node] += 1
+            self._opening.add(thread)
+        thread.start()
+        return attempt
+
+    def _abandon(self, attempt: Connect, calls: list[Call] | None = None) -> bool:
+        """The request gives up on the connection: to the pool now, or when ready (with
+        ``calls`` sent on it first if they are all final releases: True)."""
+        with attempt.mutex:
+            attempt.abandoned = True
+            late = list(calls or ())
+            attempt.late = late if late and all(
+                call.script is scripts.RELEASE and late_sendable(call) for call in late) else []
+            ready = attempt.ready.is_set()
+        if ready and attempt.conn is not None:
+            self._hand_back(attempt)
+        return bool(attempt.late)
+
+    def _hand_back(self, attempt: Connect) -> None:
+        """A connection its request gave up on: its late releases go out on it (read by
+        the drainer, which then gives it back), else it joins the pool at once."""
+        conn, node = attempt.conn, attempt.node
+        if not attempt.late or self._closed:
+            self._give_back(node, conn)
+            return
+        self._drainer.send(node, conn, attempt.late)
+
+    def _give_back(self, node: int, conn: Any, lane: str | None = None) -> None:
+        """A connection back to its pool (first carrying the node's queued releases, if
+        any), or to its lane; once the manager is closed, closed instead (a request that
+        was under way when close() ran must not leave it open)."""
+        if lane is not None and not self._closed:
+            with self._mutex:
+                self._lanes.setdefault(lane, [[] for _ in self.pools])[node].append(conn)
+            return
+        calls = [] if self._closed else self._drainer.take_queued(node)
+        if calls:
+            self._drainer.send(node, conn, calls)
+            return
+        self.pools[node].release(conn)
+        if self._closed:
+            self._discard(node, conn)
+
+    def _discard(self, node: int, conn: Any) -> None:
+        with contextlib.suppress(Exception):
+            conn.disconnect()
+        with contextlib.suppress(Exception):
+            self.pools[node].release(conn)
+
+    def close(self) -> None:
+        """Close every connection; the drainer and the threads still opening connections
+        end before this returns (each within its budget: a close leaves no thread)."""
+        with self._mutex:  # against _connect starting threads
+            self._closed = True
+            # Requests under way notice within _CLOSE_NOTICED and end: their sockets
+            # must be closed below, not after this returns.
+            self._idle_now.wait_for(lambda: not self._active, timeout=2 * self.connect_timeout)
+            threads = list(self._opening)
+        self._drainer.close()
+        for thread in threads:
+            if thread is not threading.current_thread():
+                thread.join(self.connect_timeout + 0.1)
+        for pool in self.pools:
+            pool.disconnect()

@@ -1,0 +1,297 @@
+"""Wake-ups from releases anywhere (docs/design.md §6): the bookkeeping shared by the
+sync and asyncio listeners, which only add the connections and the reading.
+
+A release publishes, on each node, the waiter id of the first in that node's waiting
+line (``''`` when nobody is in line). A manager keeps one subscription connection per
+node, subscribed to the release channels its blocking acquires wait on right now
+(and, for :data:`LINGER` seconds after, so steady contention does not churn
+subscriptions). A message wakes the local waiter it names, or, naming nobody, the
+first local waiter on that channel: one, not the herd. Wake-ups are hints: a lost one
+costs a waiter its backoff, never safety.
+
+A subscription only hears what is published after it is in place, so a release
+between a waiter's refused attempt and the subscription would be missed: when a
+channel's subscription comes up (on its first node, or again after every node lost
+it) its waiters are woken to look again. A waiter watches from its first wait on; a
+release heard during its first attempt woke nobody and is kept for a while, and the
+waiter's first watch claims it (see :meth:`WakeRegistry._claim`).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from redlock._core.requests import Wakeable
+from redlock._observe.log import get_logger
+
+logger = get_logger("redlock.nodes")
+
+# How long a channel stays subscribed after its last waiter stopped waiting.
+LINGER = 2.0
+# An idle subscription connection is pinged this often; one that does not answer
+# within twice that is reconnected (a half-open TCP connection hears nothing).
+PING_INTERVAL = 5.0
+# A listener with nothing to listen to for this long closes its connections.
+IDLE_CLOSE = 30.0
+# How many releases that woke nobody are kept per channel (see WakeRegistry._claim).
+UNCLAIMED_KEPT = 8
+# Reconnecting a node's subscription: the first wait, doubling up to the longest.
+RECONNECT_MIN, RECONNECT_MAX = 0.1, 5.0
+
+
+@dataclass(eq=False)
+class Watch:
+    """One wait: the channels that may end it, the waiter id a message must name
+    (None: woken only by a message naming nobody) and the event to set."""
+
+    channels: tuple[str, ...]
+    waiter: str | None
+    event: Wakeable
+    woken: bool = field(default=False)
+
+
+def _is_waiter_id(data: str) -> bool:
+    return len(data) == 40
+
+
+class WakeRegistry:
+    """The waits of one manager, by channel (thread-safe). ``changed`` is called when
+    the set of wanted channels grew, so the listeners subscribe at once."""
+
+    def __init__(self, changed: Callable[[], None] = lambda: None) -> None:
+        self.changed = changed
+        self._mutex = threading.Lock()
+        self._watches: dict[str, list[Watch]] = {}
+        self._idle_since: dict[str, float] = {}  # channels without a wait, lingering
+        self._live: dict[str, set[int]] = {}  # channel -> nodes it is subscribed on
+        self._refused: set[int] = set()  # nodes that refused SUBSCRIBE (told once)
+        # channel -> the last releases that woke nobody here: (heard at, data)
+        self._unclaimed: dict[str, deque[tuple[float, str]]] = {}
+
+    # -- the waiters' side ---------------------------------------------------------
+
+    def watch(self, channels: Iterable[str], waiter: str | None, event: Wakeable,
+              since: float | None = None) -> Watch:
+        """Wake ``event`` on releases from now on; ``since`` (monotonic): when the
+        waiter's call started, releases heard since then that woke nobody count too."""
+        watch = Watch(tuple(channels), waiter, event)
+        grew = False
+        with self._mutex:
+            for channel in watch.channels:
+                waits = self._watches.setdefault(channel, [])
+                grew |= not waits and self._idle_since.pop(channel, None) is None
+                waits.append(watch)
+            missed = since is not None and self._claim(watch.channels, waiter, since)
+        if grew:
+            self.changed()
+        if missed:
+            event.set()
+        return watch
+
+    def unwatch(self, watch: Watch) -> None:
+        now = time.monotonic()
+        with self._mutex:
+            for channel in watch.channels:
+                waits = self._watches.get(channel)
+                if waits is None or watch not in waits:
+                    continue
+                waits.remove(watch)
+                if not waits:
+                    del self._watches[channel]
+                    self._idle_since[channel] = now
+
+    # -- the listeners' side -------------------------------------------------------
+
+    def wanted(self) -> set[str]:
+        """The channels to be subscribed now (lingering ones included)."""
+        now = time.monotonic()
+        with self._mutex:
+            for channel in [c for c, t in self._idle_since.items() if now - t >= LINGER]:
+                del self._idle_since[channel]
+                self._unclaimed.pop(channel, None)
+            return set(self._watches) | set(self._idle_since)
+
+    def subscribed(self, node: int, channel: str) -> None:
+        """``node`` confirmed the subscription. The first node to confirm wakes the
+        channel's waiters: a release before it was missed."""
+        with self._mutex:
+            live = self._live.setdefault(channel, set())
+            first = not live
+            live.add(node)
+            waits = list(self._watches.get(channel, ())) if first else []
+        for watch in waits:
+            watch.event.set()
+
+    def unsubscribed(self, node: int, channel: str) -> None:
+        with self._mutex:
+            live = self._live.get(channel)
+            if live is not None:
+                live.discard(node)
+                if not live:
+                    del self._live[channel]
+
+    def node_lost(self, node: int) -> None:
+        """The node's subscription connection broke: it hears nothing until resubscribed."""
+        with self._mutex:
+            for channel in list(self._live):
+                self._live[channel].discard(node)
+                if not self._live[channel]:
+                    del self._live[channel]
+
+    def refused(self, node: int, address: str, error: BaseException, *,
+                hint: str = "allow SUBSCRIBE on the namespace's channels") -> None:
+        """The node refused SUBSCRIBE (an ACL without channel permissions), or no
+        subscription connection can be made with the node's settings: its waiters fall
+        back to their backoff. Told once per node."""
+        with self._mutex:
+            if node in self._refused:
+                return
+            self._refused.add(node)
+        logger.warning("redlock.release_feed_refused", node=address,
+                       error=f"{type(error).__name__}: {error}",
+                       hint=f"waiters in other processes notice releases by polling ({hint})")
+
+    def deliver(self, channel: str, data: str) -> None:
+        """A release on some node: wake the waiter it names, or the first one. Woken
+        nobody: kept for a while, for a waiter still in its first attempt (below)."""
+        with self._mutex:
+            waits = self._watches.get(channel, [])
+            # Named: that waiter (if it waits here); unnamed: the first, one only.
+            woken = [w for w in waits if w.waiter == data] if _is_waiter_id(data) else waits[:1]
+            if not woken:
+                self._unclaimed.setdefault(channel, deque(maxlen=UNCLAIMED_KEPT)).append(
+                    (time.monotonic(), data))
+        for watch in woken:
+            watch.event.set()
+
+    def _claim(self, channels: tuple[str, ...], waiter: str | None, since: float) -> bool:
+        """A release heard since ``since`` that named ``waiter``, or nobody, and woke
+        no one (call under the mutex). A waiter watches from its first wait on, so a
+        release during its first attempt (the lock was still held when the attempt
+        reached the nodes) would otherwise cost it its whole patient wait."""
+        for channel in channels:
+            kept = self._unclaimed.get(channel)
+            for entry in list(kept or ()):
+                heard_at, data = entry
+                if heard_at >= since and (data == waiter or data == ""):
+                    kept.remove(entry)  # type: ignore[union-attr]
+                    return True
+        return False
+
+    def live(self, channel: str) -> bool:
+        """Subscribed on some node (for tests and inspection)."""
+        with self._mutex:
+            return bool(self._live.get(channel))
+
+
+@dataclass
+class NodeSubscription:
+    """What one node's subscription connection has asked for, and its health: the
+    decisions of a listener's loop, apart from its I/O."""
+
+    node: int
+    registry: WakeRegistry
+    channels: set[str] = field(default_factory=set)
+    last_heard: float = field(default_factory=time.monotonic)
+    ping_sent: float | None = None
+    idle_since: float | None = None
+
+    def commands(self) -> list[tuple[str, ...]]:
+        """SUBSCRIBE / UNSUBSCRIBE to send on the connection so it listens to what is
+        wanted (it is taken as sent), and a PING when due."""
+        wanted = self.check_idle()
+        commands: list[tuple[str, ...]] = []
+        new, gone = sorted(wanted - self.channels), sorted(self.channels - wanted)
+        if new:
+            commands.append(("SUBSCRIBE", *new))
+        if gone:
+            commands.append(("UNSUBSCRIBE", *gone))
+        self.channels = wanted
+        now = time.monotonic()
+        if self.ping_sent is None and now - self.last_heard >= PING_INTERVAL:
+            self.ping_sent = now
+            commands.append(("PING",))
+        return commands
+
+    def check_idle(self) -> set[str]:
+        """The wanted channels; keeps the clock of :meth:`idle` (also while the node is
+        down: a listener with nothing to listen to stops either way)."""
+        wanted = self.registry.wanted()
+        if wanted:
+            self.idle_since = None
+        elif self.idle_since is None:
+            self.idle_since = time.monotonic()
+        return wanted
+
+    def heard(self, message: Any) -> None:
+        """One message read from the connection."""
+        self.last_heard = time.monotonic()
+        if not isinstance(message, list) or not message:
+            return
+        kind = _text(message[0])
+        if kind == "message" and len(message) == 3:
+            self.registry.deliver(_text(message[1]), _text(message[2]))
+        elif kind == "subscribe" and len(message) >= 2:
+            self.registry.subscribed(self.node, _text(message[1]))
+        elif kind == "unsubscribe" and len(message) >= 2:
+            self.registry.unsubscribed(self.node, _text(message[1]))
+        elif kind == "pong":
+            self.ping_sent = None
+
+    def silent(self) -> bool:
+        """A ping went unanswered for too long: the connection is dead."""
+        return (self.ping_sent is not None
+                and time.monotonic() - self.ping_sent >= 2 * PING_INTERVAL)
+
+    def idle(self) -> bool:
+        """Nothing to listen to for :data:`IDLE_CLOSE`: the listener may stop."""
+        return self.idle_since is not None and time.monotonic() - self.idle_since >= IDLE_CLOSE
+
+    def lost(self) -> None:
+        """The connection broke: everything is asked for again on the next one."""
+        self.registry.node_lost(self.node)
+        self.channels = set()
+        self.ping_sent = None
+        self.last_heard = time.monotonic()
+
+
+def _text(value: object) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def subscription_connection(registry: WakeRegistry, node: int, address: str, pool: Any,
+                            connect_timeout: float, read_timeout: float | None,
+                            retry: Any) -> Any | None:
+    """:func:`listener_connection` for ``node``, or None when its settings make none
+    (told once as ``redlock.release_feed_refused``: its waiters poll)."""
+    try:
+        return listener_connection(pool, connect_timeout, read_timeout, retry)
+    except Exception as exc:
+        registry.refused(node, address, exc,
+                         hint="no subscription connection can be made with this node's"
+                              " settings")
+        return None
+
+
+def listener_connection(pool: Any, connect_timeout: float, read_timeout: float | None,
+                        retry: Any) -> Any:
+    """A subscription connection to a pool's node (not taken from the pool: it lives as
+    long as the listener): the node's settings, speaking RESP2 (messages are plain
+    arrays), with no hidden retries (``retry``: a no-retry policy of the flavour) and
+    our own timeouts."""
+    kwargs = {**pool.connection_kwargs, "protocol": 2, "socket_timeout": read_timeout,
+              "socket_connect_timeout": connect_timeout, "retry": retry,
+              "health_check_interval": 0, "decode_responses": False}
+    if "maint_notifications_config" in kwargs:
+        # redis-py 7+ turns maintenance notifications on for RESP3 pools; they need RESP3
+        # or hiredis, and without hiredis a RESP2 connection that carries the pool's
+        # setting raises in its constructor. A subscription needs none of it.
+        kwargs["maint_notifications_config"] = None
+        kwargs.pop("maint_notifications_pool_handler", None)
+        kwargs.pop("oss_cluster_maint_notifications_handler", None)
+    return pool.connection_class(**kwargs)

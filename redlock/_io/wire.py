@@ -1,0 +1,166 @@
+"""What the sync and asyncio transports share (docs/design.md §2.4, §5.5).
+
+* Rendering calls as commands: EVALSHA, or EVAL with the body on a connection the
+  server has not seen scripts on yet (a new connection, maybe to a restarted server:
+  loading the script costs no extra round trip) and after NOSCRIPT.
+* Early decisions: a request may carry ``enough(replies)``; the transport stops waiting
+  as soon as it is true (a quorum granted, or can no longer grant) and returns the
+  replies it has, :data:`NOT_AWAITED` standing for the others.
+* Late connections: a connection whose replies were not all read (the request was
+  decided without them, timed out, or was interrupted) is not closed. Its replies are
+  read in the background, off the hot path, and it goes back to the pool: a reply that
+  is merely late does not cost a healthy connection. An acquire among them may still
+  run on its node (a hung node works through its socket when it comes back): the
+  release for the same owner is written *behind* it on the same socket, so the node
+  runs our release after our acquire, in order; a release on a new connection would
+  wait for a handshake that a hung node never answers.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any, Generic, TypeVar
+
+from redlock._core.requests import NOT_AWAITED, PENDING, SENT_LATE, Call, NotAwaited
+from redlock._scripts import lock as scripts
+
+__all__ = ["NOT_AWAITED", "PENDING", "SENT_LATE", "STRAGGLER_GRACE_MIN", "Late", "LateConnections",
+           "NotAwaited", "fill_pending", "late_sendable", "pack", "render"]
+
+Conn = TypeVar("Conn")
+
+# Late connections kept per node; beyond this the oldest is closed.
+LATE_PER_NODE = 16
+
+# Once a request is decided (a quorum answered), the stragglers get as long again as the
+# decision took, but at least this long: on loopback the decision takes ~0.1 ms and the
+# last node's reply is typically a few tens of microseconds behind. Reading it costs
+# nothing and keeps the connection out of the late pool (and its vote counts).
+STRAGGLER_GRACE_MIN = 0.001
+
+
+_hiredis_pack: Callable[[tuple[Any, ...]], bytes] | None
+try:  # hiredis (redis-py's optional speed-up) packs a command 5-8x faster than
+    # redis.asyncio's pure-Python packer (the sync one uses hiredis by itself)
+    from hiredis import pack_command as _hiredis_pack
+except ImportError:  # pragma: no cover - without hiredis installed
+    _hiredis_pack = None
+
+
+def pack(conn: Any, commands: Sequence[tuple[Any, ...]]) -> Any:
+    """The wire bytes of ``commands`` for ``conn`` (what ``conn.pack_commands`` gives)."""
+    if _hiredis_pack is None:
+        return conn.pack_commands(commands)
+    return b"".join(_hiredis_pack(command) for command in commands)
+
+
+def fill_pending(indexes: Sequence[int], replies: list[object], exc: BaseException) -> None:
+    """Give the calls at ``indexes`` that have no reply yet ``exc`` instead."""
+    for index in indexes:
+        if replies[index] is PENDING:
+            replies[index] = exc
+
+
+def render(call: Call, *, evalsha: bool) -> tuple[Any, ...]:
+    """The command for a call: EVALSHA, or EVAL with the script's body."""
+    if call.script is None:
+        return call.args
+    head = ("EVALSHA", call.script.sha) if evalsha else ("EVAL", call.script.source)
+    return (*head, len(call.keys), *call.keys, *call.args)
+
+
+class Late(Generic[Conn]):
+    """A connection with ``outstanding`` replies nobody waits for any more."""
+
+    __slots__ = ("acquires", "closed", "conn", "deadline", "mutex", "node", "outstanding")
+
+    def __init__(self, conn: Conn, node: int, calls: Sequence[Call], outstanding: int,
+                 deadline: float) -> None:
+        self.conn = conn
+        self.node = node
+        self.outstanding = outstanding
+        self.deadline = deadline  # give up (close it) after this
+        # The (lock key, owner) of acquires among its unread calls: releases go behind.
+        self.acquires = {key for call in calls for key in acquire_keys(call)}
+        self.closed = False  # drained and given back: nothing more may be written behind
+        self.mutex = threading.Lock()  # one reader or writer at a time
+
+
+def acquire_keys(call: Call) -> list[tuple[object, object]]:
+    """What a release must match to go behind an acquire: (lock key, owner) pairs."""
+    if call.script is scripts.ACQUIRE:
+        return [(call.keys[0], call.args[0])]
+    if call.script is scripts.ACQUIRE_MANY:  # KEYS: the marker, k lock keys, k fence keys
+        k = (len(call.keys) - 1) // 2
+        return [(key, call.args[0]) for key in call.keys[1:1 + k]]
+    return []
+
+
+def late_sendable(call: Call) -> bool:
+    """May this call still be sent once its request is over (its connection came up
+    late)? A release that ends an acquire call or a held lock (leave '1'), or an extend:
+    they touch only their owner's key, and nothing else would free it before its TTL.
+    Never an acquire (nobody would wait for its reply, and its release may have gone),
+    and never the release of a failed attempt (leave '0'): the same acquire call may
+    already have set its key again with the same owner value in a later attempt, which
+    that late release would delete (seen: a held lock found gone on 3 of 5 nodes at its
+    release, 10 ms after it was granted, under a burst on a busy event loop)."""
+    if call.script is scripts.RELEASE:
+        return len(call.args) > 1 and call.args[1] == "1"
+    return call.script is scripts.EXTEND
+
+
+def release_key(call: Call) -> tuple[object, object] | None:
+    return (call.keys[0], call.args[0]) if call.script is scripts.RELEASE else None
+
+
+class LateConnections(Generic[Conn]):
+    """Per node, the late connections (thread-safe)."""
+
+    def __init__(self, node_count: int) -> None:
+        self._late: list[list[Late[Conn]]] = [[] for _ in range(node_count)]
+        self._mutex = threading.Lock()
+
+    def add(self, late: Late[Conn]) -> Late[Conn] | None:
+        """Keep a late connection; returns an evicted one for the caller to close."""
+        with self._mutex:
+            entries = self._late[late.node]
+            entries.append(late)
+            return entries.pop(0) if len(entries) > LATE_PER_NODE else None
+
+    def remove(self, late: Late[Conn]) -> None:
+        with self._mutex:
+            entries = self._late[late.node]
+            if late in entries:
+                entries.remove(late)
+
+    def count(self, node: int) -> int:
+        return len(self._late[node])
+
+    def any(self) -> bool:
+        return any(self._late)
+
+    def entries(self) -> list[Late[Conn]]:
+        with self._mutex:
+            return [late for entries in self._late for late in entries]
+
+    def behind(self, release: Call) -> list[Late[Conn]]:
+        """The late connections on the release's node carrying an acquire of its owner:
+        the release is written behind each (and their acquire is forgotten)."""
+        key = release_key(release)
+        if key is None:
+            return []
+        with self._mutex:
+            mine = [late for late in self._late[release.node] if key in late.acquires]
+        for late in mine:
+            late.acquires.discard(key)
+        return mine
+
+    def drain(self) -> list[Late[Conn]]:
+        """Every entry (removed), for closing."""
+        with self._mutex:
+            entries = [late for node in self._late for late in node]
+            for node in self._late:
+                node.clear()
+        return entries

@@ -1,0 +1,325 @@
+"""Lua scripts run atomically on each Redis node.
+
+Every script is a module constant with a header naming its KEYS, ARGV and
+replies. Reply codes are small integers, named here; :mod:`redlock._scripts.replies`
+is the one place that reads replies.
+
+Keys of one resource share a hash tag (``ns:{resource}:lock`` and
+``ns:{resource}:fence``) so the lock and its fence counter live in one slot.
+The node marker (``ns:node-marker``) is per node: it tells a node that still
+remembers its counters from one that lost its data (amnesia, docs/design.md §4).
+"""
+
+from __future__ import annotations
+
+from redlock._scripts.script import Script
+
+# Reply codes of ACQUIRE (first element of the reply array).
+ACQUIRE_REFUSED = 0  # another owner holds the key; second element: its PTTL in ms
+ACQUIRE_GRANTED = 1  # we set the key; second element: the new fence counter
+ACQUIRE_ALREADY_OURS = 2  # our owner value was already there (a retry); counter as is
+ACQUIRE_AMNESIAC = -1  # the node has no marker: it may have forgotten locks and counters
+ACQUIRE_NOT_YOUR_TURN = 3  # free, but others are first in line; second element: how many
+
+
+# -- the waiting line (docs/design.md §6) ----------------------------------------------
+#
+# A blocking acquire waits in a line per resource on each node: a sorted set of waiter
+# ids (SHA1 of the owner value: the line never shows an owner value) ordered by a ticket
+# the waiter sends unchanged to every node, so every node agrees on the order. A free
+# lock is granted only to the first in line; waiters woken together therefore do not
+# split the nodes between them. Each entry has a deadline (a second sorted set, by the
+# node's clock) that every attempt of its waiter pushes back by the patience: the entry
+# of a waiter that died lapses on its own, however long the holder keeps the lock. Both
+# keys expire with their last entry.
+
+_LINE_FUNCTIONS = """
+local function now_ms()
+    local t = redis.call('TIME')
+    return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+-- Drop the entries whose deadline passed (their waiters stopped asking).
+local function drop_lapsed(line, deadlines, now)
+    local lapsed = redis.call('ZRANGEBYSCORE', deadlines, '-inf', now, 'LIMIT', 0, 100)
+    for _, waiter in ipairs(lapsed) do
+        redis.call('ZREM', line, waiter)
+        redis.call('ZREM', deadlines, waiter)
+    end
+end
+-- Set an entry's deadline; both keys expire with the last entry.
+local function keep_until(line, deadlines, waiter, until_ms, now)
+    redis.call('ZADD', deadlines, until_ms, waiter)
+    local last = tonumber(redis.call('ZRANGE', deadlines, -1, -1, 'WITHSCORES')[2])
+    redis.call('PEXPIRE', line, last - now + 1)
+    redis.call('PEXPIRE', deadlines, last - now + 1)
+end
+"""
+
+ACQUIRE = Script(
+    "acquire",
+    """
+-- KEYS[1] lock key, KEYS[2] fence counter key, KEYS[3] node marker key,
+-- KEYS[4] waiting line (zset: waiter id by ticket), KEYS[5] line deadlines (zset: by ms)
+-- ARGV[1] owner value, ARGV[2] ttl in ms, ARGV[3] token floor (highest token the client saw)
+-- ARGV[4] ticket: the waiter's place in line ('' for a single try, which does not queue)
+-- ARGV[5] patience in ms: how long the entry stays without a new attempt from its waiter
+-- returns {1, counter}   granted: SET NX PX done and counter = max(counter, floor) + 1
+--                        (a waiter granted as first in line keeps its place until its
+--                        call is over: RELEASE with leave '1')
+--         {2, counter}   the key already holds our owner value: TTL refreshed, counter unchanged
+--         {0, pttl}      held by another owner, pttl ms left (a ticket joins the line)
+--         {3, ahead}     free, but `ahead` waiters are before us in line (a ticket joins it)
+--         {-1, 0}        no node marker: amnesiac node, refuses until repaired
+""" + _LINE_FUNCTIONS + """
+if redis.call('EXISTS', KEYS[3]) == 0 then
+    return {-1, 0}
+end
+local holder = redis.call('GET', KEYS[1])
+if holder == ARGV[1] then
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    return {2, tonumber(redis.call('GET', KEYS[2]) or '0')}
+end
+local queued = redis.call('EXISTS', KEYS[4]) == 1
+if not holder and not queued then
+    redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+    local counter = tonumber(redis.call('GET', KEYS[2]) or '0')
+    local target = math.max(counter, tonumber(ARGV[3])) + 1
+    -- INCRBY keeps the stored value an integer string (no Lua float formatting).
+    return {1, redis.call('INCRBY', KEYS[2], target - counter)}
+end
+local now = now_ms()
+local me = redis.sha1hex(ARGV[1])
+if queued then
+    drop_lapsed(KEYS[4], KEYS[5], now)
+end
+-- Join the line, or keep our place: the ticket is the same on every attempt.
+local function wait_in_line(until_ms)
+    if ARGV[4] == '' then
+        return
+    end
+    redis.call('ZADD', KEYS[4], ARGV[4], me)
+    keep_until(KEYS[4], KEYS[5], me, until_ms, now)
+end
+if holder then
+    local pttl = redis.call('PTTL', KEYS[1])
+    wait_in_line(now + tonumber(ARGV[5]))
+    return {0, pttl}
+end
+local first = redis.call('ZRANGE', KEYS[4], 0, 0)[1]
+if first and first ~= me then
+    wait_in_line(now + tonumber(ARGV[5]))
+    return {3, redis.call('ZRANK', KEYS[4], me) or redis.call('ZCARD', KEYS[4])}
+end
+if first then
+    -- Granted, first in line: the place is kept until the acquire call is over (its
+    -- RELEASE with leave '1'). A failed attempt (no quorum) must not lose it on the
+    -- nodes that granted: the lines would then disagree and two waiters could each be
+    -- first on half of the nodes, again and again. It lapses with our key at the
+    -- latest (a holder that died or froze must not block the line past its TTL); the
+    -- failed attempt's RELEASE (leave '0') gives it the patience again.
+    wait_in_line(now + math.min(tonumber(ARGV[5]), tonumber(ARGV[2])))
+end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+local counter = tonumber(redis.call('GET', KEYS[2]) or '0')
+local target = math.max(counter, tonumber(ARGV[3])) + 1
+return {1, redis.call('INCRBY', KEYS[2], target - counter)}
+""",
+)
+
+# A set of resources at once, atomically on each node: every key set or none, so no
+# node holds part of a set and nobody holds one resource while waiting for another (no
+# hold-and-wait: overlapping sets cannot deadlock). Same reply shape as ACQUIRE.
+ACQUIRE_MANY = Script(
+    "acquire_many",
+    """
+-- KEYS[1] node marker; KEYS[2..k+1] lock keys; KEYS[k+2..2k+1] fence keys (same order)
+-- ARGV[1] owner value, ARGV[2] ttl in ms, ARGV[3..k+2] token floors (same order)
+-- returns {-1, 0}          no node marker: amnesiac node, refuses
+--         {0, pttl}        some key is held by another owner: nothing set; pttl = the
+--                          longest PTTL among those keys (-1: a key without expiry)
+--         {1, c1, ..., ck} every key set (or already ours: TTL refreshed, counter as
+--                          is); ci = resource i's fence counter, raised like ACQUIRE
+if redis.call('EXISTS', KEYS[1]) == 0 then
+    return {-1, 0}
+end
+local k = (#KEYS - 1) / 2
+local blocked, longest = false, -1
+for i = 1, k do
+    local holder = redis.call('GET', KEYS[1 + i])
+    if holder and holder ~= ARGV[1] then
+        blocked = true
+        local pttl = redis.call('PTTL', KEYS[1 + i])
+        if pttl < 0 then
+            longest = -1
+            break
+        end
+        if pttl > longest then
+            longest = pttl
+        end
+    end
+end
+if blocked then
+    return {0, longest}
+end
+local reply = {1}
+for i = 1, k do
+    local lock, fence = KEYS[1 + i], KEYS[1 + k + i]
+    local counter = tonumber(redis.call('GET', fence) or '0')
+    if redis.call('GET', lock) == ARGV[1] then
+        redis.call('PEXPIRE', lock, ARGV[2])
+        reply[#reply + 1] = counter
+    else
+        redis.call('SET', lock, ARGV[1], 'PX', ARGV[2])
+        local target = math.max(counter, tonumber(ARGV[2 + i])) + 1
+        reply[#reply + 1] = redis.call('INCRBY', fence, target - counter)
+    end
+end
+return reply
+""",
+)
+
+WRITE_BACK = Script(
+    "write_back",
+    """
+-- KEYS[1] lock key, KEYS[2] fence counter key, KEYS[3] node marker key
+-- ARGV[1] owner value, ARGV[2] token
+-- returns 1 when the node still holds our lock key and now has counter >= token, else 0
+-- The owner check is what makes the write-back safe: raising a counter on a node that
+-- does not hold our key could let a stale token overtake a committed one.
+if redis.call('EXISTS', KEYS[3]) == 0 then
+    return 0
+end
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+    return 0
+end
+local counter = tonumber(redis.call('GET', KEYS[2]) or '0')
+local token = tonumber(ARGV[2])
+if token > counter then
+    redis.call('INCRBY', KEYS[2], token - counter)
+end
+return 1
+""",
+)
+
+RELEASE = Script(
+    "release",
+    """
+-- KEYS[1] lock key, KEYS[2] release notification channel,
+-- KEYS[3] waiting line, KEYS[4] line deadlines (see ACQUIRE)
+-- ARGV[1] owner value, ARGV[2] '1': also leave the line (the acquire call is over),
+-- '0': keep our place (a failed attempt that will try again); ARGV[3] (with '0') the
+-- patience in ms: our entry, cut to our key's TTL when it was granted, lasts that long
+-- returns 1 when our key was deleted, 0 when the key is absent or another owner's
+-- When the lock became free, publishes the waiter id of the first in line ('' when
+-- nobody is in line): only that waiter wakes (docs/design.md §6).
+""" + _LINE_FUNCTIONS + """
+local released = 0
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+    redis.call('DEL', KEYS[1])
+    released = 1
+end
+local left = 0
+if ARGV[2] == '1' and redis.call('EXISTS', KEYS[3]) == 1 then
+    local me = redis.sha1hex(ARGV[1])
+    left = redis.call('ZREM', KEYS[3], me)
+    redis.call('ZREM', KEYS[4], me)
+elseif ARGV[3] and released == 1 then
+    local me = redis.sha1hex(ARGV[1])
+    if redis.call('ZSCORE', KEYS[3], me) then
+        local now = now_ms()
+        keep_until(KEYS[3], KEYS[4], me, now + tonumber(ARGV[3]), now)
+    end
+end
+if released == 1 or (left == 1 and redis.call('EXISTS', KEYS[1]) == 0) then
+    local first = ''
+    if redis.call('EXISTS', KEYS[3]) == 1 then
+        drop_lapsed(KEYS[3], KEYS[4], now_ms())
+        first = redis.call('ZRANGE', KEYS[3], 0, 0)[1] or ''
+    end
+    -- Only a hint that wakes a waiter early: a user without channel permissions
+    -- (Redis 7 ACL resetchannels) must still release cleanly, so errors are ignored.
+    redis.pcall('PUBLISH', KEYS[2], first)
+end
+return released
+""",
+)
+
+EXTEND = Script(
+    "extend",
+    """
+-- KEYS[1] lock key
+-- ARGV[1] owner value, ARGV[2] new ttl in ms
+-- returns 1 when our key was still there and its TTL was reset, else 0
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    return 1
+end
+return 0
+""",
+)
+
+# -- operator tools (redlock/_core/inspect.py) ---------------------------------------------
+
+INSPECT = Script(
+    "inspect",
+    """
+-- KEYS[1] lock key, KEYS[2] fence counter key, KEYS[3] node marker key,
+-- KEYS[4] repair claim key, KEYS[5] amnesia episode key
+-- returns {pttl, fence, marker, repairing, holder, episode, now}; writes nothing
+--   pttl       PTTL of the lock key: -2 free, -1 a key without expiry, else ms left
+--   fence      the node's fence counter, as stored ('0' when the resource has none yet)
+--   marker     1 when the node marker exists, else 0
+--   repairing  1 when a repair has claimed the node, else 0
+--   holder     the first 12 hex digits of SHA1(owner value), '' when free: tells holders
+--              apart without revealing the owner value (which would let anyone release)
+--   episode    the amnesia episode ('<since ms> <run id> <why>'), '' when none
+--   now        this node's clock in ms (the episode's age is measured on it)
+local owner = redis.call('GET', KEYS[1])
+local holder = ''
+if owner then
+    holder = string.sub(redis.sha1hex(owner), 1, 12)
+end
+local t = redis.call('TIME')
+return {redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[2]) or '0',
+        redis.call('EXISTS', KEYS[3]), redis.call('EXISTS', KEYS[4]), holder,
+        redis.call('GET', KEYS[5]) or '',
+        tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)}
+""",
+)
+
+FORCE_RELEASE = Script(
+    "force_release",
+    """
+-- KEYS[1] lock key, KEYS[2] release notification channel, KEYS[3] waiting line,
+-- KEYS[4] line deadlines
+-- returns 1 when a key was deleted, 0 when there was none
+-- Deletes whoever's key it is (an operator's tool); the fence counter stays, so the next
+-- holder's token is still larger than the evicted holder's. Wakes the first in line.
+""" + _LINE_FUNCTIONS + """
+if redis.call('DEL', KEYS[1]) == 1 then
+    local first = ''
+    if redis.call('EXISTS', KEYS[3]) == 1 then
+        drop_lapsed(KEYS[3], KEYS[4], now_ms())
+        first = redis.call('ZRANGE', KEYS[3], 0, 0)[1] or ''
+    end
+    redis.pcall('PUBLISH', KEYS[2], first)
+    return 1
+end
+return 0
+""",
+)
+
+# -- hand-over (redlock/_core/handover.py) ---------------------------------------------
+
+OWNED_PTTL = Script(
+    "owned_pttl",
+    """
+-- KEYS[1] lock key
+-- ARGV[1] owner value
+-- returns the key's PTTL in ms when it holds this owner value, else -2
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+    return redis.call('PTTL', KEYS[1])
+end
+return -2
+""",
+)

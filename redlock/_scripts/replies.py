@@ -1,0 +1,413 @@
+"""Reading the nodes' replies: the one place that knows each script's reply shape and
+codes (docs/design.md §2.2, §3, §4, §5); everything else sees what is returned here:
+outcomes (:class:`~redlock.errors.NodeResult`), votes, counters, typed views.
+
+The transports hand over raw replies (redis-py is asked not to decode): bytes, ints,
+lists; or, for a call that failed, a :class:`NodeFailure` (the I/O layer maps redis-py's
+exceptions once, :mod:`redlock._io.failures`), or ``NotAwaited``. Parsers here never
+raise on a malformed reply: a reply that is not what the script returns is a failure of
+that node, said as such.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from redlock._scripts import lock as scripts
+from redlock._scripts import node as node_scripts
+from redlock.errors import NodeResult, Outcome
+
+T = TypeVar("T")
+
+# -- replies that are no answer ----------------------------------------------------------
+
+
+class Pending:
+    """The marker of a reply not read yet (None is a real reply)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "PENDING"
+
+
+PENDING: Any = Pending()
+
+
+class NotAwaited(Exception):
+    """The request was decided without this node's reply (it is read in the background)."""
+
+
+NOT_AWAITED = NotAwaited("the request was decided without this reply (read in the background)")
+#: A final release whose connection was still opening (or not free) when its request
+#: ended: it is sent once the connection is open (docs/design.md §2.4), so the node is
+#: not counted as failed.
+SENT_LATE = NotAwaited("sent once its connection is open (the request did not wait for it)")
+
+
+# -- failures --------------------------------------------------------------------------
+
+
+class FailureKind(enum.Enum):
+    """Why a call got no reply of its script's: what retrying may or may not fix."""
+
+    TIMEOUT = "timeout"  # no reply within the request's time
+    UNREACHABLE = "unreachable"  # refused, reset, closed: no connection
+    AUTHENTICATION = "authentication"  # wrong or missing password, unknown user
+    PERMISSION = "permission"  # the ACL user may not run this
+    READ_ONLY = "read only"  # a replica
+    CLUSTER = "cluster"  # a Redis Cluster node (CROSSSLOT, MOVED)
+    ERROR_REPLY = "error reply"  # the node answered with an error
+    CLOSED = "closed"  # the manager was closed
+    OTHER = "other"
+
+
+#: Failures that retrying cannot fix: an acquire in an outage that meets them stops.
+PERMANENT = frozenset({FailureKind.AUTHENTICATION, FailureKind.PERMISSION,
+                       FailureKind.READ_ONLY, FailureKind.CLUSTER})
+
+#: Why a node in cluster mode answers CROSSSLOT: the lock scripts take the resource's
+#: keys and the node marker together, in different slots (docs/design.md §11.4).
+CLUSTER_MODE_HINT = ("a Redis Cluster node cannot be a Redlock node: the lock scripts"
+                     " need the node marker beside the resource's keys (another slot);"
+                     " use independent non-cluster masters, docs/design.md §11.4")
+
+
+class NodeFailure(Exception):
+    """A call that got no reply of its script's, in the library's own terms: ``kind``,
+    and ``detail`` (the original error's type and text, for people)."""
+
+    def __init__(self, kind: FailureKind, detail: str) -> None:
+        super().__init__(detail)
+        self.kind = kind
+        self.detail = detail
+
+    @property
+    def permanent(self) -> bool:
+        return self.kind in PERMANENT
+
+
+def failure_detail(reply: object) -> str:
+    """What went wrong with a call, for people."""
+    if isinstance(reply, NodeFailure):
+        return reply.detail
+    if isinstance(reply, BaseException):
+        return f"{type(reply).__name__}: {reply}"
+    return f"unexpected reply {reply!r}"
+
+
+def text(value: Any) -> str:
+    """A reply's bytes as text (anything else as its ``str``)."""
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _not_read(node: str, reply: object) -> NodeResult | None:
+    """The outcome of a reply that is no answer: not awaited, not read, or a failure."""
+    if isinstance(reply, NotAwaited):
+        return NodeResult(node, Outcome.NOT_AWAITED, str(reply))
+    if isinstance(reply, BaseException):
+        return NodeResult(node, Outcome.ERROR, failure_detail(reply))
+    if reply is PENDING:
+        # A reply nobody read is an error, never a refusal: it says nothing about our key
+        # (reading it as "key gone" deleted healthy locks on a busy event loop).
+        return NodeResult(node, Outcome.ERROR, "no reply was read from this node")
+    return None
+
+
+# -- ACQUIRE, ACQUIRE_MANY ---------------------------------------------------------------
+
+
+def acquire_outcome(node: str, reply: object, resources: int = 1) -> NodeResult:
+    """ACQUIRE's reply (one resource) or ACQUIRE_MANY's (a set of ``resources``); a
+    granting node's counters are :func:`acquire_counters` (``counter``: the largest)."""
+    unanswered = _not_read(node, reply)
+    if unanswered is not None:
+        return unanswered
+    if not isinstance(reply, list | tuple) or len(reply) < 2:
+        return NodeResult(node, Outcome.ERROR, f"unexpected reply {reply!r}")
+    try:
+        code, values = int(reply[0]), [int(v) for v in reply[1:]]
+    except (TypeError, ValueError):  # a proxy or a foreign script answering: not ours
+        return NodeResult(node, Outcome.ERROR, f"unexpected reply {reply!r}")
+    if code in (scripts.ACQUIRE_GRANTED, scripts.ACQUIRE_ALREADY_OURS):
+        if len(values) != resources:
+            return NodeResult(node, Outcome.ERROR, f"unexpected reply {reply!r}")
+        return NodeResult(node, Outcome.GRANTED, counter=max(values))
+    if len(values) != 1:
+        return NodeResult(node, Outcome.ERROR, f"unexpected reply {reply!r}")
+    if code == scripts.ACQUIRE_REFUSED:
+        held = "held by another owner" if resources == 1 else "a key is held by another owner"
+        return NodeResult(node, Outcome.REFUSED, f"{held}, {values[0]} ms left",
+                          pttl_ms=values[0])
+    if code == scripts.ACQUIRE_NOT_YOUR_TURN:
+        waiters = "1 waiter is" if values[0] == 1 else f"{values[0]} waiters are"
+        return NodeResult(node, Outcome.REFUSED, f"free, but {waiters} first in line")
+    if code == scripts.ACQUIRE_AMNESIAC:
+        return NodeResult(node, Outcome.AMNESIAC, "no node marker: new, or lost its data")
+    return NodeResult(node, Outcome.ERROR, f"unexpected reply code {code}")
+
+
+def acquire_counters(reply: object) -> list[int]:
+    """A granting node's fence counters, one per resource (in the set's order)."""
+    return [int(value) for value in reply[1:]]  # type: ignore[index]
+
+
+def acquire_vote(reply: object) -> int | None:
+    """An ACQUIRE / ACQUIRE_MANY reply as a vote for an early decision: granted (1), held
+    by another or another's turn (0), or unknown (None: no answer yet, or a failure)."""
+    if isinstance(reply, list | tuple) and reply:
+        code = reply[0]
+        if code in (scripts.ACQUIRE_GRANTED, scripts.ACQUIRE_ALREADY_OURS):
+            return 1
+        if code in (scripts.ACQUIRE_REFUSED, scripts.ACQUIRE_NOT_YOUR_TURN):
+            return 0
+    return None
+
+
+def acquire_set_nothing(reply: object) -> bool:
+    """An ACQUIRE / ACQUIRE_MANY reply that set nothing on its node (refused, or no
+    marker): a failed attempt need not release there."""
+    return isinstance(reply, list | tuple) and bool(reply) and reply[0] in (
+        scripts.ACQUIRE_REFUSED, scripts.ACQUIRE_NOT_YOUR_TURN, scripts.ACQUIRE_AMNESIAC)
+
+
+# -- the owner-checked scripts: EXTEND, WRITE_BACK, RELEASE ------------------------------
+
+
+def acked(reply: object) -> bool:
+    """The node did it (our key was there)."""
+    return reply == 1 and not isinstance(reply, bool)
+
+
+def key_gone(reply: object) -> bool:
+    """The node answered that our key is not there (expired, taken, force-released)."""
+    return reply == 0 and not isinstance(reply, bool)
+
+
+def ack_outcome(node: str, reply: object, *, refused: str) -> NodeResult:
+    """An owner-checked script's reply: 1 = done, 0 = our key is not there. Only a 0 the
+    node sent is a refusal: anything else (no reply read, a failure, a reply of another
+    shape) is an error and says nothing about our key."""
+    unanswered = _not_read(node, reply)
+    if unanswered is not None:
+        return unanswered
+    if acked(reply):
+        return NodeResult(node, Outcome.GRANTED)
+    if key_gone(reply):
+        return NodeResult(node, Outcome.REFUSED, refused)
+    return NodeResult(node, Outcome.ERROR, f"unexpected reply {reply!r}")
+
+
+# -- OWNED_PTTL (hand-over) ---------------------------------------------------------------
+
+
+def owned_outcome(node: str, reply: object) -> NodeResult:
+    """GRANTED with the PTTL left when the node holds the acquisition's key."""
+    unanswered = _not_read(node, reply)
+    if unanswered is not None:
+        return unanswered
+    if isinstance(reply, int) and not isinstance(reply, bool) and reply > 0:
+        return NodeResult(node, Outcome.GRANTED, pttl_ms=reply)
+    return NodeResult(node, Outcome.REFUSED, "does not hold this acquisition's key")
+
+
+# -- INSPECT, FORCE_RELEASE (operator tools) ----------------------------------------------
+
+
+@dataclass(frozen=True)
+class Inspected:
+    """One node's INSPECT reply."""
+
+    pttl_ms: int  # -2 free, -1 a key without expiry, else ms left
+    fence: int
+    marker: bool
+    repairing: bool
+    holder: str  # a fingerprint of the owner value, '' when free
+    episode: str  # the amnesia episode, '' when none
+    now_ms: int  # the node's clock
+
+
+def inspected(reply: object) -> Inspected | None:
+    """INSPECT's reply, or None if it is not one."""
+    if not isinstance(reply, list | tuple) or len(reply) != 7:
+        return None
+    try:
+        return Inspected(int(reply[0]), int(text(reply[1])), reply[2] == 1, reply[3] == 1,
+                         text(reply[4]), text(reply[5]), int(reply[6]))
+    except (TypeError, ValueError):  # a proxy or a foreign script answering: not ours
+        return None
+
+
+class ReleaseStatus(str, enum.Enum):
+    """What a forced release did on one node."""
+
+    __str__ = str.__str__
+
+    DELETED = "deleted"  # a lock key was there
+    ABSENT = "absent"  # no lock key
+    FAILED = "failed"  # no answer, or an error (the detail says which)
+
+
+def force_released(reply: object) -> tuple[ReleaseStatus, str]:
+    """FORCE_RELEASE's reply as (status, detail)."""
+    if acked(reply):
+        return ReleaseStatus.DELETED, ""
+    if key_gone(reply):
+        return ReleaseStatus.ABSENT, ""
+    return ReleaseStatus.FAILED, failure_detail(reply)
+
+
+# -- node identity, initialisation, episodes ----------------------------------------------
+
+
+def stamped_run(marker: object) -> str | None:
+    """The server run id a marker value was stamped with (None: an unstamped marker)."""
+    for word in text(marker).split():
+        if word.startswith("run_id="):
+            return word[len("run_id="):]
+    return None
+
+
+def identity(reply: object) -> tuple[str, bytes | None] | None:
+    """(run id, marker value or None) from an IDENTIFY reply, or None if it failed."""
+    if isinstance(reply, list | tuple) and len(reply) == 2 and reply[0]:
+        marker = reply[1]
+        return text(reply[0]), (None if marker is None else text(marker).encode())
+    return None
+
+
+def is_healthy(reply: object) -> bool:
+    """An IDENTIFY reply of a node whose marker was stamped by the server run that
+    answers."""
+    found = identity(reply)
+    return found is not None and found[1] is not None and stamped_run(found[1]) == found[0]
+
+
+def restarted(reply: object) -> bool:
+    """An IDENTIFY reply of a node whose marker was stamped by another known server run
+    than the one answering: it restarted, or a replica was promoted in its place, and
+    its grants do not count until it is judged (docs/design.md §4.4). A marker without a
+    known run, or a server that will not say its run, is not a restart as far as anyone
+    can tell."""
+    found = identity(reply)
+    if found is None or found[1] is None or found[0] == "unknown":
+        return False
+    stamped = stamped_run(found[1])
+    return stamped not in (None, "unknown", found[0])
+
+
+class Initialised(enum.Enum):
+    """INIT_MARKER's reply."""
+
+    WRITTEN = "written"
+    EXISTS = "exists"  # another client initialised the node meanwhile
+    EPISODE = "episode"  # the node lost data: only a repair may give its marker back
+    UNANSWERED = "unanswered"
+
+
+def _coded(reply: object, codes: dict[int, T], otherwise: T) -> T:
+    """What an integer reply code means (``otherwise`` for anything else)."""
+    return codes.get(reply, otherwise) if isinstance(reply, int) else otherwise
+
+
+def initialised(reply: object) -> Initialised:
+    return _coded(reply, {node_scripts.INIT_WRITTEN: Initialised.WRITTEN,
+                          node_scripts.INIT_EXISTS: Initialised.EXISTS,
+                          node_scripts.INIT_EPISODE: Initialised.EPISODE},
+                  Initialised.UNANSWERED)
+
+
+class RepairFinished(enum.Enum):
+    """FINISH_REPAIR's reply."""
+
+    WRITTEN = "written"  # the marker is back, the episode closed
+    GUARD_GONE = "guard gone"  # the repair's claim vanished: the node lost data again
+    TOO_YOUNG = "too young"  # its episode is younger than the rejoin delay (or another run's)
+    FAILED = "failed"
+
+
+def repair_finished(reply: object) -> RepairFinished:
+    return _coded(reply, {node_scripts.REPAIR_WRITTEN: RepairFinished.WRITTEN,
+                          node_scripts.REPAIR_GUARD_GONE: RepairFinished.GUARD_GONE,
+                          node_scripts.REPAIR_TOO_YOUNG: RepairFinished.TOO_YOUNG},
+                  RepairFinished.FAILED)
+
+
+def marker_exists(reply: object) -> bool | None:
+    """An ``EXISTS marker`` probe: True, False, or None (no answer)."""
+    if reply == 1:
+        return True
+    if reply == 0:
+        return False
+    return None
+
+
+@dataclass(frozen=True)
+class Episode:
+    """OPEN_EPISODE's reply: the node has its marker again (``marked``), or its amnesia
+    episode began ``since_ms`` by its clock, which reads ``now_ms``."""
+
+    marked: bool
+    since_ms: int = 0
+    now_ms: int = 0
+
+    @property
+    def age(self) -> float:
+        return (self.now_ms - self.since_ms) / 1000.0
+
+
+def episode(reply: object) -> Episode | None:
+    """OPEN_EPISODE's reply, or None (unreachable: try again later)."""
+    if not isinstance(reply, list | tuple) or not reply:
+        return None
+    try:
+        if int(reply[0]) == 0:
+            return Episode(marked=True)
+        return Episode(False, int(reply[1]), int(reply[2]))
+    except (TypeError, ValueError, IndexError):
+        return None
+
+
+def unsafe_config(info: object) -> list[str]:
+    """What in a node's ``INFO`` reply makes it unsafe for locks (docs/design.md §4.7): a
+    replica (writes go elsewhere, and a failover can promote a copy that lacks our keys),
+    cluster mode, or a memory limit with an eviction policy (lock keys carry a TTL, so
+    even the volatile-* policies can evict them; allkeys-* also evicts fence counters).
+    Anything unreadable yields no findings: this is advice, not a gate."""
+    if isinstance(info, bytes):
+        info = info.decode("utf-8", "replace")
+    if not isinstance(info, str):
+        return []
+    fields = dict(line.split(":", 1) for line in info.splitlines() if ":" in line)
+    findings = []
+    if fields.get("role", "").strip() == "slave":
+        findings.append("node is a replica (role:slave): lock writes belong on primaries")
+    if fields.get("cluster_enabled", "0").strip() == "1":
+        findings.append(f"node runs in cluster mode (cluster_enabled:1): {CLUSTER_MODE_HINT}")
+    policy = fields.get("maxmemory_policy", "noeviction").strip()
+    if fields.get("maxmemory", "0").strip() not in ("", "0") and policy != "noeviction":
+        findings.append(f"maxmemory is set with maxmemory-policy {policy}: Redis may evict"
+                        " lock keys or fence counters under memory pressure (use noeviction)")
+    return findings
+
+
+def not_durable(appendonly: object, appendfsync: object, replication: object) -> str | None:
+    """Why a restarted node may have lost acknowledged writes (None: it cannot have)."""
+    def setting(reply: object) -> str:  # CONFIG GET: a map (RESP3) or a pair (RESP2)
+        if isinstance(reply, dict) and len(reply) == 1:
+            return text(next(iter(reply.values())))
+        if isinstance(reply, list | tuple) and len(reply) == 2:
+            return text(reply[1])
+        return "unknown"
+
+    if isinstance(replication, BaseException):
+        return None  # unreachable: judged again later
+    fields = dict(line.split(":", 1) for line in text(replication).splitlines() if ":" in line)
+    if fields.get("second_repl_offset", "-1").strip() != "-1":
+        return "a promoted replica (its copy may lag behind the old primary)"
+    if setting(appendonly) != "yes" or setting(appendfsync) != "always":
+        return (f"restarted with appendonly {setting(appendonly)}, appendfsync"
+                f" {setting(appendfsync)}: the last writes may be lost")
+    return None

@@ -1,0 +1,152 @@
+"""What ``redlock nodes`` reports about each node: reachability, round trip, marker,
+identity, role, persistence, memory policy, and the warnings that follow from them.
+
+An operator's view, read with plain redis-py clients (bounded timeouts, no retries),
+never on the lock path. The warnings are those the library logs on a manager's first
+acquire (:func:`redlock._core.rules.unsafe_config`: a replica, an evicting memory policy),
+plus what docs/design.md §4 and §9 say about persistence and markers, which the library
+cannot check on the lock path.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections import Counter
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from redlock._core.settings import Keys
+from redlock._io.failures import as_failure
+from redlock._scripts.replies import unsafe_config
+
+
+@dataclass
+class NodeReport:
+    """One node, as ``redlock nodes --json`` shows it (docs/operations.md)."""
+
+    node: str
+    reachable: bool = False
+    rtt_ms: float | None = None
+    marker: bool | None = None
+    marker_value: str | None = None
+    repairing: bool | None = None
+    run_id: str | None = None
+    version: str | None = None
+    role: str | None = None
+    appendonly: bool | None = None
+    appendfsync: str | None = None  # None when CONFIG GET is not allowed
+    save: str | None = None
+    maxmemory: int | None = None
+    maxmemory_policy: str | None = None
+    warnings: list[str] = field(default_factory=list)  # unsafe for locks: fix the node
+    notes: list[str] = field(default_factory=list)  # safe, with an availability cost
+    error: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def _info_fields(raw: str) -> dict[str, str]:
+    return {key: value.strip() for key, _, value in
+            (line.partition(":") for line in raw.splitlines() if ":" in line)}
+
+
+def _config(client: redis.Redis, name: str) -> str | None:
+    """A CONFIG GET value, or None when the command is renamed or not permitted."""
+    try:
+        reply = client.config_get(name)
+    except redis.ResponseError:
+        return None
+    values = {_text(key): _text(value) for key, value in dict(reply).items()}
+    return values.get(name)
+
+
+def _persistence_findings(report: NodeReport) -> tuple[list[str], list[str]]:
+    """(warnings, notes) about a node's persistence (docs/design.md §4.9, §9)."""
+    if report.appendonly:
+        if report.appendfsync not in (None, "always"):
+            return [f"appendfsync {report.appendfsync}: a crash can lose the last writes and"
+                    " come back with older keys and fence counters; a restart is therefore"
+                    " taken as data loss (the node is out of quorums for max_ttl, then"
+                    " repaired), and missed if the lock user may not run INFO (use"
+                    " appendfsync always)"], []
+        return [], []
+    if report.save:
+        return [f"appendonly no with save '{report.save}': a restart reloads an older"
+                " snapshot; it is therefore taken as data loss (the node is out of quorums"
+                " for max_ttl, then repaired), and missed if the lock user may not run INFO"
+                " (use appendonly yes with appendfsync always)"], []
+    if report.save == "":
+        return [], ["no persistence: a restart comes back empty, is detected as amnesia and"
+                " kept out of quorums for max_ttl (appendonly yes + appendfsync always"
+                " avoids it)"]
+    return [], []
+
+
+def read_node(url: str, address: str, keys: Keys, timeout: float) -> NodeReport:
+    """Everything ``nodes`` shows about one node; errors end up in ``error``."""
+    report = NodeReport(address)
+    client = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout,
+                                  retry=Retry(NoBackoff(), 0), health_check_interval=0)
+    client.set_response_callback("INFO", lambda reply, **_: reply)  # the raw text
+    try:
+        client.ping()  # connects (and authenticates): not part of the round trip
+        samples = []
+        for _ in range(3):
+            started = time.perf_counter()
+            client.ping()
+            samples.append((time.perf_counter() - started) * 1000)
+        report.rtt_ms = round(statistics.median(samples), 3)
+        report.reachable = True
+        raw = _text(client.execute_command("INFO"))
+        info = _info_fields(raw)
+        report.run_id = info.get("run_id")
+        report.version = info.get("redis_version")
+        report.role = info.get("role")
+        report.appendonly = info.get("aof_enabled") == "1" if "aof_enabled" in info else None
+        report.maxmemory = int(info["maxmemory"]) if info.get("maxmemory", "").isdigit() else None
+        report.maxmemory_policy = info.get("maxmemory_policy")
+        report.appendfsync = _config(client, "appendfsync")
+        report.save = _config(client, "save")
+        marker = client.get(keys.marker)
+        report.marker = marker is not None
+        report.marker_value = None if marker is None else _text(marker)
+        report.repairing = bool(client.exists(keys.repair_guard))
+        warnings, report.notes = _persistence_findings(report)
+        report.warnings = unsafe_config(raw) + warnings
+    except (redis.RedisError, OSError) as exc:
+        report.error = as_failure(exc).detail
+    finally:
+        client.close()
+    return report
+
+
+def read_nodes(urls: Sequence[str], addresses: Sequence[str], keys: Keys,
+               timeout: float) -> list[NodeReport]:
+    """All nodes in parallel (one thread each), then the warnings across nodes."""
+    with ThreadPoolExecutor(max_workers=len(urls)) as pool:
+        reports = list(pool.map(read_node, urls, addresses, [keys] * len(urls),
+                                [timeout] * len(urls)))
+    run_ids = Counter(r.run_id for r in reports if r.run_id)
+    marked = sum(1 for r in reports if r.marker)
+    for report in reports:
+        if report.run_id and run_ids[report.run_id] > 1:
+            others = [r.node for r in reports if r.run_id == report.run_id and r is not report]
+            report.warnings.append(f"same run_id as {', '.join(others)}: one Redis server"
+                                   " listed twice (a failure domain counted as two nodes)")
+        if report.reachable and not report.marker and marked:
+            report.warnings.append(f"no node marker while {marked} other node(s) have one:"
+                                   " it lost its data, or was added empty; clients keep it"
+                                   " out until repaired (redlock repair)")
+    return reports

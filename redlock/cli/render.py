@@ -1,0 +1,223 @@
+"""What the ``redlock`` command line prints (docs/operations.md has the shapes).
+
+Tables for people (drawn with ``rich`` when it is installed, aligned plain columns
+otherwise), ``--json`` documents for scripts, and node problems in words an operator
+acts on, one line each on stderr. :mod:`redlock.cli.commands` decides what to do and which exit
+code it ends with; everything here only renders.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+from redlock._core.amnesia.repair import RepairReport, RepairStatus
+from redlock._core.inspect import LockStatus, ReleaseReport
+from redlock._scripts.replies import ReleaseStatus
+from redlock.cli.node_report import NodeReport
+
+PROG = "redlock"
+
+
+def say(text: str = "") -> None:
+    print(text, file=sys.stdout, flush=True)
+
+
+def complain(text: str) -> None:
+    print(f"{PROG}: {text}", file=sys.stderr, flush=True)
+
+
+def rich_available() -> bool:
+    return importlib.util.find_spec("rich") is not None
+
+
+def print_table(columns: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
+    """A table for people: rich's when installed, else aligned plain columns."""
+    if rich_available():
+        from rich.box import SIMPLE_HEAD
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table(box=SIMPLE_HEAD, show_edge=False, pad_edge=False)
+        for column in columns:
+            table.add_column(column, overflow="fold")
+        for row in rows:
+            table.add_row(*row)
+        # Not a terminal (a pipe, a file): no colours, and no wrapping at 80 columns.
+        console = Console(file=sys.stdout, width=None if sys.stdout.isatty() else 200,
+                          highlight=False)
+        console.print(table)
+        return
+    widths = [max(len(str(cell)) for cell in column) for column in zip(columns, *rows,
+                                                                             strict=True)]
+    lines = [columns, ["-" * width for width in widths], *rows]
+    for line in lines:
+        say("  ".join(str(cell).ljust(width) for cell, width in zip(line, widths, strict=True))
+            .rstrip())
+
+
+def print_json(data: object) -> None:
+    say(json.dumps(data, indent=2))
+
+
+def _yes_no(value: bool | None) -> str:
+    return "?" if value is None else ("yes" if value else "no")
+
+
+# -- node problems ---------------------------------------------------------------------
+
+
+def node_problem(detail: str) -> str:
+    """A node's error in words an operator acts on (the raw text when unrecognised)."""
+    text = detail.lower()
+    if "connection refused" in text:
+        return "connection refused (is redis-server running on that port?)"
+    if any(s in text for s in ("authentication", "invalid username-password", "wrongpass",
+                               "noauth", "invalid password")):
+        return "authentication failed: check the user and password in the URL"
+    if "timeout" in text or "timed out" in text:
+        return "no answer within the timeout (--timeout): down, overloaded or firewalled"
+    if any(s in text for s in ("name or service not known", "nodename nor servname",
+                               "temporary failure in name resolution", "no address associated")):
+        return "unknown host name"
+    if "noperm" in text:
+        return f"permission denied for this user: {detail}"
+    return detail
+
+
+def report_unreachable(errors: Sequence[tuple[str, str | None]]) -> None:
+    for node, error in errors:
+        if error is not None:
+            complain(f"node {node} unreachable: {node_problem(error)}")
+
+
+# -- status: one lock --------------------------------------------------------------------
+
+
+def _seconds(pttl_ms: int | None) -> str:
+    if pttl_ms is None:
+        return "?"
+    if pttl_ms == -1:
+        return "no expiry"
+    return f"{pttl_ms / 1000:.1f} s" if pttl_ms else "-"
+
+
+def _node_state(node: Any, cluster_marked: bool) -> str:
+    if not node.reachable:
+        return f"unreachable: {node_problem(node.error or '')}"
+    states = []
+    if not node.marker:  # alone: lost its data; everywhere: a cluster never used yet
+        states.append("no marker" if cluster_marked else "new cluster")
+    if node.repairing:
+        states.append("repair in progress")
+    if node.benched:
+        states.append(f"benched, rejoins in {node.rejoins_in_s:.0f} s")
+    return ", ".join(states) or "ok"
+
+
+def lock_summary(status: LockStatus) -> str:
+    resource = repr(status.resource)
+    holders = Counter(n.holder for n in status.nodes if n.held and n.holder)
+    if status.locked:
+        holder, count = holders.most_common(1)[0]
+        left = min(n.pttl_ms or 0 for n in status.nodes if n.holder == holder)
+        return (f"{resource} is locked: holder {holder} on {count} of {len(status.nodes)}"
+                f" nodes (quorum {status.quorum}), at least {_seconds(left)} left")
+    if status.locked is None:
+        silent = len(status.nodes) - status.reachable
+        return f"cannot tell whether {resource} is locked: {silent} node(s) did not answer"
+    stray = sum(holders.values())
+    if stray:
+        return (f"{resource} is not locked (keys on {stray} node(s), short of a quorum: an"
+                " acquire in progress or one that failed; they expire by their TTL)")
+    if not any(n.marker for n in status.nodes):
+        return (f"{resource} is not locked (a new cluster: the first acquire writes the node"
+                " markers)")
+    return f"{resource} is not locked"
+
+
+def show_status(status: LockStatus, as_json: bool) -> None:
+    """``redlock status``: every node's view of one lock, then whether it is locked."""
+    if as_json:
+        print_json(status.as_dict())
+    elif status.reachable:
+        cluster_marked = any(m.marker for m in status.nodes)
+        print_table(["node", "held", "holder", "ttl left", "fence", "marker", "state"],
+                    [[n.node, _yes_no(n.held), n.holder or "-", _seconds(n.pttl_ms),
+                      "?" if n.fence is None else str(n.fence), _yes_no(n.marker),
+                      _node_state(n, cluster_marked)]
+                     for n in status.nodes])
+        say(lock_summary(status))
+
+
+# -- nodes -------------------------------------------------------------------------------
+
+
+def _persistence(report: NodeReport) -> str:
+    if report.appendonly:
+        return f"aof {report.appendfsync or '?'}"
+    if report.save:
+        return f"rdb ({report.save})"
+    return "none" if report.save == "" else "?"
+
+
+def _memory(report: NodeReport) -> str:
+    if report.maxmemory_policy is None:
+        return "?"
+    if not report.maxmemory:
+        return f"{report.maxmemory_policy} (no limit)"
+    return f"{report.maxmemory_policy} ({report.maxmemory} bytes)"
+
+
+def show_nodes(reports: Sequence[NodeReport], as_json: bool) -> None:
+    """``redlock nodes``: one row per node (an unreachable one says no, and why on
+    stderr), then the warnings and notes."""
+    if as_json:
+        print_json({"quorum": len(reports) // 2 + 1,
+                    "nodes": [report.as_dict() for report in reports]})
+        return
+    rows = [[r.node, "yes", "-" if r.rtt_ms is None else f"{r.rtt_ms:.2f} ms",
+             _yes_no(r.marker), (r.run_id or "-")[:12], r.role or "-", r.version or "-",
+             _persistence(r), _memory(r), str(len(r.warnings))]
+            if r.reachable else [r.node, "no", *["-"] * 8]
+            for r in reports]
+    if rows:
+        print_table(["node", "reachable", "rtt", "marker", "run id", "role", "version",
+                     "persistence", "maxmemory policy", "warnings"], rows)
+    for report in reports:
+        for warning in report.warnings:
+            say(f"warning: {report.node}: {warning}")
+        for note in report.notes:
+            say(f"note: {report.node}: {note}")
+
+
+# -- the operator's steps ----------------------------------------------------------------
+
+
+def show_release(resource: str, reports: Sequence[ReleaseReport], as_json: bool) -> None:
+    """``redlock release --force``: what the forced release did on each node."""
+    if as_json:
+        print_json({"resource": resource, "nodes": [
+            {"node": r.node, "status": r.status, "detail": r.detail} for r in reports]})
+        return
+    print_table(["node", "result"], [[r.node, r.status] for r in reports])
+    deleted = sum(1 for r in reports if r.status is ReleaseStatus.DELETED)
+    say(f"force-released {resource!r}: key deleted on {deleted} of {len(reports)}"
+        " nodes; fence counters kept (the next holder's token is larger)")
+
+
+def show_repair(reports: Sequence[RepairReport], as_json: bool) -> None:
+    """``redlock repair`` / ``initialise``: each node's status, failures on stderr."""
+    for report in reports:
+        if report.status is RepairStatus.FAILED:
+            complain(f"node {report.node}: {node_problem(report.detail)}")
+    if as_json:
+        print_json({"nodes": [{"node": r.node, "status": r.status, "detail": r.detail}
+                              for r in reports]})
+    else:
+        print_table(["node", "status", "detail"],
+                    [[r.node, r.status, r.detail or "-"] for r in reports])
