@@ -10,7 +10,9 @@ Each node has a server run id, changed by :meth:`ScriptedNodes.restart`; the scr
 that stamp the node marker stamp it with the run id of the node that runs them, as
 ``string.match(redis.call('INFO', 'server'), 'run_id:(%x+)')`` does on a real node.
 Keys never expire here: a key lives until a call or the test deletes it (a refused
-acquire reports 1000 ms left).
+acquire reports 1000 ms left); only a waiting line's keys do, 1 ms after its latest
+deadline, as the Lua sets them. tests/core/test_scripts_contract.py holds the scripted
+nodes to the real scripts.
 """
 
 from __future__ import annotations
@@ -101,7 +103,10 @@ class ScriptedNodes:
         for i in range(n):
             self.data[i][MARKER] = self.stamp(i, "initialised by the test")
         self.ttl_ms: list[dict[str, int]] = [{} for _ in range(n)]
+        # Waiting lines: waiter id -> (ticket, deadline ms), as the Lua keeps them (lapsed
+        # entries stay until a script drops them); when each line's keys expire (ms).
         self.lines: list[dict[str, dict[str, tuple[int, int]]]] = [{} for _ in range(n)]
+        self.line_expiry: list[dict[str, int]] = [{} for _ in range(n)]
         for i, counter in enumerate(counters or []):
             self.data[i][fence_key("r")] = counter
         self.down = set(down)
@@ -141,6 +146,7 @@ class ScriptedNodes:
         if not keep_data:
             self.data[node].clear()
             self.lines[node].clear()
+            self.line_expiry[node].clear()
             self.ttl_ms[node].clear()
         if durable is not None:
             (self.durable.add if durable else self.durable.discard)(node)
@@ -227,7 +233,8 @@ class ScriptedNodes:
 
     def run_script(self, node: int, script: object, keys: tuple[str, ...],
                    args: tuple[object, ...]) -> object:
-        """The Lua scripts of redlock/_scripts/lock.py, step for step."""
+        """The Lua scripts of redlock/_scripts/lock.py and redlock/_scripts/node.py, step
+        for step (tests/core/test_scripts_contract.py plays both and compares)."""
         db = self.data[node]
 
         def get(key: str) -> str | None:
@@ -246,27 +253,33 @@ class ScriptedNodes:
             if holder == owner:
                 self.ttl_ms[node][lock] = int(as_text(args[1]))
                 return [scripts.ACQUIRE_ALREADY_OURS, counter(fence)]
-            # The waiting line: waiter id -> (ticket, deadline ms); lapsed entries go.
             line = self._line(node, line_key)
+            if holder is None and not line:  # free, nobody in line
+                return self._grant(node, lock, fence, owner, args)
             me = hashlib.sha1(owner.encode()).hexdigest()
             patience, now = int(as_text(args[4])), self.now_ms(node)
+            self._drop_lapsed(node, line_key)
+
+            def wait_in_line(until: int) -> None:  # the ticket is the same on every attempt
+                if ticket:
+                    self._keep_until(node, line_key, me, until, int(ticket))
+
+            def in_order() -> list[str]:  # ZRANGE: by ticket, then by id
+                line = self._line(node, line_key)
+                return sorted(line, key=lambda w: (line[w][0], w))
+
             if holder is not None:
-                if ticket:
-                    line[me] = (int(ticket), now + 1000 + patience)
+                wait_in_line(now + patience)
                 return [scripts.ACQUIRE_REFUSED, 1000]
-            first = min(line, key=lambda w: (line[w][0], w)) if line else None
-            if first is not None and first != me:
-                if ticket:
-                    line[me] = (int(ticket), now + patience)
-                ahead = sorted(line, key=lambda w: (line[w][0], w)).index(me) if me in line \
-                    else len(line)
-                return [scripts.ACQUIRE_NOT_YOUR_TURN, ahead]
-            if me in line:  # first in line: the place is kept until the call is over
-                line[me] = (line[me][0], now + min(patience, int(as_text(args[1]))))
-            db[lock] = owner
-            self.ttl_ms[node][lock] = int(as_text(args[1]))
-            db[fence] = max(counter(fence), int(as_text(args[2]))) + 1
-            return [scripts.ACQUIRE_GRANTED, db[fence]]
+            order = in_order()
+            if order and order[0] != me:
+                wait_in_line(now + patience)
+                order = in_order()
+                return [scripts.ACQUIRE_NOT_YOUR_TURN,
+                        order.index(me) if me in order else len(order)]
+            if order:  # first in line: its place kept until the call is over
+                wait_in_line(now + min(patience, int(as_text(args[1]))))
+            return self._grant(node, lock, fence, owner, args)
         if script is scripts.ACQUIRE_MANY:
             marker, *rest = keys
             k = len(rest) // 2
@@ -296,21 +309,46 @@ class ScriptedNodes:
             lock, _, line_key, _ = keys
             owner = as_text(args[0])
             me = hashlib.sha1(owner.encode()).hexdigest()
-            line = self._line(node, line_key)
-            if as_text(args[1]) == "1":
-                line.pop(me, None)
-            elif len(args) > 2 and get(lock) == owner and me in line:  # keeps its place
-                line[me] = (line[me][0], self.now_ms(node) + int(as_text(args[2])))
-            if get(lock) == owner:
+            released = get(lock) == owner
+            if released:
                 del db[lock]
-                return 1
-            return 0
+            # As the Lua: the entry left or kept before the lapsed ones are dropped (a
+            # lapsed entry not dropped yet is kept again).
+            line, left = self._line(node, line_key), False
+            if as_text(args[1]) == "1" and line:
+                left = line.pop(me, None) is not None
+                self._emptied(node, line_key)
+            elif len(args) > 2 and released and me in line:  # keeps its place
+                self._keep_until(node, line_key, me,
+                                 self.now_ms(node) + int(as_text(args[2])), line[me][0])
+            if released or (left and lock not in db):
+                self._drop_lapsed(node, line_key)  # (and publishes the first)
+            return int(released)
         if script is scripts.EXTEND:
             lock = keys[0]
             if get(lock) != as_text(args[0]):
                 return 0
             self.ttl_ms[node][lock] = int(as_text(args[1]))
             return 1
+        if script is scripts.OWNED_PTTL:
+            lock = keys[0]
+            if get(lock) != as_text(args[0]):
+                return -2
+            return self.ttl_ms[node].get(lock, -1)
+        if script is scripts.FORCE_RELEASE:
+            lock, _, line_key, _ = keys
+            if db.pop(lock, None) is None:
+                return 0
+            self._drop_lapsed(node, line_key)  # (and publishes the first)
+            return 1
+        if script is scripts.INSPECT:
+            lock, fence, marker, guard, episode_key = keys
+            holder = get(lock)
+            return [-2 if holder is None else self.ttl_ms[node].get(lock, -1),
+                    (get(fence) or "0").encode(), int(marker in db), int(guard in db),
+                    b"" if holder is None else hashlib.sha1(holder.encode()).hexdigest()[
+                        :12].encode(),
+                    (get(episode_key) or "").encode(), self.now_ms(node)]
         if script is node_scripts.SEED_COUNTERS:
             guard, *fences = keys
             repair_id, *values = args
@@ -374,13 +412,49 @@ class ScriptedNodes:
             return [1, now, now]
         raise AssertionError(f"unexpected script {script!r} on node {node}")
 
+    def _grant(self, node: int, lock: str, fence: str, owner: str,
+               args: tuple[object, ...]) -> list[object]:
+        """ACQUIRE's SET PX and counter = max(counter, floor) + 1."""
+        db = self.data[node]
+        db[lock] = owner
+        self.ttl_ms[node][lock] = int(as_text(args[1]))
+        db[fence] = max(int(as_text(db.get(fence) or 0)), int(as_text(args[2]))) + 1
+        return [scripts.ACQUIRE_GRANTED, db[fence]]
+
     def _line(self, node: int, key: str) -> dict[str, tuple[int, int]]:
-        """A waiting line as ACQUIRE sees it: its entries past their deadline dropped."""
-        line = self.lines[node].setdefault(key, {})
-        now = self.now_ms(node)
+        """A waiting line's entries, lapsed ones included (the Lua drops them only in
+        :meth:`_drop_lapsed`); {} once its keys expired (a Redis key is gone once its
+        expiry time is past)."""
+        line = self.lines[node].setdefault(key, {})  # empty: no key
+        expiry = self.line_expiry[node].get(key)
+        if expiry is not None and self.now_ms(node) > expiry:
+            line.clear()
+            del self.line_expiry[node][key]
+        return line
+
+    def _drop_lapsed(self, node: int, key: str) -> None:
+        """The Lua's ``drop_lapsed``: the entries whose deadline passed go."""
+        line, now = self._line(node, key), self.now_ms(node)
         for waiter in [w for w, (_, deadline) in line.items() if deadline <= now]:
             del line[waiter]
-        return line
+        self._emptied(node, key)
+
+    def _keep_until(self, node: int, key: str, waiter: str, until: int, ticket: int) -> None:
+        """ZADD and the Lua's ``keep_until``: the entry's ticket and deadline; both keys
+        expire 1 ms after the latest deadline."""
+        line = self._line(node, key)
+        line[waiter] = (ticket, until)
+        self.line_expiry[node][key] = max(d for _, d in line.values()) + 1
+
+    def _emptied(self, node: int, key: str) -> None:
+        """A sorted set without members is no key (its expiry goes with it)."""
+        if not self.lines[node].get(key):
+            self.line_expiry[node].pop(key, None)
+
+    def live_line(self, node: int, key: str) -> dict[str, tuple[int, int]]:
+        """The entries of a line whose deadline has not passed (what counts), unchanged."""
+        now = self.now_ms(node)
+        return {w: e for w, e in self.lines[node].get(key, {}).items() if e[1] > now}
 
     def command(self, node: int, args: tuple[object, ...]) -> object:
         """The plain commands the protocols send, as Redis answers them (raw replies, as
@@ -410,6 +484,8 @@ class ScriptedNodes:
         if name == "EXISTS":
             return sum(1 for key in rest if as_text(key) in db)
         if name == "DEL":
+            for key in rest:
+                self.ttl_ms[node].pop(as_text(key), None)
             return sum(1 for key in rest if db.pop(as_text(key), None) is not None)
         if name == "SET":
             key, value, *options = (as_text(a) for a in rest)
@@ -418,6 +494,8 @@ class ScriptedNodes:
             db[key] = value
             if "PX" in options:
                 self.ttl_ms[node][key] = int(options[options.index("PX") + 1])
+            else:  # a SET without PX (or KEEPTTL) clears the TTL
+                self.ttl_ms[node].pop(key, None)
             return b"OK"
         if name == "SCAN":
             # As Redis does: a page of the whole keyspace (``scan_page`` keys, whatever
@@ -467,11 +545,11 @@ def describe(call: Call) -> str:
     return str(call.args[0])
 
 
-_EPISODE_START = re.compile(r"([0-9]+) ([0-9a-fA-F]+)")
+_EPISODE_START = re.compile(r"([0-9]+) (\S+)")
 
 
 def _episode_start(episode: str) -> tuple[str | None, str | None]:
-    """``string.match(episode, '^(%d+) (%x+)')``: (since, run id), or (None, None)."""
+    """``string.match(episode, '^(%d+) (%S+)')``: (since, run id), or (None, None)."""
     found = _EPISODE_START.match(episode)
     return (found[1], found[2]) if found else (None, None)
 

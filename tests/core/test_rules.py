@@ -1,9 +1,10 @@
-"""Pure unit tests of the sans-IO rules (:mod:`redlock._core.rules`, :mod:`redlock._core.state`):
-no servers, no sockets.
+"""Pure unit tests of the sans-IO rules (:mod:`redlock._core.settings`,
+:mod:`redlock._core.tokens`, :mod:`redlock._core.state`, :mod:`redlock._scripts.replies`,
+:mod:`redlock._io.failures`): no servers, no sockets.
 
 Quorum, validity and drift, the token rule, reply classification, LockState with an
 injected clock, the validators. The protocols (acquire, release, extend, watchdog,
-repair) on scripted nodes: tests/test_core_protocols.py.
+repair) on scripted nodes: the other files of tests/core.
 """
 
 from __future__ import annotations

@@ -73,7 +73,7 @@ def test_a_single_try_has_no_ticket_and_a_blocking_acquire_keeps_one() -> None:
     result = run_blocking(nodes, clock, timeout=2.0, free_after=3)
     assert result.state is not None  # type: ignore[attr-defined]
     tickets = {call.args[3] for b in acquire_calls(nodes) for call in b.calls}
-    assert len(tickets) == 1 and tickets.pop().isdigit()  # one ticket, every attempt
+    assert len(tickets) == 1 and str(tickets.pop()).isdigit()  # one ticket, every attempt
     assert all(int(call.args[4]) > 0 for b in acquire_calls(nodes) for call in b.calls)
 
 

@@ -1,0 +1,466 @@
+"""The contract between tests/scripted.py and the Lua scripts: every script the scripted
+nodes play, and the plain commands the protocols send, run with the same keys and
+arguments on a scripted node and on a real redis-server (tests/core/contract.py), which
+must give the same replies and hold the same keys (values, TTL or none) after each call.
+
+Random sequences over two resources, three owners and two repair claims (Hypothesis),
+and written-out sequences for the cases a random one rarely reaches: lapsed entries of
+the waiting line, a node without its marker, episodes of this and other server runs,
+repairs too early or forced. A one-line change to any script that the model does not
+follow fails the contract (the last test makes sure of it).
+
+In the calls, ``<run>`` stands for the real server's run id and ``<marker>`` for the
+marker's current value (see :meth:`Contract.step`).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+from collections.abc import Callable, Iterator
+
+import pytest
+import redis
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from redlock.testing import RedisNodes
+from tests.core.contract import Contract, plain, shown
+from tests.internals import KEYS, Call, node_scripts, scripts
+from tests.scripted import ScriptedNodes, as_text
+
+K = KEYS
+TTL = 60_000
+FOREIGN = "0123456789abcdef0123456789abcdef01234567"  # another server run's id
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[redis.Redis]:
+    with RedisNodes(1) as nodes, nodes[0].client() as client:
+        yield client
+
+
+# -- the calls, as the protocols send them ---------------------------------------------
+
+
+def acquire(r: str, owner: str, *, ticket: str = "", patience: int = TTL, floor: int = 0,
+            ttl: int = TTL) -> Call:
+    return Call(0, (owner, ttl, floor, ticket, patience), scripts.ACQUIRE,
+                (K.lock(r), K.fence(r), K.marker, K.line(r), K.line_deadlines(r)))
+
+
+def acquire_many(resources: list[str], owner: str, floors: list[int] | None = None,
+                 ttl: int = TTL) -> Call:
+    return Call(0, (owner, ttl, *(floors or [0] * len(resources))), scripts.ACQUIRE_MANY,
+                (K.marker, *map(K.lock, resources), *map(K.fence, resources)))
+
+
+def write_back(r: str, owner: str, token: int) -> Call:
+    return Call(0, (owner, token), scripts.WRITE_BACK, (K.lock(r), K.fence(r), K.marker))
+
+
+def release(r: str, owner: str, *, leave: bool = True, patience: int | None = None) -> Call:
+    args: tuple[object, ...] = (owner, "1") if leave else (owner, "0") if patience is None \
+        else (owner, "0", patience)
+    return Call(0, args, scripts.RELEASE,  # type: ignore[arg-type]
+                (K.lock(r), K.channel(r), K.line(r), K.line_deadlines(r)))
+
+
+def extend(r: str, owner: str, ttl: int = 2 * TTL) -> Call:
+    return Call(0, (owner, ttl), scripts.EXTEND, (K.lock(r),))
+
+
+def owned_pttl(r: str, owner: str) -> Call:
+    return Call(0, (owner,), scripts.OWNED_PTTL, (K.lock(r),))
+
+
+def force_release(r: str) -> Call:
+    return Call(0, (), scripts.FORCE_RELEASE,
+                (K.lock(r), K.channel(r), K.line(r), K.line_deadlines(r)))
+
+
+def inspect(r: str) -> Call:
+    return Call(0, (), scripts.INSPECT,
+                (K.lock(r), K.fence(r), K.marker, K.repair_guard, K.episode))
+
+
+def identify() -> Call:
+    return Call(0, ("EVAL", node_scripts.IDENTIFY.source, 1, K.marker))
+
+
+def init_marker() -> Call:
+    return Call(0, ("initialised at=1",), node_scripts.INIT_MARKER, (K.marker, K.episode))
+
+
+def restamp(judged: str = "<marker>", run: str = "<run>") -> Call:
+    return Call(0, (judged, "restamped", run), node_scripts.RESTAMP, (K.marker,))
+
+
+def demote(judged: str = "<marker>") -> Call:
+    return Call(0, (judged, "restarted"), node_scripts.DEMOTE, (K.marker, K.episode))
+
+
+def open_episode() -> Call:
+    return Call(0, ("lost its node marker",), node_scripts.OPEN_EPISODE,
+                (K.marker, K.episode))
+
+
+def claim(repair_id: str) -> Call:
+    return Call(0, ("SET", K.repair_guard, repair_id, "NX", "PX", TTL))
+
+
+def seed(repair_id: str, counters: dict[str, int]) -> Call:
+    return Call(0, (repair_id, *counters.values()), node_scripts.SEED_COUNTERS,
+                (K.repair_guard, *map(K.fence, counters)))
+
+
+def finish(repair_id: str, delay: int) -> Call:
+    return Call(0, (repair_id, "repaired", delay), node_scripts.FINISH_REPAIR,
+                (K.repair_guard, K.marker, K.episode))
+
+
+def command(*args: object) -> Call:
+    return Call(0, args)  # type: ignore[arg-type]
+
+
+def marker(value: str = "run_id=<run> initialised") -> Call:
+    return command("SET", K.marker, value)
+
+
+def episode(since: int, run: str = "<run>") -> Call:
+    return command("SET", K.episode, f"{since} {run} lost its node marker")
+
+
+ANCIENT, FUTURE = 1000, 9_999_999_999_999  # episode starts, in ms by the node's clock
+
+
+# -- written-out sequences ---------------------------------------------------------------
+
+
+def waiting_line(c: Contract) -> None:
+    c.steps([
+        marker(),
+        acquire("a", "alice"),  # free, nobody in line: granted
+        acquire("a", "bob", ticket="2"),  # held: refused, joins the line
+        acquire("a", "carol", ticket="1"),  # joins ahead of bob (a smaller ticket)
+        acquire("a", "dave", ticket="3", patience=0),  # joins; lapses at once
+        acquire("a", "bob", ticket="2", floor=7),  # keeps its place
+        release("a", "alice"),
+        acquire("a", "erin"),  # free, a single try: not its turn, 2 ahead
+        acquire("a", "bob", ticket="2"),  # not its turn: 1 ahead
+        acquire("a", "carol", ticket="1", floor=7),  # first in line: granted, keeps its place
+        release("a", "carol", leave=False, patience=30_000),  # a failed attempt
+        acquire("a", "carol", ticket="1", patience=0),  # granted again, place lapses now
+        release("a", "carol", leave=False),
+        acquire("a", "bob", ticket="2"),  # first now carol lapsed
+        release("a", "bob", leave=False, patience=TTL),
+        acquire("a", "bob", patience=0),  # once without its ticket: its entry as it was
+        release("a", "bob"),  # leaves the line: empty, its keys go
+        acquire("a", "dave", ticket="3", patience=0),  # nobody in line: granted
+        release("a", "dave", leave=False, patience=0),
+        acquire("b", "erin", ticket="5"),
+        acquire("b", "frank", ticket="4"),
+        force_release("b"),  # erin's key deleted, the line kept
+        acquire("b", "erin", ticket="5"),  # frank first
+        acquire("b", "frank", ticket="4"),
+        force_release("b"), force_release("b"),  # frank's key; then nothing to delete
+        inspect("a"), inspect("b"),
+    ])
+
+
+def lapsed_places(c: Contract) -> None:
+    """An entry past its deadline stays until a script drops it, as long as the line's
+    keys live (until its latest deadline): a RELEASE that keeps its waiter's place brings
+    it back; once the keys expired, there is nothing to keep."""
+    c.steps([
+        marker(),
+        acquire("a", "alice"),
+        acquire("a", "carol", ticket="1"),  # joins: the line's keys live 60 s
+        acquire("a", "bob", ticket="2", patience=0),  # joins, lapses at once
+        command("DEL", K.lock("a")),  # alice's key expired: nothing dropped bob's entry
+        acquire_many(["a"], "bob"),  # does not look at the line
+        release("a", "bob", leave=False, patience=TTL),  # its lapsed entry kept again
+        release("a", "carol"),  # leaves; the keys still expire with its deadline
+        acquire("a", "alice", ticket="3", patience=0),  # bob is first: not its turn
+        acquire("a", "bob", ticket="2", patience=0),  # first: granted, lapses at once
+        release("a", "bob", leave=False, patience=TTL),  # the keys expired: not kept
+        acquire("a", "alice"),  # nobody in line: granted
+        inspect("a"),
+    ])
+
+
+def tokens_and_ownership(c: Contract) -> None:
+    c.steps([
+        marker(),
+        acquire("a", "alice", floor=4),  # 0 -> 5
+        acquire("a", "alice", ttl=30_000),  # already ours: TTL refreshed, counter as is
+        write_back("a", "alice", 9), write_back("a", "alice", 3),  # raised, never lowered
+        write_back("a", "bob", 20),  # not the owner: nothing
+        extend("a", "alice"), extend("a", "bob"),
+        owned_pttl("a", "alice"), owned_pttl("a", "bob"), owned_pttl("z", "alice"),
+        command("SET", K.lock("d"), "carol"), owned_pttl("d", "carol"),  # no expiry: -1
+        inspect("a"),
+        acquire_many(["a", "b"], "bob", [1, 1]),  # a is alice's: nothing set
+        acquire_many(["b", "c"], "bob", [6, 0]),
+        acquire_many(["c", "b"], "bob", [0, 0]),  # both ours already
+        release("a", "bob"), release("a", "alice"), release("a", "alice"),
+        acquire_many(["a", "b"], "alice", [30, 0], ttl=30_000),
+        command("DEL", K.lock("c")),  # c's key expired
+        acquire_many(["c", "a"], "bob"),
+        command("MGET", K.fence("a"), K.fence("b"), K.fence("z")),
+        command("EXISTS", K.lock("a"), K.lock("c"), K.marker),
+    ])
+
+
+def without_a_marker(c: Contract) -> None:
+    c.steps([
+        acquire("a", "alice"), acquire("a", "alice", ticket="1"), acquire_many(["a"], "alice"),
+        identify(), open_episode(), open_episode(),  # kept: the same server run
+        init_marker(),  # refused: an episode
+        command("DEL", K.episode), init_marker(), init_marker(),  # written, then there
+        identify(),
+        acquire("a", "alice"), command("DEL", K.marker),
+        write_back("a", "alice", 10),  # no marker: not counted
+        extend("a", "alice"), inspect("a"), release("a", "alice"),  # no marker needed
+        open_episode(), inspect("a"),
+    ])
+
+
+def judging(c: Contract) -> None:
+    c.steps([
+        marker(f"run_id={FOREIGN} initialised"),
+        restamp(run=FOREIGN),  # another server answers now
+        restamp(judged="run_id=unknown x"),  # the marker changed meanwhile
+        restamp(), identify(), restamp(),
+        demote(judged="something else"), demote(),  # marker gone, episode begun
+        demote(), restamp(), identify(),
+        marker("run_id=unknown initialised by a user who may not run INFO"),
+        restamp(), demote(), open_episode(),
+    ])
+
+
+def episodes_and_repair(c: Contract) -> None:
+    c.steps([
+        open_episode(),  # begun now
+        episode(ANCIENT, FOREIGN), open_episode(),  # another run's: begun anew
+        episode(ANCIENT, "<run>zz"), open_episode(),  # not this run either
+        episode(ANCIENT, "unknown"), open_episode(),
+        episode(ANCIENT), open_episode(),  # this run's: kept
+        claim("g1"), claim("g2"),  # taken
+        seed("g2", {"a": 5}), seed("g1", {"a": 5, "b": 3}), seed("g1", {"a": 2, "c": 1}),
+        finish("g2", 0),  # not its claim
+        episode(FUTURE), finish("g1", 3_600_000),  # too young
+        episode(ANCIENT, FOREIGN), finish("g1", 3_600_000),  # another run's
+        episode(ANCIENT, "<run>zz"), finish("g1", 3_600_000),
+        command("DEL", K.episode), finish("g1", 3_600_000),  # none
+        episode(ANCIENT), finish("g1", 3_600_000),  # old enough: marker back
+        finish("g1", 0), open_episode(), identify(),
+        command("DEL", K.marker), claim("g1"), finish("g1", 0),  # forced: no episode needed
+        claim("g2"), command("DEL", K.repair_guard), seed("g2", {"a": 9}),  # claim gone
+        inspect("a"), inspect("b"),
+    ])
+
+
+SEQUENCES: list[Callable[[Contract], None]] = [
+    waiting_line, lapsed_places, tokens_and_ownership, without_a_marker, judging,
+    episodes_and_repair]
+
+
+@pytest.mark.parametrize("sequence", SEQUENCES, ids=lambda s: s.__name__)
+def test_written_out_sequences_agree(server: redis.Redis,
+                                     sequence: Callable[[Contract], None]) -> None:
+    sequence(Contract(server))
+
+
+def test_plain_commands_agree(server: redis.Redis) -> None:
+    """The commands the repair and the node checks send, other than script calls: INFO and
+    CONFIG GET (as far as the model knows them), SET NX PX, SCAN (every page) and MGET."""
+    c = Contract(server)
+    c.model.durable = set() if server.config_get("appendonly")["appendonly"] in (
+        "no", b"no") else {0}
+    where = server.connection_pool.connection_kwargs
+    for protocol in (2, 3):  # a pair, or a map
+        c.model.resp3 = protocol == 3
+        with redis.Redis(where["host"], where["port"], protocol=protocol) as client:
+            client.response_callbacks.clear()
+            for setting in ("appendonly", "appendfsync"):
+                asked = command("CONFIG", "GET", setting)
+                assert c.model.reply(asked) == client.execute_command(*asked.args)
+    for section in ("server", "replication"):
+        model, real = (str(plain(reply(command("INFO", section))))
+                       for reply in (c.model.reply, c.real_reply))
+        wanted = ("run_id:",) if section == "server" else ("role:", "second_repl_offset:")
+        assert [line for line in model.splitlines() if line.startswith(wanted)] == [
+            line for line in real.splitlines() if line.startswith(wanted)]
+    c.steps([marker(), claim("g1"), claim("g1"), command("DEL", K.repair_guard),
+             claim("g2")])
+    c.steps(acquire(f"r{i}", "alice", floor=i) for i in range(30))
+    c.steps([command("SET", "app:1", "theirs"), command("MGET", K.fence("r3"), "app:1")])
+    for pattern in ("redlock:{*}:fence", "redlock:*", "*"):
+        found: list[set[str]] = []
+        for reply in (c.model.reply, c.real_reply):
+            keys, cursor = set(), b"0"
+            while True:
+                page = plain(reply(command("SCAN", cursor, "MATCH", pattern, "COUNT", 7)))
+                assert isinstance(page, list)
+                keys |= set(page[1])
+                cursor = page[0].encode()
+                if page[0] == "0":
+                    break
+            found.append(keys)
+        assert found[0] == found[1] and found[0]
+
+
+# -- random sequences ------------------------------------------------------------------
+
+RESOURCES = st.sampled_from(["a", "a", "a", "b"])
+OWNERS = ("alice", "bob", "carol")
+REPAIRS = st.sampled_from(["g1", "g2"])
+PATIENCE = st.sampled_from([0, TTL, TTL])
+TTLS = st.sampled_from([TTL, 2 * TTL])
+FLOORS = st.sampled_from([0, 2, 10])
+RUNS = st.sampled_from(["<run>", FOREIGN, "unknown", "<run>zz"])
+
+
+@functools.cache
+def owners(involved: tuple[str, ...]) -> st.SearchStrategy[str]:
+    """Any owner, half the time one that holds a key or waits in a line now."""
+    anyone = st.sampled_from(OWNERS)
+    return st.one_of(st.sampled_from(involved), anyone) if involved else anyone
+
+
+Tickets = tuple[tuple[str, str], ...]  # (owner, its ticket or '')
+
+
+@functools.cache
+def lock_calls(tickets: Tickets, owner: str) -> st.SearchStrategy[Call]:
+    """The lock scripts on a node that has its marker, mostly, as the protocols send them:
+    an owner with a ticket (a blocking acquire) sends it on every attempt, releases after
+    a failed attempt keep its place for its patience, and the last release leaves the
+    line; an owner without one tries once."""
+    ticket = dict(tickets)[owner]
+
+    def attempt(r: str, patience: int, floor: int, ttl: int) -> Call:
+        return acquire(r, owner, ticket=ticket, patience=patience, floor=floor, ttl=ttl)
+
+    def let_go(r: str, over: bool, patience: int) -> Call:
+        return release(r, owner, leave=over or not ticket, patience=patience)
+
+    acquires = st.builds(attempt, RESOURCES, PATIENCE, FLOORS, TTLS)
+    releases = st.builds(let_go, RESOURCES, st.booleans(), PATIENCE)
+    return st.one_of(
+        acquires, acquires, acquires, acquires, releases, releases,
+        st.builds(acquire_many, st.lists(RESOURCES, min_size=1, max_size=2, unique=True),
+                  st.just(owner), st.none(), TTLS),
+        st.builds(write_back, RESOURCES, st.just(owner), st.integers(0, 12)),
+        st.builds(extend, RESOURCES, st.just(owner), TTLS),
+        st.builds(owned_pttl, RESOURCES, st.just(owner)),
+        st.builds(force_release, RESOURCES),
+        st.builds(inspect, RESOURCES),
+        st.builds(lambda r: command("DEL", K.lock(r)), RESOURCES),  # its key expired
+        st.sampled_from([command("DEL", K.marker), marker()]))
+
+
+@functools.cache
+def node_calls(tickets: Tickets, owner: str) -> st.SearchStrategy[Call]:
+    """The node identity and repair scripts, among acquires and releases that leave keys
+    and counters for them to find."""
+    return st.one_of(
+        st.builds(acquire, RESOURCES, st.just(owner), floor=FLOORS),
+        st.builds(release, RESOURCES, st.just(owner)),
+        st.builds(inspect, RESOURCES),
+        st.sampled_from([identify(), init_marker(), open_episode(), command("DEL", K.marker),
+                         restamp(), restamp(run=FOREIGN), demote(), demote("other"),
+                         command("DEL", K.repair_guard), command("DEL", K.episode)]),
+        st.builds(marker, st.sampled_from(["run_id=<run> initialised",
+                                           f"run_id={FOREIGN} initialised"])),
+        st.builds(episode, st.sampled_from([ANCIENT, FUTURE]), RUNS),
+        st.builds(claim, REPAIRS),
+        st.builds(seed, REPAIRS, st.dictionaries(RESOURCES, st.integers(0, 12), min_size=1)),
+        st.builds(finish, REPAIRS, st.sampled_from([0, 3_600_000])))
+
+
+TICKETS = st.tuples(*(st.tuples(st.just(o), st.sampled_from(["", "1", "2", "3"]))
+                      for o in OWNERS))
+
+
+def involved(model: ScriptedNodes) -> tuple[str, ...]:
+    """The owners that hold a key or wait in a line now, as the model has it."""
+    holders = {as_text(v) for k, v in model.data[0].items() if k.endswith(":lock")}
+    waiting = {w for key in model.lines[0] for w in model.live_line(0, key)}
+    return tuple(sorted(holders | {o for o in OWNERS
+                                   if hashlib.sha1(o.encode()).hexdigest() in waiting}))
+
+
+def play(server: redis.Redis, data: st.DataObject,
+         calls: Callable[[Tickets, str], st.SearchStrategy[Call]]) -> None:
+    """A marker, then 10 to 40 calls, each by an owner drawn knowing who is involved so
+    far. Each owner has a ticket, which ties may share, or none ('': it tries once)."""
+    tickets = data.draw(TICKETS, label="tickets")
+    contract = Contract(server)
+    contract.step(marker())
+    for _ in range(data.draw(st.integers(10, 40), label="calls")):
+        owner = data.draw(owners(involved(contract.model)))
+        contract.step(shown(data.draw(calls(tickets, owner))))
+
+
+@pytest.mark.parametrize("calls", [lock_calls, node_calls], ids=["lock", "node"])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_random_calls_agree(server: redis.Redis, calls: Callable[[Tickets, str],
+                            st.SearchStrategy[Call]], data: st.DataObject) -> None:
+    play(server, data, calls)
+
+
+# -- the contract holds the model to the scripts ---------------------------------------
+
+MUTATIONS = [  # (script, a line of it, that line changed)
+    (scripts.ACQUIRE, "local target = math.max(counter, tonumber(ARGV[3])) + 1",
+     "local target = math.max(counter, tonumber(ARGV[3])) + 2"),
+    (scripts.ACQUIRE, "    wait_in_line(now + tonumber(ARGV[5]))",
+     "    wait_in_line(now + 1000 + tonumber(ARGV[5]))"),
+    (scripts.ACQUIRE_MANY, "        reply[#reply + 1] = counter",
+     "        reply[#reply + 1] = counter + 1"),
+    (scripts.WRITE_BACK, "if redis.call('GET', KEYS[1]) ~= ARGV[1] then", "if false then"),
+    (scripts.RELEASE, "if ARGV[2] == '1' and redis.call('EXISTS', KEYS[3]) == 1 then",
+     "if ARGV[2] == '0' and redis.call('EXISTS', KEYS[3]) == 1 then"),
+    (scripts.EXTEND, "    redis.call('PEXPIRE', KEYS[1], ARGV[2])",
+     "    redis.call('PERSIST', KEYS[1])"),
+    (scripts.OWNED_PTTL, "return -2", "return -1"),
+    (scripts.FORCE_RELEASE, "return 0", "return 1"),
+    (scripts.INSPECT, "redis.call('EXISTS', KEYS[3]), redis.call('EXISTS', KEYS[4]),",
+     "redis.call('EXISTS', KEYS[4]), redis.call('EXISTS', KEYS[3]),"),
+    (node_scripts.IDENTIFY, "return {run_id, redis.call('GET', KEYS[1])}",
+     "return {run_id, redis.call('GET', KEYS[1]) or ''}"),
+    (node_scripts.INIT_MARKER, "if redis.call('EXISTS', KEYS[2]) == 1 then",
+     "if redis.call('EXISTS', KEYS[2]) == 2 then"),
+    (node_scripts.RESTAMP, "if run_id ~= ARGV[3] then", "if false then"),
+    (node_scripts.DEMOTE, "redis.call('DEL', KEYS[1])", "redis.call('EXISTS', KEYS[1])"),
+    (node_scripts.OPEN_EPISODE, "    if rid == run_id then", "    if rid then"),
+    (node_scripts.SEED_COUNTERS, "if seed > current then", "if seed < current then"),
+    (node_scripts.FINISH_REPAIR, "if rid ~= run_id or now - tonumber(since) < delay then",
+     "if now - tonumber(since) < delay then"),
+]
+
+
+def test_every_script_is_covered_by_a_mutation() -> None:
+    every = {v.name for module in (scripts, node_scripts) for v in vars(module).values()
+             if isinstance(v, scripts.Script)}
+    assert {script.name for script, _, _ in MUTATIONS} == every
+
+
+@pytest.mark.parametrize(("script", "line", "changed"), MUTATIONS,
+                         ids=[f"{s.name}-{i}" for i, (s, _, _) in enumerate(MUTATIONS)])
+def test_a_script_changed_without_the_model_breaks_the_contract(
+        server: redis.Redis, script: scripts.Script, line: str, changed: str) -> None:
+    """The real node runs a copy of ``script`` with one line changed; the model is left
+    as is: some written-out sequence must tell them apart."""
+    assert script.source.count(line) >= 1, f"{script.name} no longer has: {line}"
+    source = script.source.replace(line, changed, 1)
+    failed = []
+    for sequence in SEQUENCES:
+        try:
+            sequence(Contract(server, {script.source: source}))
+        except AssertionError:
+            failed.append(sequence.__name__)
+    assert failed, f"no sequence noticed {script.name}: {line!r} -> {changed!r}"
