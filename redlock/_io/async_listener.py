@@ -17,14 +17,8 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ResponseError
 
+from redlock._io import wakeups
 from redlock._io.async_transport import wait_event, within
-from redlock._io.wakeups import (
-    RECONNECT_MAX,
-    RECONNECT_MIN,
-    NodeSubscription,
-    WakeRegistry,
-    subscription_connection,
-)
 
 # The longest a node's task waits for news: it sends a due ping and drops lingering
 # channels at least this often.
@@ -35,7 +29,7 @@ class AsyncReleaseListener:
     """Subscription connections to every node, for one manager, on one event loop."""
 
     def __init__(self, pools: Sequence[redis.asyncio.ConnectionPool], addresses: Sequence[str],
-                 connect_timeout: float, registry: WakeRegistry) -> None:
+                 connect_timeout: float, registry: wakeups.WakeRegistry) -> None:
         self._pools = pools
         self._addresses = addresses
         self._connect_timeout = connect_timeout
@@ -80,12 +74,12 @@ class AsyncReleaseListener:
     # -- one node ----------------------------------------------------------------------
 
     async def _run(self, node: int) -> None:
-        subscription = NodeSubscription(node, self._registry)
-        delay = RECONNECT_MIN
+        subscription = wakeups.NodeSubscription(node, self._registry)
+        delay = wakeups.RECONNECT_MIN
         while not self._closed:
             if subscription.idle() and not self._registry.wanted():
                 return  # nothing to listen to; the next wait starts a new task
-            conn = subscription_connection(self._registry, node, self._addresses[node],
+            conn = wakeups.subscription_connection(self._registry, node, self._addresses[node],
                                            self._pools[node], self._connect_timeout, None,
                                            Retry(NoBackoff(), 0))
             if conn is None:
@@ -97,9 +91,9 @@ class AsyncReleaseListener:
                 await _disconnect(conn)
                 subscription.check_idle()
                 await asyncio.sleep(delay)
-                delay = min(2 * delay, RECONNECT_MAX)
+                delay = min(2 * delay, wakeups.RECONNECT_MAX)
                 continue
-            delay = RECONNECT_MIN
+            delay = wakeups.RECONNECT_MIN
             reader = asyncio.get_running_loop().create_task(self._read(conn, subscription))
             try:
                 await self._keep(conn, subscription, reader, self._changed[node])
@@ -114,7 +108,7 @@ class AsyncReleaseListener:
                 self._refused.add(node)
                 return
 
-    async def _keep(self, conn: Any, subscription: NodeSubscription,
+    async def _keep(self, conn: Any, subscription: wakeups.NodeSubscription,
                     reader: asyncio.Task[None], changed: asyncio.Event) -> None:
         """Send what the subscription needs until the reader ends (the connection broke),
         the connection goes silent, or there is nothing left to listen to."""
@@ -129,7 +123,7 @@ class AsyncReleaseListener:
             await wait_event(changed, _TICK)
 
     @staticmethod
-    async def _read(conn: Any, subscription: NodeSubscription) -> None:
+    async def _read(conn: Any, subscription: wakeups.NodeSubscription) -> None:
         while True:
             subscription.heard(await conn.read_response(disconnect_on_error=False))
 

@@ -20,13 +20,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from redlock._io.wakeups import (
-    RECONNECT_MAX,
-    RECONNECT_MIN,
-    NodeSubscription,
-    WakeRegistry,
-    subscription_connection,
-)
+from redlock._io import wakeups
 
 # The longest the thread sleeps in select: it notices close(), a ping to send and
 # lingering channels to drop at least this often.
@@ -38,12 +32,12 @@ class _Node:
 
     __slots__ = ("conn", "connecting", "delay", "refused", "retry_at", "subscription")
 
-    def __init__(self, subscription: NodeSubscription) -> None:
+    def __init__(self, subscription: wakeups.NodeSubscription) -> None:
         self.subscription = subscription
         self.conn: Any = None
         self.connecting = False  # a helper thread is opening the connection
         self.retry_at = 0.0
-        self.delay = RECONNECT_MIN
+        self.delay = wakeups.RECONNECT_MIN
         self.refused = False  # its ACL refuses SUBSCRIBE: left alone
 
 
@@ -51,12 +45,12 @@ class SyncReleaseListener:
     """Subscription connections to every node, for one manager, read by one thread."""
 
     def __init__(self, pools: Sequence[redis.ConnectionPool], addresses: Sequence[str],
-                 connect_timeout: float, registry: WakeRegistry) -> None:
+                 connect_timeout: float, registry: wakeups.WakeRegistry) -> None:
         self._pools = pools
         self._addresses = addresses
         self._connect_timeout = connect_timeout
         self._registry = registry
-        self._nodes = [_Node(NodeSubscription(i, registry)) for i in range(len(pools))]
+        self._nodes = [_Node(wakeups.NodeSubscription(i, registry)) for i in range(len(pools))]
         self._mutex = threading.Lock()
         self._thread: threading.Thread | None = None
         self._poke_r, self._poke_w = socket.socketpair()  # a byte here wakes the thread
@@ -155,7 +149,7 @@ class SyncReleaseListener:
     def _open(self, node: _Node) -> None:
         """Open the node's connection in a helper thread; the listener picks it up."""
         index = node.subscription.node
-        conn = subscription_connection(self._registry, index, self._addresses[index],
+        conn = wakeups.subscription_connection(self._registry, index, self._addresses[index],
                                        self._pools[index], self._connect_timeout,
                                        self._connect_timeout, Retry(NoBackoff(), 0))
         if conn is None:
@@ -169,9 +163,9 @@ class SyncReleaseListener:
             except Exception:
                 _disconnect(conn)
                 node.retry_at = time.monotonic() + node.delay
-                node.delay = min(2 * node.delay, RECONNECT_MAX)
+                node.delay = min(2 * node.delay, wakeups.RECONNECT_MAX)
             else:
-                node.delay = RECONNECT_MIN
+                node.delay = wakeups.RECONNECT_MIN
                 if self._closed:
                     _disconnect(conn)
                 else:
