@@ -1,15 +1,16 @@
-"""Async worker pool: jobs longer than the lock's TTL kept by auto_extend; a stalled event
-loop loses its lock, on_lost stops its job, and the fenced store would refuse its write.
+"""Async worker pool: jobs longer than the lock's TTL kept by auto_extend, even through a
+frozen event loop; a lock taken away mid-build: on_lost stops the job, and the fenced
+store would refuse its write.
 
     python -m examples.async_worker_pool      # starts its own local redis-server nodes
     python examples/async_worker_pool.py --ttl 1.0 --build 1.5
 
 Each job rebuilds one account's report. A worker task takes the lock
-``report:<account>`` with ``auto_extend=True`` (a build outlasts the TTL; a watchdog
-task renews the lock at about ttl/3) and ``on_lost`` (called when renewing fails: it
-cancels the build). Under the lock it raises the report record's fence to its token and
-reads it: a record means the report is built already; otherwise it builds the report
-and writes it with its token.
+``report:<account>`` with ``auto_extend=True`` (a build outlasts the TTL; the manager's
+renewal thread renews the lock at about ttl/3) and ``on_lost`` (called when renewing
+fails: it cancels the build). Under the lock it raises the report record's fence to its
+token and reads it: a record means the report is built already; otherwise it builds the
+report and writes it with its token.
 
 The demo runs two application instances, each an event loop with a pool of worker
 tasks (threads here; processes or machines in production), and gives both every job
@@ -18,13 +19,16 @@ tasks (threads here; processes or machines in production), and gives both every 
 * Round 1: builds take longer than the TTL, yet every report is built once: the lock
   stays held while the build runs, and the instance that waited finds the report built.
 * Round 2: a build makes a blocking call (a synchronous client in async code) that
-  freezes its instance's event loop past the TTL, so its watchdog cannot renew. The
-  other instance takes the lock, raises the fence and builds. When the frozen loop
-  wakes, its watchdog finds the lock lost and on_lost cancels the stale build (had it
-  got as far as writing, the fence would have refused it).
+  freezes its instance's event loop for twice the TTL. The lock is renewed from a
+  thread, not from the loop, so it is kept and the other instance goes on waiting.
+  Then the lock is taken away while the build runs (an operator's force-release here;
+  in production a network partition or a process pause longer than the TTL). The
+  other instance takes the lock, raises the fence and builds; the first one's renewal
+  finds its key gone and on_lost cancels the stale build (had it got as far as
+  writing, the fence would have refused it).
 
 It exits non-zero unless every report was written exactly once, by the instance that
-built it, and the stalled build wrote nothing.
+built it, and the stale build wrote nothing.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ import asyncio
 import json
 import sys
 import threading
+import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -109,14 +114,16 @@ async def worker_pool(dlm: AsyncRedlock, store: AsyncRedisFencedStore, accounts:
 
 INSTANCES = ("instance-A", "instance-B")
 ROUND_1 = ["northwind", "initech", "globex"]
-ROUND_2 = ["acme"]  # its first build stalls its event loop
+ROUND_2 = ["acme"]  # its first build freezes its event loop, then loses its lock
 
 
 class Stall:
-    """Round 2's incident: the first build of the account blocks its whole event loop
-    until the other instance has taken over the lock and started building."""
+    """Round 2's incidents, in the first build of the account: its event loop frozen by
+    a blocking call, then its lock taken away until the other instance builds."""
 
-    def __init__(self) -> None:
+    def __init__(self, lock_urls: list[str], ttl: float) -> None:
+        self.lock_urls = lock_urls
+        self.freeze = 2 * ttl
         self.rival_building = threading.Event()
         self.stalled: str | None = None
         self._mutex = threading.Lock()
@@ -127,6 +134,15 @@ class Stall:
                 self.stalled = instance
                 return True
             return False
+
+    async def take_lock_away(self, resource: str) -> None:
+        """What an operator's ``redlock release --force`` does (docs/operations.md)."""
+        async with AsyncRedlock(self.lock_urls) as operator:
+            await operator.force_release(resource)
+
+    async def rival_has_taken_over(self) -> None:
+        while not self.rival_building.is_set():  # the loop stays free meanwhile
+            await asyncio.sleep(0.01)
 
 
 def builder(instance: str, seconds: float, stall: Stall | None, clock: common.Clock) -> Build:
@@ -140,9 +156,16 @@ def builder(instance: str, seconds: float, stall: Stall | None, clock: common.Cl
             if stalls and step == 2:
                 assert stall is not None
                 print(f"{clock()}  {instance} makes a blocking call while building "
-                      f"{account}'s report: its event loop (and lock watchdog) freezes")
-                stall.rival_building.wait(60)  # blocking on purpose: the whole loop stops
-                print(f"{clock()}  {instance}'s event loop runs again")
+                      f"{account}'s report: its event loop freezes for {stall.freeze:.1f} s")
+                time.sleep(stall.freeze)  # blocking on purpose: the whole loop stops
+                print(f"{clock()}  {instance}'s event loop runs again: its lock was renewed"
+                      " meanwhile, the other instance still waits")
+            if stalls and step == 4:
+                assert stall is not None
+                print(f"{clock()}  the lock report:{account} is taken away while "
+                      f"{instance} builds (an operator's force-release)")
+                await stall.take_lock_away(f"report:{account}")
+                await stall.rival_has_taken_over()
             await asyncio.sleep(seconds / 10)
         return json.dumps({"account": account, "by": instance}).encode()
     return build
@@ -206,14 +229,14 @@ def run(args: argparse.Namespace, lock_urls: list[str], store_url: str) -> int:
         ok = ok and kept
 
         print(f"round 2: one report job ({ROUND_2[0]}), given to both instances")
-        stall = Stall()
+        stall = Stall(lock_urls, ttl)
         outcomes = play(lock_urls, store_url, ROUND_2, ttl, seconds, stall, clock)
         ok = report(outcomes, {a: store.read(f"report:{a}") for a in ROUND_2}) and ok
-    stalled = outcomes[stall.stalled][ROUND_2[0]] if stall.stalled else "no stall happened"
-    print(f"the stalled build in {stall.stalled}: {stalled}")
+    stalled = outcomes[stall.stalled][ROUND_2[0]] if stall.stalled else "no incident happened"
+    print(f"the stale build in {stall.stalled}: {stalled}")
     ok = ok and stalled.startswith(("stopped by on_lost", "refused by the store"))
     return common.verdict(ok, "every report written exactly once by the instance that built "
-                              "it; the stalled build wrote nothing")
+                              "it; the stale build wrote nothing")
 
 
 def options(p: argparse.ArgumentParser) -> None:
