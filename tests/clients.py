@@ -64,6 +64,18 @@ async def eventually(predicate: Callable[[], object], timeout: float,
     return bool(predicate())
 
 
+def run_threads(target: Callable[[int], object], count: int,
+                timeout: float) -> list[threading.Thread]:
+    """``count`` threads running ``target(0)`` ... ``target(count - 1)``, all started,
+    then each joined (waiting up to ``timeout`` seconds for it); the threads."""
+    threads = [threading.Thread(target=target, args=(i,)) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout)
+    return threads
+
+
 class Stopwatch:
     """Seconds since it was made (monotonic): ``took = Stopwatch(); ...; took()``."""
 

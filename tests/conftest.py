@@ -5,6 +5,7 @@ the client flavours (tests/clients.py) that run one behaviour test on both clien
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -16,43 +17,28 @@ from tests.clients import Actor, Flavour
 # at events use caplog or redlock.testing.capture_events.
 
 
-@pytest.fixture(scope="session")
-def _pool1() -> Iterator[RedisNodes]:
-    with RedisNodes(1) as nodes:
+def _cluster_fixtures(count: int) -> tuple[Any, Any]:
+    """``_pool<count>``: ``count`` nodes started once per session; ``nodes<count>``: that
+    pool, reset before and after the test that uses it."""
+
+    @pytest.fixture(scope="session", name=f"_pool{count}")
+    def pool() -> Iterator[RedisNodes]:
+        with RedisNodes(count) as nodes:
+            yield nodes
+
+    @pytest.fixture(name=f"nodes{count}")
+    def reset_pool(request: pytest.FixtureRequest) -> Iterator[RedisNodes]:
+        nodes: RedisNodes = request.getfixturevalue(f"_pool{count}")
+        nodes.reset()
         yield nodes
+        nodes.reset()
+
+    return pool, reset_pool
 
 
-@pytest.fixture(scope="session")
-def _pool3() -> Iterator[RedisNodes]:
-    with RedisNodes(3) as nodes:
-        yield nodes
-
-
-@pytest.fixture(scope="session")
-def _pool5() -> Iterator[RedisNodes]:
-    with RedisNodes(5) as nodes:
-        yield nodes
-
-
-@pytest.fixture
-def nodes1(_pool1: RedisNodes) -> Iterator[RedisNodes]:
-    _pool1.reset()
-    yield _pool1
-    _pool1.reset()
-
-
-@pytest.fixture
-def nodes3(_pool3: RedisNodes) -> Iterator[RedisNodes]:
-    _pool3.reset()
-    yield _pool3
-    _pool3.reset()
-
-
-@pytest.fixture
-def nodes5(_pool5: RedisNodes) -> Iterator[RedisNodes]:
-    _pool5.reset()
-    yield _pool5
-    _pool5.reset()
+_pool1, nodes1 = _cluster_fixtures(1)
+_pool3, nodes3 = _cluster_fixtures(3)
+_pool5, nodes5 = _cluster_fixtures(5)
 
 
 @pytest.fixture

@@ -15,6 +15,7 @@ import redis
 
 from redlock import AsyncLock, AsyncRedlock, Lock, LockNotAcquired, Redlock
 from redlock.testing import RedisNodes
+from tests.clients import run_threads
 
 
 def _lock_key(resource: str) -> str:
@@ -155,12 +156,8 @@ def test_excludes_across_threads_and_managers(nodes3: RedisNodes) -> None:
         for _ in range(10):
             increments[index % 2]()
 
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
     try:
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(120)
+        run_threads(worker, 4, 120)
         assert int(counter.get("dec:count:value") or 0) == 40
     finally:
         counter.close()

@@ -9,22 +9,35 @@ watchdog keeps a lock past its TTL and calls ``on_lost`` when renewal fails.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
 
 from redlock import LockLost, Outcome
 from redlock.testing import RedisNodes, capture_events
-from tests.clients import Actor, Flavour, Stopwatch, eventually
+from tests.clients import Actor, Flavour, Held, Stopwatch, eventually
 from tests.peek import delete_lock_keys, lock_keys, lock_pttls, lock_values
+
+
+async def _token_of_an_acquire_at_once(lock: Held) -> Any:
+    """``lock`` acquired without blocking (it must be free); its token."""
+    assert await lock.acquire(blocking=False)
+    return await lock.token()
+
+
+async def _each_raises_lock_lost(*calls: Callable[[], Awaitable[object]]) -> None:
+    """Each of these calls on a lost lock raises LockLost."""
+    for call in calls:
+        with pytest.raises(LockLost):
+            await call()
 
 
 async def test_expiry_frees_the_lock_for_another_owner(flavour: Flavour, me: Actor,
                                                       cluster: RedisNodes) -> None:
     resource = "ttl:expiry"
     first = me.on(flavour.manager(cluster).lock(resource, ttl=0.5))
-    assert await first.acquire(blocking=False)
-    first_token = await first.token()
+    first_token = await _token_of_an_acquire_at_once(first)
     dlm = flavour.manager(cluster)
     second = flavour.actor("second").on(dlm.lock(resource, ttl=10.0))
     assert not await second.acquire(blocking=False)
@@ -33,10 +46,7 @@ async def test_expiry_frees_the_lock_for_another_owner(flavour: Flavour, me: Act
     assert not await first.locked() and await first.validity() == 0.0
     with pytest.raises(LockLost, match="expired"):
         await first.check()
-    with pytest.raises(LockLost):
-        await first.token()
-    with pytest.raises(LockLost):
-        await first.extend()
+    await _each_raises_lock_lost(first.token, first.extend)
     # The second holder has its key on at least a quorum (a node where the first key
     # outlived the others may have refused it). The expired holder's release must not
     # delete any of them; it tells its caller the lock had expired.
@@ -56,8 +66,7 @@ async def test_extend_renews_on_every_node(flavour: Flavour, me: Actor,
                                            cluster: RedisNodes) -> None:
     resource = "ttl:extend"
     lock = me.on(flavour.manager(cluster).lock(resource, ttl=1.0))
-    assert await lock.acquire(blocking=False)
-    token = await lock.token()
+    token = await _token_of_an_acquire_at_once(lock)
     await asyncio.sleep(0.5)
     await lock.extend(3.0)
     assert await lock.validity() > 2.5
@@ -84,10 +93,7 @@ async def test_extend_after_a_majority_lost_the_key_raises_lock_lost(
     assert caught.value.resource == resource
     assert "quorum" in str(caught.value)
     assert await lock.lost() and not await lock.locked()
-    with pytest.raises(LockLost):
-        await lock.check()
-    with pytest.raises(LockLost):
-        await lock.extend()
+    await _each_raises_lock_lost(lock.check, lock.extend)
     # The lost holder dropped its remaining keys: the next owner need not wait 10 s.
     assert lock_keys(cluster, resource) == [False] * len(cluster)
     assert await flavour.actor().on(flavour.manager(cluster).lock(resource)).acquire(
@@ -105,8 +111,7 @@ async def test_auto_extend_keeps_the_lock_past_its_ttl(flavour: Flavour, me: Act
     lock = me.on(flavour.manager(cluster).lock(resource, ttl=0.6, auto_extend=True,
                                                on_lost=lost.append))
     other = flavour.actor("other").on(flavour.manager(cluster).lock(resource, ttl=5.0))
-    assert await lock.acquire(blocking=False)
-    token = await lock.token()
+    token = await _token_of_an_acquire_at_once(lock)
     held = Stopwatch()
     while held() < 1.5:  # 2.5 TTLs
         await lock.check()
@@ -142,10 +147,7 @@ async def test_auto_extend_signals_loss_when_a_majority_drops_the_key(
     with pytest.raises(LockLost, match="nodes answered that our key is gone") as caught:
         await lock.check()
     assert [r.outcome for r in caught.value.outcomes].count(Outcome.REFUSED) == dlm.quorum
-    with pytest.raises(LockLost):
-        await lock.token()
-    with pytest.raises(LockLost):
-        await lock.extend()
+    await _each_raises_lock_lost(lock.token, lock.extend)
     assert lock_keys(cluster, resource) == [False] * len(cluster)  # the watchdog dropped them
     assert await flavour.actor().on(flavour.manager(cluster).lock(resource)).acquire(
         blocking=False)
@@ -177,10 +179,7 @@ async def test_auto_extend_signals_loss_when_a_majority_hangs(
     assert await lock.lost()
     with pytest.raises(LockLost, match="validity ran out"):
         await lock.check()
-    with pytest.raises(LockLost):
-        await lock.extend()
-    with pytest.raises(LockLost):
-        await lock.release()
+    await _each_raises_lock_lost(lock.extend, lock.release)
 
 
 async def test_releasing_an_auto_extended_lock_at_once_is_not_a_watchdog_crash(

@@ -26,17 +26,17 @@ from redlock import (
     RedlockError,
 )
 from redlock.testing import RedisNodes
+from tests.peek import delete_lock_keys, lock_values
 
 NODE_TIMEOUT = 0.25  # a healthy node on a busy shared machine must not look dead
 WORKER = Path(__file__).parent / "workers" / "handover_worker.py"
 
 
-def _holders(nodes: RedisNodes, resource: str) -> list[bytes | None]:
-    values = []
-    for node in nodes:
-        with node.client() as client:
-            values.append(client.get(f"redlock:{{{resource}}}:lock"))
-    return values
+def _exported(dlm: Redlock, resource: str, ttl: float) -> Handover:
+    """``resource`` acquired on ``dlm`` and exported at once (the handle lets go)."""
+    lock = dlm.lock(resource, ttl=ttl)
+    assert lock.acquire()
+    return lock.export()
 
 
 @pytest.fixture
@@ -58,7 +58,7 @@ def test_adopted_by_another_manager_which_extends_and_releases(
     a, b = two
     lock = a.lock("ho:a", ttl=10.0)
     assert lock.acquire()
-    token, owner_value = lock.token, _holders(nodes3, "ho:a")[0]
+    token, owner_value = lock.token, lock_values(nodes3, "ho:a")[0]
     exported = lock.export()
 
     # The exporter let go: no token, no extend, and its release sends nothing.
@@ -68,7 +68,7 @@ def test_adopted_by_another_manager_which_extends_and_releases(
     with pytest.raises(NotHeld):
         lock.extend()
     lock.release()
-    assert _holders(nodes3, "ho:a") == [owner_value] * 3  # still held, by the hand-over
+    assert lock_values(nodes3, "ho:a") == [owner_value] * 3  # still held, by the hand-over
 
     adopted = b.adopt(Handover.from_json(exported.to_json()))
     assert adopted.resource == "ho:a" and adopted.ttl == 10.0
@@ -80,7 +80,7 @@ def test_adopted_by_another_manager_which_extends_and_releases(
     other = a.lock("ho:a", ttl=5.0)
     assert not other.acquire(blocking=False)
     adopted.release()
-    assert _holders(nodes3, "ho:a") == [None, None, None]
+    assert lock_values(nodes3, "ho:a") == [None, None, None]
     assert other.acquire(blocking=False)
     assert other.token > token
     other.release()
@@ -95,7 +95,7 @@ def test_the_exporters_watchdog_stops(two: tuple[Redlock, Redlock],
     adopted = b.adopt(lock.export())  # adopter without auto-extend
     assert adopted.locked()
     time.sleep(1.6)  # past the TTL: nobody renews it any more
-    assert _holders(nodes3, "ho:wd") == [None, None, None]
+    assert lock_values(nodes3, "ho:wd") == [None, None, None]
     assert not adopted.locked()
     with pytest.raises(LockLost, match="expired"):
         adopted.check()
@@ -115,9 +115,7 @@ def test_the_adopter_can_auto_extend(two: tuple[Redlock, Redlock]) -> None:
 
 def test_validity_counts_the_time_in_transit(two: tuple[Redlock, Redlock]) -> None:
     a, b = two
-    lock = a.lock("ho:age", ttl=10.0)
-    assert lock.acquire()
-    exported = lock.export()
+    exported = _exported(a, "ho:age", 10.0)
     time.sleep(0.3)
     adopted = b.adopt(exported)
     # At least the wall-clock age is charged to the adopter: never longer than the
@@ -130,28 +128,20 @@ def test_a_stale_hand_over_fails_clearly(two: tuple[Redlock, Redlock],
                                          nodes3: RedisNodes) -> None:
     a, b = two
     # 1. Expired by its own validity: refused without asking the nodes.
-    lock = a.lock("ho:old", ttl=0.3)
-    assert lock.acquire()
-    exported = lock.export()
+    exported = _exported(a, "ho:old", 0.3)
     time.sleep(0.4)
     with pytest.raises(LockLost, match="expired"):
         b.adopt(exported)
 
     # 2. Validity left on paper, but the key is gone on the nodes (released by hand).
-    lock = a.lock("ho:gone", ttl=30.0)
-    assert lock.acquire()
-    exported = lock.export()
-    for node in nodes3:
-        with node.client() as client:
-            client.delete("redlock:{ho:gone}:lock")
+    exported = _exported(a, "ho:gone", 30.0)
+    delete_lock_keys(nodes3, "ho:gone")
     with pytest.raises(LockLost, match="only 0 of 3 nodes still hold") as failure:
         b.adopt(exported)
     assert len(failure.value.outcomes) == 3
 
     # 3. Adopted once and released: adopting the same value again fails too.
-    lock = a.lock("ho:twice", ttl=30.0)
-    assert lock.acquire()
-    exported = lock.export()
+    exported = _exported(a, "ho:twice", 30.0)
     b.adopt(exported).release()
     with pytest.raises(LockLost):
         a.adopt(exported)
@@ -160,9 +150,7 @@ def test_a_stale_hand_over_fails_clearly(two: tuple[Redlock, Redlock],
 def test_an_outage_is_not_a_lost_lock(two: tuple[Redlock, Redlock],
                                       nodes3: RedisNodes) -> None:
     a, b = two
-    lock = a.lock("ho:down", ttl=30.0)
-    assert lock.acquire()
-    exported = lock.export()
+    exported = _exported(a, "ho:down", 30.0)
     nodes3[0].stop()
     nodes3[1].stop()
     with pytest.raises(QuorumUnavailable):
@@ -171,9 +159,7 @@ def test_an_outage_is_not_a_lost_lock(two: tuple[Redlock, Redlock],
 
 def test_values_are_checked(two: tuple[Redlock, Redlock], nodes3: RedisNodes) -> None:
     a, _ = two
-    lock = a.lock("ho:val", ttl=30.0)
-    assert lock.acquire()
-    exported = lock.export()
+    exported = _exported(a, "ho:val", 30.0)
     assert exported.owner not in repr(exported)  # the secret stays out of logs
     assert pickle.loads(pickle.dumps(exported)) == exported
     data = exported.to_dict()
@@ -224,13 +210,13 @@ async def test_asyncio_hand_over_across_managers_and_clients(
     assert adopted.token == token
     await adopted.extend()
     await lock.release()  # the exporter's: sends nothing
-    assert None not in _holders(nodes3, "ho:aio")
+    assert None not in lock_values(nodes3, "ho:aio")
     exported_again = adopted.export()  # and on to a sync manager
     with Redlock(nodes3.urls, node_timeout=NODE_TIMEOUT) as sync_dlm:
         held = sync_dlm.adopt(exported_again)
         assert held.token == token
         held.release()
-    assert _holders(nodes3, "ho:aio") == [None, None, None]
+    assert lock_values(nodes3, "ho:aio") == [None, None, None]
 
 
 def _worker(*args: str, stdin: str = "") -> str:
@@ -250,7 +236,7 @@ def test_acquired_here_adopted_extended_released_in_another_process(
         assert 0 < result["validity"] <= 15.0
         assert result["extended_validity"] > 14.0
         assert result["released"] is True
-        assert _holders(nodes3, "ho:proc") == [None, None, None]
+        assert lock_values(nodes3, "ho:proc") == [None, None, None]
         lock.release()  # sends nothing: the other process owned and released it
         # A stale value (its lock now released elsewhere) fails clearly over there too.
         stale = Handover.from_dict(_stale_copy(dlm, nodes3))
@@ -265,17 +251,17 @@ def _stale_copy(dlm: Redlock, nodes3: RedisNodes) -> dict[str, object]:
     assert lock.acquire()
     data = lock.export().to_dict()
     time.sleep(0.3)
-    assert _holders(nodes3, "ho:stale") == [None, None, None]
+    assert lock_values(nodes3, "ho:stale") == [None, None, None]
     return data
 
 
 def test_acquired_in_another_process_finished_here(nodes3: RedisNodes) -> None:
     exported = Handover.from_json(_worker("export", "ho:from-child", "15", *nodes3.urls))
     # The exporting process has exited; its lock lives on in Redis until adopted.
-    assert None not in _holders(nodes3, "ho:from-child")
+    assert None not in lock_values(nodes3, "ho:from-child")
     with Redlock(nodes3.urls, node_timeout=NODE_TIMEOUT) as dlm:
         held = dlm.adopt(exported)
         assert held.token == exported.token
         held.extend(ttl=20.0)
         held.release()
-    assert _holders(nodes3, "ho:from-child") == [None, None, None]
+    assert lock_values(nodes3, "ho:from-child") == [None, None, None]

@@ -22,17 +22,10 @@ from redlock import (
     Redlock,
 )
 from redlock.testing import RedisNodes
-from tests.peek import write_markers
+from tests.clients import run_threads
+from tests.peek import lock_values, write_markers
 
 NODE_TIMEOUT = 0.25  # a healthy node on a busy shared machine must not look dead
-
-
-def _owners(nodes: RedisNodes, resource: str) -> list[bytes | None]:
-    values = []
-    for node in nodes:
-        with node.client() as client:
-            values.append(client.get(f"redlock:{{{resource}}}:lock"))
-    return values
 
 
 @pytest.fixture
@@ -54,13 +47,13 @@ def test_one_acquisition_over_a_set(dlm: Redlock, nodes3: RedisNodes) -> None:
     with held:
         assert held.tokens == {"a": 1, "b": 1}
         assert held.locked() and 0 < held.validity <= 5.0
-        owners = _owners(nodes3, "a") + _owners(nodes3, "b")
+        owners = lock_values(nodes3, "a") + lock_values(nodes3, "b")
         assert None not in owners and len(set(owners)) == 1  # one owner value, everywhere
         held.extend(ttl=8.0)
         assert held.validity > 7.0
         with nodes3[0].client() as client:
             assert 7000 < client.pttl("redlock:{b}:lock") <= 8000
-    assert _owners(nodes3, "a") == _owners(nodes3, "b") == [None, None, None]
+    assert lock_values(nodes3, "a") == lock_values(nodes3, "b") == [None, None, None]
     assert not held.locked()
     held.release()  # idempotent
 
@@ -70,7 +63,7 @@ def test_all_or_nothing(dlm: Redlock, nodes3: RedisNodes) -> None:
         many = dlm.lock_many(["x", "y", "z"], ttl=5.0)
         assert not many.acquire(blocking=False)
         # Nothing partial anywhere: x and z were not taken on any node.
-        assert _owners(nodes3, "x") == _owners(nodes3, "z") == [None, None, None]
+        assert lock_values(nodes3, "x") == lock_values(nodes3, "z") == [None, None, None]
         with pytest.raises(LockNotAcquired) as failure, \
                 dlm.lock_many(["x", "y", "z"], timeout=0.2):
             pass
@@ -139,12 +132,8 @@ def test_overlapping_sets_from_threads_exclude_and_never_deadlock(
         except BaseException as exc:
             errors.append(exc)
 
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(6)]
     try:
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(120)
+        threads = run_threads(worker, 6, 120)
         assert not any(thread.is_alive() for thread in threads), "a worker is stuck"
     finally:
         for manager in managers:
@@ -167,7 +156,7 @@ def test_extend_failure_loses_the_whole_set(dlm: Redlock, nodes3: RedisNodes) ->
     with pytest.raises(LockLost, match="2 of 3 nodes answered that our key is gone"):
         held.extend()
     assert held.lost and not held.locked()
-    assert _owners(nodes3, "e1") == [None, None, None]  # the rest released at once
+    assert lock_values(nodes3, "e1") == [None, None, None]  # the rest released at once
     with pytest.raises(LockLost):
         _ = held.tokens
 
@@ -245,7 +234,7 @@ async def test_asyncio_sets_exclude_between_tasks(adlm: AsyncRedlock,
     assert overlaps == []
     for tokens in history.values():
         assert tokens == sorted(tokens) and len(set(tokens)) == len(tokens)
-    assert _owners(nodes3, "aov0") == [None, None, None]
+    assert lock_values(nodes3, "aov0") == [None, None, None]
 
 
 async def test_asyncio_all_or_nothing_and_extend(adlm: AsyncRedlock,
@@ -253,7 +242,7 @@ async def test_asyncio_all_or_nothing_and_extend(adlm: AsyncRedlock,
     async with adlm.lock("ab", ttl=10.0):
         many = adlm.lock_many(["aa", "ab"], ttl=5.0)
         assert not await many.acquire(blocking=False)
-        assert _owners(nodes3, "aa") == [None, None, None]
+        assert lock_values(nodes3, "aa") == [None, None, None]
     async with adlm.lock_many(["aa", "ab"], ttl=5.0) as held:
         await held.extend(ttl=9.0)
         assert held.validity > 8.0

@@ -190,12 +190,19 @@ async def test_a_structlog_application_gets_event_names_and_fields(
     assert {line["event"] for line in lines} >= {"redlock.acquired", "redlock.released"}
 
 
+def _the_lost_on_exit_record(caplog: pytest.LogCaptureFixture, resource: str,
+                             reason: str) -> logging.LogRecord:
+    """The one record of a ``redlock.lost_on_exit`` warning logged through EventLogger."""
+    caplog.set_level(logging.WARNING, logger="redlock")
+    EventLogger("redlock.locks").warning("redlock.lost_on_exit", resource=resource,
+                                         reason=reason)
+    [record] = caplog.records
+    return record
+
+
 def test_event_formatter_appends_the_event_and_its_fields(
         caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.WARNING, logger="redlock")
-    EventLogger("redlock.locks").warning("redlock.lost_on_exit", resource="orders:42",
-                                              reason="gone")
-    [record] = caplog.records
+    record = _the_lost_on_exit_record(caplog, "orders:42", "gone")
     text = EventFormatter("%(levelname)s %(name)s: %(message)s").format(record)
     assert text == (
         "WARNING redlock.locks: the with block holding orders:42 was left by an exception"
@@ -263,10 +270,7 @@ def test_sentences_render_any_value_as_it_is() -> None:
 
 def test_a_percent_sign_in_a_field_reaches_the_handler_as_it_is(
         caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.WARNING, logger="redlock")
-    EventLogger("redlock.locks").warning("redlock.lost_on_exit", resource="r%d",
-                                           reason="100% (%s)")
-    [record] = caplog.records
+    record = _the_lost_on_exit_record(caplog, "r%d", "100% (%s)")
     assert record.getMessage() == ("the with block holding r%d was left by an exception after"
                                    " the lock was lost (100% (%s)); the block's exception"
                                    " propagates")

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
 
 import pytest
 import redis
@@ -16,6 +18,7 @@ import redis.cluster
 
 from redlock import AsyncRedlock, QuorumUnavailable, Redlock
 from redlock.testing import RedisNodes, RedisSentinel, capture_events, free_port
+from tests.peek import lock_values
 
 SERVICES = ("s0", "s1", "s2")
 
@@ -45,38 +48,34 @@ def three_deployments(fresh_nodes: Callable[..., RedisNodes]) -> Iterator[
             sentinel.close()
 
 
-def _lock_key(resource: str) -> str:
-    return f"redlock:{{{resource}}}:lock"
-
-
-def _holders(masters: RedisNodes, resource: str) -> list[bytes | None]:
-    values = []
-    for master in masters:
-        with master.client() as client:
-            values.append(client.get(_lock_key(resource)))
-    return values
-
-
-def test_three_sentinel_services_are_three_nodes(
-        one_sentinel: tuple[RedisNodes, RedisSentinel]) -> None:
-    masters, sentinel = one_sentinel
+@contextmanager
+def _master_clients(sentinel: RedisSentinel, **options: Any) -> Iterator[list[redis.Redis]]:
+    """A redis-py client for each of SERVICES' masters, through ``sentinel``; the clients
+    and the Sentinel manager's own connections closed afterwards."""
     sentinels = redis.Sentinel([sentinel.address], socket_timeout=1.0)
-    clients = [sentinels.master_for(name, socket_timeout=1.0) for name in SERVICES]
+    clients = [sentinels.master_for(name, **options) for name in SERVICES]
     try:
-        with Redlock(clients, node_timeout=0.5) as dlm:
-            assert dlm.nodes == ("sentinel:s0", "sentinel:s1", "sentinel:s2")
-            assert dlm.quorum == 2
-            with dlm.lock("sent:a", ttl=5.0, timeout=5.0) as held:
-                assert held.token == 1
-                holders = _holders(masters, "sent:a")
-                # The key is on every master, under one owner value.
-                assert None not in holders and len(set(holders)) == 1
-            assert _holders(masters, "sent:a") == [None, None, None]
+        yield clients
     finally:
         for client in clients:
             client.close()
         for client in sentinels.sentinels:
             client.close()
+
+
+def test_three_sentinel_services_are_three_nodes(
+        one_sentinel: tuple[RedisNodes, RedisSentinel]) -> None:
+    masters, sentinel = one_sentinel
+    with _master_clients(sentinel, socket_timeout=1.0) as clients, \
+            Redlock(clients, node_timeout=0.5) as dlm:
+        assert dlm.nodes == ("sentinel:s0", "sentinel:s1", "sentinel:s2")
+        assert dlm.quorum == 2
+        with dlm.lock("sent:a", ttl=5.0, timeout=5.0) as held:
+            assert held.token == 1
+            holders = lock_values(masters, "sent:a")
+            # The key is on every master, under one owner value.
+            assert None not in holders and len(set(holders)) == 1
+        assert lock_values(masters, "sent:a") == [None, None, None]
 
 
 async def test_async_sentinel_clients_are_nodes_too(
@@ -89,8 +88,8 @@ async def test_async_sentinel_clients_are_nodes_too(
             assert dlm.nodes == ("sentinel:s0", "sentinel:s1", "sentinel:s2")
             async with dlm.lock("sent:b", ttl=5.0, timeout=5.0) as held:
                 assert held.token == 1
-                assert None not in _holders(masters, "sent:b")
-            assert _holders(masters, "sent:b") == [None, None, None]
+                assert None not in lock_values(masters, "sent:b")
+            assert lock_values(masters, "sent:b") == [None, None, None]
     finally:
         for client in clients:
             await client.aclose()
@@ -108,7 +107,7 @@ def test_independent_deployments_with_one_service_name_get_distinct_labels(
             assert dlm.nodes == tuple(f"sentinel:mymaster@{s.host}:{s.port}"
                                       for s in sentinel_processes)
             with dlm.lock("sent:c", ttl=5.0, timeout=5.0):
-                assert None not in _holders(masters, "sent:c")
+                assert None not in lock_values(masters, "sent:c")
     finally:
         for client in clients:
             client.close()
@@ -120,25 +119,17 @@ def test_independent_deployments_with_one_service_name_get_distinct_labels(
 def test_a_master_down_is_one_node_down(
         one_sentinel: tuple[RedisNodes, RedisSentinel]) -> None:
     masters, sentinel = one_sentinel
-    sentinels = redis.Sentinel([sentinel.address], socket_timeout=1.0)
-    clients = [sentinels.master_for(name) for name in SERVICES]
-    try:
-        with Redlock(clients, node_timeout=0.5) as dlm:
-            lock = dlm.lock("sent:d", ttl=5.0)
-            assert lock.acquire(blocking=False)  # all three: the new cluster is initialised
-            lock.release()
-            masters[2].stop()
-            assert lock.acquire(blocking=False)  # two of three masters: a quorum
-            lock.release()
-            masters[1].stop()
-            with pytest.raises(QuorumUnavailable) as failure:
-                lock.acquire(blocking=False)
-            assert "sentinel:s1" in str(failure.value) and "sentinel:s2" in str(failure.value)
-    finally:
-        for client in clients:
-            client.close()
-        for client in sentinels.sentinels:
-            client.close()
+    with _master_clients(sentinel) as clients, Redlock(clients, node_timeout=0.5) as dlm:
+        lock = dlm.lock("sent:d", ttl=5.0)
+        assert lock.acquire(blocking=False)  # all three: the new cluster is initialised
+        lock.release()
+        masters[2].stop()
+        assert lock.acquire(blocking=False)  # two of three masters: a quorum
+        lock.release()
+        masters[1].stop()
+        with pytest.raises(QuorumUnavailable) as failure:
+            lock.acquire(blocking=False)
+        assert "sentinel:s1" in str(failure.value) and "sentinel:s2" in str(failure.value)
 
 
 def test_same_service_twice_and_replicas_are_refused(
@@ -164,14 +155,12 @@ def test_same_service_twice_and_replicas_are_refused(
 def test_closing_the_manager_closes_its_own_sentinel_connections(
         one_sentinel: tuple[RedisNodes, RedisSentinel]) -> None:
     _, sentinel = one_sentinel
-    sentinels = redis.Sentinel([sentinel.address], socket_timeout=1.0)
-    clients = [sentinels.master_for(name) for name in SERVICES]
 
     def connected() -> int:
         with sentinel.client() as probe:
             return int(probe.info("clients")["connected_clients"])
 
-    try:
+    with _master_clients(sentinel) as clients:
         before = connected()
         dlm = Redlock(clients, node_timeout=0.5)
         with dlm.lock("sent:e", ttl=5.0, timeout=5.0):
@@ -182,11 +171,6 @@ def test_closing_the_manager_closes_its_own_sentinel_connections(
         while connected() > before and time.monotonic() < deadline:
             time.sleep(0.05)
         assert connected() <= before
-    finally:
-        for client in clients:
-            client.close()
-        for client in sentinels.sentinels:
-            client.close()
 
 
 # -- Redis Cluster ------------------------------------------------------------------

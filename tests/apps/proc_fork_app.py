@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import faulthandler
+import inspect
 import json
 import multiprocessing
 import os
@@ -38,10 +39,11 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
-from redlock import AsyncLock, AsyncRedlock, LockLost, Redlock, RedlockError
+from redlock import AsyncLock, AsyncRedlock, Lock, LockLost, Redlock, RedlockError
 
 ROUNDS = 4
 PER_ROUND = 6
@@ -98,12 +100,24 @@ def enter_phase(record: dict[str, Any], path: Path, phase: str, bound: float = 0
     write_json(path, record)
 
 
-# -- the sync child -------------------------------------------------------------------
+# -- the child: one body for both managers ----------------------------------------------
 
 
-def sync_child(dlm: Redlock, index: int, outdir: Path) -> None:
-    """Runs in a forked child with the parent's manager; writes its record."""
-    dump_stacks_on_sigusr1(index, outdir)
+async def settle(value: Any) -> Any:
+    """What a call of the manager gave: a sync manager's result as it is, an asyncio
+    manager's coroutine awaited."""
+    return await value if inspect.isawaitable(value) else value
+
+
+async def blocking_sleep(seconds: float) -> None:
+    """The sync child's sleep: it blocks, as the sync child's calls do."""
+    time.sleep(seconds)
+
+
+async def child_main(dlm: Redlock | AsyncRedlock, sleep: Callable[[float], Awaitable[None]],
+                     index: int, outdir: Path) -> None:
+    """Runs in a forked child with the parent's manager; writes its record. With a sync
+    manager and ``blocking_sleep`` nothing in it suspends (``run_without_a_loop``)."""
     record = new_record(index)
     path = outdir / f"child-{index}.json"
     write_json(path, record)
@@ -117,20 +131,20 @@ def sync_child(dlm: Redlock, index: int, outdir: Path) -> None:
             enter_phase(record, path, f"handoff {round_}: acquiring", CHILD_TIMEOUT)
             brief = dlm.lock(HANDOFF_RESOURCE, ttl=5.0, timeout=CHILD_TIMEOUT)
             try:
-                entry["acquired"] = brief.acquire()
+                entry["acquired"] = await settle(brief.acquire())
                 entry["acquired_at"] = time.monotonic()
                 if entry["acquired"]:
                     entry["token"] = brief.token
-                    time.sleep(HANDOFF_HOLD)
+                    await sleep(HANDOFF_HOLD)
                     enter_phase(record, path, f"handoff {round_}: releasing")
                     entry["release_start"] = time.monotonic()
-                    brief.release()
+                    await settle(brief.release())
                     entry["release_end"] = time.monotonic()
             except RedlockError as error:
                 entry["error"] = f"{type(error).__name__}: {error}"
         enter_phase(record, path, "acquiring", CHILD_TIMEOUT)
         record["acquire_start"] = time.monotonic()
-        record["acquired"] = lock.acquire()
+        record["acquired"] = await settle(lock.acquire())
         record["acquired_at"] = time.monotonic()
         if record["acquired"]:
             record["token"] = lock.token
@@ -138,7 +152,7 @@ def sync_child(dlm: Redlock, index: int, outdir: Path) -> None:
             hold_until = time.monotonic() + CHILD_HOLD
             try:
                 while time.monotonic() < hold_until:
-                    time.sleep(0.25)
+                    await sleep(0.25)
                     lock.check()
                     record["checks"] += 1
             except LockLost as error:
@@ -146,7 +160,7 @@ def sync_child(dlm: Redlock, index: int, outdir: Path) -> None:
             enter_phase(record, path, "releasing")
             record["release_start"] = time.monotonic()
             try:
-                lock.release()
+                await settle(lock.release())
             except LockLost as error:
                 record["lost"] = record["lost"] or f"release: {error}"
             except RedlockError as error:
@@ -158,67 +172,25 @@ def sync_child(dlm: Redlock, index: int, outdir: Path) -> None:
     enter_phase(record, path, "done")
 
 
-# -- the asyncio child ------------------------------------------------------------------
-
-
-async def async_child_main(dlm: AsyncRedlock, index: int, outdir: Path) -> None:
-    record = new_record(index)
-    path = outdir / f"child-{index}.json"
-    write_json(path, record)
-    lost_calls: list[str] = []
-    lock = dlm.lock(record["resource"], ttl=CHILD_TTL, timeout=CHILD_TIMEOUT,
-                    auto_extend=True, on_lost=lambda _handle: lost_calls.append("lost"))
+def run_without_a_loop(coroutine: Coroutine[Any, Any, None]) -> None:
+    """Runs a coroutine that never suspends to its end in this thread, with no event
+    loop: the sync child stays a plain sync program."""
     try:
-        for round_ in range(HANDOFF_ROUNDS):
-            entry: dict[str, Any] = {"acquire_start": time.monotonic()}
-            record["handoffs"].append(entry)
-            enter_phase(record, path, f"handoff {round_}: acquiring", CHILD_TIMEOUT)
-            brief = dlm.lock(HANDOFF_RESOURCE, ttl=5.0, timeout=CHILD_TIMEOUT)
-            try:
-                entry["acquired"] = await brief.acquire()
-                entry["acquired_at"] = time.monotonic()
-                if entry["acquired"]:
-                    entry["token"] = brief.token
-                    await asyncio.sleep(HANDOFF_HOLD)
-                    enter_phase(record, path, f"handoff {round_}: releasing")
-                    entry["release_start"] = time.monotonic()
-                    await brief.release()
-                    entry["release_end"] = time.monotonic()
-            except RedlockError as error:
-                entry["error"] = f"{type(error).__name__}: {error}"
-        enter_phase(record, path, "acquiring", CHILD_TIMEOUT)
-        record["acquire_start"] = time.monotonic()
-        record["acquired"] = await lock.acquire()
-        record["acquired_at"] = time.monotonic()
-        if record["acquired"]:
-            record["token"] = lock.token
-            enter_phase(record, path, "holding", CHILD_HOLD)
-            hold_until = time.monotonic() + CHILD_HOLD
-            try:
-                while time.monotonic() < hold_until:
-                    await asyncio.sleep(0.25)
-                    lock.check()
-                    record["checks"] += 1
-            except LockLost as error:
-                record["lost"] = f"check: {error}"
-            enter_phase(record, path, "releasing")
-            record["release_start"] = time.monotonic()
-            try:
-                await lock.release()
-            except LockLost as error:
-                record["lost"] = record["lost"] or f"release: {error}"
-            except RedlockError as error:
-                record["release_error"] = f"{type(error).__name__}: {error}"
-            record["release_end"] = time.monotonic()
-    except Exception as error:
-        record["error"] = f"{type(error).__name__}: {error}"
-    record["on_lost"] = len(lost_calls)
-    enter_phase(record, path, "done")
+        coroutine.send(None)
+    except StopIteration:
+        return
+    coroutine.close()
+    raise RuntimeError("the sync child's body suspended")
+
+
+def sync_child(dlm: Redlock, index: int, outdir: Path) -> None:
+    dump_stacks_on_sigusr1(index, outdir)
+    run_without_a_loop(child_main(dlm, blocking_sleep, index, outdir))
 
 
 def async_child(dlm: AsyncRedlock, index: int, outdir: Path) -> None:
     dump_stacks_on_sigusr1(index, outdir)
-    asyncio.run(async_child_main(dlm, index, outdir))
+    asyncio.run(child_main(dlm, asyncio.sleep, index, outdir))
 
 
 # -- waiting for children (bounded), killing hung ones ----------------------------------
@@ -310,6 +282,17 @@ def collect(children: list[Child], outdir: Path) -> list[dict[str, Any]]:
     return records
 
 
+def note_parent_after_children(report: dict[str, Any], parent: Lock | AsyncLock) -> None:
+    """Once every child is done: when, and what the parent's own lock says now."""
+    report["children_done_wall"] = time.time()
+    try:
+        parent.check()
+        report["parent_check"] = "ok"
+    except LockLost as error:
+        report["parent_check"] = f"LockLost: {error}"
+    report["parent_locked"] = parent.locked()
+
+
 # -- the sync parent ---------------------------------------------------------------------
 
 
@@ -382,13 +365,7 @@ def sync_parent(mode: str, outdir: Path, urls: list[str]) -> dict[str, Any]:
                 sync_child(dlm, child_index, outdir)
             else:
                 reap(children, outdir)
-                report["children_done_wall"] = time.time()
-                try:
-                    parent.check()
-                    report["parent_check"] = "ok"
-                except LockLost as error:
-                    report["parent_check"] = f"LockLost: {error}"
-                report["parent_locked"] = parent.locked()
+                note_parent_after_children(report, parent)
     except BaseException as error:
         if child_index is not None and os.getpid() != me:
             write_json(outdir / f"child-{child_index}.exit.json",
@@ -458,13 +435,7 @@ async def async_parent(outdir: Path, urls: list[str]) -> dict[str, Any]:
                 await asyncio.sleep(ROUND_GAP)
             while not reap_step(children, outdir):  # the loop keeps running meanwhile
                 await asyncio.sleep(0.2)
-            report["children_done_wall"] = time.time()
-            try:
-                parent.check()
-                report["parent_check"] = "ok"
-            except LockLost as error:
-                report["parent_check"] = f"LockLost: {error}"
-            report["parent_locked"] = parent.locked()
+            note_parent_after_children(report, parent)
     except RedlockError as error:
         report["parent_release"] = f"{type(error).__name__}: {error}"
     else:

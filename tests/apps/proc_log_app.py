@@ -29,11 +29,16 @@ from redlock import Redlock, RedlockError
 THREADS = 32
 
 
+def lock_briefly(dlm: Redlock, resource: str, times: int = 1) -> None:
+    """Take and release ``resource`` (ttl 2 s, timeout 5 s) ``times`` times in a row."""
+    for _ in range(times):
+        with dlm.lock(resource, ttl=2.0, timeout=5.0):
+            pass
+
+
 def unreachable(urls: list[str]) -> None:
     with Redlock(urls) as dlm:
-        for _ in range(5):
-            with dlm.lock("logs:unreachable", ttl=2.0, timeout=5.0):
-                pass
+        lock_briefly(dlm, "logs:unreachable", 5)
         print("ready", flush=True)
         if sys.stdin.readline().strip() != "go":
             raise SystemExit("expected go")
@@ -45,9 +50,7 @@ def unreachable(urls: list[str]) -> None:
 
 def acl(urls: list[str]) -> None:
     with Redlock(urls) as dlm:
-        for _ in range(5):
-            with dlm.lock("logs:acl", ttl=2.0, timeout=5.0):
-                pass
+        lock_briefly(dlm, "logs:acl", 5)
     print("done", flush=True)
 
 
@@ -60,8 +63,7 @@ def outage(urls: list[str]) -> None:
         # One lock first: the new cluster is initialised before the threads start (32
         # threads initialising it at once can bench nodes: a bug of its own, tested in
         # tests/apps/test_proc_startup.py, not what this scenario is about).
-        with dlm.lock("logs:warmup", ttl=2.0, timeout=5.0):
-            pass
+        lock_briefly(dlm, "logs:warmup")
 
         def work(index: int) -> None:
             while not stop.is_set():

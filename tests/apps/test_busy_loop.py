@@ -221,6 +221,20 @@ async def _contend(nodes: RedisNodes, data: Any, owners: int,
     return tally, tokens, counter, took, left
 
 
+async def _contend_and_check(nodes: RedisNodes, data: Any, owners: int,
+                             owner: Callable[[AsyncRedlock, Tally, list[int]], Awaitable[None]],
+                             deadline: float, what: str, expected: int, label: str) -> None:
+    """``_contend``, then every one of the ``expected`` acquisitions must have been
+    granted and the counter must be exactly ``expected`` (``_contention_problems``)."""
+    tally, tokens, counter, took, left = await _contend(nodes, data, owners, owner, deadline,
+                                                        what)
+    problems = _contention_problems(tally, tokens, counter, expected, left)
+    if counter != expected:
+        problems.append(f"counter {counter}, expected exactly {expected}")
+    assert not problems, "\n".join(problems) + (
+        f"\n{label} in {took:.1f} s: {tally}\ncounter {counter}")
+
+
 def _contention_problems(tally: Tally, tokens: list[int], counter: int, expected: int,
                          left: list[str]) -> list[str]:
     problems = []
@@ -257,14 +271,8 @@ async def test_one_resource_two_rounds_under_a_busy_loop(nodes5: RedisNodes,
         for _ in range(ROUNDS):
             await _one_resource(dlm, data, "stock", ROUND_TIMEOUT, 0.0, tally, tokens)
 
-    tally, tokens, counter, took, left = await _contend(
-        nodes5, data, WORKERS, owner, ROUNDS * ROUND_TIMEOUT + 20.0, "the two rounds")
-    expected = WORKERS * ROUNDS
-    problems = _contention_problems(tally, tokens, counter, expected, left)
-    if counter != expected:
-        problems.append(f"counter {counter}, expected exactly {expected}")
-    assert not problems, "\n".join(problems) + (
-        f"\n{WORKERS} tasks x {ROUNDS} in {took:.1f} s: {tally}\ncounter {counter}")
+    await _contend_and_check(nodes5, data, WORKERS, owner, ROUNDS * ROUND_TIMEOUT + 20.0,
+                             "the two rounds", WORKERS * ROUNDS, f"{WORKERS} tasks x {ROUNDS}")
 
 
 @pytest.mark.slow
@@ -282,13 +290,8 @@ async def test_a_hundred_waiters_under_a_busy_loop(nodes5: RedisNodes, data: Any
     async def owner(dlm: AsyncRedlock, tally: Tally, tokens: list[int]) -> None:
         await _one_resource(dlm, data, "stock", WAITER_TIMEOUT, WAITER_WORK, tally, tokens)
 
-    tally, tokens, counter, took, left = await _contend(
-        nodes5, data, WAITERS, owner, WAITER_TIMEOUT + 20.0, "the waiters")
-    problems = _contention_problems(tally, tokens, counter, WAITERS, left)
-    if counter != WAITERS:
-        problems.append(f"counter {counter}, expected exactly {WAITERS}")
-    assert not problems, "\n".join(problems) + (
-        f"\n{WAITERS} waiters in {took:.1f} s: {tally}\ncounter {counter}")
+    await _contend_and_check(nodes5, data, WAITERS, owner, WAITER_TIMEOUT + 20.0,
+                             "the waiters", WAITERS, f"{WAITERS} waiters")
 
 
 @pytest.mark.slow

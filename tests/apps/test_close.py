@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import redis
 
 import redlock
-from redlock import AsyncRedlock, LockLost, Redlock, RedlockError
+from redlock import AsyncLock, AsyncRedlock, Lock, LockLost, Redlock, RedlockError
 from redlock.testing import RedisNodes
 from tests.apps.proc_support import Command, Monitor, tcp_connections, wait_until
 
@@ -49,6 +49,17 @@ class HolderReport:
     believed_held: bool | None = None  # locked() right after close()
     check: str = "not run"  # "ok" (still believed valid), "LockLost", or another error
     release: str = "not run"
+
+    def note_belief(self, held: Lock | AsyncLock) -> None:
+        """What the holder believes about its lock now (right after close())."""
+        self.believed_held = held.locked()
+        try:
+            held.check()
+            self.check = "ok"
+        except LockLost:
+            self.check = "LockLost"
+        except Exception as error:  # reported, not hidden
+            self.check = f"{type(error).__name__}: {error}"
 
 
 def _held_key(resource: str) -> str:
@@ -164,14 +175,7 @@ def test_sync_close_while_threads_hold_and_churn() -> None:
                     if not closed.is_set():
                         report.churn_errors.append(type(error).__name__)
             # close() has returned: what does this holder now believe about its lock?
-            report.believed_held = held.locked()
-            try:
-                held.check()
-                report.check = "ok"
-            except LockLost:
-                report.check = "LockLost"
-            except Exception as error:  # reported, not hidden
-                report.check = f"{type(error).__name__}: {error}"
+            report.note_belief(held)
             try:
                 held.release()
                 report.release = "ok"
@@ -243,14 +247,7 @@ async def test_async_close_while_tasks_hold_and_churn() -> None:
                 except RedlockError as error:
                     if not closed.is_set():
                         report.churn_errors.append(type(error).__name__)
-            report.believed_held = held.locked()
-            try:
-                held.check()
-                report.check = "ok"
-            except LockLost:
-                report.check = "LockLost"
-            except Exception as error:
-                report.check = f"{type(error).__name__}: {error}"
+            report.note_belief(held)
             try:
                 await held.release()
                 report.release = "ok"

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 import redis
 
-from fencing import RedisFencedStore
-from redlock import Redlock
+from fencing import RedisFencedStore, StaleTokenError
+from redlock import Lock, LockNotAcquired, Redlock
 from redlock.testing import (
     Proxies,
     RedisNode,
@@ -26,6 +26,7 @@ from redlock.testing import (
     ToxiproxyServer,
     find_toxiproxy_server,
 )
+from tests.history import ACCEPTED, ERROR, REJECTED
 from tests.support.faketime import FaketimeRedis, FaketimeUnavailable, find_faketime_redis
 
 
@@ -122,3 +123,24 @@ def store_client(store_node: RedisNode) -> Iterator[redis.Redis]:
 def store(store_client: redis.Redis) -> RedisFencedStore:
     """The protected resource: a fenced store on ``store_node``."""
     return RedisFencedStore(store_client)
+
+
+def fenced_write(store: RedisFencedStore, client: str, resource: str, token: int) -> str:
+    """``client``'s write of ``resource`` with ``token`` through the fenced store: ACCEPTED,
+    REJECTED (a stale token) or ERROR (the store's node did not answer)."""
+    try:
+        store.write(resource, token, f"{client}:{token}".encode())
+    except StaleTokenError:
+        return REJECTED
+    except redis.RedisError:
+        return ERROR
+    return ACCEPTED
+
+
+def acquire_or_false(lock: Lock, **options: Any) -> bool:
+    """``lock.acquire(**options)``; False also where it raised LockNotAcquired (a clean
+    failure, as a False return is)."""
+    try:
+        return lock.acquire(**options)
+    except LockNotAcquired:
+        return False

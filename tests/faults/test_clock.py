@@ -31,9 +31,9 @@ from typing import Any
 import pytest
 
 from fencing import RedisFencedStore, StaleTokenError
-from redlock import LockLost, LockNotAcquired
+from redlock import LockLost
 from redlock.testing import RedisNode
-from tests.faults.conftest import DLM_OPTIONS, MakeDlm
+from tests.faults.conftest import DLM_OPTIONS, MakeDlm, acquire_or_false
 from tests.faults.fault_figures import scenario
 from tests.history import ACCEPTED, ERROR, REJECTED, History, Hold, Write
 from tests.support.faketime import FaketimeRedis
@@ -197,11 +197,7 @@ def test_clock_drift_random_workload_fenced_writes_stay_in_order(
                     lock = dlm.lock(resource, ttl=ttl)
                     bump("attempted")
                     invoked = time.monotonic()
-                    try:
-                        got = lock.acquire(timeout=3.0)
-                    except LockNotAcquired:
-                        got = False
-                    if not got:
+                    if not acquire_or_false(lock, timeout=3.0):
                         bump("failed_cleanly")
                         continue
                     bump("succeeded")

@@ -32,12 +32,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
-import redis
 
-from fencing import RedisFencedStore, StaleTokenError
-from redlock import AsyncRedlock, LockNotAcquired, Outcome, QuorumUnavailable, Redlock
+from fencing import RedisFencedStore
+from redlock import AsyncRedlock, Outcome, QuorumUnavailable, Redlock
 from redlock.testing import Proxies, Proxy, RedisNode
-from tests.faults.conftest import DLM_OPTIONS, MakeDlm
+from tests.faults.conftest import DLM_OPTIONS, MakeDlm, acquire_or_false, fenced_write
 from tests.faults.fault_figures import Figures, scenario
 from tests.history import ACCEPTED, ERROR, REJECTED, History, Hold, Write
 from tests.peek import fence_counters, lock_keys
@@ -102,10 +101,7 @@ class Recorder:
             self.figures.attempted += 1
         lock = dlm.lock(resource, ttl=ttl)
         invoked = time.monotonic()
-        try:
-            got = lock.acquire(blocking=blocking, timeout=timeout if blocking else None)
-        except LockNotAcquired:
-            got = False
+        got = acquire_or_false(lock, blocking=blocking, timeout=timeout if blocking else None)
         completed = time.monotonic()
         if not got:
             with self._mutex:
@@ -131,13 +127,7 @@ class Recorder:
 
     def write(self, client: str, resource: str, token: int) -> None:
         invoked = time.monotonic()
-        try:
-            self.store.write(resource, token, f"{client}:{token}".encode())
-            outcome = ACCEPTED
-        except StaleTokenError:
-            outcome = REJECTED
-        except redis.RedisError:
-            outcome = ERROR
+        outcome = fenced_write(self.store, client, resource, token)
         self.history.wrote(Write(client, resource, token, invoked, time.monotonic(),
                                        outcome))
 

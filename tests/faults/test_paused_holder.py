@@ -27,7 +27,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -48,15 +47,6 @@ TTL = 0.6
 WORKERS = 3
 SECONDS = 10.0
 PAUSES = 5
-
-
-@pytest.fixture
-def store_node(tmp_path: Path) -> Iterator[RedisNode]:
-    node = RedisNode(data_dir=tmp_path / "fence-store").start()
-    try:
-        yield node
-    finally:
-        node.close()
 
 
 class Worker:

@@ -41,14 +41,14 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-import redis
 
-from fencing import RedisFencedStore, StaleTokenError
+from fencing import RedisFencedStore
 from redlock import (
     AsyncRedlock,
     ClusterAmnesiaError,
@@ -59,7 +59,7 @@ from redlock import (
     Redlock,
 )
 from redlock.testing import RedisNode, RedisNodes, ToxiproxyServer
-from tests.faults.conftest import DLM_OPTIONS, MakeDlm
+from tests.faults.conftest import DLM_OPTIONS, MakeDlm, fenced_write
 from tests.faults.fault_figures import Figures, scenario
 from tests.history import ACCEPTED, ERROR, REJECTED, History, Hold, Write
 from tests.internals import KEYS
@@ -82,6 +82,12 @@ MAX_TTL = 1.0  # how long a node that lost data stays out; every TTL here is <= 
 def dlm_options() -> dict[str, Any]:
     # Small, so that benched nodes rejoin within the test.
     return {**DLM_OPTIONS, "max_ttl": MAX_TTL}
+
+
+@pytest.fixture
+def durable3(fresh_nodes: Callable[..., RedisNodes]) -> RedisNodes:
+    """Three nodes of the test's own with AOF, appendfsync always: durable restarts."""
+    return fresh_nodes(3, appendonly=True)
 
 
 @pytest.fixture
@@ -157,13 +163,7 @@ class Run:
     def write(self, held: Held) -> None:
         resource = held.lock.resource
         invoked = time.monotonic()
-        try:
-            self.store.write(resource, held.token, f"{held.client}:{held.token}".encode())
-            outcome = ACCEPTED
-        except StaleTokenError:
-            outcome = REJECTED
-        except redis.RedisError:
-            outcome = ERROR
+        outcome = fenced_write(self.store, held.client, resource, held.token)
         self.history.wrote(Write(held.client, resource, held.token, invoked,
                                  time.monotonic(), outcome))
 
@@ -209,6 +209,20 @@ class Run:
                                   writes_error=self.history.count(ERROR))
         return problems
 
+
+@contextmanager
+def recorded(name: str, store: RedisFencedStore) -> Iterator[tuple[Figures, Run]]:
+    """``scenario(name)``'s figures and a Run recording into them. When the block ends
+    the history checker's findings are counted into the figures (also when the block
+    failed: its figures are emitted then too) and, if the block passed, there must be
+    none."""
+    with scenario(name) as figures:
+        run = Run(figures, store)
+        try:
+            yield figures, run
+        finally:
+            problems = run.violations()
+        assert not problems, problems
 
 
 class Load:
@@ -316,8 +330,7 @@ def test_second_data_loss_benches_the_node_again(
     resource, other = "restarts:second-loss", "restarts:second-loss-other"
     max_ttl = SECOND_LOSS_MAX_TTL
     busy = x_kind == "busy"
-    with scenario(f"second-data-loss-{x_kind}-client") as figures:
-        run = Run(figures, store)
+    with recorded(f"second-data-loss-{x_kind}-client", store) as (figures, run):
         x, y, h = (make_dlm(nodes3, max_ttl=max_ttl) for _ in range(3))
         for name, dlm in (("X", x), ("Y", y), ("H", h)):
             assert run.cycle(dlm, name, resource) is not None  # connected; cluster marked
@@ -367,8 +380,6 @@ def test_second_data_loss_benches_the_node_again(
         assert after is not None and after > held.token
         figures.extra.update(max_ttl_s=max_ttl, busy_client=busy, rejoin_wait_s=round(waited, 3),
                              token_held=held.token, token_after_rejoin=after)
-        problems = run.violations()
-        assert not problems, problems
 
 
 # ---------------------------------------------------------------------------
@@ -388,8 +399,7 @@ def test_rollback_to_an_older_snapshot_with_a_node_down_reissues_no_token(
     fsync always), comes back whole, is re-stamped, and tokens go on above 6."""
     resource = "restarts:rollback"
     nodes = [make_node("snapshot"), make_node("durable", appendonly=True), make_node("plain")]
-    with scenario("rollback-to-snapshot-plus-crash") as figures:
-        run = Run(figures, store)
+    with recorded("rollback-to-snapshot-plus-crash", store) as (figures, run):
         a = make_dlm(nodes)
         assert run.cycle(a, "A", resource) == 1
         nodes[2].pause()
@@ -427,8 +437,6 @@ def test_rollback_to_an_older_snapshot_with_a_node_down_reissues_no_token(
         assert store.highest(resource) == token
         figures.extra.update(token_before=top, counters_after_rollback=behind,
                              token_after=token, node0_episode=why.split(" ", 2)[2])
-        problems = run.violations()
-        assert not problems, problems
 
 
 # ---------------------------------------------------------------------------
@@ -447,8 +455,7 @@ def test_hung_node_due_for_repair_costs_an_acquire_one_node_timeout(
     the healthy quorum {1, 2} take about one node timeout: the repair (claim, reads,
     seeding, each bounded by repair_timeout = 2 s) runs in the background, never on the
     acquire's path (before issue 10 the first acquire after the due time took 2.1 s)."""
-    with scenario("hung-node-under-repair-sync") as figures:
-        run = Run(figures, store)
+    with recorded("hung-node-under-repair-sync", store) as (figures, run):
         dlm = make_dlm(nodes3, node_timeout=HUNG_NODE_TIMEOUT, max_ttl=HUNG_MAX_TTL)
         assert run.cycle(dlm, "A", "restarts:hung", ttl=HUNG_MAX_TTL) is not None
         nodes3[0].restart(keep_data=False)
@@ -475,8 +482,6 @@ def test_hung_node_due_for_repair_costs_an_acquire_one_node_timeout(
         # The maintenance tries again (repair_interval 5 s after its hung attempt).
         wait_for(lambda: healthy(nodes3[0]), 30.0, "node 0 repaired after it resumed")
         figures.recovery_s = time.monotonic() - resumed
-        problems = run.violations()
-        assert not problems, problems
 
 
 def test_hung_node_due_for_repair_asyncio_client(
@@ -532,8 +537,7 @@ def test_partial_initialisation_is_named_and_completed_by_initialise(
     ``initialise()`` refuses both, ``initialise(force=True)`` takes them, and tokens go
     on above every earlier one."""
     resource = "restarts:partial-init"
-    with scenario("partial-initialisation") as figures:
-        run = Run(figures, store)
+    with recorded("partial-initialisation", store) as (figures, run):
         write_markers([nodes3[0]], "initialised by hand")  # the initialiser died here
         # A long max_ttl: this client's maintenance must not repair node 2 by itself below.
         dlm = make_dlm(nodes3, max_ttl=60.0)
@@ -567,8 +571,6 @@ def test_partial_initialisation_is_named_and_completed_by_initialise(
         after = run.cycle(make_dlm(nodes3), "B", resource)
         assert after is not None and after > seen, (seen, after)
         figures.extra.update(tokens=[*tokens, seen, after])
-        problems = run.violations()
-        assert not problems, problems
 
 
 # ---------------------------------------------------------------------------
@@ -603,8 +605,7 @@ def test_failover_to_a_lagging_replica_is_demoted_not_trusted(
         return dlm
 
     try:
-        with scenario("failover-to-lagging-replica") as figures:
-            run = Run(figures, store)
+        with recorded("failover-to-lagging-replica", store) as (figures, run):
             replica.replicate(primary)
             a, h = client(), client()
             assert run.cycle(a, "A", resource) == 1
@@ -670,8 +671,6 @@ def test_failover_to_a_lagging_replica_is_demoted_not_trusted(
             figures.extra.update(tokens_before=tokens, replica_counter_at_failover=1,
                                  demoted_after_s=round(demoted, 3), token_after=after,
                                  token_via_replica=last, replica_episode=why.split(" ", 2)[2])
-            problems = run.violations()
-            assert not problems, problems
     finally:
         for dlm in made:
             dlm.close()
@@ -684,7 +683,7 @@ def test_failover_to_a_lagging_replica_is_demoted_not_trusted(
 
 
 def test_durable_restarts_under_load_are_restamped_not_amnesia(
-    fresh_nodes: Callable[..., RedisNodes], make_dlm: MakeDlm, store: RedisFencedStore,
+    durable3: RedisNodes, make_dlm: MakeDlm, store: RedisFencedStore,
 ) -> None:
     """Three nodes with AOF and fsync always, two clients acquiring all along: each node
     in turn is killed (-9) and restarted, twice. No episode, the marker is re-stamped
@@ -692,16 +691,14 @@ def test_durable_restarts_under_load_are_restamped_not_amnesia(
     lacks a quorum (failures are contention only). The clients make one attempt per
     request: a blocking acquire that spans two restarts can fail for want of judged
     nodes (test_blocking_acquire_gets_a_restarted_durable_node_judged)."""
-    nodes = fresh_nodes(3, appendonly=True)
     resources = ["restarts:durable:0", "restarts:durable:1"]
-    with scenario("durable-restarts-under-load") as figures:
-        run = Run(figures, store)
-        a, b = make_dlm(nodes), make_dlm(nodes)
+    with recorded("durable-restarts-under-load", store) as (figures, run):
+        a, b = make_dlm(durable3), make_dlm(durable3)
         assert run.cycle(a, "A", resources[0]) is not None
         restamped: list[float] = []
         with Load(run, [("A", a), ("B", b)], resources, blocking=False):
             for _ in range(2):
-                for node in nodes:
+                for node in durable3:
                     time.sleep(0.3)
                     node.restart(keep_data=True)
                     new_run = run_id(node)
@@ -711,40 +708,34 @@ def test_durable_restarts_under_load_are_restamped_not_amnesia(
             time.sleep(0.3)
         assert run.outages == 0, f"{run.outages} attempts lacked a quorum: {run.last_failure}"
         assert figures.succeeded > 6 * 2, figures
-        assert all(episode(node) is None for node in nodes)
+        assert all(episode(node) is None for node in durable3)
         figures.extra.update(restarts=len(restamped), attempts_without_quorum=run.outages,
                              restamp_s_max=round(max(restamped), 3),
                              restamp_s_mean=round(sum(restamped) / len(restamped), 3))
-        problems = run.violations()
-        assert not problems, problems
 
 
 def test_restart_with_appendfsync_everysec_is_an_amnesia_episode(
-    fresh_nodes: Callable[..., RedisNodes], make_dlm: MakeDlm, store: RedisFencedStore,
+    durable3: RedisNodes, make_dlm: MakeDlm, store: RedisFencedStore,
 ) -> None:
     """Node 1 restarts with ``appendfsync everysec`` (a crash of the machine may lose
     the last second of writes; the client cannot tell whether it did): its marker goes,
     an amnesia episode begins, and it is re-seeded one max_ttl later. (Before issue 10
     nothing noticed the restart.)"""
-    nodes = fresh_nodes(3, appendonly=True)
     resource = "restarts:everysec"
-    with scenario("restart-with-appendfsync-everysec") as figures:
-        run = Run(figures, store)
-        a = make_dlm(nodes)
+    with recorded("restart-with-appendfsync-everysec", store) as (figures, run):
+        a = make_dlm(durable3)
         assert run.cycle(a, "A", resource) is not None
-        nodes[1].appendfsync = "everysec"
-        nodes[1].restart(keep_data=True)
+        durable3[1].appendfsync = "everysec"
+        durable3[1].restart(keep_data=True)
         restarted = time.monotonic()
         assert run.cycle(a, "A", resource) is not None  # nodes 0 and 2
-        wait_for(lambda: get(nodes[1], KEYS.marker) is None, 5.0, "node 1 demoted")
-        why = episode(nodes[1])
+        wait_for(lambda: get(durable3[1], KEYS.marker) is None, 5.0, "node 1 demoted")
+        why = episode(durable3[1])
         assert why is not None and "appendfsync everysec" in why, why
-        wait_for(lambda: healthy(nodes[1]), MAX_TTL + 20.0, "node 1 re-seeded and back")
+        wait_for(lambda: healthy(durable3[1]), MAX_TTL + 20.0, "node 1 re-seeded and back")
         figures.recovery_s = time.monotonic() - restarted
         assert figures.recovery_s >= MAX_TTL * 0.95
         figures.extra.update(everysec_episode=why.split(" ", 2)[2])
-        problems = run.violations()
-        assert not problems, problems
 
 
 # ---------------------------------------------------------------------------
@@ -778,47 +769,39 @@ def _tokens_then_restore_a_backup(nodes: RedisNodes, run: Run, dlm: Redlock,
     "tells a restore from a restart; the operator must delete the node marker before "
     "clients reach the node (next test)"))
 def test_backup_restored_on_a_durable_node_reissues_no_token(
-    fresh_nodes: Callable[..., RedisNodes], make_dlm: MakeDlm, store: RedisFencedStore,
+    durable3: RedisNodes, make_dlm: MakeDlm, store: RedisFencedStore,
 ) -> None:
     resource = "restarts:durable-restore"
-    nodes = fresh_nodes(3, appendonly=True)
-    with scenario("backup-restored-on-durable-node") as figures:
-        run = Run(figures, store)
-        top = _tokens_then_restore_a_backup(nodes, run, make_dlm(nodes), resource)
-        token = run.until_acquired(make_dlm(nodes), "B", resource, within=3.0)
+    with recorded("backup-restored-on-durable-node", store) as (figures, run):
+        top = _tokens_then_restore_a_backup(durable3, run, make_dlm(durable3), resource)
+        token = run.until_acquired(make_dlm(durable3), "B", resource, within=3.0)
         figures.extra.update(token_before=top, token_after_restore=token)
-        problems = run.violations()
         assert token is None or token > top, f"token {token} after {top}"
-        assert not problems, problems
 
 
 def test_backup_restored_on_a_durable_node_with_its_marker_deleted(
-    fresh_nodes: Callable[..., RedisNodes], make_dlm: MakeDlm, store: RedisFencedStore,
+    durable3: RedisNodes, make_dlm: MakeDlm, store: RedisFencedStore,
 ) -> None:
     """The operator's way out: delete the restored node's marker before any client
     reaches it. The node is then one that lost its data: an amnesia episode, no grant
     counted, re-seeded from a majority one max_ttl later; the cluster waits for node 1,
     which comes back whole from its own AOF."""
     resource = "restarts:durable-restore-fixed"
-    nodes = fresh_nodes(3, appendonly=True)
-    with scenario("backup-restored-on-durable-node-marker-deleted") as figures:
-        run = Run(figures, store)
-        top = _tokens_then_restore_a_backup(nodes, run, make_dlm(nodes), resource)
-        with nodes[0].client() as admin:
+    with recorded("backup-restored-on-durable-node-marker-deleted", store) as (figures, run):
+        top = _tokens_then_restore_a_backup(durable3, run, make_dlm(durable3), resource)
+        with durable3[0].client() as admin:
             assert admin.delete(KEYS.marker) == 1
-        b = make_dlm(nodes)
+        b = make_dlm(durable3)
         assert run.cycle(b, "B", resource, blocking=False) is None
-        wait_for(lambda: episode(nodes[0]) is not None, 5.0, "node 0's episode")
-        nodes[1].start()
+        wait_for(lambda: episode(durable3[0]) is not None, 5.0, "node 0's episode")
+        durable3[1].start()
         restarted = time.monotonic()
         token = run.until_acquired(b, "B", resource, within=15.0)
         figures.recovery_s = time.monotonic() - restarted
         assert token is not None and token > top, (top, token)
-        wait_for(lambda: healthy(nodes[0]), MAX_TTL + 20.0, "node 0 re-seeded and back")
-        assert fence_counters([nodes[0]], resource)[0] >= token
+        wait_for(lambda: healthy(durable3[0]), MAX_TTL + 20.0, "node 0 re-seeded and back")
+        assert fence_counters([durable3[0]], resource)[0] >= token
         figures.extra.update(token_before=top, token_after=token)
-        problems = run.violations()
-        assert not problems, problems
 
 
 @pytest.mark.xfail(strict=True, reason=(
@@ -834,8 +817,7 @@ def test_promoted_replica_restarted_before_any_client_reissues_no_token(
     resource = "restarts:promoted-restarted"
     n0, primary, n2 = make_node("n0"), make_node("primary"), make_node("n2")
     replica = make_node("replica", appendonly=True)
-    with scenario("promoted-replica-restarted-before-judged") as figures:
-        run = Run(figures, store)
+    with recorded("promoted-replica-restarted-before-judged", store) as (figures, run):
         replica.replicate(primary)
         a = make_dlm([n0, primary, n2])
         assert run.cycle(a, "A", resource) == 1
@@ -857,9 +839,7 @@ def test_promoted_replica_restarted_before_any_client_reissues_no_token(
         finally:
             resume_and_settle([n0], resource)
         figures.extra.update(token_before=top, token_after=token)
-        problems = run.violations()
         assert token is None or token > top, f"token {token} after {top}"
-        assert not problems, problems
 
 
 # ---------------------------------------------------------------------------
@@ -868,16 +848,14 @@ def test_promoted_replica_restarted_before_any_client_reissues_no_token(
 
 
 def test_blocking_acquire_gets_a_restarted_durable_node_judged(
-    fresh_nodes: Callable[..., RedisNodes], make_dlm: MakeDlm, store: RedisFencedStore,
+    durable3: RedisNodes, make_dlm: MakeDlm, store: RedisFencedStore,
 ) -> None:
     resource = "restarts:blocking-judge"
-    nodes = fresh_nodes(3, appendonly=True)
-    with scenario("blocking-acquire-meets-a-durable-restart") as figures:
-        run = Run(figures, store)
-        dlm = make_dlm(nodes)
+    with recorded("blocking-acquire-meets-a-durable-restart", store) as (figures, run):
+        dlm = make_dlm(durable3)
         assert run.cycle(dlm, "A", resource) is not None
-        nodes[1].kill()
-        nodes[0].restart(keep_data=True)  # durable: nothing lost, only re-stamped
+        durable3[1].kill()
+        durable3[0].restart(keep_data=True)  # durable: nothing lost, only re-stamped
         started = time.monotonic()
         token = run.cycle(dlm, "A", resource, timeout=3.0)
         figures.recovery_s = time.monotonic() - started
@@ -885,25 +863,23 @@ def test_blocking_acquire_gets_a_restarted_durable_node_judged(
 
 
 def test_a_durable_restart_is_judged_promptly_during_another_nodes_episode(
-    fresh_nodes: Callable[..., RedisNodes], make_dlm: MakeDlm, store: RedisFencedStore,
+    durable3: RedisNodes, make_dlm: MakeDlm, store: RedisFencedStore,
 ) -> None:
     resource = "restarts:judged-promptly"
-    nodes = fresh_nodes(3, appendonly=True)
-    with scenario("durable-restart-during-an-episode") as figures:
-        run = Run(figures, store)
-        dlm = make_dlm(nodes, max_ttl=60.0)  # node 0's episode outlasts the test
+    with recorded("durable-restart-during-an-episode", store) as (figures, run):
+        dlm = make_dlm(durable3, max_ttl=60.0)  # node 0's episode outlasts the test
         assert run.cycle(dlm, "A", resource) is not None
-        nodes[0].restart(keep_data=False)
+        durable3[0].restart(keep_data=False)
         assert run.cycle(dlm, "A", resource) is not None  # sees node 0 empty
-        wait_for(lambda: episode(nodes[0]) is not None, 5.0, "node 0's episode")
-        nodes[1].restart(keep_data=True)
-        new_run = run_id(nodes[1])
+        wait_for(lambda: episode(durable3[0]) is not None, 5.0, "node 0's episode")
+        durable3[1].restart(keep_data=True)
+        new_run = run_id(durable3[1])
         restarted = time.monotonic()
-        while stamp(nodes[1]) != new_run and time.monotonic() < restarted + 10.0:
+        while stamp(durable3[1]) != new_run and time.monotonic() < restarted + 10.0:
             run.cycle(dlm, "A", resource, blocking=False)  # each request may start it
             time.sleep(0.05)
         figures.recovery_s = time.monotonic() - restarted
-        assert stamp(nodes[1]) == new_run
+        assert stamp(durable3[1]) == new_run
         assert figures.recovery_s < 2.0, f"re-stamped after {figures.recovery_s:.1f} s"
 
 
@@ -911,8 +887,7 @@ def test_a_new_client_facing_a_demoted_cluster_raises_cluster_amnesia_error(
     nodes3: RedisNodes, make_dlm: MakeDlm, store: RedisFencedStore,
 ) -> None:
     resource = "restarts:all-demoted"
-    with scenario("all-nodes-back-from-snapshots-new-client") as figures:
-        run = Run(figures, store)
+    with recorded("all-nodes-back-from-snapshots-new-client", store) as (_, run):
         a = make_dlm(nodes3)
         assert run.cycle(a, "A", resource) is not None
         for node in nodes3:
@@ -930,8 +905,7 @@ def test_markers_of_the_previous_release_are_adopted(
     nodes3: RedisNodes, make_dlm: MakeDlm, store: RedisFencedStore,
 ) -> None:
     resource = "restarts:upgrade"
-    with scenario("upgrade-from-unstamped-markers") as figures:
-        run = Run(figures, store)
+    with recorded("upgrade-from-unstamped-markers", store) as (_, run):
         for node in nodes3:  # a cluster initialised and used by the code before issue 10
             with node.client() as admin:
                 admin.set(KEYS.marker, f"initialised {time.time():.3f} by 0123456789abcdef")

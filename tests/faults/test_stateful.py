@@ -38,10 +38,10 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from fencing import RedisFencedStore, StaleTokenError
-from redlock import Lock, LockLost, LockNotAcquired, NotHeld
+from fencing import RedisFencedStore
+from redlock import Lock, LockLost, NotHeld
 from redlock.testing import RedisNodes
-from tests.faults.conftest import DLM_OPTIONS, MakeDlm
+from tests.faults.conftest import DLM_OPTIONS, MakeDlm, acquire_or_false, fenced_write
 from tests.faults.fault_figures import scenario
 from tests.history import ACCEPTED, ERROR, REJECTED, History, Hold, Write
 from tests.internals import KEYS
@@ -148,11 +148,7 @@ class LockMachine(RuleBasedStateMachine):
         self.totals.attempted += 1
         lock = self.dlms[name].lock(RESOURCE, ttl=TTL)
         invoked = time.monotonic()
-        try:
-            got = lock.acquire(timeout=1.0)
-        except LockNotAcquired:
-            got = False
-        if not got:
+        if not acquire_or_false(lock, timeout=1.0):
             self.totals.failed_cleanly += 1
             return
         start = time.monotonic()
@@ -199,13 +195,7 @@ class LockMachine(RuleBasedStateMachine):
         if token is None:
             return
         invoke = time.monotonic()
-        try:
-            self.store.write(RESOURCE, token, f"{name}:{token}".encode())
-            outcome = ACCEPTED
-        except StaleTokenError:
-            outcome = REJECTED
-        except redis.RedisError:
-            outcome = ERROR
+        outcome = fenced_write(self.store, name, RESOURCE, token)
         self.totals.writes[outcome] += 1
         self.history.wrote(Write(name, RESOURCE, token, invoke, time.monotonic(),
                                        outcome))
