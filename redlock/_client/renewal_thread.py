@@ -98,24 +98,27 @@ class RenewalThread:
     async def join(self, timeout: float) -> bool:
         """Wait, without blocking the loop, until the thread has ended (True) or
         ``timeout`` seconds have passed (False)."""
-        thread = self.thread
-        until = time.monotonic() + timeout
-        while thread is not None and thread.is_alive() and time.monotonic() < until:
-            await asyncio.sleep(0.005)
-        return thread is None or not thread.is_alive()
+        return await _ended(self.thread, timeout)
 
     async def close(self) -> None:
         """Close the connections (in a helper thread: closing may wait for a late reply
-        up to ``connect_timeout``, and the loop must not block meanwhile)."""
+        up to ``connect_timeout``, and the loop must not block meanwhile). The transport
+        bounds its own close; this bound only keeps a bug there from hanging the
+        application's close()."""
         closer = threading.Thread(target=self._transport.close,
                                   name="redlock-renewals-close", daemon=True)
         closer.start()
-        until = time.monotonic() + self._close_timeout
-        # The transport bounds its own close (connect_timeout and a little): this bound
-        # only keeps a bug there from hanging the application's close().
-        while closer.is_alive() and time.monotonic() < until:
-            await asyncio.sleep(0.005)
+        await _ended(closer, self._close_timeout)
 
     def forget(self) -> SyncTransport:
         """In a forked child: the parent's connections, never to be touched here."""
         return self._transport
+
+
+async def _ended(thread: threading.Thread | None, timeout: float) -> bool:
+    """Whether ``thread`` (None: none was started) ended within ``timeout`` seconds,
+    polled from the loop, which stays free meanwhile."""
+    until = time.monotonic() + timeout
+    while thread is not None and thread.is_alive() and time.monotonic() < until:
+        await asyncio.sleep(0.005)
+    return thread is None or not thread.is_alive()
