@@ -459,5 +459,9 @@ def test_all_nodes_empty_and_a_new_client_reinitialises_but_fencing_rejects(
 
 def _seed() -> int:
     explicit = os.environ.get("REDLOCK_FAULT_SEED")
-    return int(explicit) if explicit else random.SystemRandom().randrange(2**32)
+    seed = int(explicit) if explicit else random.SystemRandom().randrange(2**32)
+    # Printed first, so that a run that fails anywhere (even inside the library, before
+    # the test's own report) can be replayed.
+    print(f"[seed] REDLOCK_FAULT_SEED={seed}")
+    return seed
 
