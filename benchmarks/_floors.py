@@ -41,8 +41,9 @@ _KEYS = Keys("redlock")
 
 def _acquire_command(resource: str, owner: str, ttl_s: float) -> tuple[Any, ...]:
     """A single try (no ticket: it does not join the waiting line)."""
-    return ("EVALSHA", scripts.ACQUIRE.sha, 5, _KEYS.lock(resource), _KEYS.fence(resource),
-            MARKER, _KEYS.line(resource), _KEYS.line_deadlines(resource), owner,
+    return ("EVALSHA", scripts.ACQUIRE.sha, 7, _KEYS.lock(resource), _KEYS.counter,
+            MARKER, _KEYS.line(resource), _KEYS.line_deadlines(resource),
+            _KEYS.legacy_fence(resource), _KEYS.legacy_marker, owner,
             int(ttl_s * 1000), 0, "", 1000)
 
 

@@ -90,6 +90,10 @@ class AsyncRedlock(ManagerBase[AsyncLock, AsyncMultiLock]):
         """See :meth:`redlock.Redlock.initialise`."""
         return await self._drive(self._core.initialise(force=force))
 
+    async def upgrade(self) -> list[RepairReport]:
+        """See :meth:`redlock.Redlock.upgrade`."""
+        return await self._drive(self._core.upgrade())
+
     async def inspect(self, resource: str) -> LockStatus:
         """See :meth:`redlock.Redlock.inspect`."""
         return await self._drive(self._inspect_flow(resource))

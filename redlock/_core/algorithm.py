@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 
 from redlock._core.amnesia.guard import AmnesiaGuard
-from redlock._core.amnesia.repair import RepairReport, initialise, repair
+from redlock._core.amnesia.repair import RepairReport, initialise, repair, upgrade
 from redlock._core.environment import Environment
 from redlock._core.holding import Holding
 from redlock._core.requests import (
@@ -29,7 +29,7 @@ from redlock._core.settings import Keys, Settings, label, validate_node_addresse
 from redlock._core.state import AcquireResult, AttemptResult, LockState, RoundTrips
 from redlock._core.tokens import (
     TOKEN_LIMIT,
-    TokenFloors,
+    TokenFloor,
     choose_token,
     quorum,
     validity_left,
@@ -69,7 +69,7 @@ class RedlockCore(Holding):
         self.clock = env.clock
         self.n = len(addresses)
         self.quorum = quorum(self.n)
-        self.floors = TokenFloors(env.new_mutex())
+        self.floors = TokenFloor(env.new_mutex())
         self.amnesia = AmnesiaGuard(self.addresses, settings, self.keys, env, self.timeout)
         # Failing nodes are logged once per outage.
         self.node_outages = NodeOutages(env.clock, env.wall_clock, env.new_mutex())
@@ -211,14 +211,16 @@ class RedlockCore(Holding):
         if len(resources) == 1:
             [resource] = resources
             return self._all(scripts.ACQUIRE,
-                             (keys.lock(resource), keys.fence(resource), keys.marker,
-                              keys.line(resource), keys.line_deadlines(resource)),
-                             (owner, ttl_ms, floors.get(resource), ticket,
+                             (keys.lock(resource), keys.counter, keys.marker,
+                              keys.line(resource), keys.line_deadlines(resource),
+                              keys.legacy_fence(resource), keys.legacy_marker),
+                             (owner, ttl_ms, floors.floor, ticket,
                               int(patience(self.settings, self.timeout(ttl)) * 1000)))
         return self._all(scripts.ACQUIRE_MANY,
-                         (keys.marker, *(keys.lock(r) for r in resources),
-                          *(keys.fence(r) for r in resources)),
-                         (owner, ttl_ms, *(floors.get(r) for r in resources)))
+                         (keys.marker, keys.legacy_marker, keys.counter,
+                          *(keys.lock(r) for r in resources),
+                          *(keys.legacy_fence(r) for r in resources)),
+                         (owner, ttl_ms, floors.floor))
 
     def _attempt(self, resources: tuple[str, ...], owner: str, ttl: float,
                  ticket: str) -> Flow[AttemptResult]:
@@ -239,13 +241,16 @@ class RedlockCore(Holding):
             # Per granting node, its counter for each resource (in the set's order).
             granted = {i: acquire_counters(replies[i])
                        for i, r in enumerate(outcomes) if r.outcome is Outcome.GRANTED}
+            if granted:  # the next attempt lifts the nodes that lag behind the highest
+                self.floors.raise_to(max(max(c) for c in granted.values()))
             if len(granted) >= self.quorum:
                 # The token rule, resource by resource (docs/design.md §3).
                 choices = {r: choose_token({i: c[j] for i, c in granted.items()})
                            for j, r in enumerate(resources)}
                 committed = {r: len(c.committed) for r, c in choices.items()}
                 write_backs = [(r, Call(i, (owner, c.token), scripts.WRITE_BACK,
-                                        (keys.lock(r), keys.fence(r), keys.marker)))
+                                        (keys.lock(r), keys.counter, keys.marker,
+                                         keys.legacy_fence(r), keys.legacy_marker)))
                                for r, c in choices.items() if committed[r] < self.quorum
                                for i in c.write_back]
                 if write_backs:
@@ -268,8 +273,6 @@ class RedlockCore(Holding):
                 too_big = [r for r in resources if choices[r].token >= TOKEN_LIMIT]
                 if not short and not too_big and validity > 0:
                     tokens = {r: c.token for r, c in choices.items()}
-                    for r, token in tokens.items():
-                        self.floors.raise_to(r, token)
                     state = LockState(name, owner, ttl, max(tokens.values()),
                                       started + ttl - settings.drift(ttl), self.clock,
                                       self.env.new_mutex(), tokens=tokens)
@@ -323,6 +326,10 @@ class RedlockCore(Holding):
     def initialise(self, *, force: bool) -> Flow[list[RepairReport]]:
         """See :func:`redlock._core.amnesia.repair.initialise`."""
         return (yield from initialise(self.amnesia, force=force))
+
+    def upgrade(self) -> Flow[list[RepairReport]]:
+        """See :func:`redlock._core.amnesia.repair.upgrade`."""
+        return (yield from upgrade(self.amnesia))
 
 
 def _commit_enough(write_backs: Sequence[tuple[str, Call]], committed: dict[str, int],

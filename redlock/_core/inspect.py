@@ -1,7 +1,7 @@
 """Operator views and tools: what the nodes hold for a resource, and a forced release.
 
 ``dlm.inspect(resource)`` reads, on every node at once, the lock key's remaining PTTL,
-the fence counter, the node marker and any repair claim (one read-only script, so each
+the node's fence counter, the node marker and any repair claim (one read-only script, so each
 node's answer is one consistent snapshot), and adds what this manager knows about
 amnesiac nodes. The owner value is never read out: a holder is shown as a short
 fingerprint (a SHA1 prefix), enough to tell whether the keys on different nodes belong
@@ -37,9 +37,12 @@ class NodeLockStatus:
 
     ``held``: a lock key exists on the node (someone, maybe us, holds it there);
     ``pttl_ms``: milliseconds left on that key (0 when free, -1 for a key without
-    expiry, which no Redlock client writes); ``fence``: the node's fence counter for the
-    resource (0 before its first lock); ``marker``: the node marker is present (absent:
-    a new node, or one that lost its data); ``repairing``: a repair has claimed the
+    expiry, which no Redlock client writes); ``fence``: the node's fence counter, from
+    which every resource's tokens come (0 before the first lock; the resource's own
+    counter of the previous format where that is higher, docs/design.md §3.8);
+    ``marker``: the node marker is present (absent: a new node, or one that lost its
+    data); ``previous_format``: the marker is the previous format's (``redlock upgrade``
+    moves the node to this one); ``repairing``: a repair has claimed the
     node; ``holder``: a fingerprint of the holder's owner value (never the value);
     ``benched``: the node lost its data (or restarted without durable persistence) and
     is kept out of quorums: it rejoins once repaired, ``rejoins_in_s`` from now at the
@@ -56,6 +59,7 @@ class NodeLockStatus:
     marker: bool | None = None
     repairing: bool | None = None
     holder: str | None = None
+    previous_format: bool | None = None
     benched: bool = False
     rejoins_in_s: float | None = None
     error: str | None = None
@@ -125,14 +129,16 @@ def _node_status(core: RedlockCore, index: int, reply: object) -> NodeLockStatus
     held = seen.pttl_ms != -2
     return NodeLockStatus(address, True, held=held, pttl_ms=seen.pttl_ms if held else 0,
                           fence=seen.fence, marker=seen.marker, repairing=seen.repairing,
-                          holder=seen.holder if held else None, benched=benched,
+                          holder=seen.holder if held else None,
+                          previous_format=seen.previous_format, benched=benched,
                           rejoins_in_s=rejoins)
 
 
 def inspect_lock(core: RedlockCore, resource: str) -> Flow[LockStatus]:
     """Every node's view of ``resource`` in one parallel round of read-only scripts."""
-    keys = (core.keys.lock(resource), core.keys.fence(resource), core.keys.marker,
-            core.keys.repair_guard, core.keys.episode)
+    keys = (core.keys.lock(resource), core.keys.counter, core.keys.marker,
+            core.keys.repair_guard, core.keys.episode, core.keys.legacy_fence(resource),
+            core.keys.legacy_marker)
     replies = yield _lock_calls(core, scripts.INSPECT, keys)
     return LockStatus(resource, core.quorum,
                       tuple(_node_status(core, i, reply) for i, reply in enumerate(replies)))

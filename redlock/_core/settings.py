@@ -140,14 +140,22 @@ class Settings:
 
 @dataclass(frozen=True)
 class Keys:
-    """Key names. A resource's keys share a hash tag (``{resource}``): one slot."""
+    """Key names (docs/design.md §3.8). A resource's keys share a hash tag
+    (``{resource}``): one slot. A node keeps a fixed set of keys of its own
+    (``ns:node:*``): its marker, its fence counter, its amnesia episode and repair
+    claim; the resources' lock keys and lines expire. The ``legacy_*`` names are
+    those of the previous format (a fence counter per resource, ``node-*`` node
+    keys): read to keep tokens rising across an upgrade, and set as a barrier
+    against clients of that format."""
 
     namespace: str
 
     def lock(self, resource: str) -> str:
         return f"{self.namespace}:{{{resource}}}:lock"
 
-    def fence(self, resource: str) -> str:
+    def legacy_fence(self, resource: str) -> str:
+        """The previous format's fence counter of one resource: read (tokens stay above
+        it) and removed by the first acquisition after the node's upgrade."""
         return f"{self.namespace}:{{{resource}}}:fence"
 
     def channel(self, resource: str) -> str:
@@ -163,23 +171,40 @@ class Keys:
         return f"{self.namespace}:{{{resource}}}:line-deadlines"
 
     @property
+    def counter(self) -> str:
+        """The node's one fence counter: every resource's tokens come from it."""
+        return f"{self.namespace}:node:fence"
+
+    @property
     def marker(self) -> str:
+        return f"{self.namespace}:node:marker"
+
+    @property
+    def legacy_marker(self) -> str:
+        """The previous format's marker: a node that has it still serves clients of
+        that format, so the scripts keep its per-resource counters too (§3.8)."""
         return f"{self.namespace}:node-marker"
 
     def identify_command(self) -> tuple[str | int, ...]:
         """IDENTIFY, as the transports send it first on every new connection: an EVAL
         with the body (it never meets NOSCRIPT, and it is rare; docs/design.md §4.4)."""
-        return ("EVAL", node_scripts.IDENTIFY.source, 1, self.marker)
+        return ("EVAL", node_scripts.IDENTIFY.source, 2, self.marker, self.legacy_marker)
 
     @property
     def episode(self) -> str:
         """When (by the node's clock) and in which server run it lost its data."""
-        return f"{self.namespace}:node-amnesia"
+        return f"{self.namespace}:node:amnesia"
 
     @property
     def repair_guard(self) -> str:
-        return f"{self.namespace}:node-repair"
+        return f"{self.namespace}:node:repair"
 
     @property
-    def fence_pattern(self) -> str:
+    def barrier(self) -> tuple[str, str]:
+        """The previous format's episode and repair-claim keys, set on every node of
+        this format: its clients then neither initialise nor repair the node (§3.8)."""
+        return (f"{self.namespace}:node-amnesia", f"{self.namespace}:node-repair")
+
+    @property
+    def legacy_fence_pattern(self) -> str:
         return f"{self.namespace}:{{*}}:fence"

@@ -1,4 +1,4 @@
-"""Mutable state shared between threads or tasks: one acquisition, and token floors."""
+"""Mutable state shared between threads or tasks: one acquisition."""
 
 from __future__ import annotations
 

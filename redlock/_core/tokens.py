@@ -1,10 +1,9 @@
 """The quorum, validity and token rules (docs/design.md §2, §3): pure functions, and the
-token floors a manager keeps."""
+token floor a manager keeps."""
 
 from __future__ import annotations
 
 import hashlib
-from collections import OrderedDict
 from dataclasses import dataclass
 
 from redlock._core.environment import Mutex
@@ -46,28 +45,25 @@ def choose_token(counters: dict[int, int]) -> TokenChoice:
     return TokenChoice(token, committed, lower)
 
 
-class TokenFloors:
-    """The highest token this manager saw per resource, sent with each acquire as the
-    counter's floor (docs/design.md §3). An optimisation only: forgetting one is safe,
-    so the table is bounded (least recently used resources are dropped)."""
-
-    CAPACITY = 4096
+class TokenFloor:
+    """The highest fence counter this manager saw any node report, sent with each
+    acquire as the counter's floor (docs/design.md §3.5): it lifts a node that lagged
+    behind, so that the granting nodes agree and no write-back round is needed. An
+    optimisation only: every value in it was a node's counter, and raising a counter is
+    always safe; forgetting it (a new process) is safe too."""
 
     def __init__(self, mutex: Mutex) -> None:
-        self._floors: OrderedDict[str, int] = OrderedDict()
+        self._floor = 0
         self._mutex = mutex
 
     def after_fork(self, mutex: Mutex) -> None:
         self._mutex = mutex  # a parent thread may have held the old one at the fork
 
-    def get(self, resource: str) -> int:
-        with self._mutex:
-            return self._floors.get(resource, 0)
+    @property
+    def floor(self) -> int:
+        return self._floor
 
-    def raise_to(self, resource: str, token: int) -> None:
+    def raise_to(self, counter: int) -> None:
         with self._mutex:
-            if token > self._floors.get(resource, 0):
-                self._floors[resource] = token
-            self._floors.move_to_end(resource)
-            while len(self._floors) > self.CAPACITY:
-                self._floors.popitem(last=False)
+            if counter > self._floor:
+                self._floor = counter

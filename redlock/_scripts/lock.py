@@ -4,10 +4,14 @@ Every script is a module constant with a header naming its KEYS, ARGV and
 replies. Reply codes are small integers, named here; :mod:`redlock._scripts.replies`
 is the one place that reads replies.
 
-Keys of one resource share a hash tag (``ns:{resource}:lock`` and
-``ns:{resource}:fence``) so the lock and its fence counter live in one slot.
-The node marker (``ns:node-marker``) is per node: it tells a node that still
-remembers its counters from one that lost its data (amnesia, docs/design.md §4).
+Keys of one resource share a hash tag (``ns:{resource}:lock``, ``:line``, ...) so
+they live in one slot, and all of them expire. A node keeps a fixed set of keys of its
+own: its fence counter (``ns:node:fence``), from which every resource's tokens come
+(docs/design.md §3), and its marker (``ns:node:marker``), which tells a node that still
+remembers its counter from one that lost its data (amnesia, docs/design.md §4).
+The previous format kept a counter per resource (``ns:{resource}:fence``) and its
+marker at ``ns:node-marker``: the scripts read both, so tokens keep rising across an
+upgrade, and keep them up to date while that marker is there (§3.8).
 """
 
 from __future__ import annotations
@@ -20,6 +24,52 @@ ACQUIRE_GRANTED = 1  # we set the key; second element: the new fence counter
 ACQUIRE_ALREADY_OURS = 2  # our owner value was already there (a retry); counter as is
 ACQUIRE_AMNESIAC = -1  # the node has no marker: it may have forgotten locks and counters
 ACQUIRE_NOT_YOUR_TURN = 3  # free, but others are first in line; second element: how many
+
+
+# -- fence counters (docs/design.md §3) -------------------------------------------------
+#
+# A node's format: 0 no marker (it lost its data, or is new: it refuses to grant), 1 the
+# previous format's marker is there (clients of that release may count on this node, and
+# they read each resource's own counter: it is raised along with the node's), 2 this
+# format's marker only (a resource's old counter is read one last time and removed).
+# Per resource and node, max(node counter, resource counter) never falls: that is the
+# counter of the token rule.
+
+_TOKEN_FUNCTIONS = """
+local function node_format(marker, legacy_marker)
+    if redis.call('EXISTS', legacy_marker) == 1 then
+        return 1
+    end
+    if redis.call('EXISTS', marker) == 1 then
+        return 2
+    end
+    return 0
+end
+-- The highest value this node's counters hold for the resource (and the floor).
+local function highest(counter_key, legacy_key, floor)
+    return math.max(tonumber(redis.call('GET', counter_key) or '0'),
+                    tonumber(redis.call('GET', legacy_key) or '0'), floor)
+end
+-- Raise the node's counter to `value`; the resource's own counter too where the previous
+-- format's clients read it, else it goes. INCRBY keeps the stored value an integer
+-- string (no Lua float formatting).
+local function raise_to(counter_key, legacy_key, value, format)
+    local counter = tonumber(redis.call('GET', counter_key) or '0')
+    if value > counter then
+        redis.call('INCRBY', counter_key, value - counter)
+    end
+    local legacy = redis.call('GET', legacy_key)
+    if format == 1 then
+        local old = tonumber(legacy or '0')
+        if value > old then
+            redis.call('INCRBY', legacy_key, value - old)
+        end
+    elseif legacy then
+        redis.call('DEL', legacy_key)
+    end
+    return value
+end
+"""
 
 
 # -- the waiting line (docs/design.md §6) ----------------------------------------------
@@ -58,34 +108,35 @@ end
 ACQUIRE = Script(
     "acquire",
     """
--- KEYS[1] lock key, KEYS[2] fence counter key, KEYS[3] node marker key,
--- KEYS[4] waiting line (zset: waiter id by ticket), KEYS[5] line deadlines (zset: by ms)
--- ARGV[1] owner value, ARGV[2] ttl in ms, ARGV[3] token floor (highest token the client saw)
+-- KEYS[1] lock key, KEYS[2] node fence counter, KEYS[3] node marker key,
+-- KEYS[4] waiting line (zset: waiter id by ticket), KEYS[5] line deadlines (zset: by ms),
+-- KEYS[6] the resource's counter and KEYS[7] the marker of the previous format
+-- ARGV[1] owner value, ARGV[2] ttl in ms, ARGV[3] token floor (highest counter the client saw)
 -- ARGV[4] ticket: the waiter's place in line ('' for a single try, which does not queue)
 -- ARGV[5] patience in ms: how long the entry stays without a new attempt from its waiter
--- returns {1, counter}   granted: SET NX PX done and counter = max(counter, floor) + 1
+-- returns {1, token}     granted: SET NX PX done and token = max(counters, floor) + 1
 --                        (a waiter granted as first in line keeps its place until its
 --                        call is over: RELEASE with leave '1')
---         {2, counter}   the key already holds our owner value: TTL refreshed, counter unchanged
+--         {2, token}     the key already holds our owner value: TTL refreshed; token =
+--                        the counter as it is now (no new one)
 --         {0, pttl}      held by another owner, pttl ms left (a ticket joins the line)
 --         {3, ahead}     free, but `ahead` waiters are before us in line (a ticket joins it)
 --         {-1, 0}        no node marker: amnesiac node, refuses until repaired
-""" + _LINE_FUNCTIONS + """
-if redis.call('EXISTS', KEYS[3]) == 0 then
+""" + _LINE_FUNCTIONS + _TOKEN_FUNCTIONS + """
+local format = node_format(KEYS[3], KEYS[7])
+if format == 0 then
     return {-1, 0}
 end
 local holder = redis.call('GET', KEYS[1])
 if holder == ARGV[1] then
     redis.call('PEXPIRE', KEYS[1], ARGV[2])
-    return {2, tonumber(redis.call('GET', KEYS[2]) or '0')}
+    return {2, raise_to(KEYS[2], KEYS[6], highest(KEYS[2], KEYS[6], 0), format)}
 end
 local queued = redis.call('EXISTS', KEYS[4]) == 1
 if not holder and not queued then
     redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-    local counter = tonumber(redis.call('GET', KEYS[2]) or '0')
-    local target = math.max(counter, tonumber(ARGV[3])) + 1
-    -- INCRBY keeps the stored value an integer string (no Lua float formatting).
-    return {1, redis.call('INCRBY', KEYS[2], target - counter)}
+    return {1, raise_to(KEYS[2], KEYS[6], highest(KEYS[2], KEYS[6], tonumber(ARGV[3])) + 1,
+                        format)}
 end
 local now = now_ms()
 local me = redis.sha1hex(ARGV[1])
@@ -120,9 +171,7 @@ if first then
     wait_in_line(now + math.min(tonumber(ARGV[5]), tonumber(ARGV[2])))
 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-local counter = tonumber(redis.call('GET', KEYS[2]) or '0')
-local target = math.max(counter, tonumber(ARGV[3])) + 1
-return {1, redis.call('INCRBY', KEYS[2], target - counter)}
+return {1, raise_to(KEYS[2], KEYS[6], highest(KEYS[2], KEYS[6], tonumber(ARGV[3])) + 1, format)}
 """,
 )
 
@@ -132,23 +181,27 @@ return {1, redis.call('INCRBY', KEYS[2], target - counter)}
 ACQUIRE_MANY = Script(
     "acquire_many",
     """
--- KEYS[1] node marker; KEYS[2..k+1] lock keys; KEYS[k+2..2k+1] fence keys (same order)
--- ARGV[1] owner value, ARGV[2] ttl in ms, ARGV[3..k+2] token floors (same order)
+-- KEYS[1] node marker, KEYS[2] the previous format's marker, KEYS[3] node fence counter;
+-- KEYS[4..k+3] lock keys; KEYS[k+4..2k+3] the resources' counters of the previous format
+-- ARGV[1] owner value, ARGV[2] ttl in ms, ARGV[3] token floor
 -- returns {-1, 0}          no node marker: amnesiac node, refuses
 --         {0, pttl}        some key is held by another owner: nothing set; pttl = the
 --                          longest PTTL among those keys (-1: a key without expiry)
---         {1, c1, ..., ck} every key set (or already ours: TTL refreshed, counter as
---                          is); ci = resource i's fence counter, raised like ACQUIRE
-if redis.call('EXISTS', KEYS[1]) == 0 then
+--         {1, t, ..., t}   every key set (or already ours: TTL refreshed); one token t
+--                          for the whole set, one above every counter involved (or, when
+--                          every key was ours already, the counters as they are now)
+""" + _TOKEN_FUNCTIONS + """
+local format = node_format(KEYS[1], KEYS[2])
+if format == 0 then
     return {-1, 0}
 end
-local k = (#KEYS - 1) / 2
-local blocked, longest = false, -1
+local k = (#KEYS - 3) / 2
+local blocked, longest, fresh = false, -1, false
 for i = 1, k do
-    local holder = redis.call('GET', KEYS[1 + i])
+    local holder = redis.call('GET', KEYS[3 + i])
     if holder and holder ~= ARGV[1] then
         blocked = true
-        local pttl = redis.call('PTTL', KEYS[1 + i])
+        local pttl = redis.call('PTTL', KEYS[3 + i])
         if pttl < 0 then
             longest = -1
             break
@@ -156,23 +209,30 @@ for i = 1, k do
         if pttl > longest then
             longest = pttl
         end
+    elseif not holder then
+        fresh = true
     end
 end
 if blocked then
     return {0, longest}
 end
+local token = tonumber(ARGV[3])
+for i = 1, k do
+    token = highest(KEYS[3], KEYS[3 + k + i], token)
+end
+if fresh then
+    token = token + 1
+end
 local reply = {1}
 for i = 1, k do
-    local lock, fence = KEYS[1 + i], KEYS[1 + k + i]
-    local counter = tonumber(redis.call('GET', fence) or '0')
+    local lock = KEYS[3 + i]
     if redis.call('GET', lock) == ARGV[1] then
         redis.call('PEXPIRE', lock, ARGV[2])
-        reply[#reply + 1] = counter
     else
         redis.call('SET', lock, ARGV[1], 'PX', ARGV[2])
-        local target = math.max(counter, tonumber(ARGV[2 + i])) + 1
-        reply[#reply + 1] = redis.call('INCRBY', fence, target - counter)
     end
+    raise_to(KEYS[3], KEYS[3 + k + i], token, format)
+    reply[#reply + 1] = token
 end
 return reply
 """,
@@ -181,22 +241,21 @@ return reply
 WRITE_BACK = Script(
     "write_back",
     """
--- KEYS[1] lock key, KEYS[2] fence counter key, KEYS[3] node marker key
+-- KEYS[1] lock key, KEYS[2] node fence counter, KEYS[3] node marker key,
+-- KEYS[4] the resource's counter and KEYS[5] the marker of the previous format
 -- ARGV[1] owner value, ARGV[2] token
 -- returns 1 when the node still holds our lock key and now has counter >= token, else 0
--- The owner check is what makes the write-back safe: raising a counter on a node that
--- does not hold our key could let a stale token overtake a committed one.
-if redis.call('EXISTS', KEYS[3]) == 0 then
+-- The owner check is what makes the write-back safe: counting a node that does not
+-- hold our key could let a stale token overtake a committed one (docs/design.md §3.3).
+""" + _TOKEN_FUNCTIONS + """
+local format = node_format(KEYS[3], KEYS[5])
+if format == 0 then
     return 0
 end
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
     return 0
 end
-local counter = tonumber(redis.call('GET', KEYS[2]) or '0')
-local token = tonumber(ARGV[2])
-if token > counter then
-    redis.call('INCRBY', KEYS[2], token - counter)
-end
+raise_to(KEYS[2], KEYS[4], tonumber(ARGV[2]), format)
 return 1
 """,
 )
@@ -263,25 +322,28 @@ return 0
 INSPECT = Script(
     "inspect",
     """
--- KEYS[1] lock key, KEYS[2] fence counter key, KEYS[3] node marker key,
--- KEYS[4] repair claim key, KEYS[5] amnesia episode key
+-- KEYS[1] lock key, KEYS[2] node fence counter, KEYS[3] node marker key,
+-- KEYS[4] repair claim key, KEYS[5] amnesia episode key,
+-- KEYS[6] the resource's counter and KEYS[7] the marker of the previous format
 -- returns {pttl, fence, marker, repairing, holder, episode, now}; writes nothing
 --   pttl       PTTL of the lock key: -2 free, -1 a key without expiry, else ms left
---   fence      the node's fence counter, as stored ('0' when the resource has none yet)
---   marker     1 when the node marker exists, else 0
+--   fence      the highest token this node can have given the resource: its counter, or
+--              the resource's own counter of the previous format if that is higher
+--   marker     the node's format: 2 its marker, 1 the previous format's, 0 none
 --   repairing  1 when a repair has claimed the node, else 0
 --   holder     the first 12 hex digits of SHA1(owner value), '' when free: tells holders
 --              apart without revealing the owner value (which would let anyone release)
 --   episode    the amnesia episode ('<since ms> <run id> <why>'), '' when none
 --   now        this node's clock in ms (the episode's age is measured on it)
+""" + _TOKEN_FUNCTIONS + """
 local owner = redis.call('GET', KEYS[1])
 local holder = ''
 if owner then
     holder = string.sub(redis.sha1hex(owner), 1, 12)
 end
 local t = redis.call('TIME')
-return {redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[2]) or '0',
-        redis.call('EXISTS', KEYS[3]), redis.call('EXISTS', KEYS[4]), holder,
+return {redis.call('PTTL', KEYS[1]), highest(KEYS[2], KEYS[6], 0),
+        node_format(KEYS[3], KEYS[7]), redis.call('EXISTS', KEYS[4]), holder,
         redis.call('GET', KEYS[5]) or '',
         tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)}
 """,

@@ -1,12 +1,38 @@
 """Lua scripts of node identity and repair (docs/design.md §4): the node marker, its
-run-id stamp, amnesia episodes, re-seeding. The lock scripts are in
-:mod:`redlock._scripts.lock`; the same conventions hold (a header per script naming its
-KEYS, ARGV and replies).
+run-id stamp, amnesia episodes, re-seeding, and the upgrade from the previous format
+(§3.8). The lock scripts are in :mod:`redlock._scripts.lock`; the same conventions hold
+(a header per script naming its KEYS, ARGV and replies).
+
+A node has this format's marker (``ns:node:marker``) or the previous format's
+(``ns:node-marker``, whose clients still use the node); the scripts accept either as
+"the marker". Wherever this format's marker is written, the previous format's episode
+and repair-claim keys are set too, for good (the *barrier*): a client of that format
+then takes the node for one that lost its data and can neither initialise nor repair
+it, so it never again counts on the per-resource counters this format removes.
 """
 
 from __future__ import annotations
 
 from redlock._scripts.script import Script
+
+# Marker lookups and the barrier, shared by the scripts below.
+_MARKER_FUNCTIONS = """
+local function marker_of(marker, legacy_marker)
+    return redis.call('GET', marker) or redis.call('GET', legacy_marker)
+end
+local function marked(marker, legacy_marker)
+    return redis.call('EXISTS', marker, legacy_marker) > 0
+end
+local function bar_previous_format(episode, claim)
+    redis.call('SET', episode, '0 format-2 this node keeps one fence counter: clients'
+        .. ' of the previous format (a counter per resource) are refused here')
+    redis.call('SET', claim, 'format-2: clients of the previous format may not repair')
+end
+local function server_run()
+    local info = redis.pcall('INFO', 'server')
+    return type(info) == 'string' and string.match(info, 'run_id:(%x+)') or 'unknown'
+end
+"""
 
 # Replies of INIT_MARKER.
 INIT_WRITTEN = 1  # the marker was written
@@ -20,19 +46,17 @@ REPAIR_TOO_YOUNG = -1
 SEED_COUNTERS = Script(
     "seed_counters",
     """
--- KEYS[1] repair guard key, KEYS[2..n] fence counter keys
--- ARGV[1] repair id, ARGV[2..n] counter values (same order as KEYS[2..n])
+-- KEYS[1] repair guard key, KEYS[2] the node's fence counter
+-- ARGV[1] repair id, ARGV[2] the seed: the highest counter read from a majority
 -- returns 1 when seeded, 0 when the guard is gone (the node restarted mid-repair)
--- Counters only ever go up: counter = max(counter, seed).
+-- The counter only ever goes up: counter = max(counter, seed).
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
     return 0
 end
-for i = 2, #KEYS do
-    local current = tonumber(redis.call('GET', KEYS[i]) or '0')
-    local seed = tonumber(ARGV[i])
-    if seed > current then
-        redis.call('INCRBY', KEYS[i], seed - current)
-    end
+local current = tonumber(redis.call('GET', KEYS[2]) or '0')
+local seed = tonumber(ARGV[2])
+if seed > current then
+    redis.call('INCRBY', KEYS[2], seed - current)
 end
 return 1
 """,
@@ -41,17 +65,18 @@ return 1
 FINISH_REPAIR = Script(
     "finish_repair",
     """
--- KEYS[1] repair guard key, KEYS[2] node marker key, KEYS[3] amnesia episode key
+-- KEYS[1] repair guard key, KEYS[2] node marker key, KEYS[3] amnesia episode key,
+-- KEYS[4] KEYS[5] the barrier: the previous format's episode and repair-claim keys
 -- ARGV[1] repair id, ARGV[2] marker text, ARGV[3] rejoin delay in ms (0: forced)
 -- returns 1   the marker was written (stamped with this server's run id), the episode closed
 --         0   the guard is gone (the node lost its data again, or restarted, mid-repair)
 --         -1  not yet: no episode of this server run, or it began less than the delay ago
 --             by this node's clock (a new data loss restarts the wait)
+""" + _MARKER_FUNCTIONS + """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
     return 0
 end
-local info = redis.pcall('INFO', 'server')
-local run_id = type(info) == 'string' and string.match(info, 'run_id:(%x+)') or 'unknown'
+local run_id = server_run()
 local delay = tonumber(ARGV[3])
 if delay > 0 then
     local episode = redis.call('GET', KEYS[3])
@@ -66,6 +91,7 @@ if delay > 0 then
     end
 end
 redis.call('SET', KEYS[2], 'run_id=' .. run_id .. ' ' .. ARGV[2])
+bar_previous_format(KEYS[4], KEYS[5])
 redis.call('DEL', KEYS[1], KEYS[3])
 return 1
 """,
@@ -86,32 +112,38 @@ return 1
 IDENTIFY = Script(
     "identify",
     """
--- KEYS[1] node marker key
+-- KEYS[1] node marker key, KEYS[2] the previous format's marker
 -- returns {run_id, marker value or nil}: the running server, and what stamped the marker
-local info = redis.pcall('INFO', 'server')
-local run_id = type(info) == 'string' and string.match(info, 'run_id:(%x+)') or 'unknown'
-return {run_id, redis.call('GET', KEYS[1])}
+-- (this format's marker, else the previous format's)
+""" + _MARKER_FUNCTIONS + """
+return {server_run(), marker_of(KEYS[1], KEYS[2])}
 """,
 )
 
 INIT_MARKER = Script(
     "init_marker",
     """
--- KEYS[1] node marker key, KEYS[2] amnesia episode key
+-- KEYS[1] node marker key, KEYS[2] amnesia episode key, KEYS[3] the previous
+-- format's marker, KEYS[4] KEYS[5] the barrier (the previous format's episode and
+-- repair-claim keys)
 -- ARGV[1] marker text
--- returns 1   the marker was written
+-- returns 1   the marker was written (and the barrier)
 --         0   the node has one already (another client initialised it meanwhile)
---         -1  the node has an amnesia episode: it lost data, only a repair may give its
---             marker back
-if redis.call('EXISTS', KEYS[1]) == 1 then
+--         -1  the node has an amnesia episode (of either format; the barrier is none): it
+--             lost data, only a repair may give its marker back
+""" + _MARKER_FUNCTIONS + """
+if marked(KEYS[1], KEYS[3]) then
     return 0
 end
 if redis.call('EXISTS', KEYS[2]) == 1 then
     return -1
 end
-local info = redis.pcall('INFO', 'server')
-local run_id = type(info) == 'string' and string.match(info, 'run_id:(%x+)') or 'unknown'
-redis.call('SET', KEYS[1], 'run_id=' .. run_id .. ' ' .. ARGV[1])
+local previous = redis.call('GET', KEYS[4])
+if previous and string.sub(previous, 1, 11) ~= '0 format-2 ' then
+    return -1
+end
+redis.call('SET', KEYS[1], 'run_id=' .. server_run() .. ' ' .. ARGV[1])
+bar_previous_format(KEYS[4], KEYS[5])
 return 1
 """,
 )
@@ -119,20 +151,25 @@ return 1
 RESTAMP = Script(
     "restamp",
     """
--- KEYS[1] node marker key
+-- KEYS[1] node marker key, KEYS[2] the previous format's marker
 -- ARGV[1] the marker value the client judged, ARGV[2] marker text, ARGV[3] the run id of
 -- the server the client judged
--- returns 1 when re-stamped with this server's run id, 0 when the marker changed meanwhile
--- or another server answers now (a restart or a failover since it was judged)
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+-- returns 1 when re-stamped with this server's run id (in the key it was found in), 0
+-- when the marker changed meanwhile or another server answers now (a restart or a
+-- failover since it was judged)
+""" + _MARKER_FUNCTIONS + """
+local key = KEYS[1]
+if redis.call('EXISTS', key) == 0 then
+    key = KEYS[2]
+end
+if redis.call('GET', key) ~= ARGV[1] then
     return 0
 end
-local info = redis.pcall('INFO', 'server')
-local run_id = type(info) == 'string' and string.match(info, 'run_id:(%x+)') or 'unknown'
+local run_id = server_run()
 if run_id ~= ARGV[3] then
     return 0
 end
-redis.call('SET', KEYS[1], 'run_id=' .. run_id .. ' ' .. ARGV[2])
+redis.call('SET', key, 'run_id=' .. run_id .. ' ' .. ARGV[2])
 return 1
 """,
 )
@@ -140,18 +177,20 @@ return 1
 DEMOTE = Script(
     "demote",
     """
--- KEYS[1] node marker key, KEYS[2] amnesia episode key
+-- KEYS[1] node marker key, KEYS[2] amnesia episode key, KEYS[3] the previous format's
+-- marker
 -- ARGV[1] the marker value the client judged, ARGV[2] why
--- returns 1 when the marker was removed and an episode begun now, 0 when the marker
--- changed meanwhile. A node without its marker refuses every acquire until repaired.
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+-- returns 1 when the marker was removed (of either format) and an episode begun now, 0
+-- when the marker changed meanwhile. A node without its marker refuses every acquire
+-- until repaired; it comes back in this format.
+""" + _MARKER_FUNCTIONS + """
+if marker_of(KEYS[1], KEYS[3]) ~= ARGV[1] then
     return 0
 end
-local info = redis.pcall('INFO', 'server')
-local run_id = type(info) == 'string' and string.match(info, 'run_id:(%x+)') or 'unknown'
+local run_id = server_run()
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('DEL', KEYS[1])
+redis.call('DEL', KEYS[1], KEYS[3])
 redis.call('SET', KEYS[2], now .. ' ' .. run_id .. ' ' .. ARGV[2])
 return 1
 """,
@@ -160,17 +199,18 @@ return 1
 OPEN_EPISODE = Script(
     "open_episode",
     """
--- KEYS[1] node marker key, KEYS[2] amnesia episode key
+-- KEYS[1] node marker key, KEYS[2] amnesia episode key, KEYS[3] the previous format's
+-- marker
 -- ARGV[1] why
--- returns {0}             the node has its marker: nothing to do
+-- returns {0}             the node has its marker (of either format): nothing to do
 --         {1, since, now} its episode (ms by this node's clock): kept if it began in this
 --                         server run, else begun now (restarted since: its data may be
 --                         older than the episode says)
-if redis.call('EXISTS', KEYS[1]) == 1 then
+""" + _MARKER_FUNCTIONS + """
+if marked(KEYS[1], KEYS[3]) then
     return {0}
 end
-local info = redis.pcall('INFO', 'server')
-local run_id = type(info) == 'string' and string.match(info, 'run_id:(%x+)') or 'unknown'
+local run_id = server_run()
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local episode = redis.call('GET', KEYS[2])
@@ -182,5 +222,60 @@ if episode then
 end
 redis.call('SET', KEYS[2], now .. ' ' .. run_id .. ' ' .. ARGV[1])
 return {1, now, now}
+""",
+)
+
+# -- the upgrade from the previous format (docs/design.md §3.8) -------------------------
+
+UPGRADE_NODE = Script(
+    "upgrade_node",
+    """
+-- KEYS[1] node marker key, KEYS[2] the previous format's marker, KEYS[3] KEYS[4] the
+-- barrier (the previous format's episode and repair-claim keys)
+-- returns 1 upgraded now: its marker moved to this format's key, the barrier set
+--         2 in this format already (the barrier is set again)
+--         0 no marker at all: it lost its data; it comes back in this format by repair
+""" + _MARKER_FUNCTIONS + """
+local previous = redis.call('GET', KEYS[2])
+if previous then
+    if redis.call('EXISTS', KEYS[1]) == 0 then
+        redis.call('SET', KEYS[1], previous)
+    end
+    redis.call('DEL', KEYS[2])
+    bar_previous_format(KEYS[3], KEYS[4])
+    return 1
+end
+if redis.call('EXISTS', KEYS[1]) == 1 then
+    bar_previous_format(KEYS[3], KEYS[4])
+    return 2
+end
+return 0
+""",
+)
+
+FOLD_COUNTERS = Script(
+    "fold_counters",
+    """
+-- KEYS[1] the node's fence counter, KEYS[2] the previous format's marker,
+-- KEYS[3..n] per-resource counters of the previous format
+-- returns the number of counters folded into the node's counter and removed, or -1 when
+-- the previous format's marker is there (its clients still read them: nothing changes)
+if redis.call('EXISTS', KEYS[2]) == 1 then
+    return -1
+end
+local counter = tonumber(redis.call('GET', KEYS[1]) or '0')
+local highest, folded = counter, 0
+for i = 3, #KEYS do
+    local value = redis.call('GET', KEYS[i])
+    if value then
+        highest = math.max(highest, tonumber(value))
+        redis.call('DEL', KEYS[i])
+        folded = folded + 1
+    end
+end
+if highest > counter then
+    redis.call('INCRBY', KEYS[1], highest - counter)
+end
+return folded
 """,
 )

@@ -221,8 +221,9 @@ class Inspected:
     """One node's INSPECT reply."""
 
     pttl_ms: int  # -2 free, -1 a key without expiry, else ms left
-    fence: int
+    fence: int  # the highest token the node can have given the resource
     marker: bool
+    previous_format: bool  # the marker is the previous format's (docs/design.md §3.8)
     repairing: bool
     holder: str  # a fingerprint of the owner value, '' when free
     episode: str  # the amnesia episode, '' when none
@@ -234,7 +235,8 @@ def inspected(reply: object) -> Inspected | None:
     if not isinstance(reply, list | tuple) or len(reply) != 7:
         return None
     try:
-        return Inspected(int(reply[0]), int(text(reply[1])), reply[2] == 1, reply[3] == 1,
+        return Inspected(int(reply[0]), int(text(reply[1])), reply[2] in (1, 2), reply[2] == 1,
+                         reply[3] == 1,
                          text(reply[4]), text(reply[5]), int(reply[6]))
     except (TypeError, ValueError):  # a proxy or a foreign script answering: not ours
         return None
@@ -336,11 +338,9 @@ def repair_finished(reply: object) -> RepairFinished:
 
 
 def marker_exists(reply: object) -> bool | None:
-    """An ``EXISTS marker`` probe: True, False, or None (no answer)."""
-    if reply == 1:
-        return True
-    if reply == 0:
-        return False
+    """An ``EXISTS marker legacy-marker`` probe: True, False, or None (no answer)."""
+    if isinstance(reply, int) and not isinstance(reply, bool):
+        return reply > 0
     return None
 
 

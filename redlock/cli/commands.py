@@ -7,6 +7,8 @@ and the operator's tools. docs/operations.md has the whole story.
     redlock release RESOURCE --force --nodes ...    delete the lock whoever holds it
     redlock repair --nodes ... [--force]            nodes that lost their data: report, re-seed
     redlock initialise --nodes ... [--force]        mark a new or partially initialised cluster
+    redlock upgrade --nodes ...                     move nodes from the previous format (a
+                                                    fence counter per resource) to this one
     redlock demo [--nodes 3 ...]                    workers contending on local redis-servers
 
 ``--nodes`` may come from ``$REDLOCK_NODES`` (URLs separated by spaces or commas).
@@ -208,6 +210,16 @@ def cmd_initialise(args: argparse.Namespace) -> int:
     return _admin_step(args, "initialise")
 
 
+def cmd_upgrade(args: argparse.Namespace) -> int:
+    confirm(args, "upgrade the nodes",
+            "Move every node to one fence counter per node? Clients of the previous release"
+            " are refused on upgraded nodes from then on: run this only once every client"
+            " runs this release (docs/operations.md, \"Upgrading\").")
+    with open_manager(args) as dlm:
+        reports = dlm.upgrade()
+    return _repair_reports(args, reports)
+
+
 # -- the parser ------------------------------------------------------------------------
 
 
@@ -285,6 +297,9 @@ def build_parser() -> argparse.ArgumentParser:
                          confirmable)
     initialise.add_argument("--force", action="store_true",
                             help="also when some nodes have markers (asks; --yes)")
+    command("upgrade", cmd_upgrade, "move the nodes from the previous format (a fence counter"
+            " per resource) to one counter per node, once every client runs this release"
+            " (asks; --yes)", confirmable)
     commands.add_parser("demo", help="workers contending for one lock on local redis-server"
                                      " nodes (redlock demo --help)", add_help=False)
     return parser

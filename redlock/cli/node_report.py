@@ -36,6 +36,8 @@ class NodeReport:
     rtt_ms: float | None = None
     marker: bool | None = None
     marker_value: str | None = None
+    previous_format: bool | None = None  # the marker is the previous format's (§3.8)
+    fence_counter: int | None = None  # the node's one fence counter
     repairing: bool | None = None
     run_id: str | None = None
     version: str | None = None
@@ -119,9 +121,12 @@ def read_node(url: str, address: str, keys: Keys, timeout: float) -> NodeReport:
         report.maxmemory_policy = info.get("maxmemory_policy")
         report.appendfsync = _config(client, "appendfsync")
         report.save = _config(client, "save")
-        marker = client.get(keys.marker)
+        marker, previous, counter = client.mget(keys.marker, keys.legacy_marker, keys.counter)
+        report.previous_format = marker is None and previous is not None
+        marker = marker if marker is not None else previous
         report.marker = marker is not None
         report.marker_value = None if marker is None else _text(marker)
+        report.fence_counter = int(counter) if counter is not None else 0
         report.repairing = bool(client.exists(keys.repair_guard))
         warnings, report.notes = _persistence_findings(report)
         report.warnings = unsafe_config(raw) + warnings
@@ -145,6 +150,11 @@ def read_nodes(urls: Sequence[str], addresses: Sequence[str], keys: Keys,
             others = [r.node for r in reports if r.run_id == report.run_id and r is not report]
             report.warnings.append(f"same run_id as {', '.join(others)}: one Redis server"
                                    " listed twice (a failure domain counted as two nodes)")
+        if report.previous_format:
+            report.notes.append("it keeps the previous format (a fence counter per resource,"
+                                " for clients of the earlier release): once every client"
+                                " runs this release, `redlock upgrade` moves it to one"
+                                " counter per node (docs/operations.md)")
         if report.reachable and not report.marker and marked:
             report.warnings.append(f"no node marker while {marked} other node(s) have one:"
                                    " it lost its data, or was added empty; clients keep it"

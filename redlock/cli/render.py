@@ -112,6 +112,8 @@ def _node_state(node: Any, cluster_marked: bool) -> str:
     states = []
     if not node.marker:  # alone: lost its data; everywhere: a cluster never used yet
         states.append("no marker" if cluster_marked else "new cluster")
+    if node.previous_format:
+        states.append("previous format: run `redlock upgrade`")
     if node.repairing:
         states.append("repair in progress")
     if node.benched:
@@ -173,6 +175,12 @@ def _memory(report: NodeReport) -> str:
     return f"{report.maxmemory_policy} ({report.maxmemory} bytes)"
 
 
+def _marker(report: NodeReport) -> str:
+    if report.marker and report.previous_format:
+        return "previous format"
+    return _yes_no(report.marker)
+
+
 def show_nodes(reports: Sequence[NodeReport], as_json: bool) -> None:
     """``redlock nodes``: one row per node (an unreachable one says no, and why on
     stderr), then the warnings and notes."""
@@ -181,12 +189,13 @@ def show_nodes(reports: Sequence[NodeReport], as_json: bool) -> None:
                     "nodes": [report.as_dict() for report in reports]})
         return
     rows = [[r.node, "yes", "-" if r.rtt_ms is None else f"{r.rtt_ms:.2f} ms",
-             _yes_no(r.marker), (r.run_id or "-")[:12], r.role or "-", r.version or "-",
+             _marker(r), "-" if r.fence_counter is None else str(r.fence_counter),
+             (r.run_id or "-")[:12], r.role or "-", r.version or "-",
              _persistence(r), _memory(r), str(len(r.warnings))]
-            if r.reachable else [r.node, "no", *["-"] * 8]
+            if r.reachable else [r.node, "no", *["-"] * 9]
             for r in reports]
     if rows:
-        print_table(["node", "reachable", "rtt", "marker", "run id", "role", "version",
+        print_table(["node", "reachable", "rtt", "marker", "fence", "run id", "role", "version",
                      "persistence", "maxmemory policy", "warnings"], rows)
     for report in reports:
         for warning in report.warnings:

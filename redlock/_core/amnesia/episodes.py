@@ -20,7 +20,7 @@ logger = get_logger("redlock.nodes")
 def adopt_markers(guard: AmnesiaGuard, markers: dict[int, tuple[bytes, str]]) -> Flow[None]:
     """Stamp unstamped markers (see NodeHealth.identified) with the run id found."""
     calls = tuple(Call(node, (marker, f"adopted at={guard.env.wall_clock():.3f}", run_id),
-                       node_scripts.RESTAMP, (guard.keys.marker,))
+                       node_scripts.RESTAMP, (guard.keys.marker, guard.keys.legacy_marker))
                   for node, (marker, run_id) in markers.items())
     replies = yield Broadcast(calls, guard.settings.repair_timeout)
     for (node, found), reply in zip(markers.items(), replies, strict=True):
@@ -48,7 +48,7 @@ def judge(guard: AmnesiaGuard, suspects: dict[int, tuple[bytes, str]]) -> Flow[N
         if why is None and not isinstance(replication, BaseException):
             done = yield from ask_one(Call(
                 node, (marker, f"restamped at={guard.env.wall_clock():.3f}", run_id),
-                node_scripts.RESTAMP, (guard.keys.marker,)), timeout)
+                node_scripts.RESTAMP, (guard.keys.marker, guard.keys.legacy_marker)), timeout)
             if acked(done):
                 guard.health.healthy(node)
                 logger.info("redlock.node_restamped", node=guard.addresses[node])
@@ -56,7 +56,7 @@ def judge(guard: AmnesiaGuard, suspects: dict[int, tuple[bytes, str]]) -> Flow[N
         elif why is not None:
             done = yield from ask_one(Call(
                 node, (marker, why), node_scripts.DEMOTE,
-                (guard.keys.marker, guard.keys.episode)), timeout)
+                (guard.keys.marker, guard.keys.episode, guard.keys.legacy_marker)), timeout)
             if acked(done):
                 guard.health.lost_data(node)
                 logger.warning("redlock.node_amnesiac", node=guard.addresses[node],
@@ -75,7 +75,7 @@ def open_episodes(guard: AmnesiaGuard, nodes: Sequence[int]) -> Flow[None]:
         return
     replies = yield Broadcast(tuple(
         Call(i, ("lost its node marker",), node_scripts.OPEN_EPISODE,
-             (guard.keys.marker, guard.keys.episode)) for i in nodes),
+             (guard.keys.marker, guard.keys.episode, guard.keys.legacy_marker)) for i in nodes),
         guard.settings.repair_timeout)
     now = guard.clock()
     for node, reply in zip(nodes, replies, strict=True):

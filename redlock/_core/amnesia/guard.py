@@ -180,8 +180,9 @@ class AmnesiaGuard:
             # initialising a new cluster right now: its broadcast is still in flight.
             # Look again once it must have landed before calling it amnesia.
             yield Pause(self.timeout())
-            probe = yield Broadcast(tuple(Call(i, ("EXISTS", self.keys.marker))
-                                          for i in newly_missing), self.timeout())
+            markers = ("EXISTS", self.keys.marker, self.keys.legacy_marker)
+            probe = yield Broadcast(tuple(Call(i, markers) for i in newly_missing),
+                                    self.timeout())
             if any(marker_exists(reply) for reply in probe):
                 return AttemptResult(None, tuple(outcomes), retry_now=True,
                                      reason="cluster initialisation in progress")
@@ -214,7 +215,8 @@ class AmnesiaGuard:
     def _init_markers(self, nodes: Sequence[int] | range) -> Broadcast:
         text = f"initialised at={self.env.wall_clock():.3f} by={self.env.random_hex(8)}"
         return Broadcast(tuple(Call(i, (text,), node_scripts.INIT_MARKER,
-                                    (self.keys.marker, self.keys.episode)) for i in nodes),
+                                    (self.keys.marker, self.keys.episode,
+                                     self.keys.legacy_marker, *self.keys.barrier)) for i in nodes),
                          self.timeout())
 
     # -- background maintenance ---------------------------------------------------

@@ -1,9 +1,10 @@
 """Repairing nodes that lost their data, and the admin steps around it
 (docs/design.md §4.5, §4.8).
 
-A repair re-seeds every fence counter of the namespace on the node from a majority of
-healthy nodes (so no committed token is above what the node will count from), then
-gives the node its marker back; the script that writes the marker refuses unless the
+A repair re-seeds the node's fence counter from a majority of healthy nodes (their
+counters, and any per-resource counters of the previous format they still hold: no
+committed token is above what the node will count from), then gives the node its marker
+back, in this format; the script that writes the marker refuses unless the
 node's amnesia episode is one ``max_ttl`` old by the node's own clock. ``repair()``
 reports every node; ``initialise()`` is the way out of an interrupted initialisation
 and, forced, of a majority that lost its data.
@@ -32,7 +33,6 @@ from redlock._scripts.replies import (
 
 logger = get_logger("redlock.nodes")
 
-_SEED_BATCH = 500  # fence counters per SEED_COUNTERS call
 
 
 class RepairStatus(str, enum.Enum):
@@ -40,9 +40,11 @@ class RepairStatus(str, enum.Enum):
 
     __str__ = str.__str__
 
-    HEALTHY = "healthy"  # it has its marker (or the cluster was never initialised)
+    HEALTHY = "healthy"  # it has its marker (or the cluster was never initialised); for
+    # upgrade(): in this format already, nothing left of the previous one
     REPAIRED = "repaired"  # its counters re-seeded, its marker given back
     INITIALISED = "initialised"  # given its first marker by initialise()
+    UPGRADED = "upgraded"  # moved from the previous format by upgrade() (§3.8)
     WAITING = "waiting"  # lost its data; rejoins once its episode is max_ttl old
     FAILED = "failed"  # unreachable, or the step refused (``detail`` says why)
 
@@ -60,7 +62,7 @@ def _why(reply: object) -> str:
 
 def repair_node(guard: AmnesiaGuard, target: int, *, force: bool,
                 sources: Sequence[int] | None = None) -> Flow[RepairReport]:
-    """Re-seed ``target``'s fence counters, then give it its marker back (if its episode
+    """Re-seed ``target``'s fence counter, then give it its marker back (if its episode
     is one ``max_ttl`` old, or ``force``). ``sources``: the nodes to read counters from
     (all of them must answer); by default every healthy node, of which a quorum must."""
     address = guard.addresses[target]
@@ -79,33 +81,28 @@ def repair_node(guard: AmnesiaGuard, target: int, *, force: bool,
         needed = guard.quorum
     else:
         readers, needed = list(sources), len(sources)
-    counters: dict[str, int] = {}
-    complete = 0
+    seed, complete = 0, 0
     for source in readers:
-        values = yield from read_counters(guard, source)
-        if values is None:
+        highest = yield from read_counters(guard, source)
+        if highest is None:
             continue
         complete += 1
-        for key, value in values.items():
-            counters[key] = max(value, counters.get(key, 0))
+        seed = max(seed, highest)
     # Max over a majority of the healthy nodes intersects every committed token's
     # commit set (q - 1 healthy members + q readers > N - 1 healthy nodes).
     if complete < needed:
         yield from ask_one(Call(target, ("DEL", claim)), timeout)
         return RepairReport(address, RepairStatus.FAILED,
                             f"read counters from {complete} healthy nodes, need {needed}")
-    items = sorted(counters.items())
-    for start in range(0, len(items), _SEED_BATCH):
-        batch = items[start:start + _SEED_BATCH]
-        seeded = yield from ask_one(Call(
-            target, (repair_id, *(value for _, value in batch)), node_scripts.SEED_COUNTERS,
-            (claim, *(key for key, _ in batch))), timeout)
-        if not acked(seeded):
-            return RepairReport(address, RepairStatus.FAILED, f"seeding interrupted: {seeded!r}")
+    seeded = yield from ask_one(Call(target, (repair_id, seed), node_scripts.SEED_COUNTERS,
+                                     (claim, guard.keys.counter)), timeout)
+    if not acked(seeded):
+        return RepairReport(address, RepairStatus.FAILED, f"seeding interrupted: {seeded!r}")
     delay_ms = 0 if force else int(guard.settings.max_ttl * 1000)
     done = yield from ask_one(Call(
         target, (repair_id, f"repaired at={guard.env.wall_clock():.3f} by={repair_id}", delay_ms),
-        node_scripts.FINISH_REPAIR, (claim, guard.keys.marker, guard.keys.episode)), timeout)
+        node_scripts.FINISH_REPAIR, (claim, guard.keys.marker, guard.keys.episode,
+                                     *guard.keys.barrier)), timeout)
     finished = repair_finished(done)
     if finished is RepairFinished.TOO_YOUNG:
         yield from ask_one(Call(target, ("DEL", claim)), timeout)
@@ -119,19 +116,32 @@ def repair_node(guard: AmnesiaGuard, target: int, *, force: bool,
     if finished is not RepairFinished.WRITTEN:
         return RepairReport(address, RepairStatus.FAILED, f"marker not written: {done!r}")
     guard.health.healthy(target)
-    logger.warning("redlock.node_repaired", node=address, counters_seeded=len(items),
-                   sources=complete)
-    return RepairReport(address, RepairStatus.REPAIRED, f"{len(items)} fence counters re-seeded")
+    logger.warning("redlock.node_repaired", node=address, counter=seed, sources=complete)
+    return RepairReport(address, RepairStatus.REPAIRED, f"fence counter re-seeded to {seed}")
 
 
-def read_counters(guard: AmnesiaGuard, node: int) -> Flow[dict[str, int] | None]:
-    """Every fence counter of the namespace on one node (SCAN + MGET), or None."""
+def read_counters(guard: AmnesiaGuard, node: int) -> Flow[int | None]:
+    """The highest fence counter on one node: its own, and every per-resource counter
+    of the previous format it still holds (SCAN + MGET; none once upgraded), or None."""
+    timeout = guard.settings.repair_timeout
+    own = yield from ask_one(Call(node, ("GET", guard.keys.counter)), timeout)
+    if isinstance(own, BaseException):
+        return None
+    legacy = yield from read_legacy_counters(guard, node)
+    if legacy is None:
+        return None
+    return max(0 if own is None else int(text(own)), *legacy.values())
+
+
+def read_legacy_counters(guard: AmnesiaGuard, node: int) -> Flow[dict[str, int] | None]:
+    """The per-resource counters of the previous format on one node, or None."""
     cursor: CommandArg = 0
     values: dict[str, int] = {}
     timeout = guard.settings.repair_timeout
     for _ in range(1_000_000):  # bounded: SCAN terminates, this only guards a bug
         page = yield from ask_one(Call(node, ("SCAN", cursor, "MATCH",
-                                              guard.keys.fence_pattern, "COUNT", 1000)), timeout)
+                                              guard.keys.legacy_fence_pattern, "COUNT", 1000)),
+                                  timeout)
         if isinstance(page, BaseException) or not isinstance(page, list | tuple):
             return None
         cursor, keys = page[0], [text(k) for k in page[1]]
@@ -259,3 +269,66 @@ def initialise(guard: AmnesiaGuard, *, force: bool) -> Flow[list[RepairReport]]:
         logger.warning("redlock.cluster_initialised_by_hand", nodes=guard.n,
                        initialised=len(unmarked), forced=force)
     return [reports[i] for i in range(guard.n)]
+
+
+_FOLD_BATCH = 500  # per-resource counters per FOLD_COUNTERS call
+
+
+def upgrade(guard: AmnesiaGuard) -> Flow[list[RepairReport]]:
+    """Move every node from the previous format (a fence counter per resource, marker
+    ``ns:node-marker``) to this one (one counter per node, docs/design.md §3.8): its
+    marker moves, the barrier against the previous format's clients is set, and its
+    per-resource counters are folded into the node's counter and removed. Only once
+    every client runs this release: the previous one is refused on upgraded nodes."""
+    keys, timeout = guard.keys, guard.settings.repair_timeout
+    moved = yield Broadcast(tuple(
+        Call(i, (), node_scripts.UPGRADE_NODE, (keys.marker, keys.legacy_marker, *keys.barrier))
+        for i in range(guard.n)), timeout)
+    reports = []
+    for i, reply in enumerate(moved):
+        address = guard.addresses[i]
+        if isinstance(reply, BaseException) or reply not in (0, 1, 2):
+            reports.append(RepairReport(address, RepairStatus.FAILED, _why(reply)))
+            continue
+        if reply == 0:
+            reports.append(RepairReport(address, RepairStatus.FAILED, "no node marker: it lost"
+                                        " its data; repair brings it back in this format"))
+            continue
+        folded = yield from _fold_counters(guard, i)
+        if folded is None:
+            reports.append(RepairReport(address, RepairStatus.FAILED, "marker moved, but the"
+                                        " per-resource counters could not all be folded: run"
+                                        " upgrade again"))
+        elif reply == 1 or folded:
+            reports.append(RepairReport(address, RepairStatus.UPGRADED,
+                                        f"{folded} per-resource counters folded"))
+        else:
+            reports.append(RepairReport(address, RepairStatus.HEALTHY, "in this format already"))
+    upgraded = sum(1 for r in reports if r.status is RepairStatus.UPGRADED)
+    if upgraded:
+        logger.warning("redlock.cluster_upgraded", nodes=guard.n, upgraded=upgraded,
+                       failed=sum(1 for r in reports if r.status is RepairStatus.FAILED))
+    return reports
+
+
+def _fold_counters(guard: AmnesiaGuard, node: int) -> Flow[int | None]:
+    """Fold one node's per-resource counters into its counter, a batch at a time, each
+    batch in one script (SCAN may return a key twice: the script skips one it removed)."""
+    keys, timeout = guard.keys, guard.settings.repair_timeout
+    cursor: CommandArg = 0
+    folded = 0
+    for _ in range(1_000_000):  # bounded: SCAN terminates, this only guards a bug
+        page = yield from ask_one(Call(node, ("SCAN", cursor, "MATCH", keys.legacy_fence_pattern,
+                                              "COUNT", _FOLD_BATCH)), timeout)
+        if isinstance(page, BaseException) or not isinstance(page, list | tuple):
+            return None
+        cursor, found = page[0], [text(k) for k in page[1]]
+        if found:
+            done = yield from ask_one(Call(node, (), node_scripts.FOLD_COUNTERS,
+                                           (keys.counter, keys.legacy_marker, *found)), timeout)
+            if not isinstance(done, int) or done < 0:
+                return None
+            folded += done
+        if int(cursor) == 0:
+            return folded
+    return None
