@@ -16,6 +16,7 @@ from redlock._core.amnesia.episodes import open_episodes
 from redlock._core.amnesia.maintenance import maintenance
 from redlock._core.amnesia.repair import RepairReport
 from redlock._core.amnesia.repair import read_counters as _read_counters
+from redlock._core.amnesia.repair import read_legacy_counters as _read_legacy_counters
 from redlock._core.amnesia.repair import repair_node as _repair_node
 from redlock._core.environment import Environment
 from redlock._core.renewals import Renewals
@@ -94,6 +95,7 @@ __all__ = [
     "open_episodes",
     "quorum",
     "read_counters",
+    "read_legacy_counters",
     "real_environment",
     "render",
     "repair_node",
@@ -134,6 +136,12 @@ def repair_node(core: RedlockCore, node: int, *, force: bool = False,
     return _repair_node(core.amnesia, node, force=force, sources=sources)
 
 
-def read_counters(core: RedlockCore, node: int) -> Generator[Any, Any, dict[str, int] | None]:
-    """The protocol that reads every fence counter of one node (None: it could not)."""
+def read_counters(core: RedlockCore, node: int) -> Generator[Any, Any, int | None]:
+    """The protocol that reads the highest fence counter of one node (None: it could not)."""
     return _read_counters(core.amnesia, node)
+
+
+def read_legacy_counters(core: RedlockCore,
+                         node: int) -> Generator[Any, Any, dict[str, int] | None]:
+    """The protocol that reads the previous format's counters of one node."""
+    return _read_legacy_counters(core.amnesia, node)

@@ -23,6 +23,7 @@ import re
 from collections.abc import Callable, Iterable
 
 from tests.internals import (
+    KEYS,
     Broadcast,
     Call,
     Invoke,
@@ -36,9 +37,10 @@ from tests.internals import (
     scripts,
 )
 
-MARKER = "redlock:node-marker"
-GUARD = "redlock:node-repair"
-EPISODE = "redlock:node-amnesia"
+MARKER = KEYS.marker
+GUARD = KEYS.repair_guard
+EPISODE = KEYS.episode
+COUNTER = KEYS.counter  # the node's one fence counter
 EPOCH_MS = 1_700_000_000_000  # what a node's clock reads when the FakeClock reads 0
 
 
@@ -46,8 +48,9 @@ def lock_key(resource: str) -> str:
     return f"redlock:{{{resource}}}:lock"
 
 
-def fence_key(resource: str) -> str:
-    return f"redlock:{{{resource}}}:fence"
+def legacy_fence_key(resource: str) -> str:
+    """A resource's own counter, as the previous format kept it (docs/design.md §3.8)."""
+    return KEYS.legacy_fence(resource)
 
 
 class FakeClock:
@@ -108,7 +111,7 @@ class ScriptedNodes:
         self.lines: list[dict[str, dict[str, tuple[int, int]]]] = [{} for _ in range(n)]
         self.line_expiry: list[dict[str, int]] = [{} for _ in range(n)]
         for i, counter in enumerate(counters or []):
-            self.data[i][fence_key("r")] = counter
+            self.data[i][COUNTER] = counter
         self.down = set(down)
         self.durable = set(range(n))
         self.promoted: set[int] = set()
@@ -244,18 +247,53 @@ class ScriptedNodes:
         def counter(key: str) -> int:
             return int(get(key) or 0)
 
+        def node_format(marker: str, legacy_marker: str) -> int:
+            return 1 if legacy_marker in db else 2 if marker in db else 0
+
+        def highest(fence: str, legacy: str, floor: int = 0) -> int:
+            return max(counter(fence), counter(legacy), floor)
+
+        def raise_to(fence: str, legacy: str, value: int, format: int) -> int:
+            """INCRBY only when it goes up: a counter at 0 is no key."""
+            if value > counter(fence):
+                db[fence] = value
+            if format == 1:
+                if value > counter(legacy):
+                    db[legacy] = value
+            else:
+                db.pop(legacy, None)
+            return value
+
+        def marker_of(marker: str, legacy_marker: str) -> str | None:
+            return get(marker) or get(legacy_marker)
+
+        def bar_previous_format(episode_key: str, claim: str) -> None:
+            db[episode_key] = node_scripts.BARRIER_EPISODE
+            db[claim] = node_scripts.BARRIER_CLAIM
+            self.ttl_ms[node].pop(episode_key, None)
+            self.ttl_ms[node].pop(claim, None)
+
         if script is scripts.ACQUIRE:
-            lock, fence, marker, line_key, _ = keys
+            lock, fence, marker, line_key, _, legacy, legacy_marker = keys
             owner, ticket = as_text(args[0]), as_text(args[3])
-            if marker not in db:
+            format = node_format(marker, legacy_marker)
+            if not format:
                 return [scripts.ACQUIRE_AMNESIAC, 0]
             holder = get(lock)
             if holder == owner:
                 self.ttl_ms[node][lock] = int(as_text(args[1]))
-                return [scripts.ACQUIRE_ALREADY_OURS, counter(fence)]
+                return [scripts.ACQUIRE_ALREADY_OURS,
+                        raise_to(fence, legacy, highest(fence, legacy), format)]
+
+            def grant() -> list[object]:
+                db[lock] = owner
+                self.ttl_ms[node][lock] = int(as_text(args[1]))
+                token = highest(fence, legacy, int(as_text(args[2]))) + 1
+                return [scripts.ACQUIRE_GRANTED, raise_to(fence, legacy, token, format)]
+
             line = self._line(node, line_key)
             if holder is None and not line:  # free, nobody in line
-                return self._grant(node, lock, fence, owner, args)
+                return grant()
             me = hashlib.sha1(owner.encode()).hexdigest()
             patience, now = int(as_text(args[4])), self.now_ms(node)
             self._drop_lapsed(node, line_key)
@@ -279,31 +317,31 @@ class ScriptedNodes:
                         order.index(me) if me in order else len(order)]
             if order:  # first in line: its place kept until the call is over
                 wait_in_line(now + min(patience, int(as_text(args[1]))))
-            return self._grant(node, lock, fence, owner, args)
+            return grant()
         if script is scripts.ACQUIRE_MANY:
-            marker, *rest = keys
+            marker, legacy_marker, fence, *rest = keys
             k = len(rest) // 2
-            locks, fences = rest[:k], rest[k:]
+            locks, legacies = rest[:k], rest[k:]
             owner = as_text(args[0])
-            if marker not in db:
+            format = node_format(marker, legacy_marker)
+            if not format:
                 return [scripts.ACQUIRE_AMNESIAC, 0]
             if any(get(lock) not in (None, owner) for lock in locks):
                 return [scripts.ACQUIRE_REFUSED, 1000]
+            token = max([int(as_text(args[2])), *(highest(fence, lg) for lg in legacies)])
+            token += any(get(lock) is None for lock in locks)
             reply: list[object] = [scripts.ACQUIRE_GRANTED]
-            for lock, fence, floor in zip(locks, fences, args[2:], strict=True):
+            for lock, legacy in zip(locks, legacies, strict=True):
                 self.ttl_ms[node][lock] = int(as_text(args[1]))
-                if get(lock) != owner:
-                    db[lock] = owner
-                    db[fence] = max(counter(fence), int(as_text(floor))) + 1
-                reply.append(counter(fence))
+                db[lock] = owner
+                reply.append(raise_to(fence, legacy, token, format))
             return reply
         if script is scripts.WRITE_BACK:
-            lock, fence, marker = keys
-            if marker not in db or get(lock) != as_text(args[0]):
+            lock, fence, marker, legacy, legacy_marker = keys
+            format = node_format(marker, legacy_marker)
+            if not format or get(lock) != as_text(args[0]):
                 return 0
-            token = int(as_text(args[1]))
-            if token > counter(fence):
-                db[fence] = token
+            raise_to(fence, legacy, int(as_text(args[1])), format)
             return 1
         if script is scripts.RELEASE:
             lock, _, line_key, _ = keys
@@ -342,24 +380,23 @@ class ScriptedNodes:
             self._drop_lapsed(node, line_key)  # (and publishes the first)
             return 1
         if script is scripts.INSPECT:
-            lock, fence, marker, guard, episode_key = keys
+            lock, fence, marker, guard, episode_key, legacy, legacy_marker = keys
             holder = get(lock)
             return [-2 if holder is None else self.ttl_ms[node].get(lock, -1),
-                    (get(fence) or "0").encode(), int(marker in db), int(guard in db),
+                    highest(fence, legacy), node_format(marker, legacy_marker), int(guard in db),
                     b"" if holder is None else hashlib.sha1(holder.encode()).hexdigest()[
                         :12].encode(),
                     (get(episode_key) or "").encode(), self.now_ms(node)]
         if script is node_scripts.SEED_COUNTERS:
-            guard, *fences = keys
-            repair_id, *values = args
+            guard, fence = keys
+            repair_id, seed = args
             if get(guard) != as_text(repair_id):
                 return 0
-            for key, value in zip(fences, values, strict=True):
-                if int(as_text(value)) > counter(key):
-                    db[key] = int(as_text(value))
+            if int(as_text(seed)) > counter(fence):
+                db[fence] = int(as_text(seed))
             return 1
         if script is node_scripts.FINISH_REPAIR:
-            guard, marker, episode_key = keys
+            guard, marker, episode_key, *barrier = keys
             repair_id, text, delay = args
             if get(guard) != as_text(repair_id):
                 return 0
@@ -372,35 +409,62 @@ class ScriptedNodes:
                         self.now_ms(node) - int(since or 0) < int(as_text(delay))):
                     return -1
             db[marker] = self.stamp(node, as_text(text))
+            bar_previous_format(*barrier)
             db.pop(guard, None)
+            self.ttl_ms[node].pop(guard, None)
             db.pop(episode_key, None)
             return 1
         if script is node_scripts.INIT_MARKER:
-            marker, episode_key = keys
-            if marker in db:
+            marker, episode_key, legacy_marker, *barrier = keys
+            if marker in db or legacy_marker in db:
                 return 0
-            if episode_key in db:
+            if episode_key in db or get(barrier[0]) not in (None, node_scripts.BARRIER_EPISODE):
                 return -1
             db[marker] = self.stamp(node, as_text(args[0]))
+            bar_previous_format(*barrier)
             return 1
         if script is node_scripts.RESTAMP:
-            [marker] = keys
+            marker, legacy_marker = keys
             judged, text, judged_run = args
-            if get(marker) != as_text(judged) or as_text(judged_run) != self.run_id(node):
+            key = marker if marker in db else legacy_marker
+            if get(key) != as_text(judged) or as_text(judged_run) != self.run_id(node):
                 return 0
-            db[marker] = self.stamp(node, as_text(text))
+            db[key] = self.stamp(node, as_text(text))
             return 1
         if script is node_scripts.DEMOTE:
-            marker, episode_key = keys
+            marker, episode_key, legacy_marker = keys
             judged, why = args
-            if get(marker) != as_text(judged):
+            if marker_of(marker, legacy_marker) != as_text(judged):
                 return 0
-            del db[marker]
+            db.pop(marker, None)
+            db.pop(legacy_marker, None)
             db[episode_key] = f"{self.now_ms(node)} {self.run_id(node)} {as_text(why)}"
             return 1
-        if script is node_scripts.OPEN_EPISODE:
-            marker, episode_key = keys
+        if script is node_scripts.UPGRADE_NODE:
+            marker, legacy_marker, *barrier = keys
+            previous = get(legacy_marker)
+            if previous is not None:
+                db.setdefault(marker, previous)
+                del db[legacy_marker]
+                bar_previous_format(*barrier)
+                return 1
             if marker in db:
+                bar_previous_format(*barrier)
+                return 2
+            return 0
+        if script is node_scripts.FOLD_COUNTERS:
+            fence, legacy_marker, *legacies = keys
+            if legacy_marker in db:
+                return -1
+            found = [counter(k) for k in legacies if k in db]
+            for k in legacies:
+                db.pop(k, None)
+            if max(found, default=0) > counter(fence):
+                db[fence] = max(found)
+            return len(found)
+        if script is node_scripts.OPEN_EPISODE:
+            marker, episode_key, legacy_marker = keys
+            if marker in db or legacy_marker in db:
                 return [0]
             now = self.now_ms(node)
             episode = get(episode_key)
@@ -411,15 +475,6 @@ class ScriptedNodes:
             db[episode_key] = f"{now} {self.run_id(node)} {as_text(args[0])}"
             return [1, now, now]
         raise AssertionError(f"unexpected script {script!r} on node {node}")
-
-    def _grant(self, node: int, lock: str, fence: str, owner: str,
-               args: tuple[object, ...]) -> list[object]:
-        """ACQUIRE's SET PX and counter = max(counter, floor) + 1."""
-        db = self.data[node]
-        db[lock] = owner
-        self.ttl_ms[node][lock] = int(as_text(args[1]))
-        db[fence] = max(int(as_text(db.get(fence) or 0)), int(as_text(args[2]))) + 1
-        return [scripts.ACQUIRE_GRANTED, db[fence]]
 
     def _line(self, node: int, key: str) -> dict[str, tuple[int, int]]:
         """A waiting line's entries, lapsed ones included (the Lua drops them only in
@@ -462,8 +517,8 @@ class ScriptedNodes:
         db = self.data[node]
         name, *rest = args
         if name == "EVAL" and rest[0] == node_scripts.IDENTIFY.source:
-            assert rest[1] == 1, rest
-            marker = db.get(as_text(rest[2]))
+            assert rest[1] == 2, rest
+            marker = db.get(as_text(rest[2])) or db.get(as_text(rest[3]))
             return [self.run_id(node).encode(),
                     None if marker is None else as_text(marker).encode()]
         if name == "INFO":
@@ -507,6 +562,9 @@ class ScriptedNodes:
             return [str(end if end < len(keys) else 0).encode(),
                     [k.encode() for k in keys[start:end]
                      if fnmatch.fnmatchcase(k, as_text(pattern))]]
+        if name == "GET":
+            value = db.get(as_text(rest[0]))
+            return None if value is None else as_text(value).encode()
         if name == "MGET":
             return [None if db.get(as_text(k)) is None else as_text(db[as_text(k)]).encode()
                     for k in rest]

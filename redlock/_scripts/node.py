@@ -15,6 +15,13 @@ from __future__ import annotations
 
 from redlock._scripts.script import Script
 
+# The barrier's values: the previous format's episode key (its clients read "since 0,
+# another server run": a lost node, never repairable by them; its INIT_MARKER refuses)
+# and its repair claim (held for good: their repair never starts).
+BARRIER_EPISODE = ("0 format-2 this node keeps one fence counter: clients of the previous"
+                   " format (a counter per resource) are refused here")
+BARRIER_CLAIM = "format-2: clients of the previous format may not repair this node"
+
 # Marker lookups and the barrier, shared by the scripts below.
 _MARKER_FUNCTIONS = """
 local function marker_of(marker, legacy_marker)
@@ -24,9 +31,8 @@ local function marked(marker, legacy_marker)
     return redis.call('EXISTS', marker, legacy_marker) > 0
 end
 local function bar_previous_format(episode, claim)
-    redis.call('SET', episode, '0 format-2 this node keeps one fence counter: clients'
-        .. ' of the previous format (a counter per resource) are refused here')
-    redis.call('SET', claim, 'format-2: clients of the previous format may not repair')
+    redis.call('SET', episode, '""" + BARRIER_EPISODE + """')
+    redis.call('SET', claim, '""" + BARRIER_CLAIM + """')
 end
 local function server_run()
     local info = redis.pcall('INFO', 'server')
@@ -139,7 +145,7 @@ if redis.call('EXISTS', KEYS[2]) == 1 then
     return -1
 end
 local previous = redis.call('GET', KEYS[4])
-if previous and string.sub(previous, 1, 11) ~= '0 format-2 ' then
+if previous and previous ~= '""" + BARRIER_EPISODE + """' then
     return -1
 end
 redis.call('SET', KEYS[1], 'run_id=' .. server_run() .. ' ' .. ARGV[1])

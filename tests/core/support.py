@@ -15,9 +15,10 @@ from tests.internals import (
     maintenance,
 )
 from tests.scripted import (
+    COUNTER,
     FakeClock,
     ScriptedNodes,
-    fence_key,
+    legacy_fence_key,
     lock_key,
     make_core,
 )
@@ -66,15 +67,18 @@ def maintain(core: RedlockCore, nodes: ScriptedNodes, *, sleeps: int | None = 1,
 
 
 def amnesiac_cluster(n: int = 5, **options: object) -> ScriptedNodes:
-    """Node 0 restarted empty; the others hold diverged counters of a, b and c."""
+    """Node 0 restarted empty; the others hold diverged counters (7, 9, 5, 12), and nodes
+    2 and 3 also a per-resource counter of the previous format not folded yet (a: 10,
+    b: 6), which counts as much as their own."""
     nodes = ScriptedNodes(n, **options)  # type: ignore[arg-type]
     nodes.restart(0, keep_data=False)
-    table = {"a": [7, 3, 5, 2], "b": [1, 9, 9], "c": [0, 0, 0, 4]}
-    for resource, values in table.items():
-        for i, value in enumerate(values, start=1):
-            if i < n:
-                nodes.data[i][fence_key(resource)] = value
-    nodes.data[1][lock_key("a")] = "a holder"  # not a counter: never seeded
+    for i, value in enumerate([7, 9, 5, 12], start=1):
+        if i < n:
+            nodes.data[i][COUNTER] = value
+    for i, (resource, value) in ((2, ("a", 10)), (3, ("b", 6))):
+        if i < n:
+            nodes.data[i][legacy_fence_key(resource)] = value
+    nodes.data[1][lock_key("a")] = "a holder"  # not a counter: never read
     return nodes
 
 

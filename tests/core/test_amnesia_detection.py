@@ -24,10 +24,11 @@ from tests.internals import (
 )
 from tests.scripted import (
     EPISODE,
+    KEYS,
     MARKER,
     PASS,
     ScriptedNodes,
-    fence_key,
+    legacy_fence_key,
     lock_key,
     make_core,
 )
@@ -45,8 +46,8 @@ def test_a_new_cluster_is_initialised_by_a_full_view_then_the_acquire_retries() 
     assert result.attempts == 2
     assert nodes.commands_sent() == ["acquire", "init_marker", "release", "acquire"]
     initialise = nodes.broadcasts()[1]
-    assert [(c.node, c.keys) for c in initialise.calls] == [(i, (MARKER, EPISODE))
-                                                            for i in range(3)]
+    assert [(c.node, c.keys) for c in initialise.calls] == [
+        (i, (MARKER, EPISODE, KEYS.legacy_marker, *KEYS.barrier)) for i in range(3)]
     assert len({c.args for c in initialise.calls}) == 1  # one marker text for the cluster
     assert all(nodes.healthy(i) for i in range(3))  # each stamped with its own run id
     assert [e["nodes"] for e in events if e["event"] == "redlock.cluster_initialised"] == [3]
@@ -78,7 +79,9 @@ def test_a_missing_marker_is_looked_at_again_before_it_counts_as_amnesia() -> No
 
     def initialised_meanwhile(call: Call) -> object:
         if call.args[:1] == ("EXISTS",):  # the other client's INIT_MARKER landed
-            nodes.run_script(2, node_scripts.INIT_MARKER, (MARKER, EPISODE), ("by another client",))
+            nodes.run_script(2, node_scripts.INIT_MARKER,
+                             (MARKER, EPISODE, KEYS.legacy_marker, *KEYS.barrier),
+                             ("by another client",))
         return PASS
 
     nodes.intercept = initialised_meanwhile
@@ -88,7 +91,7 @@ def test_a_missing_marker_is_looked_at_again_before_it_counts_as_amnesia() -> No
     sleep = nodes.requests[1]
     assert isinstance(sleep, Wait) and sleep.seconds == core.timeout()
     assert [(c.node, c.args) for c in nodes.broadcasts()[1].calls] == [
-        (2, ("EXISTS", MARKER))]  # only the missing one
+        (2, ("EXISTS", MARKER, KEYS.legacy_marker))]  # only the missing one
     assert core.amnesia.health.benched() == set()
     assert all(lock_key("r") in db for db in nodes.data)
 
@@ -202,17 +205,15 @@ def test_a_user_who_cannot_identify_the_server_suspects_no_restart() -> None:
 
 
 def test_a_suspects_counters_take_no_part_in_the_tokens_of_a_set() -> None:
-    nodes = ScriptedNodes(3)
-    for i, (a, b) in enumerate([(5, 1), (5, 1), (9, 9)]):
-        nodes.data[i][fence_key("a")] = a
-        nodes.data[i][fence_key("b")] = b
+    nodes = ScriptedNodes(3, counters=[5, 5, 9])
+    nodes.data[0][legacy_fence_key("b")] = 1  # the previous format's counter: below
     core = make_core(3)
     nodes.attach(core)
     nodes.restart(2, keep_data=True)
     result = drive(core.acquire(("a", "b"), 10.0, blocking=False, timeout=None),
                    nodes.execute)
     assert result.state is not None
-    assert result.state.tokens == {"a": 6, "b": 2}
+    assert result.state.tokens == {"a": 6, "b": 6}  # one token for the set
     assert result.outcomes[2].outcome is Outcome.AMNESIAC
     assert nodes.commands_sent() == ["acquire_many"]
 

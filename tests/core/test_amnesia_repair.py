@@ -1,6 +1,6 @@
 """Repair (redlock/_core/amnesia/repair.py, docs/design.md §4.5) on scripted nodes: ``repair_node``
-claims the node, reads every healthy node's counters (``read_counters``: page by page),
-seeds the maximum and gives the marker back once the episode is one max_ttl old by the
+claims the node, reads every healthy node's counter and any per-resource counters of the
+previous format it still holds (``read_counters``: page by page), seeds the maximum and gives the marker back once the episode is one max_ttl old by the
 node's clock; what makes it fail or wait; and the admin step ``repair()`` over every
 node (judging restarted ones first)."""
 
@@ -15,16 +15,19 @@ from tests.internals import (
     node_scripts,
     open_episodes,
     read_counters,
+    read_legacy_counters,
     repair_node,
 )
 from tests.scripted import (
+    COUNTER,
     EPISODE,
     GUARD,
+    KEYS,
     MARKER,
     PASS,
     FakeClock,
     ScriptedNodes,
-    fence_key,
+    legacy_fence_key,
     lock_key,
     make_core,
 )
@@ -35,9 +38,11 @@ def test_repair_claims_the_node_reads_every_healthy_node_seeds_the_max_and_marks
     nodes.begin_episode(0, ago=60.0)
     report = drive(repair_node(core, 0), nodes.execute)
     assert (report.node, report.status) == ("n0:6379", "repaired")
-    assert report.detail == "3 fence counters re-seeded"
-    assert {k: v for k, v in nodes.data[0].items() if k != MARKER} == {
-        fence_key("a"): 7, fence_key("b"): 9, fence_key("c"): 4}
+    assert report.detail == "fence counter re-seeded to 12"
+    assert {k: v for k, v in nodes.data[0].items() if k not in (MARKER, *KEYS.barrier)} == {
+        COUNTER: 12}
+    assert [nodes.data[0][k] for k in KEYS.barrier] == [
+        node_scripts.BARRIER_EPISODE, node_scripts.BARRIER_CLAIM]
     assert str(nodes.data[0][MARKER]).startswith(f"run_id={nodes.run_id(0)} repaired at=")
     assert core.amnesia.health.benched() == set()
     claim = nodes.broadcasts()[0].calls[0]
@@ -45,11 +50,13 @@ def test_repair_claims_the_node_reads_every_healthy_node_seeds_the_max_and_marks
     assert claim.args[:2] == ("SET", GUARD) and claim.args[3:] == ("NX", "PX", 60_000)
     probe = nodes.broadcasts()[1]
     assert [(c.node, c.args) for c in probe.calls] == [
-        (i, ("EVAL", node_scripts.IDENTIFY.source, 1, MARKER)) for i in (1, 2, 3, 4)]
-    assert nodes.commands_sent() == ["SET", "identify"] + ["SCAN", "MGET"] * 4 + [
-        "seed_counters", "finish_repair"]
+        (i, ("EVAL", node_scripts.IDENTIFY.source, 2, MARKER, KEYS.legacy_marker))
+        for i in (1, 2, 3, 4)]
+    # Each source: its counter, then the previous format's (MGET only where SCAN found some).
+    assert nodes.commands_sent() == ["SET", "identify", "GET", "SCAN"] + [
+        "GET", "SCAN", "MGET"] * 2 + ["GET", "SCAN", "seed_counters", "finish_repair"]
     [finish] = nodes.broadcasts()[-1].calls
-    assert finish.keys == (GUARD, MARKER, EPISODE)
+    assert finish.keys == (GUARD, MARKER, EPISODE, *KEYS.barrier)
     assert (finish.args[0], finish.args[2]) == (claim.args[2], 60_000)  # checked node-side
 
 
@@ -61,7 +68,7 @@ def test_repair_reads_only_nodes_stamped_by_their_running_server() -> None:
     assert report.status == "repaired"
     scanned = [b.calls[0].node for b in nodes.broadcasts() if b.calls[0].args[:1] == ("SCAN",)]
     assert scanned == [1, 2, 3]
-    assert nodes.data[0].get(fence_key("c")) is None  # only the suspect had c
+    assert nodes.data[0][COUNTER] == 10  # node 2's old counter of a; only the suspect had 12
 
 
 def test_repair_fails_cleanly_when_fewer_than_a_quorum_of_healthy_nodes_answer() -> None:
@@ -75,7 +82,7 @@ def test_repair_fails_cleanly_when_fewer_than_a_quorum_of_healthy_nodes_answer()
     assert nodes.data[0] == {}  # no counter, no marker, no guard
 
 
-@pytest.mark.parametrize("broken", ["SCAN", "MGET"])
+@pytest.mark.parametrize("broken", ["GET", "SCAN", "MGET"])
 def test_repair_does_not_count_a_source_whose_counters_could_not_be_read(broken: str) -> None:
     nodes = amnesiac_cluster()
     core = make_core(5)
@@ -124,18 +131,19 @@ def test_repair_interrupted_by_the_node_losing_its_data_writes_no_marker(
     assert core.amnesia.health.benched() == {0}
 
 
-def test_repair_reads_counters_page_by_page_and_seeds_them_in_batches() -> None:
+def test_repair_reads_the_previous_formats_counters_page_by_page_and_seeds_the_max() -> None:
     nodes = ScriptedNodes(3, scan_page=100)
     nodes.restart(0, keep_data=False)
     for i in range(1200):
         for source in (1, 2):
-            nodes.data[source][fence_key(f"r{i}")] = i + source
+            nodes.data[source][legacy_fence_key(f"r{i}")] = i + source
     core = make_core(3)
     report = drive(repair_node(core, 0, force=True), nodes.execute)
-    assert report.status == "repaired" and report.detail == "1200 fence counters re-seeded"
-    assert all(nodes.data[0][fence_key(f"r{i}")] == i + 2 for i in range(1200))
+    assert report.status == "repaired" and report.detail == "fence counter re-seeded to 1201"
+    assert nodes.data[0][COUNTER] == 1201
+    assert not any(k.endswith(":fence") and k != COUNTER for k in nodes.data[0])
     seeds = [b for b in nodes.broadcasts() if b.calls[0].script is node_scripts.SEED_COUNTERS]
-    assert [len(b.calls[0].keys) - 1 for b in seeds] == [500, 500, 200]  # the guard + keys
+    assert [b.calls[0].args[1:] for b in seeds] == [(1201,)]  # one value, one call
     scans = [b.calls[0] for b in nodes.broadcasts() if b.calls[0].args[:1] == ("SCAN",)]
     assert len(scans) == 2 * 13  # 1201 keys on each source (the marker too): 13 pages
 
@@ -143,32 +151,38 @@ def test_repair_reads_counters_page_by_page_and_seeds_them_in_batches() -> None:
 def test_read_counters_skips_keys_that_vanished_and_gives_up_on_a_malformed_page() -> None:
     nodes = ScriptedNodes(3, scan_page=3)
     for i, resource in enumerate("abc", start=1):
-        nodes.data[1][fence_key(resource)] = i
+        nodes.data[1][legacy_fence_key(resource)] = i
     nodes.data[1][lock_key("a")] = "holder"
     core = make_core(3)
     nodes.intercept = lambda call: ([b"7"] + [None] * (len(call.args) - 2)
                                     if call.args[:1] == ("MGET",) else PASS)
     # Pages of three keys: (the marker, a, a's lock key), then (b, c); MATCH leaves the
     # counters. On each page MGET answers for the first key only: the others vanished.
-    assert drive(read_counters(core, 1), nodes.execute) == {fence_key("a"): 7,
-                                                            fence_key("b"): 7}
+    assert drive(read_legacy_counters(core, 1), nodes.execute) == {
+        legacy_fence_key("a"): 7, legacy_fence_key("b"): 7}
     assert nodes.commands_sent() == ["SCAN", "MGET", "SCAN", "MGET"]
     assert [b.calls[0].args for b in nodes.broadcasts()][::2] == [
         ("SCAN", 0, "MATCH", "redlock:{*}:fence", "COUNT", 1000),
         ("SCAN", b"3", "MATCH", "redlock:{*}:fence", "COUNT", 1000)]  # cursor followed
     nodes.intercept = lambda call: b"garbage" if call.args[:1] == ("SCAN",) else PASS
+    assert drive(read_legacy_counters(core, 1), nodes.execute) is None
     assert drive(read_counters(core, 1), nodes.execute) is None
     nodes.intercept = lambda call: TimeoutError() if call.args[:1] == ("MGET",) else PASS
-    assert drive(read_counters(core, 1), nodes.execute) is None
+    assert drive(read_legacy_counters(core, 1), nodes.execute) is None
     nodes.intercept = None
     nodes.scan_page = 1
     nodes.requests.clear()
     # A page that MATCH leaves empty is no reason to stop, nor to ask MGET.
-    assert drive(read_counters(core, 1), nodes.execute) == {
-        fence_key("a"): 1, fence_key("b"): 2, fence_key("c"): 3}
+    assert drive(read_legacy_counters(core, 1), nodes.execute) == {
+        legacy_fence_key("a"): 1, legacy_fence_key("b"): 2, legacy_fence_key("c"): 3}
     assert nodes.commands_sent() == ["SCAN", "SCAN", "MGET", "SCAN", "SCAN", "MGET",
                                      "SCAN", "MGET"]
-    assert drive(read_counters(core, 2), nodes.execute) == {}  # no counter at all
+    assert drive(read_legacy_counters(core, 2), nodes.execute) == {}  # no counter at all
+    # read_counters: the highest of the node's own counter and those.
+    assert drive(read_counters(core, 1), nodes.execute) == 3
+    nodes.data[1][COUNTER] = 9
+    assert drive(read_counters(core, 1), nodes.execute) == 9
+    assert drive(read_counters(core, 2), nodes.execute) == 0  # nothing yet
 
 
 def test_a_repair_waits_for_max_ttl_by_the_nodes_clock_not_the_clients() -> None:
@@ -206,9 +220,8 @@ def test_repair_reports_every_node_and_repairs_only_after_one_max_ttl_unless_for
     assert MARKER not in nodes.data[0]
     forced = drive(core.repair(force=True), nodes.execute)
     assert forced[0].status == "repaired"
-    # The max over the sources that answered: c was only on the silent node.
-    assert {k: v for k, v in nodes.data[0].items() if k != MARKER} == {
-        fence_key("a"): 7, fence_key("b"): 9}
+    # The max over the sources that answered: 12 was only on the silent node.
+    assert nodes.data[0][COUNTER] == 10
     assert [r.status for r in drive(core.repair(force=False), nodes.execute)] == [
         "healthy", "healthy", "healthy", "healthy", "failed"]
 

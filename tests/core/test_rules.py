@@ -16,7 +16,7 @@ from itertools import combinations
 
 import pytest
 import redis.exceptions
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from redlock import LockLost, NodeResult, NotHeld, Outcome, RedlockError
@@ -137,35 +137,77 @@ def test_choose_token_properties(counters: dict[int, int]) -> None:
     assert all(counters[i] < choice.token for i in choice.write_back)
 
 
+@settings(max_examples=300)
 @given(n=st.integers(min_value=1, max_value=7), data=st.data())
 def test_committed_tokens_never_go_backwards_in_a_random_history(n: int,
                                                                  data: st.DataObject) -> None:
-    """A small model of the token rule over one resource, sequential holders.
+    """A model of the token rule (docs/design.md §3) over three resources sharing each
+    node's one counter, through an upgrade from the previous format (§3.8).
 
-    Each holder wins a random quorum; on each granting node the acquire script does
-    counter = max(counter, floor) + 1; the holder takes choose_token's max and writes it
-    back (conditionally: the key is ours on all granting nodes) to the lower nodes. A
-    random subset of the write-backs is lost; the holder commits only with >= q nodes
-    at >= token. Committed tokens must be strictly increasing.
+    Each step, one resource changes hands (sequential holders per resource; resources
+    interleave). A holder of this release wins a random quorum; on each granting node the
+    acquire script takes max(node counter, the resource's old counter, floor) + 1, raises
+    the node counter to it, and the old counter too while the node has the previous
+    format's marker (else removes it). A holder of the previous release can only win a
+    quorum of nodes that still have that marker, and reads and raises only the old
+    counter. Either takes choose_token's max and writes it back (owner-checked, so as its
+    own acquire did) to the lower granting nodes; a random subset of write-backs is lost;
+    it commits only with >= q nodes at >= token. Meanwhile nodes are upgraded (the old
+    marker goes) and their old counters folded into the node counter. The floor is any
+    value some node reported. Committed tokens must rise strictly per resource.
     """
     q = quorum(n)
-    counters = data.draw(st.lists(st.integers(0, 20), min_size=n, max_size=n))
-    committed_tokens: list[int] = []
-    for _ in range(data.draw(st.integers(1, 12))):
-        granting = data.draw(st.sets(st.integers(0, n - 1), min_size=q, max_size=n))
-        replies = {}
-        for i in granting:
-            counters[i] += 1  # floor 0: the worst case, no client-side help
-            replies[i] = counters[i]
+    resources = ("a", "b", "c")
+    node_counter = data.draw(st.lists(st.integers(0, 20), min_size=n, max_size=n))
+    old = [{r: data.draw(st.integers(0, 30)) for r in resources} for _ in range(n)]
+    previous_format = [True] * n  # every node starts with the previous format's marker
+    seen = [0]
+    committed: dict[str, list[int]] = {r: [] for r in resources}
+
+    def reply(i: int, r: str, floor: int, this_release: bool) -> int:
+        if this_release:
+            value = max(node_counter[i], old[i].get(r, 0), floor) + 1
+        else:
+            value = max(old[i].get(r, 0), floor) + 1
+        raise_to(i, r, value, this_release)
+        return value
+
+    def raise_to(i: int, r: str, value: int, this_release: bool) -> None:
+        if this_release:
+            node_counter[i] = max(node_counter[i], value)
+        if previous_format[i] or not this_release:
+            old[i][r] = max(old[i].get(r, 0), value)
+        else:
+            old[i].pop(r, None)
+
+    for _ in range(data.draw(st.integers(1, 16))):
+        step = data.draw(st.sampled_from(["this", "this", "this", "previous", "upgrade"]))
+        if step == "upgrade":
+            i = data.draw(st.integers(0, n - 1))
+            previous_format[i] = False
+            if data.draw(st.booleans()):  # fold its old counters
+                node_counter[i] = max([node_counter[i], *old[i].values()])
+                old[i].clear()
+            continue
+        this_release = step == "this"
+        eligible = [i for i in range(n) if this_release or previous_format[i]]
+        if len(eligible) < q:
+            continue  # the barrier: the previous release can win no quorum any more
+        r = data.draw(st.sampled_from(resources))
+        granting = data.draw(st.sets(st.sampled_from(eligible), min_size=q))
+        floor = data.draw(st.sampled_from([0, *seen]))
+        replies = {i: reply(i, r, floor, this_release) for i in granting}
+        seen.extend(replies.values())
         choice = choose_token(replies)
         acked = 0
         for i in choice.write_back:
             if data.draw(st.booleans()):  # this write-back reached the node
-                counters[i] = max(counters[i], choice.token)
+                raise_to(i, r, choice.token, this_release)
                 acked += 1
         if len(choice.committed) + acked >= q:
-            committed_tokens.append(choice.token)
-    assert committed_tokens == sorted(set(committed_tokens))
+            committed[r].append(choice.token)
+    for tokens in committed.values():
+        assert tokens == sorted(set(tokens))
 
 
 # ---------------------------------------------------------------------------
@@ -391,9 +433,14 @@ def test_ttl_must_exceed_the_drift_allowance_and_max_ttl() -> None:
         settings.check_ttl(61)
 
 
-def test_keys_share_one_hash_tag_per_resource() -> None:
+def test_keys_share_one_hash_tag_per_resource_and_a_node_keeps_a_fixed_set() -> None:
     keys = Keys("app")
     assert keys.lock("orders:42") == "app:{orders:42}:lock"
-    assert keys.fence("orders:42") == "app:{orders:42}:fence"
     assert keys.channel("orders:42") == "app:{orders:42}:released"
-    assert keys.marker == "app:node-marker"
+    assert keys.line("orders:42") == "app:{orders:42}:line"
+    assert keys.legacy_fence("orders:42") == "app:{orders:42}:fence"  # the previous format
+    assert (keys.counter, keys.marker, keys.episode, keys.repair_guard) == (
+        "app:node:fence", "app:node:marker", "app:node:amnesia", "app:node:repair")
+    # The previous format's node keys: its marker is read, the other two are the barrier.
+    assert (keys.legacy_marker, *keys.barrier) == (
+        "app:node-marker", "app:node-amnesia", "app:node-repair")

@@ -46,17 +46,20 @@ def server() -> Iterator[redis.Redis]:
 def acquire(r: str, owner: str, *, ticket: str = "", patience: int = TTL, floor: int = 0,
             ttl: int = TTL) -> Call:
     return Call(0, (owner, ttl, floor, ticket, patience), scripts.ACQUIRE,
-                (K.lock(r), K.fence(r), K.marker, K.line(r), K.line_deadlines(r)))
+                (K.lock(r), K.counter, K.marker, K.line(r), K.line_deadlines(r),
+                 K.legacy_fence(r), K.legacy_marker))
 
 
-def acquire_many(resources: list[str], owner: str, floors: list[int] | None = None,
+def acquire_many(resources: list[str], owner: str, floor: int | None = None,
                  ttl: int = TTL) -> Call:
-    return Call(0, (owner, ttl, *(floors or [0] * len(resources))), scripts.ACQUIRE_MANY,
-                (K.marker, *map(K.lock, resources), *map(K.fence, resources)))
+    return Call(0, (owner, ttl, floor or 0), scripts.ACQUIRE_MANY,
+                (K.marker, K.legacy_marker, K.counter, *map(K.lock, resources),
+                 *map(K.legacy_fence, resources)))
 
 
 def write_back(r: str, owner: str, token: int) -> Call:
-    return Call(0, (owner, token), scripts.WRITE_BACK, (K.lock(r), K.fence(r), K.marker))
+    return Call(0, (owner, token), scripts.WRITE_BACK,
+                (K.lock(r), K.counter, K.marker, K.legacy_fence(r), K.legacy_marker))
 
 
 def release(r: str, owner: str, *, leave: bool = True, patience: int | None = None) -> Call:
@@ -81,42 +84,54 @@ def force_release(r: str) -> Call:
 
 def inspect(r: str) -> Call:
     return Call(0, (), scripts.INSPECT,
-                (K.lock(r), K.fence(r), K.marker, K.repair_guard, K.episode))
+                (K.lock(r), K.counter, K.marker, K.repair_guard, K.episode, K.legacy_fence(r),
+                 K.legacy_marker))
 
 
 def identify() -> Call:
-    return Call(0, ("EVAL", node_scripts.IDENTIFY.source, 1, K.marker))
+    return Call(0, K.identify_command())
 
 
 def init_marker() -> Call:
-    return Call(0, ("initialised at=1",), node_scripts.INIT_MARKER, (K.marker, K.episode))
+    return Call(0, ("initialised at=1",), node_scripts.INIT_MARKER,
+                (K.marker, K.episode, K.legacy_marker, *K.barrier))
 
 
 def restamp(judged: str = "<marker>", run: str = "<run>") -> Call:
-    return Call(0, (judged, "restamped", run), node_scripts.RESTAMP, (K.marker,))
+    return Call(0, (judged, "restamped", run), node_scripts.RESTAMP,
+                (K.marker, K.legacy_marker))
 
 
 def demote(judged: str = "<marker>") -> Call:
-    return Call(0, (judged, "restarted"), node_scripts.DEMOTE, (K.marker, K.episode))
+    return Call(0, (judged, "restarted"), node_scripts.DEMOTE,
+                (K.marker, K.episode, K.legacy_marker))
 
 
 def open_episode() -> Call:
     return Call(0, ("lost its node marker",), node_scripts.OPEN_EPISODE,
-                (K.marker, K.episode))
+                (K.marker, K.episode, K.legacy_marker))
+
+
+def upgrade_node() -> Call:
+    return Call(0, (), node_scripts.UPGRADE_NODE, (K.marker, K.legacy_marker, *K.barrier))
+
+
+def fold(resources: list[str]) -> Call:
+    return Call(0, (), node_scripts.FOLD_COUNTERS,
+                (K.counter, K.legacy_marker, *map(K.legacy_fence, resources)))
 
 
 def claim(repair_id: str) -> Call:
     return Call(0, ("SET", K.repair_guard, repair_id, "NX", "PX", TTL))
 
 
-def seed(repair_id: str, counters: dict[str, int]) -> Call:
-    return Call(0, (repair_id, *counters.values()), node_scripts.SEED_COUNTERS,
-                (K.repair_guard, *map(K.fence, counters)))
+def seed(repair_id: str, value: int) -> Call:
+    return Call(0, (repair_id, value), node_scripts.SEED_COUNTERS, (K.repair_guard, K.counter))
 
 
 def finish(repair_id: str, delay: int) -> Call:
     return Call(0, (repair_id, "repaired", delay), node_scripts.FINISH_REPAIR,
-                (K.repair_guard, K.marker, K.episode))
+                (K.repair_guard, K.marker, K.episode, *K.barrier))
 
 
 def command(*args: object) -> Call:
@@ -125,6 +140,16 @@ def command(*args: object) -> Call:
 
 def marker(value: str = "run_id=<run> initialised") -> Call:
     return command("SET", K.marker, value)
+
+
+def legacy_marker(value: str = "run_id=<run> initialised") -> Call:
+    """The previous format's marker: a node its clients still use."""
+    return command("SET", K.legacy_marker, value)
+
+
+def legacy_counter(r: str, value: int) -> Call:
+    """A per-resource counter as the previous format left it."""
+    return command("SET", K.legacy_fence(r), value)
 
 
 def episode(since: int, run: str = "<run>") -> Call:
@@ -200,15 +225,46 @@ def tokens_and_ownership(c: Contract) -> None:
         owned_pttl("a", "alice"), owned_pttl("a", "bob"), owned_pttl("z", "alice"),
         command("SET", K.lock("d"), "carol"), owned_pttl("d", "carol"),  # no expiry: -1
         inspect("a"),
-        acquire_many(["a", "b"], "bob", [1, 1]),  # a is alice's: nothing set
-        acquire_many(["b", "c"], "bob", [6, 0]),
-        acquire_many(["c", "b"], "bob", [0, 0]),  # both ours already
+        acquire_many(["a", "b"], "bob", 1),  # a is alice's: nothing set
+        acquire_many(["b", "c"], "bob", 6),
+        acquire_many(["c", "b"], "bob"),  # both ours already
         release("a", "bob"), release("a", "alice"), release("a", "alice"),
-        acquire_many(["a", "b"], "alice", [30, 0], ttl=30_000),
+        acquire_many(["a", "b"], "alice", 30, ttl=30_000),
         command("DEL", K.lock("c")),  # c's key expired
         acquire_many(["c", "a"], "bob"),
-        command("MGET", K.fence("a"), K.fence("b"), K.fence("z")),
+        command("MGET", K.counter, K.legacy_fence("a"), K.legacy_fence("z")),
         command("EXISTS", K.lock("a"), K.lock("c"), K.marker),
+    ])
+
+
+def previous_format(c: Contract) -> None:
+    """A node of the previous format (its marker, a counter per resource): tokens go
+    above the resource's old counter, which is kept in step while that marker is there
+    and removed once the node is upgraded; the barrier then stops its clients."""
+    c.steps([
+        legacy_marker(), legacy_counter("a", 7), legacy_counter("b", 3),
+        identify(), inspect("a"),
+        acquire("a", "alice"),  # 8: above a's old counter; both counters now 8
+        acquire("b", "bob", floor=2),  # 9: the node's counter; b's old one raised too
+        acquire("a", "alice"),  # ours already: both as they are
+        write_back("b", "bob", 12), acquire_many(["a", "c"], "alice"),
+        command("SET", K.legacy_fence("a"), 40),  # a client of the previous release
+        release("a", "alice"), acquire("a", "carol"),  # 41
+        inspect("a"), inspect("b"), open_episode(), init_marker(),  # marked: nothing
+        restamp(judged="run_id=<run> initialised"), identify(),
+        fold(["a", "b"]),  # refused: the previous format's clients still read them
+        upgrade_node(),  # marker moved, barrier set
+        identify(), inspect("b"),
+        release("b", "bob"), acquire("b", "dave"),  # above b's old counter, which goes
+        fold(["a", "b", "z"]),  # a's folded and removed
+        upgrade_node(),  # in this format already
+        command("MGET", K.counter, K.legacy_fence("a"), K.legacy_fence("b"), *K.barrier),
+        legacy_marker(), acquire("z", "erin"),  # the previous marker back: kept in step
+        demote(), init_marker(),  # both markers gone, an episode begun: refused
+        command("DEL", K.episode), init_marker(),  # only the barrier left: written
+        command("SET", K.barrier[0], "1000 abc lost its node marker"), command("DEL", K.marker),
+        init_marker(),  # a real episode of the previous format: refused
+        upgrade_node(),  # no marker: nothing
     ])
 
 
@@ -247,7 +303,7 @@ def episodes_and_repair(c: Contract) -> None:
         episode(ANCIENT, "unknown"), open_episode(),
         episode(ANCIENT), open_episode(),  # this run's: kept
         claim("g1"), claim("g2"),  # taken
-        seed("g2", {"a": 5}), seed("g1", {"a": 5, "b": 3}), seed("g1", {"a": 2, "c": 1}),
+        seed("g2", 5), seed("g1", 5), seed("g1", 2),
         finish("g2", 0),  # not its claim
         episode(FUTURE), finish("g1", 3_600_000),  # too young
         episode(ANCIENT, FOREIGN), finish("g1", 3_600_000),  # another run's
@@ -256,14 +312,14 @@ def episodes_and_repair(c: Contract) -> None:
         episode(ANCIENT), finish("g1", 3_600_000),  # old enough: marker back
         finish("g1", 0), open_episode(), identify(),
         command("DEL", K.marker), claim("g1"), finish("g1", 0),  # forced: no episode needed
-        claim("g2"), command("DEL", K.repair_guard), seed("g2", {"a": 9}),  # claim gone
+        claim("g2"), command("DEL", K.repair_guard), seed("g2", 9),  # claim gone
         inspect("a"), inspect("b"),
     ])
 
 
 SEQUENCES: list[Callable[[Contract], None]] = [
-    waiting_line, lapsed_places, tokens_and_ownership, without_a_marker, judging,
-    episodes_and_repair]
+    waiting_line, lapsed_places, tokens_and_ownership, previous_format, without_a_marker,
+    judging, episodes_and_repair]
 
 
 @pytest.mark.parametrize("sequence", SEQUENCES, ids=lambda s: s.__name__)
@@ -295,8 +351,10 @@ def test_plain_commands_agree(server: redis.Redis) -> None:
     c.steps([marker(), claim("g1"), claim("g1"), command("DEL", K.repair_guard),
              claim("g2")])
     c.steps(acquire(f"r{i}", "alice", floor=i) for i in range(30))
-    c.steps([command("SET", "app:1", "theirs"), command("MGET", K.fence("r3"), "app:1")])
-    for pattern in ("redlock:{*}:fence", "redlock:*", "*"):
+    c.steps(legacy_counter(f"r{i}", i) for i in range(10))
+    c.steps([command("SET", "app:1", "theirs"),
+             command("MGET", K.counter, K.legacy_fence("r3"), "app:1")])
+    for pattern in (K.legacy_fence_pattern, "redlock:*", "*"):
         found: list[set[str]] = []
         for reply in (c.model.reply, c.real_reply):
             keys, cursor = set(), b"0"
@@ -358,7 +416,10 @@ def lock_calls(tickets: Tickets, owner: str) -> st.SearchStrategy[Call]:
         st.builds(force_release, RESOURCES),
         st.builds(inspect, RESOURCES),
         st.builds(lambda r: command("DEL", K.lock(r)), RESOURCES),  # its key expired
-        st.sampled_from([command("DEL", K.marker), marker()]))
+        st.builds(legacy_counter, RESOURCES, st.integers(0, 12)),
+        st.builds(fold, st.lists(RESOURCES, min_size=1, max_size=2, unique=True)),
+        st.sampled_from([command("DEL", K.marker), marker(), legacy_marker(),
+                         command("DEL", K.legacy_marker), upgrade_node()]))
 
 
 @functools.cache
@@ -371,12 +432,14 @@ def node_calls(tickets: Tickets, owner: str) -> st.SearchStrategy[Call]:
         st.builds(inspect, RESOURCES),
         st.sampled_from([identify(), init_marker(), open_episode(), command("DEL", K.marker),
                          restamp(), restamp(run=FOREIGN), demote(), demote("other"),
-                         command("DEL", K.repair_guard), command("DEL", K.episode)]),
+                         command("DEL", K.repair_guard), command("DEL", K.episode),
+                         legacy_marker(), command("DEL", K.legacy_marker), upgrade_node(),
+                         command("DEL", K.barrier[0])]),
         st.builds(marker, st.sampled_from(["run_id=<run> initialised",
                                            f"run_id={FOREIGN} initialised"])),
         st.builds(episode, st.sampled_from([ANCIENT, FUTURE]), RUNS),
         st.builds(claim, REPAIRS),
-        st.builds(seed, REPAIRS, st.dictionaries(RESOURCES, st.integers(0, 12), min_size=1)),
+        st.builds(seed, REPAIRS, st.integers(0, 12)),
         st.builds(finish, REPAIRS, st.sampled_from([0, 3_600_000])))
 
 
@@ -415,12 +478,12 @@ def test_random_calls_agree(server: redis.Redis, calls: Callable[[Tickets, str],
 # -- the contract holds the model to the scripts ---------------------------------------
 
 MUTATIONS = [  # (script, a line of it, that line changed)
-    (scripts.ACQUIRE, "local target = math.max(counter, tonumber(ARGV[3])) + 1",
-     "local target = math.max(counter, tonumber(ARGV[3])) + 2"),
+    (scripts.ACQUIRE, "        redis.call('INCRBY', counter_key, value - counter)",
+     "        redis.call('INCRBY', counter_key, value - counter + 1)"),
+    (scripts.ACQUIRE, "    elseif legacy then", "    elseif false then"),
     (scripts.ACQUIRE, "    wait_in_line(now + tonumber(ARGV[5]))",
      "    wait_in_line(now + 1000 + tonumber(ARGV[5]))"),
-    (scripts.ACQUIRE_MANY, "        reply[#reply + 1] = counter",
-     "        reply[#reply + 1] = counter + 1"),
+    (scripts.ACQUIRE_MANY, "    token = token + 1", "    token = token + 2"),
     (scripts.WRITE_BACK, "if redis.call('GET', KEYS[1]) ~= ARGV[1] then", "if false then"),
     (scripts.RELEASE, "if ARGV[2] == '1' and redis.call('EXISTS', KEYS[3]) == 1 then",
      "if ARGV[2] == '0' and redis.call('EXISTS', KEYS[3]) == 1 then"),
@@ -428,18 +491,20 @@ MUTATIONS = [  # (script, a line of it, that line changed)
      "    redis.call('PERSIST', KEYS[1])"),
     (scripts.OWNED_PTTL, "return -2", "return -1"),
     (scripts.FORCE_RELEASE, "return 0", "return 1"),
-    (scripts.INSPECT, "redis.call('EXISTS', KEYS[3]), redis.call('EXISTS', KEYS[4]),",
-     "redis.call('EXISTS', KEYS[4]), redis.call('EXISTS', KEYS[3]),"),
-    (node_scripts.IDENTIFY, "return {run_id, redis.call('GET', KEYS[1])}",
-     "return {run_id, redis.call('GET', KEYS[1]) or ''}"),
+    (scripts.INSPECT, "highest(KEYS[2], KEYS[6], 0)", "highest(KEYS[2], KEYS[2], 0)"),
+    (node_scripts.IDENTIFY, "return {server_run(), marker_of(KEYS[1], KEYS[2])}",
+     "return {server_run(), redis.call('GET', KEYS[1])}"),
     (node_scripts.INIT_MARKER, "if redis.call('EXISTS', KEYS[2]) == 1 then",
      "if redis.call('EXISTS', KEYS[2]) == 2 then"),
     (node_scripts.RESTAMP, "if run_id ~= ARGV[3] then", "if false then"),
-    (node_scripts.DEMOTE, "redis.call('DEL', KEYS[1])", "redis.call('EXISTS', KEYS[1])"),
+    (node_scripts.DEMOTE, "redis.call('DEL', KEYS[1], KEYS[3])", "redis.call('DEL', KEYS[1])"),
     (node_scripts.OPEN_EPISODE, "    if rid == run_id then", "    if rid then"),
     (node_scripts.SEED_COUNTERS, "if seed > current then", "if seed < current then"),
     (node_scripts.FINISH_REPAIR, "if rid ~= run_id or now - tonumber(since) < delay then",
      "if now - tonumber(since) < delay then"),
+    (node_scripts.UPGRADE_NODE, "    redis.call('DEL', KEYS[2])", "    redis.call('EXISTS', KEYS[2])"),
+    (node_scripts.FOLD_COUNTERS, "        redis.call('DEL', KEYS[i])",
+     "        redis.call('EXISTS', KEYS[i])"),
 ]
 
 

@@ -130,7 +130,7 @@ def read_counters(guard: AmnesiaGuard, node: int) -> Flow[int | None]:
     legacy = yield from read_legacy_counters(guard, node)
     if legacy is None:
         return None
-    return max(0 if own is None else int(text(own)), *legacy.values())
+    return max([0 if own is None else int(text(own)), *legacy.values()])
 
 
 def read_legacy_counters(guard: AmnesiaGuard, node: int) -> Flow[dict[str, int] | None]:
