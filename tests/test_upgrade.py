@@ -13,6 +13,7 @@ taken from git history (the last commit of that format) and run in a subprocess.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
@@ -116,10 +117,11 @@ def keys_of(nodes: RedisNodes) -> list[set[str]]:
 
 def assert_in_order(holds: list[dict[str, object]]) -> None:
     """Holds of one resource, by both releases: never overlapping, tokens rising."""
-    holds = sorted(holds, key=lambda h: float(h["start"]))  # type: ignore[arg-type]
-    for before, after in zip(holds, holds[1:]):
-        assert float(before["end"]) <= float(after["start"]), (before, after)  # type: ignore[arg-type]
-        assert int(after["token"]) > int(before["token"]), (before, after)  # type: ignore[call-overload]
+    ordered = sorted((float(h["start"]), float(h["end"]), int(h["token"]))  # type: ignore[arg-type]
+                     for h in holds)
+    for before, after in itertools.pairwise(ordered):
+        assert before[1] <= after[0], (before, after)  # (start, end, token)
+        assert after[2] > before[2], (before, after)
 
 
 def test_both_releases_share_a_cluster_then_the_upgrade_leaves_one_counter_per_node(

@@ -1,6 +1,7 @@
-"""Repair (redlock/_core/amnesia/repair.py, docs/design.md §4.5) on scripted nodes: ``repair_node``
-claims the node, reads every healthy node's counter and any per-resource counters of the
-previous format it still holds (``read_counters``: page by page), seeds the maximum and gives the marker back once the episode is one max_ttl old by the
+"""Repair (redlock/_core/amnesia/repair.py, docs/design.md §4.5) on scripted nodes:
+``repair_node`` claims the node, reads every healthy node's counter and any per-resource
+counters of the previous format it still holds (``read_counters``: page by page), seeds
+the maximum and gives the marker back once the episode is one max_ttl old by the
 node's clock; what makes it fail or wait; and the admin step ``repair()`` over every
 node (judging restarted ones first)."""
 

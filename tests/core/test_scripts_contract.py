@@ -502,7 +502,8 @@ MUTATIONS = [  # (script, a line of it, that line changed)
     (node_scripts.SEED_COUNTERS, "if seed > current then", "if seed < current then"),
     (node_scripts.FINISH_REPAIR, "if rid ~= run_id or now - tonumber(since) < delay then",
      "if now - tonumber(since) < delay then"),
-    (node_scripts.UPGRADE_NODE, "    redis.call('DEL', KEYS[2])", "    redis.call('EXISTS', KEYS[2])"),
+    (node_scripts.UPGRADE_NODE, "    redis.call('DEL', KEYS[2])",
+     "    redis.call('EXISTS', KEYS[2])"),
     (node_scripts.FOLD_COUNTERS, "        redis.call('DEL', KEYS[i])",
      "        redis.call('EXISTS', KEYS[i])"),
 ]
