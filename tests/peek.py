@@ -64,13 +64,18 @@ def delete_lock_keys(nodes: Sequence[RedisNode], resource: str) -> None:
 
 
 def fence_counters(nodes: Sequence[RedisNode], resource: str) -> list[int]:
-    return [int(get(node, KEYS.fence(resource)) or 0) for node in nodes]
+    """Per node, the counter the token rule counts for ``resource``: the node's one
+    counter, or the resource's own counter of the previous format if that is higher
+    (docs/design.md §3.8), as INSPECT shows it."""
+    return [max(int(get(node, KEYS.counter) or 0),
+                int(get(node, KEYS.legacy_fence(resource)) or 0)) for node in nodes]
 
 
-def set_fence_counters(nodes: Sequence[RedisNode], resource: str, values: Sequence[int]) -> None:
+def set_fence_counters(nodes: Sequence[RedisNode], values: Sequence[int]) -> None:
+    """Set each node's one fence counter (every resource's tokens come from it)."""
     for node, value in zip(nodes, values, strict=True):
         with node.client() as client:
-            client.set(KEYS.fence(resource), value)
+            client.set(KEYS.counter, value)
 
 
 def markers(nodes: Sequence[RedisNode]) -> list[bytes | None]:

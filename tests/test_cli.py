@@ -231,7 +231,8 @@ def test_nodes_json_shape_and_a_clean_cluster(nodes3: RedisNodes) -> None:
     assert shape["quorum"] == 2
     for node, url in zip(shape["nodes"], nodes3.urls, strict=True):
         assert set(node) == {"node", "reachable", "rtt_ms", "marker", "marker_value",
-                             "repairing", "run_id", "version", "role", "appendonly",
+                             "previous_format", "fence_counter", "repairing", "run_id",
+                             "version", "role", "appendonly",
                              "appendfsync", "save", "maxmemory", "maxmemory_policy",
                              "warnings", "notes", "error"}
         assert node["node"] == url.removeprefix("redis://")
@@ -384,7 +385,7 @@ def test_repair_reports_then_repairs_an_amnesiac_node(
     assert forced.returncode == cli.EXIT_OK, forced.stdout + forced.stderr
     assert json.loads(forced.stdout)["nodes"][0]["status"] == "repaired"
     with nodes[0].client() as client:  # re-seeded: the next token continues past 5
-        assert int(client.get(KEYS.fence("cli:repair"))) == 5
+        assert int(client.get(KEYS.counter)) == 5
         assert client.exists(KEYS.marker)
 
 

@@ -23,7 +23,8 @@ from redlock import (
 )
 from redlock.testing import RedisNodes
 from tests.clients import run_threads
-from tests.peek import lock_values, write_markers
+from tests.internals import KEYS
+from tests.peek import fence_counters, lock_values, write_markers
 
 NODE_TIMEOUT = 0.25  # a healthy node on a busy shared machine must not look dead
 
@@ -76,30 +77,29 @@ def test_all_or_nothing(dlm: Redlock, nodes3: RedisNodes) -> None:
 
 
 def test_tokens_grow_per_resource_across_single_and_multi_locks(dlm: Redlock) -> None:
+    # Every token comes from the nodes' one counter: a set takes one for all its members.
     with dlm.lock("t1") as one:
         assert one.token == 1
     with dlm.lock_many(["t1", "t2"]) as many:
-        assert many.tokens == {"t1": 2, "t2": 1}
+        assert many.tokens == {"t1": 2, "t2": 2}
     with dlm.lock("t2") as two:
-        assert two.token == 2
+        assert two.token == 3
     with dlm.lock_many(["t2", "t3"]) as many:
-        assert many.tokens == {"t2": 3, "t3": 1}
+        assert many.tokens == {"t2": 4, "t3": 4}
 
 
 def test_diverged_counters_are_committed_per_resource(dlm: Redlock,
                                                       nodes3: RedisNodes) -> None:
     write_markers(nodes3)
     with nodes3[0].client() as client:
-        client.set("redlock:{d1}:fence", 10)  # node 0 is ahead on d1 only
+        client.set(KEYS.counter, 10)  # node 0 is ahead
+        client.set(KEYS.legacy_fence("d2"), 20)  # and d2 has an old counter there
     with dlm.lock_many(["d1", "d2"]) as many:
-        assert many.tokens == {"d1": 11, "d2": 1}
-        counters = []
-        for node in nodes3:
-            with node.client() as client:
-                counters.append(int(client.get("redlock:{d1}:fence") or 0))
-        assert sum(c >= 11 for c in counters) >= 2  # written back on a quorum
+        assert many.tokens == {"d1": 21, "d2": 21}
+        counters = fence_counters(nodes3, "d1")
+        assert sum(c >= 21 for c in counters) >= 2  # written back on a quorum
     with Redlock(nodes3.urls, node_timeout=NODE_TIMEOUT) as fresh, fresh.lock("d1") as one:
-        assert one.token == 12  # a manager without floors still goes past it
+        assert one.token == 22  # a manager without a floor still goes past it
 
 
 def test_overlapping_sets_from_threads_exclude_and_never_deadlock(
@@ -246,4 +246,4 @@ async def test_asyncio_all_or_nothing_and_extend(adlm: AsyncRedlock,
     async with adlm.lock_many(["aa", "ab"], ttl=5.0) as held:
         await held.extend(ttl=9.0)
         assert held.validity > 8.0
-        assert held.tokens == {"aa": 1, "ab": 2}
+        assert held.tokens == {"aa": 2, "ab": 2}  # one token for the set

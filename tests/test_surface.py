@@ -36,7 +36,7 @@ from redlock import (
 
 # Methods that talk to Redis: plain in the sync client, coroutines in the asyncio one.
 IO_METHODS = {
-    (Redlock, AsyncRedlock): {"repair", "initialise", "close", "inspect", "is_locked",
+    (Redlock, AsyncRedlock): {"repair", "initialise", "upgrade", "close", "inspect", "is_locked",
                               "force_release", "adopt"},
     (Lock, AsyncLock): {"acquire", "release", "extend"},
     (MultiLock, AsyncMultiLock): {"acquire", "release", "extend"},

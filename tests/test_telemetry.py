@@ -96,6 +96,7 @@ async def adlm(initialised: RedisNodes, otel: Otel) -> AsyncIterator[AsyncRedloc
 def test_spans_and_metrics_of_one_lock(dlm: Redlock, otel: Otel) -> None:
     with dlm.lock("ot:a", ttl=5.0) as held:
         held.extend()
+        token = held.token  # the nodes' counter: the initialising acquire took one
     (acquire,) = otel.finished("redlock.acquire")
     attributes = dict(acquire.attributes or {})
     # Early quorum: the third node's vote counts only if it came in with the others.
@@ -103,11 +104,11 @@ def test_spans_and_metrics_of_one_lock(dlm: Redlock, otel: Otel) -> None:
     assert attributes == {
         "redlock.resource": "ot:a", "redlock.namespace": "redlock", "redlock.nodes": 3,
         "redlock.quorum": 2, "redlock.attempts": 1,
-        "redlock.token": 1, "redlock.outcome": "acquired"}
+        "redlock.token": token, "redlock.outcome": "acquired"}
     assert acquire.status.status_code is StatusCode.UNSET
     (extend,) = otel.finished("redlock.extend")
     assert extend.attributes and extend.attributes["redlock.outcome"] == "extended"
-    assert extend.attributes["redlock.token"] == 1
+    assert extend.attributes["redlock.token"] == token
     (release,) = otel.finished("redlock.release")
     assert release.attributes and release.attributes["redlock.outcome"] == "released"
     (duration,) = otel.points("redlock.acquire.duration")
@@ -194,11 +195,11 @@ def test_amnesia_events_are_counted(dlm: Redlock, otel: Otel, nodes3: RedisNodes
 
 
 def test_a_set_of_resources(dlm: Redlock, otel: Otel) -> None:
-    with dlm.lock_many(["ot:m2", "ot:m1"]):
-        pass
+    with dlm.lock_many(["ot:m2", "ot:m1"]) as held:
+        token = held.tokens["ot:m1"]
     (span,) = otel.finished("redlock.acquire")
     assert span.attributes and list(span.attributes["redlock.resource"]) == ["ot:m1", "ot:m2"]  # type: ignore[arg-type]
-    assert list(span.attributes["redlock.tokens"]) == [1, 1]  # type: ignore[arg-type]
+    assert list(span.attributes["redlock.tokens"]) == [token, token]  # type: ignore[arg-type]
     assert len(otel.finished("redlock.release")) == 1
 
 
@@ -215,7 +216,8 @@ async def test_asyncio_client_records_the_same(adlm: AsyncRedlock, otel: Otel) -
     outcomes = sorted(str((s.attributes or {})["redlock.outcome"]) for s in acquires)
     assert outcomes == ["acquired", "acquired", "not_acquired"]
     tokens = [(s.attributes or {}).get("redlock.token") for s in acquires]
-    assert sorted(t for t in tokens if t is not None) == [1, 2]
+    first, second = sorted(t for t in tokens if isinstance(t, int))
+    assert second == first + 1
     assert len(otel.finished("redlock.extend")) == 1
     assert len(otel.finished("redlock.release")) == 2
     assert otel.total("redlock.acquire.quorum_failures") >= 1

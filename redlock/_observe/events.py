@@ -72,8 +72,12 @@ SENTENCES: Mapping[str, str] = {
         " of quorums and repaired {rejoins_after_s} s after the loss; run Redis with"
         " appendonly yes and appendfsync always to avoid this",
     "redlock.node_repaired":
-        "node {node} repaired: {counters_seeded} fence counters re-seeded from {sources}"
+        "node {node} repaired: its fence counter re-seeded to {counter} from {sources}"
         " healthy nodes, marker written back; it counts in quorums again",
+    "redlock.cluster_upgraded":
+        "upgrade() moved {upgraded} of {nodes} nodes to one fence counter per node"
+        " ({failed} failed: run it again once they answer); clients of the previous"
+        " release are refused on them from now on",
     "redlock.release_incomplete":
         "release of {resource} did not reach node {node} ({error}): the key left there"
         " expires by its TTL within {expires_within_s} s; check that node and the network"
