@@ -20,6 +20,7 @@ import redis.asyncio
 
 import redlock
 import redlock.errors
+from fencing import AsyncRedisFencedStore, RedisFencedStore
 from redlock import (
     AsyncLock,
     AsyncMultiLock,
@@ -36,7 +37,6 @@ from redlock import (
     Redlock,
     RedlockError,
 )
-from fencing import AsyncRedisFencedStore, RedisFencedStore
 
 # Methods that talk to Redis: plain in the sync client, coroutines in the asyncio one.
 IO_METHODS = {

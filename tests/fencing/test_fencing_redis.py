@@ -11,8 +11,13 @@ import pytest
 import redis
 import redis.asyncio
 
-from fencing import AsyncRedisFencedStore, FencingError, RedisFencedStore, StaleTokenError
-from fencing._validate import MAX_STORED_TTL
+from fencing import (
+    MAX_STORED_TTL,
+    AsyncRedisFencedStore,
+    FencingError,
+    RedisFencedStore,
+    StaleTokenError,
+)
 from fencing.errors import RowNotFoundError
 from fencing.redis_store import FENCED_WRITE
 from redlock.testing import RedisNodes
@@ -177,7 +182,8 @@ def test_every_lower_token_rejected_under_concurrency(nodes1: RedisNodes) -> Non
 
 # -- expiring data (ttl=) -------------------------------------------------------------
 
-SHORT_TTL = 0.3  # seconds: long enough for the checks before it runs out, short to wait
+SHORT_TTL = 0.5  # seconds: long enough for the checks before it runs out, short to wait
+SHORT_MS = int(SHORT_TTL * 1000)
 
 
 def wait_until_gone(client: redis.Redis, key: str, seconds: float = 5.0) -> float:
@@ -202,7 +208,7 @@ def test_ttl_keeps_the_mark_in_the_value_key_and_both_expire_together(
     assert client.keys("*") == [key.encode()]  # one key per resource: no mark of its own
     assert client.type(key) == b"hash"
     assert client.hgetall(key) == {b"fence": b"5", b"value": b"paid"}
-    assert 0 < client.pttl(key) <= 300
+    assert 0 < client.pttl(key) <= SHORT_MS
     left = client.pttl(key)
     with pytest.raises(StaleTokenError) as caught:
         store.write("orders:42", 4, b"stale")
@@ -222,7 +228,7 @@ def test_after_expiry_any_token_is_a_first_write(client: redis.Redis) -> None:
     wait_until_gone(client, store.key("r"))
     store.write("r", 3, b"stale holder, after expiry")
     assert (store.read("r"), store.highest("r")) == (b"stale holder, after expiry", 3)
-    assert 0 < client.pttl(store.key("r")) <= 300
+    assert 0 < client.pttl(store.key("r")) <= SHORT_MS
 
 
 def test_accepted_writes_and_fences_renew_the_ttl(client: redis.Redis) -> None:
@@ -236,20 +242,20 @@ def test_accepted_writes_and_fences_renew_the_ttl(client: redis.Redis) -> None:
             assert store.fence("r", token) is not None
         else:
             store.write("r", token, b"b")
-        assert 0 < client.pttl(key) <= 300
+        assert 0 < client.pttl(key) <= SHORT_MS
     assert time.monotonic() - start > SHORT_TTL * 1.5
     assert (store.read("r"), store.highest("r")) == (b"b", 3)
     # fence() on a missing resource leaves a mark, and it expires too.
     assert store.fence("new", 7) is None
     assert client.hgetall(store.key("new")) == {b"fence": b"7"}
-    assert 0 < client.pttl(store.key("new")) <= 300
+    assert 0 < client.pttl(store.key("new")) <= SHORT_MS
     wait_until_gone(client, store.key("new"))
 
 
-def test_ttl_is_rounded_up_to_whole_milliseconds(client: redis.Redis) -> None:
-    store = RedisFencedStore(client, ttl=2.0005)
+def test_ttl_is_seconds_float_or_int(client: redis.Redis) -> None:
+    store = RedisFencedStore(client, ttl=2.0005)  # 2001 ms: rounded up, never down
     store.write("r", 1, b"v")
-    assert 2000 < client.pttl(store.key("r")) <= 2001
+    assert 1500 < client.pttl(store.key("r")) <= 2001
     store = RedisFencedStore(client, ttl=86400)  # an int is seconds too
     store.write("r", 2, b"v")
     assert 86_399_000 < client.pttl(store.key("r")) <= 86_400_000
@@ -298,7 +304,7 @@ def test_valid_ttl_bounds(client: redis.Redis) -> None:
     assert RedisFencedStore(client, ttl=0.001).ttl == 0.001
     assert RedisFencedStore(client, ttl=MAX_STORED_TTL).ttl == MAX_STORED_TTL
     with pytest.raises(TypeError):
-        RedisFencedStore(client, "ns", 30)  # type: ignore[misc]  # ttl is keyword-only
+        RedisFencedStore(client, "ns", 30)  # type: ignore[call-arg]  # ttl is keyword-only
 
 
 # -- asyncio twin -------------------------------------------------------------------
@@ -337,11 +343,11 @@ async def test_async_store_ttl_keeps_value_and_mark_together(nodes1: RedisNodes)
         assert await client.keys("*") == [key.encode()]
         assert await client.type(key) == b"hash"
         assert await client.hgetall(key) == {b"fence": b"9", b"value": b"paid"}
-        assert 0 < await client.pttl(key) <= 300
+        assert 0 < await client.pttl(key) <= SHORT_MS
         with pytest.raises(StaleTokenError):
             await store.write("orders:42", 8, b"stale")
         assert await store.fence("orders:42", 9) == b"paid"
-        assert 0 < await client.pttl(key) <= 300
+        assert 0 < await client.pttl(key) <= SHORT_MS
         deadline = time.monotonic() + 5.0
         record = await client.hgetall(key)
         while await client.exists(key):
