@@ -20,6 +20,9 @@ Stores:
       with dlm.lock("orders:42", ttl=10.0) as held:
           store.write("orders:42", held.token, b"paid")      # StaleTokenError if stale
 
+  The token lives in the resource's own hash, next to its value; with ``ttl=`` both
+  expire together (after which any token is accepted: see the class).
+
 * :class:`FencedTable`: your own SQL table (sqlite3 or psycopg 3) with a fence
   column; ``update``/``upsert`` are single conditional statements and ``guard`` is
   the read-modify-write form (raise the fence first, then read).
@@ -34,13 +37,14 @@ Errors: see :mod:`fencing.errors` for the tree.
 
 import logging
 
-from fencing._validate import MAX_STORED_TOKEN
+from fencing._validate import MAX_STORED_TOKEN, MAX_STORED_TTL
 from fencing.errors import FencingError, RowNotFoundError, StaleTokenError
 from fencing.redis_store import AsyncRedisFencedStore, RedisFencedStore
 from fencing.sql import FencedTable, Guard
 
 __all__ = [
     "MAX_STORED_TOKEN",
+    "MAX_STORED_TTL",
     "AsyncRedisFencedStore",
     "FencedTable",
     "FencingError",

@@ -15,6 +15,10 @@ token accepted for that row::
     with table.guard("apple", token) as row:       # read-modify-write
         row.update(qty=row["qty"] - 1)
 
+The fence lives in the row it protects (one per row, like a version column): deleting
+the row deletes it, and a later ``upsert`` inserts the row again with any token, so
+delete rows only once a stale writer no longer matters (docs/design.md §7.5).
+
 Every write is one conditional statement; its row count says whether the token was
 current (never SELECT-then-UPDATE). ``guard`` first raises the stored fence to the
 token and only then reads, so once it has read, no holder with a lower token can

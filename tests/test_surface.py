@@ -1,6 +1,7 @@
 """The sync and asyncio public surfaces are the same, apart from sync vs async.
 
-Redlock/AsyncRedlock and Lock/AsyncLock must offer the same public names, and each
+Redlock/AsyncRedlock, Lock/AsyncLock, MultiLock/AsyncMultiLock and the fenced stores
+RedisFencedStore/AsyncRedisFencedStore must offer the same public names, and each
 method the same parameters (names, kinds, defaults). Only I/O methods differ, by being
 coroutine functions in the asyncio client. Also: the package's exports, the exception
 tree and the py.typed marker.
@@ -14,9 +15,12 @@ import pickle
 from typing import Any
 
 import pytest
+import redis
+import redis.asyncio
 
 import redlock
 import redlock.errors
+from fencing import AsyncRedisFencedStore, RedisFencedStore
 from redlock import (
     AsyncLock,
     AsyncMultiLock,
@@ -40,6 +44,7 @@ IO_METHODS = {
                               "force_release", "adopt"},
     (Lock, AsyncLock): {"acquire", "release", "extend"},
     (MultiLock, AsyncMultiLock): {"acquire", "release", "extend"},
+    (RedisFencedStore, AsyncRedisFencedStore): {"write", "fence", "read", "highest"},
 }
 # Context-manager protocol: the same role under sync and async names.
 CONTEXT = {"__enter__": "__aenter__", "__exit__": "__aexit__"}
@@ -48,7 +53,9 @@ CONTEXT = {"__enter__": "__aenter__", "__exit__": "__aexit__"}
 ALLOWED_DEFAULT_DIFFERENCES: dict[tuple[str, str], tuple[Any, Any]] = {}
 
 PAIRS = list(IO_METHODS)
-PAIR_IDS = ["Redlock", "Lock", "MultiLock"]
+PAIR_IDS = ["Redlock", "Lock", "MultiLock", "RedisFencedStore"]
+# The pairs that are context managers (not the fenced stores).
+CM_PAIRS = PAIRS[:3]
 
 
 def public_names(cls: type) -> set[str]:
@@ -84,6 +91,10 @@ def test_same_public_instance_attributes() -> None:
         assert isinstance(sync_lock, Lock) and isinstance(async_lock, AsyncLock)
     finally:
         sync_dlm.close()
+    sync_store = RedisFencedStore(redis.Redis(port=1), ttl=30)
+    async_store = AsyncRedisFencedStore(redis.asyncio.Redis(port=1), ttl=30)
+    assert instance_names(sync_store) == instance_names(async_store) == {
+        "client", "namespace", "ttl"}
 
 
 @pytest.mark.parametrize(("sync_cls", "async_cls"), PAIRS, ids=PAIR_IDS)
@@ -113,7 +124,7 @@ def test_same_signatures_and_only_io_methods_are_coroutines(sync_cls: type,
     assert checked >= len(io) + 1
 
 
-@pytest.mark.parametrize(("sync_cls", "async_cls"), PAIRS, ids=PAIR_IDS)
+@pytest.mark.parametrize(("sync_cls", "async_cls"), CM_PAIRS, ids=PAIR_IDS[:3])
 def test_context_managers_match(sync_cls: type, async_cls: type) -> None:
     for sync_name, async_name in CONTEXT.items():
         sync_method = getattr(sync_cls, sync_name)

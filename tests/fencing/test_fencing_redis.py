@@ -11,8 +11,15 @@ import pytest
 import redis
 import redis.asyncio
 
-from fencing import AsyncRedisFencedStore, FencingError, RedisFencedStore, StaleTokenError
+from fencing import (
+    MAX_STORED_TTL,
+    AsyncRedisFencedStore,
+    FencingError,
+    RedisFencedStore,
+    StaleTokenError,
+)
 from fencing.errors import RowNotFoundError
+from fencing.redis_store import FENCED_WRITE
 from redlock.testing import RedisNodes
 from tests.fencing.workload import TokenSource, WriteFunction, run_mixed, run_threads, write_loop
 from tests.history import ACCEPTED, REJECTED, Write, check
@@ -173,6 +180,133 @@ def test_every_lower_token_rejected_under_concurrency(nodes1: RedisNodes) -> Non
     assert {r.writer.split("-")[0] for r in records} == {"thread", "process"}
 
 
+# -- expiring data (ttl=) -------------------------------------------------------------
+
+SHORT_TTL = 0.5  # seconds: long enough for the checks before it runs out, short to wait
+SHORT_MS = int(SHORT_TTL * 1000)
+
+
+def wait_until_gone(client: redis.Redis, key: str, seconds: float = 5.0) -> float:
+    """Poll until ``key`` has expired; the time it took. Meanwhile the key is always the
+    whole record (fence and value as they were) or nothing: they go together."""
+    start = time.monotonic()
+    record = client.hgetall(key)
+    assert record
+    while client.exists(key):
+        assert client.hgetall(key) in (record, {})
+        assert time.monotonic() - start < seconds, f"{key} did not expire in {seconds} s"
+        time.sleep(0.02)
+    return time.monotonic() - start
+
+
+def test_ttl_keeps_the_mark_in_the_value_key_and_both_expire_together(
+        client: redis.Redis) -> None:
+    store = RedisFencedStore(client, ttl=SHORT_TTL)
+    assert store.ttl == SHORT_TTL
+    store.write("orders:42", 5, b"paid")
+    key = store.key("orders:42")
+    assert client.keys("*") == [key.encode()]  # one key per resource: no mark of its own
+    assert client.type(key) == b"hash"
+    assert client.hgetall(key) == {b"fence": b"5", b"value": b"paid"}
+    assert 0 < client.pttl(key) <= SHORT_MS
+    left = client.pttl(key)
+    with pytest.raises(StaleTokenError) as caught:
+        store.write("orders:42", 4, b"stale")
+    assert caught.value.highest == 5
+    assert 0 < client.pttl(key) <= left  # a rejected write does not prolong the data
+    assert store.read("orders:42") == b"paid"
+    wait_until_gone(client, key)
+    assert client.keys("*") == []  # nothing of the resource is left, its mark neither
+    assert (store.read("orders:42"), store.highest("orders:42")) == (None, 0)
+
+
+def test_after_expiry_any_token_is_a_first_write(client: redis.Redis) -> None:
+    """The documented price of ttl=: once value and mark have expired, the store no
+    longer remembers the mark, and a lower (stale) token is accepted."""
+    store = RedisFencedStore(client, ttl=SHORT_TTL)
+    store.write("r", 100, b"new holder")
+    wait_until_gone(client, store.key("r"))
+    store.write("r", 3, b"stale holder, after expiry")
+    assert (store.read("r"), store.highest("r")) == (b"stale holder, after expiry", 3)
+    assert 0 < client.pttl(store.key("r")) <= SHORT_MS
+
+
+def test_accepted_writes_and_fences_renew_the_ttl(client: redis.Redis) -> None:
+    store = RedisFencedStore(client, ttl=SHORT_TTL)
+    key = store.key("r")
+    start = time.monotonic()
+    store.write("r", 1, b"a")
+    for token in (1, 2, 2, 3):  # equal and higher tokens, for about twice the TTL
+        time.sleep(SHORT_TTL / 2)
+        if token == 2:
+            assert store.fence("r", token) is not None
+        else:
+            store.write("r", token, b"b")
+        assert 0 < client.pttl(key) <= SHORT_MS
+    assert time.monotonic() - start > SHORT_TTL * 1.5
+    assert (store.read("r"), store.highest("r")) == (b"b", 3)
+    # fence() on a missing resource leaves a mark, and it expires too.
+    assert store.fence("new", 7) is None
+    assert client.hgetall(store.key("new")) == {b"fence": b"7"}
+    assert 0 < client.pttl(store.key("new")) <= SHORT_MS
+    wait_until_gone(client, store.key("new"))
+
+
+def test_ttl_is_seconds_float_or_int(client: redis.Redis) -> None:
+    store = RedisFencedStore(client, ttl=2.0005)  # 2001 ms: rounded up, never down
+    store.write("r", 1, b"v")
+    assert 1500 < client.pttl(store.key("r")) <= 2001
+    store = RedisFencedStore(client, ttl=86400)  # an int is seconds too
+    store.write("r", 2, b"v")
+    assert 86_399_000 < client.pttl(store.key("r")) <= 86_400_000
+
+
+def test_default_store_is_unchanged_and_never_sets_an_expiry(client: redis.Redis) -> None:
+    """ttl=None (the default): the same key, fields and replies as before ttl= existed,
+    and the store neither sets an expiry nor removes one set by other means."""
+    old = RedisFencedStore(client)
+    assert old.ttl is None
+    old.write("r", 1, b"a")
+    assert client.hgetall("fence:{r}") == {b"fence": b"1", b"value": b"a"}
+    assert client.pttl("fence:{r}") == -1  # no expiry
+    client.pexpire("fence:{r}", 60_000)
+    old.write("r", 2, b"b")
+    assert 0 < client.pttl("fence:{r}") <= 60_000  # kept, as HSET always did
+    # The script without the new argument (as a caller of the old script sent it).
+    reply = client.eval(FENCED_WRITE, 1, "fence:{x}", "4", "w", b"v")
+    assert reply == [1, b"4"]
+    assert client.pttl("fence:{x}") == -1
+    # A ttl store and a default store over the same keys read the same record.
+    RedisFencedStore(client, ttl=60).write("r", 3, b"c")
+    assert (old.read("r"), old.highest("r")) == (b"c", 3)
+    with pytest.raises(StaleTokenError):
+        old.write("r", 2, b"stale")
+
+
+BAD_TTLS = [
+    (0, ValueError), (0.0, ValueError), (-1, ValueError), (-0.5, ValueError),
+    (float("nan"), ValueError), (float("inf"), ValueError), (float("-inf"), ValueError),
+    (0.0005, ValueError), (MAX_STORED_TTL * 1.01, ValueError), (10**400, ValueError),
+    (True, TypeError), ("30", TypeError), (b"30", TypeError), ([30], TypeError),
+]
+
+
+@pytest.mark.parametrize("ttl, error", BAD_TTLS, ids=lambda v: repr(v)[:20])
+def test_invalid_ttls(client: redis.Redis, ttl: object, error: type[Exception]) -> None:
+    with pytest.raises(error, match="ttl"):
+        RedisFencedStore(client, ttl=ttl)  # type: ignore[arg-type]
+    async_client = redis.asyncio.Redis(port=1)  # never connects: the check comes first
+    with pytest.raises(error, match="ttl"):
+        AsyncRedisFencedStore(async_client, ttl=ttl)  # type: ignore[arg-type]
+
+
+def test_valid_ttl_bounds(client: redis.Redis) -> None:
+    assert RedisFencedStore(client, ttl=0.001).ttl == 0.001
+    assert RedisFencedStore(client, ttl=MAX_STORED_TTL).ttl == MAX_STORED_TTL
+    with pytest.raises(TypeError):
+        RedisFencedStore(client, "ns", 30)  # type: ignore[call-arg]  # ttl is keyword-only
+
+
 # -- asyncio twin -------------------------------------------------------------------
 
 
@@ -195,6 +329,36 @@ async def test_async_store_semantics(nodes1: RedisNodes) -> None:
             await store.write("r", False, b"x")  # type: ignore[arg-type]
         with pytest.raises(ValueError):
             await store.write("", 9, b"x")
+    finally:
+        await client.aclose()
+
+
+async def test_async_store_ttl_keeps_value_and_mark_together(nodes1: RedisNodes) -> None:
+    client = redis.asyncio.Redis.from_url(nodes1[0].url)
+    try:
+        store = AsyncRedisFencedStore(client, "async", ttl=SHORT_TTL)
+        assert store.ttl == SHORT_TTL
+        await store.write("orders:42", 9, b"paid")
+        key = store.key("orders:42")
+        assert await client.keys("*") == [key.encode()]
+        assert await client.type(key) == b"hash"
+        assert await client.hgetall(key) == {b"fence": b"9", b"value": b"paid"}
+        assert 0 < await client.pttl(key) <= SHORT_MS
+        with pytest.raises(StaleTokenError):
+            await store.write("orders:42", 8, b"stale")
+        assert await store.fence("orders:42", 9) == b"paid"
+        assert 0 < await client.pttl(key) <= SHORT_MS
+        deadline = time.monotonic() + 5.0
+        record = await client.hgetall(key)
+        while await client.exists(key):
+            assert await client.hgetall(key) in (record, {})
+            assert time.monotonic() < deadline, "the key did not expire"
+            await asyncio.sleep(0.02)
+        assert await client.keys("*") == []
+        assert (await store.read("orders:42"), await store.highest("orders:42")) == (None, 0)
+        await store.write("orders:42", 1, b"after expiry")  # any token: a first write
+        assert await store.highest("orders:42") == 1
+        assert await AsyncRedisFencedStore(client, "async").read("orders:42") == b"after expiry"
     finally:
         await client.aclose()
 
