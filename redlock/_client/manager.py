@@ -70,7 +70,9 @@ class ManagerBase(Generic[H, MH]):
             ``sentinel:<service>``), one per independent master, in any collection (a
             list, a tuple, a set: the order of a set is arbitrary, and node names in
             errors follow it). An odd N is best. Redis Cluster clients are refused.
-        namespace: key prefix; keys are ``{namespace}:{{resource}}:lock`` / ``:fence``.
+        namespace: key prefix; keys are ``{namespace}:{{resource}}:lock`` (and the
+            resource's waiting line) and ``{namespace}:node:fence`` (the node's one
+            fence counter).
         node_timeout: seconds a request waits for the nodes' replies; unset, it adapts
             to each node's measured round-trip time (twice the estimate of the
             quorum-th fastest node, at least 50 ms, at most a fifth of the TTL), from
