@@ -29,6 +29,7 @@ from tests.apps.support import (
     wait_no_library_threads,
     wait_no_other_tasks,
 )
+from tests.internals import Keys
 
 HOLDERS = 200  # (a): auto-extended locks held at once, each on a resource of its own
 HOLD_TTL = 1.0
@@ -324,8 +325,8 @@ async def test_a_new_cluster_under_a_burst_of_first_acquires(nodes5: RedisNodes)
     markers, episodes = [], []
     for node in nodes5:
         with node.client() as client:
-            markers.append(bool(client.exists(f"{NAMESPACE}:node-marker")))
-            episodes.append(bool(client.exists(f"{NAMESPACE}:node-amnesia")))
+            markers.append(bool(client.exists(Keys(NAMESPACE).marker)))
+            episodes.append(bool(client.exists(Keys(NAMESPACE).episode)))
     problems = []
     if tally.counts["ok"] != 200:
         problems.append(f"only {tally.counts['ok']}/200 first requests succeeded: {tally}")

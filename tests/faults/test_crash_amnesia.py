@@ -282,7 +282,7 @@ def test_minority_amnesia_detected_excluded_rejoins_late_and_reseeded(
         assert rejoined_at is not None, "the amnesiac nodes never rejoined"
         figures.recovery_s = rejoined_at - crashed_at
         assert figures.recovery_s >= max_ttl, "rejoined before one max_ttl had passed"
-        assert fence_counters(nodes5.nodes[:2], fenced) == [top, top]
+        assert min(fence_counters(nodes5.nodes[:2], fenced)) >= top
 
         # A fresh client on the majority {0, 1, 4} (4 lags far behind): above top.
         for i in (2, 3):

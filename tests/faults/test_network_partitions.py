@@ -258,11 +258,14 @@ def test_lost_replies_on_a_majority_fail_release_and_recover_within_the_ttl(
     resource = "lost-replies"
     with scenario("lost-replies-majority-sync") as figures:
         recorder = Recorder(figures, store)
+        before = fence_counters(behind(proxied5), resource)[:3]
         for proxy in proxied5[:3]:
             proxy.lose_replies()
         assert recorder.cycle(dlm, "a", resource, blocking=False) is None
-        # The nodes did run the acquire (their replies were lost, not their requests).
-        ran_unheard = fence_counters(behind(proxied5), resource)[:3]
+        # The nodes did run the acquire (their replies were lost, not their requests):
+        # each one's counter moved by one.
+        ran_unheard = [after - b for after, b in zip(
+            fence_counters(behind(proxied5), resource)[:3], before, strict=True)]
         healed = time.monotonic()
         for proxy in proxied5[:3]:
             proxy.heal()
@@ -290,13 +293,15 @@ def test_lost_replies_on_a_majority_asyncio_client(
         async with AsyncRedlock(proxied5.urls, node_timeout=NODE_TIMEOUT) as dlm:
             async with dlm.lock("warm-up", ttl=TTL, timeout=5.0):
                 pass
+            before = fence_counters(behind(proxied5), resource)
             for proxy in proxied5[:3]:
                 proxy.lose_replies()
             try:
                 got = await dlm.lock(resource, ttl=TTL).acquire(blocking=False)
             except QuorumUnavailable:
                 got = False
-            ran = fence_counters(behind(proxied5), resource)
+            ran = [after - b for after, b in zip(fence_counters(behind(proxied5), resource),
+                                                 before, strict=True)]
             for proxy in proxied5[:3]:
                 proxy.heal()
             await asyncio.sleep(0.05)  # the release written behind the acquire runs
