@@ -40,7 +40,7 @@ from redlock._core.settings import (
     validate_timeout,
 )
 from redlock._core.state import LockState, Status
-from redlock._core.tokens import TOKEN_LIMIT, choose_token, quorum, validity_left
+from redlock._core.tokens import TOKEN_LIMIT, bucket, choose_token, quorum, validity_left
 from redlock._core.waiting import LINE_POLL_MAX
 from redlock._io.failures import as_failure, map_failures
 from redlock._io.wakeups import WakeRegistry
@@ -82,6 +82,7 @@ __all__ = [
     "ack_outcome",
     "acquire_outcome",
     "as_failure",
+    "bucket",
     "choose_token",
     "cli_render",
     "drive",

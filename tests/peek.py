@@ -20,7 +20,7 @@ from redlock import (
     RedlockError,
 )
 from redlock.testing import RedisNode, free_port
-from tests.internals import KEYS
+from tests.internals import KEYS, bucket
 
 
 def on_nodes(nodes: Sequence[RedisNode], command: Callable[[redis.Redis], Any]) -> list[Any]:
@@ -64,18 +64,25 @@ def delete_lock_keys(nodes: Sequence[RedisNode], resource: str) -> None:
 
 
 def fence_counters(nodes: Sequence[RedisNode], resource: str) -> list[int]:
-    """Per node, the counter the token rule counts for ``resource``: the node's one
-    counter, or the resource's own counter of the previous format if that is higher
-    (docs/design.md §3.8), as INSPECT shows it."""
-    return [max(int(get(node, KEYS.counter) or 0),
-                int(get(node, KEYS.legacy_fence(resource)) or 0)) for node in nodes]
+    """Per node, the counter the token rule counts for ``resource``: its bucket's, or
+    the resource's own counter of the previous format if that is higher (docs/design.md
+    §3.8), as INSPECT shows it."""
+    found = []
+    for node in nodes:
+        with node.client() as client:
+            own = client.hget(KEYS.counter, bucket(resource))
+            legacy = client.get(KEYS.legacy_fence(resource))
+        found.append(max(int(own or 0), int(legacy or 0)))
+    return found
 
 
-def set_fence_counters(nodes: Sequence[RedisNode], values: Sequence[int]) -> None:
-    """Set each node's one fence counter (every resource's tokens come from it)."""
+def set_fence_counters(nodes: Sequence[RedisNode], resource: str,
+                       values: Sequence[int]) -> None:
+    """Set each node's counter of ``resource``'s bucket (shared with the resources whose
+    names hash to the same one)."""
     for node, value in zip(nodes, values, strict=True):
         with node.client() as client:
-            client.set(KEYS.counter, value)
+            client.hset(KEYS.counter, bucket(resource), value)
 
 
 def markers(nodes: Sequence[RedisNode]) -> list[bytes | None]:

@@ -31,6 +31,7 @@ from tests.internals import (
     RedlockCore,
     Settings,
     Wait,
+    bucket,
     map_failures,
     node_scripts,
     real_environment,
@@ -40,7 +41,7 @@ from tests.internals import (
 MARKER = KEYS.marker
 GUARD = KEYS.repair_guard
 EPISODE = KEYS.episode
-COUNTER = KEYS.counter  # the node's one fence counter
+COUNTER = KEYS.counter  # the node's fence counters: a hash, one field per bucket
 EPOCH_MS = 1_700_000_000_000  # what a node's clock reads when the FakeClock reads 0
 
 
@@ -111,7 +112,7 @@ class ScriptedNodes:
         self.lines: list[dict[str, dict[str, tuple[int, int]]]] = [{} for _ in range(n)]
         self.line_expiry: list[dict[str, int]] = [{} for _ in range(n)]
         for i, counter in enumerate(counters or []):
-            self.data[i][COUNTER] = counter
+            self.data[i][COUNTER] = {bucket("r"): counter}
         self.down = set(down)
         self.durable = set(range(n))
         self.promoted: set[int] = set()
@@ -250,13 +251,18 @@ class ScriptedNodes:
         def node_format(marker: str, legacy_marker: str) -> int:
             return 1 if legacy_marker in db else 2 if marker in db else 0
 
-        def highest(fence: str, legacy: str, floor: int = 0) -> int:
-            return max(counter(fence), counter(legacy), floor)
+        def fields(key: str) -> dict[str, int]:
+            found = db.get(key)
+            assert found is None or isinstance(found, dict), (key, found)
+            return {} if found is None else found
 
-        def raise_to(fence: str, legacy: str, value: int, format: int) -> int:
-            """INCRBY only when it goes up: a counter at 0 is no key."""
-            if value > counter(fence):
-                db[fence] = value
+        def highest(fence: str, field: str, legacy: str, floor: int = 0) -> int:
+            return max(fields(fence).get(field, 0), counter(legacy), floor)
+
+        def raise_to(fence: str, field: str, legacy: str, value: int, format: int) -> int:
+            """HINCRBY only when it goes up: a counter at 0 is no field."""
+            if value > fields(fence).get(field, 0):
+                db[fence] = {**fields(fence), field: value}
             if format == 1:
                 if value > counter(legacy):
                     db[legacy] = value
@@ -275,7 +281,7 @@ class ScriptedNodes:
 
         if script is scripts.ACQUIRE:
             lock, fence, marker, line_key, _, legacy, legacy_marker = keys
-            owner, ticket = as_text(args[0]), as_text(args[3])
+            owner, ticket, field = as_text(args[0]), as_text(args[3]), as_text(args[5])
             format = node_format(marker, legacy_marker)
             if not format:
                 return [scripts.ACQUIRE_AMNESIAC, 0]
@@ -283,13 +289,13 @@ class ScriptedNodes:
             if holder == owner:
                 self.ttl_ms[node][lock] = int(as_text(args[1]))
                 return [scripts.ACQUIRE_ALREADY_OURS,
-                        raise_to(fence, legacy, highest(fence, legacy), format)]
+                        raise_to(fence, field, legacy, highest(fence, field, legacy), format)]
 
             def grant() -> list[object]:
                 db[lock] = owner
                 self.ttl_ms[node][lock] = int(as_text(args[1]))
-                token = highest(fence, legacy, int(as_text(args[2]))) + 1
-                return [scripts.ACQUIRE_GRANTED, raise_to(fence, legacy, token, format)]
+                token = highest(fence, field, legacy, int(as_text(args[2]))) + 1
+                return [scripts.ACQUIRE_GRANTED, raise_to(fence, field, legacy, token, format)]
 
             line = self._line(node, line_key)
             if holder is None and not line:  # free, nobody in line
@@ -328,20 +334,23 @@ class ScriptedNodes:
                 return [scripts.ACQUIRE_AMNESIAC, 0]
             if any(get(lock) not in (None, owner) for lock in locks):
                 return [scripts.ACQUIRE_REFUSED, 1000]
-            token = max([int(as_text(args[2])), *(highest(fence, lg) for lg in legacies)])
+            buckets = [as_text(a) for a in args[3:]]
+            token = max([int(as_text(args[2])), *(highest(fence, f, lg)
+                                                  for f, lg in zip(buckets, legacies,
+                                                                   strict=True))])
             token += any(get(lock) is None for lock in locks)
             reply: list[object] = [scripts.ACQUIRE_GRANTED]
-            for lock, legacy in zip(locks, legacies, strict=True):
+            for lock, field, legacy in zip(locks, buckets, legacies, strict=True):
                 self.ttl_ms[node][lock] = int(as_text(args[1]))
                 db[lock] = owner
-                reply.append(raise_to(fence, legacy, token, format))
+                reply.append(raise_to(fence, field, legacy, token, format))
             return reply
         if script is scripts.WRITE_BACK:
             lock, fence, marker, legacy, legacy_marker = keys
             format = node_format(marker, legacy_marker)
             if not format or get(lock) != as_text(args[0]):
                 return 0
-            raise_to(fence, legacy, int(as_text(args[1])), format)
+            raise_to(fence, as_text(args[2]), legacy, int(as_text(args[1])), format)
             return 1
         if script is scripts.RELEASE:
             lock, _, line_key, _ = keys
@@ -383,17 +392,19 @@ class ScriptedNodes:
             lock, fence, marker, guard, episode_key, legacy, legacy_marker = keys
             holder = get(lock)
             return [-2 if holder is None else self.ttl_ms[node].get(lock, -1),
-                    highest(fence, legacy), node_format(marker, legacy_marker), int(guard in db),
+                    highest(fence, as_text(args[0]), legacy), node_format(marker, legacy_marker),
+                    int(guard in db),
                     b"" if holder is None else hashlib.sha1(holder.encode()).hexdigest()[
                         :12].encode(),
                     (get(episode_key) or "").encode(), self.now_ms(node)]
         if script is node_scripts.SEED_COUNTERS:
             guard, fence = keys
-            repair_id, seed = args
+            repair_id, *pairs = args
             if get(guard) != as_text(repair_id):
                 return 0
-            if int(as_text(seed)) > counter(fence):
-                db[fence] = int(as_text(seed))
+            for field, seed in zip(pairs[::2], pairs[1::2], strict=True):
+                if int(as_text(seed)) > fields(fence).get(as_text(field), 0):
+                    db[fence] = {**fields(fence), as_text(field): int(as_text(seed))}
             return 1
         if script is node_scripts.FINISH_REPAIR:
             guard, marker, episode_key, *barrier = keys
@@ -456,12 +467,14 @@ class ScriptedNodes:
             fence, legacy_marker, *legacies = keys
             if legacy_marker in db:
                 return -1
-            found = [counter(k) for k in legacies if k in db]
-            for k in legacies:
-                db.pop(k, None)
-            if max(found, default=0) > counter(fence):
-                db[fence] = max(found)
-            return len(found)
+            folded = 0
+            for key, field in zip(legacies, (as_text(a) for a in args), strict=True):
+                if key in db:
+                    if counter(key) > fields(fence).get(field, 0):
+                        db[fence] = {**fields(fence), field: counter(key)}
+                    del db[key]
+                    folded += 1
+            return folded
         if script is node_scripts.OPEN_EPISODE:
             marker, episode_key, legacy_marker = keys
             if marker in db or legacy_marker in db:
@@ -475,6 +488,17 @@ class ScriptedNodes:
             db[episode_key] = f"{now} {self.run_id(node)} {as_text(args[0])}"
             return [1, now, now]
         raise AssertionError(f"unexpected script {script!r} on node {node}")
+
+    def counter(self, node: int, resource: str = "r") -> int:
+        """The node's fence counter that ``resource``'s tokens come from (its bucket)."""
+        found = self.data[node].get(COUNTER) or {}
+        assert isinstance(found, dict), found
+        return int(found.get(bucket(resource), 0))
+
+    def set_counter(self, node: int, value: int, resource: str = "r") -> None:
+        found = self.data[node].get(COUNTER) or {}
+        assert isinstance(found, dict), found
+        self.data[node][COUNTER] = {**found, bucket(resource): value}
 
     def _line(self, node: int, key: str) -> dict[str, tuple[int, int]]:
         """A waiting line's entries, lapsed ones included (the Lua drops them only in
@@ -562,9 +586,12 @@ class ScriptedNodes:
             return [str(end if end < len(keys) else 0).encode(),
                     [k.encode() for k in keys[start:end]
                      if fnmatch.fnmatchcase(k, as_text(pattern))]]
-        if name == "GET":
-            value = db.get(as_text(rest[0]))
-            return None if value is None else as_text(value).encode()
+        if name == "HGETALL":
+            found = db.get(as_text(rest[0])) or {}
+            assert isinstance(found, dict), found
+            if self.resp3:
+                return {f.encode(): str(v).encode() for f, v in found.items()}
+            return [x for f, v in found.items() for x in (f.encode(), str(v).encode())]
         if name == "MGET":
             return [None if db.get(as_text(k)) is None else as_text(db[as_text(k)]).encode()
                     for k in rest]

@@ -48,7 +48,7 @@ def test_twenty_thousand_names_leave_a_fixed_set_of_keys_per_node(nodes: RedisNo
         # Every script loaded and every node key written before the baseline.
         with dlm.lock("warm-up", ttl=TTL) as held:
             assert rival.lock("warm-up", ttl=TTL).acquire(blocking=True, timeout=0.05) is False
-            first = held.token
+            assert held.token == 1
         baseline = used_memory(nodes)
         failures: list[str] = []
         contended: list[int] = []
@@ -87,7 +87,6 @@ def test_twenty_thousand_names_leave_a_fixed_set_of_keys_per_node(nodes: RedisNo
         for name in ("order:0", "order:1", f"order:{NAMES - 1}"):
             with dlm.lock(name, ttl=TTL, blocking=True, timeout=3.0) as again:
                 assert again.token > tokens[name]
-        assert min(tokens.values()) > first
     # Every lock key and line lapses within TTL (bounded wait).
     deadline = time.monotonic() + 10 * TTL + 5
     while time.monotonic() < deadline and max(key_counts(nodes)) > 4:

@@ -19,7 +19,7 @@ import pytest
 from redlock import LockLost, Redlock, cli
 from redlock.testing import RedisNodes
 from redlock.testing.redis_nodes import free_port
-from tests.internals import KEYS, cli_render
+from tests.internals import KEYS, bucket, cli_render
 
 
 def run(*args: str, stdin: str | None = None,
@@ -385,7 +385,7 @@ def test_repair_reports_then_repairs_an_amnesiac_node(
     assert forced.returncode == cli.EXIT_OK, forced.stdout + forced.stderr
     assert json.loads(forced.stdout)["nodes"][0]["status"] == "repaired"
     with nodes[0].client() as client:  # re-seeded: the next token continues past 5
-        assert int(client.get(KEYS.counter)) == 5
+        assert int(client.hget(KEYS.counter, bucket("cli:repair"))) == 5
         assert client.exists(KEYS.marker)
 
 

@@ -23,7 +23,7 @@ from redlock import (
 )
 from redlock.testing import RedisNodes
 from tests.clients import run_threads
-from tests.internals import KEYS
+from tests.internals import KEYS, bucket
 from tests.peek import fence_counters, lock_values, write_markers
 
 NODE_TIMEOUT = 0.25  # a healthy node on a busy shared machine must not look dead
@@ -92,7 +92,7 @@ def test_diverged_counters_are_committed_per_resource(dlm: Redlock,
                                                       nodes3: RedisNodes) -> None:
     write_markers(nodes3)
     with nodes3[0].client() as client:
-        client.set(KEYS.counter, 10)  # node 0 is ahead
+        client.hset(KEYS.counter, bucket("d1"), 10)  # node 0 is ahead on d1's bucket
         client.set(KEYS.legacy_fence("d2"), 20)  # and d2 has an old counter there
     with dlm.lock_many(["d1", "d2"]) as many:
         assert many.tokens == {"d1": 21, "d2": 21}

@@ -22,7 +22,7 @@ async def test_a_minority_of_five_paused_still_acquires_extends_and_releases(
     dlm = flavour.manager(nodes5)
     initialised = await me.cycle(dlm.lock("warm-up", timeout=5.0))  # writes the markers
     before = await me.cycle(dlm.lock("q:minority", timeout=5.0))
-    assert (initialised, before) == (1, 2)  # every resource takes from one counter
+    assert initialised == before == 1  # two names in two of the nodes' counters
     for i in paused:
         nodes5[i].pause()
     running = [node for i, node in enumerate(nodes5) if i not in paused]

@@ -54,7 +54,7 @@ async def test_diverged_counters_all_nodes_up_token_is_max_and_written_back(
         flavour: Flavour, me: Actor, nodes5: RedisNodes) -> None:
     resource = "fence:diverged"
     await me.cycle(flavour.manager(nodes5).lock(resource, timeout=5.0))  # writes the markers
-    set_fence_counters(nodes5, [10, 5, 5, 5, 5])
+    set_fence_counters(nodes5, resource, [10, 5, 5, 5, 5])
     assert await me.cycle(flavour.manager(nodes5).lock(resource, timeout=5.0)) == 11
     # The write-back raised the four lower counters to the token.
     assert fence_counters(nodes5, resource) == [11] * 5
@@ -65,7 +65,7 @@ async def test_counters_agreeing_on_a_quorum_need_no_write_back(
     """The second round runs only when fewer than a quorum returned the token."""
     resource = "fence:agreeing"
     await me.cycle(flavour.manager(nodes5).lock(resource, timeout=5.0))
-    set_fence_counters(nodes5, [10, 10, 10, 5, 5])
+    set_fence_counters(nodes5, resource, [10, 10, 10, 5, 5])
     assert await me.cycle(flavour.manager(nodes5).lock(resource, timeout=5.0)) == 11
     assert fence_counters(nodes5, resource) == [11, 11, 11, 6, 6]
 
@@ -75,7 +75,7 @@ async def test_token_stops_below_2_pow_53(flavour: Flavour, me: Actor,
     resource = "fence:limit"
     dlm = flavour.manager(nodes3)
     await me.cycle(dlm.lock(resource, timeout=5.0))
-    set_fence_counters(nodes3, [2**53 - 2] * 3)
+    set_fence_counters(nodes3, resource, [2**53 - 2] * 3)
     # Still exact on the nodes (Lua numbers):
     assert await me.cycle(dlm.lock(resource, timeout=5.0)) == 2**53 - 1
     lock = me.on(dlm.lock(resource))
@@ -96,7 +96,7 @@ async def test_tokens_increase_across_different_majorities_after_divergence(
         return await me.cycle(flavour.manager(nodes5).lock(resource, timeout=5.0))
 
     await fresh_holder()
-    set_fence_counters(nodes5, [10, 5, 5, 5, 5])
+    set_fence_counters(nodes5, resource, [10, 5, 5, 5, 5])
     seen = []
     for paused in ([3, 4], [0, 1], [0, 4]):  # majorities {0,1,2}, {2,3,4}, {1,2,3}
         for i in paused:
@@ -125,7 +125,7 @@ async def test_minority_amnesia_is_excluded_then_repaired_and_tokens_keep_increa
     max_ttl = 1.0
     dlm = flavour.manager(nodes5, max_ttl=max_ttl)
     busy_seen = [await me.cycle(dlm.lock(busy, ttl=max_ttl, timeout=5.0))]  # initialises
-    set_fence_counters(nodes5, [10, 10, 10, 3, 3])
+    set_fence_counters(nodes5, fenced, [10, 10, 10, 3, 3])
     for i in (3, 4):
         nodes5[i].pause()
     committed = await me.cycle(flavour.manager(nodes5).lock(fenced, ttl=max_ttl, timeout=5.0))

@@ -29,7 +29,8 @@ from redlock._core.settings import Keys, Settings, label, validate_node_addresse
 from redlock._core.state import AcquireResult, AttemptResult, LockState, RoundTrips
 from redlock._core.tokens import (
     TOKEN_LIMIT,
-    TokenFloor,
+    TokenFloors,
+    bucket,
     choose_token,
     quorum,
     validity_left,
@@ -69,7 +70,7 @@ class RedlockCore(Holding):
         self.clock = env.clock
         self.n = len(addresses)
         self.quorum = quorum(self.n)
-        self.floors = TokenFloor(env.new_mutex())
+        self.floors = TokenFloors(env.new_mutex())
         self.amnesia = AmnesiaGuard(self.addresses, settings, self.keys, env, self.timeout)
         # Failing nodes are logged once per outage.
         self.node_outages = NodeOutages(env.clock, env.wall_clock, env.new_mutex())
@@ -214,13 +215,14 @@ class RedlockCore(Holding):
                              (keys.lock(resource), keys.counter, keys.marker,
                               keys.line(resource), keys.line_deadlines(resource),
                               keys.legacy_fence(resource), keys.legacy_marker),
-                             (owner, ttl_ms, floors.floor, ticket,
-                              int(patience(self.settings, self.timeout(ttl)) * 1000)))
+                             (owner, ttl_ms, floors.get(resources), ticket,
+                              int(patience(self.settings, self.timeout(ttl)) * 1000),
+                              bucket(resource)))
         return self._all(scripts.ACQUIRE_MANY,
                          (keys.marker, keys.legacy_marker, keys.counter,
                           *(keys.lock(r) for r in resources),
                           *(keys.legacy_fence(r) for r in resources)),
-                         (owner, ttl_ms, floors.floor))
+                         (owner, ttl_ms, floors.get(resources), *map(bucket, resources)))
 
     def _attempt(self, resources: tuple[str, ...], owner: str, ttl: float,
                  ticket: str) -> Flow[AttemptResult]:
@@ -242,13 +244,13 @@ class RedlockCore(Holding):
             granted = {i: acquire_counters(replies[i])
                        for i, r in enumerate(outcomes) if r.outcome is Outcome.GRANTED}
             if granted:  # the next attempt lifts the nodes that lag behind the highest
-                self.floors.raise_to(max(max(c) for c in granted.values()))
+                self.floors.raise_to(resources, max(max(c) for c in granted.values()))
             if len(granted) >= self.quorum:
                 # The token rule, resource by resource (docs/design.md §3).
                 choices = {r: choose_token({i: c[j] for i, c in granted.items()})
                            for j, r in enumerate(resources)}
                 committed = {r: len(c.committed) for r, c in choices.items()}
-                write_backs = [(r, Call(i, (owner, c.token), scripts.WRITE_BACK,
+                write_backs = [(r, Call(i, (owner, c.token, bucket(r)), scripts.WRITE_BACK,
                                         (keys.lock(r), keys.counter, keys.marker,
                                          keys.legacy_fence(r), keys.legacy_marker)))
                                for r, c in choices.items() if committed[r] < self.quorum

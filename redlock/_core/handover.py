@@ -163,6 +163,6 @@ def adopt(core: RedlockCore, handover: Handover) -> Flow[LockState]:
     if core.clock() >= deadline:
         raise LockLost(f"could not adopt {resource!r}: its validity ran out during the"
                        " hand-over", resource=resource, outcomes=outcomes)
-    core.floors.raise_to(handover.token)
+    core.floors.raise_to((resource,), handover.token)
     return LockState(resource, handover.owner, ttl, handover.token, deadline, core.clock,
                      core.env.new_mutex())

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from redlock._core.requests import Broadcast, Call, Flow
+from redlock._core.tokens import bucket
 from redlock._observe.log import get_logger
 from redlock._scripts import lock as scripts
 from redlock._scripts.replies import ReleaseStatus, failure_detail, force_released, inspected
@@ -108,8 +109,9 @@ class ReleaseReport:
     detail: str = ""
 
 
-def _lock_calls(core: RedlockCore, script: Script, keys: tuple[str, ...]) -> Broadcast:
-    return Broadcast(tuple(Call(i, (), script, keys) for i in range(core.n)),
+def _lock_calls(core: RedlockCore, script: Script, keys: tuple[str, ...],
+                args: tuple[str, ...] = ()) -> Broadcast:
+    return Broadcast(tuple(Call(i, args, script, keys) for i in range(core.n)),
                      core.timeout())
 
 
@@ -139,7 +141,7 @@ def inspect_lock(core: RedlockCore, resource: str) -> Flow[LockStatus]:
     keys = (core.keys.lock(resource), core.keys.counter, core.keys.marker,
             core.keys.repair_guard, core.keys.episode, core.keys.legacy_fence(resource),
             core.keys.legacy_marker)
-    replies = yield _lock_calls(core, scripts.INSPECT, keys)
+    replies = yield _lock_calls(core, scripts.INSPECT, keys, (bucket(resource),))
     return LockStatus(resource, core.quorum,
                       tuple(_node_status(core, i, reply) for i, reply in enumerate(replies)))
 

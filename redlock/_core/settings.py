@@ -142,8 +142,8 @@ class Settings:
 class Keys:
     """Key names (docs/design.md §3.8). A resource's keys share a hash tag
     (``{resource}``): one slot. A node keeps a fixed set of keys of its own
-    (``ns:node:*``): its marker, its fence counter, its amnesia episode and repair
-    claim; the resources' lock keys and lines expire. The ``legacy_*`` names are
+    (``ns:node:*``): its marker, its fence counters (one hash), its amnesia episode and
+    repair claim; the resources' lock keys and lines expire. The ``legacy_*`` names are
     those of the previous format (a fence counter per resource, ``node-*`` node
     keys): read to keep tokens rising across an upgrade, and set as a barrier
     against clients of that format."""
@@ -172,7 +172,8 @@ class Keys:
 
     @property
     def counter(self) -> str:
-        """The node's one fence counter: every resource's tokens come from it."""
+        """The node's fence counters: a hash of ``COUNTER_BUCKETS`` fields; a resource's
+        tokens come from the one its name hashes to (``tokens.bucket``)."""
         return f"{self.namespace}:node:fence"
 
     @property
@@ -208,3 +209,7 @@ class Keys:
     @property
     def legacy_fence_pattern(self) -> str:
         return f"{self.namespace}:{{*}}:fence"
+
+    def legacy_resource(self, key: str) -> str:
+        """The resource of a per-resource counter of the previous format (its key)."""
+        return key[len(self.namespace) + 2:-len("}:fence")]

@@ -4,6 +4,8 @@ token floor a manager keeps."""
 from __future__ import annotations
 
 import hashlib
+import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from redlock._core.environment import Mutex
@@ -17,6 +19,19 @@ TOKEN_LIMIT = 2**53
 def quorum(node_count: int) -> int:
     """Majority of N: N // 2 + 1."""
     return node_count // 2 + 1
+
+
+#: A node keeps this many fence counters, the fields of one hash (docs/design.md §3.0):
+#: a resource's tokens come from the one its name hashes to. Enough that resources
+#: locked at the same moment rarely share one (sharing costs nothing in safety, only a
+#: write-back round when concurrent grants reach the nodes in different orders), few
+#: enough to stay a small fixed set (about 60 KiB per node).
+COUNTER_BUCKETS = 1024
+
+
+def bucket(resource: str) -> str:
+    """The field of the node's counters hash that ``resource``'s tokens come from."""
+    return str(zlib.crc32(resource.encode()) % COUNTER_BUCKETS)
 
 
 def waiter_id(owner: str) -> str:
@@ -45,25 +60,26 @@ def choose_token(counters: dict[int, int]) -> TokenChoice:
     return TokenChoice(token, committed, lower)
 
 
-class TokenFloor:
-    """The highest fence counter this manager saw any node report, sent with each
-    acquire as the counter's floor (docs/design.md §3.5): it lifts a node that lagged
-    behind, so that the granting nodes agree and no write-back round is needed. An
-    optimisation only: every value in it was a node's counter, and raising a counter is
-    always safe; forgetting it (a new process) is safe too."""
+class TokenFloors:
+    """Per bucket, the highest fence counter this manager saw a node report, sent with
+    each acquire as the counter's floor (docs/design.md §3.5): it lifts a node that
+    lagged behind, so that the granting nodes agree and no write-back round is needed.
+    An optimisation only: every value in it was a node's counter, and raising a counter
+    is always safe; forgetting it (a new process) is safe too. One int per bucket."""
 
     def __init__(self, mutex: Mutex) -> None:
-        self._floor = 0
+        self._floors = [0] * COUNTER_BUCKETS
         self._mutex = mutex
 
     def after_fork(self, mutex: Mutex) -> None:
         self._mutex = mutex  # a parent thread may have held the old one at the fork
 
-    @property
-    def floor(self) -> int:
-        return self._floor
+    def get(self, resources: Sequence[str]) -> int:
+        return max(self._floors[int(bucket(r))] for r in resources)
 
-    def raise_to(self, counter: int) -> None:
+    def raise_to(self, resources: Sequence[str], counter: int) -> None:
         with self._mutex:
-            if counter > self._floor:
-                self._floor = counter
+            for r in resources:
+                field = int(bucket(r))
+                if counter > self._floors[field]:
+                    self._floors[field] = counter

@@ -72,8 +72,8 @@ SENTENCES: Mapping[str, str] = {
         " of quorums and repaired {rejoins_after_s} s after the loss; run Redis with"
         " appendonly yes and appendfsync always to avoid this",
     "redlock.node_repaired":
-        "node {node} repaired: its fence counter re-seeded to {counter} from {sources}"
-        " healthy nodes, marker written back; it counts in quorums again",
+        "node {node} repaired: {counters} fence counters re-seeded (highest {highest}) from"
+        " {sources} healthy nodes, marker written back; it counts in quorums again",
     "redlock.cluster_upgraded":
         "upgrade() moved {upgraded} of {nodes} nodes to one fence counter per node"
         " ({failed} failed: run it again once they answer); clients of the previous"

@@ -6,12 +6,13 @@ is the one place that reads replies.
 
 Keys of one resource share a hash tag (``ns:{resource}:lock``, ``:line``, ...) so
 they live in one slot, and all of them expire. A node keeps a fixed set of keys of its
-own: its fence counter (``ns:node:fence``), from which every resource's tokens come
-(docs/design.md §3), and its marker (``ns:node:marker``), which tells a node that still
-remembers its counter from one that lost its data (amnesia, docs/design.md §4).
-The previous format kept a counter per resource (``ns:{resource}:fence``) and its
-marker at ``ns:node-marker``: the scripts read both, so tokens keep rising across an
-upgrade, and keep them up to date while that marker is there (§3.8).
+own: its fence counters (``ns:node:fence``, a hash of 1024 counters; a resource's tokens
+come from the one its name hashes to, docs/design.md §3), and its marker
+(``ns:node:marker``), which tells a node that still remembers its counters from one that
+lost its data (amnesia, docs/design.md §4). The previous format kept a counter per
+resource (``ns:{resource}:fence``) and its marker at ``ns:node-marker``: the scripts
+read both, so tokens keep rising across an upgrade, and keep them up to date while that
+marker is there (§3.8).
 """
 
 from __future__ import annotations
@@ -28,12 +29,13 @@ ACQUIRE_NOT_YOUR_TURN = 3  # free, but others are first in line; second element:
 
 # -- fence counters (docs/design.md §3) -------------------------------------------------
 #
-# A node's format: 0 no marker (it lost its data, or is new: it refuses to grant), 1 the
-# previous format's marker is there (clients of that release may count on this node, and
-# they read each resource's own counter: it is raised along with the node's), 2 this
-# format's marker only (a resource's old counter is read one last time and removed).
-# Per resource and node, max(node counter, resource counter) never falls: that is the
-# counter of the token rule.
+# A resource's counter is one field (its bucket, from a hash of its name) of the node's
+# hash of counters. A node's format: 0 no marker (it lost its data, or is new: it refuses
+# to grant), 1 the previous format's marker is there (clients of that release may count
+# on this node, and they read each resource's own counter: it is raised along with the
+# bucket), 2 this format's marker only (a resource's old counter is read one last time
+# and removed). Per resource and node, max(its bucket's counter, its own old counter)
+# never falls: that is the counter of the token rule.
 
 _TOKEN_FUNCTIONS = """
 local function node_format(marker, legacy_marker)
@@ -46,17 +48,17 @@ local function node_format(marker, legacy_marker)
     return 0
 end
 -- The highest value this node's counters hold for the resource (and the floor).
-local function highest(counter_key, legacy_key, floor)
-    return math.max(tonumber(redis.call('GET', counter_key) or '0'),
+local function highest(counters, bucket, legacy_key, floor)
+    return math.max(tonumber(redis.call('HGET', counters, bucket) or '0'),
                     tonumber(redis.call('GET', legacy_key) or '0'), floor)
 end
--- Raise the node's counter to `value`; the resource's own counter too where the previous
--- format's clients read it, else it goes. INCRBY keeps the stored value an integer
--- string (no Lua float formatting).
-local function raise_to(counter_key, legacy_key, value, format)
-    local counter = tonumber(redis.call('GET', counter_key) or '0')
+-- Raise the resource's bucket to `value`; its own counter too where the previous
+-- format's clients read it, else that goes. HINCRBY and INCRBY keep the stored values
+-- integer strings (no Lua float formatting).
+local function raise_to(counters, bucket, legacy_key, value, format)
+    local counter = tonumber(redis.call('HGET', counters, bucket) or '0')
     if value > counter then
-        redis.call('INCRBY', counter_key, value - counter)
+        redis.call('HINCRBY', counters, bucket, value - counter)
     end
     local legacy = redis.call('GET', legacy_key)
     if format == 1 then
@@ -108,12 +110,13 @@ end
 ACQUIRE = Script(
     "acquire",
     """
--- KEYS[1] lock key, KEYS[2] node fence counter, KEYS[3] node marker key,
+-- KEYS[1] lock key, KEYS[2] node fence counters (hash), KEYS[3] node marker key,
 -- KEYS[4] waiting line (zset: waiter id by ticket), KEYS[5] line deadlines (zset: by ms),
 -- KEYS[6] the resource's counter and KEYS[7] the marker of the previous format
 -- ARGV[1] owner value, ARGV[2] ttl in ms, ARGV[3] token floor (highest counter the client saw)
 -- ARGV[4] ticket: the waiter's place in line ('' for a single try, which does not queue)
 -- ARGV[5] patience in ms: how long the entry stays without a new attempt from its waiter
+-- ARGV[6] the resource's bucket: its field in KEYS[2]
 -- returns {1, token}     granted: SET NX PX done and token = max(counters, floor) + 1
 --                        (a waiter granted as first in line keeps its place until its
 --                        call is over: RELEASE with leave '1')
@@ -130,13 +133,14 @@ end
 local holder = redis.call('GET', KEYS[1])
 if holder == ARGV[1] then
     redis.call('PEXPIRE', KEYS[1], ARGV[2])
-    return {2, raise_to(KEYS[2], KEYS[6], highest(KEYS[2], KEYS[6], 0), format)}
+    return {2, raise_to(KEYS[2], ARGV[6], KEYS[6], highest(KEYS[2], ARGV[6], KEYS[6], 0),
+                        format)}
 end
 local queued = redis.call('EXISTS', KEYS[4]) == 1
 if not holder and not queued then
     redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-    return {1, raise_to(KEYS[2], KEYS[6], highest(KEYS[2], KEYS[6], tonumber(ARGV[3])) + 1,
-                        format)}
+    return {1, raise_to(KEYS[2], ARGV[6], KEYS[6],
+                        highest(KEYS[2], ARGV[6], KEYS[6], tonumber(ARGV[3])) + 1, format)}
 end
 local now = now_ms()
 local me = redis.sha1hex(ARGV[1])
@@ -171,7 +175,8 @@ if first then
     wait_in_line(now + math.min(tonumber(ARGV[5]), tonumber(ARGV[2])))
 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-return {1, raise_to(KEYS[2], KEYS[6], highest(KEYS[2], KEYS[6], tonumber(ARGV[3])) + 1, format)}
+return {1, raise_to(KEYS[2], ARGV[6], KEYS[6],
+                    highest(KEYS[2], ARGV[6], KEYS[6], tonumber(ARGV[3])) + 1, format)}
 """,
 )
 
@@ -181,15 +186,17 @@ return {1, raise_to(KEYS[2], KEYS[6], highest(KEYS[2], KEYS[6], tonumber(ARGV[3]
 ACQUIRE_MANY = Script(
     "acquire_many",
     """
--- KEYS[1] node marker, KEYS[2] the previous format's marker, KEYS[3] node fence counter;
+-- KEYS[1] node marker, KEYS[2] the previous format's marker, KEYS[3] node fence counters;
 -- KEYS[4..k+3] lock keys; KEYS[k+4..2k+3] the resources' counters of the previous format
--- ARGV[1] owner value, ARGV[2] ttl in ms, ARGV[3] token floor
+-- ARGV[1] owner value, ARGV[2] ttl in ms, ARGV[3] token floor, ARGV[4..k+3] the
+-- resources' buckets (fields of KEYS[3], same order)
 -- returns {-1, 0}          no node marker: amnesiac node, refuses
 --         {0, pttl}        some key is held by another owner: nothing set; pttl = the
 --                          longest PTTL among those keys (-1: a key without expiry)
 --         {1, t, ..., t}   every key set (or already ours: TTL refreshed); one token t
 --                          for the whole set, one above every counter involved (or, when
---                          every key was ours already, the counters as they are now)
+--                          every key was ours already, the highest of them as it is), to
+--                          which every member's bucket is raised
 """ + _TOKEN_FUNCTIONS + """
 local format = node_format(KEYS[1], KEYS[2])
 if format == 0 then
@@ -218,7 +225,7 @@ if blocked then
 end
 local token = tonumber(ARGV[3])
 for i = 1, k do
-    token = highest(KEYS[3], KEYS[3 + k + i], token)
+    token = highest(KEYS[3], ARGV[3 + i], KEYS[3 + k + i], token)
 end
 if fresh then
     token = token + 1
@@ -231,7 +238,7 @@ for i = 1, k do
     else
         redis.call('SET', lock, ARGV[1], 'PX', ARGV[2])
     end
-    raise_to(KEYS[3], KEYS[3 + k + i], token, format)
+    raise_to(KEYS[3], ARGV[3 + i], KEYS[3 + k + i], token, format)
     reply[#reply + 1] = token
 end
 return reply
@@ -241,9 +248,9 @@ return reply
 WRITE_BACK = Script(
     "write_back",
     """
--- KEYS[1] lock key, KEYS[2] node fence counter, KEYS[3] node marker key,
+-- KEYS[1] lock key, KEYS[2] node fence counters, KEYS[3] node marker key,
 -- KEYS[4] the resource's counter and KEYS[5] the marker of the previous format
--- ARGV[1] owner value, ARGV[2] token
+-- ARGV[1] owner value, ARGV[2] token, ARGV[3] the resource's bucket
 -- returns 1 when the node still holds our lock key and now has counter >= token, else 0
 -- The owner check is what makes the write-back safe: counting a node that does not
 -- hold our key could let a stale token overtake a committed one (docs/design.md §3.3).
@@ -255,7 +262,7 @@ end
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
     return 0
 end
-raise_to(KEYS[2], KEYS[4], tonumber(ARGV[2]), format)
+raise_to(KEYS[2], ARGV[3], KEYS[4], tonumber(ARGV[2]), format)
 return 1
 """,
 )
@@ -322,13 +329,14 @@ return 0
 INSPECT = Script(
     "inspect",
     """
--- KEYS[1] lock key, KEYS[2] node fence counter, KEYS[3] node marker key,
+-- KEYS[1] lock key, KEYS[2] node fence counters, KEYS[3] node marker key,
 -- KEYS[4] repair claim key, KEYS[5] amnesia episode key,
 -- KEYS[6] the resource's counter and KEYS[7] the marker of the previous format
+-- ARGV[1] the resource's bucket
 -- returns {pttl, fence, marker, repairing, holder, episode, now}; writes nothing
 --   pttl       PTTL of the lock key: -2 free, -1 a key without expiry, else ms left
---   fence      the highest token this node can have given the resource: its counter, or
---              the resource's own counter of the previous format if that is higher
+--   fence      the highest token this node can have given the resource: its bucket's
+--              counter, or its own counter of the previous format if that is higher
 --   marker     the node's format: 2 its marker, 1 the previous format's, 0 none
 --   repairing  1 when a repair has claimed the node, else 0
 --   holder     the first 12 hex digits of SHA1(owner value), '' when free: tells holders
@@ -342,7 +350,7 @@ if owner then
     holder = string.sub(redis.sha1hex(owner), 1, 12)
 end
 local t = redis.call('TIME')
-return {redis.call('PTTL', KEYS[1]), highest(KEYS[2], KEYS[6], 0),
+return {redis.call('PTTL', KEYS[1]), highest(KEYS[2], ARGV[1], KEYS[6], 0),
         node_format(KEYS[3], KEYS[7]), redis.call('EXISTS', KEYS[4]), holder,
         redis.call('GET', KEYS[5]) or '',
         tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)}

@@ -52,17 +52,20 @@ REPAIR_TOO_YOUNG = -1
 SEED_COUNTERS = Script(
     "seed_counters",
     """
--- KEYS[1] repair guard key, KEYS[2] the node's fence counter
--- ARGV[1] repair id, ARGV[2] the seed: the highest counter read from a majority
+-- KEYS[1] repair guard key, KEYS[2] the node's fence counters (hash)
+-- ARGV[1] repair id, ARGV[2..] bucket, seed, bucket, seed, ...: per bucket the highest
+-- counter read from a majority
 -- returns 1 when seeded, 0 when the guard is gone (the node restarted mid-repair)
--- The counter only ever goes up: counter = max(counter, seed).
+-- Counters only ever go up: counter = max(counter, seed).
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
     return 0
 end
-local current = tonumber(redis.call('GET', KEYS[2]) or '0')
-local seed = tonumber(ARGV[2])
-if seed > current then
-    redis.call('INCRBY', KEYS[2], seed - current)
+for i = 2, #ARGV, 2 do
+    local current = tonumber(redis.call('HGET', KEYS[2], ARGV[i]) or '0')
+    local seed = tonumber(ARGV[i + 1])
+    if seed > current then
+        redis.call('HINCRBY', KEYS[2], ARGV[i], seed - current)
+    end
 end
 return 1
 """,
@@ -262,25 +265,26 @@ return 0
 FOLD_COUNTERS = Script(
     "fold_counters",
     """
--- KEYS[1] the node's fence counter, KEYS[2] the previous format's marker,
+-- KEYS[1] the node's fence counters (hash), KEYS[2] the previous format's marker,
 -- KEYS[3..n] per-resource counters of the previous format
--- returns the number of counters folded into the node's counter and removed, or -1 when
--- the previous format's marker is there (its clients still read them: nothing changes)
+-- ARGV[1..n-2] each one's bucket (its resource's field in KEYS[1], same order)
+-- returns the number of counters folded into their buckets and removed, or -1 when the
+-- previous format's marker is there (its clients still read them: nothing changes)
 if redis.call('EXISTS', KEYS[2]) == 1 then
     return -1
 end
-local counter = tonumber(redis.call('GET', KEYS[1]) or '0')
-local highest, folded = counter, 0
+local folded = 0
 for i = 3, #KEYS do
     local value = redis.call('GET', KEYS[i])
     if value then
-        highest = math.max(highest, tonumber(value))
+        local bucket = ARGV[i - 2]
+        local counter = tonumber(redis.call('HGET', KEYS[1], bucket) or '0')
+        if tonumber(value) > counter then
+            redis.call('HINCRBY', KEYS[1], bucket, tonumber(value) - counter)
+        end
         redis.call('DEL', KEYS[i])
         folded = folded + 1
     end
-end
-if highest > counter then
-    redis.call('INCRBY', KEYS[1], highest - counter)
 end
 return folded
 """,

@@ -103,6 +103,15 @@ def text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+def hash_fields(reply: object) -> dict[str, str]:
+    """An HGETALL reply as read raw: a flat list under RESP2, a map under RESP3."""
+    if isinstance(reply, dict):
+        return {text(k): text(v) for k, v in reply.items()}
+    if isinstance(reply, list | tuple):
+        return {text(reply[i]): text(reply[i + 1]) for i in range(0, len(reply) - 1, 2)}
+    return {}
+
+
 def _not_read(node: str, reply: object) -> NodeResult | None:
     """The outcome of a reply that is no answer: not awaited, not read, or a failure."""
     if isinstance(reply, NotAwaited):

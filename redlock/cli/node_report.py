@@ -37,7 +37,7 @@ class NodeReport:
     marker: bool | None = None
     marker_value: str | None = None
     previous_format: bool | None = None  # the marker is the previous format's (§3.8)
-    fence_counter: int | None = None  # the node's one fence counter
+    fence_counter: int | None = None  # the highest of the node's fence counters
     repairing: bool | None = None
     run_id: str | None = None
     version: str | None = None
@@ -121,12 +121,13 @@ def read_node(url: str, address: str, keys: Keys, timeout: float) -> NodeReport:
         report.maxmemory_policy = info.get("maxmemory_policy")
         report.appendfsync = _config(client, "appendfsync")
         report.save = _config(client, "save")
-        marker, previous, counter = client.mget(keys.marker, keys.legacy_marker, keys.counter)
+        marker, previous = client.mget(keys.marker, keys.legacy_marker)
+        counters = client.hvals(keys.counter)
         report.previous_format = marker is None and previous is not None
         marker = marker if marker is not None else previous
         report.marker = marker is not None
         report.marker_value = None if marker is None else _text(marker)
-        report.fence_counter = int(counter) if counter is not None else 0
+        report.fence_counter = max((int(c) for c in counters), default=0)
         report.repairing = bool(client.exists(keys.repair_guard))
         warnings, report.notes = _persistence_findings(report)
         report.warnings = unsafe_config(raw) + warnings

@@ -23,7 +23,6 @@ from tests.internals import (
     scripts,
 )
 from tests.scripted import (
-    COUNTER,
     FakeClock,
     ScriptedNodes,
     make_core,
@@ -82,7 +81,7 @@ def test_acquire_protocol_diverged_counters_write_back_to_lower_nodes_only() -> 
     write_back = nodes.requests[1]
     assert isinstance(write_back, Broadcast)
     assert sorted(c.node for c in write_back.calls) == [3, 4]
-    assert [nodes.data[i][COUNTER] for i in range(5)] == [5, 5, 11, 11, 11]
+    assert [nodes.counter(i) for i in range(5)] == [5, 5, 11, 11, 11]
 
 
 def test_acquire_protocol_failure_releases_on_every_node() -> None:

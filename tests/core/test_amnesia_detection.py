@@ -205,7 +205,9 @@ def test_a_user_who_cannot_identify_the_server_suspects_no_restart() -> None:
 
 
 def test_a_suspects_counters_take_no_part_in_the_tokens_of_a_set() -> None:
-    nodes = ScriptedNodes(3, counters=[5, 5, 9])
+    nodes = ScriptedNodes(3)
+    for i, value in enumerate([5, 5, 9]):
+        nodes.set_counter(i, value, "a")
     nodes.data[0][legacy_fence_key("b")] = 1  # the previous format's counter: below
     core = make_core(3)
     nodes.attach(core)

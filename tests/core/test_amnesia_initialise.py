@@ -12,7 +12,6 @@ from tests.internals import (
     node_scripts,
 )
 from tests.scripted import (
-    COUNTER,
     EPISODE,
     GUARD,
     MARKER,
@@ -27,24 +26,24 @@ def test_initialise_completes_an_interrupted_initialisation() -> None:
     nodes = ScriptedNodes(3)
     for i in (1, 2):  # INIT_MARKER reached node 0 only...
         nodes.data[i].clear()
-    nodes.data[0][COUNTER] = 2  # ...which granted twice without a quorum
+    nodes.set_counter(0, 2)  # ...which granted twice without a quorum
     core = make_core(3)
     with capture_events() as events:
         reports = drive(core.initialise(force=False), nodes.execute)
     assert [(r.status, r.detail) for r in reports] == [
-        ("healthy", ""), ("initialised", "fence counter re-seeded to 2"),
-        ("initialised", "fence counter re-seeded to 2")]
+        ("healthy", ""), ("initialised", "1 fence counters re-seeded (highest 2)"),
+        ("initialised", "1 fence counters re-seeded (highest 2)")]
     blank = nodes.broadcasts()[1:5]  # node by node: no episode, no key of ours
     assert [(c.node, c.args) for b in blank for c in b.calls] == [
         (i, call) for i in (1, 2) for call in (
             ("EXISTS", EPISODE), ("SCAN", 0, "MATCH", "redlock:*", "COUNT", 1000))]
     assert nodes.commands_sent() == ["identify"] + ["EXISTS", "SCAN"] * 2 + [
-        "SET", "GET", "SCAN", "seed_counters", "finish_repair"] * 2
+        "SET", "HGETALL", "SCAN", "seed_counters", "finish_repair"] * 2
     assert [c.node for b in nodes.broadcasts() for c in b.calls
             if c.args[:1] == ("SCAN",) and c.args[2:4] == ("MATCH", "redlock:{*}:fence")] == [
         0, 0]  # the counters read from the marked node only
     assert all(nodes.healthy(i) for i in range(3))
-    assert [db.get(COUNTER) for db in nodes.data] == [2, 2, 2]
+    assert [nodes.counter(i) for i in range(3)] == [2, 2, 2]
     assert not any(GUARD in db or EPISODE in db for db in nodes.data)
     [event] = [e for e in events if e["event"] == "redlock.cluster_initialised_by_hand"]
     assert (event["nodes"], event["initialised"], event["forced"]) == (3, 2, False)
@@ -55,13 +54,13 @@ def test_initialise_completes_an_interrupted_initialisation() -> None:
 
 def test_initialise_refuses_nodes_that_lost_data_unless_forced() -> None:
     nodes = ScriptedNodes(5)
-    nodes.data[0][COUNTER] = 7
-    nodes.data[1][COUNTER] = 5
-    nodes.data[1][legacy_fence_key("s")] = 8  # of the previous format, not folded yet
+    nodes.set_counter(0, 7)
+    nodes.set_counter(1, 5)
+    nodes.data[1][legacy_fence_key("r")] = 8  # of the previous format, not folded yet
     for i in (2, 3, 4):
         nodes.restart(i, keep_data=False)
     nodes.begin_episode(2)  # an amnesia episode
-    nodes.data[3][COUNTER] = 4  # a counter of its own
+    nodes.set_counter(3, 4)  # a counter of its own
     nodes.data[4][lock_key("q")] = "a holder"  # a lock key
     before = [dict(db) for db in nodes.data]
     core = make_core(5)
@@ -79,7 +78,7 @@ def test_initialise_refuses_nodes_that_lost_data_unless_forced() -> None:
     assert [r.status for r in forced] == ["healthy", "healthy"] + ["initialised"] * 3
     assert all(nodes.healthy(i) for i in range(5))
     # Seeded from every marked node (the max), never lowered.
-    assert [db.get(COUNTER) for db in nodes.data] == [7, 5, 8, 8, 8]
+    assert [nodes.counter(i) for i in range(5)] == [7, 5, 8, 8, 8]
     assert not any(GUARD in db or EPISODE in db for db in nodes.data)
     [event] = [e for e in events if e["event"] == "redlock.cluster_initialised_by_hand"]
     assert (event["initialised"], event["forced"]) == (3, True)

@@ -263,12 +263,12 @@ def test_maintenance_repairs_a_node_once_its_episode_is_max_ttl_old_then_ends() 
     with capture_events() as events:
         maintain(core, nodes, sleeps=None)
     assert nodes.sleeps() == [5.0] * 12  # 60 s, looked at every repair_interval
-    assert nodes.commands_sent() == ["open_episode", "SET", "identify", "GET", "SCAN"] + [
-        "GET", "SCAN", "MGET"] * 2 + ["GET", "SCAN", "seed_counters", "finish_repair"]
+    assert nodes.commands_sent() == ["open_episode", "SET", "identify", "HGETALL", "SCAN"] + [
+        "HGETALL", "SCAN", "MGET"] * 2 + ["HGETALL", "SCAN", "seed_counters", "finish_repair"]
     assert nodes.healthy(0) and EPISODE not in nodes.data[0]
     assert core.amnesia.health.benched() == set()
-    assert [(e["node"], e["counter"], e["sources"]) for e in events
-            if e["event"] == "redlock.node_repaired"] == [("n0:6379", 12, 4)]
+    assert [(e["node"], e["counters"], e["highest"], e["sources"]) for e in events
+            if e["event"] == "redlock.node_repaired"] == [("n0:6379", 2, 12, 4)]
 
 
 @pytest.mark.parametrize("loss", ["restart empty", "restart with its data", "flushall"])

@@ -12,6 +12,7 @@ import pytest
 from tests.core.support import amnesiac_cluster, amnesiac_core
 from tests.internals import (
     Call,
+    bucket,
     drive,
     node_scripts,
     open_episodes,
@@ -39,9 +40,9 @@ def test_repair_claims_the_node_reads_every_healthy_node_seeds_the_max_and_marks
     nodes.begin_episode(0, ago=60.0)
     report = drive(repair_node(core, 0), nodes.execute)
     assert (report.node, report.status) == ("n0:6379", "repaired")
-    assert report.detail == "fence counter re-seeded to 12"
+    assert report.detail == "2 fence counters re-seeded (highest 12)"
     assert {k: v for k, v in nodes.data[0].items() if k not in (MARKER, *KEYS.barrier)} == {
-        COUNTER: 12}
+        COUNTER: {bucket("a"): 12, bucket("b"): 6}}  # a's bucket, and b's old counter
     assert [nodes.data[0][k] for k in KEYS.barrier] == [
         node_scripts.BARRIER_EPISODE, node_scripts.BARRIER_CLAIM]
     assert str(nodes.data[0][MARKER]).startswith(f"run_id={nodes.run_id(0)} repaired at=")
@@ -54,8 +55,8 @@ def test_repair_claims_the_node_reads_every_healthy_node_seeds_the_max_and_marks
         (i, ("EVAL", node_scripts.IDENTIFY.source, 2, MARKER, KEYS.legacy_marker))
         for i in (1, 2, 3, 4)]
     # Each source: its counter, then the previous format's (MGET only where SCAN found some).
-    assert nodes.commands_sent() == ["SET", "identify", "GET", "SCAN"] + [
-        "GET", "SCAN", "MGET"] * 2 + ["GET", "SCAN", "seed_counters", "finish_repair"]
+    assert nodes.commands_sent() == ["SET", "identify", "HGETALL", "SCAN"] + [
+        "HGETALL", "SCAN", "MGET"] * 2 + ["HGETALL", "SCAN", "seed_counters", "finish_repair"]
     [finish] = nodes.broadcasts()[-1].calls
     assert finish.keys == (GUARD, MARKER, EPISODE, *KEYS.barrier)
     assert (finish.args[0], finish.args[2]) == (claim.args[2], 60_000)  # checked node-side
@@ -69,7 +70,7 @@ def test_repair_reads_only_nodes_stamped_by_their_running_server() -> None:
     assert report.status == "repaired"
     scanned = [b.calls[0].node for b in nodes.broadcasts() if b.calls[0].args[:1] == ("SCAN",)]
     assert scanned == [1, 2, 3]
-    assert nodes.data[0][COUNTER] == 10  # node 2's old counter of a; only the suspect had 12
+    assert nodes.counter(0, "a") == 10  # node 2's old counter of a; only the suspect had 12
 
 
 def test_repair_fails_cleanly_when_fewer_than_a_quorum_of_healthy_nodes_answer() -> None:
@@ -83,7 +84,7 @@ def test_repair_fails_cleanly_when_fewer_than_a_quorum_of_healthy_nodes_answer()
     assert nodes.data[0] == {}  # no counter, no marker, no guard
 
 
-@pytest.mark.parametrize("broken", ["GET", "SCAN", "MGET"])
+@pytest.mark.parametrize("broken", ["HGETALL", "SCAN", "MGET"])
 def test_repair_does_not_count_a_source_whose_counters_could_not_be_read(broken: str) -> None:
     nodes = amnesiac_cluster()
     core = make_core(5)
@@ -140,11 +141,14 @@ def test_repair_reads_the_previous_formats_counters_page_by_page_and_seeds_the_m
             nodes.data[source][legacy_fence_key(f"r{i}")] = i + source
     core = make_core(3)
     report = drive(repair_node(core, 0, force=True), nodes.execute)
-    assert report.status == "repaired" and report.detail == "fence counter re-seeded to 1201"
-    assert nodes.data[0][COUNTER] == 1201
+    buckets = {bucket(f"r{i}") for i in range(1200)}
+    assert report.status == "repaired"
+    assert report.detail == f"{len(buckets)} fence counters re-seeded (highest 1201)"
+    # Each name's bucket holds at least its old counter (the highest of those sharing it).
+    assert all(nodes.counter(0, f"r{i}") >= i + 2 for i in range(1200))
     assert not any(k.endswith(":fence") and k != COUNTER for k in nodes.data[0])
     seeds = [b for b in nodes.broadcasts() if b.calls[0].script is node_scripts.SEED_COUNTERS]
-    assert [b.calls[0].args[1:] for b in seeds] == [(1201,)]  # one value, one call
+    assert [len(b.calls[0].args) for b in seeds] == [1 + 2 * len(buckets)]  # one call
     scans = [b.calls[0] for b in nodes.broadcasts() if b.calls[0].args[:1] == ("SCAN",)]
     assert len(scans) == 2 * 13  # 1201 keys on each source (the marker too): 13 pages
 
@@ -179,11 +183,12 @@ def test_read_counters_skips_keys_that_vanished_and_gives_up_on_a_malformed_page
     assert nodes.commands_sent() == ["SCAN", "SCAN", "MGET", "SCAN", "SCAN", "MGET",
                                      "SCAN", "MGET"]
     assert drive(read_legacy_counters(core, 2), nodes.execute) == {}  # no counter at all
-    # read_counters: the highest of the node's own counter and those.
-    assert drive(read_counters(core, 1), nodes.execute) == 3
-    nodes.data[1][COUNTER] = 9
-    assert drive(read_counters(core, 1), nodes.execute) == 9
-    assert drive(read_counters(core, 2), nodes.execute) == 0  # nothing yet
+    # read_counters: per bucket, the highest of the node's own counters and those.
+    assert drive(read_counters(core, 1), nodes.execute) == {
+        bucket("a"): 1, bucket("b"): 2, bucket("c"): 3}
+    nodes.set_counter(1, 9, "a")
+    assert drive(read_counters(core, 1), nodes.execute)[bucket("a")] == 9  # type: ignore[index]
+    assert drive(read_counters(core, 2), nodes.execute) == {}  # nothing yet
 
 
 def test_a_repair_waits_for_max_ttl_by_the_nodes_clock_not_the_clients() -> None:
@@ -222,7 +227,7 @@ def test_repair_reports_every_node_and_repairs_only_after_one_max_ttl_unless_for
     forced = drive(core.repair(force=True), nodes.execute)
     assert forced[0].status == "repaired"
     # The max over the sources that answered: 12 was only on the silent node.
-    assert nodes.data[0][COUNTER] == 10
+    assert nodes.counter(0, "a") == 10
     assert [r.status for r in drive(core.repair(force=False), nodes.execute)] == [
         "healthy", "healthy", "healthy", "healthy", "failed"]
 

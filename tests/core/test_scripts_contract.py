@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 
 from redlock.testing import RedisNodes
 from tests.core.contract import Contract, plain, shown
-from tests.internals import KEYS, Call, node_scripts, scripts
+from tests.internals import KEYS, Call, bucket, node_scripts, scripts
 from tests.scripted import ScriptedNodes, as_text
 
 K = KEYS
@@ -45,20 +45,20 @@ def server() -> Iterator[redis.Redis]:
 
 def acquire(r: str, owner: str, *, ticket: str = "", patience: int = TTL, floor: int = 0,
             ttl: int = TTL) -> Call:
-    return Call(0, (owner, ttl, floor, ticket, patience), scripts.ACQUIRE,
+    return Call(0, (owner, ttl, floor, ticket, patience, bucket(r)), scripts.ACQUIRE,
                 (K.lock(r), K.counter, K.marker, K.line(r), K.line_deadlines(r),
                  K.legacy_fence(r), K.legacy_marker))
 
 
 def acquire_many(resources: list[str], owner: str, floor: int | None = None,
                  ttl: int = TTL) -> Call:
-    return Call(0, (owner, ttl, floor or 0), scripts.ACQUIRE_MANY,
+    return Call(0, (owner, ttl, floor or 0, *map(bucket, resources)), scripts.ACQUIRE_MANY,
                 (K.marker, K.legacy_marker, K.counter, *map(K.lock, resources),
                  *map(K.legacy_fence, resources)))
 
 
 def write_back(r: str, owner: str, token: int) -> Call:
-    return Call(0, (owner, token), scripts.WRITE_BACK,
+    return Call(0, (owner, token, bucket(r)), scripts.WRITE_BACK,
                 (K.lock(r), K.counter, K.marker, K.legacy_fence(r), K.legacy_marker))
 
 
@@ -83,7 +83,7 @@ def force_release(r: str) -> Call:
 
 
 def inspect(r: str) -> Call:
-    return Call(0, (), scripts.INSPECT,
+    return Call(0, (bucket(r),), scripts.INSPECT,
                 (K.lock(r), K.counter, K.marker, K.repair_guard, K.episode, K.legacy_fence(r),
                  K.legacy_marker))
 
@@ -117,7 +117,7 @@ def upgrade_node() -> Call:
 
 
 def fold(resources: list[str]) -> Call:
-    return Call(0, (), node_scripts.FOLD_COUNTERS,
+    return Call(0, tuple(map(bucket, resources)), node_scripts.FOLD_COUNTERS,
                 (K.counter, K.legacy_marker, *map(K.legacy_fence, resources)))
 
 
@@ -125,8 +125,10 @@ def claim(repair_id: str) -> Call:
     return Call(0, ("SET", K.repair_guard, repair_id, "NX", "PX", TTL))
 
 
-def seed(repair_id: str, value: int) -> Call:
-    return Call(0, (repair_id, value), node_scripts.SEED_COUNTERS, (K.repair_guard, K.counter))
+def seed(repair_id: str, counters: dict[str, int]) -> Call:
+    """Seeds per resource: each one's bucket and value."""
+    pairs = [a for r, value in counters.items() for a in (bucket(r), value)]
+    return Call(0, (repair_id, *pairs), node_scripts.SEED_COUNTERS, (K.repair_guard, K.counter))
 
 
 def finish(repair_id: str, delay: int) -> Call:
@@ -232,7 +234,7 @@ def tokens_and_ownership(c: Contract) -> None:
         acquire_many(["a", "b"], "alice", 30, ttl=30_000),
         command("DEL", K.lock("c")),  # c's key expired
         acquire_many(["c", "a"], "bob"),
-        command("MGET", K.counter, K.legacy_fence("a"), K.legacy_fence("z")),
+        command("HGETALL", K.counter), command("MGET", K.legacy_fence("a"), K.legacy_fence("z")),
         command("EXISTS", K.lock("a"), K.lock("c"), K.marker),
     ])
 
@@ -258,7 +260,8 @@ def previous_format(c: Contract) -> None:
         release("b", "bob"), acquire("b", "dave"),  # above b's old counter, which goes
         fold(["a", "b", "z"]),  # a's folded and removed
         upgrade_node(),  # in this format already
-        command("MGET", K.counter, K.legacy_fence("a"), K.legacy_fence("b"), *K.barrier),
+        command("HGETALL", K.counter),
+        command("MGET", K.legacy_fence("a"), K.legacy_fence("b"), *K.barrier),
         legacy_marker(), acquire("z", "erin"),  # the previous marker back: kept in step
         demote(), init_marker(),  # both markers gone, an episode begun: refused
         command("DEL", K.episode), init_marker(),  # only the barrier left: written
@@ -303,7 +306,7 @@ def episodes_and_repair(c: Contract) -> None:
         episode(ANCIENT, "unknown"), open_episode(),
         episode(ANCIENT), open_episode(),  # this run's: kept
         claim("g1"), claim("g2"),  # taken
-        seed("g2", 5), seed("g1", 5), seed("g1", 2),
+        seed("g2", {"a": 5}), seed("g1", {"a": 5, "b": 3}), seed("g1", {"a": 2, "c": 1}),
         finish("g2", 0),  # not its claim
         episode(FUTURE), finish("g1", 3_600_000),  # too young
         episode(ANCIENT, FOREIGN), finish("g1", 3_600_000),  # another run's
@@ -312,7 +315,7 @@ def episodes_and_repair(c: Contract) -> None:
         episode(ANCIENT), finish("g1", 3_600_000),  # old enough: marker back
         finish("g1", 0), open_episode(), identify(),
         command("DEL", K.marker), claim("g1"), finish("g1", 0),  # forced: no episode needed
-        claim("g2"), command("DEL", K.repair_guard), seed("g2", 9),  # claim gone
+        claim("g2"), command("DEL", K.repair_guard), seed("g2", {"a": 9}),  # claim gone
         inspect("a"), inspect("b"),
     ])
 
@@ -353,7 +356,7 @@ def test_plain_commands_agree(server: redis.Redis) -> None:
     c.steps(acquire(f"r{i}", "alice", floor=i) for i in range(30))
     c.steps(legacy_counter(f"r{i}", i) for i in range(10))
     c.steps([command("SET", "app:1", "theirs"),
-             command("MGET", K.counter, K.legacy_fence("r3"), "app:1")])
+             command("MGET", K.legacy_fence("r3"), "app:1"), command("HGETALL", K.counter)])
     for pattern in (K.legacy_fence_pattern, "redlock:*", "*"):
         found: list[set[str]] = []
         for reply in (c.model.reply, c.real_reply):
@@ -439,7 +442,7 @@ def node_calls(tickets: Tickets, owner: str) -> st.SearchStrategy[Call]:
                                            f"run_id={FOREIGN} initialised"])),
         st.builds(episode, st.sampled_from([ANCIENT, FUTURE]), RUNS),
         st.builds(claim, REPAIRS),
-        st.builds(seed, REPAIRS, st.integers(0, 12)),
+        st.builds(seed, REPAIRS, st.dictionaries(RESOURCES, st.integers(0, 12), min_size=1)),
         st.builds(finish, REPAIRS, st.sampled_from([0, 3_600_000])))
 
 
@@ -478,8 +481,8 @@ def test_random_calls_agree(server: redis.Redis, calls: Callable[[Tickets, str],
 # -- the contract holds the model to the scripts ---------------------------------------
 
 MUTATIONS = [  # (script, a line of it, that line changed)
-    (scripts.ACQUIRE, "        redis.call('INCRBY', counter_key, value - counter)",
-     "        redis.call('INCRBY', counter_key, value - counter + 1)"),
+    (scripts.ACQUIRE, "        redis.call('HINCRBY', counters, bucket, value - counter)",
+     "        redis.call('HINCRBY', counters, bucket, value - counter + 1)"),
     (scripts.ACQUIRE, "    elseif legacy then", "    elseif false then"),
     (scripts.ACQUIRE, "    wait_in_line(now + tonumber(ARGV[5]))",
      "    wait_in_line(now + 1000 + tonumber(ARGV[5]))"),
@@ -491,7 +494,8 @@ MUTATIONS = [  # (script, a line of it, that line changed)
      "    redis.call('PERSIST', KEYS[1])"),
     (scripts.OWNED_PTTL, "return -2", "return -1"),
     (scripts.FORCE_RELEASE, "return 0", "return 1"),
-    (scripts.INSPECT, "highest(KEYS[2], KEYS[6], 0)", "highest(KEYS[2], KEYS[2], 0)"),
+    (scripts.INSPECT, "highest(KEYS[2], ARGV[1], KEYS[6], 0)",
+     "highest(KEYS[2], ARGV[1], KEYS[6], 0) + 1"),
     (node_scripts.IDENTIFY, "return {server_run(), marker_of(KEYS[1], KEYS[2])}",
      "return {server_run(), redis.call('GET', KEYS[1])}"),
     (node_scripts.INIT_MARKER, "if redis.call('EXISTS', KEYS[2]) == 1 then",

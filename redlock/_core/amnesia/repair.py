@@ -1,7 +1,7 @@
 """Repairing nodes that lost their data, and the admin steps around it
 (docs/design.md §4.5, §4.8).
 
-A repair re-seeds the node's fence counter from a majority of healthy nodes (their
+A repair re-seeds the node's fence counters from a majority of healthy nodes (their
 counters, and any per-resource counters of the previous format they still hold: no
 committed token is above what the node will count from), then gives the node its marker
 back, in this format; the script that writes the marker refuses unless the
@@ -19,12 +19,14 @@ from dataclasses import dataclass
 from redlock._core.amnesia.episodes import judge, open_episodes
 from redlock._core.amnesia.guard import AmnesiaGuard
 from redlock._core.requests import Broadcast, Call, CommandArg, Flow, ask_one
+from redlock._core.tokens import bucket
 from redlock._observe.log import get_logger
 from redlock._scripts import node as node_scripts
 from redlock._scripts.replies import (
     RepairFinished,
     acked,
     failure_detail,
+    hash_fields,
     identity,
     is_healthy,
     repair_finished,
@@ -62,7 +64,7 @@ def _why(reply: object) -> str:
 
 def repair_node(guard: AmnesiaGuard, target: int, *, force: bool,
                 sources: Sequence[int] | None = None) -> Flow[RepairReport]:
-    """Re-seed ``target``'s fence counter, then give it its marker back (if its episode
+    """Re-seed ``target``'s fence counters, then give it its marker back (if its episode
     is one ``max_ttl`` old, or ``force``). ``sources``: the nodes to read counters from
     (all of them must answer); by default every healthy node, of which a quorum must."""
     address = guard.addresses[target]
@@ -81,23 +83,27 @@ def repair_node(guard: AmnesiaGuard, target: int, *, force: bool,
         needed = guard.quorum
     else:
         readers, needed = list(sources), len(sources)
-    seed, complete = 0, 0
+    seed: dict[str, int] = {}
+    complete = 0
     for source in readers:
-        highest = yield from read_counters(guard, source)
-        if highest is None:
+        counters = yield from read_counters(guard, source)
+        if counters is None:
             continue
         complete += 1
-        seed = max(seed, highest)
+        for field, value in counters.items():
+            seed[field] = max(value, seed.get(field, 0))
     # Max over a majority of the healthy nodes intersects every committed token's
     # commit set (q - 1 healthy members + q readers > N - 1 healthy nodes).
     if complete < needed:
         yield from ask_one(Call(target, ("DEL", claim)), timeout)
         return RepairReport(address, RepairStatus.FAILED,
                             f"read counters from {complete} healthy nodes, need {needed}")
-    seeded = yield from ask_one(Call(target, (repair_id, seed), node_scripts.SEED_COUNTERS,
+    pairs = [arg for field, value in sorted(seed.items()) for arg in (field, value)]
+    seeded = yield from ask_one(Call(target, (repair_id, *pairs), node_scripts.SEED_COUNTERS,
                                      (claim, guard.keys.counter)), timeout)
     if not acked(seeded):
         return RepairReport(address, RepairStatus.FAILED, f"seeding interrupted: {seeded!r}")
+    highest = max(seed.values(), default=0)
     delay_ms = 0 if force else int(guard.settings.max_ttl * 1000)
     done = yield from ask_one(Call(
         target, (repair_id, f"repaired at={guard.env.wall_clock():.3f} by={repair_id}", delay_ms),
@@ -116,21 +122,28 @@ def repair_node(guard: AmnesiaGuard, target: int, *, force: bool,
     if finished is not RepairFinished.WRITTEN:
         return RepairReport(address, RepairStatus.FAILED, f"marker not written: {done!r}")
     guard.health.healthy(target)
-    logger.warning("redlock.node_repaired", node=address, counter=seed, sources=complete)
-    return RepairReport(address, RepairStatus.REPAIRED, f"fence counter re-seeded to {seed}")
+    logger.warning("redlock.node_repaired", node=address, counters=len(seed), highest=highest,
+                   sources=complete)
+    return RepairReport(address, RepairStatus.REPAIRED,
+                        f"{len(seed)} fence counters re-seeded (highest {highest})")
 
 
-def read_counters(guard: AmnesiaGuard, node: int) -> Flow[int | None]:
-    """The highest fence counter on one node: its own, and every per-resource counter
-    of the previous format it still holds (SCAN + MGET; none once upgraded), or None."""
+def read_counters(guard: AmnesiaGuard, node: int) -> Flow[dict[str, int] | None]:
+    """Per bucket, the highest fence counter on one node: its own (HGETALL), and every
+    per-resource counter of the previous format it still holds, in its resource's bucket
+    (SCAN + MGET; none once upgraded); or None."""
     timeout = guard.settings.repair_timeout
-    own = yield from ask_one(Call(node, ("GET", guard.keys.counter)), timeout)
+    own = yield from ask_one(Call(node, ("HGETALL", guard.keys.counter)), timeout)
     if isinstance(own, BaseException):
         return None
+    counters = {field: int(value) for field, value in hash_fields(own).items()}
     legacy = yield from read_legacy_counters(guard, node)
     if legacy is None:
         return None
-    return max([0 if own is None else int(text(own)), *legacy.values()])
+    for key, value in legacy.items():
+        field = bucket(guard.keys.legacy_resource(key))
+        counters[field] = max(value, counters.get(field, 0))
+    return counters
 
 
 def read_legacy_counters(guard: AmnesiaGuard, node: int) -> Flow[dict[str, int] | None]:
@@ -312,7 +325,7 @@ def upgrade(guard: AmnesiaGuard) -> Flow[list[RepairReport]]:
 
 
 def _fold_counters(guard: AmnesiaGuard, node: int) -> Flow[int | None]:
-    """Fold one node's per-resource counters into its counter, a batch at a time, each
+    """Fold one node's per-resource counters into their buckets, a batch at a time, each
     batch in one script (SCAN may return a key twice: the script skips one it removed)."""
     keys, timeout = guard.keys, guard.settings.repair_timeout
     cursor: CommandArg = 0
@@ -324,7 +337,8 @@ def _fold_counters(guard: AmnesiaGuard, node: int) -> Flow[int | None]:
             return None
         cursor, found = page[0], [text(k) for k in page[1]]
         if found:
-            done = yield from ask_one(Call(node, (), node_scripts.FOLD_COUNTERS,
+            buckets = tuple(bucket(keys.legacy_resource(key)) for key in found)
+            done = yield from ask_one(Call(node, buckets, node_scripts.FOLD_COUNTERS,
                                            (keys.counter, keys.legacy_marker, *found)), timeout)
             if not isinstance(done, int) or done < 0:
                 return None
