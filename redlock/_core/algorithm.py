@@ -11,6 +11,7 @@ delegated to :class:`redlock._core.amnesia.guard.AmnesiaGuard`.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 
 from redlock._core.amnesia.guard import AmnesiaGuard
 from redlock._core.amnesia.repair import RepairReport, initialise, repair
@@ -163,8 +164,11 @@ class RedlockCore(Holding):
             result = yield from self._attempt(resources, owner, ttl, ticket, deadline)
             if watch is not None:  # observation (OpenTelemetry) hears of each attempt
                 watch(result)
-            if result.retry_now and attempts < 3 and not deadline.passed():
-                continue
+            if result.retry_now and attempts < 3:
+                if not deadline.passed():
+                    continue
+                result = replace(result, reason=f"{result.reason}; no time was left to try"
+                                                " again")
             if result.state is not None or single or result.permanent:
                 if result.state is None:
                     yield from self._leave_line(resources, owner, ttl, ticket, deadline)
@@ -232,9 +236,13 @@ class RedlockCore(Holding):
         # A manager's first attempt also reads every node's INFO (docs/design.md §4.7),
         # behind the acquire calls on the same connections: no round of its own.
         inspect = () if self.amnesia.health.inspected else self.amnesia.inspect_calls()
+        # Before the round trips are known (a new manager), the round learns its timeout
+        # from its own replies, as later ones have it from RoundTrips (docs/design.md §2.4).
+        learn = self.quorum if (self.settings.node_timeout is None
+                                and self.round_trips.measured() < self.quorum) else 0
         request = Broadcast(self._acquire_calls(resources, owner, ttl, ticket) + inspect,
                             deadline.bound(self.timeout(ttl)), line=self.line(resources),
-                            turns=not ticket, enough=self._enough(acquire_vote))
+                            turns=not ticket, enough=self._enough(acquire_vote), learn=learn)
         try:
             replies = yield request
             if inspect:

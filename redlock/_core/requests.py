@@ -33,11 +33,10 @@ from typing import Generic, Protocol, TypeVar, cast
 from redlock._scripts.replies import NOT_AWAITED, PENDING, SENT_LATE, NotAwaited, Pending
 from redlock._scripts.script import Script
 
-__all__ = ["LAST_ROUND", "NOT_AWAITED", "NO_REPLY", "PENDING", "SENT_LATE", "Absorb", "Backoff",
-           "Broadcast", "Call", "CommandArg", "Deadline", "Decision", "Flow", "Invoke",
-           "NotAwaited", "Pause",
-           "PauseUntilWoken", "Pending", "Replies", "Request", "Wait", "Wakeable", "ask_one",
-           "drive", "drive_async"]
+__all__ = ["LAST_ROUND", "NOT_AWAITED", "NO_REPLY", "PENDING", "SENT_LATE", "TIMEOUT_FLOOR",
+           "Absorb", "Backoff", "Broadcast", "Call", "CommandArg", "Deadline", "Decision",
+           "Flow", "Invoke", "NotAwaited", "Pause", "PauseUntilWoken", "Pending", "Replies",
+           "Request", "Wait", "Wakeable", "ask_one", "drive", "drive_async", "learnt_deadline"]
 
 T = TypeVar("T")
 
@@ -84,6 +83,14 @@ class Broadcast:
     only keep their places, made a hundred waiters of one busy event loop queue for
     seconds behind each other while the lock sat free (docs/design.md §6.5).
 
+    ``learn``: for a request made before the nodes' round trips are known (a manager's
+    first), which therefore waits up to its ceiling: once ``learn`` nodes (a quorum)
+    answered, the others get as long again as that took, and at least
+    ``TIMEOUT_FLOOR`` in all: the timeout the adaptive rule would have set from these
+    replies (docs/design.md §2.4). Without it, a new manager's first attempt waited its
+    whole ceiling for nodes that hung or lost their data, where a warm one waits 50 ms.
+    0: the timeout as given.
+
     ``lane``: a lane of connections of its own (one per node, kept between requests):
     the renewal loop's, so that a renewal never waits for a connection behind a burst of
     other requests (on a busy event loop it waited 80-170 ms for one, and a lock with a
@@ -96,6 +103,7 @@ class Broadcast:
     turns: bool = True
     lane: str | None = None
     enough: Decision | None = None
+    learn: int = 0
 
 
 @dataclass(frozen=True)
@@ -156,6 +164,21 @@ class Replies(list[object]):
 
 
 Request = Broadcast | Wait | Invoke
+
+# The least a request waits for the nodes when its timeout adapts to their round trips
+# (RoundTrips, or a request that learns it, Broadcast.learn): a busy machine's hiccup is
+# not an outage.
+TIMEOUT_FLOOR = 0.05
+
+
+def learnt_deadline(request: Broadcast, started: float, now: float,
+                    answered: int) -> float | None:
+    """The deadline a request that learns its timeout (``Broadcast.learn``) takes once
+    ``answered`` nodes replied by ``now`` (None: not yet, or it does not learn)."""
+    if not request.learn or answered < request.learn:
+        return None
+    return started + max(TIMEOUT_FLOOR, 2 * (now - started))
+
 
 # A round that starts at (or after) its caller's deadline still gets this long: its
 # calls go out (an asyncio exchange needs a turn of the event loop to write) and the

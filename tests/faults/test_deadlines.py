@@ -125,6 +125,21 @@ async def test_initialised_cluster_with_three_of_five_paused(
 
 
 @pytest.mark.parametrize("mode", MODES)
+async def test_a_set_of_resources_with_three_of_five_paused(
+        flavour: Flavour, me: Actor, nodes5: RedisNodes, mode: str) -> None:
+    """lock_many takes the same path (ACQUIRE_MANY): the same deadline."""
+    await initialise(flavour, nodes5)
+    dlm = flavour.bare_manager(nodes5)
+    with paused(nodes5, PAUSED):
+        elapsed, error = await attempt(me, dlm, mode,
+                                       held=me.on(dlm.lock_many(["dl:a", "dl:b"], ttl=TTL)))
+    assert isinstance(error, QuorumUnavailable), repr(error)
+    assert elapsed <= BOUND
+    assert outcomes_by_node(error, nodes5) == [
+        Outcome.ERROR, Outcome.GRANTED, Outcome.ERROR, Outcome.ERROR, Outcome.GRANTED]
+
+
+@pytest.mark.parametrize("mode", MODES)
 async def test_a_single_try_is_bounded_by_its_own_request_ceiling(
         flavour: Flavour, me: Actor, nodes5: RedisNodes, mode: str) -> None:
     """TTL 2.5 s: a ceiling of 0.5 s, so a try returns within 0.7 s (and timeout=1.0
