@@ -34,8 +34,11 @@ class _SyncHandle(HandleBase):
         """Acquire on a quorum; True when held.
 
         ``blocking=False`` makes exactly one attempt (a ``timeout`` with it is a
-        ``ValueError``). Blocking waits up to ``timeout`` seconds (None: this handle's
-        timeout, which may be None: no deadline). Returns False when others hold the
+        ``ValueError``), which returns within one request ceiling (a fifth of the TTL,
+        at most 2 s; or ``node_timeout`` if set and longer). Blocking waits up to
+        ``timeout`` seconds (None: this handle's timeout, which may be None: no
+        deadline). Either deadline holds whatever the nodes do (hung, new, amnesiac),
+        give or take a few 10 ms rounds. Returns False when others hold the
         lock; raises :class:`QuorumUnavailable` when too few nodes answer at all (an
         outage is not contention), at once or after the manager's ``outage_timeout``.
         """

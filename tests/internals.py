@@ -21,6 +21,7 @@ from redlock._core.amnesia.repair import repair_node as _repair_node
 from redlock._core.environment import Environment
 from redlock._core.renewals import Renewals
 from redlock._core.requests import (
+    LAST_ROUND,
     PENDING,
     Backoff,
     Broadcast,
@@ -54,6 +55,7 @@ from redlock.cli import render as cli_render
 
 __all__ = [
     "KEYS",
+    "LAST_ROUND",
     "LINE_POLL_MAX",
     "PENDING",
     "RECHECK_S",

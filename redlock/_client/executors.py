@@ -13,11 +13,13 @@ import inspect
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any, TypeVar, cast
 
 from redlock._client.lines import Ticket
 from redlock._client.waiting_room import WaitingRoom
 from redlock._core.requests import (
+    LAST_ROUND,
     NO_REPLY,
     Absorb,
     Backoff,
@@ -30,7 +32,7 @@ from redlock._core.requests import (
     drive,
     drive_async,
 )
-from redlock._io.async_transport import AsyncTransport, wait_event
+from redlock._io.async_transport import AsyncTransport, wait_event, within
 from redlock._io.sync_transport import SyncTransport
 
 T = TypeVar("T")
@@ -55,6 +57,19 @@ class _Executor:
         self._maintain()  # a blocking acquire met a restarted node: see to it now
         line, wake = self._room.lines.start_wait(request.line, ticket)
         return line, wake, self._room.watch_releases(request, ticket)
+
+
+def after_waiting(request: Broadcast, started: float) -> Broadcast:
+    """An attempt that waited for its turn (or a hand-off) since ``started``: what is left
+    of its timeout, which bounds the wait and the round together, so the caller's
+    deadline holds however long another attempt of this manager kept the turn (a hung
+    majority keeps it a whole request timeout). Not below LAST_ROUND: the round still
+    goes out. An attempt that got no turn in time goes without one (taking turns only
+    spares the nodes a split vote)."""
+    waited = time.monotonic() - started
+    if waited < 0.001:  # the usual case: no one else's attempt was under way
+        return request
+    return replace(request, timeout=max(LAST_ROUND, request.timeout - waited))
 
 
 class SyncExecutor(_Executor):
@@ -91,18 +106,21 @@ class SyncExecutor(_Executor):
         if not request.turns:
             lines.start_queued_attempt(ticket)
             return self._transport.broadcast(request)
+        started = time.monotonic()
         line, handoff, until = lines.start_attempt(request.line, ticket)
         try:
             if handoff is not None:
-                handoff.wait(max(0.0, until - time.monotonic()))
-            line.turn.acquire()
+                handoff.wait(max(0.0, min(until, started + request.timeout) - time.monotonic()))
+            turn = line.turn.acquire(
+                timeout=max(0.0, started + request.timeout - time.monotonic()))
         except BaseException:
             lines.exit(request.line, line)
             raise
         try:
-            return self._transport.broadcast(request)
+            return self._transport.broadcast(after_waiting(request, started))
         finally:
-            line.turn.release()
+            if turn:
+                line.turn.release()
             lines.end_attempt(request.line, line, ticket)
 
     def _wait(self, ticket: Ticket[threading.Event], request: Wait) -> None:
@@ -156,18 +174,26 @@ class AsyncExecutor(_Executor):
         if not request.turns:
             lines.start_queued_attempt(ticket)
             return await self._transport.broadcast(request)
+        started = time.monotonic()
         line, handoff, until = lines.start_attempt(request.line, ticket)
         try:
             if handoff is not None:
-                await wait_event(handoff, until - time.monotonic())
-            await line.turn.acquire()
+                await wait_event(handoff, min(until, started + request.timeout)
+                                 - time.monotonic())
+            turn = True
+            try:
+                await within(line.turn.acquire(),
+                             max(0.0, started + request.timeout - time.monotonic()))
+            except asyncio.TimeoutError:
+                turn = False
         except BaseException:
             lines.exit(request.line, line)
             raise
         try:
-            return await self._transport.broadcast(request)
+            return await self._transport.broadcast(after_waiting(request, started))
         finally:
-            line.turn.release()
+            if turn:
+                line.turn.release()
             lines.end_attempt(request.line, line, ticket)
 
     async def _wait(self, ticket: Ticket[Any], request: Wait) -> None:

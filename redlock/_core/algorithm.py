@@ -11,6 +11,7 @@ delegated to :class:`redlock._core.amnesia.guard.AmnesiaGuard`.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 
 from redlock._core.amnesia.guard import AmnesiaGuard
 from redlock._core.amnesia.repair import RepairReport, initialise, repair, upgrade
@@ -21,6 +22,7 @@ from redlock._core.requests import (
     Broadcast,
     Call,
     CommandArg,
+    Deadline,
     Decision,
     Flow,
     Replies,
@@ -113,8 +115,8 @@ class RedlockCore(Holding):
 
         def enough(replies: Sequence[object], identities: Mapping[int, object]) -> bool:
             yes = no = 0
-            for node, reply in enumerate(replies):
-                vote = votes(reply)
+            for node in range(n):  # (the first n calls: one per node; INFO may follow)
+                vote = votes(replies[node])
                 if vote == 1 and node not in suspect and not (
                         node in identities and restarted(identities[node])):
                     yes += 1
@@ -135,9 +137,12 @@ class RedlockCore(Holding):
                 watch: Callable[[AttemptResult], None] | None = None) -> Flow[AcquireResult]:
         """Attempts until success, the deadline, or (non-blocking) after one attempt.
 
-        A blocking acquire also gives up once the cluster has been unavailable (too few
-        nodes answering, not contention) for ``outage_timeout``: waiting longer would
-        hide an outage from the caller."""
+        Every round and wait ends by the caller's deadline: ``timeout`` after the start
+        for a blocking acquire, one request ceiling for a single try
+        (:meth:`Settings.single_try`); docs/design.md §2.5. A blocking acquire also
+        gives up once the cluster has been unavailable (too few nodes answering, not
+        contention) for ``outage_timeout``: waiting longer would hide an outage from the
+        caller."""
         resources = (resources,) if isinstance(resources, str) else resources
         owner = self.env.random_hex(16)  # 128 bits, secret: only we can release our key
         # A blocking acquire of one resource waits in the nodes' line for it; its ticket
@@ -147,43 +152,45 @@ class RedlockCore(Holding):
         queued = blocking and timeout != 0 and len(resources) == 1
         ticket = str(int(self.env.wall_clock() * 1_000_000)) if queued else ""
         started = self.clock()
-        deadline = None if timeout is None else started + timeout
+        single = not blocking or timeout == 0
+        deadline = Deadline(self.clock, started + self.settings.single_try(ttl) if single
+                            else None if timeout is None else started + timeout)
         outage_limit = self.settings.outage_timeout
         outage_since: float | None = None
         waits = Waits(self.settings, queued=queued)
         attempts = 0
-        if not self.amnesia.health.inspected:
-            yield from self.amnesia.inspect_nodes()
         while True:
             attempts += 1
             attempt_started = self.clock()
-            result = yield from self._attempt(resources, owner, ttl, ticket)
+            result = yield from self._attempt(resources, owner, ttl, ticket, deadline)
             if watch is not None:  # observation (OpenTelemetry) hears of each attempt
                 watch(result)
             if result.retry_now and attempts < 3:
-                continue
-            if result.state is not None or not blocking or result.permanent:
+                if not deadline.passed():
+                    continue
+                result = replace(result, reason=f"{result.reason}; no time was left to try"
+                                                " again")
+            if result.state is not None or single or result.permanent:
                 if result.state is None:
-                    yield from self._leave_line(resources, owner, ttl, ticket)
+                    yield from self._leave_line(resources, owner, ttl, ticket, deadline)
                 return AcquireResult(result.state, result.outcomes, attempts,
                                      result.unavailable, result.reason)
             now = self.clock()
             if result.unavailable:
                 outage_since = attempt_started if outage_since is None else outage_since
                 if outage_limit is not None and now - outage_since >= outage_limit:
-                    yield from self._leave_line(resources, owner, ttl, ticket)
+                    yield from self._leave_line(resources, owner, ttl, ticket, deadline)
                     return AcquireResult(None, result.outcomes, attempts, True,
                                          f"{result.reason}; the cluster has been unavailable"
                                          f" for {now - outage_since:.1f} s (outage_timeout)")
             else:
                 outage_since = None
-            if deadline is not None and now >= deadline:
-                yield from self._leave_line(resources, owner, ttl, ticket)
+            if deadline.passed():
+                yield from self._leave_line(resources, owner, ttl, ticket, deadline)
                 return AcquireResult(None, result.outcomes, attempts, result.unavailable,
                                      result.reason)
             delay, patient = waits.next(attempts, result.outcomes,
-                                        unavailable=result.unavailable,
-                                        left=None if deadline is None else deadline - now)
+                                        unavailable=result.unavailable, left=deadline.left())
             try:
                 yield Backoff(delay, line=self.line(resources),
                               channels=tuple(self.keys.channel(r) for r in resources),
@@ -191,15 +198,17 @@ class RedlockCore(Holding):
             except GeneratorExit:
                 raise
             except BaseException:  # interrupted (cancelled) while waiting: leave the line
-                yield from self._leave_line(resources, owner, ttl, ticket)
+                yield from self._leave_line(resources, owner, ttl, ticket, deadline)
                 raise
 
     def _leave_line(self, resources: tuple[str, ...], owner: str, ttl: float,
-                    ticket: str) -> Flow[None]:
+                    ticket: str, deadline: Deadline) -> Flow[None]:
         """A queued acquire call that ends without the lock drops its entries from the
-        waiting lines at once: the next in line need not wait for them to lapse."""
+        waiting lines at once: the next in line need not wait for them to lapse. (A
+        final release: what is still unsent at the deadline goes out when its
+        connection opens, docs/design.md §2.4.)"""
         if ticket:
-            yield self._release_calls(resources, owner, ttl, leave=True)
+            yield deadline.cap(self._release_calls(resources, owner, ttl, leave=True))
 
     def line(self, resources: Sequence[str]) -> str:
         """The local line of an acquisition: a resource's release channel (a set has one
@@ -225,20 +234,30 @@ class RedlockCore(Holding):
                          (owner, ttl_ms, floors.get(resources), *map(bucket, resources)))
 
     def _attempt(self, resources: tuple[str, ...], owner: str, ttl: float,
-                 ticket: str) -> Flow[AttemptResult]:
+                 ticket: str, deadline: Deadline) -> Flow[AttemptResult]:
         settings, keys, name = self.settings, self.keys, label(resources)
         started = self.clock()
-        request = Broadcast(self._acquire_calls(resources, owner, ttl, ticket),
-                            self.timeout(ttl), line=self.line(resources),
-                            turns=not ticket, enough=self._enough(acquire_vote))
+        # A manager's first attempt also reads every node's INFO (docs/design.md §4.7),
+        # behind the acquire calls on the same connections: no round of its own.
+        inspect = () if self.amnesia.health.inspected else self.amnesia.inspect_calls()
+        # Before the round trips are known (a new manager), the round learns its timeout
+        # from its own replies, as later ones have it from RoundTrips (docs/design.md §2.4).
+        learn = self.quorum if (self.settings.node_timeout is None
+                                and self.round_trips.measured() < self.quorum) else 0
+        request = Broadcast(self._acquire_calls(resources, owner, ttl, ticket) + inspect,
+                            deadline.bound(self.timeout(ttl)), line=self.line(resources),
+                            turns=not ticket, enough=self._enough(acquire_vote), learn=learn)
         try:
             replies = yield request
+            if inspect:
+                self.amnesia.inspected(replies[self.n:])
+                replies = replies[:self.n]
             outcomes = self.amnesia.screen([
                 acquire_outcome(self.addresses[i], reply, len(resources))
                 for i, reply in enumerate(replies)])
-            amnesia = yield from self.amnesia.check(outcomes, started)
+            amnesia = yield from self.amnesia.check(outcomes, deadline)
             if amnesia is not None:  # the call may try again: it keeps its place in line
-                yield self._release_calls(resources, owner, ttl, leave=False)
+                yield deadline.cap(self._release_calls(resources, owner, ttl, leave=False))
                 return amnesia
             # Per granting node, its counter for each resource (in the set's order).
             granted = {i: acquire_counters(replies[i])
@@ -259,7 +278,7 @@ class RedlockCore(Holding):
                     # Counters diverged: raise the lower ones to the token, but only on
                     # nodes that still hold our key (the script checks the owner).
                     acks = yield Broadcast(tuple(call for _, call in write_backs),
-                                           self.timeout(ttl),
+                                           deadline.bound(self.timeout(ttl)),
                                            enough=_commit_enough(write_backs, committed,
                                                                  self.quorum))
                     for (r, _), ack in zip(write_backs, acks, strict=True):
@@ -294,14 +313,15 @@ class RedlockCore(Holding):
             raise
         except BaseException:
             # Interrupted (cancelled) after sending: the SET may have happened anywhere.
-            yield self._release_calls(resources, owner, ttl)
+            yield deadline.cap(self._release_calls(resources, owner, ttl))
             raise
         # Failure: release wherever our key may be, including nodes that timed out (reply
         # lost after SET); not where the script refused (it set nothing). The waiter
         # keeps its place in line: the acquire call may try again.
         maybe_set = [i for i, reply in enumerate(replies) if not acquire_set_nothing(reply)]
         if maybe_set:
-            yield self._release_calls(resources, owner, ttl, leave=False, nodes=maybe_set)
+            yield deadline.cap(self._release_calls(resources, owner, ttl, leave=False,
+                                                   nodes=maybe_set))
         healthy = sum(1 for r in outcomes if r.outcome in (Outcome.GRANTED, Outcome.REFUSED))
         unavailable = healthy < self.quorum
         if all(isinstance(reply, NodeFailure) and reply.kind is FailureKind.TIMEOUT

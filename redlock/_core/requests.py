@@ -27,16 +27,16 @@ clients pass them an executor that knows their transport and how to wait, and th
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Generic, Protocol, TypeVar, cast
 
 from redlock._scripts.replies import NOT_AWAITED, PENDING, SENT_LATE, NotAwaited, Pending
 from redlock._scripts.script import Script
 
-__all__ = ["NOT_AWAITED", "NO_REPLY", "PENDING", "SENT_LATE", "Absorb", "Backoff", "Broadcast",
-           "Call", "CommandArg", "Decision", "Flow", "Invoke", "NotAwaited", "Pause",
-           "PauseUntilWoken", "Pending", "Replies", "Request", "Wait", "Wakeable", "ask_one",
-           "drive", "drive_async"]
+__all__ = ["LAST_ROUND", "NOT_AWAITED", "NO_REPLY", "PENDING", "SENT_LATE", "TIMEOUT_FLOOR",
+           "Absorb", "Backoff", "Broadcast", "Call", "CommandArg", "Deadline", "Decision",
+           "Flow", "Invoke", "NotAwaited", "Pause", "PauseUntilWoken", "Pending", "Replies",
+           "Request", "Wait", "Wakeable", "ask_one", "drive", "drive_async", "learnt_deadline"]
 
 T = TypeVar("T")
 
@@ -83,6 +83,14 @@ class Broadcast:
     only keep their places, made a hundred waiters of one busy event loop queue for
     seconds behind each other while the lock sat free (docs/design.md §6.5).
 
+    ``learn``: for a request made before the nodes' round trips are known (a manager's
+    first), which therefore waits up to its ceiling: once ``learn`` nodes (a quorum)
+    answered, the others get as long again as that took, and at least
+    ``TIMEOUT_FLOOR`` in all: the timeout the adaptive rule would have set from these
+    replies (docs/design.md §2.4). Without it, a new manager's first attempt waited its
+    whole ceiling for nodes that hung or lost their data, where a warm one waits 50 ms.
+    0: the timeout as given.
+
     ``lane``: a lane of connections of its own (one per node, kept between requests):
     the renewal loop's, so that a renewal never waits for a connection behind a burst of
     other requests (on a busy event loop it waited 80-170 ms for one, and a lock with a
@@ -95,6 +103,7 @@ class Broadcast:
     turns: bool = True
     lane: str | None = None
     enough: Decision | None = None
+    learn: int = 0
 
 
 @dataclass(frozen=True)
@@ -155,6 +164,63 @@ class Replies(list[object]):
 
 
 Request = Broadcast | Wait | Invoke
+
+# The least a request waits for the nodes when its timeout adapts to their round trips
+# (RoundTrips, or a request that learns it, Broadcast.learn): a busy machine's hiccup is
+# not an outage.
+TIMEOUT_FLOOR = 0.05
+
+
+def learnt_deadline(request: Broadcast, started: float, now: float,
+                    answered: int) -> float | None:
+    """The deadline a request that learns its timeout (``Broadcast.learn``) takes once
+    ``answered`` nodes replied by ``now`` (None: not yet, or it does not learn)."""
+    if not request.learn or answered < request.learn:
+        return None
+    return started + max(TIMEOUT_FLOOR, 2 * (now - started))
+
+
+# A round that starts at (or after) its caller's deadline still gets this long: its
+# calls go out (an asyncio exchange needs a turn of the event loop to write) and the
+# replies already on their way are read. On the acquire path that is the release of a
+# failed attempt, or an attempt that a wait cut to the deadline brought there.
+LAST_ROUND = 0.01
+
+
+class Deadline:
+    """When a caller's operation must be over, by the core's monotonic ``clock`` (``at``
+    None: no limit). Every request a flow makes on the caller's behalf is bounded by
+    what is left (docs/design.md §2.5), so no phase (a first connection, a hung node, a
+    new cluster's initialisation, a second look at a node) can run past it."""
+
+    __slots__ = ("_clock", "at")
+
+    def __init__(self, clock: Callable[[], float], at: float | None) -> None:
+        self._clock = clock
+        self.at = at
+
+    def left(self) -> float | None:
+        """Seconds left (negative once passed), or None without a limit."""
+        return None if self.at is None else self.at - self._clock()
+
+    def passed(self) -> bool:
+        return self.at is not None and self._clock() >= self.at
+
+    def bound(self, timeout: float) -> float:
+        """A request's ``timeout`` cut to what is left, but never below LAST_ROUND."""
+        left = self.left()
+        return timeout if left is None else min(timeout, max(left, LAST_ROUND))
+
+    def cap(self, request: Broadcast) -> Broadcast:
+        """``request`` with its timeout bounded (see :meth:`bound`)."""
+        timeout = self.bound(request.timeout)
+        return request if timeout == request.timeout else replace(request, timeout=timeout)
+
+    def pause(self, seconds: float) -> float:
+        """A wait of ``seconds`` cut to what is left (0: no time to wait)."""
+        left = self.left()
+        return seconds if left is None else max(0.0, min(seconds, left))
+
 Flow = Generator[Request, Sequence[object], T]
 NO_REPLY: Sequence[object] = ()
 Absorb = Callable[[Replies], None]

@@ -131,6 +131,14 @@ class Settings:
         holder's), and a second without one (admin views, probes)."""
         return 1.0 if ttl is None else min(2.0, max(ttl / 5, 0.01))
 
+    def single_try(self, ttl: float) -> float:
+        """How long a single try (``blocking=False``, ``timeout=0``) may take, all its
+        rounds together (the acquire, a new cluster's initialisation, a write-back, the
+        release of a failed attempt): one request ceiling, or ``node_timeout`` if the
+        user set a longer one (it bounds each request as given)."""
+        ceiling = self.request_ceiling(ttl)
+        return ceiling if self.node_timeout is None else max(ceiling, self.node_timeout)
+
     def check_ttl(self, ttl: object) -> float:
         seconds = validate_seconds("ttl", ttl, upper=self.max_ttl)
         if seconds <= self.drift(seconds):

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from redlock import _fork
 from redlock._core.environment import Mutex
+from redlock._core.requests import TIMEOUT_FLOOR
 from redlock._core.settings import shown
 from redlock.errors import LockLost, NodeResult, NotHeld
 
@@ -143,7 +144,7 @@ class RoundTrips:
     (RFC 6298: alpha 1/8, beta 1/4), fed by the transports; the adaptive request
     timeout is read from them (docs/design.md §2.4)."""
 
-    FLOOR = 0.05  # never less: a busy machine's hiccup is not an outage
+    FLOOR = TIMEOUT_FLOOR  # never less: a busy machine's hiccup is not an outage
 
     def __init__(self, node_count: int, mutex: Mutex) -> None:
         self._srtt: list[float | None] = [None] * node_count
@@ -161,6 +162,11 @@ class RoundTrips:
             else:
                 self._rttvar[node] = 0.75 * self._rttvar[node] + 0.25 * abs(srtt - seconds)
                 self._srtt[node] = 0.875 * srtt + 0.125 * seconds
+
+    def measured(self) -> int:
+        """How many nodes have a round trip measured."""
+        with self._mutex:
+            return sum(1 for srtt in self._srtt if srtt is not None)
 
     def estimate(self, node: int) -> float | None:
         """The node's retransmission-timeout estimate, SRTT + 4 RTTVAR (None: unknown)."""

@@ -141,6 +141,7 @@ class Gathering:
         self.enough = enough
         self.left = 0  # exchanges not finished
         self.decided = False
+        self.learn = 0  # wake the request once this many nodes answered (Broadcast.learn)
         self.wake: asyncio.Future[None] = loop.create_future()
 
     def decides(self) -> bool:
@@ -152,5 +153,7 @@ class Gathering:
         if self.replies is None:  # the request is over: it copied what it could use
             return
         exchange.copy_into(self.replies)
-        if not self.wake.done() and (self.left == 0 or (not self.decided and self.decides())):
+        if not self.wake.done() and (
+                self.left == 0 or (not self.decided and self.decides())
+                or (self.learn and len(self.replies.round_trips) >= self.learn)):
             self.wake.set_result(None)

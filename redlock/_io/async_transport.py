@@ -26,7 +26,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from redlock._core.requests import Broadcast, CommandArg, Replies
+from redlock._core.requests import Broadcast, CommandArg, Replies, learnt_deadline
 from redlock._io.async_exchange import (
     Exchange,
     Gathering,
@@ -123,6 +123,7 @@ class AsyncTransport:
             await self.write_behind(request)
         loop = asyncio.get_running_loop()
         gathering = Gathering(loop, replies, request.enough)
+        gathering.learn = request.learn
         tasks: dict[asyncio.Task[None], Exchange] = {}
         for exchange in exchanges.values():
             exchange.results = [PENDING] * len(exchange.calls)
@@ -146,6 +147,11 @@ class AsyncTransport:
                     gathering.decided = True
                     now = time.monotonic()
                     deadline = min(deadline, now + max(now - started, STRAGGLER_GRACE_MIN))
+                if gathering.learn:  # a first request: its timeout from its own replies
+                    learnt = learnt_deadline(request, started, time.monotonic(),
+                                             len(replies.round_trips))
+                    if learnt is not None:
+                        gathering.learn, deadline = 0, min(deadline, learnt)
                 left = deadline - time.monotonic()
                 if left <= 0:
                     # A reply already here but not yet read (a busy loop) came in time.
@@ -182,7 +188,7 @@ class AsyncTransport:
                 fill_pending(exchange.indexes, replies, NOT_AWAITED if decided else
                              SENT_LATE if exchange.releases_late()
                              else RedisTimeoutError(
-                                 f"no reply within {request.timeout * 1000:.0f} ms"))
+                                 f"no reply within {(deadline - started) * 1000:.0f} ms"))
         map_failures(replies)  # redis-py errors as the library's (_io/failures.py)
         return replies
 

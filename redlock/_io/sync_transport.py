@@ -25,7 +25,7 @@ from redis.connection import parse_url
 from redis.exceptions import NoScriptError
 from redis.retry import Retry
 
-from redlock._core.requests import Broadcast, Call, CommandArg, Replies
+from redlock._core.requests import Broadcast, Call, CommandArg, Replies, learnt_deadline
 from redlock._io.failures import as_failure, map_failures
 from redlock._io.nodes import build_pool, check_node_list, node_labels, pool_overrides
 from redlock._io.sync_drainer import SyncDrainer
@@ -149,7 +149,7 @@ class SyncTransport:
 
     def _gather(self, request: Broadcast, replies: Replies, sent: list[Group],
                 connecting: list[tuple[Group, Connect | None]], deadline: float) -> None:
-        started, decided = time.monotonic(), False
+        started, decided, learning = time.monotonic(), False, bool(request.learn)
         while True:
             if not decided and request.enough is not None and request.enough(
                     replies, replies.identities):
@@ -158,6 +158,11 @@ class SyncTransport:
                 decided = True
                 now = time.monotonic()
                 deadline = min(deadline, now + max(now - started, STRAGGLER_GRACE_MIN))
+            if learning:  # a first request: its timeout from its own replies
+                learnt = learnt_deadline(request, started, time.monotonic(),
+                                         len(replies.round_trips))
+                if learnt is not None:
+                    learning, deadline = False, min(deadline, learnt)
             for position, (group, attempt) in enumerate(connecting):
                 if attempt is None:  # waiting for a slot: a connection given back, or a slot
                     conn = self._idle_connection(group.node)

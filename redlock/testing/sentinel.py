@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -119,6 +120,18 @@ class RedisSentinel:
     def client(self) -> redis.Redis:
         """A plain client of the sentinel itself (``SENTINEL ...`` commands; caller closes)."""
         return redis.Redis(self.host, self.port, socket_timeout=5.0, socket_connect_timeout=5.0)
+
+    def pause(self) -> None:
+        """SIGSTOP: the sentinel stops answering but keeps its sockets (a hung sentinel:
+        clients that ask it for a master wait for their socket timeout)."""
+        if self.process is None or self.process.poll() is not None:
+            raise RuntimeError(f"sentinel on port {self.port} is not running")
+        self.process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """SIGCONT after pause()."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGCONT)
 
     def close(self) -> None:
         if self.process is not None:

@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from redlock._core.amnesia.health import NodeHealth
 from redlock._core.environment import Environment
-from redlock._core.requests import PENDING, Broadcast, Call, Flow, Pause
+from redlock._core.requests import Broadcast, Call, Deadline, Flow, Pause
 from redlock._core.settings import Keys, Settings
 from redlock._core.state import AttemptResult
 from redlock._core.tokens import quorum
@@ -89,17 +89,19 @@ class AmnesiaGuard:
 
     # -- on the acquire path (no waiting on repairs) ------------------------------
 
-    def inspect_nodes(self) -> Flow[None]:
-        """Once per manager, on its first acquire: read every node's INFO and warn about
-        configurations that break the lock's assumptions. One round, in parallel,
-        bounded by the node timeout; a node that does not answer is not asked again
-        (its acquire replies say what is wrong with it)."""
+    def inspect_calls(self) -> tuple[Call, ...]:
+        """Once per manager, on its first acquire: INFO for every node, to warn about
+        configurations that break the lock's assumptions. Sent with the first attempt's
+        calls, behind them on each node's connection, so the round trip is the
+        attempt's: a round of its own, waiting for a quorum's answers, cost a new
+        manager a whole request timeout when a majority hung, past the caller's
+        deadline. A node whose INFO is not read by the time the attempt is decided is
+        not asked again (its acquire replies say what is wrong with it)."""
         self.health.inspected = True
-        quorum = self.quorum
-        replies = yield Broadcast(
-            tuple(Call(i, ("INFO",)) for i in range(self.n)), self.timeout(),
-            # Advice only: a quorum's answers (and whoever answers as fast) will do.
-            enough=lambda got, _: sum(1 for r in got if r is not PENDING) >= quorum)
+        return tuple(Call(i, ("INFO",)) for i in range(self.n))
+
+    def inspected(self, replies: Sequence[object]) -> None:
+        """The INFO replies of :meth:`inspect_calls` (one per node, in node order)."""
         for i, reply in enumerate(replies):
             for finding in unsafe_config(reply):
                 logger.warning("redlock.node_unsafe_config", node=self.addresses[i],
@@ -118,10 +120,11 @@ class AmnesiaGuard:
                      for i, r in enumerate(outcomes))
 
     def check(self, outcomes: Sequence[NodeResult],
-              now: float) -> Flow[AttemptResult | None]:
+              deadline: Deadline) -> Flow[AttemptResult | None]:
         """What amnesiac replies in an attempt mean: None (carry on with the others), an
         attempt result to return (the cluster is new or being initialised), or
-        :class:`ClusterAmnesiaError` (a majority lost its data)."""
+        :class:`ClusterAmnesiaError` (a majority lost its data). Every round and wait in
+        here ends by the caller's ``deadline`` (docs/design.md §4.2)."""
         amnesiac = [i for i, r in enumerate(outcomes) if r.outcome is Outcome.AMNESIAC]
         with_marker = [i for i, r in enumerate(outcomes)
                        if r.outcome in (Outcome.GRANTED, Outcome.REFUSED)]
@@ -134,16 +137,18 @@ class AmnesiaGuard:
             # Every node answered and none has a marker: a new cluster. Initialise it.
             self.health.initialising(+1)
             try:
-                written = list((yield self._init_markers(range(self.n))))
+                written = list((yield self._init_markers(range(self.n), deadline)))
                 # Every node answered the acquire a moment ago: one that did not answer
                 # the initialisation in time (a busy client) is asked again, a few
-                # times, rather than left unmarked (it would be benched for max_ttl).
+                # times, rather than left unmarked (it would be benched for max_ttl);
+                # not past the caller's deadline: an attempt then finds it unmarked
+                # beside marked nodes and looks again before calling it amnesia.
                 for _ in range(_INIT_RETRIES):
                     unanswered = [i for i, reply in enumerate(written)
                                   if initialised(reply) is Initialised.UNANSWERED]
-                    if not unanswered:
+                    if not unanswered or deadline.passed():
                         break
-                    again = yield self._init_markers(unanswered)
+                    again = yield self._init_markers(unanswered, deadline)
                     for i, reply in zip(unanswered, again, strict=True):
                         written[i] = reply
             finally:
@@ -172,17 +177,27 @@ class AmnesiaGuard:
             # Another acquire of this manager is initialising the cluster right now: its
             # markers have not reached these nodes yet (on a busy event loop, or with
             # many threads, that can take longer than a request). Wait, then try again.
-            yield Pause(self.timeout())
+            wait = deadline.pause(self.timeout())
+            if wait > 0:
+                yield Pause(wait)
             return AttemptResult(None, tuple(outcomes), retry_now=True,
                                  reason="cluster initialisation in progress")
-        if newly_missing:
+        if newly_missing and deadline.passed():
+            # No time left for a second look: these nodes are neither benched nor
+            # counted towards a majority loss; the next attempt looks again (they refuse
+            # to grant without their marker anyway).
+            newly = set(newly_missing)
+            missing = [i for i in missing if i not in newly]
+        elif newly_missing:
             # A marker missing beside markers present is most often another client
             # initialising a new cluster right now: its broadcast is still in flight.
             # Look again once it must have landed before calling it amnesia.
-            yield Pause(self.timeout())
+            wait = deadline.pause(self.timeout())
+            if wait > 0:
+                yield Pause(wait)
             markers = ("EXISTS", self.keys.marker, self.keys.legacy_marker)
             probe = yield Broadcast(tuple(Call(i, markers) for i in newly_missing),
-                                    self.timeout())
+                                    deadline.bound(self.timeout()))
             if any(marker_exists(reply) for reply in probe):
                 return AttemptResult(None, tuple(outcomes), retry_now=True,
                                      reason="cluster initialisation in progress")
@@ -212,12 +227,12 @@ class AmnesiaGuard:
             " than a quorum of nodes ever had a marker, needs only `redlock initialise`.",
             outcomes=outcomes)
 
-    def _init_markers(self, nodes: Sequence[int] | range) -> Broadcast:
+    def _init_markers(self, nodes: Sequence[int] | range, deadline: Deadline) -> Broadcast:
         text = f"initialised at={self.env.wall_clock():.3f} by={self.env.random_hex(8)}"
         return Broadcast(tuple(Call(i, (text,), node_scripts.INIT_MARKER,
                                     (self.keys.marker, self.keys.episode,
                                      self.keys.legacy_marker, *self.keys.barrier)) for i in nodes),
-                         self.timeout())
+                         deadline.bound(self.timeout()))
 
     # -- background maintenance ---------------------------------------------------
 
