@@ -120,7 +120,7 @@ class Redlock(ManagerBase[Lock, MultiLock]):
 
     def upgrade(self) -> list[RepairReport]:
         """Move every node from the previous format (a fence counter per resource) to
-        this one (one counter per node; docs/design.md §3.8): status ``upgraded``, or
+        this one (a fixed set of counters per node; docs/design.md §3.8): status ``upgraded``, or
         ``healthy`` when it was done already. Run it once every client of the cluster
         runs this release: clients of the previous one are refused on upgraded nodes.
         Until then, this release keeps the previous format's counters up to date too,

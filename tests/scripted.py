@@ -259,8 +259,11 @@ class ScriptedNodes:
         def highest(fence: str, field: str, legacy: str, floor: int = 0) -> int:
             return max(fields(fence).get(field, 0), counter(legacy), floor)
 
-        def raise_to(fence: str, field: str, legacy: str, value: int, format: int) -> int:
-            """HINCRBY only when it goes up: a counter at 0 is no field."""
+        def settle(fence: str, field: str, legacy: str, floor: int, step: int,
+                   format: int) -> int:
+            """max(bucket, old counter, floor) + step; HINCRBY only when it goes up (a
+            counter at 0 is no field)."""
+            value = max(fields(fence).get(field, 0), counter(legacy), floor) + step
             if value > fields(fence).get(field, 0):
                 db[fence] = {**fields(fence), field: value}
             if format == 1:
@@ -288,14 +291,13 @@ class ScriptedNodes:
             holder = get(lock)
             if holder == owner:
                 self.ttl_ms[node][lock] = int(as_text(args[1]))
-                return [scripts.ACQUIRE_ALREADY_OURS,
-                        raise_to(fence, field, legacy, highest(fence, field, legacy), format)]
+                return [scripts.ACQUIRE_ALREADY_OURS, settle(fence, field, legacy, 0, 0, format)]
 
             def grant() -> list[object]:
                 db[lock] = owner
                 self.ttl_ms[node][lock] = int(as_text(args[1]))
-                token = highest(fence, field, legacy, int(as_text(args[2]))) + 1
-                return [scripts.ACQUIRE_GRANTED, raise_to(fence, field, legacy, token, format)]
+                return [scripts.ACQUIRE_GRANTED,
+                        settle(fence, field, legacy, int(as_text(args[2])), 1, format)]
 
             line = self._line(node, line_key)
             if holder is None and not line:  # free, nobody in line
@@ -343,14 +345,14 @@ class ScriptedNodes:
             for lock, field, legacy in zip(locks, buckets, legacies, strict=True):
                 self.ttl_ms[node][lock] = int(as_text(args[1]))
                 db[lock] = owner
-                reply.append(raise_to(fence, field, legacy, token, format))
+                reply.append(settle(fence, field, legacy, token, 0, format))
             return reply
         if script is scripts.WRITE_BACK:
             lock, fence, marker, legacy, legacy_marker = keys
             format = node_format(marker, legacy_marker)
             if not format or get(lock) != as_text(args[0]):
                 return 0
-            raise_to(fence, as_text(args[2]), legacy, int(as_text(args[1])), format)
+            settle(fence, as_text(args[2]), legacy, int(as_text(args[1])), 0, format)
             return 1
         if script is scripts.RELEASE:
             lock, _, line_key, _ = keys

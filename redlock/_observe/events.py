@@ -75,7 +75,7 @@ SENTENCES: Mapping[str, str] = {
         "node {node} repaired: {counters} fence counters re-seeded (highest {highest}) from"
         " {sources} healthy nodes, marker written back; it counts in quorums again",
     "redlock.cluster_upgraded":
-        "upgrade() moved {upgraded} of {nodes} nodes to one fence counter per node"
+        "upgrade() moved {upgraded} of {nodes} nodes to a fixed set of fence counters per node"
         " ({failed} failed: run it again once they answer); clients of the previous"
         " release are refused on them from now on",
     "redlock.release_incomplete":

@@ -52,17 +52,21 @@ local function highest(counters, bucket, legacy_key, floor)
     return math.max(tonumber(redis.call('HGET', counters, bucket) or '0'),
                     tonumber(redis.call('GET', legacy_key) or '0'), floor)
 end
--- Raise the resource's bucket to `value`; its own counter too where the previous
--- format's clients read it, else that goes. HINCRBY and INCRBY keep the stored values
--- integer strings (no Lua float formatting).
-local function raise_to(counters, bucket, legacy_key, value, format)
+-- The resource's counter on this node becomes max(its bucket, its old counter, floor) +
+-- step, returned: a grant (step 1), a refresh of our own key (step 0, floor 0), a
+-- write-back or a set's token (step 0, floor = that token). The bucket is raised to it;
+-- the resource's old counter too where the previous format's clients read it, else it
+-- goes. HINCRBY and INCRBY keep the stored values integer strings (no Lua float
+-- formatting).
+local function settle(counters, bucket, legacy_key, floor, step, format)
     local counter = tonumber(redis.call('HGET', counters, bucket) or '0')
+    local legacy = redis.call('GET', legacy_key)
+    local old = tonumber(legacy or '0')
+    local value = math.max(counter, old, floor) + step
     if value > counter then
         redis.call('HINCRBY', counters, bucket, value - counter)
     end
-    local legacy = redis.call('GET', legacy_key)
     if format == 1 then
-        local old = tonumber(legacy or '0')
         if value > old then
             redis.call('INCRBY', legacy_key, value - old)
         end
@@ -133,14 +137,12 @@ end
 local holder = redis.call('GET', KEYS[1])
 if holder == ARGV[1] then
     redis.call('PEXPIRE', KEYS[1], ARGV[2])
-    return {2, raise_to(KEYS[2], ARGV[6], KEYS[6], highest(KEYS[2], ARGV[6], KEYS[6], 0),
-                        format)}
+    return {2, settle(KEYS[2], ARGV[6], KEYS[6], 0, 0, format)}
 end
 local queued = redis.call('EXISTS', KEYS[4]) == 1
 if not holder and not queued then
     redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-    return {1, raise_to(KEYS[2], ARGV[6], KEYS[6],
-                        highest(KEYS[2], ARGV[6], KEYS[6], tonumber(ARGV[3])) + 1, format)}
+    return {1, settle(KEYS[2], ARGV[6], KEYS[6], tonumber(ARGV[3]), 1, format)}
 end
 local now = now_ms()
 local me = redis.sha1hex(ARGV[1])
@@ -175,8 +177,7 @@ if first then
     wait_in_line(now + math.min(tonumber(ARGV[5]), tonumber(ARGV[2])))
 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-return {1, raise_to(KEYS[2], ARGV[6], KEYS[6],
-                    highest(KEYS[2], ARGV[6], KEYS[6], tonumber(ARGV[3])) + 1, format)}
+return {1, settle(KEYS[2], ARGV[6], KEYS[6], tonumber(ARGV[3]), 1, format)}
 """,
 )
 
@@ -238,7 +239,7 @@ for i = 1, k do
     else
         redis.call('SET', lock, ARGV[1], 'PX', ARGV[2])
     end
-    raise_to(KEYS[3], ARGV[3 + i], KEYS[3 + k + i], token, format)
+    settle(KEYS[3], ARGV[3 + i], KEYS[3 + k + i], token, 0, format)
     reply[#reply + 1] = token
 end
 return reply
@@ -262,7 +263,7 @@ end
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
     return 0
 end
-raise_to(KEYS[2], ARGV[3], KEYS[4], tonumber(ARGV[2]), format)
+settle(KEYS[2], ARGV[3], KEYS[4], tonumber(ARGV[2]), 0, format)
 return 1
 """,
 )

@@ -18,8 +18,8 @@ from redlock._scripts.script import Script
 # The barrier's values: the previous format's episode key (its clients read "since 0,
 # another server run": a lost node, never repairable by them; its INIT_MARKER refuses)
 # and its repair claim (held for good: their repair never starts).
-BARRIER_EPISODE = ("0 format-2 this node keeps one fence counter: clients of the previous"
-                   " format (a counter per resource) are refused here")
+BARRIER_EPISODE = ("0 format-2 this node keeps a fixed set of fence counters: clients of"
+                   " the previous format (a counter per resource) are refused here")
 BARRIER_CLAIM = "format-2: clients of the previous format may not repair this node"
 
 # Marker lookups and the barrier, shared by the scripts below.

@@ -212,7 +212,7 @@ def cmd_initialise(args: argparse.Namespace) -> int:
 
 def cmd_upgrade(args: argparse.Namespace) -> int:
     confirm(args, "upgrade the nodes",
-            "Move every node to one fence counter per node? Clients of the previous release"
+            "Move every node to a fixed set of fence counters? Clients of the previous release"
             " are refused on upgraded nodes from then on: run this only once every client"
             " runs this release (docs/operations.md, \"Upgrading\").")
     with open_manager(args) as dlm:
@@ -298,7 +298,7 @@ def build_parser() -> argparse.ArgumentParser:
     initialise.add_argument("--force", action="store_true",
                             help="also when some nodes have markers (asks; --yes)")
     command("upgrade", cmd_upgrade, "move the nodes from the previous format (a fence counter"
-            " per resource) to one counter per node, once every client runs this release"
+            " per resource) to a fixed set per node, once every client runs this release"
             " (asks; --yes)", confirmable)
     commands.add_parser("demo", help="workers contending for one lock on local redis-server"
                                      " nodes (redlock demo --help)", add_help=False)
