@@ -45,7 +45,7 @@ _CLUSTER_CLIENTS = _cluster_client_types()
 
 CLUSTER_REASON = (
     "a Redis Cluster is not supported as a Redlock node: the lock scripts take the"
-    " resource's keys together with the node marker (ns:node-marker), which hash to"
+    " resource's keys together with the node marker (ns:node:marker), which hash to"
     " different slots (CROSSSLOT), and a cluster's failover promotes replicas that may"
     " lack the newest lock keys and fence counters. Give N independent non-cluster"
     " masters instead (docs/design.md §11.4)"
