@@ -21,7 +21,7 @@ import redis
 
 from redlock.testing import RedisNodes, capture_events
 from tests.clients import Actor, Flavour, eventually
-from tests.internals import KEYS, scripts
+from tests.internals import KEYS, bucket, scripts
 
 # A backoff so slow that only a wake-up explains a quick acquisition.
 SLOW_BACKOFF = {"retry_delay_min": 2.0, "retry_delay_max": 3.0}
@@ -314,10 +314,10 @@ def acquire_by_hand(client: redis.Redis, resource: str, owner: str,
                     ticket: int, *, patience_ms: int = 60_000, ttl_ms: int = 5000
                     ) -> list[int]:
     """One node's ACQUIRE as a blocking acquire sends it (with a ticket)."""
-    keys = (KEYS.lock(resource), KEYS.fence(resource), KEYS.marker, KEYS.line(resource),
-            KEYS.line_deadlines(resource))
+    keys = (KEYS.lock(resource), KEYS.counter, KEYS.marker, KEYS.line(resource),
+            KEYS.line_deadlines(resource), KEYS.legacy_fence(resource), KEYS.legacy_marker)
     return [int(v) for v in client.eval(scripts.ACQUIRE.source, len(keys), *keys, owner,
-                                        ttl_ms, 0, ticket, patience_ms)]
+                                        ttl_ms, 0, ticket, patience_ms, bucket(resource))]
 
 
 def release_by_hand(client: redis.Redis, resource: str, owner: str, *, leave: bool,
