@@ -41,7 +41,14 @@ from redlock._core.settings import (
     validate_timeout,
 )
 from redlock._core.state import LockState, Status
-from redlock._core.tokens import TOKEN_LIMIT, bucket, choose_token, quorum, validity_left
+from redlock._core.tokens import (
+    COUNTER_BUCKETS,
+    TOKEN_LIMIT,
+    bucket,
+    choose_token,
+    quorum,
+    validity_left,
+)
 from redlock._core.waiting import LINE_POLL_MAX
 from redlock._io.failures import as_failure, map_failures
 from redlock._io.wakeups import WakeRegistry
@@ -54,6 +61,7 @@ from redlock._scripts.replies import ack_outcome, acquire_outcome, unsafe_config
 from redlock.cli import render as cli_render
 
 __all__ = [
+    "COUNTER_BUCKETS",
     "KEYS",
     "LAST_ROUND",
     "LINE_POLL_MAX",

@@ -25,7 +25,9 @@ def quorum(node_count: int) -> int:
 #: a resource's tokens come from the one its name hashes to. Enough that resources
 #: locked at the same moment rarely share one (sharing costs nothing in safety, only a
 #: write-back round when concurrent grants reach the nodes in different orders), few
-#: enough to stay a small fixed set (about 60 KiB per node).
+#: enough to stay a small fixed set (about 60 KiB per node). Never change it, nor
+#: :func:`bucket`: a resource that moved to another bucket could get a token below one it
+#: already had (tests/core/test_rules.py pins both).
 COUNTER_BUCKETS = 1024
 
 

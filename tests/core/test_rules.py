@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 from redlock import LockLost, NodeResult, NotHeld, Outcome, RedlockError
 from tests.internals import (
+    COUNTER_BUCKETS,
     PENDING,
     TOKEN_LIMIT,
     Keys,
@@ -31,6 +32,7 @@ from tests.internals import (
     ack_outcome,
     acquire_outcome,
     as_failure,
+    bucket,
     choose_token,
     quorum,
     real_environment,
@@ -431,6 +433,15 @@ def test_ttl_must_exceed_the_drift_allowance_and_max_ttl() -> None:
         settings.check_ttl(0.002)  # drift alone is 2 ms + 1 %
     with pytest.raises(ValueError, match="maximum"):
         settings.check_ttl(61)
+
+
+def test_a_resources_bucket_is_part_of_the_format_and_never_changes() -> None:
+    """A resource whose name hashed to another bucket in a later release could get a
+    token below one it already had (docs/design.md §3.0): the function is pinned."""
+    assert COUNTER_BUCKETS == 1024
+    assert [bucket(name) for name in ("orders:42", "r", "a", "", "é")] == [
+        "197", "925", "579", "0", "318"]
+    assert {bucket(f"job:{i}") for i in range(20_000)} == {str(b) for b in range(1024)}
 
 
 def test_keys_share_one_hash_tag_per_resource_and_a_node_keeps_a_fixed_set() -> None:
