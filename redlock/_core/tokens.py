@@ -1,5 +1,5 @@
 """The quorum, validity and token rules (docs/design.md §2, §3): pure functions, and the
-token floor a manager keeps."""
+token floors a manager keeps."""
 
 from __future__ import annotations
 

@@ -289,9 +289,9 @@ _FOLD_BATCH = 500  # per-resource counters per FOLD_COUNTERS call
 
 def upgrade(guard: AmnesiaGuard) -> Flow[list[RepairReport]]:
     """Move every node from the previous format (a fence counter per resource, marker
-    ``ns:node-marker``) to this one (a fixed set of counters per node, docs/design.md §3.8): its
-    marker moves, the barrier against the previous format's clients is set, and its
-    per-resource counters are folded into their buckets and removed. Only once
+    ``ns:node-marker``) to this one (a fixed set of counters per node, docs/design.md
+    §3.8): its marker moves, the barrier against the previous format's clients is set,
+    and its per-resource counters are folded into their buckets and removed. Only once
     every client runs this release: the previous one is refused on upgraded nodes."""
     keys, timeout = guard.keys, guard.settings.repair_timeout
     moved = yield Broadcast(tuple(
