@@ -89,7 +89,14 @@ def _check_namespace(namespace: object) -> str:
 
 def _check_client(client: object, expected: type, name: str) -> None:
     if not isinstance(client, expected):
-        raise TypeError(f"client must be a {name}, not {type(client).__name__}")
+        # Both redis-py clients are classes named Redis: say which one it is, and the fix.
+        given = f"{type(client).__module__.removesuffix('.client')}.{type(client).__qualname__}"
+        hint = ""
+        if isinstance(client, redis.asyncio.Redis):
+            hint = ": an asyncio client goes to AsyncRedisFencedStore"
+        elif isinstance(client, redis.Redis):
+            hint = ": a blocking client goes to RedisFencedStore"
+        raise TypeError(f"client must be a {name}, not {given}{hint}")
     kwargs = client.connection_pool.connection_kwargs  # type: ignore[attr-defined]
     if kwargs.get("decode_responses"):
         raise ValueError(

@@ -112,14 +112,20 @@ async def test_bad_node_lists(flavour: Flavour, nodes: object, error: type[Excep
 
 
 async def test_client_of_the_other_world_is_a_type_error(flavour: Flavour) -> None:
+    # Both redis-py clients are classes named Redis: the message names the module, and
+    # the fix.
     wrong: Any
     if flavour.kind == "sync":
         wrong = redis.asyncio.Redis(host="127.0.0.1", port=free_port())
+        said = ("not redis.asyncio.Redis: an asyncio client goes to AsyncRedlock (or give"
+                " the node's URL)")
     else:
         wrong = redis.Redis(host="127.0.0.1", port=free_port())
+        said = "not redis.Redis: a blocking client goes to Redlock (or give the node's URL)"
     try:
-        with pytest.raises(TypeError):
+        with pytest.raises(TypeError) as refused:
             flavour.bare_manager([wrong])
+        assert str(refused.value).endswith(said), refused.value
     finally:
         if isinstance(wrong, redis.asyncio.Redis):
             await wrong.aclose()

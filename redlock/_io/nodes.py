@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
 import redis
+import redis.asyncio
 import redis.connection
 from redis.connection import parse_url
 
@@ -71,6 +72,23 @@ def server_identity(kwargs: Mapping[str, Any]) -> str:
     return f"{host}:{int(kwargs.get('port') or 6379)}"
 
 
+def type_name(value: object) -> str:
+    """A value's class as a user imports it: ``redis.asyncio.Redis`` (the class names of
+    the two redis-py clients are both ``Redis``), ``builtins`` left out."""
+    cls = type(value)
+    module = cls.__module__.removesuffix(".client")
+    return cls.__qualname__ if module == "builtins" else f"{module}.{cls.__qualname__}"
+
+
+def _flavour_hint(item: object, client_name: str) -> str:
+    """The fix when a client of the other flavour was given."""
+    if isinstance(item, redis.asyncio.Redis):
+        return ": an asyncio client goes to AsyncRedlock (or give the node's URL)"
+    if isinstance(item, redis.Redis) and client_name.startswith("redis.asyncio"):
+        return ": a blocking client goes to Redlock (or give the node's URL)"
+    return ""
+
+
 def check_node_list(nodes: object, client_type: type, client_name: str) -> list[Any]:
     """Reject a bare string, a mapping, an empty collection, items of the wrong type
     (and Redis Cluster clients, saying why), unparsable URLs and the same server listed
@@ -87,8 +105,8 @@ def check_node_list(nodes: object, client_type: type, client_name: str) -> list[
         if refusal is not None:
             raise TypeError(refusal)
         if not isinstance(item, str | client_type):
-            raise TypeError(
-                f"each node must be a URL string or a {client_name}, not {type(item).__name__}")
+            raise TypeError(f"each node must be a URL string or a {client_name}, not"
+                            f" {type_name(item)}{_flavour_hint(item, client_name)}")
     seen: dict[str, str] = {}
     for item in items:
         identity, shown = _identity_and_shown(item)

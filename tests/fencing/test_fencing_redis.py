@@ -144,8 +144,13 @@ def test_invalid_resources_values_and_clients(store: RedisFencedStore, nodes1: R
             RedisFencedStore(client, namespace="")
         with pytest.raises(ValueError):
             RedisFencedStore(client, namespace="has space")
-        with pytest.raises(TypeError):
+        with pytest.raises(TypeError, match=r"client must be a redis\.asyncio\.Redis, not"
+                           r" redis\.Redis: a blocking client goes to RedisFencedStore$"):
             AsyncRedisFencedStore(client)  # type: ignore[arg-type]
+    wrong = redis.asyncio.Redis(host="127.0.0.1", port=nodes1[0].port)
+    with pytest.raises(TypeError, match=r"client must be a redis\.Redis, not redis\.asyncio\."
+                       r"Redis: an asyncio client goes to AsyncRedisFencedStore$"):
+        RedisFencedStore(wrong)  # type: ignore[arg-type]
     with nodes1[0].client(decode_responses=True) as client, pytest.raises(ValueError):
         RedisFencedStore(client)
 
