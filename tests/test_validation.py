@@ -324,6 +324,12 @@ async def test_wrong_credentials_fail_at_once_even_without_a_deadline(
     detail = caught.value.outcomes[0].detail
     assert any(word in detail for word in ("WRONGPASS", "NOAUTH", "Authentication",
                                            "invalid username-password")), detail
+    # A missing password reads "HELLO must be called with the client already
+    # authenticated" from the server: the detail says what to do.
+    assert detail.endswith("(the node refused the credentials: give the user and password"
+                           " in the URL (redis://USER:PASSWORD@host:port, or"
+                           " redis://:PASSWORD@... for the default user) or to the client;"
+                           " a node with a password needs one)"), detail
     assert took() < 5.0
     assert "wrong" not in str(caught.value) and "nope" not in str(caught.value)
 

@@ -9,7 +9,13 @@ from collections.abc import MutableSequence
 
 import redis.exceptions
 
-from redlock._scripts.replies import CLUSTER_MODE_HINT, FailureKind, NodeFailure, NotAwaited
+from redlock._scripts.replies import (
+    AUTHENTICATION_HINT,
+    CLUSTER_MODE_HINT,
+    FailureKind,
+    NodeFailure,
+    NotAwaited,
+)
 
 # redis-py turns a cluster-mode node's CROSSSLOT/MOVED/ASK/CLUSTERDOWN replies into
 # these (without the code in the message): the node is in cluster mode, not a lock node.
@@ -48,6 +54,8 @@ def as_failure(error: BaseException) -> NodeFailure:
     detail = f"{type(error).__name__}: {error or type(error).__name__}"
     if kind is FailureKind.CLUSTER:
         detail += f" ({CLUSTER_MODE_HINT})"
+    elif kind is FailureKind.AUTHENTICATION:  # the server's text ("HELLO must be called
+        detail += f" ({AUTHENTICATION_HINT})"  # with the client already authenticated")
     failure = NodeFailure(kind, detail)
     failure.__cause__ = error
     return failure

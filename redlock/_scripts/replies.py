@@ -70,6 +70,10 @@ PERMANENT = frozenset({FailureKind.AUTHENTICATION, FailureKind.PERMISSION,
 
 #: Why a node in cluster mode answers CROSSSLOT: the lock scripts take the resource's
 #: keys and the node marker together, in different slots (docs/design.md §11.4).
+AUTHENTICATION_HINT = ("the node refused the credentials: give the user and password in the"
+                       " URL (redis://USER:PASSWORD@host:port, or redis://:PASSWORD@... for"
+                       " the default user) or to the client; a node with a password needs"
+                       " one")
 CLUSTER_MODE_HINT = ("a Redis Cluster node cannot be a Redlock node: the lock scripts"
                      " need the node marker beside the resource's keys (another slot);"
                      " use independent non-cluster masters, docs/design.md §11.4")

@@ -299,7 +299,8 @@ def test_permanent_errors_are_credentials_permissions_and_the_wrong_kind_of_node
     assert not permanent(ConnectionRefusedError("refused"))
     assert not permanent(redis.exceptions.ResponseError("BUSY Redis is busy running a script"))
     failure = as_failure(redis.exceptions.AuthenticationError("invalid password"))
-    assert failure.detail == "AuthenticationError: invalid password"
+    assert failure.detail.startswith("AuthenticationError: invalid password (the node"
+                                     " refused the credentials: give the user and password")
 
 
 # ---------------------------------------------------------------------------
