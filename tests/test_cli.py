@@ -126,8 +126,26 @@ def test_status_of_a_free_resource(nodes3: RedisNodes, capsys: pytest.CaptureFix
     assert code == cli.EXIT_OK
     rows = [line for line in out.splitlines() if line.rstrip().endswith("new cluster")]
     assert len(rows) == 3  # no node has a marker: never used, not amnesia
-    assert out.splitlines()[-1] == ("'cli:free' is not locked (a new cluster: the first"
-                                    " acquire writes the node markers)")
+    assert out.splitlines()[-1] == (
+        "'cli:free' is not locked, and no node has this namespace's marker: a new cluster"
+        " (the first acquire writes the markers), or the wrong --namespace")
+
+
+def test_status_given_a_key_name_says_which_resource_to_ask_for(
+        nodes3: RedisNodes, capsys: pytest.CaptureFixture[str]) -> None:
+    dlm, lock = hold(nodes3.urls, "orders:99")
+    try:
+        code, out, _ = run_in_process(capsys, "status", "billing:{orders:99}:lock",
+                                      "--nodes", *nodes3.urls)
+        assert code == cli.EXIT_OK
+        assert out.splitlines()[-1] == (
+            "'billing:{orders:99}:lock' is not locked: that is a key's name, not a"
+            " resource's; try `redlock status orders:99 --namespace billing`")
+        code, out, _ = run_in_process(capsys, "status", "orders:99", "--nodes", *nodes3.urls)
+        assert "'orders:99' is locked: holder" in out.splitlines()[-1]
+    finally:
+        lock.release()
+        dlm.close()
 
 
 def test_status_with_a_node_down_says_so_in_one_line(nodes3: RedisNodes) -> None:

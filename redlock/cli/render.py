@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import sys
 from collections import Counter
 from collections.abc import Sequence
@@ -136,10 +137,19 @@ def lock_summary(status: LockStatus) -> str:
     if stray:
         return (f"{resource} is not locked (keys on {stray} node(s), short of a quorum: an"
                 " acquire in progress or one that failed; they expire by their TTL)")
+    key = _KEY_NAME.fullmatch(status.resource)
+    if key:
+        return (f"{resource} is not locked: that is a key's name, not a resource's; try"
+                f" `redlock status {key['name']} --namespace {key['namespace']}`")
     if not any(n.marker for n in status.nodes):
-        return (f"{resource} is not locked (a new cluster: the first acquire writes the node"
-                " markers)")
+        return (f"{resource} is not locked, and no node has this namespace's marker: a new"
+                " cluster (the first acquire writes the markers), or the wrong --namespace")
     return f"{resource} is not locked"
+
+
+# A lock's key name as the nodes show it: ``<namespace>:{<resource>}:<kind>``.
+_KEY_NAME = re.compile(r"(?P<namespace>[A-Za-z0-9_.:-]+):\{(?P<name>.+)\}"
+                       r":(lock|fence|line|line-deadlines|released)")
 
 
 def show_status(status: LockStatus, as_json: bool) -> None:
