@@ -79,9 +79,23 @@ def test_repair_fails_cleanly_when_fewer_than_a_quorum_of_healthy_nodes_answer()
     core = make_core(5)
     report = drive(repair_node(core, 0, force=True), nodes.execute)
     assert report.status == "failed"
-    assert report.detail == "read counters from 2 healthy nodes, need 3"
+    assert report.detail == ("read counters from 2 healthy nodes, need 3; the others could"
+                             " not be read now: repair tries again")
     assert nodes.commands_sent()[-1] == "DEL"  # gave the claim back
     assert nodes.data[0] == {}  # no counter, no marker, no guard
+
+
+def test_repair_with_a_majority_lost_names_the_way_out() -> None:
+    nodes = amnesiac_cluster()
+    for i in (3, 4):  # with node 0: three of five lost their data
+        nodes.data[i].clear()
+    report = drive(repair_node(make_core(5), 0, force=True), nodes.execute)
+    assert report.status == "failed"
+    assert report.detail == (
+        "read counters from 2 healthy nodes, need 3; a majority of the nodes lost their"
+        " data or are not trusted, so no repair can succeed: restore their data, or once"
+        " every lock held before the loss has expired (max_ttl) run `redlock initialise"
+        " --force` (docs/design.md §4.8)")
 
 
 @pytest.mark.parametrize("broken", ["HGETALL", "SCAN", "MGET"])
@@ -97,7 +111,7 @@ def test_repair_does_not_count_a_source_whose_counters_could_not_be_read(broken:
     nodes.intercept = sources_2_and_3_fail
     report = drive(repair_node(core, 0, force=True), nodes.execute)
     assert report.status == "failed"
-    assert report.detail == "read counters from 2 healthy nodes, need 3"
+    assert report.detail.startswith("read counters from 2 healthy nodes, need 3; the others")
     assert nodes.data[0] == {}
 
 

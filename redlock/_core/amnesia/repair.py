@@ -76,10 +76,15 @@ def repair_node(guard: AmnesiaGuard, target: int, *, force: bool,
     if isinstance(claimed, BaseException) or claimed is None:
         detail = failure_detail(claimed) if isinstance(claimed, BaseException) else "busy"
         return RepairReport(address, RepairStatus.FAILED, f"could not claim the repair: {detail}")
+    unhealthy = 1  # the target
     if sources is None:
         others = [i for i in range(guard.n) if i != target]
         probe = yield Broadcast(tuple(guard.identify_call(i) for i in others), timeout)
         readers = [i for i, reply in zip(others, probe, strict=True) if is_healthy(reply)]
+        # Nodes that answered without a marker of their own run lost data too (or are
+        # suspects): with the target, a majority of them means no repair can succeed.
+        unhealthy += sum(1 for reply in probe
+                         if identity(reply) is not None and not is_healthy(reply))
         needed = guard.quorum
     else:
         readers, needed = list(sources), len(sources)
@@ -96,8 +101,16 @@ def repair_node(guard: AmnesiaGuard, target: int, *, force: bool,
     # commit set (q - 1 healthy members + q readers > N - 1 healthy nodes).
     if complete < needed:
         yield from ask_one(Call(target, ("DEL", claim)), timeout)
+        hint = ""
+        if sources is None and unhealthy >= guard.quorum:
+            hint = ("; a majority of the nodes lost their data or are not trusted, so no"
+                    " repair can succeed: restore their data, or once every lock held"
+                    " before the loss has expired (max_ttl) run `redlock initialise"
+                    " --force` (docs/design.md §4.8)")
+        elif sources is None:
+            hint = "; the others could not be read now: repair tries again"
         return RepairReport(address, RepairStatus.FAILED,
-                            f"read counters from {complete} healthy nodes, need {needed}")
+                            f"read counters from {complete} healthy nodes, need {needed}{hint}")
     pairs = [arg for field, value in sorted(seed.items()) for arg in (field, value)]
     seeded = yield from ask_one(Call(target, (repair_id, *pairs), node_scripts.SEED_COUNTERS,
                                      (claim, guard.keys.counter)), timeout)
