@@ -3,6 +3,7 @@ node's files up and restore them; make one node a replica of another and promote
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 import shutil
@@ -10,6 +11,7 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -34,11 +36,27 @@ def find_redis_server(explicit: str | None = None) -> str:
     return candidate
 
 
+# Ports handed out lately by this process: nodes built together take their ports before
+# any of them listens, and the kernel may give the same free port twice (CI: two nodes of
+# one cluster on one port).
+_ISSUED: collections.OrderedDict[tuple[str, int], None] = collections.OrderedDict()
+_ISSUED_LOCK = threading.Lock()
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago (the usual bind-to-0 trick)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+    """A TCP port that was free a moment ago (the usual bind-to-0 trick), and not one this
+    process handed out lately (the last 4096)."""
+    with _ISSUED_LOCK:
+        for _ in range(100):  # bounded: the kernel hands out ports in turn
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                sock.bind((host, 0))
+                port = int(sock.getsockname()[1])
+            if (host, port) not in _ISSUED:
+                break
+        _ISSUED[(host, port)] = None
+        while len(_ISSUED) > 4096:
+            _ISSUED.popitem(last=False)
+        return port
 
 
 @dataclass(frozen=True)
