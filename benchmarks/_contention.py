@@ -36,7 +36,6 @@ import mmap
 import os
 import statistics
 import struct
-import subprocess
 import sys
 import tempfile
 import threading
@@ -45,6 +44,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import _children
 import _clashing
 from _measure import percentile
 
@@ -162,43 +162,22 @@ def run_library(library: str, resource: str, urls: list[str], node_urls: list[st
     fd, slot_path = tempfile.mkstemp(prefix="bench-slot-")
     os.write(fd, b"\0" * 8)
     os.close(fd)
-    procs: list[subprocess.Popen[str]] = []
+    options = [{"library": library, "urls": urls, "control": control, "resource": resource,
+                "threads": args.threads, "cs_ms": args.cs_ms,
+                "deadline_s": args.contention_deadline, "slot_file": slot_path,
+                "worker_base": p * args.threads} for p in range(args.procs)]
     try:
-        for p in range(args.procs):
-            options = {"library": library, "urls": urls, "control": control,
-                       "resource": resource, "threads": args.threads,
-                       "cs_ms": args.cs_ms, "deadline_s": args.contention_deadline,
-                       "slot_file": slot_path, "worker_base": p * args.threads}
-            procs.append(subprocess.Popen(
-                [sys.executable, str(HERE / "_contention.py"), "child", json.dumps(options)],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                text=True, cwd=str(HERE), env=env))
-        for proc in procs:
-            assert proc.stdout is not None
-            line = proc.stdout.readline()
-            if line.strip() != "ready":
-                raise RuntimeError(f"{library} child did not start: {line.strip()[:200]} "
-                                   f"{(proc.stderr.read() if proc.stderr else '')[-400:]}")
-        with redis.Redis.from_url(control) as ctl:
-            ctl.set(BUDGET_KEY, args.total)
-        before = command_counts(node_urls)
-        started = time.monotonic()
-        for proc in procs:  # every process starts at once
-            assert proc.stdin is not None
-            proc.stdin.write("go\n")
-            proc.stdin.flush()
-        outputs = []
-        for proc in procs:
-            out, err = proc.communicate(timeout=args.contention_deadline + 60)
-            if proc.returncode != 0:
-                raise RuntimeError(f"{library} child failed: {err.strip()[-400:]}")
-            outputs.append(json.loads(out.strip().splitlines()[-1]))
-        after = command_counts(node_urls)
+        with _children.started(HERE / "_contention.py", options, env,
+                               f"{library} child") as procs:
+            with redis.Redis.from_url(control) as ctl:
+                ctl.set(BUDGET_KEY, args.total)
+            before = command_counts(node_urls)
+            started = time.monotonic()
+            _children.go(procs)
+            outputs = _children.results(procs, args.contention_deadline + 60,
+                                        f"{library} child")
+            after = command_counts(node_urls)
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
         os.unlink(slot_path)
     records = [r for o in outputs for r in o["records"]]
     waits = sorted(w for r in records for w in r["waits_ms"])

@@ -59,6 +59,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import _children
 import _measure
 from _environment import LoadMonitor, configure_logging, load_text, loadavg_text, machine_lines
 from _report import spread, table
@@ -191,40 +192,14 @@ def run_processes(urls: list[str], args: argparse.Namespace, env: dict[str, str]
     """``--procs`` child processes of ``--threads`` threads each, started at once
     (``ready`` is called once every one has warmed up)."""
     workers = args.procs * args.threads
-    procs: list[subprocess.Popen[str]] = []
-    try:
-        for p in range(args.procs):
-            options = {"urls": urls, "names": args.names, "workers": workers,
-                       "shared_names": args.shared_names,
-                       "shared_fraction": args.shared_fraction, "first": p * args.threads,
-                       "threads": args.threads, "warmup": args.warmup,
-                       "duration": args.duration}
-            procs.append(subprocess.Popen(
-                [sys.executable, str(HERE / "many_names.py"), "child", json.dumps(options)],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                text=True, cwd=str(HERE), env=env))
-        for proc in procs:
-            assert proc.stdout is not None
-            line = proc.stdout.readline()
-            if line.strip() != "ready":
-                raise RuntimeError(f"child did not start: {line.strip()[:200]} "
-                                   f"{(proc.stderr.read() if proc.stderr else '')[-400:]}")
+    options = [{"urls": urls, "names": args.names, "workers": workers,
+                "shared_names": args.shared_names, "shared_fraction": args.shared_fraction,
+                "first": p * args.threads, "threads": args.threads, "warmup": args.warmup,
+                "duration": args.duration} for p in range(args.procs)]
+    with _children.started(HERE / "many_names.py", options, env) as procs:
         ready()
-        for proc in procs:  # every process starts at once
-            assert proc.stdin is not None
-            proc.stdin.write("go\n")
-            proc.stdin.flush()
-        outputs = []
-        for proc in procs:
-            out, err = proc.communicate(timeout=args.duration + 60)
-            if proc.returncode != 0:
-                raise RuntimeError(f"child failed: {err.strip()[-400:]}")
-            outputs.append(json.loads(out.strip().splitlines()[-1]))
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+        _children.go(procs)
+        outputs = _children.results(procs, args.duration + 60)
     records = [w for o in outputs for w in o["workers"]]
     # Each process measures its own wall from its go line; the rate is their sum.
     ops = sum(sum(len(w["samples_ns"]) for w in o["workers"]) / o["wall_s"]
