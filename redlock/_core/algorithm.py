@@ -215,27 +215,28 @@ class RedlockCore(Holding):
         of its own). Attempts in one line from one manager take turns."""
         return self.keys.channel(resources[0] if len(resources) == 1 else "\x00".join(resources))
 
-    def _acquire_calls(self, resources: tuple[str, ...], owner: str, ttl: float,
-                       ticket: str) -> tuple[Call, ...]:
-        keys, floors, ttl_ms = self.keys, self.floors, max(1, int(ttl * 1000))
+    def _acquire_calls(self, resources: tuple[str, ...], buckets: tuple[str, ...], owner: str,
+                       ttl: float, ticket: str) -> tuple[Call, ...]:
+        keys, ttl_ms, floor = self.keys, max(1, int(ttl * 1000)), self.floors.get(buckets)
         if len(resources) == 1:
             [resource] = resources
             return self._all(scripts.ACQUIRE,
                              (keys.lock(resource), keys.counter, keys.marker,
                               keys.line(resource), keys.line_deadlines(resource),
                               keys.legacy_fence(resource), keys.legacy_marker),
-                             (owner, ttl_ms, floors.get(resources), ticket,
+                             (owner, ttl_ms, floor, ticket,
                               int(patience(self.settings, self.timeout(ttl)) * 1000),
-                              bucket(resource)))
+                              *buckets))
         return self._all(scripts.ACQUIRE_MANY,
                          (keys.marker, keys.legacy_marker, keys.counter,
                           *(keys.lock(r) for r in resources),
                           *(keys.legacy_fence(r) for r in resources)),
-                         (owner, ttl_ms, floors.get(resources), *map(bucket, resources)))
+                         (owner, ttl_ms, floor, *buckets))
 
     def _attempt(self, resources: tuple[str, ...], owner: str, ttl: float,
                  ticket: str, deadline: Deadline) -> Flow[AttemptResult]:
         settings, keys, name = self.settings, self.keys, label(resources)
+        buckets = tuple(map(bucket, resources))  # each resource's counter (§3.0)
         started = self.clock()
         # A manager's first attempt also reads every node's INFO (docs/design.md §4.7),
         # behind the acquire calls on the same connections: no round of its own.
@@ -244,7 +245,7 @@ class RedlockCore(Holding):
         # from its own replies, as later ones have it from RoundTrips (docs/design.md §2.4).
         learn = self.quorum if (self.settings.node_timeout is None
                                 and self.round_trips.measured() < self.quorum) else 0
-        request = Broadcast(self._acquire_calls(resources, owner, ttl, ticket) + inspect,
+        request = Broadcast(self._acquire_calls(resources, buckets, owner, ttl, ticket) + inspect,
                             deadline.bound(self.timeout(ttl)), line=self.line(resources),
                             turns=not ticket, enough=self._enough(acquire_vote), learn=learn)
         try:
@@ -263,16 +264,17 @@ class RedlockCore(Holding):
             granted = {i: acquire_counters(replies[i])
                        for i, r in enumerate(outcomes) if r.outcome is Outcome.GRANTED}
             if granted:  # the next attempt lifts the nodes that lag behind the highest
-                self.floors.raise_to(resources, max(max(c) for c in granted.values()))
+                self.floors.raise_to(buckets, max(max(c) for c in granted.values()))
             if len(granted) >= self.quorum:
                 # The token rule, resource by resource (docs/design.md §3).
                 choices = {r: choose_token({i: c[j] for i, c in granted.items()})
                            for j, r in enumerate(resources)}
                 committed = {r: len(c.committed) for r, c in choices.items()}
-                write_backs = [(r, Call(i, (owner, c.token, bucket(r)), scripts.WRITE_BACK,
+                write_backs = [(r, Call(i, (owner, c.token, buckets[j]), scripts.WRITE_BACK,
                                         (keys.lock(r), keys.counter, keys.marker,
                                          keys.legacy_fence(r), keys.legacy_marker)))
-                               for r, c in choices.items() if committed[r] < self.quorum
+                               for j, (r, c) in enumerate(choices.items())
+                               if committed[r] < self.quorum
                                for i in c.write_back]
                 if write_backs:
                     # Counters diverged: raise the lower ones to the token, but only on

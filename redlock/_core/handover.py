@@ -33,6 +33,7 @@ from redlock._core.algorithm import RedlockCore
 from redlock._core.requests import Broadcast, Call, Flow
 from redlock._core.settings import validate_resource
 from redlock._core.state import LockState
+from redlock._core.tokens import bucket
 from redlock._scripts.lock import OWNED_PTTL
 from redlock._scripts.replies import owned_outcome
 from redlock.errors import LockLost, Outcome, QuorumUnavailable, describe
@@ -163,6 +164,6 @@ def adopt(core: RedlockCore, handover: Handover) -> Flow[LockState]:
     if core.clock() >= deadline:
         raise LockLost(f"could not adopt {resource!r}: its validity ran out during the"
                        " hand-over", resource=resource, outcomes=outcomes)
-    core.floors.raise_to((resource,), handover.token)
+    core.floors.raise_to((bucket(resource),), handover.token)
     return LockState(resource, handover.owner, ttl, handover.token, deadline, core.clock,
                      core.env.new_mutex())

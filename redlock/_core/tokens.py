@@ -76,12 +76,12 @@ class TokenFloors:
     def after_fork(self, mutex: Mutex) -> None:
         self._mutex = mutex  # a parent thread may have held the old one at the fork
 
-    def get(self, resources: Sequence[str]) -> int:
-        return max(self._floors[int(bucket(r))] for r in resources)
+    def get(self, buckets: Sequence[str]) -> int:
+        """The floor of a set of buckets (:func:`bucket` of each resource)."""
+        return max(self._floors[int(b)] for b in buckets)
 
-    def raise_to(self, resources: Sequence[str], counter: int) -> None:
+    def raise_to(self, buckets: Sequence[str], counter: int) -> None:
         with self._mutex:
-            for r in resources:
-                field = int(bucket(r))
-                if counter > self._floors[field]:
-                    self._floors[field] = counter
+            for b in buckets:
+                if counter > self._floors[int(b)]:
+                    self._floors[int(b)] = counter

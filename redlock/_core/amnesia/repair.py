@@ -159,18 +159,30 @@ def read_counters(guard: AmnesiaGuard, node: int) -> Flow[dict[str, int] | None]
     return counters
 
 
+_SCAN_PAGES = 1_000_000  # bounded: SCAN terminates, this only guards a bug
+
+
+def _scan_page(guard: AmnesiaGuard, node: int, cursor: CommandArg, pattern: str,
+               count: int = 1000) -> Flow[tuple[CommandArg, list[str]] | None]:
+    """One SCAN page of ``pattern`` on ``node``: (next cursor, keys), or None if it could
+    not be read. The cursor is 0 after the last page."""
+    page = yield from ask_one(Call(node, ("SCAN", cursor, "MATCH", pattern, "COUNT", count)),
+                              guard.settings.repair_timeout)
+    if not isinstance(page, list | tuple) or len(page) != 2:
+        return None
+    return page[0], [text(k) for k in page[1]]
+
+
 def read_legacy_counters(guard: AmnesiaGuard, node: int) -> Flow[dict[str, int] | None]:
     """The per-resource counters of the previous format on one node, or None."""
     cursor: CommandArg = 0
     values: dict[str, int] = {}
     timeout = guard.settings.repair_timeout
-    for _ in range(1_000_000):  # bounded: SCAN terminates, this only guards a bug
-        page = yield from ask_one(Call(node, ("SCAN", cursor, "MATCH",
-                                              guard.keys.legacy_fence_pattern, "COUNT", 1000)),
-                                  timeout)
-        if isinstance(page, BaseException) or not isinstance(page, list | tuple):
+    for _ in range(_SCAN_PAGES):
+        page = yield from _scan_page(guard, node, cursor, guard.keys.legacy_fence_pattern)
+        if page is None:
             return None
-        cursor, keys = page[0], [text(k) for k in page[1]]
+        cursor, keys = page
         if keys:
             got = yield from ask_one(Call(node, ("MGET", *keys)), timeout)
             if isinstance(got, BaseException) or not isinstance(got, list | tuple):
@@ -236,11 +248,9 @@ def _is_blank(guard: AmnesiaGuard, node: int) -> Flow[bool]:
     if episode != 0:
         return False
     cursor: CommandArg = 0
-    for _ in range(1_000_000):  # bounded: SCAN terminates, this only guards a bug
-        page = yield from ask_one(Call(node, ("SCAN", cursor, "MATCH",
-                                              f"{guard.keys.namespace}:*", "COUNT", 1000)),
-                                  timeout)
-        if not isinstance(page, list | tuple) or len(page) != 2 or page[1]:
+    for _ in range(_SCAN_PAGES):
+        page = yield from _scan_page(guard, node, cursor, f"{guard.keys.namespace}:*")
+        if page is None or page[1]:
             return False  # unreadable, or a key of ours
         cursor = page[0]
         if int(cursor) == 0:
@@ -343,12 +353,11 @@ def _fold_counters(guard: AmnesiaGuard, node: int) -> Flow[int | None]:
     keys, timeout = guard.keys, guard.settings.repair_timeout
     cursor: CommandArg = 0
     folded = 0
-    for _ in range(1_000_000):  # bounded: SCAN terminates, this only guards a bug
-        page = yield from ask_one(Call(node, ("SCAN", cursor, "MATCH", keys.legacy_fence_pattern,
-                                              "COUNT", _FOLD_BATCH)), timeout)
-        if isinstance(page, BaseException) or not isinstance(page, list | tuple):
+    for _ in range(_SCAN_PAGES):
+        page = yield from _scan_page(guard, node, cursor, keys.legacy_fence_pattern, _FOLD_BATCH)
+        if page is None:
             return None
-        cursor, found = page[0], [text(k) for k in page[1]]
+        cursor, found = page
         if found:
             buckets = tuple(bucket(keys.legacy_resource(key)) for key in found)
             done = yield from ask_one(Call(node, buckets, node_scripts.FOLD_COUNTERS,
