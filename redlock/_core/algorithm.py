@@ -17,6 +17,7 @@ from redlock._core.amnesia.guard import AmnesiaGuard
 from redlock._core.amnesia.repair import RepairReport, initialise, repair, upgrade
 from redlock._core.environment import Environment
 from redlock._core.holding import Holding
+from redlock._core.kinds import MUTEX, AcquireArgs, Kind, Leadership, Permit
 from redlock._core.requests import (
     Backoff,
     Broadcast,
@@ -32,7 +33,6 @@ from redlock._core.state import AcquireResult, AttemptResult, LockState, RoundTr
 from redlock._core.tokens import (
     TOKEN_LIMIT,
     TokenFloors,
-    bucket,
     choose_token,
     quorum,
     validity_left,
@@ -41,15 +41,12 @@ from redlock._core.tokens import (
 from redlock._core.waiting import Waits, patience
 from redlock._observe.log import get_logger
 from redlock._observe.outages import NodeOutages
-from redlock._scripts import lock as scripts
 from redlock._scripts.replies import (
     FailureKind,
     NodeFailure,
     acked,
     acquire_counters,
-    acquire_outcome,
     acquire_set_nothing,
-    acquire_vote,
     restarted,
 )
 from redlock._scripts.script import Script
@@ -105,24 +102,29 @@ class RedlockCore(Holding):
         if replies.identities:
             self.amnesia.identified(replies.identities)
 
-    def _enough(self, votes: Callable[[object], int | None]) -> Decision:
+    def _enough(self, votes: Callable[[object], int | None],
+                group: Callable[[object], object] | None = None) -> Decision:
         """An early decision on one-call-per-node replies: ``votes(reply)`` is 1 (yes),
         0 (no), None (unknown: an error, or not read yet). Decided once a quorum said
         yes, or more nodes said no than a quorum can spare. A node whose grants do not
         count yet (restarted, being judged; or found restarted by this very request's new
-        connection, docs/design.md §4.4) never votes yes."""
+        connection, docs/design.md §4.4) never votes yes. With ``group`` (a permit's
+        slot, §12.2) the yes votes count per group: a quorum must grant the same one."""
         q, n, suspect = self.quorum, self.n, set(self.amnesia.health.suspect)
 
         def enough(replies: Sequence[object], identities: Mapping[int, object]) -> bool:
-            yes = no = 0
+            yes: dict[object, int] = {}
+            no = 0
             for node in range(n):  # (the first n calls: one per node; INFO may follow)
-                vote = votes(replies[node])
+                reply = replies[node]
+                vote = votes(reply)
                 if vote == 1 and node not in suspect and not (
                         node in identities and restarted(identities[node])):
-                    yes += 1
+                    key = None if group is None else group(reply)
+                    yes[key] = yes.get(key, 0) + 1
                 elif vote == 0:
                     no += 1
-            return yes >= q or no > n - q
+            return max(yes.values(), default=0) >= q or no > n - q
         return enough
 
     def _all(self, script: Script, keys: tuple[str, ...], args: tuple[CommandArg, ...],
@@ -134,7 +136,8 @@ class RedlockCore(Holding):
 
     def acquire(self, resources: str | tuple[str, ...], ttl: float, *, blocking: bool,
                 timeout: float | None,
-                watch: Callable[[AttemptResult], None] | None = None) -> Flow[AcquireResult]:
+                watch: Callable[[AttemptResult], None] | None = None,
+                kind: Kind = MUTEX) -> Flow[AcquireResult]:
         """Attempts until success, the deadline, or (non-blocking) after one attempt.
 
         Every round and wait ends by the caller's deadline: ``timeout`` after the start
@@ -145,6 +148,7 @@ class RedlockCore(Holding):
         caller."""
         resources = (resources,) if isinstance(resources, str) else resources
         owner = self.env.random_hex(16)  # 128 bits, secret: only we can release our key
+        kind = kind.for_call(owner)  # what is acquired (docs/design.md §12.0)
         # A blocking acquire of one resource waits in the nodes' line for it; its ticket
         # (wall-clock microseconds: comparable across hosts, see docs/design.md §6) is
         # its place, the same on every node and every attempt. A single try, or a set,
@@ -162,7 +166,7 @@ class RedlockCore(Holding):
         while True:
             attempts += 1
             attempt_started = self.clock()
-            result = yield from self._attempt(resources, owner, ttl, ticket, deadline)
+            result = yield from self._attempt(resources, owner, ttl, ticket, deadline, kind)
             if watch is not None:  # observation (OpenTelemetry) hears of each attempt
                 watch(result)
             if result.retry_now and attempts < 3:
@@ -170,73 +174,83 @@ class RedlockCore(Holding):
                     continue
                 result = replace(result, reason=f"{result.reason}; no time was left to try"
                                                 " again")
+            if result.state is not None and isinstance(kind, Leadership):
+                yield from self._proclaim(result.state, deadline)
             if result.state is not None or single or result.permanent:
                 if result.state is None:
-                    yield from self._leave_line(resources, owner, ttl, ticket, deadline)
+                    yield from self._leave_line(resources, owner, ttl, ticket, deadline, kind)
                 return AcquireResult(result.state, result.outcomes, attempts,
                                      result.unavailable, result.reason)
+            kind = result.next_kind or kind
             now = self.clock()
             if result.unavailable:
                 outage_since = attempt_started if outage_since is None else outage_since
                 if outage_limit is not None and now - outage_since >= outage_limit:
-                    yield from self._leave_line(resources, owner, ttl, ticket, deadline)
+                    yield from self._leave_line(resources, owner, ttl, ticket, deadline, kind)
                     return AcquireResult(None, result.outcomes, attempts, True,
                                          f"{result.reason}; the cluster has been unavailable"
                                          f" for {now - outage_since:.1f} s (outage_timeout)")
             else:
                 outage_since = None
             if deadline.passed():
-                yield from self._leave_line(resources, owner, ttl, ticket, deadline)
+                yield from self._leave_line(resources, owner, ttl, ticket, deadline, kind)
                 return AcquireResult(None, result.outcomes, attempts, result.unavailable,
                                      result.reason)
             delay, patient = waits.next(attempts, result.outcomes,
                                         unavailable=result.unavailable, left=deadline.left())
             try:
-                yield Backoff(delay, line=self.line(resources),
-                              channels=tuple(self.keys.channel(r) for r in resources),
+                yield Backoff(delay, line=self.line(resources, kind),
+                              channels=tuple(kind.channel(self.keys, r) for r in resources),
                               waiter=waiter_id(owner) if queued else None, patient=patient)
             except GeneratorExit:
                 raise
             except BaseException:  # interrupted (cancelled) while waiting: leave the line
-                yield from self._leave_line(resources, owner, ttl, ticket, deadline)
+                yield from self._leave_line(resources, owner, ttl, ticket, deadline, kind)
                 raise
 
+    def _proclaim(self, state: LockState, deadline: Deadline) -> Flow[None]:
+        """A new leader writes its term record on the nodes that still hold its key
+        (docs/design.md §12.1): information for ``leader()``, not safety (the term in
+        the leader's hands is). Fewer than a quorum is logged, not a failure."""
+        kind = state.kind
+        assert isinstance(kind, Leadership)
+        calls = tuple(kind.proclaim_call(self.keys, i, state.resource, state.owner,
+                                         state.token) for i in range(self.n))
+        acks = yield deadline.cap(Broadcast(calls, self.timeout(state.ttl),
+                                            enough=self._settled(calls, acks=True)))
+        proclaimed = sum(1 for ack in acks if acked(ack))
+        if proclaimed < self.quorum:
+            logger.warning("redlock.term_unrecorded", resource=state.resource,
+                           token=state.token, recorded=proclaimed, needed=self.quorum,
+                           hint="leader() may not name this leader until its next term;"
+                                " the term itself (the token) is committed")
+
     def _leave_line(self, resources: tuple[str, ...], owner: str, ttl: float,
-                    ticket: str, deadline: Deadline) -> Flow[None]:
+                    ticket: str, deadline: Deadline, kind: Kind = MUTEX) -> Flow[None]:
         """A queued acquire call that ends without the lock drops its entries from the
         waiting lines at once: the next in line need not wait for them to lapse. (A
         final release: what is still unsent at the deadline goes out when its
         connection opens, docs/design.md §2.4.)"""
         if ticket:
-            yield deadline.cap(self._release_calls(resources, owner, ttl, leave=True))
+            yield deadline.cap(self._release_calls(resources, owner, ttl, leave=True,
+                                                   kind=kind))
 
-    def line(self, resources: Sequence[str]) -> str:
+    def line(self, resources: Sequence[str], kind: Kind = MUTEX) -> str:
         """The local line of an acquisition: a resource's release channel (a set has one
         of its own). Attempts in one line from one manager take turns."""
-        return self.keys.channel(resources[0] if len(resources) == 1 else "\x00".join(resources))
+        return kind.channel(self.keys, resources[0] if len(resources) == 1
+                            else "\x00".join(resources))
 
     def _acquire_calls(self, resources: tuple[str, ...], buckets: tuple[str, ...], owner: str,
-                       ttl: float, ticket: str) -> tuple[Call, ...]:
-        keys, ttl_ms, floor = self.keys, max(1, int(ttl * 1000)), self.floors.get(buckets)
-        if len(resources) == 1:
-            [resource] = resources
-            return self._all(scripts.ACQUIRE,
-                             (keys.lock(resource), keys.counter, keys.marker,
-                              keys.line(resource), keys.line_deadlines(resource),
-                              keys.legacy_fence(resource), keys.legacy_marker),
-                             (owner, ttl_ms, floor, ticket,
-                              int(patience(self.settings, self.timeout(ttl)) * 1000),
-                              *buckets))
-        return self._all(scripts.ACQUIRE_MANY,
-                         (keys.marker, keys.legacy_marker, keys.counter,
-                          *(keys.lock(r) for r in resources),
-                          *(keys.legacy_fence(r) for r in resources)),
-                         (owner, ttl_ms, floor, *buckets))
+                       ttl: float, ticket: str, kind: Kind) -> tuple[Call, ...]:
+        args = AcquireArgs(owner, max(1, int(ttl * 1000)), self.floors.get(buckets), ticket,
+                           int(patience(self.settings, self.timeout(ttl)) * 1000))
+        return kind.acquire_calls(self.keys, range(self.n), resources, args)
 
     def _attempt(self, resources: tuple[str, ...], owner: str, ttl: float,
-                 ticket: str, deadline: Deadline) -> Flow[AttemptResult]:
+                 ticket: str, deadline: Deadline, kind: Kind = MUTEX) -> Flow[AttemptResult]:
         settings, keys, name = self.settings, self.keys, label(resources)
-        buckets = tuple(map(bucket, resources))  # each resource's counter (§3.0)
+        buckets = kind.buckets(resources)  # the counters involved (§3.0)
         started = self.clock()
         # A manager's first attempt also reads every node's INFO (docs/design.md §4.7),
         # behind the acquire calls on the same connections: no round of its own.
@@ -245,24 +259,37 @@ class RedlockCore(Holding):
         # from its own replies, as later ones have it from RoundTrips (docs/design.md §2.4).
         learn = self.quorum if (self.settings.node_timeout is None
                                 and self.round_trips.measured() < self.quorum) else 0
-        request = Broadcast(self._acquire_calls(resources, buckets, owner, ttl, ticket) + inspect,
-                            deadline.bound(self.timeout(ttl)), line=self.line(resources),
-                            turns=not ticket, enough=self._enough(acquire_vote), learn=learn)
+        request = Broadcast(self._acquire_calls(resources, buckets, owner, ttl, ticket, kind)
+                            + inspect, deadline.bound(self.timeout(ttl)),
+                            line=self.line(resources, kind), turns=not ticket,
+                            enough=self._enough(kind.vote, kind.group if isinstance(
+                                kind, Permit) else None), learn=learn)
         try:
             replies = yield request
             if inspect:
                 self.amnesia.inspected(replies[self.n:])
                 replies = replies[:self.n]
             outcomes = self.amnesia.screen([
-                acquire_outcome(self.addresses[i], reply, len(resources))
+                kind.outcome(self.addresses[i], reply, len(resources))
                 for i, reply in enumerate(replies)])
             amnesia = yield from self.amnesia.check(outcomes, deadline)
             if amnesia is not None:  # the call may try again: it keeps its place in line
-                yield deadline.cap(self._release_calls(resources, owner, ttl, leave=False))
+                yield deadline.cap(self._release_calls(resources, owner, ttl, leave=False,
+                                                       kind=kind))
                 return amnesia
+            # The grants this attempt keeps (a permit's: of the slot most nodes granted;
+            # the others are given back at once, §12.2), and what they are grants of.
+            granting = {i: replies[i] for i, r in enumerate(outcomes)
+                        if r.outcome is Outcome.GRANTED}
+            held_kind, kept = kind.granted(granting) if granting else (kind, {})
+            stray = held_kind.stray(granting)
+            if stray:
+                yield deadline.cap(self._release_calls(resources, owner, ttl, leave=False,
+                                                       nodes=stray, kind=kind))
+            if kept:
+                buckets = held_kind.buckets(resources)
             # Per granting node, its counter for each resource (in the set's order).
-            granted = {i: acquire_counters(replies[i])
-                       for i, r in enumerate(outcomes) if r.outcome is Outcome.GRANTED}
+            granted = {i: acquire_counters(reply) for i, reply in kept.items()}
             if granted:  # the next attempt lifts the nodes that lag behind the highest
                 self.floors.raise_to(buckets, max(max(c) for c in granted.values()))
             if len(granted) >= self.quorum:
@@ -270,10 +297,8 @@ class RedlockCore(Holding):
                 choices = {r: choose_token({i: c[j] for i, c in granted.items()})
                            for j, r in enumerate(resources)}
                 committed = {r: len(c.committed) for r, c in choices.items()}
-                write_backs = [(r, Call(i, (owner, c.token, buckets[j]), scripts.WRITE_BACK,
-                                        (keys.lock(r), keys.counter, keys.marker,
-                                         keys.legacy_fence(r), keys.legacy_marker)))
-                               for j, (r, c) in enumerate(choices.items())
+                write_backs = [(r, held_kind.write_back_call(keys, i, r, owner, c.token))
+                               for r, c in choices.items()
                                if committed[r] < self.quorum
                                for i in c.write_back]
                 if write_backs:
@@ -298,8 +323,9 @@ class RedlockCore(Holding):
                     tokens = {r: c.token for r, c in choices.items()}
                     state = LockState(name, owner, ttl, max(tokens.values()),
                                       started + ttl - settings.drift(ttl), self.clock,
-                                      self.env.new_mutex(), tokens=tokens)
+                                      self.env.new_mutex(), tokens=tokens, kind=held_kind)
                     logger.debug("redlock.acquired", resource=name, token=state.token,
+                                 kind=held_kind.name,
                                  validity_ms=round(validity * 1000, 3), granted=len(granted),
                                  nodes=self.n)
                     return AttemptResult(state, outcomes)
@@ -323,7 +349,7 @@ class RedlockCore(Holding):
         maybe_set = [i for i, reply in enumerate(replies) if not acquire_set_nothing(reply)]
         if maybe_set:
             yield deadline.cap(self._release_calls(resources, owner, ttl, leave=False,
-                                                   nodes=maybe_set))
+                                                   nodes=maybe_set, kind=kind))
         healthy = sum(1 for r in outcomes if r.outcome in (Outcome.GRANTED, Outcome.REFUSED))
         unavailable = healthy < self.quorum
         if all(isinstance(reply, NodeFailure) and reply.kind is FailureKind.TIMEOUT
@@ -339,7 +365,8 @@ class RedlockCore(Holding):
         logger.debug("redlock.quorum_failed", resource=name, reason=reason,
                      granted=len(granted), needed=self.quorum, nodes=self.n,
                      unavailable=unavailable, outcomes=describe(outcomes))
-        return AttemptResult(None, outcomes, unavailable, permanent, reason=reason)
+        return AttemptResult(None, outcomes, unavailable, permanent, reason=reason,
+                             next_kind=kind.next_attempt(replies))
 
     # -- repair ------------------------------------------------------------------
 

@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from redlock._core.environment import Environment
+from redlock._core.kinds import MUTEX, Kind
 from redlock._core.requests import (
     PENDING,
     Broadcast,
@@ -28,7 +29,6 @@ from redlock._core.state import LockState, Status
 from redlock._core.waiting import patience
 from redlock._observe.log import get_logger
 from redlock._observe.outages import NodeOutages
-from redlock._scripts import lock as scripts
 from redlock._scripts.replies import ack_outcome, acked, key_gone
 from redlock.errors import NodeResult, Outcome, describe
 
@@ -56,7 +56,7 @@ class Holding:
 
     def _release_calls(self, resources: Sequence[str], owner: str, ttl: float | None = None,
                        *, leave: bool = True, nodes: Sequence[int] | None = None,
-                       patient: bool = False) -> Broadcast:
+                       patient: bool = False, kind: Kind = MUTEX) -> Broadcast:
         """Compare-and-delete of each resource's key on every node (a set's calls to one
         node go out pipelined), and with ``leave`` the owner's entry in the waiting lines
         is dropped too. Decided once a quorum of the nodes asked answered (see
@@ -66,10 +66,8 @@ class Holding:
         # granted it cut its entry to the key's TTL).
         args: tuple[CommandArg, ...] = (owner, "1") if leave else (
             owner, "0", int(patience(self.settings, self.timeout(ttl)) * 1000))
-        calls = tuple(
-            Call(i, args, scripts.RELEASE,
-                 (keys.lock(r), keys.channel(r), keys.line(r), keys.line_deadlines(r)))
-            for i in (range(self.n) if nodes is None else nodes) for r in resources)
+        calls = tuple(kind.release_call(keys, i, r, args)
+                      for i in (range(self.n) if nodes is None else nodes) for r in resources)
         timeout = self.timeout(ttl)
         if patient:
             # A holder's release is decided as soon as a quorum answered; the timeout
@@ -133,7 +131,8 @@ class Holding:
         The acquisition counts as released only once the release was sent: if the
         caller is interrupted (cancelled) meanwhile, it is sent again before the
         interruption propagates, as a cancelled acquire does."""
-        request = self._release_calls(state.resources, state.owner, state.ttl, patient=True)
+        request = self._release_calls(state.resources, state.owner, state.ttl, patient=True,
+                                      kind=state.kind)
         try:
             replies = yield request
         except GeneratorExit:
@@ -165,8 +164,7 @@ class Holding:
         results: dict[LockState, tuple[NodeResult, ...] | None] = {}
         if live:
             calls = tuple(
-                Call(i, (state.owner, max(1, int(ttl * 1000))), scripts.EXTEND,
-                     (self.keys.lock(r),))
+                state.kind.extend_call(self.keys, i, r, state.owner, max(1, int(ttl * 1000)))
                 for state, ttl in live for i in range(self.n) for r in state.resources)
             # A round may take up to half the validity left (and at least a request
             # timeout): an answer that comes later than a round trip is still in time
@@ -252,5 +250,6 @@ class Holding:
             logger.warning("redlock.lost", resource=state.resource, token=state.token,
                            reason=reason, outcomes=describe(outcomes))
             # Drop what is left of our keys so the next holder need not wait for the TTL.
-            yield self._release_calls(state.resources, state.owner, state.ttl)
+            yield self._release_calls(state.resources, state.owner, state.ttl,
+                                      kind=state.kind)
         return first

@@ -161,6 +161,11 @@ class Keys:
     def lock(self, resource: str) -> str:
         return f"{self.namespace}:{{{resource}}}:lock"
 
+    def part(self, resource: str, suffix: str) -> str:
+        """A key of ``resource`` for one kind of the lock family (docs/design.md §12.0):
+        ``ns:{R}:leader``, ``ns:{R}:permit:0``, ``ns:{R}:write``..."""
+        return f"{self.namespace}:{{{resource}}}:{suffix}"
+
     def legacy_fence(self, resource: str) -> str:
         """The previous format's fence counter of one resource: read (tokens stay above
         it) and removed by the first acquisition after the node's upgrade."""

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 from redlock import _fork
 from redlock._core.environment import Mutex
+from redlock._core.kinds import MUTEX, Kind
 from redlock._core.requests import TIMEOUT_FLOOR
-from redlock._core.settings import shown
 from redlock.errors import LockLost, NodeResult, NotHeld
 
 
@@ -36,8 +36,9 @@ class LockState:
 
     def __init__(self, resource: str, owner: str, ttl: float, token: int, deadline: float,
                  clock: Callable[[], float], mutex: Mutex, *,
-                 tokens: Mapping[str, int] | None = None) -> None:
+                 tokens: Mapping[str, int] | None = None, kind: Kind = MUTEX) -> None:
         self.resource = resource
+        self.kind = kind  # what is held on the nodes (docs/design.md §12.0)
         self.owner = owner
         self.ttl = ttl
         self.tokens: dict[str, int] = dict(tokens) if tokens else {resource: token}
@@ -70,19 +71,20 @@ class LockState:
     def check(self) -> None:
         """Raise unless the lock is held and still valid."""
         if self.inherited:
-            raise NotHeld(f"lock on {shown(self.resources)} was acquired by the parent"
+            raise NotHeld(f"{self.kind.describe(self.resources)} was acquired by the parent"
                           " process before it forked this one: it is the parent's",
                           resource=self.resource)
         if self.status == Status.LOST:
-            raise LockLost(f"lock on {shown(self.resources)} was lost: {self.lost_reason}",
+            raise LockLost(f"{self.kind.describe(self.resources)} was lost: {self.lost_reason}",
                            resource=self.resource, outcomes=self.lost_outcomes)
         if self.status == Status.RELEASED:
-            raise NotHeld(f"lock on {shown(self.resources)} was released", resource=self.resource)
+            raise NotHeld(f"{self.kind.describe(self.resources)} was released",
+                          resource=self.resource)
         if self.status == Status.HANDED_OVER:
-            raise NotHeld(f"lock on {shown(self.resources)} was handed over (exported): the"
+            raise NotHeld(f"{self.kind.describe(self.resources)} was handed over (exported): the"
                           " adopter holds it now", resource=self.resource)
         if self._clock() >= self.deadline:
-            raise LockLost(f"lock on {shown(self.resources)} expired: its validity ran out",
+            raise LockLost(f"{self.kind.describe(self.resources)} expired: its validity ran out",
                            resource=self.resource)
 
     def expired(self) -> bool:
@@ -137,6 +139,7 @@ class AttemptResult:
     permanent: bool = False  # ...and retrying cannot help (auth, permissions)
     retry_now: bool = False  # the cluster was just initialised: try again at once
     reason: str = ""
+    next_kind: Kind | None = None  # what the next attempt asks for (a permit's slot)
 
 
 class RoundTrips:

@@ -37,7 +37,7 @@ ACQUIRE_NOT_YOUR_TURN = 3  # free, but others are first in line; second element:
 # and removed). Per resource and node, max(its bucket's counter, its own old counter)
 # never falls: that is the counter of the token rule.
 
-_TOKEN_FUNCTIONS = """
+TOKEN_FUNCTIONS = """
 local function node_format(marker, legacy_marker)
     if redis.call('EXISTS', legacy_marker) == 1 then
         return 1
@@ -89,7 +89,7 @@ end
 # of a waiter that died lapses on its own, however long the holder keeps the lock. Both
 # keys expire with their last entry.
 
-_LINE_FUNCTIONS = """
+LINE_FUNCTIONS = """
 local function now_ms()
     local t = redis.call('TIME')
     return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -129,7 +129,7 @@ ACQUIRE = Script(
 --         {0, pttl}      held by another owner, pttl ms left (a ticket joins the line)
 --         {3, ahead}     free, but `ahead` waiters are before us in line (a ticket joins it)
 --         {-1, 0}        no node marker: amnesiac node, refuses until repaired
-""" + _LINE_FUNCTIONS + _TOKEN_FUNCTIONS + """
+""" + LINE_FUNCTIONS + TOKEN_FUNCTIONS + """
 local format = node_format(KEYS[3], KEYS[7])
 if format == 0 then
     return {-1, 0}
@@ -198,7 +198,7 @@ ACQUIRE_MANY = Script(
 --                          for the whole set, one above every counter involved (or, when
 --                          every key was ours already, the highest of them as it is), to
 --                          which every member's bucket is raised
-""" + _TOKEN_FUNCTIONS + """
+""" + TOKEN_FUNCTIONS + """
 local format = node_format(KEYS[1], KEYS[2])
 if format == 0 then
     return {-1, 0}
@@ -255,7 +255,7 @@ WRITE_BACK = Script(
 -- returns 1 when the node still holds our lock key and now has counter >= token, else 0
 -- The owner check is what makes the write-back safe: counting a node that does not
 -- hold our key could let a stale token overtake a committed one (docs/design.md §3.3).
-""" + _TOKEN_FUNCTIONS + """
+""" + TOKEN_FUNCTIONS + """
 local format = node_format(KEYS[3], KEYS[5])
 if format == 0 then
     return 0
@@ -279,7 +279,7 @@ RELEASE = Script(
 -- returns 1 when our key was deleted, 0 when the key is absent or another owner's
 -- When the lock became free, publishes the waiter id of the first in line ('' when
 -- nobody is in line): only that waiter wakes (docs/design.md §6).
-""" + _LINE_FUNCTIONS + """
+""" + LINE_FUNCTIONS + """
 local released = 0
 if redis.call('GET', KEYS[1]) == ARGV[1] then
     redis.call('DEL', KEYS[1])
@@ -344,7 +344,7 @@ INSPECT = Script(
 --              apart without revealing the owner value (which would let anyone release)
 --   episode    the amnesia episode ('<since ms> <run id> <why>'), '' when none
 --   now        this node's clock in ms (the episode's age is measured on it)
-""" + _TOKEN_FUNCTIONS + """
+""" + TOKEN_FUNCTIONS + """
 local owner = redis.call('GET', KEYS[1])
 local holder = ''
 if owner then
@@ -366,7 +366,7 @@ FORCE_RELEASE = Script(
 -- returns 1 when a key was deleted, 0 when there was none
 -- Deletes whoever's key it is (an operator's tool); the fence counter stays, so the next
 -- holder's token is still larger than the evicted holder's. Wakes the first in line.
-""" + _LINE_FUNCTIONS + """
+""" + LINE_FUNCTIONS + """
 if redis.call('DEL', KEYS[1]) == 1 then
     local first = ''
     if redis.call('EXISTS', KEYS[3]) == 1 then

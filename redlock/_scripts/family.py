@@ -1,0 +1,425 @@
+"""Lua scripts of the lock family (docs/design.md §12): leadership, permits, read and
+write grants. The mutex's scripts (:mod:`redlock._scripts.lock`) serve these kinds
+wherever a grant is one key holding an owner value: ACQUIRE grants an election's
+leadership, RELEASE / EXTEND / WRITE_BACK give back, renew and commit a leadership, a
+write grant and a permit (with that kind's keys). The scripts here do the rest.
+
+Every granting script starts with the node's marker check (no marker: ``{-1, 0}``, the
+node refuses, §4) and takes tokens with ``settle`` of the mutex's scripts, from the
+bucket of the name whose counter the kind uses (§12.0), so the amnesia, upgrade and
+token rules are the mutex's.
+"""
+
+from __future__ import annotations
+
+from redlock._scripts.lock import LINE_FUNCTIONS, TOKEN_FUNCTIONS
+from redlock._scripts.script import Script
+
+# A node holds a permit of slot K or above: a client configured with more permits uses
+# the name (SEM_ACQUIRE; second element: this client's K).
+SEM_MORE_PERMITS = -2
+
+# -- leader election (§12.1) -------------------------------------------------------------
+
+PROCLAIM = Script(
+    "proclaim",
+    """
+-- KEYS[1] the election's leader key, KEYS[2] its term record, KEYS[3] the elected channel
+-- ARGV[1] owner value, ARGV[2] term, ARGV[3] identity
+-- returns 1 when the node still holds our leadership and now records our term, else 0
+-- The record (<term> <holder> <identity>, holder = first 12 hex digits of SHA1(owner))
+-- lives as long as the leader key; an observer is woken with the identity.
+local pttl = redis.call('PTTL', KEYS[1])
+if pttl <= 0 or redis.call('GET', KEYS[1]) ~= ARGV[1] then
+    return 0
+end
+local holder = string.sub(redis.sha1hex(ARGV[1]), 1, 12)
+redis.call('SET', KEYS[2], ARGV[2] .. ' ' .. holder .. ' ' .. ARGV[3], 'PX', pttl)
+redis.pcall('PUBLISH', KEYS[3], '')
+return 1
+""",
+)
+
+EXTEND_LEADER = Script(
+    "extend_leader",
+    """
+-- KEYS[1] the election's leader key, KEYS[2] its term record
+-- ARGV[1] owner value, ARGV[2] new ttl in ms
+-- returns 1 when our key was still there and its TTL (and the record's) was reset, else 0
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    redis.call('PEXPIRE', KEYS[2], ARGV[2])
+    return 1
+end
+return 0
+""",
+)
+
+LEADER = Script(
+    "leader",
+    """
+-- KEYS[1] the election's leader key, KEYS[2] its term record, KEYS[3] node marker,
+-- KEYS[4] the previous format's marker
+-- returns {pttl, holder, record, format}; writes nothing
+--   pttl    PTTL of the leader key (-2: nobody holds it)
+--   holder  first 12 hex digits of SHA1(owner value), '' when free
+--   record  '<term> <holder> <identity>' of the last proclaimed term, '' when none
+--   format  the node's format (0: no marker, it lost its data: not to be believed)
+""" + TOKEN_FUNCTIONS + """
+local owner = redis.call('GET', KEYS[1])
+local holder = ''
+if owner then
+    holder = string.sub(redis.sha1hex(owner), 1, 12)
+end
+return {redis.call('PTTL', KEYS[1]), holder, redis.call('GET', KEYS[2]) or '',
+        node_format(KEYS[3], KEYS[4])}
+""",
+)
+
+# -- counting semaphore (§12.2) ------------------------------------------------------------
+
+SEM_ACQUIRE = Script(
+    "sem_acquire",
+    """
+-- KEYS[1] node marker, KEYS[2] the previous format's marker, KEYS[3] node fence counters,
+-- KEYS[4] the semaphore's line, KEYS[5] line deadlines, KEYS[6] its release channel,
+-- KEYS[7..K+6] the slot keys 0..K-1, KEYS[K+7] slot K's key,
+-- KEYS[K+8..2K+7] the slots' counters of the previous format
+-- ARGV[1] owner value, ARGV[2] ttl in ms, ARGV[3] token floor, ARGV[4] ticket ('' for a
+-- single try), ARGV[5] patience in ms, ARGV[6] preferred slot, ARGV[7..K+6] the slots'
+-- buckets (fields of KEYS[3])
+-- returns {1, token, slot}  granted: the preferred slot if free, else the lowest free one
+--         {2, counter, slot} that slot already holds our owner value: TTL refreshed
+--         {0, pttl}          every slot is held; pttl = the soonest to expire (ms)
+--         {3, ahead}         free slots, but at least as many waiters are ahead of us
+--         {-2, K}            slot K is held: a client with more permits uses the name
+--         {-1, 0}            no node marker: amnesiac node, refuses
+-- A waiter granted leaves the line (several are served at once, §12.2); if slots are
+-- left, the next in line is woken.
+""" + LINE_FUNCTIONS + TOKEN_FUNCTIONS + """
+local format = node_format(KEYS[1], KEYS[2])
+if format == 0 then
+    return {-1, 0}
+end
+local k = (#KEYS - 7) / 2
+if redis.call('EXISTS', KEYS[k + 7]) == 1 then
+    return {-2, k}
+end
+local free, soonest = {}, -1
+for i = 0, k - 1 do
+    local key = KEYS[7 + i]
+    local holder = redis.call('GET', key)
+    if holder == ARGV[1] then
+        redis.call('PEXPIRE', key, ARGV[2])
+        return {2, settle(KEYS[3], ARGV[7 + i], KEYS[k + 8 + i], 0, 0, format), i}
+    end
+    if holder then
+        local pttl = redis.call('PTTL', key)
+        if soonest < 0 or pttl < soonest then
+            soonest = pttl
+        end
+    else
+        free[#free + 1] = i
+    end
+end
+local now = now_ms()
+local me = redis.sha1hex(ARGV[1])
+local ahead = 0
+if redis.call('EXISTS', KEYS[4]) == 1 then
+    drop_lapsed(KEYS[4], KEYS[5], now)
+    if ARGV[4] == '' then
+        ahead = redis.call('ZCARD', KEYS[4])
+    else
+        ahead = redis.call('ZCOUNT', KEYS[4], '-inf', '(' .. ARGV[4])
+    end
+end
+if #free > ahead then
+    local slot = free[1]
+    local preferred = tonumber(ARGV[6])
+    for _, i in ipairs(free) do
+        if i == preferred then
+            slot = i
+        end
+    end
+    redis.call('SET', KEYS[7 + slot], ARGV[1], 'PX', ARGV[2])
+    if ARGV[4] ~= '' and redis.call('ZREM', KEYS[4], me) == 1 then
+        redis.call('ZREM', KEYS[5], me)
+        if #free > 1 then
+            local next_waiter = redis.call('ZRANGE', KEYS[4], 0, 0)[1]
+            if next_waiter then
+                redis.pcall('PUBLISH', KEYS[6], next_waiter)
+            end
+        end
+    end
+    return {1, settle(KEYS[3], ARGV[7 + slot], KEYS[k + 8 + slot], tonumber(ARGV[3]), 1,
+                      format), slot}
+end
+if ARGV[4] ~= '' then
+    redis.call('ZADD', KEYS[4], ARGV[4], me)
+    keep_until(KEYS[4], KEYS[5], me, now + tonumber(ARGV[5]), now)
+end
+if #free == 0 then
+    return {0, soonest}
+end
+return {3, ahead}
+""",
+)
+
+SEM_RELEASE = Script(
+    "sem_release",
+    """
+-- KEYS[1] the semaphore's release channel, KEYS[2] its line, KEYS[3] line deadlines,
+-- KEYS[4..] slot keys: the one held (or every slot, when which one is not known)
+-- ARGV[1] owner value, ARGV[2] '1': also leave the line (the acquire call is over)
+-- returns 1 when a slot holding our owner value was deleted, 0 when none was ours
+-- When a slot became free, publishes the waiter id of the first in line ('' if none).
+""" + LINE_FUNCTIONS + """
+local released = 0
+for i = 4, #KEYS do
+    if redis.call('GET', KEYS[i]) == ARGV[1] then
+        redis.call('DEL', KEYS[i])
+        released = 1
+    end
+end
+if ARGV[2] == '1' and redis.call('EXISTS', KEYS[2]) == 1 then
+    local me = redis.sha1hex(ARGV[1])
+    redis.call('ZREM', KEYS[2], me)
+    redis.call('ZREM', KEYS[3], me)
+end
+if released == 1 then
+    local first = ''
+    if redis.call('EXISTS', KEYS[2]) == 1 then
+        drop_lapsed(KEYS[2], KEYS[3], now_ms())
+        first = redis.call('ZRANGE', KEYS[2], 0, 0)[1] or ''
+    end
+    redis.pcall('PUBLISH', KEYS[1], first)
+end
+return released
+""",
+)
+
+SEM_INSPECT = Script(
+    "sem_inspect",
+    """
+-- KEYS[1..K] the slot keys
+-- returns per slot {pttl, holder}: PTTL (-2 free) and the first 12 hex digits of
+-- SHA1(owner value) ('' free); writes nothing
+local reply = {}
+for i = 1, #KEYS do
+    local owner = redis.call('GET', KEYS[i])
+    local holder = ''
+    if owner then
+        holder = string.sub(redis.sha1hex(owner), 1, 12)
+    end
+    reply[#reply + 1] = redis.call('PTTL', KEYS[i])
+    reply[#reply + 1] = holder
+end
+return reply
+""",
+)
+
+# -- read-write lock (§12.3) ---------------------------------------------------------------
+#
+# The line holds waiters of both modes, scored 2 * ticket + 1 for a writer and 2 * ticket
+# for a reader (computed by the client: Lua would print a 16-digit number inexactly):
+# the tickets' order, and a score's parity says whether a writer waits there.
+
+_READERS_FUNCTIONS = """
+-- The readers' set expires with its last reader.
+local function keep_readers(readers, now)
+    local last = redis.call('ZRANGE', readers, -1, -1, 'WITHSCORES')[2]
+    if last then
+        redis.call('PEXPIRE', readers, tonumber(last) - now + 1)
+    end
+end
+"""
+
+RW_ACQUIRE = Script(
+    "rw_acquire",
+    """
+-- KEYS[1] node marker, KEYS[2] the previous format's marker, KEYS[3] node fence counters,
+-- KEYS[4] the writer's key, KEYS[5] the readers (zset: reader id -> expiry ms, node clock),
+-- KEYS[6] the line, KEYS[7] line deadlines, KEYS[8] the release channel,
+-- KEYS[9] the name's counter of the previous format
+-- ARGV[1] 'w' write or 'r' read, ARGV[2] owner value, ARGV[3] ttl in ms, ARGV[4] token
+-- floor, ARGV[5] line score (2 * ticket + 1 writer, 2 * ticket reader; '' a single try),
+-- ARGV[6] patience in ms, ARGV[7] the name's bucket
+-- returns {1, token}   write granted: token = counter + 1; read granted: the counter as
+--                      it is (the last write token a reader saw), floor included
+--         {2, counter} already ours (a retry): lease refreshed
+--         {0, pttl}    a writer holds it (or, for a write, readers do): ms to wait
+--         {3, ahead}   not our turn: a writer waits ahead (read), or someone (write)
+--         {-1, 0}      no node marker: amnesiac node, refuses
+""" + LINE_FUNCTIONS + TOKEN_FUNCTIONS + _READERS_FUNCTIONS + """
+local format = node_format(KEYS[1], KEYS[2])
+if format == 0 then
+    return {-1, 0}
+end
+local now = now_ms()
+local me = redis.sha1hex(ARGV[2])
+local ttl = tonumber(ARGV[3])
+local writer = redis.call('GET', KEYS[4])
+redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', now)
+local queued = redis.call('EXISTS', KEYS[6]) == 1
+if queued then
+    drop_lapsed(KEYS[6], KEYS[7], now)
+end
+local function wait_in_line()
+    if ARGV[5] ~= '' then
+        redis.call('ZADD', KEYS[6], ARGV[5], me)
+        keep_until(KEYS[6], KEYS[7], me, now + tonumber(ARGV[6]), now)
+    end
+end
+if ARGV[1] == 'w' then
+    if writer == ARGV[2] then
+        redis.call('PEXPIRE', KEYS[4], ttl)
+        return {2, settle(KEYS[3], ARGV[7], KEYS[9], 0, 0, format)}
+    end
+    if writer then
+        wait_in_line()
+        return {0, redis.call('PTTL', KEYS[4])}
+    end
+    local last = redis.call('ZRANGE', KEYS[5], -1, -1, 'WITHSCORES')[2]
+    if last then
+        wait_in_line()
+        return {0, tonumber(last) - now}
+    end
+    local first = redis.call('ZRANGE', KEYS[6], 0, 0)[1]
+    if first and first ~= me then
+        wait_in_line()
+        return {3, redis.call('ZRANK', KEYS[6], me) or redis.call('ZCARD', KEYS[6])}
+    end
+    if first then
+        -- First in line, granted: keep the place until the release, as a mutex waiter
+        -- does (§6.3), cut to the key's TTL.
+        keep_until(KEYS[6], KEYS[7], me, now + math.min(tonumber(ARGV[6]), ttl), now)
+    end
+    redis.call('SET', KEYS[4], ARGV[2], 'PX', ttl)
+    return {1, settle(KEYS[3], ARGV[7], KEYS[9], tonumber(ARGV[4]), 1, format)}
+end
+local mine = redis.call('ZSCORE', KEYS[5], me)
+if mine then
+    redis.call('ZADD', KEYS[5], now + ttl, me)
+    keep_readers(KEYS[5], now)
+    return {2, settle(KEYS[3], ARGV[7], KEYS[9], 0, 0, format)}
+end
+if writer then
+    wait_in_line()
+    return {0, redis.call('PTTL', KEYS[4])}
+end
+-- A writer waiting ahead of us (any writer, for a single try) goes first.
+local bound = '+inf'
+if ARGV[5] ~= '' then
+    bound = '(' .. ARGV[5]
+end
+local ahead = redis.call('ZRANGEBYSCORE', KEYS[6], '-inf', bound, 'WITHSCORES')
+for i = 2, #ahead, 2 do
+    if tonumber(ahead[i]) % 2 == 1 then
+        wait_in_line()
+        return {3, #ahead / 2}
+    end
+end
+redis.call('ZADD', KEYS[5], now + ttl, me)
+keep_readers(KEYS[5], now)
+if ARGV[5] ~= '' and redis.call('ZREM', KEYS[6], me) == 1 then
+    redis.call('ZREM', KEYS[7], me)
+    -- The next in line, if a reader, may go too: wake it.
+    local following = redis.call('ZRANGE', KEYS[6], 0, 0, 'WITHSCORES')
+    if following[1] and tonumber(following[2]) % 2 == 0 then
+        redis.pcall('PUBLISH', KEYS[8], following[1])
+    end
+end
+return {1, settle(KEYS[3], ARGV[7], KEYS[9], tonumber(ARGV[4]), 0, format)}
+""",
+)
+
+READ_EXTEND = Script(
+    "read_extend",
+    """
+-- KEYS[1] the readers
+-- ARGV[1] owner value, ARGV[2] new ttl in ms
+-- returns 1 when our read was still live and its lease was reset, else 0
+""" + LINE_FUNCTIONS + _READERS_FUNCTIONS + """
+local now = now_ms()
+local me = redis.sha1hex(ARGV[1])
+local score = redis.call('ZSCORE', KEYS[1], me)
+if not score or tonumber(score) <= now then
+    return 0
+end
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), me)
+keep_readers(KEYS[1], now)
+return 1
+""",
+)
+
+READ_WRITE_BACK = Script(
+    "read_write_back",
+    """
+-- KEYS[1] the readers, KEYS[2] node fence counters, KEYS[3] node marker,
+-- KEYS[4] the name's counter and KEYS[5] the marker of the previous format
+-- ARGV[1] owner value, ARGV[2] token, ARGV[3] the name's bucket
+-- returns 1 when our read is live on the node and its counter is now >= token, else 0
+""" + LINE_FUNCTIONS + TOKEN_FUNCTIONS + """
+local format = node_format(KEYS[3], KEYS[5])
+if format == 0 then
+    return 0
+end
+local score = redis.call('ZSCORE', KEYS[1], redis.sha1hex(ARGV[1]))
+if not score or tonumber(score) <= now_ms() then
+    return 0
+end
+settle(KEYS[2], ARGV[3], KEYS[4], tonumber(ARGV[2]), 0, format)
+return 1
+""",
+)
+
+READ_RELEASE = Script(
+    "read_release",
+    """
+-- KEYS[1] the readers, KEYS[2] the release channel, KEYS[3] the line, KEYS[4] deadlines
+-- ARGV[1] owner value, ARGV[2] '1': also leave the line
+-- returns 1 when our read was there and is gone, 0 when it was not
+-- When the last reader left, publishes the waiter id of the first in line ('' if none).
+""" + LINE_FUNCTIONS + """
+local me = redis.sha1hex(ARGV[1])
+local now = now_ms()
+local released = redis.call('ZREM', KEYS[1], me)
+if ARGV[2] == '1' and redis.call('EXISTS', KEYS[3]) == 1 then
+    redis.call('ZREM', KEYS[3], me)
+    redis.call('ZREM', KEYS[4], me)
+end
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+if released == 1 and redis.call('EXISTS', KEYS[1]) == 0 then
+    local first = ''
+    if redis.call('EXISTS', KEYS[3]) == 1 then
+        drop_lapsed(KEYS[3], KEYS[4], now)
+        first = redis.call('ZRANGE', KEYS[3], 0, 0)[1] or ''
+    end
+    redis.pcall('PUBLISH', KEYS[2], first)
+end
+return released
+""",
+)
+
+RW_INSPECT = Script(
+    "rw_inspect",
+    """
+-- KEYS[1] the writer's key, KEYS[2] the readers
+-- returns {writer pttl, writer holder, reader holder, ms left, ...}: the writer's PTTL
+-- (-2 none) and first 12 hex digits of SHA1(owner) ('' none), then each live reader's id
+-- (first 12 hex digits) and lease left; writes nothing
+""" + LINE_FUNCTIONS + """
+local now = now_ms()
+local owner = redis.call('GET', KEYS[1])
+local reply = {redis.call('PTTL', KEYS[1]), ''}
+if owner then
+    reply[2] = string.sub(redis.sha1hex(owner), 1, 12)
+end
+local readers = redis.call('ZRANGEBYSCORE', KEYS[2], '(' .. now, '+inf', 'WITHSCORES')
+for i = 1, #readers, 2 do
+    reply[#reply + 1] = string.sub(readers[i], 1, 12)
+    reply[#reply + 1] = tonumber(readers[i + 1]) - now
+end
+return reply
+""",
+)
