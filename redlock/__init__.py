@@ -15,10 +15,31 @@ __version__ = "0.1.0"  # the single source: pyproject.toml reads it, CHANGELOG.m
 from redlock._core.amnesia.repair import RepairReport, RepairStatus
 from redlock._core.handover import Handover
 from redlock._core.inspect import LockStatus, NodeLockStatus, ReleaseReport
+from redlock._core.views import Holder, Leader, ReadWriteStatus, SemaphoreStatus
 from redlock._observe.log import EventFormatter
 from redlock._scripts.replies import ReleaseStatus
-from redlock.aio import AsyncLock, AsyncMultiLock, AsyncRedlock
-from redlock.client import Lock, MultiLock, Redlock
+from redlock.aio import (
+    AsyncElection,
+    AsyncLeadership,
+    AsyncLock,
+    AsyncMultiLock,
+    AsyncReadLock,
+    AsyncReadWriteLock,
+    AsyncRedlock,
+    AsyncSemaphore,
+    AsyncWriteLock,
+)
+from redlock.client import (
+    Election,
+    Leadership,
+    Lock,
+    MultiLock,
+    ReadLock,
+    ReadWriteLock,
+    Redlock,
+    Semaphore,
+    WriteLock,
+)
 from redlock.errors import (
     AlreadyHeld,
     ClusterAmnesiaError,
@@ -33,12 +54,22 @@ from redlock.errors import (
 
 __all__ = [
     "AlreadyHeld",
+    "AsyncElection",
+    "AsyncLeadership",
     "AsyncLock",
     "AsyncMultiLock",
+    "AsyncReadLock",
+    "AsyncReadWriteLock",
     "AsyncRedlock",
+    "AsyncSemaphore",
+    "AsyncWriteLock",
     "ClusterAmnesiaError",
+    "Election",
     "EventFormatter",
     "Handover",
+    "Holder",
+    "Leader",
+    "Leadership",
     "Lock",
     "LockLost",
     "LockNotAcquired",
@@ -49,10 +80,16 @@ __all__ = [
     "NotHeld",
     "Outcome",
     "QuorumUnavailable",
+    "ReadLock",
+    "ReadWriteLock",
+    "ReadWriteStatus",
     "Redlock",
     "RedlockError",
     "ReleaseReport",
     "ReleaseStatus",
     "RepairReport",
     "RepairStatus",
+    "Semaphore",
+    "SemaphoreStatus",
+    "WriteLock",
 ]

@@ -12,13 +12,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from types import TracebackType
 from typing import Any, TypeVar, cast
 
 from redlock import _fork
 from redlock._client.backends import AsyncioBackend
 from redlock._client.executors import AsyncExecutor
+from redlock._client.family import (
+    ElectionBase,
+    LeadershipBase,
+    ReadLockBase,
+    ReadWriteLockBase,
+    SemaphoreBase,
+    WriteLockBase,
+)
 from redlock._client.handles import HandleBase, LockBase, MultiLockBase
 from redlock._client.manager import ManagerBase
 from redlock._client.renewal_thread import RenewalThread
@@ -28,6 +36,7 @@ from redlock._core.inspect import LockStatus, ReleaseReport
 from redlock._core.requests import Flow, T
 from redlock._core.settings import Keys
 from redlock._core.state import LockState
+from redlock._core.views import Leader, ReadWriteStatus, SemaphoreStatus
 from redlock._io.async_listener import AsyncReleaseListener
 from redlock._io.async_transport import AsyncTransport
 
@@ -70,6 +79,64 @@ class AsyncMultiLock(_AsyncHandle, MultiLockBase):
     """The asyncio twin of :class:`redlock.MultiLock`; each task gets its own acquisition."""
 
 
+class AsyncSemaphore(_AsyncHandle, SemaphoreBase):
+    """The asyncio twin of :class:`redlock.Semaphore`; each task gets its own permit."""
+
+    async def status(self) -> SemaphoreStatus:
+        """See :meth:`redlock.Semaphore.status`."""
+        return cast(SemaphoreStatus, await self._registry.drive(self._status_flow()))
+
+
+class AsyncReadLock(_AsyncHandle, ReadLockBase):
+    """The asyncio twin of :class:`redlock.ReadLock`."""
+
+
+class AsyncWriteLock(_AsyncHandle, WriteLockBase):
+    """The asyncio twin of :class:`redlock.WriteLock`."""
+
+
+class AsyncReadWriteLock(ReadWriteLockBase[AsyncReadLock, AsyncWriteLock]):
+    """The asyncio twin of :class:`redlock.ReadWriteLock`."""
+
+    _read_class = AsyncReadLock
+    _write_class = AsyncWriteLock
+
+    async def status(self) -> ReadWriteStatus:
+        """See :meth:`redlock.ReadWriteLock.status`."""
+        return cast(ReadWriteStatus, await self._registry.drive(self._status_flow()))
+
+
+class AsyncLeadership(_AsyncHandle, LeadershipBase):
+    """The asyncio twin of :class:`redlock.Leadership` (``async with``)."""
+
+    async def resign(self) -> None:
+        """See :meth:`redlock.Leadership.resign`."""
+        await self.release()
+
+
+class AsyncElection(ElectionBase[AsyncLeadership]):
+    """The asyncio twin of :class:`redlock.Election`."""
+
+    _leadership_class = AsyncLeadership
+
+    async def leader(self) -> Leader | None:
+        """See :meth:`redlock.Election.leader`."""
+        return cast("Leader | None", await self._registry.drive(self._leader_flow()))
+
+    async def observe(self) -> AsyncIterator[Leader | None]:
+        """See :meth:`redlock.Election.observe` (an async iterator)."""
+        wake = self._registry.new_event()
+        stop = self._registry.watch_every(self._channels(), wake)
+        try:
+            last, first = None, True
+            while True:
+                last = await self._registry.drive(self._next_flow(last, first, wake))
+                first = False
+                yield last
+        finally:
+            stop()
+
+
 class AsyncRedlock(ManagerBase[AsyncLock, AsyncMultiLock]):
     """The asyncio twin of :class:`redlock.Redlock`; see there for the arguments
     (``sleep``, if given, is a coroutine function)."""
@@ -81,6 +148,23 @@ class AsyncRedlock(ManagerBase[AsyncLock, AsyncMultiLock]):
     _listener_class = AsyncReleaseListener
     _executor_class = AsyncExecutor
     _transport: AsyncTransport
+
+    def election(self, name: str, ttl: float = 10.0, *,
+                 identity: str | None = None) -> AsyncElection:
+        """See :meth:`redlock.Redlock.election`."""
+        return AsyncElection(self._registry, name, ttl, identity)
+
+    def semaphore(self, name: str, permits: int = 1, ttl: float = 10.0, *,
+                  blocking: bool = True, timeout: float | None = None,
+                  auto_extend: bool = False,
+                  on_lost: Callable[[AsyncSemaphore], object] | None = None) -> AsyncSemaphore:
+        """See :meth:`redlock.Redlock.semaphore`."""
+        return AsyncSemaphore(self._registry, name, permits, ttl, blocking=blocking,
+                              timeout=timeout, auto_extend=auto_extend, on_lost=on_lost)
+
+    def rwlock(self, name: str, ttl: float = 10.0) -> AsyncReadWriteLock:
+        """See :meth:`redlock.Redlock.rwlock`."""
+        return AsyncReadWriteLock(self._registry, name, ttl)
 
     async def repair(self, *, force: bool = False) -> list[RepairReport]:
         """See :meth:`redlock.Redlock.repair`."""

@@ -9,18 +9,27 @@ gives the public methods, which block.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from types import TracebackType
 from typing import Any, TypeVar, cast
 
 from redlock._client.backends import ThreadBackend
 from redlock._client.executors import SyncExecutor
+from redlock._client.family import (
+    ElectionBase,
+    LeadershipBase,
+    ReadLockBase,
+    ReadWriteLockBase,
+    SemaphoreBase,
+    WriteLockBase,
+)
 from redlock._client.handles import HandleBase, LockBase, MultiLockBase
 from redlock._client.manager import ManagerBase
 from redlock._core.amnesia.repair import RepairReport
 from redlock._core.handover import Handover
 from redlock._core.inspect import LockStatus, ReleaseReport
 from redlock._core.requests import Flow, T
+from redlock._core.views import Leader, ReadWriteStatus, SemaphoreStatus
 from redlock._io.sync_listener import SyncReleaseListener
 from redlock._io.sync_transport import SyncTransport
 
@@ -85,6 +94,76 @@ class MultiLock(_SyncHandle, MultiLockBase):
     nothing, a token per resource in :attr:`tokens`. Safe to share across threads."""
 
 
+class Semaphore(_SyncHandle, SemaphoreBase):
+    """A permit of a counting semaphore (``dlm.semaphore(name, permits=K)``): at most K
+    held at once across every client, each with its slot's fencing token. Use as a
+    context manager, or call :meth:`acquire` / :meth:`release`; safe to share across
+    threads (each thread gets its own permit)."""
+
+    def status(self) -> SemaphoreStatus:
+        """Who holds each permit now, by a quorum of the nodes (a snapshot)."""
+        return cast(SemaphoreStatus, self._registry.drive(self._status_flow()))
+
+
+class ReadLock(_SyncHandle, ReadLockBase):
+    """A read-write lock's read handle (``dlm.rwlock(name).read()``): readers share."""
+
+
+class WriteLock(_SyncHandle, WriteLockBase):
+    """A read-write lock's write handle (``dlm.rwlock(name).write()``): alone."""
+
+
+class ReadWriteLock(ReadWriteLockBase[ReadLock, WriteLock]):
+    """``dlm.rwlock(name, ttl)``: its :meth:`read` and :meth:`write` handles share the
+    name; a writer excludes everyone, and writers in line go before later readers."""
+
+    _read_class = ReadLock
+    _write_class = WriteLock
+
+    def status(self) -> ReadWriteStatus:
+        """The writer and the readers now, by a quorum of the nodes (a snapshot)."""
+        return cast(ReadWriteStatus, self._registry.drive(self._status_flow()))
+
+
+class Leadership(_SyncHandle, LeadershipBase):
+    """An election's leadership (``election.campaign()``): ``with`` it to lead; its
+    ``token`` is the term, for the fenced stores; ``check()`` raises :class:`LockLost`
+    once the leadership is lost."""
+
+    def resign(self) -> None:
+        """Step down now (what leaving the ``with`` block does)."""
+        self.release()
+
+
+class Election(ElectionBase[Leadership]):
+    """``dlm.election(name, ttl, identity)``: a fenced leader election (docs/design.md
+    §12.1). ``campaign()`` to lead, ``leader()`` to see who leads, ``observe()`` to
+    follow the changes."""
+
+    _leadership_class = Leadership
+
+    def leader(self) -> Leader | None:
+        """Who leads now (identity, term, time left), read from a quorum; None when
+        nobody does (or an election is under way). A snapshot: it may be stale on
+        return; the term in the leader's hands is what fences."""
+        return cast("Leader | None", self._registry.drive(self._leader_flow()))
+
+    def observe(self) -> Iterator[Leader | None]:
+        """Yield the leadership now, then each change (a new term, or vacancy: None),
+        woken by the nodes' notifications, or when a leader's time runs out. Runs until
+        the caller stops iterating."""
+        wake = self._registry.new_event()
+        stop = self._registry.watch_every(self._channels(), wake)
+        try:
+            last, first = None, True
+            while True:
+                last = self._registry.drive(self._next_flow(last, first, wake))
+                first = False
+                yield last
+        finally:
+            stop()
+
+
 class Redlock(ManagerBase[Lock, MultiLock]):
     __doc__ = ManagerBase.__doc__
 
@@ -95,6 +174,28 @@ class Redlock(ManagerBase[Lock, MultiLock]):
     _listener_class = SyncReleaseListener
     _executor_class = SyncExecutor
     _transport: SyncTransport
+
+    def election(self, name: str, ttl: float = 10.0, *,
+                 identity: str | None = None) -> Election:
+        """A fenced leader election named ``name`` (docs/design.md §12.1): each term is
+        a fencing token; ``identity`` (default ``host:pid``) is what ``leader()``
+        reports for this candidate."""
+        return Election(self._registry, name, ttl, identity)
+
+    def semaphore(self, name: str, permits: int = 1, ttl: float = 10.0, *,
+                  blocking: bool = True, timeout: float | None = None,
+                  auto_extend: bool = False,
+                  on_lost: Callable[[Semaphore], object] | None = None) -> Semaphore:
+        """A permit handle of the counting semaphore ``name`` with ``permits`` slots
+        (every client of the name must pass the same number; docs/design.md §12.2). The
+        other options are :meth:`lock`'s."""
+        return Semaphore(self._registry, name, permits, ttl, blocking=blocking,
+                         timeout=timeout, auto_extend=auto_extend, on_lost=on_lost)
+
+    def rwlock(self, name: str, ttl: float = 10.0) -> ReadWriteLock:
+        """A read-write lock named ``name`` (docs/design.md §12.3): ``.read()`` and
+        ``.write()`` make its handles."""
+        return ReadWriteLock(self._registry, name, ttl)
 
     def repair(self, *, force: bool = False) -> list[RepairReport]:
         """Look at every node now: judge restarted ones, and re-seed those that lost their

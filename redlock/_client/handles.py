@@ -25,6 +25,7 @@ from redlock._client.registry import Registry
 from redlock._client.telemetry import AttemptWatch, observe
 from redlock._core.algorithm import RedlockCore
 from redlock._core.handover import Handover, export_state
+from redlock._core.kinds import MUTEX, Kind
 from redlock._core.requests import Flow, Invoke, T
 from redlock._core.settings import (
     label,
@@ -67,12 +68,15 @@ class HandleBase:
     def __init__(self, registry: Registry, resources: tuple[str, ...], ttl: float, *,
                  blocking: bool,
                  timeout: float | None, auto_extend: bool,
-                 on_lost: Callable[[Any], object] | None, reentrant: bool) -> None:
+                 on_lost: Callable[[Any], object] | None, reentrant: bool,
+                 kind: Kind = MUTEX) -> None:
         self._registry = registry
         self._core: RedlockCore = registry.core
         self._resources = resources
+        self._kind = kind  # what is acquired (docs/design.md §12.0)
         self._label = label(resources)
-        self._shown = shown(resources)  # in messages
+        # In messages: 'orders' for a lock, "permit of 'jobs'" for the other kinds.
+        self._shown = shown(resources) if kind is MUTEX else kind.describe(resources)
         self.ttl = self._core.settings.check_ttl(ttl)
         self.blocking = bool(blocking)
         self.timeout = validate_timeout(timeout)
@@ -120,7 +124,7 @@ class HandleBase:
         if (yield from self._reenter_flow(owner)):
             return True
         result = yield from self._core.acquire(self._resources, self.ttl, blocking=blocking,
-                                               timeout=timeout, watch=watch)
+                                               timeout=timeout, watch=watch, kind=self._kind)
         state = self._finish_acquire(result, owner)
         if state is None:
             return False

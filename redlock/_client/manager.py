@@ -170,7 +170,8 @@ class ManagerBase(Generic[H, MH]):
         renewals = Renewals(self._core, new_event, start_loop, lost,
                             functools.partial(record_renewal, self._telemetry),
                             closing=self._closing)
-        self._registry.start_process(renewals, self._room.released)
+        self._registry.start_process(renewals, self._room.released, self._room.watch_every,
+                                     backend.new_event)
 
     def _renewal_runner(self) -> tuple[Callable[[], Any], Callable[[Flow[None]], Any],
                                        Callable[[LockState, list[Any]], None]]:

@@ -42,10 +42,17 @@ class Registry:
         self.drive = drive
         self._spawn = spawn
 
-    def start_process(self, renewals: Renewals, released: Callable[[LockState], None]) -> None:
-        """What lives in one process only (called again in a forked child)."""
+    def start_process(self, renewals: Renewals, released: Callable[[LockState], None],
+                      watch_every: Callable[[tuple[str, ...], Any], Callable[[], None]],
+                      new_event: Callable[[], Any]) -> None:
+        """What lives in one process only (called again in a forked child).
+        ``watch_every(channels, event)`` sets ``event`` on every message published on
+        ``channels`` until the function it returns is called (an election's observer);
+        ``new_event`` makes the flavour's event."""
         self.renewals = renewals
         self.released = released
+        self.watch_every = watch_every
+        self.new_event = new_event
         # Per owner (a thread or task, held weakly: a finished one takes its entries
         # along), the acquisitions it may re-enter, by resource.
         self._reentrant: weakref.WeakKeyDictionary[Any, dict[str, LockState]] = (

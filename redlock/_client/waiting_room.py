@@ -13,7 +13,7 @@ from redlock._client.lines import LocalLines, Ticket
 from redlock._core.algorithm import RedlockCore
 from redlock._core.requests import Backoff, Wakeable
 from redlock._core.state import LockState
-from redlock._io.wakeups import WakeRegistry, Watch
+from redlock._io.wakeups import EVERY, WakeRegistry, Watch
 
 
 class Listener(Protocol):
@@ -62,6 +62,17 @@ class WaitingRoom:
             return backoff.patient
         return backoff.seconds
 
+    def watch_every(self, channels: tuple[str, ...], event: Wakeable) -> Callable[[], None]:
+        """Set ``event`` on every message on ``channels`` (an election's observer,
+        docs/design.md §12.1) until the returned function is called."""
+        watch = self.wakeups.watch(channels, EVERY, event)
+        with self._mutex:
+            if self.listener is None:
+                self.listener = self._open_listener(self.wakeups)
+            listener = self.listener
+        listener.ensure_running()
+        return lambda: self.wakeups.unwatch(watch)
+
     def end_call(self, ticket: Ticket[Any]) -> None:
         """A driven call is over: leave the local line, stop watching for releases."""
         self.lines.leave(ticket)
@@ -74,7 +85,7 @@ class WaitingRoom:
         release's own message does (a subscribed channel: the message wakes the first
         in the nodes' line, wherever it waits; waking the first local waiter as well
         would cost an attempt whenever that is not the same waiter)."""
-        line = self._core.line(state.resources)
+        line = self._core.line(state.resources, state.kind)
         if len(state.resources) > 1 or not self.wakeups.live(line):
             self.lines.notify(line)  # a set's local line has no channel of its own
         if len(state.resources) > 1:  # waiters for a single resource of the set, too

@@ -55,6 +55,11 @@ class Watch:
     woken: bool = field(default=False)
 
 
+#: The waiter of a watch that every message on its channels wakes, whoever it names: an
+#: election's observer (docs/design.md §12.1), not a waiter in line.
+EVERY = "*"
+
+
 def _is_waiter_id(data: str) -> bool:
     return len(data) == 40
 
@@ -160,12 +165,13 @@ class WakeRegistry:
         """A release on some node: wake the waiter it names, or the first one. Woken
         nobody: kept for a while, for a waiter still in its first attempt (below)."""
         with self._mutex:
-            waits = self._watches.get(channel, [])
+            waits = [w for w in self._watches.get(channel, []) if w.waiter != EVERY]
             # Named: that waiter (if it waits here); unnamed: the first, one only.
             woken = [w for w in waits if w.waiter == data] if _is_waiter_id(data) else waits[:1]
             if not woken:
                 self._unclaimed.setdefault(channel, deque(maxlen=UNCLAIMED_KEPT)).append(
                     (time.monotonic(), data))
+            woken += [w for w in self._watches.get(channel, []) if w.waiter == EVERY]
         for watch in woken:
             watch.event.set()
 

@@ -1,0 +1,194 @@
+"""Read-only views of the lock family (docs/design.md §12), free of I/O: who leads an
+election now (``leader()``, and the waits of ``observe()``), who holds a semaphore's
+permits, who holds a read-write lock. Each reads every node and believes only what a
+quorum of healthy nodes says: a snapshot, which may be stale by the time it returns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from redlock._core.algorithm import RedlockCore
+from redlock._core.kinds import LEADERSHIP, Permit, ReadWrite
+from redlock._core.requests import Broadcast, Call, Flow, PauseUntilWoken, Wakeable
+from redlock._core.settings import Keys
+from redlock._scripts import family
+from redlock._scripts.replies import NodeFailure
+
+
+@dataclass(frozen=True)
+class Leader:
+    """Who leads an election, read from a quorum (``Election.leader()``).
+
+    ``identity``: what the leader campaigned as; ``token``: its term (the fencing token
+    its writes carry); ``time_left``: seconds its term lasts at least, unless renewed
+    (the quorum-th longest key among the nodes that name it, less the drift)."""
+
+    identity: str
+    token: int
+    time_left: float
+
+    def same_term(self, other: Leader | None) -> bool:
+        return other is not None and (self.identity, self.token) == (other.identity,
+                                                                       other.token)
+
+
+def _texts(reply: object) -> list[object] | None:
+    if isinstance(reply, BaseException | NodeFailure) or not isinstance(reply, list | tuple):
+        return None
+    return [v.decode() if isinstance(v, bytes) else v for v in reply]
+
+
+def _believed(core: RedlockCore, replies: Sequence[object]) -> list[tuple[int, list[object]]]:
+    """The replies of nodes whose word counts: answered, not being judged after a
+    restart (§4.4)."""
+    suspect = set(core.amnesia.health.suspect)
+    out = []
+    for node, reply in enumerate(replies[:core.n]):
+        texts = _texts(reply)
+        if texts is not None and node not in suspect:
+            out.append((node, texts))
+    return out
+
+
+def leader_calls(keys: Keys, name: str, n: int) -> tuple[Call, ...]:
+    return tuple(Call(i, (), family.LEADER,
+                      (LEADERSHIP.lock_key(keys, name), keys.part(name, "term"), keys.marker,
+                       keys.legacy_marker)) for i in range(n))
+
+
+def read_leader(core: RedlockCore, name: str) -> Flow[Leader | None]:
+    """The leader a quorum of nodes names with time left, with the term its record
+    gives (§12.1); None when there is none (vacant, or an election under way)."""
+    started = core.clock()
+    replies = yield Broadcast(leader_calls(core.keys, name, core.n), core.timeout())
+    elapsed = core.clock() - started
+    holders: dict[str, list[tuple[int, str]]] = {}
+    for _node, (pttl, holder, record, node_format) in _believed(core, replies):
+        if node_format and int(pttl) > 0 and holder:  # type: ignore[call-overload]
+            holders.setdefault(str(holder), []).append((int(pttl), str(record)))  # type: ignore[call-overload]
+    for holder, seen in holders.items():
+        if len(seen) < core.quorum:
+            continue
+        terms = []
+        for _pttl, record in seen:
+            parts = record.split(" ", 2)
+            if len(parts) == 3 and parts[1] == holder:
+                terms.append((int(parts[0]), parts[2]))
+        if not terms:  # elected, its record not written yet: not known as leader yet
+            return None
+        token, identity = max(terms)
+        pttls = sorted((pttl for pttl, _ in seen), reverse=True)
+        lasts = pttls[core.quorum - 1] / 1000
+        time_left = max(0.0, lasts - elapsed - core.settings.drift(lasts))
+        return Leader(identity, token, time_left)
+    return None
+
+
+def next_leader(core: RedlockCore, name: str, last: Leader | None, first: bool,
+                ttl: float, wake: Wakeable) -> Flow[Leader | None]:
+    """``observe()``'s step: the leadership as soon as it differs from ``last`` (or at
+    once, the ``first`` time). Between reads it waits to be woken (a release or a
+    proclamation, published on the election's channels), until the current leader's
+    time would run out, or at most ``ttl`` (§12.1)."""
+    while True:
+        wake.clear()  # a message during the read below wakes the next wait at once
+        current = yield from read_leader(core, name)
+        if first or (current is None) != (last is None) or (
+                current is not None and not current.same_term(last)):
+            return current
+        wait = ttl if current is None else min(ttl, current.time_left + 0.05)
+        yield PauseUntilWoken(max(wait, 0.01), wake)
+
+
+def election_channels(keys: Keys, name: str) -> tuple[str, ...]:
+    """What wakes an observer: releases of the leadership, and proclamations."""
+    return LEADERSHIP.channel(keys, name), keys.part(name, "elected")
+
+
+# -- semaphore and read-write lock views (``inspect``, ``redlock status``) ------------------
+
+
+@dataclass(frozen=True)
+class Holder:
+    """A holder a quorum of nodes agrees on: the first 12 hex digits of SHA1 of its
+    owner value (tells holders apart without revealing it) and the seconds its grant
+    lasts at least."""
+
+    holder: str
+    time_left: float
+
+
+@dataclass(frozen=True)
+class SemaphoreStatus:
+    """Who holds each permit of a semaphore: ``slots[i]`` is slot i's holder or None."""
+
+    name: str
+    permits: int
+    slots: tuple[Holder | None, ...]
+
+    @property
+    def held(self) -> int:
+        return sum(1 for s in self.slots if s is not None)
+
+
+@dataclass(frozen=True)
+class ReadWriteStatus:
+    """Who holds a read-write lock: its writer (or None) and its readers."""
+
+    name: str
+    writer: Holder | None
+    readers: tuple[Holder, ...]
+
+
+def _agreed(core: RedlockCore, seen: dict[str, list[int]], elapsed: float) -> list[Holder]:
+    """Holders named by a quorum, with the quorum-th longest time left."""
+    out = []
+    for holder, lefts in seen.items():
+        if len(lefts) >= core.quorum:
+            lasts = sorted(lefts, reverse=True)[core.quorum - 1] / 1000
+            out.append(Holder(holder, max(0.0, lasts - elapsed - core.settings.drift(lasts))))
+    return sorted(out, key=lambda h: h.holder)
+
+
+def semaphore_status(core: RedlockCore, name: str, permits: int) -> Flow[SemaphoreStatus]:
+    kind = Permit(permits=permits)
+    keys = core.keys
+    calls = tuple(Call(i, (), family.SEM_INSPECT,
+                       tuple(kind.slot_key(keys, name, s) for s in range(permits)))
+                  for i in range(core.n))
+    started = core.clock()
+    replies = yield Broadcast(calls, core.timeout())
+    elapsed = core.clock() - started
+    per_slot: list[dict[str, list[int]]] = [{} for _ in range(permits)]
+    for _node, texts in _believed(core, replies):
+        for slot in range(min(permits, len(texts) // 2)):
+            pttl, holder = texts[2 * slot], texts[2 * slot + 1]
+            if holder and int(pttl) > 0:  # type: ignore[call-overload]
+                per_slot[slot].setdefault(str(holder), []).append(int(pttl))  # type: ignore[call-overload]
+    slots = tuple(next(iter(_agreed(core, seen, elapsed)), None) for seen in per_slot)
+    return SemaphoreStatus(name, permits, slots)
+
+
+def rwlock_status(core: RedlockCore, name: str) -> Flow[ReadWriteStatus]:
+    keys = core.keys
+    writer_key, readers_key = (ReadWrite(mode="w").lock_key(keys, name),
+                               ReadWrite(mode="r").lock_key(keys, name))
+    calls = tuple(Call(i, (), family.RW_INSPECT, (writer_key, readers_key))
+                  for i in range(core.n))
+    started = core.clock()
+    replies = yield Broadcast(calls, core.timeout())
+    elapsed = core.clock() - started
+    writers: dict[str, list[int]] = {}
+    readers: dict[str, list[int]] = {}
+    for _node, texts in _believed(core, replies):
+        if len(texts) < 2:
+            continue
+        pttl, holder = texts[0], texts[1]
+        if holder and int(pttl) > 0:  # type: ignore[call-overload]
+            writers.setdefault(str(holder), []).append(int(pttl))  # type: ignore[call-overload]
+        for i in range(2, len(texts) - 1, 2):
+            readers.setdefault(str(texts[i]), []).append(int(texts[i + 1]))  # type: ignore[call-overload]
+    return ReadWriteStatus(name, next(iter(_agreed(core, writers, elapsed)), None),
+                           tuple(_agreed(core, readers, elapsed)))
