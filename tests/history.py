@@ -18,6 +18,13 @@ Checks, per resource:
 * no two committed acquisitions share a token, and an acquisition invoked after another
   one completed has a larger token (:meth:`History.violations`);
 * optionally (runs without clock or pause faults): no two hold intervals overlap.
+
+The lock family (docs/design.md §12) records holds with a ``mode``: a leadership is a
+lock (one leader per term, terms increasing: the checks above); a permit is a hold of
+its slot's name (``sem:permit:3``), exclusive per slot, and :meth:`History.most_at_once`
+counts permits held at once; a read-write lock's holds are ``"r"`` or ``"w"``
+(:meth:`History.rw_violations`: a write overlaps nothing, write tokens increase, a read's
+token is at least every earlier write's and below every later write's).
 """
 
 from __future__ import annotations
@@ -66,6 +73,7 @@ class Hold:
     start: float  # the acquire completed
     end: float  # released, lost, or its validity ran out (whichever came first)
     invoked: float | None = None  # the acquire was invoked (None: same as start)
+    mode: str = ""  # a read-write lock's "r" or "w"; "" for every other kind
 
 
 Top = tuple[int, frozenset[str]]  # a token and the writers accepted with it
@@ -170,6 +178,50 @@ class History:
                 if second.resource == first.resource:
                     pairs.append((first, second))
         return pairs
+
+    def most_at_once(self, prefix: str = "") -> int:
+        """The most holds of resources starting with ``prefix`` that were held at one
+        moment (a semaphore's permits: its slots' names share a prefix)."""
+        events = sorted([(h.start, 1) for h in self.holds if h.resource.startswith(prefix)]
+                        + [(h.end, -1) for h in self.holds if h.resource.startswith(prefix)],
+                        key=lambda e: (e[0], e[1]))  # an end before a start at one instant
+        most = now = 0
+        for _, step in events:
+            now += step
+            most = max(most, now)
+        return most
+
+    def rw_violations(self, resource: str) -> list[str]:
+        """A read-write lock's rules (docs/design.md §12.3), on holds cut at validity:
+        no write overlaps another hold; write tokens are distinct and increase; a read's
+        token is at least every write committed before the read was invoked, and below
+        every write invoked after the read ended."""
+        holds = [h for h in self.holds if h.resource == resource]
+        writes = [h for h in holds if h.mode == "w"]
+        reads = [h for h in holds if h.mode == "r"]
+        problems = []
+        for w in writes:
+            for other in holds:
+                if other is not w and other.start < w.end and w.start < other.end:
+                    problems.append(f"write {w} overlaps {other}")
+        seen: dict[int, Hold] = {}
+        for w in writes:
+            if w.token in seen:
+                problems.append(f"write token {w.token} twice: {seen[w.token]} and {w}")
+            seen[w.token] = w
+        for later in writes:
+            invoked = later.start if later.invoked is None else later.invoked
+            problems += [f"write token {later.token} acquired after write token {w.token}"
+                         for w in writes if w.start < invoked and w.token >= later.token]
+        for r in reads:
+            invoked = r.start if r.invoked is None else r.invoked
+            for w in writes:
+                w_invoked = w.start if w.invoked is None else w.invoked
+                if w.start < invoked and w.token > r.token:
+                    problems.append(f"read {r} saw token {r.token} below earlier write {w}")
+                if w_invoked > r.end and w.token <= r.token:
+                    problems.append(f"write {w} after read {r} has no larger token")
+        return problems
 
     def violations(self, *, exclusive: bool) -> list[str]:
         """Safety violations; hold overlaps count only when ``exclusive`` (no clock or
