@@ -199,7 +199,7 @@ class Actor:
                       ) -> AsyncIterator[Held]:
         """``with lock`` / ``async with lock`` entered and left by this owner; the block
         runs in the test, with what the lock's enter returned as this owner's view."""
-        if isinstance(lock, AsyncLock):
+        if hasattr(lock, "__aenter__"):  # an asyncio handle, of any kind
             enter: Callable[[], Any] = lock.__aenter__
             leave: Callable[..., Any] = lock.__aexit__
         else:

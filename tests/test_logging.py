@@ -124,9 +124,10 @@ async def test_caplog_sees_events_with_their_fields(managers: tuple[Any, Any],
     [acquired] = records("redlock.acquired")[-1:]
     assert acquired.levelno == logging.DEBUG and acquired.name == "redlock.locks"
     fields = event_fields(acquired)
-    assert acquired.getMessage() == (f"acquired log:fields with fencing token {token}: 3 of 3"
-                                     f" nodes granted it, valid for {fields['validity_ms']:.0f} ms")
-    assert set(fields) == {"resource", "token", "validity_ms", "granted", "nodes"}
+    assert acquired.getMessage() == (
+        f"acquired log:fields (lock) with fencing token {token}: 3 of 3 nodes granted it,"
+        f" valid for {fields['validity_ms']:.0f} ms")
+    assert set(fields) == {"resource", "token", "validity_ms", "granted", "nodes", "kind"}
     assert (fields["resource"], fields["token"], fields["granted"], fields["nodes"]) == (
         "log:fields", token, 3, 3)
     assert 0 < fields["validity_ms"] <= 10_000

@@ -22,10 +22,18 @@ import redlock
 import redlock.errors
 from fencing import AsyncRedisFencedStore, RedisFencedStore
 from redlock import (
+    AsyncElection,
+    AsyncLeadership,
     AsyncLock,
     AsyncMultiLock,
+    AsyncReadLock,
+    AsyncReadWriteLock,
     AsyncRedlock,
+    AsyncSemaphore,
+    AsyncWriteLock,
     ClusterAmnesiaError,
+    Election,
+    Leadership,
     Lock,
     LockLost,
     LockNotAcquired,
@@ -34,8 +42,12 @@ from redlock import (
     NotHeld,
     Outcome,
     QuorumUnavailable,
+    ReadLock,
+    ReadWriteLock,
     Redlock,
     RedlockError,
+    Semaphore,
+    WriteLock,
 )
 
 # Methods that talk to Redis: plain in the sync client, coroutines in the asyncio one.
@@ -44,8 +56,17 @@ IO_METHODS = {
                               "force_release", "adopt"},
     (Lock, AsyncLock): {"acquire", "release", "extend"},
     (MultiLock, AsyncMultiLock): {"acquire", "release", "extend"},
+    (Semaphore, AsyncSemaphore): {"acquire", "release", "extend", "status"},
+    (ReadLock, AsyncReadLock): {"acquire", "release", "extend"},
+    (WriteLock, AsyncWriteLock): {"acquire", "release", "extend"},
+    (Leadership, AsyncLeadership): {"acquire", "release", "extend", "resign"},
     (RedisFencedStore, AsyncRedisFencedStore): {"write", "fence", "read", "highest"},
+    (ReadWriteLock, AsyncReadWriteLock): {"status"},
+    (Election, AsyncElection): {"leader"},
 }
+# Methods that yield results from Redis: generators in the sync client, async generators
+# in the asyncio one.
+ITERATORS = {(Election, AsyncElection): {"observe"}}
 # Context-manager protocol: the same role under sync and async names.
 CONTEXT = {"__enter__": "__aenter__", "__exit__": "__aexit__"}
 # Injected defaults that are by nature different between the two worlds. None today:
@@ -53,9 +74,9 @@ CONTEXT = {"__enter__": "__aenter__", "__exit__": "__aexit__"}
 ALLOWED_DEFAULT_DIFFERENCES: dict[tuple[str, str], tuple[Any, Any]] = {}
 
 PAIRS = list(IO_METHODS)
-PAIR_IDS = ["Redlock", "Lock", "MultiLock", "RedisFencedStore"]
-# The pairs that are context managers (not the fenced stores).
-CM_PAIRS = PAIRS[:3]
+PAIR_IDS = [sync.__name__ for sync, _ in PAIRS]
+# The pairs that are context managers (not the fenced stores, rwlocks and elections).
+CM_PAIRS = PAIRS[:7]
 
 
 def public_names(cls: type) -> set[str]:
@@ -120,11 +141,14 @@ def test_same_signatures_and_only_io_methods_are_coroutines(sync_cls: type,
                 assert sync_default == async_default, f"{name}({pname}=...)"
         assert not inspect.iscoroutinefunction(sync_attr), name
         assert inspect.iscoroutinefunction(async_attr) == (name in io), name
+        iterates = name in ITERATORS.get((sync_cls, async_cls), set())
+        assert inspect.isgeneratorfunction(sync_attr) == iterates, name
+        assert inspect.isasyncgenfunction(async_attr) == iterates, name
         checked += 1
     assert checked >= len(io) + 1
 
 
-@pytest.mark.parametrize(("sync_cls", "async_cls"), CM_PAIRS, ids=PAIR_IDS[:3])
+@pytest.mark.parametrize(("sync_cls", "async_cls"), CM_PAIRS, ids=PAIR_IDS[:7])
 def test_context_managers_match(sync_cls: type, async_cls: type) -> None:
     for sync_name, async_name in CONTEXT.items():
         sync_method = getattr(sync_cls, sync_name)
@@ -137,10 +161,14 @@ def test_context_managers_match(sync_cls: type, async_cls: type) -> None:
     assert not hasattr(sync_cls, "__aenter__")
 
 
-def test_lock_factory_defaults_match_the_handle_constructor() -> None:
-    for manager, handle in ((Redlock, Lock), (AsyncRedlock, AsyncLock)):
-        factory = {p.name: p.default for p in inspect.signature(manager.lock).parameters
-                   .values() if p.name != "self"}
+@pytest.mark.parametrize("factory_name, sync_handle, async_handle", [
+    ("lock", Lock, AsyncLock), ("semaphore", Semaphore, AsyncSemaphore),
+    ("rwlock", ReadWriteLock, AsyncReadWriteLock), ("election", Election, AsyncElection)])
+def test_factory_defaults_match_the_handle_constructor(factory_name: str, sync_handle: type,
+                                                        async_handle: type) -> None:
+    for manager, handle in ((Redlock, sync_handle), (AsyncRedlock, async_handle)):
+        factory = {p.name: p.default for p in inspect.signature(
+            getattr(manager, factory_name)).parameters.values() if p.name != "self"}
         ctor = {p.name: p.default for p in inspect.signature(handle.__init__).parameters
                 .values() if p.name not in ("self", "registry")}
         assert factory == ctor

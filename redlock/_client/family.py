@@ -84,9 +84,7 @@ class _FamilyHandle(HandleBase):
         return state.token
 
     def __repr__(self) -> str:
-        state = self._current()
-        status = "unlocked" if state is None else state.status
-        return f"<{type(self).__name__} {self.name!r} ttl={self.ttl:g}s {status}>"
+        return f"<{type(self).__name__} {self.name!r} ttl={self.ttl:g}s {self._status_text()}>"
 
 
 class SemaphoreBase(_FamilyHandle):

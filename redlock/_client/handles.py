@@ -283,10 +283,15 @@ class HandleBase:
         """Raise :class:`LockLost` if the lock was lost or its validity ran out."""
         self._held().check()
 
+    def _status_text(self) -> str:
+        try:
+            state = self._current()
+        except RuntimeError:  # an asyncio handle shown outside its event loop
+            return "(no task: its owner is not known here)"
+        return "unlocked" if state is None else str(state.status)
+
     def __repr__(self) -> str:
-        state = self._current()
-        status = "unlocked" if state is None else state.status
-        return f"<{type(self).__name__} {self._label} ttl={self.ttl:g}s {status}>"
+        return f"<{type(self).__name__} {self._label} ttl={self.ttl:g}s {self._status_text()}>"
 
 
 class LockBase(HandleBase):

@@ -20,8 +20,11 @@ from typing import Any
 SENTENCES: Mapping[str, str] = {
     # -- the normal life of a lock (DEBUG) -------------------------------------------------
     "redlock.acquired":
-        "acquired {resource} with fencing token {token}: {granted} of {nodes} nodes granted"
-        " it, valid for {validity_ms:.0f} ms",
+        "acquired {resource} ({kind}) with fencing token {token}: {granted} of {nodes} nodes"
+        " granted it, valid for {validity_ms:.0f} ms",
+    "redlock.term_unrecorded":
+        "elected leader of {resource} for term {token}, but the term record reached only"
+        " {recorded} nodes (need {needed}): {hint}",
     "redlock.quorum_failed":
         "attempt to acquire {resource} failed: {reason} (per node: {outcomes})",
     "redlock.released":
