@@ -144,5 +144,6 @@ def test_rwlock_six_readers_two_writers(nodes3: RedisNodes) -> None:
         assert sum(1 for h in writes if h.client == f"w{i}") >= 5
     tokens = [h.token for h in sorted(writes, key=lambda h: h.start)]
     assert tokens == sorted(set(tokens))
+    per_writer = [sum(1 for h in writes if h.client == f"w{i}") for i in range(2)]
     print(f"\nrwlock 4 s: {len(reads)} reads (at most {_only(reads).most_at_once()} at once),"
-          f" {len(writes)} writes ({[sum(1 for h in writes if h.client == f'w{i}') for i in range(2)]})")
+          f" {len(writes)} writes {per_writer}")

@@ -81,8 +81,10 @@ def test_store_check_finds_lost_updates_undeserved_rejections_and_a_wrong_final_
 
 
 def test_permits_held_at_once_are_counted() -> None:
-    history = _history([Hold("a", "s:permit:0", 1, 0.0, 2.0), Hold("b", "s:permit:1", 1, 1.0, 3.0),
-                        Hold("c", "s:permit:0", 2, 2.0, 4.0), Hold("d", "t:permit:0", 1, 0.0, 9.0)])
+    history = _history([Hold("a", "s:permit:0", 1, 0.0, 2.0),
+                        Hold("b", "s:permit:1", 1, 1.0, 3.0),
+                        Hold("c", "s:permit:0", 2, 2.0, 4.0),
+                        Hold("d", "t:permit:0", 1, 0.0, 9.0)])
     assert history.most_at_once("s:permit:") == 2  # c starts as a ends: not three
     assert history.most_at_once() == 3
 
@@ -93,11 +95,15 @@ def test_read_write_rules() -> None:
                       Hold("r2", "d", 4, 1.2, 2.1, 1.1, mode="r"),
                       Hold("w2", "d", 5, 2.2, 3.0, 2.15, mode="w")])
     assert clean.rw_violations("d") == []
-    overlap = _history([Hold("w", "d", 4, 0.0, 1.0, mode="w"), Hold("r", "d", 4, 0.5, 2.0, mode="r")])
+    overlap = _history([Hold("w", "d", 4, 0.0, 1.0, mode="w"),
+                        Hold("r", "d", 4, 0.5, 2.0, mode="r")])
     assert any("overlaps" in p for p in overlap.rw_violations("d"))
-    blind = _history([Hold("w", "d", 7, 0.0, 1.0, mode="w"), Hold("r", "d", 6, 1.5, 2.0, 1.2, mode="r")])
+    blind = _history([Hold("w", "d", 7, 0.0, 1.0, mode="w"),
+                      Hold("r", "d", 6, 1.5, 2.0, 1.2, mode="r")])
     assert any("below earlier write" in p for p in blind.rw_violations("d"))
-    stale = _history([Hold("r", "d", 6, 0.0, 1.0, mode="r"), Hold("w", "d", 6, 1.5, 2.0, 1.2, mode="w")])
+    stale = _history([Hold("r", "d", 6, 0.0, 1.0, mode="r"),
+                      Hold("w", "d", 6, 1.5, 2.0, 1.2, mode="w")])
     assert any("no larger token" in p for p in stale.rw_violations("d"))
-    backwards = _history([Hold("a", "d", 6, 0.0, 1.0, mode="w"), Hold("b", "d", 5, 1.5, 2.0, 1.2, mode="w")])
+    backwards = _history([Hold("a", "d", 6, 0.0, 1.0, mode="w"),
+                          Hold("b", "d", 5, 1.5, 2.0, 1.2, mode="w")])
     assert any("acquired after" in p for p in backwards.rw_violations("d"))
