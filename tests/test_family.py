@@ -5,12 +5,14 @@ errors; and the four kinds of one name not interfering."""
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 
-from redlock import Leader, LockLost, LockNotAcquired, QuorumUnavailable
+from redlock import Leader, LockLost, LockNotAcquired, QuorumUnavailable, Redlock
 from redlock.testing import RedisNodes
 from tests.clients import Actor, Flavour, eventually, resolve
+from tests.test_cli import run_in_process
 
 # -- counting semaphore ----------------------------------------------------------------
 
@@ -231,3 +233,26 @@ async def test_family_handles_are_not_exportable_or_reentrant(flavour: Flavour,
     assert not hasattr(sem, "export")
     with pytest.raises(TypeError):
         dlm.semaphore("s", permits=2, reentrant=True)
+
+
+# -- the CLI: redlock status --kind ------------------------------------------------------
+
+
+def test_status_shows_the_leader_the_permits_and_the_readers(
+        nodes3: RedisNodes, capsys: pytest.CaptureFixture[str]) -> None:
+    nodes = ("--nodes", *nodes3.urls)
+    with Redlock(nodes3.urls) as dlm:
+        code, out, _ = run_in_process(capsys, "status", *nodes, "--kind", "election", "cron")
+        assert code == 0 and "'cron' has no leader" in out
+        with dlm.election("cron", identity="host-a").campaign() as lead, \
+                dlm.semaphore("jobs", permits=3) as permit, dlm.rwlock("doc").write():
+            code, out, _ = run_in_process(capsys, "status", *nodes, "--kind", "election",
+                                          "cron")
+            assert code == 0 and f"led by 'host-a', term {lead.token}" in out
+            code, out, _ = run_in_process(capsys, "status", *nodes, "--kind", "semaphore",
+                                          "--permits", "3", "jobs", "--json")
+            slots = json.loads(out)["slots"]
+            assert code == 0 and [s is not None for s in slots].count(True) == 1
+            assert slots[permit.slot] is not None
+            code, out, _ = run_in_process(capsys, "status", *nodes, "--kind", "rwlock", "doc")
+            assert code == 0 and "'doc': writer " in out and "0 reader(s)" in out

@@ -43,6 +43,7 @@ from redlock.cli.render import (
     lock_summary,
     report_unreachable,
     say,
+    show_family,
     show_nodes,
     show_release,
     show_repair,
@@ -136,11 +137,28 @@ def confirm(args: argparse.Namespace, what: str, question: str) -> None:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    if args.kind != "lock":
+        return _family_status(args)
     with open_manager(args) as dlm:
         status = dlm.inspect(args.resource)
     report_unreachable([(n.node, n.error) for n in status.nodes])
     show_status(status, args.json)
     return reachability_code(status.reachable, len(status.nodes))
+
+
+def _family_status(args: argparse.Namespace) -> int:
+    """``status --kind election|semaphore|rwlock``: who leads, who holds each permit,
+    the writer and the readers (docs/design.md §12), as a quorum of nodes says."""
+    with open_manager(args) as dlm:
+        if args.kind == "election":
+            show_family(args.resource, "election", dlm.election(args.resource).leader(),
+                        args.json)
+        elif args.kind == "semaphore":
+            show_family(args.resource, "semaphore",
+                        dlm.semaphore(args.resource, permits=args.permits).status(), args.json)
+        else:
+            show_family(args.resource, "rwlock", dlm.rwlock(args.resource).status(), args.json)
+    return EXIT_OK
 
 
 def cmd_nodes(args: argparse.Namespace) -> int:
@@ -278,6 +296,13 @@ def build_parser() -> argparse.ArgumentParser:
                      "every node's view of one lock: held, holder fingerprint, time left,"
                      " fence counter, node marker")
     status.add_argument("resource", metavar="RESOURCE")
+    status.add_argument("--kind", choices=("lock", "election", "semaphore", "rwlock"),
+                        default="lock",
+                        help="what RESOURCE names: a lock (the default), an election (its"
+                             " leader and term), a semaphore (the holder of each permit)"
+                             " or a read-write lock (its writer and readers)")
+    status.add_argument("--permits", type=int, default=1, metavar="K",
+                        help="with --kind semaphore: its number of permits (default 1)")
     command("nodes", cmd_nodes,
             "the nodes: reachable, round trip, marker, run id, role, persistence,"
             " maxmemory policy, and what is unsafe for locks")

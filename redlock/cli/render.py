@@ -166,6 +166,54 @@ def show_status(status: LockStatus, as_json: bool) -> None:
         say(lock_summary(status))
 
 
+def family_summary(name: str, kind: str, view: Any) -> str:
+    """One sentence on an election, a semaphore or a read-write lock (docs/design.md
+    §12), as a quorum of nodes says it."""
+    if kind == "election":
+        if view is None:
+            return (f"{name!r} has no leader: nobody holds the election on a quorum (vacant,"
+                    " or an election under way)")
+        return (f"{name!r} is led by {view.identity!r}, term {view.token}, at least"
+                f" {view.time_left:.1f} s left unless renewed")
+    if kind == "semaphore":
+        return f"{name!r}: {view.held} of {view.permits} permits held"
+    writer = ("no writer" if view.writer is None
+              else f"writer {view.writer.holder} ({view.writer.time_left:.1f} s left)")
+    return f"{name!r}: {writer}, {len(view.readers)} reader(s)"
+
+
+def show_family(name: str, kind: str, view: Any, as_json: bool) -> None:
+    """``redlock status --kind election|semaphore|rwlock``."""
+    if as_json:
+        data: dict[str, Any] = {"name": name, "kind": kind}
+        if kind == "election":
+            data["leader"] = None if view is None else {
+                "identity": view.identity, "term": view.token, "time_left_s": view.time_left}
+        elif kind == "semaphore":
+            data["permits"] = view.permits
+            data["slots"] = [None if s is None else {"holder": s.holder,
+                                                     "time_left_s": s.time_left}
+                             for s in view.slots]
+        else:
+            data["writer"] = None if view.writer is None else {
+                "holder": view.writer.holder, "time_left_s": view.writer.time_left}
+            data["readers"] = [{"holder": r.holder, "time_left_s": r.time_left}
+                               for r in view.readers]
+        print_json(data)
+        return
+    if kind == "semaphore":
+        print_table(["slot", "holder", "time left"],
+                    [[str(i), "-" if s is None else s.holder,
+                      "-" if s is None else f"{s.time_left:.1f} s"]
+                     for i, s in enumerate(view.slots)])
+    elif kind == "rwlock" and (view.writer or view.readers):
+        holders = ([("write", view.writer)] if view.writer is not None else []) + [
+            ("read", r) for r in view.readers]
+        print_table(["mode", "holder", "time left"],
+                    [[mode, h.holder, f"{h.time_left:.1f} s"] for mode, h in holders])
+    say(family_summary(name, kind, view))
+
+
 # -- nodes -------------------------------------------------------------------------------
 
 
