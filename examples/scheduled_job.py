@@ -28,7 +28,7 @@ from collections.abc import Callable
 from typing import Any
 
 from fencing import RedisFencedStore, StaleTokenError
-from redlock import LockNotAcquired, Redlock
+from redlock import LockNotAcquired
 
 if __package__:
     from examples import _common as common
