@@ -103,7 +103,7 @@ def test_spans_and_metrics_of_one_lock(dlm: Redlock, otel: Otel) -> None:
     assert attributes.pop("redlock.votes_granted") in (2, 3)
     assert attributes == {
         "redlock.resource": "ot:a", "redlock.namespace": "redlock", "redlock.nodes": 3,
-        "redlock.quorum": 2, "redlock.attempts": 1,
+        "redlock.quorum": 2, "redlock.kind": "lock", "redlock.attempts": 1,
         "redlock.token": token, "redlock.outcome": "acquired"}
     assert acquire.status.status_code is StatusCode.UNSET
     (extend,) = otel.finished("redlock.extend")

@@ -172,9 +172,11 @@ class _Observer:
 
     def _base_attributes(self) -> dict[str, Any]:
         resources = getattr(self.handle, "resources", None)
+        kind = getattr(self.handle, "_kind", None)  # election, semaphore, rwlock (§12)
         return {"redlock.resource": list(resources) if resources else self.handle.resource,
                 "redlock.namespace": self.t.namespace, "redlock.nodes": self.t.nodes,
-                "redlock.quorum": self.t.quorum}
+                "redlock.quorum": self.t.quorum,
+                "redlock.kind": "lock" if kind is None else kind.name}
 
     def run(self, flow: Flow[T]) -> Flow[T]:
         span = self.i.tracer.start_span(f"redlock.{self.op}", attributes=self._base_attributes())
