@@ -256,3 +256,25 @@ def test_status_shows_the_leader_the_permits_and_the_readers(
             assert slots[permit.slot] is not None
             code, out, _ = run_in_process(capsys, "status", *nodes, "--kind", "rwlock", "doc")
             assert code == 0 and "'doc': writer " in out and "0 reader(s)" in out
+
+
+async def test_deadlines_hold_for_every_kind(flavour: Flavour, nodes3: RedisNodes) -> None:
+    """The caller's timeout bounds a blocking acquire of each kind (§2.5, §12.4)."""
+    dlm = flavour.manager(nodes3)
+    holder, waiter = flavour.actor("holder"), flavour.actor("waiter")
+    pairs = [(dlm.semaphore("d:s", permits=1, ttl=5.0), dlm.semaphore("d:s", permits=1)),
+             (dlm.rwlock("d:rw", ttl=5.0).write(), dlm.rwlock("d:rw").read()),
+             (dlm.rwlock("d:rw2", ttl=5.0).read(), dlm.rwlock("d:rw2").write())]
+    for held, wanted in pairs:
+        assert await holder.call(held.acquire)
+        started = asyncio.get_running_loop().time()
+        assert await waiter.call(wanted.acquire, True, 0.4) is False
+        assert asyncio.get_running_loop().time() - started < 0.4 + 0.5
+        await holder.call(held.release)
+    election = dlm.election("d:e", ttl=5.0)
+    async with holder.holding(election.campaign()):
+        started = asyncio.get_running_loop().time()
+        with pytest.raises(LockNotAcquired):
+            async with waiter.holding(dlm.election("d:e").campaign(timeout=0.4)):
+                pass
+        assert asyncio.get_running_loop().time() - started < 0.4 + 0.5

@@ -175,7 +175,14 @@ class RedlockCore(Holding):
                 result = replace(result, reason=f"{result.reason}; no time was left to try"
                                                 " again")
             if result.state is not None and isinstance(kind, Leadership):
-                yield from self._proclaim(result.state, deadline)
+                try:
+                    yield from self._proclaim(result.state, deadline)
+                except GeneratorExit:
+                    raise
+                except BaseException:  # interrupted: the caller never gets the leadership
+                    yield deadline.cap(self._release_calls(resources, owner, ttl,
+                                                           kind=result.state.kind))
+                    raise
             if result.state is not None or single or result.permanent:
                 if result.state is None:
                     yield from self._leave_line(resources, owner, ttl, ticket, deadline, kind)
