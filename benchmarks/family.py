@@ -29,6 +29,7 @@ no semaphore, read-write lock or election).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import queue
@@ -93,10 +94,10 @@ def uncontended(args: argparse.Namespace) -> None:
             for r in range(args.rounds):
                 order = names[r % len(names):] + names[:r % len(names)]
                 for name in order:
-                    run = cases[name]
+                    case = cases[name]
                     for _ in range(args.cycles):
                         t0 = time.perf_counter()
-                        run()
+                        case()
                         samples[name].append(time.perf_counter() - t0)
             for floor in floor_objects.values():
                 floor.close()
@@ -200,51 +201,56 @@ def failover(args: argparse.Namespace) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     with RedisNodes(5) as nodes:
         for ttl in (0.5, 1.0, 2.0):
-            events: queue.Queue[dict[str, Any]] = queue.Queue()
-            procs: list[subprocess.Popen[str]] = []
-
-            def spawn() -> None:
-                proc = subprocess.Popen(
-                    [sys.executable, __file__, "child",
-                     json.dumps({"urls": nodes.urls, "ttl": ttl})],
-                    stdout=subprocess.PIPE, text=True, cwd=ROOT, env=env)
-                assert proc.stdout is not None
-                if proc.stdout.readline().strip() != "ready":
-                    raise RuntimeError("candidate did not start")
-                stdout = proc.stdout
-
-                def read() -> None:
-                    for line in stdout:
-                        events.put(json.loads(line))
-                threading.Thread(target=read, daemon=True).start()
-                procs.append(proc)
-
-            times, terms = [], []
-            try:
-                for _ in range(3):
-                    spawn()
-                leader = events.get(timeout=30)
-                terms.append(leader["term"])
-                for _ in range(args.trials):
-                    frozen = leader["pid"]
-                    time.sleep(0.2)  # the term has been renewed at least once
-                    froze_at = time.monotonic()
-                    os.kill(frozen, signal.SIGSTOP)
-                    leader = events.get(timeout=30 + 10 * ttl)
-                    times.append(leader["at"] - froze_at)
-                    terms.append(leader["term"])
-                    os.kill(frozen, signal.SIGKILL)  # a third candidate takes its place
-                    spawn()
-            finally:
-                for proc in procs:
-                    proc.kill()
-                    proc.wait()
-                    if proc.stdout is not None:
-                        proc.stdout.close()
-            rising = all(a < b for a, b in zip(terms, terms[1:], strict=False))
+            times, terms = _failover_trials(nodes.urls, ttl, args.trials, env)
+            rising = all(a < b for a, b in itertools.pairwise(terms))
             print(f"| {ttl:g} s | {statistics.median(times):.2f} | {max(times):.2f} |"
                   f" {statistics.median(times) / ttl:.2f} | {max(times) / ttl:.2f} |"
                   f" {'strictly increasing' if rising else 'NOT increasing: ' + str(terms)} |")
+
+
+def _failover_trials(urls: list[str], ttl: float, trials: int, env: dict[str, str]
+                     ) -> tuple[list[float], list[int]]:
+    """Seconds from freezing the leader to the next election, per trial; the terms."""
+    events: queue.Queue[dict[str, Any]] = queue.Queue()
+    procs: list[subprocess.Popen[str]] = []
+
+    def read(stdout: Any) -> None:
+        for line in stdout:
+            events.put(json.loads(line))
+
+    def spawn() -> None:
+        proc = subprocess.Popen([sys.executable, __file__, "child",
+                                 json.dumps({"urls": urls, "ttl": ttl})],
+                                stdout=subprocess.PIPE, text=True, cwd=ROOT, env=env)
+        procs.append(proc)
+        assert proc.stdout is not None
+        if proc.stdout.readline().strip() != "ready":
+            raise RuntimeError("candidate did not start")
+        threading.Thread(target=read, args=(proc.stdout,), daemon=True).start()
+
+    times, terms = [], []
+    try:
+        for _ in range(3):
+            spawn()
+        leader = events.get(timeout=30)
+        terms.append(leader["term"])
+        for _ in range(trials):
+            frozen = leader["pid"]
+            time.sleep(0.2)  # the term has been renewed at least once
+            froze_at = time.monotonic()
+            os.kill(frozen, signal.SIGSTOP)
+            leader = events.get(timeout=30 + 10 * ttl)
+            times.append(leader["at"] - froze_at)
+            terms.append(leader["term"])
+            os.kill(frozen, signal.SIGKILL)  # a third candidate takes its place
+            spawn()
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+            if proc.stdout is not None:
+                proc.stdout.close()
+    return times, terms
 
 
 def main() -> None:
