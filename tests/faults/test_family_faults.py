@@ -411,3 +411,235 @@ def test_frozen_and_killed_holders_of_a_semaphore_and_a_rwlock(
     assert set(woke) <= {REJECTED, "missed"}, woke
     assert REJECTED in woke, "no frozen holder came back with a stale token"
     assert recovery < TTL + 1.0
+
+
+# ---------------------------------------------------------------------------
+# 2. Network partitions (Toxiproxy), asyncio client
+# ---------------------------------------------------------------------------
+
+NODE_TIMEOUT = 0.15  # small against the TTL: a blackholed node costs one per request
+
+
+class Contention:
+    """Tasks of one asyncio run contending for one primitive; holds (cut at the
+    validity known at the latest check) and fenced writes recorded into a History."""
+
+    def __init__(self, figures: Figures, store: RedisFencedStore, name: str) -> None:
+        self.figures, self.store, self.name = figures, store, name
+        self.history = History()
+        self.rng = random.Random()
+
+    async def client(self, proxies: Proxies) -> AsyncRedlock:
+        dlm = AsyncRedlock(proxies.urls, **{**DLM_OPTIONS, "node_timeout": NODE_TIMEOUT})
+        async with dlm.lock("warm-up", ttl=TTL, timeout=5.0):  # connected before faults
+            pass
+        return dlm
+
+    def write(self, client: str, resource: str, token: int) -> None:
+        invoked = time.monotonic()
+        outcome = fenced_write(self.store, client, resource, token)
+        self.history.wrote(Write(client, resource, token, invoked, time.monotonic(),
+                                 outcome))
+
+    async def cycle(self, handle: Any, client: str, *, resource: Callable[[], str],
+                    mode: str = "", writes: int = 1) -> int | None:
+        """Acquire (up to 1 s), ``writes`` times check and write, release."""
+        self.figures.attempted += 1
+        invoked = time.monotonic()
+        try:
+            got = await handle.acquire(timeout=1.0)
+        except LockNotAcquired:
+            got = False
+        completed = time.monotonic()
+        if not got:
+            self.figures.failed_cleanly += 1
+            return None
+        self.figures.succeeded += 1
+        token, where = handle.token, resource()
+        valid_until = completed + handle.validity
+        try:
+            for _ in range(writes):
+                handle.check()
+                valid_until = max(valid_until, time.monotonic() + handle.validity)
+                if mode != "r":
+                    self.write(client, where, token)
+                await asyncio.sleep(self.rng.uniform(0.0, 0.05))
+        except LockLost:
+            self.figures.extra["lost"] = self.figures.extra.get("lost", 0) + 1
+        finally:
+            released = time.monotonic()
+            with contextlib.suppress(LockLost):
+                await handle.release()
+            self.history.held(Hold(client, where, token, completed,
+                                   min(released, valid_until), invoked, mode))
+        return token
+
+    async def contend(self, proxies: Proxies, loops: list[Callable[[float], Any]]) -> None:
+        """Run the loops (each until a deadline) while the network fails: two nodes
+        blackholed, then one blackholed and one refusing, then healed."""
+        end = time.monotonic() + 3.5
+
+        async def faults() -> None:
+            for proxy in proxies[:2]:
+                proxy.blackhole()
+            await asyncio.sleep(1.5)
+            proxies.heal()
+            proxies[2].blackhole()
+            proxies[4].refuse()
+            await asyncio.sleep(1.5)
+            proxies.heal()
+
+        await asyncio.gather(faults(), *(loop(end) for loop in loops))
+
+
+def test_election_under_partitions_asyncio(
+        proxied5: Proxies, store: RedisFencedStore) -> None:
+    name = "family:election:net"
+
+    async def scenario_run(figures: Figures, run: Contention) -> dict[str, Any]:
+        dlms = [await run.client(proxied5) for _ in range(3)]
+        try:
+            def candidate(i: int) -> Callable[[float], Any]:
+                election = dlms[i].election(name, ttl=TTL, identity=f"c{i}")
+
+                async def loop(end: float) -> None:
+                    while time.monotonic() < end:
+                        await run.cycle(election.campaign(timeout=1.0), f"c{i}",
+                                        resource=lambda: name, writes=run.rng.randint(1, 4))
+                return loop
+
+            await run.contend(proxied5, [candidate(i) for i in range(3)])
+            # A majority cut off: the leader sees the loss within the TTL, nobody is
+            # elected, nobody is reported leading; healed, a new term begins.
+            leadership = dlms[0].election(name, ttl=TTL, identity="before").campaign(
+                timeout=5.0)
+            assert await leadership.acquire()
+            term = leadership.token
+            started = time.monotonic()
+            for proxy in proxied5[:3]:
+                proxy.blackhole()
+            cut_at = time.monotonic()
+            while not leadership.lost and time.monotonic() < cut_at + TTL + 2.0:
+                await asyncio.sleep(0.01)
+            lost_after = time.monotonic() - cut_at
+            with pytest.raises(LockLost):
+                leadership.check()
+            run.history.held(Hold("before", name, term, started, cut_at + TTL))
+            rival = dlms[1].election(name, ttl=TTL, identity="rival").campaign(timeout=0.5)
+            figures.attempted += 1
+            try:
+                rival_got = await rival.acquire()
+            except LockNotAcquired:  # QuorumUnavailable: too few nodes answer
+                rival_got = False
+            figures.failed_cleanly += not rival_got
+            seen_during_cut = await dlms[2].election(name, ttl=TTL).leader()
+            with contextlib.suppress(LockLost):
+                await leadership.release()
+            proxied5.heal()
+            healed_at = time.monotonic()
+            after = dlms[1].election(name, ttl=TTL, identity="after")
+            new_term = await run.cycle(after.campaign(timeout=TTL + 3.0), "after",
+                                       resource=lambda: name)
+            return {"lost_after_s": round(lost_after, 3), "rival_elected": rival_got,
+                    "leader_during_cut": seen_during_cut, "term_before_cut": term,
+                    "term_after_heal": new_term,
+                    "elected_after_heal_s": round(time.monotonic() - healed_at, 3)}
+        finally:
+            for dlm in dlms:
+                await dlm.close()
+
+    with scenario("family-election-partitions-asyncio") as figures:
+        run = Contention(figures, store, name)
+        cut = asyncio.run(scenario_run(figures, run))
+        problems = run.history.violations(exclusive=True)
+        terms = terms_in_order(run.history)
+        figures.violations = len(problems)
+        figures.recovery_s = cut["elected_after_heal_s"]
+        figures.extra.update(cut, leader_during_cut=str(cut["leader_during_cut"]),
+                             terms=len(terms), writes_accepted=run.history.count(ACCEPTED),
+                             writes_rejected=run.history.count(REJECTED))
+    assert not problems, problems
+    assert all(a < b for a, b in zip(terms, terms[1:], strict=False)), terms
+    assert len(terms) >= 5, "the candidates barely got elected under a minority partition"
+    assert run.history.count(REJECTED) == 0  # no pauses: every leader's write is current
+    assert cut["lost_after_s"] < TTL + 0.5
+    assert not cut["rival_elected"] and cut["leader_during_cut"] is None
+    assert cut["term_after_heal"] is not None and cut["term_after_heal"] > cut["term_before_cut"]
+    assert cut["elected_after_heal_s"] < TTL + 1.0
+
+
+def test_semaphore_under_partitions_asyncio(
+        proxied5: Proxies, store: RedisFencedStore) -> None:
+    name = "family:semaphore:net"
+    permits = 3
+
+    async def scenario_run(run: Contention) -> None:
+        dlms = [await run.client(proxied5) for _ in range(2)]
+        try:
+            def holder(i: int) -> Callable[[float], Any]:
+                permit = dlms[i % 2].semaphore(name, permits=permits, ttl=TTL)
+
+                async def loop(end: float) -> None:
+                    while time.monotonic() < end:
+                        await run.cycle(permit, f"p{i}", resource=lambda: permit.slot_name,
+                                        writes=run.rng.randint(1, 3))
+                return loop
+
+            await run.contend(proxied5, [holder(i) for i in range(5)])
+        finally:
+            for dlm in dlms:
+                await dlm.close()
+
+    with scenario("family-semaphore-partitions-asyncio") as figures:
+        contention = Contention(figures, store, name)
+        asyncio.run(scenario_run(contention))
+        history = contention.history
+        problems = history.violations(exclusive=True)
+        at_once = history.most_at_once(f"{name}:permit:")
+        figures.violations = len(problems)
+        figures.extra.update(permits=permits, holders=5, most_at_once=at_once,
+                             writes_accepted=history.count(ACCEPTED),
+                             writes_rejected=history.count(REJECTED))
+    assert not problems, problems
+    assert 2 <= at_once <= permits
+    assert history.count(REJECTED) == 0
+    assert figures.succeeded >= 10
+
+
+def test_rwlock_under_partitions_asyncio(
+        proxied5: Proxies, store: RedisFencedStore) -> None:
+    name = "family:rwlock:net"
+
+    async def scenario_run(run: Contention) -> None:
+        dlms = [await run.client(proxied5) for _ in range(2)]
+        try:
+            def user(i: int, mode: str) -> Callable[[float], Any]:
+                rw = dlms[i % 2].rwlock(name, ttl=TTL)
+                handle = rw.write() if mode == "w" else rw.read()
+
+                async def loop(end: float) -> None:
+                    while time.monotonic() < end:
+                        await run.cycle(handle, f"{mode}{i}", resource=lambda: name,
+                                        mode=mode, writes=run.rng.randint(1, 3))
+                return loop
+
+            await run.contend(proxied5, [user(0, "w"), user(1, "w"), user(2, "r"),
+                                         user(3, "r"), user(4, "r")])
+        finally:
+            for dlm in dlms:
+                await dlm.close()
+
+    with scenario("family-rwlock-partitions-asyncio") as figures:
+        contention = Contention(figures, store, name)
+        asyncio.run(scenario_run(contention))
+        history = contention.history
+        problems = history.rw_violations(name) + history.writes_out_of_order()
+        figures.violations = len(problems)
+        figures.extra.update(
+            reads=sum(h.mode == "r" for h in history.holds),
+            writes=sum(h.mode == "w" for h in history.holds),
+            most_at_once=history.most_at_once(name),
+            writes_accepted=history.count(ACCEPTED), writes_rejected=history.count(REJECTED))
+    assert not problems, problems
+    assert figures.extra["reads"] >= 3 and figures.extra["writes"] >= 3
+    assert history.count(REJECTED) == 0
