@@ -30,7 +30,8 @@ def test_a_clean_history_passes() -> None:
 def test_shared_and_backwards_tokens_are_violations() -> None:
     shared = _history([Hold("a", "r", 3, 0.0, 1.0), Hold("b", "r", 3, 2.0, 3.0)])
     assert any("committed twice" in p for p in shared.violations(exclusive=False))
-    backwards = _history([Hold("a", "r", 5, 0.0, 1.0), Hold("b", "r", 4, 2.0, 3.0, 1.5)])
+    backwards = _history([Hold("a", "r", 5, 0.0, 1.0),
+                          Hold("b", "r", 4, 2.0, 3.0, 1.5)])
     assert any("acquired after" in p for p in backwards.violations(exclusive=False))
     # Concurrent acquisitions (b invoked before a completed) may complete in any order.
     concurrent = _history([Hold("a", "r", 5, 1.0, 1.2, 0.0), Hold("b", "r", 4, 1.3, 2.0, 0.5)])
@@ -93,11 +94,15 @@ def test_read_write_rules() -> None:
                       Hold("r2", "d", 4, 1.2, 2.1, 1.1, mode="r"),
                       Hold("w2", "d", 5, 2.2, 3.0, 2.15, mode="w")])
     assert clean.rw_violations("d") == []
-    overlap = _history([Hold("w", "d", 4, 0.0, 1.0, mode="w"), Hold("r", "d", 4, 0.5, 2.0, mode="r")])
+    overlap = _history([Hold("w", "d", 4, 0.0, 1.0, mode="w"),
+                        Hold("r", "d", 4, 0.5, 2.0, mode="r")])
     assert any("overlaps" in p for p in overlap.rw_violations("d"))
-    blind = _history([Hold("w", "d", 7, 0.0, 1.0, mode="w"), Hold("r", "d", 6, 1.5, 2.0, 1.2, mode="r")])
+    blind = _history([Hold("w", "d", 7, 0.0, 1.0, mode="w"),
+                      Hold("r", "d", 6, 1.5, 2.0, 1.2, mode="r")])
     assert any("below earlier write" in p for p in blind.rw_violations("d"))
-    stale = _history([Hold("r", "d", 6, 0.0, 1.0, mode="r"), Hold("w", "d", 6, 1.5, 2.0, 1.2, mode="w")])
+    stale = _history([Hold("r", "d", 6, 0.0, 1.0, mode="r"),
+                      Hold("w", "d", 6, 1.5, 2.0, 1.2, mode="w")])
     assert any("no larger token" in p for p in stale.rw_violations("d"))
-    backwards = _history([Hold("a", "d", 6, 0.0, 1.0, mode="w"), Hold("b", "d", 5, 1.5, 2.0, 1.2, mode="w")])
+    backwards = _history([Hold("a", "d", 6, 0.0, 1.0, mode="w"),
+                          Hold("b", "d", 5, 1.5, 2.0, 1.2, mode="w")])
     assert any("acquired after" in p for p in backwards.rw_violations("d"))

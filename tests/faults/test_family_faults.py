@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import os
 import random
@@ -59,7 +60,6 @@ from redlock import (
     LockLost,
     LockNotAcquired,
     Outcome,
-    QuorumUnavailable,
     Redlock,
 )
 from redlock.testing import Proxies, RedisNode, RedisNodes
@@ -251,28 +251,29 @@ def test_election_frozen_leader_is_replaced_within_2s_and_fenced_off(
                 frozen.signal(signal.SIGSTOP)
                 frozen_at = time.monotonic()
                 marks = [w.mark() for w in workers]
-                elected = wait_event(workers, lambda w, e: w is not frozen
+                elected = wait_event(workers, lambda w, e, f=frozen: w is not f  # type: ignore[misc]
                                      and e["event"] == "holding", 10.0, marks)
                 assert elected is not None, "no new leader while the leader was frozen"
                 successor, holding = elected
                 failovers.append(holding["completed"] - frozen_at)
                 # The new leader writes with its term before the frozen one wakes up.
-                assert wait_event(workers, lambda w, e: w is successor and e["event"] == "write"
-                                  and e["outcome"] == ACCEPTED, 5.0, marks)
+                assert wait_event(workers, lambda w, e, s=successor: w is s  # type: ignore[misc]
+                                  and e["event"] == "write" and e["outcome"] == ACCEPTED,
+                                  5.0, marks)
                 time.sleep(max(0.0, frozen_at + TTL + 0.2 - time.monotonic()))
                 frozen.signal(signal.SIGCONT)
                 # What it did first once resumed (the process cannot run while stopped:
                 # any step after frozen_at is after the resume).
-                after = wait_event([frozen], lambda w, e: (
-                    e["event"] == "lost" and e["at"] > frozen_at) or (
-                    e["event"] == "write" and e["invoked"] > frozen_at), 5.0, [0])
+                after = wait_event([frozen], lambda w, e, t=frozen_at: (  # type: ignore[misc]
+                    e["event"] == "lost" and e["at"] > t) or (
+                    e["event"] == "write" and e["invoked"] > t), 5.0, [0])
                 assert after is not None, "the frozen leader did nothing once resumed"
                 event = after[1]
                 assert event["token"] == seen["token"]
                 woke.append(event["outcome"] if event["event"] == "write" else "lost")
                 # It never passed check() again with its old term.
-                assert frozen.find(0, lambda e: e["event"] == "checked"
-                                   and e["at"] > frozen_at) is None
+                assert frozen.find(0, lambda e, t=frozen_at: e["event"] == "checked"  # type: ignore[misc]
+                                   and e["at"] > t) is None
             # kill -9 of the leader: the others take over within the TTL (and a bound).
             found = wait_event(workers, lambda w, e: e["event"] == "checked", 5.0)
             assert found is not None
@@ -303,7 +304,7 @@ def test_election_frozen_leader_is_replaced_within_2s_and_fenced_off(
               f"{', '.join(f'{f / TTL:.2f}' for f in failovers)} x TTL; after kill -9: "
               f"{kill_failover / TTL:.2f} x TTL; the frozen leader on waking: {woke}")
     assert not problems, problems
-    assert all(a < b for a, b in zip(terms, terms[1:], strict=False)), terms
+    assert all(a < b for a, b in itertools.pairwise(terms)), terms
     assert len(terms) >= FREEZES + 2
     assert all(f < FAILOVER_BOUND for f in failovers), failovers
     assert kill_failover < TTL + 1.0
@@ -333,11 +334,11 @@ def _frozen_holders(kind: str, name: str, workers: list[Worker], figures: Figure
         frozen_at = time.monotonic()
         marks = [w.mark() for w in workers]
         # Someone else writes the same resource: the frozen grant's lease ran out.
+        resource = None if freeze_kind == "read" else holding["resource"]
         overtaken = wait_event(
-            workers, lambda w, e: w is not frozen and e["event"] == "write"
-            and e["outcome"] == ACCEPTED
-            and (freeze_kind == "read" or e["resource"] == holding["resource"]),
-            TTL + 5.0, marks)
+            workers, lambda w, e, f=frozen, r=resource: w is not f  # type: ignore[misc]
+            and e["event"] == "write" and e["outcome"] == ACCEPTED
+            and r in (None, e["resource"]), TTL + 5.0, marks)
         assert overtaken is not None, f"the frozen {freeze_kind}'s grant never came back"
         figures.extra.setdefault("overtaken_after_s", []).append(
             round(overtaken[1]["completed"] - frozen_at, 3))
@@ -566,7 +567,7 @@ def test_election_under_partitions_asyncio(
                              terms=len(terms), writes_accepted=run.history.count(ACCEPTED),
                              writes_rejected=run.history.count(REJECTED))
     assert not problems, problems
-    assert all(a < b for a, b in zip(terms, terms[1:], strict=False)), terms
+    assert all(a < b for a, b in itertools.pairwise(terms)), terms
     assert len(terms) >= 5, "the candidates barely got elected under a minority partition"
     assert run.history.count(REJECTED) == 0  # no pauses: every leader's write is current
     assert cut["lost_after_s"] < TTL + 0.5
