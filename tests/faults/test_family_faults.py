@@ -346,8 +346,10 @@ def _frozen_holders(kind: str, name: str, workers: list[Worker], figures: Figure
         frozen.signal(signal.SIGCONT)
         if freeze_kind == "read":
             continue
-        after = wait_event([frozen], lambda w, e: e["event"] == "write", 5.0,
-                           [marks[workers.index(frozen)]])
+        # Its first write once resumed (a write invoked before the freeze: the freeze
+        # landed after it, and its next write has a new token: "missed").
+        after = wait_event([frozen], lambda w, e, t=frozen_at: e["event"] == "write"  # type: ignore[misc]
+                           and e["invoked"] > t, 5.0, [0])
         assert after is not None
         woke.append(after[1]["outcome"] if after[1]["token"] == holding["token"] else "missed")
     return woke
@@ -570,7 +572,7 @@ def test_election_under_partitions_asyncio(
     assert all(a < b for a, b in itertools.pairwise(terms)), terms
     assert len(terms) >= 5, "the candidates barely got elected under a minority partition"
     assert run.history.count(REJECTED) == 0  # no pauses: every leader's write is current
-    assert cut["lost_after_s"] < TTL + 0.5
+    assert cut["lost_after_s"] < TTL + 1.0
     assert not cut["rival_elected"] and cut["leader_during_cut"] is None
     assert cut["term_after_heal"] is not None and cut["term_after_heal"] > cut["term_before_cut"]
     assert cut["elected_after_heal_s"] < TTL + 1.0
