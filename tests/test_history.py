@@ -30,7 +30,8 @@ def test_a_clean_history_passes() -> None:
 def test_shared_and_backwards_tokens_are_violations() -> None:
     shared = _history([Hold("a", "r", 3, 0.0, 1.0), Hold("b", "r", 3, 2.0, 3.0)])
     assert any("committed twice" in p for p in shared.violations(exclusive=False))
-    backwards = _history([Hold("a", "r", 5, 0.0, 1.0), Hold("b", "r", 4, 2.0, 3.0, 1.5)])
+    backwards = _history([Hold("a", "r", 5, 0.0, 1.0),
+                          Hold("b", "r", 4, 2.0, 3.0, 1.5)])
     assert any("acquired after" in p for p in backwards.violations(exclusive=False))
     # Concurrent acquisitions (b invoked before a completed) may complete in any order.
     concurrent = _history([Hold("a", "r", 5, 1.0, 1.2, 0.0), Hold("b", "r", 4, 1.3, 2.0, 0.5)])
