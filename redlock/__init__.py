@@ -16,6 +16,7 @@ from redlock._core.amnesia.repair import RepairReport, RepairStatus
 from redlock._core.handover import Handover
 from redlock._core.inspect import LockStatus, NodeLockStatus, ReleaseReport
 from redlock._observe.log import EventFormatter
+from redlock._observe.warn import BlockingInEventLoopWarning, DurationWarning, RedlockWarning
 from redlock._scripts.replies import ReleaseStatus
 from redlock.aio import AsyncLock, AsyncMultiLock, AsyncRedlock
 from redlock.client import Lock, MultiLock, Redlock
@@ -36,7 +37,9 @@ __all__ = [
     "AsyncLock",
     "AsyncMultiLock",
     "AsyncRedlock",
+    "BlockingInEventLoopWarning",
     "ClusterAmnesiaError",
+    "DurationWarning",
     "EventFormatter",
     "Handover",
     "Lock",
@@ -51,6 +54,7 @@ __all__ = [
     "QuorumUnavailable",
     "Redlock",
     "RedlockError",
+    "RedlockWarning",
     "ReleaseReport",
     "ReleaseStatus",
     "RepairReport",
