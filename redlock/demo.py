@@ -93,8 +93,8 @@ def _node_urls(parser: argparse.ArgumentParser, urls: list[str] | None) -> list[
 
 
 def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
-    parser = _Parser(
-        prog=prog or "python -m redlock.demo", description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = _Parser(prog=prog or "python -m redlock.demo",
+                     description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--nodes", "--urls", nargs="+", metavar="URL", dest="nodes",
                         help="run on these nodes (redis://host:port ...) instead of"
                              " starting local ones")

@@ -162,9 +162,9 @@ async def test_a_sync_redlock_in_a_worker_thread_of_async_code_is_fine(nodes3: R
     def in_a_thread() -> list[Any]:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            with Redlock(nodes3.urls, node_timeout=NODE_TIMEOUT) as dlm:
-                with dlm.lock("day1:thread", ttl=5.0):
-                    pass
+            with Redlock(nodes3.urls, node_timeout=NODE_TIMEOUT) as dlm, dlm.lock(
+                    "day1:thread", ttl=5.0):
+                pass
         return [w for w in caught if issubclass(w.category, RedlockWarning)]
 
     assert await asyncio.to_thread(in_a_thread) == []
@@ -173,9 +173,9 @@ async def test_a_sync_redlock_in_a_worker_thread_of_async_code_is_fine(nodes3: R
 def test_a_sync_redlock_without_an_event_loop_says_nothing(nodes3: RedisNodes) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        with Redlock(nodes3.urls, node_timeout=NODE_TIMEOUT) as dlm:
-            with dlm.lock("day1:plain", ttl=5.0):
-                pass
+        with Redlock(nodes3.urls, node_timeout=NODE_TIMEOUT) as dlm, dlm.lock(
+                "day1:plain", ttl=5.0):
+            pass
 
 
 # -- the command line: one meaning per option --------------------------------------------
@@ -232,9 +232,9 @@ def test_status_json_shows_what_the_table_and_stderr_show(nodes3: RedisNodes) ->
 
 
 def test_status_names_the_namespaces_the_nodes_hold(nodes3: RedisNodes) -> None:
-    with Redlock(nodes3.urls, namespace="billing", node_timeout=NODE_TIMEOUT) as dlm:
-        with dlm.lock("orders:1", ttl=5.0):
-            pass
+    with Redlock(nodes3.urls, namespace="billing", node_timeout=NODE_TIMEOUT) as dlm, dlm.lock(
+            "orders:1", ttl=5.0):
+        pass
     result = cli_run("status", "orders:1", "--json", "--nodes", *nodes3.urls)
     assert result.returncode == cli.EXIT_OK
     assert json.loads(result.stdout)["summary"] == (
