@@ -2,7 +2,7 @@
 redis-server nodes (tests/support/snippets.py has the rules: one session per file, in
 order, ``urls`` and ``data_url`` given, ``<!-- snippet: skip (why) -->`` for a block that
 cannot run). A document whose block raises, or warns, fails here with the block's file
-and line."""
+and line. The README's pytest-plugin block, which only defines a test, also runs as one."""
 
 from __future__ import annotations
 
@@ -83,3 +83,13 @@ def test_marked_blocks_are_skipped_with_their_reason(tmp_path: Path) -> None:
 def test_rules_are_enforced(tmp_path: Path, text: str, said: str) -> None:
     with pytest.raises(SnippetError, match=said):
         _document(tmp_path, text)
+
+
+def test_the_readme_plugin_snippet_passes_as_a_users_test(pytester: pytest.Pytester) -> None:
+    # The block above only defines the test function; here it runs, as in a user's suite.
+    (block,) = [b for b in runnable(blocks(ROOT / "README.md"))
+                if "@pytest.mark.redlock_cluster" in b.source]
+    pytester.makeini("[pytest]\nasyncio_default_fixture_loop_scope = function\n")
+    pytester.makepyfile(test_readme=block.source)
+    result = pytester.runpytest("-p", "no:cacheprovider", "--redlock-backend=local")
+    result.assert_outcomes(passed=1)
