@@ -17,6 +17,7 @@ from redlock._core.handover import Handover
 from redlock._core.inspect import LockStatus, NodeLockStatus, ReleaseReport
 from redlock._core.views import Holder, Leader, ReadWriteStatus, SemaphoreStatus
 from redlock._observe.log import EventFormatter
+from redlock._observe.warn import BlockingInEventLoopWarning, DurationWarning, RedlockWarning
 from redlock._scripts.replies import ReleaseStatus
 from redlock.aio import (
     AsyncElection,
@@ -63,7 +64,9 @@ __all__ = [
     "AsyncRedlock",
     "AsyncSemaphore",
     "AsyncWriteLock",
+    "BlockingInEventLoopWarning",
     "ClusterAmnesiaError",
+    "DurationWarning",
     "Election",
     "EventFormatter",
     "Handover",
@@ -85,6 +88,7 @@ __all__ = [
     "ReadWriteStatus",
     "Redlock",
     "RedlockError",
+    "RedlockWarning",
     "ReleaseReport",
     "ReleaseStatus",
     "RepairReport",

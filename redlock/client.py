@@ -8,6 +8,7 @@ gives the public methods, which block.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from types import TracebackType
@@ -32,6 +33,7 @@ from redlock._core.requests import Flow, T
 from redlock._core.views import Leader, ReadWriteStatus, SemaphoreStatus
 from redlock._io.sync_listener import SyncReleaseListener
 from redlock._io.sync_transport import SyncTransport
+from redlock._observe.warn import BlockingInEventLoopWarning, warn
 
 _H = TypeVar("_H", bound="_SyncHandle")
 
@@ -262,7 +264,21 @@ class Redlock(ManagerBase[Lock, MultiLock]):
         return self._drive(self._adopt_flow(handover, auto_extend, on_lost))
 
     def _drive(self, flow: Flow[T]) -> T:
+        if not self._told_of_loop and asyncio._get_running_loop() is not None:
+            self._blocks_a_loop()
         return cast(T, super()._drive(flow))
+
+    # Whether this manager warned that it was called in a running event loop (once per
+    # manager; until then every driven call asks the thread, a C call of a few 10 ns).
+    _told_of_loop = False
+
+    def _blocks_a_loop(self) -> None:
+        self._told_of_loop = True
+        warn("Redlock, the blocking client, was called on a thread running an asyncio event"
+             " loop (in async def code): every call blocks the loop, and all its tasks wait"
+             " until the nodes answer. Use AsyncRedlock there (async with dlm.lock(...)), or"
+             " run the blocking call in a thread (await asyncio.to_thread(...)). Told once"
+             " per manager.", BlockingInEventLoopWarning)
 
     def close(self) -> None:
         """Stop the manager's background work and close the connections it opened (the

@@ -81,14 +81,19 @@ def test_status_json_has_the_stable_shape(nodes3: RedisNodes) -> None:
     assert result.returncode == cli.EXIT_OK, result.stderr
     assert result.stderr == ""
     shape = json.loads(result.stdout)
-    assert set(shape) == {"resource", "quorum", "locked", "nodes"}
+    assert set(shape) == {"resource", "quorum", "locked", "nodes", "summary"}
     assert (shape["resource"], shape["quorum"], shape["locked"]) == ("cli:json", 2, True)
     assert [n["node"] for n in shape["nodes"]] == [u.removeprefix("redis://")
                                                    for u in nodes3.urls]
     for node in shape["nodes"]:
-        assert set(node) == {"node", "held", "pttl_ms", "fence", "marker", "error"}
+        assert set(node) == {"node", "held", "holder", "pttl_ms", "fence", "marker", "error",
+                             "state"}
         assert node["held"] is True and node["marker"] is True and node["error"] is None
+        assert len(node["holder"]) == 12 and node["state"] == "ok"
         assert node["fence"] == 3 and 0 < node["pttl_ms"] <= 30_000
+    assert len({node["holder"] for node in shape["nodes"]}) == 1  # one holder everywhere
+    assert shape["summary"].startswith(
+        f"'cli:json' is locked: holder {shape['nodes'][0]['holder']} on 3 of 3 nodes")
 
 
 @pytest.mark.parametrize("table", ["rich", "plain"])

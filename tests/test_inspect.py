@@ -114,8 +114,9 @@ async def test_status_json_shape(nodes3: RedisNodes, make: Clients) -> None:
     assert set(shape) == {"resource", "quorum", "locked", "nodes"}
     assert shape["resource"] == "ins:json" and shape["locked"] is True
     for entry, address in zip(shape["nodes"], dlm.nodes, strict=True):
-        assert set(entry) == {"node", "held", "pttl_ms", "fence", "marker", "error"}
-        assert entry["node"] == address
+        assert set(entry) == {"node", "held", "holder", "pttl_ms", "fence", "marker",
+                              "error"}
+        assert entry["node"] == address and len(entry["holder"]) == 12
         assert entry["held"] is True and entry["marker"] is True and entry["error"] is None
         assert isinstance(entry["pttl_ms"], int) and isinstance(entry["fence"], int)
     await run(lock.release())

@@ -18,7 +18,7 @@ import pytest
 import redis
 import redis.asyncio
 
-from redlock import Outcome, QuorumUnavailable
+from redlock import DurationWarning, Outcome, QuorumUnavailable
 from redlock.testing import RedisNodes, capture_events, free_port
 from tests.clients import Actor, Flavour, Held, Stopwatch
 from tests.peek import assert_outcomes, dead_url, lock_keys
@@ -88,7 +88,8 @@ async def test_good_arguments_are_accepted(flavour: Flavour) -> None:
     lock = dlm.lock("orders:42", ttl=2, timeout=0)
     assert (lock.resource, lock.ttl, lock.timeout) == ("orders:42", 2.0, 0.0)
     assert dlm.lock("r", ttl=0.5, timeout=None).timeout is None
-    assert dlm.lock("r", ttl=3600).ttl == 3600.0
+    with pytest.warns(DurationWarning, match=r"ttl is in seconds: ttl=3600 is 60\.0 minutes"):
+        assert dlm.lock("r", ttl=3600).ttl == 3600.0  # allowed (max_ttl), but told
 
 
 @pytest.mark.parametrize(("nodes", "error"), [

@@ -238,7 +238,17 @@ class ManagerBase(Generic[H, MH]):
         on_lost: Callable[[H], object] | None = None,
         reentrant: bool = False,
     ) -> H:
-        """A lock handle for ``resource``; nothing is sent until it is acquired."""
+        """A lock handle for ``resource``; nothing is sent until it is acquired.
+
+        Every duration is in seconds: ``ttl`` (default 10 s; at most the manager's
+        ``max_ttl``) is how long the lock lives on the nodes unless extended, ``timeout``
+        the overall deadline of a blocking acquire (None: no deadline). A value of 1000
+        or more was probably meant in milliseconds and raises a
+        :class:`DurationWarning` (``ttl=1000`` is 16.7 minutes; ``ttl=1.0`` is one
+        second). ``blocking=False`` makes acquires a single attempt; ``auto_extend``
+        renews the lock in the background while held, ``on_lost`` is called once if that
+        fails; ``reentrant`` lets the same thread (task) nest acquisitions.
+        """
         return self._handle_class(self._registry, resource, ttl, blocking=blocking, timeout=timeout,
                                   auto_extend=auto_extend, on_lost=on_lost, reentrant=reentrant)
 

@@ -132,7 +132,7 @@ def adopt(core: RedlockCore, handover: Handover) -> Flow[LockState]:
     if handover.namespace != core.keys.namespace:
         raise ValueError(f"hand-over of {resource!r} is for namespace {handover.namespace!r},"
                          f" this manager uses {core.keys.namespace!r}")
-    ttl = core.settings.check_ttl(handover.ttl)
+    ttl = core.settings.check_ttl(handover.ttl, given=False)
     started = core.clock()
     age = handover.age(core.env.wall_clock())
     carried = handover.validity - age

@@ -95,8 +95,9 @@ class LockStatus:
             "resource": self.resource,
             "quorum": self.quorum,
             "locked": self.locked,
-            "nodes": [{"node": n.node, "held": n.held, "pttl_ms": n.pttl_ms, "fence": n.fence,
-                       "marker": n.marker, "error": n.error} for n in self.nodes],
+            "nodes": [{"node": n.node, "held": n.held, "holder": n.holder,
+                       "pttl_ms": n.pttl_ms, "fence": n.fence, "marker": n.marker,
+                       "error": n.error} for n in self.nodes],
         }
 
 

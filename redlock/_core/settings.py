@@ -8,6 +8,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from redlock._observe.warn import check_units, milliseconds_hint
 from redlock._scripts import node as node_scripts
 
 DEFAULT_MAX_TTL = 3600.0
@@ -69,12 +70,14 @@ def shown(resources: Sequence[str]) -> str:
 
 
 def validate_timeout(timeout: object) -> float | None:
-    """``None`` waits without a deadline; 0 means a single attempt."""
+    """``None`` waits without a deadline; 0 means a single attempt. A timeout of 1000 s
+    or more was probably meant in milliseconds: a :class:`DurationWarning`."""
     if timeout is None:
         return None
     seconds = _as_float("timeout", timeout, "a number of seconds or None")
     if math.isnan(seconds) or math.isinf(seconds) or seconds < 0:
         raise ValueError(f"timeout must be a finite number >= 0 or None, got {timeout!r}")
+    check_units("timeout", seconds, timeout)
     return seconds
 
 
@@ -139,10 +142,17 @@ class Settings:
         ceiling = self.request_ceiling(ttl)
         return ceiling if self.node_timeout is None else max(ceiling, self.node_timeout)
 
-    def check_ttl(self, ttl: object) -> float:
-        seconds = validate_seconds("ttl", ttl, upper=self.max_ttl)
+    def check_ttl(self, ttl: object, *, given: bool = True) -> float:
+        """A lock's TTL in seconds: above ``max_ttl`` a ``ValueError`` that says the
+        unit; 1000 s or more (below ``max_ttl``) a :class:`DurationWarning` at the
+        caller's line, unless the TTL was not ``given`` by the caller (a hand-over's)."""
+        seconds = validate_seconds("ttl", ttl)
+        if seconds > self.max_ttl:
+            raise ValueError(milliseconds_hint("ttl", ttl, seconds, "max_ttl", self.max_ttl))
         if seconds <= self.drift(seconds):
             raise ValueError(f"ttl={ttl!r} s is not larger than the clock-drift allowance")
+        if given:
+            check_units("ttl", seconds, ttl, self.max_ttl)
         return seconds
 
 

@@ -9,7 +9,8 @@ and the operator's tools. docs/operations.md has the whole story.
     redlock initialise --nodes ... [--force]        mark a new or partially initialised cluster
     redlock upgrade --nodes ...                     move nodes from the previous format (a
                                                     fence counter per resource) to this one
-    redlock demo [--nodes 3 ...]                    workers contending on local redis-servers
+    redlock demo [--count 3 | --nodes URL ...]      workers contending on local redis-servers
+                                                    (or on the nodes given)
 
 ``--nodes`` may come from ``$REDLOCK_NODES`` (URLs separated by spaces or commas).
 Tables for people (drawn with ``rich`` when it is installed: ``pip install
@@ -36,7 +37,7 @@ from redlock._core.amnesia.repair import RepairReport, RepairStatus
 from redlock._core.settings import Keys
 from redlock._observe.log import EventFormatter
 from redlock._scripts.replies import ReleaseStatus
-from redlock.cli.node_report import read_nodes
+from redlock.cli.node_report import namespaces_on, read_nodes
 from redlock.cli.render import (
     PROG,
     complain,
@@ -142,7 +143,13 @@ def cmd_status(args: argparse.Namespace) -> int:
     with open_manager(args) as dlm:
         status = dlm.inspect(args.resource)
     report_unreachable([(n.node, n.error) for n in status.nodes])
-    show_status(status, args.json)
+    namespaces: list[str] = []
+    if status.reachable and not any(n.marker for n in status.nodes):
+        # No key of this namespace at all: name the namespaces the nodes do hold.
+        urls = [url for url, node in zip(node_urls(args), status.nodes, strict=True)
+                if node.reachable]
+        namespaces = [ns for ns in namespaces_on(urls, args.timeout) if ns != args.namespace]
+    show_status(status, args.json, namespaces)
     return reachability_code(status.reachable, len(status.nodes))
 
 
@@ -326,7 +333,8 @@ def build_parser() -> argparse.ArgumentParser:
             " per resource) to a fixed set per node, once every client runs this release"
             " (asks; --yes)", confirmable)
     commands.add_parser("demo", help="workers contending for one lock on local redis-server"
-                                     " nodes (redlock demo --help)", add_help=False)
+                                     " nodes, or on --nodes URL ... (redlock demo --help)",
+                        add_help=False)
     return parser
 
 
@@ -335,7 +343,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args_list[:1] == ["demo"]:
         from redlock import demo
 
-        return demo.main(args_list[1:])
+        return demo.main(args_list[1:], prog=f"{PROG} demo")
     args = build_parser().parse_args(args_list)
     if args.verbose:
         handler = logging.StreamHandler(sys.stderr)

@@ -161,3 +161,30 @@ def read_nodes(urls: Sequence[str], addresses: Sequence[str], keys: Keys,
                                    " it lost its data, or was added empty; clients keep it"
                                    " out until repaired (redlock repair)")
     return reports
+
+
+def namespaces_on(urls: Sequence[str], timeout: float, pages: int = 20) -> list[str]:
+    """The namespaces whose node markers a node holds (``NS:node:marker``, or the previous
+    format's ``NS:node-marker``), from the first node that answers; a bounded look (at
+    most ``pages`` SCAN pages per node), for a hint, not an inventory."""
+    suffixes = (":node:marker", ":node-marker")
+    for url in urls:
+        client = redis.Redis.from_url(url, socket_timeout=timeout,
+                                      socket_connect_timeout=timeout,
+                                      retry=Retry(NoBackoff(), 0), health_check_interval=0)
+        found: set[str] = set()
+        try:
+            cursor = 0
+            for _ in range(pages):
+                cursor, keys = client.scan(cursor, match="*:node*marker", count=1000)
+                for key in keys:
+                    name = _text(key)
+                    found.update(name[:-len(s)] for s in suffixes if name.endswith(s))
+                if cursor == 0:
+                    break
+        except (redis.RedisError, OSError):
+            continue
+        finally:
+            client.close()
+        return sorted(found)
+    return []

@@ -122,7 +122,9 @@ def _node_state(node: Any, cluster_marked: bool) -> str:
     return ", ".join(states) or "ok"
 
 
-def lock_summary(status: LockStatus) -> str:
+def lock_summary(status: LockStatus, namespaces: Sequence[str] = ()) -> str:
+    """The sentence under the table (and ``summary`` in the JSON); ``namespaces``: those
+    the nodes hold markers of, looked up when none is this one's."""
     resource = repr(status.resource)
     holders = Counter(n.holder for n in status.nodes if n.held and n.holder)
     if status.locked:
@@ -142,8 +144,16 @@ def lock_summary(status: LockStatus) -> str:
         return (f"{resource} is not locked: that is a key's name, not a resource's; try"
                 f" `redlock status {key['name']} --namespace {key['namespace']}`")
     if not any(n.marker for n in status.nodes):
+        if namespaces:
+            listed = ", ".join(repr(ns) for ns in namespaces)
+            return (f"{resource} is not locked, and no node has this namespace's marker: the"
+                    f" nodes hold the namespace(s) {listed}; try --namespace {namespaces[0]}")
         return (f"{resource} is not locked, and no node has this namespace's marker: a new"
                 " cluster (the first acquire writes the markers), or the wrong --namespace")
+    fences = [n.fence for n in status.nodes if n.reachable]
+    if fences and all(fence == 0 for fence in fences):
+        return (f"{resource} is not locked, and never was in this namespace (its fence"
+                " counter is 0 on every node): check the name, and --namespace")
     return f"{resource} is not locked"
 
 
@@ -152,18 +162,24 @@ _KEY_NAME = re.compile(r"(?P<namespace>[A-Za-z0-9_.:-]+):\{(?P<name>.+)\}"
                        r":(lock|fence|line|line-deadlines|released)")
 
 
-def show_status(status: LockStatus, as_json: bool) -> None:
-    """``redlock status``: every node's view of one lock, then whether it is locked."""
+def show_status(status: LockStatus, as_json: bool, namespaces: Sequence[str] = ()) -> None:
+    """``redlock status``: every node's view of one lock, then whether it is locked. The
+    JSON has what the table shows: each node's ``holder`` and ``state`` (an unreachable
+    node's problem in the words of stderr), and the ``summary`` sentence."""
+    cluster_marked = any(m.marker for m in status.nodes)
     if as_json:
-        print_json(status.as_dict())
-    elif status.reachable:
-        cluster_marked = any(m.marker for m in status.nodes)
-        print_table(["node", "held", "holder", "ttl left", "fence", "marker", "state"],
-                    [[n.node, _yes_no(n.held), n.holder or "-", _seconds(n.pttl_ms),
-                      "?" if n.fence is None else str(n.fence), _yes_no(n.marker),
-                      _node_state(n, cluster_marked)]
-                     for n in status.nodes])
-        say(lock_summary(status))
+        shape = status.as_dict()
+        for node, row in zip(status.nodes, shape["nodes"], strict=True):
+            row["state"] = _node_state(node, cluster_marked)
+        shape["summary"] = lock_summary(status, namespaces)
+        print_json(shape)
+        return
+    print_table(["node", "held", "holder", "ttl left", "fence", "marker", "state"],
+                [[n.node, _yes_no(n.held), n.holder or "-", _seconds(n.pttl_ms),
+                  "?" if n.fence is None else str(n.fence), _yes_no(n.marker),
+                  _node_state(n, cluster_marked)]
+                 for n in status.nodes])
+    say(lock_summary(status, namespaces))
 
 
 def family_summary(name: str, kind: str, view: Any) -> str:
