@@ -1,5 +1,5 @@
 """The lock family under load, as issue 20's "done means" states it, on real nodes and
-checked by the history checker (tests/history.py):
+checked by the history checker (redlock/testing/history.py):
 
 * a semaphore of 3 permits, 8 threads taking and giving back permits, while a holder
   in another process is killed (-9) holding one: never more than 3 held, at least 2
@@ -24,7 +24,7 @@ import pytest
 
 from redlock import Redlock
 from redlock.testing import RedisNodes
-from tests.history import History, Hold
+from redlock.testing.history import History, Hold
 
 pytestmark = pytest.mark.timeout(120)
 

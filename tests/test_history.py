@@ -1,11 +1,11 @@
-"""The history checker (tests/history.py) catches what it must, on synthetic histories:
+"""The history checker (redlock/testing/history.py) catches what it must, on synthetic histories:
 lock runs (holds and their writes) and fenced-store runs (:func:`check`)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from tests.history import ACCEPTED, REJECTED, History, Hold, Write, check
+from redlock.testing.history import ACCEPTED, REJECTED, History, Hold, Write, check
 
 
 def _history(holds: Sequence[Hold], writes: Sequence[Write] = ()) -> History:

@@ -43,7 +43,8 @@ def test_metadata() -> None:
 
 def test_readme_starts_with_the_two_commands_and_an_install_that_works() -> None:
     readme = (ROOT / "README.md").read_text()
-    first_block = readme.split("```")[1].strip().splitlines()
+    language, *first_block = readme.split("```")[1].strip().splitlines()
+    assert language == "console"
     assert first_block == ["$ bash scripts/demo", "$ bash scripts/test"]  # .ci/run parses it
     # Not on PyPI yet: the install line a reader meets first must work from the clone.
     first_install = readme[readme.index("pip install"):].split("`")[0]

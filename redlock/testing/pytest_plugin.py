@@ -38,6 +38,11 @@ answer, so inject faults after one acquisition, as above):
 - ``redlock_async_client``: an :class:`~redlock.AsyncRedlock` (needs pytest-asyncio).
 - ``redlock_fenced_store``: a :class:`~fencing.RedisFencedStore` on a Redis node of its
   own (the protected resource is not one of the lock nodes), emptied before each test.
+- ``redlock_history``: a fresh :class:`redlock.testing.history.History` to record
+  holds (``Hold``: who, which name, token, from, to; ``mode`` "r"/"w" for a read-write
+  lock) and fenced writes from your threads or processes, then check them: no shared or
+  backwards token, no overlap (``violations(exclusive=True)``), at most K permits at
+  once (``most_at_once(prefix)``), the read-write rules (``rw_violations(name)``).
 - ``redlock_faults``: ``pause(i)`` / ``resume(i)`` (the server hangs, sockets open),
   ``blackhole(i)`` (requests vanish), ``lose_replies(i)`` (the node runs the command,
   the reply is dropped), ``refuse(i)`` (connections refused), ``latency(i, seconds)``,
@@ -66,6 +71,7 @@ if TYPE_CHECKING:
     from fencing import RedisFencedStore
     from redlock import Redlock
     from redlock.testing.backends import AnyNodes
+    from redlock.testing.history import History
     from redlock.testing.node import Node
     from redlock.testing.toxiproxy import Proxies, Proxy, ToxiproxyServer
 
@@ -295,6 +301,14 @@ def redlock_cluster(request: pytest.FixtureRequest, redlock_pool: ClusterPool
 def redlock_faults(redlock_cluster: Cluster) -> Faults:
     """Pause, blackhole, lose replies, refuse, restart (empty) the cluster's nodes."""
     return redlock_cluster.faults
+
+
+@pytest.fixture
+def redlock_history() -> History:
+    """A history of holds and fenced writes to check (one per test)."""
+    from redlock.testing.history import History
+
+    return History()
 
 
 @pytest.fixture

@@ -26,7 +26,7 @@ from redlock.testing import (
     ToxiproxyServer,
     find_toxiproxy_server,
 )
-from tests.history import ACCEPTED, ERROR, REJECTED
+from redlock.testing.history import ACCEPTED, ERROR, REJECTED
 from tests.support.faketime import FaketimeRedis, FaketimeUnavailable, find_faketime_redis
 
 

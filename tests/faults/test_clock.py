@@ -33,9 +33,9 @@ import pytest
 from fencing import RedisFencedStore, StaleTokenError
 from redlock import LockLost
 from redlock.testing import RedisNode
+from redlock.testing.history import ACCEPTED, ERROR, REJECTED, History, Hold, Write
 from tests.faults.conftest import DLM_OPTIONS, MakeDlm, acquire_or_false
 from tests.faults.fault_figures import scenario
-from tests.history import ACCEPTED, ERROR, REJECTED, History, Hold, Write
 from tests.support.faketime import FaketimeRedis
 from tests.support.faketime import measure_clock_rate as clock_rate
 

@@ -2,7 +2,7 @@
 
 Each primitive (a fenced leader election, a counting semaphore with leases, a
 read-write lock) meets the faults of §8, and every run goes through the history
-checker (``tests/history.py``), holds cut at the validity each holder knew:
+checker (``redlock/testing/history.py``), holds cut at the validity each holder knew:
 
 1. Paused and killed holders (worker processes, ``tests/faults/workers/family_holder.py``):
    a holder frozen by SIGSTOP past its TTL, then resumed; a holder killed -9.
@@ -63,9 +63,9 @@ from redlock import (
     Redlock,
 )
 from redlock.testing import Proxies, RedisNode, RedisNodes
+from redlock.testing.history import ACCEPTED, REJECTED, History, Hold, Write
 from tests.faults.conftest import DLM_OPTIONS, MakeDlm, fenced_write
 from tests.faults.fault_figures import Figures, scenario
-from tests.history import ACCEPTED, REJECTED, History, Hold, Write
 from tests.internals import KEYS
 from tests.peek import fence_counters, get, on_nodes, resume_and_settle
 

@@ -36,9 +36,9 @@ import pytest
 from fencing import RedisFencedStore
 from redlock import AsyncRedlock, Outcome, QuorumUnavailable, Redlock
 from redlock.testing import Proxies, Proxy, RedisNode
+from redlock.testing.history import ACCEPTED, ERROR, REJECTED, History, Hold, Write
 from tests.faults.conftest import DLM_OPTIONS, MakeDlm, acquire_or_false, fenced_write
 from tests.faults.fault_figures import Figures, scenario
-from tests.history import ACCEPTED, ERROR, REJECTED, History, Hold, Write
 from tests.peek import fence_counters, lock_keys
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(180)]

@@ -34,8 +34,8 @@ import pytest
 
 from redlock import Redlock
 from redlock.testing import RedisNode, RedisNodes
+from redlock.testing.history import ACCEPTED, REJECTED, History, Hold, Write
 from tests.faults.fault_figures import scenario
-from tests.history import ACCEPTED, REJECTED, History, Hold, Write
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(180)]
 

@@ -3,7 +3,7 @@
 A node can come back from a restart, a snapshot, a backup or a failover with an
 *older* copy of its data while its node marker is still there. Each scenario below is
 one that the code before issue 10 (38acfa7) got wrong; the history checker
-(``tests/history.py``: no shared or backwards tokens, accepted fenced writes in order,
+(``redlock/testing/history.py``: no shared or backwards tokens, accepted fenced writes in order,
 no overlapping holds) runs on every one, and the fenced store (a node of its own) must
 accept every write of a committed holder.
 
@@ -59,9 +59,9 @@ from redlock import (
     Redlock,
 )
 from redlock.testing import RedisNode, RedisNodes, ToxiproxyServer
+from redlock.testing.history import ACCEPTED, ERROR, REJECTED, History, Hold, Write
 from tests.faults.conftest import DLM_OPTIONS, MakeDlm, fenced_write
 from tests.faults.fault_figures import Figures, scenario
-from tests.history import ACCEPTED, ERROR, REJECTED, History, Hold, Write
 from tests.internals import KEYS
 from tests.peek import (
     fence_counters,

@@ -41,9 +41,9 @@ from hypothesis.stateful import (
 from fencing import RedisFencedStore
 from redlock import Lock, LockLost, NotHeld
 from redlock.testing import RedisNodes
+from redlock.testing.history import ACCEPTED, ERROR, REJECTED, History, Hold, Write
 from tests.faults.conftest import DLM_OPTIONS, MakeDlm, acquire_or_false, fenced_write
 from tests.faults.fault_figures import scenario
-from tests.history import ACCEPTED, ERROR, REJECTED, History, Hold, Write
 from tests.internals import KEYS
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(300)]

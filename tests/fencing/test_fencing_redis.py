@@ -21,8 +21,8 @@ from fencing import (
 from fencing.errors import RowNotFoundError
 from fencing.redis_store import FENCED_WRITE
 from redlock.testing import RedisNodes
+from redlock.testing.history import ACCEPTED, REJECTED, Write, check
 from tests.fencing.workload import TokenSource, WriteFunction, run_mixed, run_threads, write_loop
-from tests.history import ACCEPTED, REJECTED, Write, check
 
 
 @pytest.fixture

@@ -13,8 +13,8 @@ import pytest
 
 from fencing import FencedTable, FencingError, RowNotFoundError, StaleTokenError
 from fencing.sql import detect_dialect, quote_identifier
+from redlock.testing.history import check
 from tests.fencing.workload import Backend, WriteFunction, run_mixed, run_threads
-from tests.history import check
 
 
 def table_on(conn: Any, **options: Any) -> FencedTable:

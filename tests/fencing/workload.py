@@ -1,5 +1,5 @@
 """The fenced-store workload: writer threads, tasks and processes that offer random
-tokens to a store, recording every write for :func:`tests.history.check`."""
+tokens to a store, recording every write for :func:`redlock.testing.history.check`."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from fencing import StaleTokenError
-from tests.history import ACCEPTED, ERROR, REJECTED, Write
+from redlock.testing.history import ACCEPTED, ERROR, REJECTED, Write
 
 WriteFunction = Callable[[str, int, bytes], None]  # (resource, token, value)
 

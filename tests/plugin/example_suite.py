@@ -100,6 +100,30 @@ async def test_async_client(redlock_async_client):
         assert held.token > 0
 
 
+def test_one_leader_at_a_time(redlock_client, redlock_history):
+    import threading
+    import time
+
+    from redlock.testing.history import Hold
+
+    def candidate(name):
+        election = redlock_client.election("nightly", ttl=2.0, identity=name)
+        for _ in range(3):
+            with election.campaign(timeout=10.0) as lead:
+                start = time.monotonic()
+                time.sleep(0.02)
+                redlock_history.held(Hold(name, "nightly", lead.token, start,
+                                          min(time.monotonic(), start + lead.validity)))
+
+    threads = [threading.Thread(target=candidate, args=(f"c{i}",)) for i in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert len(redlock_history.holds) == 9
+    assert redlock_history.violations(exclusive=True) == []
+
+
 def test_fails_on_purpose_without_a_quorum(redlock_client, redlock_faults):
     for index in range(3):
         redlock_faults.blackhole(index)

@@ -48,7 +48,8 @@ def test_registered_through_the_entry_point(pytestconfig: pytest.Config) -> None
 def test_fixtures_are_all_prefixed_and_shadow_none_of_ours(pytester: pytest.Pytester) -> None:
     names = plugin_fixture_names(pytester)
     assert names == {"redlock_backend", "redlock_pool", "redlock_cluster", "redlock_faults",
-                     "redlock_client", "redlock_async_client", "redlock_fenced_store"}
+                     "redlock_client", "redlock_async_client", "redlock_fenced_store",
+                     "redlock_history"}
     assert not names & OUR_FIXTURES
 
 
@@ -126,7 +127,7 @@ def test_an_unused_plugin_starts_no_server(pytester: pytest.Pytester) -> None:
 
 def test_example_suite_on_the_local_backend(pytester: pytest.Pytester) -> None:
     result = run_example(pytester, "--redlock-backend=local")
-    result.assert_outcomes(passed=10, failed=1)
+    result.assert_outcomes(passed=11, failed=1)
     result.stdout.fnmatch_lines(["*_ test_fails_on_purpose_without_a_quorum _*",
                                  "E * redlock.errors.QuorumUnavailable: *0 of 3 nodes granted*"])
 

@@ -1,4 +1,13 @@
-"""One history recorder and checker for the lock and fencing tests.
+"""A history recorder and checker for tests of locks, the lock family and fenced
+stores: the library's own fault tests use it, and so can yours (the pytest plugin's
+``redlock_history`` fixture gives each test a fresh :class:`History`).
+
+    history = redlock_history
+    with election.campaign() as lead:
+        start = time.monotonic()
+        ...
+        history.held(Hold("me", "cron", lead.token, start, time.monotonic()))
+    assert history.violations(exclusive=True) == []
 
 A run records, with ``time.monotonic`` times (CLOCK_MONOTONIC: one clock for every
 process on the machine), fenced writes (:class:`Write`: invoked, completed, outcome)
