@@ -17,12 +17,11 @@ from redlock._core.amnesia.guard import AmnesiaGuard
 from redlock._core.amnesia.repair import RepairReport, initialise, repair, upgrade
 from redlock._core.environment import Environment
 from redlock._core.holding import Holding
-from redlock._core.kinds import MUTEX, AcquireArgs, Kind, Leadership, Permit
+from redlock._core.kinds import MUTEX, AcquireArgs, Kind, Leadership
 from redlock._core.requests import (
     Backoff,
     Broadcast,
     Call,
-    CommandArg,
     Deadline,
     Decision,
     Flow,
@@ -49,7 +48,6 @@ from redlock._scripts.replies import (
     acquire_set_nothing,
     restarted,
 )
-from redlock._scripts.script import Script
 from redlock.errors import Outcome, describe
 
 logger = get_logger("redlock.locks")
@@ -103,13 +101,14 @@ class RedlockCore(Holding):
             self.amnesia.identified(replies.identities)
 
     def _enough(self, votes: Callable[[object], int | None],
-                group: Callable[[object], object] | None = None) -> Decision:
+                group: Callable[[object], object] = lambda _reply: None) -> Decision:
         """An early decision on one-call-per-node replies: ``votes(reply)`` is 1 (yes),
         0 (no), None (unknown: an error, or not read yet). Decided once a quorum said
         yes, or more nodes said no than a quorum can spare. A node whose grants do not
         count yet (restarted, being judged; or found restarted by this very request's new
-        connection, docs/design.md §4.4) never votes yes. With ``group`` (a permit's
-        slot, §12.2) the yes votes count per group: a quorum must grant the same one."""
+        connection, docs/design.md §4.4) never votes yes. The yes votes count per
+        ``group`` of their reply (a permit's slot, §12.2; one group for other kinds): a
+        quorum must grant the same one."""
         q, n, suspect = self.quorum, self.n, set(self.amnesia.health.suspect)
 
         def enough(replies: Sequence[object], identities: Mapping[int, object]) -> bool:
@@ -120,17 +119,12 @@ class RedlockCore(Holding):
                 vote = votes(reply)
                 if vote == 1 and node not in suspect and not (
                         node in identities and restarted(identities[node])):
-                    key = None if group is None else group(reply)
+                    key = group(reply)
                     yes[key] = yes.get(key, 0) + 1
                 elif vote == 0:
                     no += 1
             return max(yes.values(), default=0) >= q or no > n - q
         return enough
-
-    def _all(self, script: Script, keys: tuple[str, ...], args: tuple[CommandArg, ...],
-             nodes: Sequence[int] | None = None) -> tuple[Call, ...]:
-        targets = range(self.n) if nodes is None else nodes
-        return tuple(Call(i, args, script, keys) for i in targets)
 
     # -- acquire ---------------------------------------------------------------
 
@@ -269,8 +263,7 @@ class RedlockCore(Holding):
         request = Broadcast(self._acquire_calls(resources, buckets, owner, ttl, ticket, kind)
                             + inspect, deadline.bound(self.timeout(ttl)),
                             line=self.line(resources, kind), turns=not ticket,
-                            enough=self._enough(kind.vote, kind.group if isinstance(
-                                kind, Permit) else None), learn=learn)
+                            enough=self._enough(kind.vote, kind.group), learn=learn)
         try:
             replies = yield request
             if inspect:
