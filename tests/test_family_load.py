@@ -102,35 +102,24 @@ def test_rwlock_six_readers_two_writers(nodes3: RedisNodes) -> None:
     with Redlock(nodes3.urls, node_timeout=0.25, retry_delay_max=0.05) as dlm:
         rw = dlm.rwlock("load:doc", ttl=2.0)
 
-        def reader(i: int) -> None:
-            handle = rw.read()
+        def worker(name: str, mode: str, hold: float, rest: float) -> None:
+            handle = rw.read() if mode == "r" else rw.write()
             while time.monotonic() < stop:
                 invoked = time.monotonic()
                 if not handle.acquire(timeout=10.0):
-                    errors.append(f"reader {i} waited 10 s")
+                    errors.append(f"{name} waited 10 s")
                     return
                 start, token = time.monotonic(), handle.token
-                time.sleep(0.02)
+                time.sleep(hold)
                 end = min(time.monotonic(), start + handle.validity)
                 handle.release()
-                history.held(Hold(f"r{i}", "load:doc", token, start, end, invoked, mode="r"))
+                history.held(Hold(name, "load:doc", token, start, end, invoked, mode=mode))
+                time.sleep(rest)
 
-        def writer(i: int) -> None:
-            handle = rw.write()
-            while time.monotonic() < stop:
-                invoked = time.monotonic()
-                if not handle.acquire(timeout=10.0):
-                    errors.append(f"writer {i} waited 10 s")
-                    return
-                start, token = time.monotonic(), handle.token
-                time.sleep(0.01)
-                end = min(time.monotonic(), start + handle.validity)
-                handle.release()
-                history.held(Hold(f"w{i}", "load:doc", token, start, end, invoked, mode="w"))
-                time.sleep(0.02)
-
-        threads = ([threading.Thread(target=reader, args=(i,)) for i in range(6)]
-                   + [threading.Thread(target=writer, args=(i,)) for i in range(2)])
+        threads = ([threading.Thread(target=worker, args=(f"r{i}", "r", 0.02, 0.0))
+                    for i in range(6)]
+                   + [threading.Thread(target=worker, args=(f"w{i}", "w", 0.01, 0.02))
+                      for i in range(2)])
         for thread in threads:
             thread.start()
         for thread in threads:
