@@ -26,8 +26,9 @@ from redlock._core.settings import Keys
 from redlock._core.tokens import bucket
 from redlock._scripts import family
 from redlock._scripts import lock as scripts
+from redlock._scripts.family_replies import granted_slot, permit_outcome
 from redlock._scripts.replies import acquire_outcome, acquire_vote
-from redlock.errors import NodeResult, Outcome
+from redlock.errors import NodeResult
 
 #: A call that votes: 1 yes, 0 no, None unknown (see RedlockCore._enough).
 Vote = Callable[[object], "int | None"]
@@ -247,19 +248,13 @@ class Permit(Kind):
         return tuple(Call(i, call_args, family.SEM_ACQUIRE, call_keys) for i in nodes)
 
     def outcome(self, address: str, reply: object, resources: int) -> NodeResult:
-        if isinstance(reply, list | tuple) and len(reply) == 2 and reply[0] == (
-                family.SEM_MORE_PERMITS):
-            return NodeResult(address, Outcome.ERROR,
-                              f"a permit above this semaphore's {self.permits} is held on"
-                              " this node: a client configured with more permits uses the"
-                              " name (every client must pass the same permits=)")
-        if isinstance(reply, list | tuple) and len(reply) == 3:
-            reply = reply[:2]  # {code, counter, slot}: the slot is read by granted()
-        return acquire_outcome(address, reply, resources)
+        return permit_outcome(address, reply, self.permits)
 
     @staticmethod
     def _slot(reply: object) -> int:
-        return int(reply[2])  # type: ignore[index]
+        """The slot of a granting reply (-1: not one, never kept)."""
+        slot = granted_slot(reply)
+        return -1 if slot is None else slot
 
     def granted(self, replies: Mapping[int, object]) -> tuple[Kind, dict[int, object]]:
         by_slot: dict[int, list[int]] = {}
@@ -277,9 +272,9 @@ class Permit(Kind):
     def next_attempt(self, replies: Sequence[object]) -> Kind:
         counts: dict[int, int] = {}
         for reply in replies:
-            if isinstance(reply, list | tuple) and len(reply) == 3 and reply[0] in (
-                    scripts.ACQUIRE_GRANTED, scripts.ACQUIRE_ALREADY_OURS):
-                counts[self._slot(reply)] = counts.get(self._slot(reply), 0) + 1
+            slot = granted_slot(reply)
+            if slot is not None:
+                counts[slot] = counts.get(slot, 0) + 1
         if not counts:
             return replace(self, slot=None)
         best = max(counts, key=lambda s: (counts[s], s == self.preferred, -s))

@@ -14,7 +14,13 @@ from redlock._core.kinds import LEADERSHIP, Permit, ReadWrite
 from redlock._core.requests import Broadcast, Call, Flow, PauseUntilWoken, Wakeable
 from redlock._core.settings import Keys
 from redlock._scripts import family
-from redlock._scripts.replies import NodeFailure
+from redlock._scripts.family_replies import (
+    Seen,
+    leader_seen,
+    readers_writer_seen,
+    slots_seen,
+    term_record,
+)
 
 
 @dataclass(frozen=True)
@@ -34,22 +40,10 @@ class Leader:
                                                                        other.token)
 
 
-def _texts(reply: object) -> list[object] | None:
-    if isinstance(reply, BaseException | NodeFailure) or not isinstance(reply, list | tuple):
-        return None
-    return [v.decode() if isinstance(v, bytes) else v for v in reply]
-
-
-def _believed(core: RedlockCore, replies: Sequence[object]) -> list[tuple[int, list[object]]]:
-    """The replies of nodes whose word counts: answered, not being judged after a
-    restart (§4.4)."""
+def _believed(core: RedlockCore, replies: Sequence[object]) -> list[object]:
+    """The replies of nodes whose word counts: not being judged after a restart (§4.4)."""
     suspect = set(core.amnesia.health.suspect)
-    out = []
-    for node, reply in enumerate(replies[:core.n]):
-        texts = _texts(reply)
-        if texts is not None and node not in suspect:
-            out.append((node, texts))
-    return out
+    return [reply for node, reply in enumerate(replies[:core.n]) if node not in suspect]
 
 
 def leader_calls(keys: Keys, name: str, n: int) -> tuple[Call, ...]:
@@ -65,21 +59,20 @@ def read_leader(core: RedlockCore, name: str) -> Flow[Leader | None]:
     replies = yield Broadcast(leader_calls(core.keys, name, core.n), core.timeout())
     elapsed = core.clock() - started
     holders: dict[str, list[tuple[int, str]]] = {}
-    for _node, (pttl, holder, record, node_format) in _believed(core, replies):
-        if node_format and int(pttl) > 0 and holder:  # type: ignore[call-overload]
-            holders.setdefault(str(holder), []).append((int(pttl), str(record)))  # type: ignore[call-overload]
-    for holder, seen in holders.items():
-        if len(seen) < core.quorum:
+    for reply in _believed(core, replies):
+        answer = leader_seen(reply)
+        if answer is not None:
+            (pttl, holder), record = answer
+            holders.setdefault(holder, []).append((pttl, record))
+    for holder, named in holders.items():
+        if len(named) < core.quorum:
             continue
-        terms = []
-        for _pttl, record in seen:
-            parts = record.split(" ", 2)
-            if len(parts) == 3 and parts[1] == holder:
-                terms.append((int(parts[0]), parts[2]))
+        terms = [term for _pttl, record in named
+                 if (term := term_record(record, holder)) is not None]
         if not terms:  # elected, its record not written yet: not known as leader yet
             return None
         token, identity = max(terms)
-        pttls = sorted((pttl for pttl, _ in seen), reverse=True)
+        pttls = sorted((pttl for pttl, _ in named), reverse=True)
         lasts = pttls[core.quorum - 1] / 1000
         time_left = max(0.0, lasts - elapsed - core.settings.drift(lasts))
         return Leader(identity, token, time_left)
@@ -142,6 +135,12 @@ class ReadWriteStatus:
     readers: tuple[Holder, ...]
 
 
+def _count(seen: dict[str, list[int]], grant: Seen | None) -> None:
+    if grant is not None:
+        pttl, holder = grant
+        seen.setdefault(holder, []).append(pttl)
+
+
 def _agreed(core: RedlockCore, seen: dict[str, list[int]], elapsed: float) -> list[Holder]:
     """Holders named by a quorum, with the quorum-th longest time left."""
     out = []
@@ -162,11 +161,9 @@ def semaphore_status(core: RedlockCore, name: str, permits: int) -> Flow[Semapho
     replies = yield Broadcast(calls, core.timeout())
     elapsed = core.clock() - started
     per_slot: list[dict[str, list[int]]] = [{} for _ in range(permits)]
-    for _node, texts in _believed(core, replies):
-        for slot in range(min(permits, len(texts) // 2)):
-            pttl, holder = texts[2 * slot], texts[2 * slot + 1]
-            if holder and int(pttl) > 0:  # type: ignore[call-overload]
-                per_slot[slot].setdefault(str(holder), []).append(int(pttl))  # type: ignore[call-overload]
+    for reply in _believed(core, replies):
+        for slot, seen in enumerate(slots_seen(reply, permits) or ()):
+            _count(per_slot[slot], seen)
     slots = tuple(next(iter(_agreed(core, seen, elapsed)), None) for seen in per_slot)
     return SemaphoreStatus(name, permits, slots)
 
@@ -182,13 +179,11 @@ def rwlock_status(core: RedlockCore, name: str) -> Flow[ReadWriteStatus]:
     elapsed = core.clock() - started
     writers: dict[str, list[int]] = {}
     readers: dict[str, list[int]] = {}
-    for _node, texts in _believed(core, replies):
-        if len(texts) < 2:
-            continue
-        pttl, holder = texts[0], texts[1]
-        if holder and int(pttl) > 0:  # type: ignore[call-overload]
-            writers.setdefault(str(holder), []).append(int(pttl))  # type: ignore[call-overload]
-        for i in range(2, len(texts) - 1, 2):
-            readers.setdefault(str(texts[i]), []).append(int(texts[i + 1]))  # type: ignore[call-overload]
+    for reply in _believed(core, replies):
+        seen = readers_writer_seen(reply)
+        if seen is not None:
+            _count(writers, seen[0])
+            for reader in seen[1]:
+                _count(readers, reader)
     return ReadWriteStatus(name, next(iter(_agreed(core, writers, elapsed)), None),
                            tuple(_agreed(core, readers, elapsed)))
