@@ -19,6 +19,7 @@ from redlock._core.amnesia.repair import read_counters as _read_counters
 from redlock._core.amnesia.repair import read_legacy_counters as _read_legacy_counters
 from redlock._core.amnesia.repair import repair_node as _repair_node
 from redlock._core.environment import Environment
+from redlock._core.kinds import MUTEX, READ, WRITE, AcquireArgs, Leadership, Permit
 from redlock._core.renewals import Renewals
 from redlock._core.requests import (
     LAST_ROUND,
@@ -65,11 +66,15 @@ __all__ = [
     "KEYS",
     "LAST_ROUND",
     "LINE_POLL_MAX",
+    "MUTEX",
     "PENDING",
+    "READ",
     "RECHECK_S",
     "RESERVED_FIELDS",
     "SENTENCES",
     "TOKEN_LIMIT",
+    "WRITE",
+    "AcquireArgs",
     "Backoff",
     "Broadcast",
     "Call",
@@ -77,10 +82,12 @@ __all__ = [
     "EventLogger",
     "Invoke",
     "Keys",
+    "Leadership",
     "LockState",
     "NodeOutages",
     "Pause",
     "PauseUntilWoken",
+    "Permit",
     "RedlockCore",
     "Renewals",
     "RepairReport",
