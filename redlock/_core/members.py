@@ -15,83 +15,12 @@ know never answers yes.
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Sequence
-from dataclasses import dataclass
 
 from redlock._core.tokens import quorum
+from redlock._scripts.replies import SEPARATOR, Members, from_fields, stable
 from redlock.errors import MembershipError
 
-#: Separates addresses in a record's fields (addresses never contain a line break).
-SEPARATOR = "\n"
-
-
-@dataclass(frozen=True)
-class Members:
-    """A configuration: ``members`` (stable), or ``members`` (the old set) and
-    ``joining`` (the new set) during a change; ``retired``: the node that stored it was
-    removed by a change."""
-
-    epoch: int
-    members: tuple[str, ...]
-    joining: tuple[str, ...] | None = None
-    retired: bool = False
-
-    @property
-    def joint(self) -> bool:
-        return self.joining is not None
-
-    @property
-    def sets(self) -> tuple[tuple[str, ...], ...]:
-        """The sets of which a majority is needed."""
-        return (self.members,) if self.joining is None else (self.members, self.joining)
-
-    @property
-    def target(self) -> tuple[str, ...]:
-        """The members once the change (if any) is complete."""
-        return self.members if self.joining is None else self.joining
-
-    def fields(self) -> tuple[str, str, str, str]:
-        """The record's fields as the scripts store them: epoch, members, joining,
-        retired ('' for none)."""
-        return (str(self.epoch), SEPARATOR.join(self.members),
-                "" if self.joining is None else SEPARATOR.join(self.joining),
-                "1" if self.retired else "")
-
-    def same_configuration(self, other: Members) -> bool:
-        return (self.epoch, self.members, self.joining) == (
-            other.epoch, other.members, other.joining)
-
-    def __str__(self) -> str:
-        shown = ", ".join(self.members)
-        if self.joining is not None:
-            shown = f"joint: old [{shown}] and new [{', '.join(self.joining)}]"
-        else:
-            shown = f"[{shown}]"
-        return f"epoch {self.epoch} {shown}" + (" (this node retired)" if self.retired else "")
-
-
-def stable(addresses: Sequence[str], epoch: int = 0) -> Members:
-    return Members(epoch, tuple(addresses))
-
-
-def from_fields(epoch: object, members: object, joining: object,
-                retired: object) -> Members | None:
-    """A record from its stored fields (bytes or text; None or '' where absent), or
-    None if there is none or it is not one of ours."""
-    def text(value: object) -> str:
-        if value is None or value is False:
-            return ""
-        return value.decode() if isinstance(value, bytes) else str(value)
-
-    try:
-        number = int(text(epoch) or "0")
-    except ValueError:
-        return None
-    listed = tuple(a for a in text(members).split(SEPARATOR) if a)
-    if number <= 0 or not listed:
-        return None
-    new = tuple(a for a in text(joining).split(SEPARATOR) if a)
-    return Members(number, listed, new or None, text(retired) == "1")
-
+__all__ = ["Members", "Rule", "from_fields", "stable", "validate_change"]
 
 def validate_change(current: Sequence[str], new: Sequence[str]) -> tuple[str, ...]:
     """The new set of a change, checked: a ValueError for an empty set or a node listed
@@ -128,6 +57,10 @@ class Rule:
     def epoch(self) -> int:
         return self.members.epoch
 
+    @property
+    def joint(self) -> bool:
+        return self.members.joint
+
     def met(self, nodes: Iterable[int]) -> bool:
         """Whether ``nodes`` (indexes of this client's nodes) satisfy the rule."""
         chosen = set(nodes)
@@ -152,15 +85,16 @@ class Rule:
         the largest majority of its sets (a lower bound when the sets overlap little)."""
         return max(need for _, _, need in self.groups)
 
-    def count(self, nodes: Collection[int]) -> str:
-        """``nodes`` against the rule, for messages: '2 of 3' or, joint, per set."""
+    def count(self, nodes: Collection[int], done: str) -> str:
+        """``nodes`` against the rule, for messages: '1 of 3 nodes granted, need 2' or,
+        joint, per set."""
         chosen = set(nodes)
         if len(self.groups) == 1:
             [(known, size, need)] = self.groups
-            return f"{len(known & chosen)} of {size} (need {need})"
-        return " and ".join(f"{len(known & chosen)} of the {which} {size} (need {need})"
-                            for (known, size, need), which in zip(self.groups, ("old", "new"),
-                                                                   strict=True))
+            return f"{len(known & chosen)} of {size} nodes {done}, need {need}"
+        return f"{done} by " + " and ".join(
+            f"{len(known & chosen)} of the {which} {size} nodes (need {need})"
+            for (known, size, need), which in zip(self.groups, ("old", "new"), strict=True))
 
     def check(self) -> None:
         """MembershipError when this client's nodes cannot satisfy the rule."""

@@ -12,6 +12,7 @@ that node, said as such.
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -129,13 +130,129 @@ def _not_read(node: str, reply: object) -> NodeResult | None:
     return None
 
 
+
+# -- the membership record (docs/design.md §13.1) ----------------------------------------
+
+#: Separates addresses in a record's fields (addresses never contain a line break).
+SEPARATOR = "\n"
+
+
+@dataclass(frozen=True)
+class Members:
+    """A configuration: ``members`` (stable), or ``members`` (the old set) and
+    ``joining`` (the new set) during a change; ``retired``: the node that stored it was
+    removed by a change."""
+
+    epoch: int
+    members: tuple[str, ...]
+    joining: tuple[str, ...] | None = None
+    retired: bool = False
+
+    @property
+    def joint(self) -> bool:
+        return self.joining is not None
+
+    @property
+    def sets(self) -> tuple[tuple[str, ...], ...]:
+        """The sets of which a majority is needed."""
+        return (self.members,) if self.joining is None else (self.members, self.joining)
+
+    @property
+    def target(self) -> tuple[str, ...]:
+        """The members once the change (if any) is complete."""
+        return self.members if self.joining is None else self.joining
+
+    def fields(self) -> tuple[str, str, str, str]:
+        """The record's fields as the scripts store them: epoch, members, joining,
+        retired ('' for none)."""
+        return (str(self.epoch), SEPARATOR.join(self.members),
+                "" if self.joining is None else SEPARATOR.join(self.joining),
+                "1" if self.retired else "")
+
+    def same_configuration(self, other: Members) -> bool:
+        return (self.epoch, self.members, self.joining) == (
+            other.epoch, other.members, other.joining)
+
+    def __str__(self) -> str:
+        shown = ", ".join(self.members)
+        if self.joining is not None:
+            shown = f"joint: old [{shown}] and new [{', '.join(self.joining)}]"
+        else:
+            shown = f"[{shown}]"
+        return f"epoch {self.epoch} {shown}" + (" (this node retired)" if self.retired else "")
+
+
+def stable(addresses: Sequence[str], epoch: int = 0) -> Members:
+    return Members(epoch, tuple(addresses))
+
+
+def from_fields(epoch: object, members: object, joining: object,
+                retired: object) -> Members | None:
+    """A record from its stored fields (bytes or text; None or '' where absent), or
+    None if there is none or it is not one of ours."""
+    def text(value: object) -> str:
+        if value is None or value is False:
+            return ""
+        return value.decode() if isinstance(value, bytes) else str(value)
+
+    try:
+        number = int(text(epoch) or "0")
+    except ValueError:
+        return None
+    listed = tuple(a for a in text(members).split(SEPARATOR) if a)
+    if number <= 0 or not listed:
+        return None
+    new = tuple(a for a in text(joining).split(SEPARATOR) if a)
+    return Members(number, listed, new or None, text(retired) == "1")
+
+
+def epoch_refusal(reply: object) -> Members | None:
+    """The record a guarded script refused with (its epoch is above the client's, or the
+    node is retired), or None if the reply is no such refusal."""
+    if (isinstance(reply, list | tuple) and len(reply) == 5
+            and reply[0] == scripts.STALE_EPOCH):
+        return from_fields(*reply[1:])
+    return None
+
+
+def _refused_epoch(node: str, reply: object) -> NodeResult | None:
+    record = epoch_refusal(reply)
+    if record is None:
+        return None
+    if record.retired:
+        return NodeResult(node, Outcome.ERROR, "removed from the cluster by a membership"
+                          f" change ({record})")
+    return NodeResult(node, Outcome.ERROR, f"the cluster's membership changed: {record}"
+                      " (adopted; the request is sent again under it)")
+
+
+def members_written(reply: object) -> tuple[bool, Members | None]:
+    """WRITE_MEMBERS' reply: (written, the record found instead); (False, None) when the
+    node did not answer."""
+    if isinstance(reply, list | tuple) and reply:
+        if reply[0] == node_scripts.MEMBERS_WRITTEN:
+            return True, None
+        if reply[0] == node_scripts.MEMBERS_NEWER and len(reply) == 5:
+            return False, from_fields(*reply[1:])
+    return False, None
+
+
+def members_record(reply: object) -> Members | Pending | None:
+    """An ``HMGET ns:node:members epoch members joining retired`` reply: the record, None
+    when there is none, PENDING when the node did not answer."""
+    if isinstance(reply, list | tuple) and len(reply) == 4:
+        return from_fields(*reply)
+    pending: Pending = PENDING
+    return pending
+
+
 # -- ACQUIRE, ACQUIRE_MANY ---------------------------------------------------------------
 
 
 def acquire_outcome(node: str, reply: object, resources: int = 1) -> NodeResult:
     """ACQUIRE's reply (one resource) or ACQUIRE_MANY's (a set of ``resources``); a
     granting node's counters are :func:`acquire_counters` (``counter``: the largest)."""
-    unanswered = _not_read(node, reply)
+    unanswered = _not_read(node, reply) or _refused_epoch(node, reply)
     if unanswered is not None:
         return unanswered
     if not isinstance(reply, list | tuple) or len(reply) < 2:
@@ -183,7 +300,8 @@ def acquire_set_nothing(reply: object) -> bool:
     """An ACQUIRE / ACQUIRE_MANY reply that set nothing on its node (refused, or no
     marker): a failed attempt need not release there."""
     return isinstance(reply, list | tuple) and bool(reply) and reply[0] in (
-        scripts.ACQUIRE_REFUSED, scripts.ACQUIRE_NOT_YOUR_TURN, scripts.ACQUIRE_AMNESIAC)
+        scripts.ACQUIRE_REFUSED, scripts.ACQUIRE_NOT_YOUR_TURN, scripts.ACQUIRE_AMNESIAC,
+        scripts.STALE_EPOCH)
 
 
 # -- the owner-checked scripts: EXTEND, WRITE_BACK, RELEASE ------------------------------
@@ -202,8 +320,8 @@ def key_gone(reply: object) -> bool:
 def ack_outcome(node: str, reply: object, *, refused: str) -> NodeResult:
     """An owner-checked script's reply: 1 = done, 0 = our key is not there. Only a 0 the
     node sent is a refusal: anything else (no reply read, a failure, a reply of another
-    shape) is an error and says nothing about our key."""
-    unanswered = _not_read(node, reply)
+    shape, a refusal of the client's epoch) is an error and says nothing about our key."""
+    unanswered = _not_read(node, reply) or _refused_epoch(node, reply)
     if unanswered is not None:
         return unanswered
     if acked(reply):
