@@ -15,10 +15,11 @@ __version__ = "0.1.0"  # the single source: pyproject.toml reads it, CHANGELOG.m
 from redlock._core.amnesia.repair import RepairReport, RepairStatus
 from redlock._core.handover import Handover
 from redlock._core.inspect import LockStatus, NodeLockStatus, ReleaseReport
+from redlock._core.membership import MembersChange
 from redlock._core.views import Holder, Leader, ReadWriteStatus, SemaphoreStatus
 from redlock._observe.log import EventFormatter
 from redlock._observe.warn import BlockingInEventLoopWarning, DurationWarning, RedlockWarning
-from redlock._scripts.replies import ReleaseStatus
+from redlock._scripts.replies import Members, ReleaseStatus
 from redlock.aio import (
     AsyncElection,
     AsyncLeadership,
@@ -78,6 +79,8 @@ __all__ = [
     "LockLost",
     "LockNotAcquired",
     "LockStatus",
+    "Members",
+    "MembersChange",
     "MembershipError",
     "MultiLock",
     "NodeLockStatus",

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
+from redlock._core import membership
 from redlock._core.amnesia.guard import AmnesiaGuard
 from redlock._core.amnesia.repair import RepairReport, initialise, repair, upgrade
 from redlock._core.environment import Environment
@@ -370,7 +371,7 @@ class RedlockCore(Holding):
                     logger.debug("redlock.acquired", resource=name, token=state.token,
                                  kind=held_kind.name,
                                  validity_ms=round(validity * 1000, 3), granted=len(granted),
-                                 nodes=self.n, epoch=rule.epoch)
+                                 nodes=self.n)
                     return AttemptResult(state, outcomes)
                 if too_big:
                     reason = f"fence counter reached {TOKEN_LIMIT}"
@@ -430,6 +431,20 @@ class RedlockCore(Holding):
     def upgrade(self) -> Flow[list[RepairReport]]:
         """See :func:`redlock._core.amnesia.repair.upgrade`."""
         return (yield from upgrade(self.amnesia))
+
+    # -- membership (docs/design.md §13) -------------------------------------------
+
+    def current_members(self) -> Flow[Members]:
+        """See :func:`redlock._core.membership.current_members`; adopted if newer."""
+        found = yield from membership.current_members(self)
+        if found.epoch:
+            self.adopt_members(found)
+        return found
+
+    def change_members(self, new: Sequence[str], *, current: Sequence[str] | None,
+                       wait: float | None) -> Flow[membership.MembersChange]:
+        """See :func:`redlock._core.membership.change_members`."""
+        return (yield from membership.change_members(self, new, current=current, wait=wait))
 
 
 def _commit_enough(write_backs: Sequence[tuple[str, Call]], committed: dict[str, set[int]],
