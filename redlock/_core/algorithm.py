@@ -114,18 +114,19 @@ class RedlockCore(Holding):
             if record is not None:
                 self.adopt_members(record)
 
-    def adopt_members(self, record: Members) -> bool:
+    def adopt_members(self, record: Members, *, learnt: bool = True) -> bool:
         """Count under ``record``'s configuration from now on, if its epoch is above ours
-        (docs/design.md §13.1: epochs only rise in a client); True if adopted."""
+        (docs/design.md §13.1: epochs only rise in a client); True if adopted. Logged
+        when ``learnt`` from a node (not when this manager made the change itself)."""
         record = Members(record.epoch, record.members, record.joining)
         with self._members_mutex:
             if record.epoch <= self.rule.epoch:
                 return False
             self.rule = Rule(self.addresses, record)
-        logger.info("redlock.members_adopted", epoch=record.epoch,
-                    members=list(record.members),
-                    joining=None if record.joining is None else list(record.joining),
-                    possible=self.rule.possible)
+        if learnt:
+            logger.info("redlock.members_adopted", epoch=record.epoch,
+                        members=list(record.members), joining=list(record.joining or ()),
+                        possible=self.rule.possible)
         return True
 
     def _enough(self, votes: Callable[[object], int | None],

@@ -268,7 +268,7 @@ def _finish(core: RedlockCore, final: Members, old: Sequence[str]) -> Flow[tuple
                               " change again")
     retired = Members(final.epoch, final.members, None, True)
     gone = yield from _write(core, leaving, retired)
-    core.adopt_members(final)
+    core.adopt_members(final, learnt=False)
     unreached = tuple(addresses[i] for i in members + leaving
                       if i not in written and i not in gone)
     logger.warning("redlock.members_changed", epoch=final.epoch, members=list(final.members),

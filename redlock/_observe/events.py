@@ -58,8 +58,9 @@ SENTENCES: Mapping[str, str] = {
     # -- an operator should look (WARNING) -------------------------------------------------
     "redlock.members_adopted":
         "the cluster's membership changed: now epoch {epoch}, members {members} (joining:"
-        " {joining}), learnt from a node that refused an older epoch; quorums are counted"
-        " under it (docs/design.md §13; possible with this client's nodes: {possible})",
+        " {joining}), learnt from the nodes (one refused an older epoch, or members() read"
+        " it); quorums are counted under it (docs/design.md §13; possible with this"
+        " client's nodes: {possible})",
     "redlock.members_joint":
         "membership change: the joint configuration (epoch {epoch}) is on {acknowledged};"
         " from now on every acquire needs a majority of the old and of the new set",
