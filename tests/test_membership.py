@@ -176,3 +176,27 @@ def test_asyncio_change(fresh_nodes: Callable[..., RedisNodes]) -> None:
                 assert held.token > 1
 
     asyncio.run(main())
+
+
+def test_cli_members_shows_and_changes(fresh_nodes: Callable[..., RedisNodes],
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from redlock.cli.commands import main
+
+    nodes = fresh_nodes(4)
+    with Redlock(nodes.urls[:3], **FAST) as old, old.lock("cli", ttl=1.0):
+        pass
+    assert main(["members", "--nodes", *nodes.urls, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["epoch"] == 0
+    assert main(["members", "--nodes", *nodes.urls, "--change", nodes.urls[0]]) == 4
+    assert "without confirmation" in capsys.readouterr().err  # (stdin is no terminal)
+    assert main(["members", "--nodes", *nodes.urls, "--change", *nodes.urls[1:],
+                 "--wait", "1", "--yes", "--json"]) == 0
+    changed = json.loads(capsys.readouterr().out)
+    assert changed["epoch"] == 2 and changed["retired"] == [changed["previous"][0]]
+    assert changed["seeded"] == [changed["members"][-1]]
+    assert main(["members", "--nodes", *nodes.urls, "--change", "redis://elsewhere:1",
+                 "--yes"]) == 2
+    assert main(["members", "--nodes", *nodes.urls]) == 0
+    assert capsys.readouterr().out.startswith("epoch 2 [")
