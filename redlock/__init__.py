@@ -19,7 +19,8 @@ from redlock._core.membership import MembersChange
 from redlock._core.views import Holder, Leader, ReadWriteStatus, SemaphoreStatus
 from redlock._observe.log import EventFormatter
 from redlock._observe.warn import BlockingInEventLoopWarning, DurationWarning, RedlockWarning
-from redlock._scripts.replies import Members, ReleaseStatus
+from redlock._scripts.record import Members
+from redlock._scripts.replies import ReleaseStatus
 from redlock.aio import (
     AsyncElection,
     AsyncLeadership,

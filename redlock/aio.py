@@ -30,6 +30,7 @@ from redlock._client.family import (
 from redlock._client.handles import HandleBase, LockBase, MultiLockBase
 from redlock._client.manager import ManagerBase
 from redlock._client.renewal_thread import RenewalThread
+from redlock._core import membership
 from redlock._core.amnesia.repair import RepairReport
 from redlock._core.handover import Handover
 from redlock._core.inspect import LockStatus, ReleaseReport
@@ -182,12 +183,13 @@ class AsyncRedlock(ManagerBase[AsyncLock, AsyncMultiLock]):
 
     async def members(self) -> Members:
         """See :meth:`redlock.Redlock.members`."""
-        return await self._drive(self._core.current_members())
+        return await self._drive(membership.current_members(self._core))
 
     async def change_members(self, new: Sequence[str], *, current: Sequence[str] | None = None,
                              wait: float | None = None) -> MembersChange:
         """See :meth:`redlock.Redlock.change_members` (the task waits about ``wait``)."""
-        return await self._drive(self._core.change_members(new, current=current, wait=wait))
+        return await self._drive(membership.change_members(
+            self._core, new, current=current, wait=wait))
 
     async def inspect(self, resource: str) -> LockStatus:
         """See :meth:`redlock.Redlock.inspect`."""

@@ -26,6 +26,7 @@ from redlock._client.family import (
 )
 from redlock._client.handles import HandleBase, LockBase, MultiLockBase
 from redlock._client.manager import ManagerBase
+from redlock._core import membership
 from redlock._core.amnesia.repair import RepairReport
 from redlock._core.handover import Handover
 from redlock._core.inspect import LockStatus, ReleaseReport
@@ -237,7 +238,7 @@ class Redlock(ManagerBase[Lock, MultiLock]):
         configuration of the highest epoch (``joining`` set during a change), or epoch 0
         and this manager's nodes for a cluster that never changed. Raises
         :class:`MembershipError` when too few nodes answer to be sure."""
-        return self._drive(self._core.current_members())
+        return self._drive(membership.current_members(self._core))
 
     def change_members(self, new: Sequence[str], *, current: Sequence[str] | None = None,
                        wait: float | None = None) -> MembersChange:
@@ -255,7 +256,8 @@ class Redlock(ManagerBase[Lock, MultiLock]):
         ``ValueError`` for a bad set, :class:`MembershipError` when the change cannot
         proceed (nothing is ever undone: what was written is safe).
         """
-        return self._drive(self._core.change_members(new, current=current, wait=wait))
+        return self._drive(membership.change_members(
+            self._core, new, current=current, wait=wait))
 
     def inspect(self, resource: str) -> LockStatus:
         """Every node's view of ``resource``: held or not, PTTL left, fence counter,

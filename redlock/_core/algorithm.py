@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
-from redlock._core import membership
 from redlock._core.amnesia.guard import AmnesiaGuard
 from redlock._core.amnesia.repair import RepairReport, initialise, repair, upgrade
 from redlock._core.environment import Environment
@@ -432,20 +431,6 @@ class RedlockCore(Holding):
     def upgrade(self) -> Flow[list[RepairReport]]:
         """See :func:`redlock._core.amnesia.repair.upgrade`."""
         return (yield from upgrade(self.amnesia))
-
-    # -- membership (docs/design.md §13) -------------------------------------------
-
-    def current_members(self) -> Flow[Members]:
-        """See :func:`redlock._core.membership.current_members`; adopted if newer."""
-        found = yield from membership.current_members(self)
-        if found.epoch:
-            self.adopt_members(found)
-        return found
-
-    def change_members(self, new: Sequence[str], *, current: Sequence[str] | None,
-                       wait: float | None) -> Flow[membership.MembersChange]:
-        """See :func:`redlock._core.membership.change_members`."""
-        return (yield from membership.change_members(self, new, current=current, wait=wait))
 
 
 def _commit_enough(write_backs: Sequence[tuple[str, Call]], committed: dict[str, set[int]],

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Sequence
 
 from redlock._core.tokens import quorum
-from redlock._scripts.replies import SEPARATOR, Members, from_fields, stable
+from redlock._scripts.record import SEPARATOR, Members, from_fields, stable
 from redlock.errors import MembershipError
 
 __all__ = ["Members", "Rule", "from_fields", "stable", "validate_change"]

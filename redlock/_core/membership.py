@@ -23,13 +23,8 @@ from redlock._core.requests import Broadcast, Call, Flow, Pause
 from redlock._core.tokens import quorum
 from redlock._observe.log import get_logger
 from redlock._scripts import node as node_scripts
-from redlock._scripts.replies import (
-    acked,
-    failure_detail,
-    identity,
-    members_record,
-    members_written,
-)
+from redlock._scripts.record import members_record, members_written
+from redlock._scripts.replies import acked, failure_detail, identity
 from redlock.errors import MembershipError
 
 if TYPE_CHECKING:
@@ -74,7 +69,10 @@ def current_members(core: RedlockCore) -> Flow[Members]:
     read from a majority of its sets (MembershipError if too few answered), or epoch 0,
     the manager's nodes, when no node has a record."""
     found = yield from read_members(core)
-    return _highest(core, found, None)
+    config = _highest(core, found, None)
+    if config.epoch:
+        core.adopt_members(config)
+    return config
 
 
 def _highest(core: RedlockCore, found: dict[int, Members | None],

@@ -19,7 +19,8 @@ from typing import Any
 from redlock._core.amnesia.repair import RepairReport, RepairStatus
 from redlock._core.inspect import LockStatus, ReleaseReport
 from redlock._core.membership import MembersChange
-from redlock._scripts.replies import Members, ReleaseStatus
+from redlock._scripts.record import Members
+from redlock._scripts.replies import ReleaseStatus
 from redlock.cli.node_report import NodeReport
 
 PROG = "redlock"
