@@ -7,6 +7,7 @@ tests/faults/test_membership.py."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 
 import pytest
@@ -200,3 +201,19 @@ def test_cli_members_shows_and_changes(fresh_nodes: Callable[..., RedisNodes],
                  "--yes"]) == 2
     assert main(["members", "--nodes", *nodes.urls]) == 0
     assert capsys.readouterr().out.startswith("epoch 2 [")
+
+
+def test_a_lock_renewed_across_the_change_stays_held(
+        fresh_nodes: Callable[..., RedisNodes]) -> None:
+    """Its renewals are refused once for the old epoch, then counted under the joint and
+    the new configuration: its key is on all of A, B, C, a majority of both sets."""
+    nodes = fresh_nodes(5)
+    with Redlock(nodes.urls[:3], **FAST) as old, Redlock(nodes.urls, **FAST) as admin, \
+            old.lock("renewed", ttl=1.0, auto_extend=True) as held:
+        token = held.token
+        with capture_events() as events:
+            admin.change_members(admin.nodes, current=admin.nodes[:3])
+            time.sleep(0.5)  # a renewal or two under the new configuration
+        assert held.token == token  # check(): not lost
+        assert epoch_of(old) == 2
+        assert "redlock.extend_retry" not in [e["event"] for e in events]

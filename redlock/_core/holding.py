@@ -168,21 +168,29 @@ class Holding:
                 if state.status == Status.HELD and started < state.deadline]
         results: dict[LockState, tuple[NodeResult, ...] | None] = {}
         if live:
-            calls = with_epoch((
-                state.kind.extend_call(self.keys, i, r, state.owner, max(1, int(ttl * 1000)))
-                for state, ttl in live for i in range(self.n) for r in state.resources),
-                self.keys, self.rule.epoch)
-            # A round may take up to half the validity left (and at least a request
-            # timeout): an answer that comes later than a round trip is still in time
-            # while the lock is valid, and a round given up too early is only sent again
-            # (a batch of 200 renewals on a busy event loop took longer than the 50 ms a
-            # single round trip gave it, again and again, until 33 of 200 locks were
-            # lost). Early decisions end it as soon as a quorum answered (§2.4).
-            validity_left = min(s.deadline for s, _ in live) - started
-            timeout = min(max(self.timeout(max(t for _, t in live)), validity_left / 2),
-                          validity_left)
-            replies = yield Broadcast(calls, timeout, enough=self._settled(calls, acks=True),
-                                      lane=lane)
+            epoch = self.rule.epoch
+            for _ in range(2):  # again at once if a node taught us a newer epoch (§13.1)
+                calls = with_epoch((
+                    state.kind.extend_call(self.keys, i, r, state.owner,
+                                           max(1, int(ttl * 1000)))
+                    for state, ttl in live for i in range(self.n) for r in state.resources),
+                    self.keys, epoch)
+                # A round may take up to half the validity left (and at least a request
+                # timeout): an answer that comes later than a round trip is still in
+                # time while the lock is valid, and a round given up too early is only
+                # sent again (a batch of 200 renewals on a busy event loop took longer
+                # than the 50 ms a single round trip gave it, again and again, until 33
+                # of 200 locks were lost). Early decisions end it as soon as a quorum
+                # answered (§2.4).
+                validity_left = min(s.deadline for s, _ in live) - self.clock()
+                timeout = min(max(self.timeout(max(t for _, t in live)), validity_left / 2),
+                              validity_left)
+                replies = yield Broadcast(calls, timeout,
+                                          enough=self._settled(calls, acks=True), lane=lane)
+                if self.rule.epoch == epoch or min(s.deadline for s, _ in live) <= (
+                        self.clock()):
+                    break
+                epoch = self.rule.epoch
             # Counted under the newest configuration we know (§13.4).
             finished, offset, rule = self.clock(), 0, self.rule
             for state, ttl in live:
