@@ -15,9 +15,11 @@ __version__ = "0.1.0"  # the single source: pyproject.toml reads it, CHANGELOG.m
 from redlock._core.amnesia.repair import RepairReport, RepairStatus
 from redlock._core.handover import Handover
 from redlock._core.inspect import LockStatus, NodeLockStatus, ReleaseReport
+from redlock._core.membership import MembersChange
 from redlock._core.views import Holder, Leader, ReadWriteStatus, SemaphoreStatus
 from redlock._observe.log import EventFormatter
 from redlock._observe.warn import BlockingInEventLoopWarning, DurationWarning, RedlockWarning
+from redlock._scripts.record import Members
 from redlock._scripts.replies import ReleaseStatus
 from redlock.aio import (
     AsyncElection,
@@ -46,6 +48,7 @@ from redlock.errors import (
     ClusterAmnesiaError,
     LockLost,
     LockNotAcquired,
+    MembershipError,
     NodeResult,
     NotHeld,
     Outcome,
@@ -77,6 +80,9 @@ __all__ = [
     "LockLost",
     "LockNotAcquired",
     "LockStatus",
+    "Members",
+    "MembersChange",
+    "MembershipError",
     "MultiLock",
     "NodeLockStatus",
     "NodeResult",

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, TypeVar, cast
 
@@ -30,9 +30,12 @@ from redlock._client.family import (
 from redlock._client.handles import HandleBase, LockBase, MultiLockBase
 from redlock._client.manager import ManagerBase
 from redlock._client.renewal_thread import RenewalThread
+from redlock._core import membership
 from redlock._core.amnesia.repair import RepairReport
 from redlock._core.handover import Handover
 from redlock._core.inspect import LockStatus, ReleaseReport
+from redlock._core.members import Members
+from redlock._core.membership import MembersChange
 from redlock._core.requests import Flow, T
 from redlock._core.settings import Keys
 from redlock._core.state import LockState
@@ -177,6 +180,16 @@ class AsyncRedlock(ManagerBase[AsyncLock, AsyncMultiLock]):
     async def upgrade(self) -> list[RepairReport]:
         """See :meth:`redlock.Redlock.upgrade`."""
         return await self._drive(self._core.upgrade())
+
+    async def members(self) -> Members:
+        """See :meth:`redlock.Redlock.members`."""
+        return await self._drive(membership.current_members(self._core))
+
+    async def change_members(self, new: Sequence[str], *, current: Sequence[str] | None = None,
+                             wait: float | None = None) -> MembersChange:
+        """See :meth:`redlock.Redlock.change_members` (the task waits about ``wait``)."""
+        return await self._drive(membership.change_members(
+            self._core, new, current=current, wait=wait))
 
     async def inspect(self, resource: str) -> LockStatus:
         """See :meth:`redlock.Redlock.inspect`."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any, TypeVar, cast
 
@@ -26,9 +26,12 @@ from redlock._client.family import (
 )
 from redlock._client.handles import HandleBase, LockBase, MultiLockBase
 from redlock._client.manager import ManagerBase
+from redlock._core import membership
 from redlock._core.amnesia.repair import RepairReport
 from redlock._core.handover import Handover
 from redlock._core.inspect import LockStatus, ReleaseReport
+from redlock._core.members import Members
+from redlock._core.membership import MembersChange
 from redlock._core.requests import Flow, T
 from redlock._core.views import Leader, ReadWriteStatus, SemaphoreStatus
 from redlock._io.sync_listener import SyncReleaseListener
@@ -229,6 +232,32 @@ class Redlock(ManagerBase[Lock, MultiLock]):
         Until then, this release keeps the previous format's counters up to date too,
         so both releases can share the cluster while it is rolled out."""
         return self._drive(self._core.upgrade())
+
+    def members(self) -> Members:
+        """The cluster's membership as the nodes hold it (docs/design.md §13): the
+        configuration of the highest epoch (``joining`` set during a change), or epoch 0
+        and this manager's nodes for a cluster that never changed. Raises
+        :class:`MembershipError` when too few nodes answer to be sure."""
+        return self._drive(membership.current_members(self._core))
+
+    def change_members(self, new: Sequence[str], *, current: Sequence[str] | None = None,
+                       wait: float | None = None) -> MembersChange:
+        """Make ``new`` (node addresses, as every client names them) the cluster's
+        members, online, without two holders (docs/design.md §13.3, docs/operations.md):
+        a joint configuration first, the new nodes seeded (they serve at once), a wait
+        until every lock granted before has expired, then the new configuration.
+
+        The manager must be configured with every node of the current and the new set.
+        ``current``: the members now, needed only for a cluster that never changed (by
+        default its nodes that have their marker). ``wait``: the longest a lock granted
+        before the change may live (default this manager's ``max_ttl`` and its drift;
+        never less than any client's ``max_ttl``). Blocks for about ``wait``. Run it
+        again with the same ``new`` to complete a change that stopped. Raises
+        ``ValueError`` for a bad set, :class:`MembershipError` when the change cannot
+        proceed (nothing is ever undone: what was written is safe).
+        """
+        return self._drive(membership.change_members(
+            self._core, new, current=current, wait=wait))
 
     def inspect(self, resource: str) -> LockStatus:
         """Every node's view of ``resource``: held or not, PTTL left, fence counter,

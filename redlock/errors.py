@@ -124,3 +124,10 @@ class AlreadyHeld(RedlockError):
 
 class ClusterAmnesiaError(RedlockError):
     """A majority of nodes lost their data (markers) at once; tokens cannot be trusted."""
+
+
+class MembershipError(RedlockError):
+    """The cluster's membership stops the operation (docs/design.md §13): this client's
+    nodes cannot form a quorum of the members, or a membership change cannot proceed
+    (another change in progress, too few nodes reachable, a new node that does not
+    answer)."""

@@ -19,7 +19,7 @@ from redlock._core.amnesia.repair import read_counters as _read_counters
 from redlock._core.amnesia.repair import read_legacy_counters as _read_legacy_counters
 from redlock._core.amnesia.repair import repair_node as _repair_node
 from redlock._core.environment import Environment
-from redlock._core.kinds import MUTEX, READ, WRITE, AcquireArgs, Leadership, Permit
+from redlock._core.kinds import MUTEX, READ, WRITE, AcquireArgs, Leadership, Permit, with_epoch
 from redlock._core.renewals import Renewals
 from redlock._core.requests import (
     LAST_ROUND,
@@ -124,6 +124,7 @@ __all__ = [
     "validate_seconds",
     "validate_timeout",
     "validity_left",
+    "with_epoch",
 ]
 
 KEYS = Keys("redlock")  # the key names of the default namespace

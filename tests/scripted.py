@@ -282,6 +282,48 @@ class ScriptedNodes:
             self.ttl_ms[node].pop(episode_key, None)
             self.ttl_ms[node].pop(claim, None)
 
+        def record(key: str) -> list[object]:  # HMGET epoch members joining retired
+            found = db.get(key) or {}
+            assert isinstance(found, dict), (key, found)
+            return [found.get(f) for f in ("epoch", "members", "joining", "retired")]
+
+        if isinstance(script, scripts.Script) and script.source.startswith(scripts.EPOCH_CHECK):
+            # The membership check (docs/design.md §13.1): last key and argument.
+            *key_list, members_key = keys
+            *arg_list, client_epoch = args
+            epoch, members, joining, retired = record(members_key)
+            if int(str(epoch or 0)) > int(as_text(client_epoch)) or retired == "1":
+                return [scripts.STALE_EPOCH, int(str(epoch or 0)), members or "",
+                        joining or "", retired or ""]
+            keys, args = tuple(key_list), tuple(arg_list)
+
+        if script is node_scripts.WRITE_MEMBERS:
+            [members_key] = keys
+            wanted = [as_text(a) for a in args]
+            epoch, members, joining, retired = record(members_key)
+            stored = int(str(epoch or 0))
+            if [str(stored), members or "", joining or "", retired or ""] == wanted:
+                return [node_scripts.MEMBERS_WRITTEN]
+            if stored >= int(wanted[0]):
+                return [node_scripts.MEMBERS_NEWER, stored, members or "", joining or "",
+                        retired or ""]
+            db[members_key] = {f: v for f, v in zip(("epoch", "members", "joining", "retired"),
+                                                     wanted, strict=True) if v}
+            return [node_scripts.MEMBERS_WRITTEN]
+        if script is node_scripts.SEED_MEMBER:
+            fence, marker, episode_key, guard, *barrier, members_key, legacy_marker = keys
+            text, joint_epoch, *pairs = args
+            if record(members_key)[0] != as_text(joint_epoch):
+                return 0
+            for field, seed in zip(pairs[::2], pairs[1::2], strict=True):
+                if int(as_text(seed)) > fields(fence).get(as_text(field), 0):
+                    db[fence] = {**fields(fence), as_text(field): int(as_text(seed))}
+            if marker not in db and legacy_marker not in db:
+                db[marker] = self.stamp(node, as_text(text))
+                bar_previous_format(*barrier)
+                db.pop(episode_key, None)
+                db.pop(guard, None)
+            return 1
         if script is scripts.ACQUIRE:
             lock, fence, marker, line_key, _, legacy, legacy_marker = keys
             owner, ticket, field = as_text(args[0]), as_text(args[3]), as_text(args[5])

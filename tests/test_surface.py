@@ -53,7 +53,8 @@ from redlock import (
 # Methods that talk to Redis: plain in the sync client, coroutines in the asyncio one.
 IO_METHODS = {
     (Redlock, AsyncRedlock): {"repair", "initialise", "upgrade", "close", "inspect", "is_locked",
-                              "force_release", "adopt"},
+                              "force_release", "adopt", "members",
+                              "change_members"},
     (Lock, AsyncLock): {"acquire", "release", "extend"},
     (MultiLock, AsyncMultiLock): {"acquire", "release", "extend"},
     (Semaphore, AsyncSemaphore): {"acquire", "release", "extend", "status"},

@@ -184,7 +184,7 @@ class HandleBase:
         finally:
             self._registry.released(state)
         taken = sum(1 for r in outcomes if r.outcome is Outcome.REFUSED)
-        if expired or taken > self._core.n - self._core.quorum:
+        if expired or (taken and self._core.key_gone(outcomes)):
             why = ("its validity had run out" if expired
                    else f"{taken} of {self._core.n} nodes no longer held our key")
             raise LockLost(f"lock on {self._shown} was not held to the end ({why}): the"

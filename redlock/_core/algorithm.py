@@ -17,7 +17,8 @@ from redlock._core.amnesia.guard import AmnesiaGuard
 from redlock._core.amnesia.repair import RepairReport, initialise, repair, upgrade
 from redlock._core.environment import Environment
 from redlock._core.holding import Holding
-from redlock._core.kinds import MUTEX, AcquireArgs, Kind, Leadership
+from redlock._core.kinds import MUTEX, AcquireArgs, Kind, Leadership, with_epoch
+from redlock._core.members import Members, Rule, stable
 from redlock._core.requests import (
     Backoff,
     Broadcast,
@@ -46,6 +47,7 @@ from redlock._scripts.replies import (
     acked,
     acquire_counters,
     acquire_set_nothing,
+    epoch_refusal,
     restarted,
 )
 from redlock.errors import Outcome, describe
@@ -67,6 +69,10 @@ class RedlockCore(Holding):
         self.clock = env.clock
         self.n = len(addresses)
         self.quorum = quorum(self.n)
+        # The membership rule (docs/design.md §13): epoch 0, the nodes given, until a
+        # node refuses our epoch with a newer record.
+        self.rule = Rule(self.addresses, stable(self.addresses))
+        self._members_mutex = env.new_mutex()
         self.floors = TokenFloors(env.new_mutex())
         self.amnesia = AmnesiaGuard(self.addresses, settings, self.keys, env, self.timeout)
         # Failing nodes are logged once per outage.
@@ -84,6 +90,7 @@ class RedlockCore(Holding):
         self.floors.after_fork(new_mutex())
         self.amnesia.health.after_fork(new_mutex())
         self.node_outages.after_fork(new_mutex())
+        self._members_mutex = new_mutex()
 
     def timeout(self, ttl: float | None = None) -> float:
         """How long a request waits for the nodes: ``node_timeout`` if the user set one,
@@ -99,6 +106,25 @@ class RedlockCore(Holding):
             self.round_trips.sample(node, seconds)
         if replies.identities:
             self.amnesia.identified(replies.identities)
+        for reply in replies:
+            record = epoch_refusal(reply)
+            if record is not None:
+                self.adopt_members(record)
+
+    def adopt_members(self, record: Members, *, learnt: bool = True) -> bool:
+        """Count under ``record``'s configuration from now on, if its epoch is above ours
+        (docs/design.md §13.1: epochs only rise in a client); True if adopted. Logged
+        when ``learnt`` from a node (not when this manager made the change itself)."""
+        record = Members(record.epoch, record.members, record.joining)
+        with self._members_mutex:
+            if record.epoch <= self.rule.epoch:
+                return False
+            self.rule = Rule(self.addresses, record)
+        if learnt:
+            logger.info("redlock.members_adopted", epoch=record.epoch,
+                        members=list(record.members), joining=list(record.joining or ()),
+                        possible=self.rule.possible)
+        return True
 
     def _enough(self, votes: Callable[[object], int | None],
                 group: Callable[[object], object] = lambda _reply: None) -> Decision:
@@ -108,22 +134,22 @@ class RedlockCore(Holding):
         count yet (restarted, being judged; or found restarted by this very request's new
         connection, docs/design.md §4.4) never votes yes. The yes votes count per
         ``group`` of their reply (a permit's slot, §12.2; one group for other kinds): a
-        quorum must grant the same one."""
-        q, n, suspect = self.quorum, self.n, set(self.amnesia.health.suspect)
+        quorum must grant the same one. Quorums are the membership rule's (§13.2)."""
+        n, suspect, rule = self.n, set(self.amnesia.health.suspect), self.rule
 
         def enough(replies: Sequence[object], identities: Mapping[int, object]) -> bool:
-            yes: dict[object, int] = {}
-            no = 0
+            yes: dict[object, set[int]] = {}
+            no = set()
             for node in range(n):  # (the first n calls: one per node; INFO may follow)
                 reply = replies[node]
                 vote = votes(reply)
                 if vote == 1 and node not in suspect and not (
                         node in identities and restarted(identities[node])):
                     key = group(reply)
-                    yes[key] = yes.get(key, 0) + 1
+                    yes.setdefault(key, set()).add(node)
                 elif vote == 0:
-                    no += 1
-            return max(yes.values(), default=0) >= q or no > n - q
+                    no.add(node)
+            return any(rule.met(nodes) for nodes in yes.values()) or rule.lost(no)
         return enough
 
     # -- acquire ---------------------------------------------------------------
@@ -215,14 +241,15 @@ class RedlockCore(Holding):
         the leader's hands is). Fewer than a quorum is logged, not a failure."""
         kind = state.kind
         assert isinstance(kind, Leadership)
-        calls = tuple(kind.proclaim_call(self.keys, i, state.resource, state.owner,
-                                         state.token) for i in range(self.n))
+        calls = with_epoch((kind.proclaim_call(self.keys, i, state.resource, state.owner,
+                                               state.token) for i in range(self.n)),
+                           self.keys, self.rule.epoch)
         acks = yield deadline.cap(Broadcast(calls, self.timeout(state.ttl),
                                             enough=self._settled(calls, acks=True)))
         proclaimed = sum(1 for ack in acks if acked(ack))
-        if proclaimed < self.quorum:
+        if not self.rule.met(i for i, ack in enumerate(acks) if acked(ack)):
             logger.warning("redlock.term_unrecorded", resource=state.resource,
-                           token=state.token, recorded=proclaimed, needed=self.quorum,
+                           token=state.token, recorded=proclaimed, needed=self.rule.needed,
                            hint="leader() may not name this leader until its next term;"
                                 " the term itself (the token) is committed")
 
@@ -246,12 +273,15 @@ class RedlockCore(Holding):
                        ttl: float, ticket: str, kind: Kind) -> tuple[Call, ...]:
         args = AcquireArgs(owner, max(1, int(ttl * 1000)), self.floors.get(buckets), ticket,
                            int(patience(self.settings, self.timeout(ttl)) * 1000))
-        return kind.acquire_calls(self.keys, range(self.n), resources, args)
+        return with_epoch(kind.acquire_calls(self.keys, range(self.n), resources, args),
+                          self.keys, self.rule.epoch)
 
     def _attempt(self, resources: tuple[str, ...], owner: str, ttl: float,
                  ticket: str, deadline: Deadline, kind: Kind = MUTEX) -> Flow[AttemptResult]:
         settings, keys, name = self.settings, self.keys, label(resources)
         buckets = kind.buckets(resources)  # the counters involved (§3.0)
+        self.rule.check()  # MembershipError: our nodes cannot form a quorum (§13.2)
+        epoch = self.rule.epoch
         started = self.clock()
         # A manager's first attempt also reads every node's INFO (docs/design.md §4.7),
         # behind the acquire calls on the same connections: no round of its own.
@@ -292,32 +322,38 @@ class RedlockCore(Holding):
             granted = {i: acquire_counters(reply) for i, reply in kept.items()}
             if granted:  # the next attempt lifts the nodes that lag behind the highest
                 self.floors.raise_to(buckets, max(max(c) for c in granted.values()))
-            if len(granted) >= self.quorum:
+            # Counted under the newest configuration we know (this round's refusals may
+            # have taught us one: a stricter rule, never a weaker one, §13.4).
+            rule = self.rule
+            if rule.met(granted):
                 # The token rule, resource by resource (docs/design.md §3).
                 choices = {r: choose_token({i: c[j] for i, c in granted.items()})
                            for j, r in enumerate(resources)}
-                committed = {r: len(c.committed) for r, c in choices.items()}
-                write_backs = [(r, held_kind.write_back_call(keys, i, r, owner, c.token))
-                               for r, c in choices.items()
-                               if committed[r] < self.quorum
-                               for i in c.write_back]
+                committed = {r: set(c.committed) for r, c in choices.items()}
+                write_backs = [(r, call) for r, c in choices.items()
+                               if not rule.met(committed[r])
+                               for call in with_epoch(
+                                   (held_kind.write_back_call(keys, i, r, owner, c.token)
+                                    for i in c.write_back), keys, epoch)]
                 if write_backs:
                     # Counters diverged: raise the lower ones to the token, but only on
                     # nodes that still hold our key (the script checks the owner).
                     acks = yield Broadcast(tuple(call for _, call in write_backs),
                                            deadline.bound(self.timeout(ttl)),
                                            enough=_commit_enough(write_backs, committed,
-                                                                 self.quorum))
-                    for (r, _), ack in zip(write_backs, acks, strict=True):
-                        committed[r] += acked(ack)
+                                                                 rule))
+                    rule = self.rule
+                    for (r, call), ack in zip(write_backs, acks, strict=True):
+                        if acked(ack):
+                            committed[r].add(call.node)
                     for r in {r for r, _ in write_backs}:
                         logger.info("redlock.token_write_back", resource=r,
                                     token=choices[r].token,
                                     returned_token=len(choices[r].committed),
                                     written_back=len(choices[r].write_back),
-                                    committed=committed[r])
+                                    committed=len(committed[r]))
                 validity = validity_left(settings, ttl, started, self.clock())
-                short = [r for r in resources if committed[r] < self.quorum]
+                short = [r for r in resources if not rule.met(committed[r])]
                 too_big = [r for r in resources if choices[r].token >= TOKEN_LIMIT]
                 if not short and not too_big and validity > 0:
                     tokens = {r: c.token for r, c in choices.items()}
@@ -332,11 +368,15 @@ class RedlockCore(Holding):
                 if too_big:
                     reason = f"fence counter reached {TOKEN_LIMIT}"
                 elif short:
-                    reason = f"token committed on {committed[short[0]]} nodes, need {self.quorum}"
+                    reason = ("token " + rule.count(committed[short[0]], "committed")
+                              if rule.joint else f"token committed on"
+                              f" {len(committed[short[0]])} nodes, need {rule.needed}")
                 else:
                     reason = "validity ran out during the attempt"
             else:
-                reason = f"{len(granted)} of {self.n} nodes granted, need {self.quorum}"
+                reason = rule.count(granted, "granted")
+                if rule.epoch:
+                    reason += f" (membership epoch {rule.epoch})"
         except GeneratorExit:
             raise
         except BaseException:
@@ -350,8 +390,10 @@ class RedlockCore(Holding):
         if maybe_set:
             yield deadline.cap(self._release_calls(resources, owner, ttl, leave=False,
                                                    nodes=maybe_set, kind=kind))
-        healthy = sum(1 for r in outcomes if r.outcome in (Outcome.GRANTED, Outcome.REFUSED))
-        unavailable = healthy < self.quorum
+        healthy = [i for i, r in enumerate(outcomes)
+                   if r.outcome in (Outcome.GRANTED, Outcome.REFUSED)]
+        relearnt = self.rule.epoch != epoch  # refused for our epoch: try again at once
+        unavailable = not self.rule.met(healthy) and not relearnt
         if all(isinstance(reply, NodeFailure) and reply.kind is FailureKind.TIMEOUT
                for reply in replies):
             reason += (f"; every node timed out after {request.timeout * 1000:.0f} ms:"
@@ -363,10 +405,10 @@ class RedlockCore(Holding):
         permanent = unavailable and any(
             isinstance(reply, NodeFailure) and reply.permanent for reply in replies)
         logger.debug("redlock.quorum_failed", resource=name, reason=reason,
-                     granted=len(granted), needed=self.quorum, nodes=self.n,
+                     granted=len(granted), needed=self.rule.needed, nodes=self.n,
                      unavailable=unavailable, outcomes=describe(outcomes))
-        return AttemptResult(None, outcomes, unavailable, permanent, reason=reason,
-                             next_kind=kind.next_attempt(replies))
+        return AttemptResult(None, outcomes, unavailable, permanent, retry_now=relearnt,
+                             reason=reason, next_kind=kind.next_attempt(replies))
 
     # -- repair ------------------------------------------------------------------
 
@@ -383,13 +425,14 @@ class RedlockCore(Holding):
         return (yield from upgrade(self.amnesia))
 
 
-def _commit_enough(write_backs: Sequence[tuple[str, Call]], committed: dict[str, int],
-                   quorum: int) -> Decision:
+def _commit_enough(write_backs: Sequence[tuple[str, Call]], committed: dict[str, set[int]],
+                   rule: Rule) -> Decision:
     """The write-back round is decided once every resource's token is committed on a
-    quorum (what the token already had, plus the acks so far)."""
+    quorum of the rule (the nodes that returned it, plus those that acked so far)."""
     def enough(replies: Sequence[object], _identities: Mapping[int, object]) -> bool:
-        now = dict(committed)
-        for (resource, _), ack in zip(write_backs, replies, strict=True):
-            now[resource] += acked(ack)
-        return all(count >= quorum for count in now.values())
+        now = {r: set(nodes) for r, nodes in committed.items()}
+        for (resource, call), ack in zip(write_backs, replies, strict=True):
+            if acked(ack):
+                now[resource].add(call.node)
+        return all(rule.met(nodes) for nodes in now.values())
     return enough

@@ -145,20 +145,28 @@ def adopt(core: RedlockCore, handover: Handover) -> Flow[LockState]:
               for i in range(core.n)),
         min(core.timeout(), carried))
     outcomes = tuple(owned_outcome(core.addresses[i], reply) for i, reply in enumerate(replies))
-    owned = sorted((r.pttl_ms for r in outcomes
+    owned = sorted(((r.pttl_ms, i) for i, r in enumerate(outcomes)
                     if r.outcome is Outcome.GRANTED and r.pttl_ms is not None), reverse=True)
-    if len(owned) < core.quorum:
-        answered = sum(1 for r in outcomes if r.outcome is not Outcome.ERROR)
-        if answered < core.quorum:
+    # The key's time left on a quorum (the membership rule's, docs/design.md §13.2): the
+    # PTTL of the last node of the longest-lived owning nodes that make one.
+    rule, holding, quorum_pttl_ms = core.rule, [], None
+    for pttl_ms, node in owned:
+        holding.append(node)
+        if rule.met(holding):
+            quorum_pttl_ms = pttl_ms
+            break
+    if quorum_pttl_ms is None:
+        answered = [i for i, r in enumerate(outcomes) if r.outcome is not Outcome.ERROR]
+        if not rule.met(answered):
             raise QuorumUnavailable(
-                f"could not adopt {resource!r}: only {answered} of {core.n} nodes answered,"
-                f" need {core.quorum}; {describe(outcomes)}",
+                f"could not adopt {resource!r}: only {len(answered)} of {core.n} nodes"
+                f" answered, need {rule.needed}; {describe(outcomes)}",
                 resource=resource, outcomes=outcomes)
         raise LockLost(
             f"could not adopt {resource!r}: only {len(owned)} of {core.n} nodes still hold"
             " its key (it expired, was released, or is someone else's now); "
             f"{describe(outcomes)}", resource=resource, outcomes=outcomes)
-    quorum_pttl = owned[core.quorum - 1] / 1000.0
+    quorum_pttl = quorum_pttl_ms / 1000.0
     measured = quorum_pttl - core.settings.drift(quorum_pttl)
     deadline = started + min(carried, measured)
     if core.clock() >= deadline:

@@ -14,7 +14,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from redlock._core.environment import Environment
-from redlock._core.kinds import MUTEX, Kind
+from redlock._core.kinds import MUTEX, Kind, with_epoch
+from redlock._core.members import Rule
 from redlock._core.requests import (
     PENDING,
     Broadcast,
@@ -48,6 +49,7 @@ class Holding:
     keys: Keys
     n: int
     quorum: int
+    rule: Rule  # the membership rule (docs/design.md §13.2): what a quorum is
     node_outages: NodeOutages
     clock: Callable[[], float]
 
@@ -82,40 +84,43 @@ class Holding:
         in it (one acquisition's key of one resource) is settled, i.e. a quorum of the
         nodes asked answered for it (``acks``: acknowledged it, replied 1, as an extend
         needs; or more nodes answered "our key is gone" than a quorum can spare: it
-        cannot be extended). The stragglers then get the transport's grace, as long
-        again as the decision took; what they answer later is read in the background.
-        Until then the request waits for every node, up to its timeout: it never gives
-        up on a node that may still answer in time."""
+        cannot be extended; counted by the membership rule, §13.2). The stragglers
+        then get the transport's grace, as long again as the decision took; what they
+        answer later is read in the background. Until then the request waits for every
+        node, up to its timeout: it never gives up on a node that may still answer in
+        time."""
         keys: dict[tuple[object, tuple[str, ...]], list[int]] = {}
         nodes = set()
         for index, call in enumerate(calls):
             nodes.add(call.node)
             keys.setdefault((call.args[0], call.keys), []).append(index)
         per_key = list(keys.values())
-        spare, needed = self.n - self.quorum, min(self.quorum, len(nodes))
+        needed, rule = min(self.quorum, len(nodes)), self.rule
 
         def key_settled(indexes: list[int], replies: Sequence[object]) -> bool:
             if not acks:
                 return sum(1 for i in indexes if replies[i] is not PENDING) >= needed
-            return (sum(1 for i in indexes if acked(replies[i])) >= needed
-                    or sum(1 for i in indexes if key_gone(replies[i])) > spare)
+            return (rule.met(calls[i].node for i in indexes if acked(replies[i]))
+                    or rule.lost(calls[i].node for i in indexes if key_gone(replies[i])))
 
         def settled(replies: Sequence[object], _identities: Mapping[int, object]) -> bool:
             return all(key_settled(indexes, replies) for indexes in per_key)
         return settled
 
     def _per_node(self, replies: Sequence[object], resources: int,
-                  refused: str) -> tuple[list[NodeResult], list[int]]:
+                  refused: str) -> tuple[list[NodeResult], list[set[int]]]:
         """Replies of an owner-checked script sent per node and resource (node-major):
         each node's outcome (GRANTED only if it acked every resource) and, per
-        resource, how many nodes acked."""
-        outcomes, acks = [], [0] * resources
+        resource, the nodes that acked."""
+        outcomes: list[NodeResult] = []
+        acks: list[set[int]] = [set() for _ in range(resources)]
         for i in range(self.n):
             mine = replies[i * resources:(i + 1) * resources]
             results = [ack_outcome(self.addresses[i], reply, refused=refused)
                        for reply in mine]
             for j, result in enumerate(results):
-                acks[j] += result.outcome is Outcome.GRANTED
+                if result.outcome is Outcome.GRANTED:
+                    acks[j].add(i)
             worst = next((r for r in results if r.outcome is Outcome.ERROR),
                          next((r for r in results if r.outcome is Outcome.REFUSED), results[0]))
             outcomes.append(worst)
@@ -163,21 +168,31 @@ class Holding:
                 if state.status == Status.HELD and started < state.deadline]
         results: dict[LockState, tuple[NodeResult, ...] | None] = {}
         if live:
-            calls = tuple(
-                state.kind.extend_call(self.keys, i, r, state.owner, max(1, int(ttl * 1000)))
-                for state, ttl in live for i in range(self.n) for r in state.resources)
-            # A round may take up to half the validity left (and at least a request
-            # timeout): an answer that comes later than a round trip is still in time
-            # while the lock is valid, and a round given up too early is only sent again
-            # (a batch of 200 renewals on a busy event loop took longer than the 50 ms a
-            # single round trip gave it, again and again, until 33 of 200 locks were
-            # lost). Early decisions end it as soon as a quorum answered (§2.4).
-            validity_left = min(s.deadline for s, _ in live) - started
-            timeout = min(max(self.timeout(max(t for _, t in live)), validity_left / 2),
-                          validity_left)
-            replies = yield Broadcast(calls, timeout, enough=self._settled(calls, acks=True),
-                                      lane=lane)
-            finished, offset = self.clock(), 0
+            epoch = self.rule.epoch
+            for _ in range(2):  # again at once if a node taught us a newer epoch (§13.1)
+                calls = with_epoch((
+                    state.kind.extend_call(self.keys, i, r, state.owner,
+                                           max(1, int(ttl * 1000)))
+                    for state, ttl in live for i in range(self.n) for r in state.resources),
+                    self.keys, epoch)
+                # A round may take up to half the validity left (and at least a request
+                # timeout): an answer that comes later than a round trip is still in
+                # time while the lock is valid, and a round given up too early is only
+                # sent again (a batch of 200 renewals on a busy event loop took longer
+                # than the 50 ms a single round trip gave it, again and again, until 33
+                # of 200 locks were lost). Early decisions end it as soon as a quorum
+                # answered (§2.4).
+                validity_left = min(s.deadline for s, _ in live) - self.clock()
+                timeout = min(max(self.timeout(max(t for _, t in live)), validity_left / 2),
+                              validity_left)
+                replies = yield Broadcast(calls, timeout,
+                                          enough=self._settled(calls, acks=True), lane=lane)
+                if self.rule.epoch == epoch or min(s.deadline for s, _ in live) <= (
+                        self.clock()):
+                    break
+                epoch = self.rule.epoch
+            # Counted under the newest configuration we know (§13.4).
+            finished, offset, rule = self.clock(), 0, self.rule
             for state, ttl in live:
                 size = self.n * len(state.resources)
                 outcomes, acks = self._per_node(replies[offset:offset + size],
@@ -186,10 +201,10 @@ class Holding:
                 offset += size
                 if self.node_outages:
                     self.node_outages.answers(logger, outcomes)
-                if min(acks) >= self.quorum and finished < state.deadline and state.renewed(
-                        started + ttl - self.settings.drift(ttl), ttl):
+                if all(rule.met(a) for a in acks) and finished < state.deadline and (
+                        state.renewed(started + ttl - self.settings.drift(ttl), ttl)):
                     logger.debug("redlock.extended", resource=state.resource,
-                                 token=state.token, acks=min(acks), ttl_s=ttl)
+                                 token=state.token, acks=min(len(a) for a in acks), ttl_s=ttl)
                     results[state] = None
                 else:
                     results[state] = tuple(outcomes)
@@ -228,15 +243,16 @@ class Holding:
             yield Pause(min(delay, left))
 
     def key_gone(self, outcomes: Sequence[NodeResult]) -> bool:
-        """More nodes answered that our key is gone than a quorum can spare: no extend
-        can succeed any more. Only answers count: an error or a reply not read says
-        nothing about our key."""
-        return sum(1 for r in outcomes if r.outcome is Outcome.REFUSED) > self.n - self.quorum
+        """More nodes answered that our key is gone than a quorum can spare (by the
+        membership rule, §13.2): no extend can succeed any more. Only answers count: an
+        error or a reply not read says nothing about our key."""
+        return self.rule.lost(i for i, r in enumerate(outcomes)
+                              if r.outcome is Outcome.REFUSED)
 
     def loss_reason(self, outcomes: Sequence[NodeResult]) -> str:
         """Why a held lock is lost, in the nodes' words."""
         gone = sum(1 for r in outcomes if r.outcome is Outcome.REFUSED)
-        if gone > self.n - self.quorum:
+        if self.key_gone(outcomes):
             return (f"{gone} of {self.n} nodes answered that our key is gone (it expired,"
                     " or an operator force-released it), more than a quorum can spare")
         return (f"no quorum of the {self.n} nodes renewed it before its validity ran out"

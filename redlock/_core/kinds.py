@@ -18,7 +18,7 @@ read-write lock at once. A kind's tokens come from the counter of a name
 from __future__ import annotations
 
 import zlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from redlock._core.requests import Call, CommandArg
@@ -43,6 +43,15 @@ class AcquireArgs:
     floor: int
     ticket: str  # '' for a single try: it neither joins nor jumps the line
     patience_ms: int
+
+
+def with_epoch(calls: Iterable[Call], keys: Keys, epoch: int) -> tuple[Call, ...]:
+    """Calls of the scripts that grant, commit or renew, as they are sent: with the
+    node's membership record as last key and the client's epoch as last argument
+    (docs/design.md §13.1; the scripts' EPOCH_CHECK). Every such call a kind builds
+    goes out through here."""
+    return tuple(replace(call, keys=(*call.keys, keys.members), args=(*call.args, epoch))
+                 for call in calls)
 
 
 class Kind:
@@ -363,4 +372,4 @@ WRITE = ReadWrite(mode="w")
 READ = ReadWrite(mode="r")
 
 __all__ = ["LEADERSHIP", "MUTEX", "READ", "WRITE", "AcquireArgs", "Kind", "Leadership",
-           "Permit", "ReadWrite"]
+           "Permit", "ReadWrite", "with_epoch"]

@@ -200,6 +200,11 @@ class Keys:
         return f"{self.namespace}:node:fence"
 
     @property
+    def members(self) -> str:
+        """The node's membership record (docs/design.md §13.1): a hash, no TTL."""
+        return f"{self.namespace}:node:members"
+
+    @property
     def marker(self) -> str:
         return f"{self.namespace}:node:marker"
 

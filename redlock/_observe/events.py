@@ -56,9 +56,29 @@ SENTENCES: Mapping[str, str] = {
         " failed with it: {renewals_failed}",
 
     # -- an operator should look (WARNING) -------------------------------------------------
+    "redlock.members_adopted":
+        "the cluster's membership changed: now epoch {epoch}, members {members} (joining:"
+        " {joining}), learnt from the nodes (one refused an older epoch, or members() read"
+        " it); quorums are counted under it (docs/design.md §13; possible with this"
+        " client's nodes: {possible})",
+    "redlock.members_joint":
+        "membership change: the joint configuration (epoch {epoch}) is on {acknowledged};"
+        " from now on every acquire needs a majority of the old and of the new set",
+    "redlock.members_seeded":
+        "membership change (epoch {epoch}): fence counters (highest {highest}) and markers"
+        " seeded on {nodes}",
+    "redlock.members_waiting":
+        "membership change (epoch {epoch}): waiting {seconds} s until every lock granted"
+        " under the old configuration has expired",
     "redlock.cluster_initialised_by_hand":
         "initialise() wrote node markers on {initialised} of {nodes} nodes (force:"
         " {forced}); from now on a node that loses its data is detected",
+    "redlock.members_change_started":
+        "membership change to epoch {epoch} started: from {old} to {new}; it takes about"
+        " {wait_s} s (acquires need a majority of both sets meanwhile)",
+    "redlock.members_changed":
+        "membership changed: epoch {epoch}, members {members}; retired {retired}; not"
+        " reached: {unreached} (give every client the new list)",
     "redlock.node_unidentifiable":
         "node {node} may not run INFO (ACL -@dangerous): its restarts and rollbacks cannot"
         " be detected; allow +info for the lock user",

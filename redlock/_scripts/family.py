@@ -4,15 +4,16 @@ wherever a grant is one key holding an owner value: ACQUIRE grants an election's
 leadership, RELEASE / EXTEND / WRITE_BACK give back, renew and commit a leadership, a
 write grant and a permit (with that kind's keys). The scripts here do the rest.
 
-Every granting script starts with the node's marker check (no marker: ``{-1, 0}``, the
-node refuses, §4) and takes tokens with ``settle`` of the mutex's scripts, from the
-bucket of the name whose counter the kind uses (§12.0), so the amnesia, upgrade and
-token rules are the mutex's.
+Every script that grants, commits or renews starts with the membership check
+(``guarded``, docs/design.md §13.1), and every granting script then with the node's
+marker check (no marker: ``{-1, 0}``, the node refuses, §4) and takes tokens with
+``settle`` of the mutex's scripts, from the bucket of the name whose counter the kind
+uses (§12.0), so the amnesia, upgrade and token rules are the mutex's.
 """
 
 from __future__ import annotations
 
-from redlock._scripts.lock import LINE_FUNCTIONS, TOKEN_FUNCTIONS
+from redlock._scripts.lock import LINE_FUNCTIONS, TOKEN_FUNCTIONS, guarded
 from redlock._scripts.script import Script
 
 # A node holds a permit of slot K or above: a client configured with more permits uses
@@ -21,7 +22,7 @@ SEM_MORE_PERMITS = -2
 
 # -- leader election (§12.1) -------------------------------------------------------------
 
-PROCLAIM = Script(
+PROCLAIM = guarded(
     "proclaim",
     """
 -- KEYS[1] the election's leader key, KEYS[2] its term record, KEYS[3] the elected channel
@@ -40,7 +41,7 @@ return 1
 """,
 )
 
-EXTEND_LEADER = Script(
+EXTEND_LEADER = guarded(
     "extend_leader",
     """
 -- KEYS[1] the election's leader key, KEYS[2] its term record
@@ -78,7 +79,7 @@ return {redis.call('PTTL', KEYS[1]), holder, redis.call('GET', KEYS[2]) or '',
 
 # -- counting semaphore (§12.2) ------------------------------------------------------------
 
-SEM_ACQUIRE = Script(
+SEM_ACQUIRE = guarded(
     "sem_acquire",
     """
 -- KEYS[1] node marker, KEYS[2] the previous format's marker, KEYS[3] node fence counters,
@@ -234,7 +235,7 @@ local function keep_readers(readers, now)
 end
 """
 
-RW_ACQUIRE = Script(
+RW_ACQUIRE = guarded(
     "rw_acquire",
     """
 -- KEYS[1] node marker, KEYS[2] the previous format's marker, KEYS[3] node fence counters,
@@ -333,7 +334,7 @@ return {1, settle(KEYS[3], ARGV[7], KEYS[9], tonumber(ARGV[4]), 0, format)}
 """,
 )
 
-READ_EXTEND = Script(
+READ_EXTEND = guarded(
     "read_extend",
     """
 -- KEYS[1] the readers
@@ -352,7 +353,7 @@ return 1
 """,
 )
 
-READ_WRITE_BACK = Script(
+READ_WRITE_BACK = guarded(
     "read_write_back",
     """
 -- KEYS[1] the readers, KEYS[2] node fence counters, KEYS[3] node marker,

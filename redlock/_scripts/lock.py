@@ -27,6 +27,38 @@ ACQUIRE_AMNESIAC = -1  # the node has no marker: it may have forgotten locks and
 ACQUIRE_NOT_YOUR_TURN = 3  # free, but others are first in line; second element: how many
 
 
+
+# -- membership (docs/design.md §13) ---------------------------------------------------
+#
+# Every script that grants, commits or renews takes the node's membership record as its
+# last key and the client's epoch as its last argument, and starts with EPOCH_CHECK: a
+# node whose record's epoch is above the client's, or that a change retired, refuses
+# with the record and changes nothing; the rest of the script sees KEYS and ARGV without
+# them (local copies shadow the globals), so its own indexes are unchanged.
+
+STALE_EPOCH = -3  # {-3, epoch, members, joining, retired}: the client must adopt it
+
+EPOCH_CHECK = """
+-- KEYS[#KEYS] the node's membership record (hash: epoch, members, joining, retired),
+-- ARGV[#ARGV] the client's epoch; refuses with {-3, epoch, members, joining, retired}
+local MEMBERS_KEY, CLIENT_EPOCH = KEYS[#KEYS], tonumber(ARGV[#ARGV])
+local KEYS = {unpack(KEYS, 1, #KEYS - 1)}
+local ARGV = {unpack(ARGV, 1, #ARGV - 1)}
+do
+    local record = redis.call('HMGET', MEMBERS_KEY, 'epoch', 'members', 'joining', 'retired')
+    local epoch = tonumber(record[1] or '0') or 0
+    if epoch > CLIENT_EPOCH or record[4] == '1' then
+        return {-3, epoch, record[2] or '', record[3] or '', record[4] or ''}
+    end
+end
+"""
+
+
+def guarded(name: str, source: str) -> Script:
+    """A granting, committing or renewing script, behind :data:`EPOCH_CHECK`."""
+    return Script(name, EPOCH_CHECK + source)
+
+
 # -- fence counters (docs/design.md §3) -------------------------------------------------
 #
 # A resource's counter is one field (its bucket, from a hash of its name) of the node's
@@ -111,7 +143,7 @@ local function keep_until(line, deadlines, waiter, until_ms, now)
 end
 """
 
-ACQUIRE = Script(
+ACQUIRE = guarded(
     "acquire",
     """
 -- KEYS[1] lock key, KEYS[2] node fence counters (hash), KEYS[3] node marker key,
@@ -184,7 +216,7 @@ return {1, settle(KEYS[2], ARGV[6], KEYS[6], tonumber(ARGV[3]), 1, format)}
 # A set of resources at once, atomically on each node: every key set or none, so no
 # node holds part of a set and nobody holds one resource while waiting for another (no
 # hold-and-wait: overlapping sets cannot deadlock). Same reply shape as ACQUIRE.
-ACQUIRE_MANY = Script(
+ACQUIRE_MANY = guarded(
     "acquire_many",
     """
 -- KEYS[1] node marker, KEYS[2] the previous format's marker, KEYS[3] node fence counters;
@@ -246,7 +278,7 @@ return reply
 """,
 )
 
-WRITE_BACK = Script(
+WRITE_BACK = guarded(
     "write_back",
     """
 -- KEYS[1] lock key, KEYS[2] node fence counters, KEYS[3] node marker key,
@@ -311,7 +343,7 @@ return released
 """,
 )
 
-EXTEND = Script(
+EXTEND = guarded(
     "extend",
     """
 -- KEYS[1] lock key

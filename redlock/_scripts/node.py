@@ -289,3 +289,73 @@ end
 return folded
 """,
 )
+
+# -- membership changes (docs/design.md §13.3) --------------------------------------------
+
+# Replies of WRITE_MEMBERS (first element).
+MEMBERS_WRITTEN = 1  # {1}: written, or the same record was there
+MEMBERS_NEWER = 0  # {0, epoch, members, joining, retired}: a higher epoch (or another
+# record of the same epoch) is there: nothing written
+
+WRITE_MEMBERS = Script(
+    "write_members",
+    """
+-- KEYS[1] the node's membership record (hash)
+-- ARGV[1] epoch, ARGV[2] members, ARGV[3] joining ('' for a stable configuration),
+-- ARGV[4] retired ('1' on a node the change removes, else '')
+-- returns {1} written (the stored epoch was lower), or this very record was there
+--         {0, epoch, members, joining, retired} what is there: a higher epoch, or the same
+--         epoch with another configuration; nothing written (epochs never go down)
+local record = redis.call('HMGET', KEYS[1], 'epoch', 'members', 'joining', 'retired')
+local epoch = tonumber(record[1] or '0') or 0
+local wanted = tonumber(ARGV[1])
+if epoch == wanted and (record[2] or '') == ARGV[2] and (record[3] or '') == ARGV[3]
+        and (record[4] or '') == ARGV[4] then
+    return {1}
+end
+if epoch >= wanted then
+    return {0, epoch, record[2] or '', record[3] or '', record[4] or ''}
+end
+redis.call('DEL', KEYS[1])
+redis.call('HSET', KEYS[1], 'epoch', ARGV[1], 'members', ARGV[2])
+if ARGV[3] ~= '' then
+    redis.call('HSET', KEYS[1], 'joining', ARGV[3])
+end
+if ARGV[4] ~= '' then
+    redis.call('HSET', KEYS[1], 'retired', ARGV[4])
+end
+return {1}
+""",
+)
+
+SEED_MEMBER = Script(
+    "seed_member",
+    """
+-- KEYS[1] the node's fence counters (hash), KEYS[2] node marker key, KEYS[3] amnesia
+-- episode key, KEYS[4] repair claim key, KEYS[5] KEYS[6] the barrier (the previous
+-- format's episode and repair-claim keys), KEYS[7] the node's membership record,
+-- KEYS[8] the previous format's marker
+-- ARGV[1] marker text, ARGV[2] the change's joint epoch, ARGV[3..] bucket, seed, ...
+-- returns 1   seeded: counters = max(counter, seed); the marker written if it had none
+--             (stamped with this server's run id; its episode and repair claim then go)
+--         0   the node's record is not the change's (it is not being added by it)
+-- A node being added holds nothing any configuration counts (docs/design.md §13.3).
+""" + _MARKER_FUNCTIONS + """
+if redis.call('HGET', KEYS[7], 'epoch') ~= ARGV[2] then
+    return 0
+end
+for i = 3, #ARGV, 2 do
+    local current = tonumber(redis.call('HGET', KEYS[1], ARGV[i]) or '0')
+    local seed = tonumber(ARGV[i + 1])
+    if seed > current then
+        redis.call('HINCRBY', KEYS[1], ARGV[i], seed - current)
+    end
+end
+if not marked(KEYS[2], KEYS[8]) then
+    redis.call('SET', KEYS[2], 'run_id=' .. server_run() .. ' ' .. ARGV[1])
+    bar_previous_format(KEYS[5], KEYS[6])
+    redis.call('DEL', KEYS[3], KEYS[4])
+end
+return 1
+""",
+)

@@ -6,7 +6,8 @@ The transports hand over raw replies (redis-py is asked not to decode): bytes, i
 lists; or, for a call that failed, a :class:`NodeFailure` (the I/O layer maps redis-py's
 exceptions once, :mod:`redlock._io.failures`), or ``NotAwaited``. Parsers here never
 raise on a malformed reply: a reply that is not what the script returns is a failure of
-that node, said as such.
+that node, said as such. (The membership record's own scripts, WRITE_MEMBERS and its
+read, have their readers next to the record, :mod:`redlock._scripts.record`.)
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any, TypeVar
 
 from redlock._scripts import lock as scripts
 from redlock._scripts import node as node_scripts
+from redlock._scripts.record import Members, from_fields
 from redlock.errors import NodeResult, Outcome
 
 T = TypeVar("T")
@@ -129,13 +131,34 @@ def _not_read(node: str, reply: object) -> NodeResult | None:
     return None
 
 
+# -- the membership check of the granting scripts (docs/design.md §13.1) ----------------
+
+
+def epoch_refusal(reply: object) -> Members | None:
+    """The record a guarded script refused with (its epoch is above the client's, or the
+    node is retired), or None if the reply is no such refusal."""
+    if (isinstance(reply, list | tuple) and len(reply) == 5
+            and reply[0] == scripts.STALE_EPOCH):
+        return from_fields(*reply[1:])
+    return None
+
+
+def _refused_epoch(node: str, reply: object) -> NodeResult | None:
+    record = epoch_refusal(reply)
+    if record is None:
+        return None
+    why = ("removed from the cluster by a membership change" if record.retired else
+           "the cluster's membership changed (adopted: the request is sent again under it)")
+    return NodeResult(node, Outcome.ERROR, f"{why}: {record}")
+
+
 # -- ACQUIRE, ACQUIRE_MANY ---------------------------------------------------------------
 
 
 def acquire_outcome(node: str, reply: object, resources: int = 1) -> NodeResult:
     """ACQUIRE's reply (one resource) or ACQUIRE_MANY's (a set of ``resources``); a
     granting node's counters are :func:`acquire_counters` (``counter``: the largest)."""
-    unanswered = _not_read(node, reply)
+    unanswered = _not_read(node, reply) or _refused_epoch(node, reply)
     if unanswered is not None:
         return unanswered
     if not isinstance(reply, list | tuple) or len(reply) < 2:
@@ -183,7 +206,8 @@ def acquire_set_nothing(reply: object) -> bool:
     """An ACQUIRE / ACQUIRE_MANY reply that set nothing on its node (refused, or no
     marker): a failed attempt need not release there."""
     return isinstance(reply, list | tuple) and bool(reply) and reply[0] in (
-        scripts.ACQUIRE_REFUSED, scripts.ACQUIRE_NOT_YOUR_TURN, scripts.ACQUIRE_AMNESIAC)
+        scripts.ACQUIRE_REFUSED, scripts.ACQUIRE_NOT_YOUR_TURN, scripts.ACQUIRE_AMNESIAC,
+        scripts.STALE_EPOCH)
 
 
 # -- the owner-checked scripts: EXTEND, WRITE_BACK, RELEASE ------------------------------
@@ -202,8 +226,8 @@ def key_gone(reply: object) -> bool:
 def ack_outcome(node: str, reply: object, *, refused: str) -> NodeResult:
     """An owner-checked script's reply: 1 = done, 0 = our key is not there. Only a 0 the
     node sent is a refusal: anything else (no reply read, a failure, a reply of another
-    shape) is an error and says nothing about our key."""
-    unanswered = _not_read(node, reply)
+    shape, a refusal of the client's epoch) is an error and says nothing about our key."""
+    unanswered = _not_read(node, reply) or _refused_epoch(node, reply)
     if unanswered is not None:
         return unanswered
     if acked(reply):

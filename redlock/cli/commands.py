@@ -9,6 +9,8 @@ and the operator's tools. docs/operations.md has the whole story.
     redlock initialise --nodes ... [--force]        mark a new or partially initialised cluster
     redlock upgrade --nodes ...                     move nodes from the previous format (a
                                                     fence counter per resource) to this one
+    redlock members --nodes ...                     the cluster's membership (epoch, members)
+    redlock members --nodes ... --change URL ...    make URL ... the members, online (§13)
     redlock demo [--count 3 | --nodes URL ...]      workers contending on local redis-servers
                                                     (or on the nodes given)
 
@@ -44,7 +46,9 @@ from redlock.cli.render import (
     lock_summary,
     report_unreachable,
     say,
+    show_change,
     show_family,
+    show_members,
     show_nodes,
     show_release,
     show_repair,
@@ -245,6 +249,43 @@ def cmd_upgrade(args: argparse.Namespace) -> int:
     return _repair_reports(args, reports)
 
 
+def _named(dlm: Redlock, urls: Sequence[str], given: Sequence[str], option: str) -> list[str]:
+    """Nodes given to ``option`` as URLs among --nodes (or as addresses), as addresses."""
+    named = []
+    for node in given:
+        if node in urls:
+            named.append(dlm.nodes[list(urls).index(node)])
+        elif node in dlm.nodes:
+            named.append(node)
+        else:
+            raise CliError(f"{option} {node}: not one of --nodes (give every node of the"
+                           " current and the new set to --nodes)", EXIT_USAGE)
+    return named
+
+
+def cmd_members(args: argparse.Namespace) -> int:
+    """Show the membership; with --change, change it (docs/operations.md)."""
+    urls = node_urls(args)
+    with open_manager(args) as dlm:
+        if args.change is None:
+            show_members(dlm.members(), args.json)
+            return EXIT_OK
+        new = _named(dlm, urls, args.change, "--change")
+        current = None if args.current is None else _named(dlm, urls, args.current,
+                                                           "--current")
+        confirm(args, "change the members",
+                f"Make {', '.join(new)} the cluster's members? Acquires need a majority of"
+                f" the old and of the new set for about {args.wait:g} s; give clients the new"
+                " list only once the change has written its joint record (docs/operations.md,"
+                " \"Adding and removing nodes\").")
+        try:
+            change = dlm.change_members(new, current=current, wait=args.wait)
+        except ValueError as exc:
+            raise CliError(str(exc), EXIT_USAGE) from None
+    show_change(change, args.json)
+    return EXIT_PARTIAL if change.unreached else EXIT_OK
+
+
 # -- the parser ------------------------------------------------------------------------
 
 
@@ -332,6 +373,18 @@ def build_parser() -> argparse.ArgumentParser:
     command("upgrade", cmd_upgrade, "move the nodes from the previous format (a fence counter"
             " per resource) to a fixed set per node, once every client runs this release"
             " (asks; --yes)", confirmable)
+    members = command("members", cmd_members,
+                      "the cluster's membership (epoch, members); with --change, add and"
+                      " remove nodes online (asks; --yes)", confirmable)
+    members.add_argument("--change", nargs="+", metavar="URL",
+                         help="the new members (each one of --nodes, which must list every"
+                              " node of the current and the new set)")
+    members.add_argument("--current", nargs="+", metavar="URL",
+                         help="the members now, for a cluster that never changed (default:"
+                              " the nodes of --nodes that have their marker)")
+    members.add_argument("--wait", type=_positive_seconds, default=3600.0, metavar="SECONDS",
+                         help="the largest max_ttl of any client: locks granted before the"
+                              " change live at most this long (default: 3600)")
     commands.add_parser("demo", help="workers contending for one lock on local redis-server"
                                      " nodes, or on --nodes URL ... (redlock demo --help)",
                         add_help=False)

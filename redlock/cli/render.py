@@ -18,6 +18,8 @@ from typing import Any
 
 from redlock._core.amnesia.repair import RepairReport, RepairStatus
 from redlock._core.inspect import LockStatus, ReleaseReport
+from redlock._core.membership import MembersChange
+from redlock._scripts.record import Members
 from redlock._scripts.replies import ReleaseStatus
 from redlock.cli.node_report import NodeReport
 
@@ -304,3 +306,28 @@ def show_repair(reports: Sequence[RepairReport], as_json: bool) -> None:
     else:
         print_table(["node", "status", "detail"],
                     [[r.node, r.status, r.detail or "-"] for r in reports])
+
+
+def show_members(found: Members, as_json: bool) -> None:
+    """``redlock members``: the configuration the nodes hold."""
+    if as_json:
+        print_json({"epoch": found.epoch, "members": list(found.members),
+                    "joining": None if found.joining is None else list(found.joining)})
+    else:
+        say(str(found))
+
+
+def show_change(change: MembersChange, as_json: bool) -> None:
+    """``redlock members --change``: what the change did; unreached nodes on stderr."""
+    for node in change.unreached:
+        complain(f"node {node}: did not take its final membership record (safe; run the"
+                 " change again once it answers)")
+    if as_json:
+        print_json({"epoch": change.epoch, "members": list(change.members),
+                    "previous": list(change.previous), "seeded": list(change.seeded),
+                    "retired": list(change.retired), "unreached": list(change.unreached),
+                    "waited_s": change.waited})
+    else:
+        say(f"epoch {change.epoch}: members {', '.join(change.members)} (were"
+            f" {', '.join(change.previous)}); seeded {', '.join(change.seeded) or 'none'};"
+            f" retired {', '.join(change.retired) or 'none'}; waited {change.waited:g} s")

@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 
 from redlock.testing import RedisNodes
 from tests.core.contract import Contract, plain, shown
-from tests.internals import KEYS, Call, bucket, node_scripts, scripts
+from tests.internals import KEYS, Call, bucket, node_scripts, scripts, with_epoch
 from tests.scripted import ScriptedNodes, as_text
 
 K = KEYS
@@ -43,23 +43,32 @@ def server() -> Iterator[redis.Redis]:
 # -- the calls, as the protocols send them ---------------------------------------------
 
 
+def guarded(call: Call, epoch: int) -> Call:
+    """A granting, committing or renewing call, with the membership key and the
+    client's epoch last (docs/design.md §13.1)."""
+    [sent] = with_epoch([call], K, epoch)
+    return sent
+
+
 def acquire(r: str, owner: str, *, ticket: str = "", patience: int = TTL, floor: int = 0,
-            ttl: int = TTL) -> Call:
-    return Call(0, (owner, ttl, floor, ticket, patience, bucket(r)), scripts.ACQUIRE,
-                (K.lock(r), K.counter, K.marker, K.line(r), K.line_deadlines(r),
-                 K.legacy_fence(r), K.legacy_marker))
+            ttl: int = TTL, epoch: int = 0) -> Call:
+    return guarded(Call(0, (owner, ttl, floor, ticket, patience, bucket(r)), scripts.ACQUIRE,
+                        (K.lock(r), K.counter, K.marker, K.line(r), K.line_deadlines(r),
+                         K.legacy_fence(r), K.legacy_marker)), epoch)
 
 
 def acquire_many(resources: list[str], owner: str, floor: int | None = None,
-                 ttl: int = TTL) -> Call:
-    return Call(0, (owner, ttl, floor or 0, *map(bucket, resources)), scripts.ACQUIRE_MANY,
-                (K.marker, K.legacy_marker, K.counter, *map(K.lock, resources),
-                 *map(K.legacy_fence, resources)))
+                 ttl: int = TTL, epoch: int = 0) -> Call:
+    return guarded(Call(0, (owner, ttl, floor or 0, *map(bucket, resources)),
+                        scripts.ACQUIRE_MANY,
+                        (K.marker, K.legacy_marker, K.counter, *map(K.lock, resources),
+                         *map(K.legacy_fence, resources))), epoch)
 
 
-def write_back(r: str, owner: str, token: int) -> Call:
-    return Call(0, (owner, token, bucket(r)), scripts.WRITE_BACK,
-                (K.lock(r), K.counter, K.marker, K.legacy_fence(r), K.legacy_marker))
+def write_back(r: str, owner: str, token: int, epoch: int = 0) -> Call:
+    return guarded(Call(0, (owner, token, bucket(r)), scripts.WRITE_BACK,
+                        (K.lock(r), K.counter, K.marker, K.legacy_fence(r), K.legacy_marker)),
+                   epoch)
 
 
 def release(r: str, owner: str, *, leave: bool = True, patience: int | None = None) -> Call:
@@ -69,8 +78,20 @@ def release(r: str, owner: str, *, leave: bool = True, patience: int | None = No
                 (K.lock(r), K.channel(r), K.line(r), K.line_deadlines(r)))
 
 
-def extend(r: str, owner: str, ttl: int = 2 * TTL) -> Call:
-    return Call(0, (owner, ttl), scripts.EXTEND, (K.lock(r),))
+def extend(r: str, owner: str, ttl: int = 2 * TTL, epoch: int = 0) -> Call:
+    return guarded(Call(0, (owner, ttl), scripts.EXTEND, (K.lock(r),)), epoch)
+
+
+def write_members(epoch: int, members: str, joining: str = "", retired: str = "") -> Call:
+    return Call(0, (epoch, members, joining, retired), node_scripts.WRITE_MEMBERS,
+                (K.members,))
+
+
+def seed_member(joint_epoch: int, counters: dict[str, int]) -> Call:
+    pairs = [a for r, value in counters.items() for a in (bucket(r), value)]
+    return Call(0, ("joined at=1", joint_epoch, *pairs), node_scripts.SEED_MEMBER,
+                (K.counter, K.marker, K.episode, K.repair_guard, *K.barrier, K.members,
+                 K.legacy_marker))
 
 
 def owned_pttl(r: str, owner: str) -> Call:
@@ -320,9 +341,36 @@ def episodes_and_repair(c: Contract) -> None:
     ])
 
 
+def membership(c: Contract) -> None:
+    """Records only go up; a stale epoch or a retired node is refused with the record;
+    a node being added is seeded and marked once, by its change's joint epoch."""
+    c.step(write_members(1, "a:1\nb:1"))
+    c.step(write_members(1, "a:1\nb:1"))  # the same record: written (idempotent)
+    c.step(write_members(1, "a:1"))  # same epoch, another record: refused
+    c.step(acquire("r", "o1", epoch=1))  # no marker yet: amnesiac
+    c.step(seed_member(2, {"r": 5}))  # not this change's epoch
+    c.step(write_members(2, "a:1\nb:1", "a:1\nb:1\nc:1"))
+    c.step(seed_member(2, {"r": 5, "s": 2}))
+    c.step(acquire("r", "o1", epoch=0))  # below the node's epoch: refused with the record
+    c.step(acquire("r", "o1", epoch=2))
+    c.step(extend("r", "o1", epoch=1))
+    c.step(extend("r", "o1", epoch=2))
+    c.step(write_back("r", "o1", 9, epoch=1))
+    c.step(write_back("r", "o1", 9, epoch=3))
+    c.step(acquire_many(["r", "s"], "o2", epoch=1))
+    c.step(seed_member(2, {"r": 3, "s": 7}))  # marked already: counters only rise
+    c.step(marker("run_id=<run> initialised"))
+    c.step(seed_member(2, {"s": 8}))
+    c.step(write_members(1, "a:1"))  # lower: refused
+    c.step(write_members(3, "a:1\nb:1", "", "1"))  # retired
+    c.step(acquire("r", "o3", epoch=3))
+    c.step(extend("r", "o1", epoch=9))
+    c.step(release("r", "o1"))  # releases are never checked
+
+
 SEQUENCES: list[Callable[[Contract], None]] = [
     waiting_line, lapsed_places, tokens_and_ownership, previous_format, without_a_marker,
-    judging, episodes_and_repair]
+    judging, episodes_and_repair, membership]
 
 
 @pytest.mark.parametrize("sequence", SEQUENCES, ids=lambda s: s.__name__)
@@ -481,6 +529,10 @@ def test_random_calls_agree(server: redis.Redis, calls: Callable[[Tickets, str],
 # -- the contract holds the model to the scripts ---------------------------------------
 
 MUTATIONS = [  # (script, a line of it, that line changed)
+    (scripts.EXTEND, "    if epoch > CLIENT_EPOCH or record[4] == '1' then",
+     "    if epoch > CLIENT_EPOCH then"),
+    (node_scripts.WRITE_MEMBERS, "if epoch >= wanted then", "if epoch > wanted then"),
+    (node_scripts.SEED_MEMBER, "if not marked(KEYS[2], KEYS[8]) then", "if true then"),
     (scripts.ACQUIRE, "    local value = math.max(counter, old, floor) + step",
      "    local value = math.max(counter, floor) + step"),
     (scripts.ACQUIRE, "    elseif legacy then", "    elseif false then"),

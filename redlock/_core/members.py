@@ -1,0 +1,105 @@
+"""Cluster membership (docs/design.md §13): a configuration with its epoch, and the
+quorum rule it sets, free of I/O.
+
+A configuration is *stable* (one set C of node addresses) or *joint* (the old set O and
+the new set N, during a change). A set of nodes satisfies a stable configuration when
+it holds a majority of C, a joint one when it holds a majority of O *and* a majority of
+N. Epoch 0 is the configuration of a cluster that never changed: the nodes the client
+was given.
+
+:class:`Rule` applies a configuration to one client's nodes (its indexes 0..n-1, named
+by ``addresses``): a client counts only the members it knows, and a member it does not
+know never answers yes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Sequence
+
+from redlock._core.tokens import quorum
+from redlock._scripts.record import SEPARATOR, Members, from_fields, stable
+from redlock.errors import MembershipError
+
+__all__ = ["Members", "Rule", "from_fields", "stable", "validate_change"]
+
+def validate_change(current: Sequence[str], new: Sequence[str]) -> tuple[str, ...]:
+    """The new set of a change, checked: a ValueError for an empty set or a node listed
+    twice; MembershipError for a change that changes nothing."""
+    new = tuple(new)
+    if isinstance(new, str) or not new:
+        raise ValueError("the new set of nodes is empty: a cluster needs at least one node")
+    seen: set[str] = set()
+    for address in new:
+        if not isinstance(address, str) or not address or SEPARATOR in address:
+            raise ValueError(f"node {address!r} is not a node address (host:port, as the"
+                             " clients name it)")
+        if address in seen:
+            raise ValueError(f"node {address} is listed twice in the new set")
+        seen.add(address)
+    if set(new) == set(current):
+        raise MembershipError(f"the new set is the current one ({', '.join(current)}):"
+                              " nothing to change")
+    return new
+
+
+class Rule:
+    """One configuration's quorum rule over one client's nodes."""
+
+    def __init__(self, addresses: Sequence[str], members: Members) -> None:
+        self.members = members
+        index = {a: i for i, a in enumerate(addresses)}
+        # Per set: the client's nodes in it, how many members it has, the majority.
+        self.groups = tuple(
+            (frozenset(index[a] for a in s if a in index), len(s), quorum(len(s)))
+            for s in members.sets)
+
+    @property
+    def epoch(self) -> int:
+        return self.members.epoch
+
+    @property
+    def joint(self) -> bool:
+        return self.members.joint
+
+    def met(self, nodes: Iterable[int]) -> bool:
+        """Whether ``nodes`` (indexes of this client's nodes) satisfy the rule."""
+        chosen = set(nodes)
+        return all(len(known & chosen) >= need for known, _, need in self.groups)
+
+    def lost(self, nodes: Iterable[int]) -> bool:
+        """Whether the rule can no longer be met without ``nodes`` (those that said no):
+        in some set, they and the members this client does not know are more than the
+        set can spare."""
+        out = set(nodes)
+        return any(len(known & out) + (size - len(known)) > size - need
+                   for known, size, need in self.groups)
+
+    @property
+    def possible(self) -> bool:
+        """Whether this client's nodes can satisfy the rule at all."""
+        return not self.lost(())
+
+    @property
+    def needed(self) -> int:
+        """The fewest of this client's nodes that can satisfy the rule (for messages):
+        the largest majority of its sets (a lower bound when the sets overlap little)."""
+        return max(need for _, _, need in self.groups)
+
+    def count(self, nodes: Collection[int], done: str) -> str:
+        """``nodes`` against the rule, for messages: '1 of 3 nodes granted, need 2' or,
+        joint, per set."""
+        chosen = set(nodes)
+        if len(self.groups) == 1:
+            [(known, size, need)] = self.groups
+            return f"{len(known & chosen)} of {size} nodes {done}, need {need}"
+        return f"{done} by " + " and ".join(
+            f"{len(known & chosen)} of the {which} {size} nodes (need {need})"
+            for (known, size, need), which in zip(self.groups, ("old", "new"), strict=True))
+
+    def check(self) -> None:
+        """MembershipError when this client's nodes cannot satisfy the rule."""
+        if not self.possible:
+            raise MembershipError(
+                f"this client's nodes cannot form a quorum of the cluster's members"
+                f" ({self.members}): configure it with the members' addresses, written as"
+                " the record writes them (docs/design.md §13.1)")

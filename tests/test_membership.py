@@ -1,0 +1,219 @@
+"""Changing the nodes online (docs/design.md §13) on real nodes: a stale client is
+refused and follows the joint configuration, a node added by the change serves at once,
+a removed node is refused, the change is idempotent and resumable, and bad input gets
+typed errors. The fault test (both configurations contending during a change) is
+tests/faults/test_membership.py."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+import pytest
+
+from redlock import (
+    AsyncRedlock,
+    LockNotAcquired,
+    Members,
+    MembershipError,
+    Redlock,
+)
+from redlock.testing import RedisNodes, capture_events
+from tests.internals import KEYS, node_scripts
+
+FAST = {"max_ttl": 1.0, "node_timeout": 0.3, "outage_timeout": None}
+
+
+def write_record(nodes: RedisNodes, which: list[int], record: Members) -> None:
+    for i in which:
+        with nodes[i].client() as client:
+            assert client.eval(node_scripts.WRITE_MEMBERS.source, 1, KEYS.members,
+                               *record.fields()) == [1]
+
+
+def epoch_of(dlm: Redlock) -> int:
+    return dlm._core.rule.epoch
+
+
+def test_grow_three_to_five_new_nodes_serve_at_once(
+        fresh_nodes: Callable[..., RedisNodes]) -> None:
+    nodes = fresh_nodes(5)
+    with Redlock(nodes.urls[:3], **FAST) as old, Redlock(nodes.urls, **FAST) as admin:
+        with old.lock("grow", ttl=1.0) as held:
+            before = held.token
+        assert admin.members() == Members(0, admin.nodes)
+        with capture_events() as events:
+            change = admin.change_members(admin.nodes, current=admin.nodes[:3])
+        assert change.epoch == 2 and change.members == admin.nodes
+        assert change.previous == admin.nodes[:3]
+        assert change.seeded == admin.nodes[3:] and change.unreached == ()
+        assert 0.9 < change.waited <= 1.1
+        assert [e["event"] for e in events if e["event"].startswith("redlock.members_")] == [
+            "redlock.members_change_started", "redlock.members_joint",
+            "redlock.members_seeded", "redlock.members_waiting", "redlock.members_seeded",
+            "redlock.members_changed"]
+        assert admin.members() == Members(2, admin.nodes)
+        # The new nodes serve at once: with two of the old nodes hung, C, D, E grant.
+        nodes[0].pause()
+        nodes[1].pause()
+        try:
+            with Redlock(nodes.urls, **FAST) as new, new.lock("grow", ttl=1.0) as held:
+                assert held.token > before
+            # The old client (A, B, C) learns the 5 members and needs all it knows.
+            with pytest.raises(LockNotAcquired), old.lock("grow", ttl=1.0, timeout=0.5):
+                pass
+            assert epoch_of(old) == 2
+        finally:
+            nodes[0].resume()
+            nodes[1].resume()
+        with old.lock("grow", ttl=1.0) as held:
+            assert held.token > before
+
+
+def test_a_stale_client_is_refused_and_follows_the_joint_configuration(
+        fresh_nodes: Callable[..., RedisNodes]) -> None:
+    nodes = fresh_nodes(5)
+    with Redlock(nodes.urls[:3], **FAST) as old, Redlock(nodes.urls, **FAST) as admin:
+        with old.lock("stale", ttl=1.0):
+            pass
+        joint = Members(1, admin.nodes[:3], admin.nodes)
+        write_record(nodes, [0], joint)  # A alone knows: B and C would be the old quorum
+        with capture_events() as events, old.lock("stale", ttl=1.0) as held:
+            assert held.token > 0
+        assert epoch_of(old) == 1
+        [adopted] = [e for e in events if e["event"] == "redlock.members_adopted"]
+        assert adopted["epoch"] == 1 and adopted["joining"] == list(admin.nodes)
+        # Under the joint rule a client of A, B, C needs 3 of the new 5: all it knows.
+        nodes[2].pause()
+        try:
+            with pytest.raises(LockNotAcquired, match="of the new 5 nodes"), old.lock(
+                    "stale", ttl=1.0, timeout=0.3):
+                pass
+        finally:
+            nodes[2].resume()
+
+
+def test_shrink_five_to_three_a_removed_node_is_refused(
+        fresh_nodes: Callable[..., RedisNodes]) -> None:
+    nodes = fresh_nodes(5)
+    with Redlock(nodes.urls, **FAST) as admin:
+        with admin.lock("shrink", ttl=1.0) as held:
+            before = held.token
+        change = admin.change_members(admin.nodes[:3])
+        assert change.members == admin.nodes[:3] and change.seeded == ()
+        assert change.retired == admin.nodes[3:]
+        with Redlock(nodes.urls, **FAST) as everyone:
+            lock = everyone.lock("shrink", ttl=1.0)
+            assert lock.acquire(blocking=False) or lock.acquire(blocking=False)
+            assert lock.token > before
+            lock.release()
+            # D and E no longer count: with C hung, A and B alone are a quorum of 3...
+            nodes[2].pause()
+            try:
+                assert lock.acquire(timeout=1.0)
+                lock.release()
+                nodes[1].pause()  # ...and A alone is not, whatever D and E say
+                with pytest.raises(LockNotAcquired) as failure:
+                    lock.acquire(timeout=0.3)
+                assert "removed from the cluster" in str(failure.value)
+            finally:
+                nodes[1].resume()
+                nodes[2].resume()
+        with Redlock(nodes.urls[3:], **FAST) as removed, pytest.raises(
+                MembershipError, match="cannot form a quorum"):
+            removed.lock("shrink", ttl=1.0).acquire(timeout=0.5)
+
+
+def test_the_change_is_resumable_and_idempotent(
+        fresh_nodes: Callable[..., RedisNodes]) -> None:
+    nodes = fresh_nodes(5)
+    with Redlock(nodes.urls, **FAST) as admin:
+        with Redlock(nodes.urls[:3], **FAST) as old, old.lock("resume", ttl=1.0):
+            pass
+        # A change that stopped after its joint record (on a majority of both sets).
+        write_record(nodes, [0, 1, 3], Members(1, admin.nodes[:3], admin.nodes))
+        with pytest.raises(MembershipError, match="another change is in progress"):
+            admin.change_members(admin.nodes[:4])
+        change = admin.change_members(admin.nodes)
+        assert change.epoch == 2 and change.seeded == admin.nodes[3:]
+        again = admin.change_members(admin.nodes)  # done already: nothing changes
+        assert again.epoch == 2 and again.members == admin.nodes
+        with Redlock(nodes.urls, **FAST) as new, new.lock("resume", ttl=1.0) as held:
+            assert held.token >= 1
+
+
+def test_bad_input_is_refused_before_anything_is_written(
+        fresh_nodes: Callable[..., RedisNodes]) -> None:
+    nodes = fresh_nodes(4)
+    with Redlock(nodes.urls[:3], **FAST) as old, old.lock("bad", ttl=1.0):
+        pass
+    with Redlock(nodes.urls, **FAST) as admin:
+        with pytest.raises(ValueError, match="empty"):
+            admin.change_members([])
+        with pytest.raises(ValueError, match="twice"):
+            admin.change_members([admin.nodes[0], admin.nodes[0]])
+        with pytest.raises(ValueError, match="not among its nodes"):
+            admin.change_members([*admin.nodes, "elsewhere:6379"])
+        with pytest.raises(MembershipError, match="nothing to change"):
+            admin.change_members(admin.nodes[:3])
+        nodes[3].stop()
+        with pytest.raises(MembershipError, match="did not answer"):
+            admin.change_members(admin.nodes, current=admin.nodes[:3])
+        assert admin.members() == Members(0, admin.nodes)
+
+
+def test_asyncio_change(fresh_nodes: Callable[..., RedisNodes]) -> None:
+    nodes = fresh_nodes(4)
+
+    async def main() -> None:
+        async with AsyncRedlock(nodes.urls[:3], **FAST) as old, old.lock("aio", ttl=1.0):
+            pass
+        async with AsyncRedlock(nodes.urls, **FAST) as admin:
+            change = await admin.change_members(admin.nodes[1:])
+            assert change.epoch == 2 and change.seeded == admin.nodes[3:]
+            assert await admin.members() == Members(2, admin.nodes[1:])
+            async with admin.lock("aio", ttl=1.0) as held:
+                assert held.token > 1
+
+    asyncio.run(main())
+
+
+def test_cli_members_shows_and_changes(fresh_nodes: Callable[..., RedisNodes],
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from redlock.cli.commands import main
+
+    nodes = fresh_nodes(4)
+    with Redlock(nodes.urls[:3], **FAST) as old, old.lock("cli", ttl=1.0):
+        pass
+    assert main(["members", "--nodes", *nodes.urls, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["epoch"] == 0
+    assert main(["members", "--nodes", *nodes.urls, "--change", nodes.urls[0]]) == 4
+    assert "without confirmation" in capsys.readouterr().err  # (stdin is no terminal)
+    assert main(["members", "--nodes", *nodes.urls, "--change", *nodes.urls[1:],
+                 "--wait", "1", "--yes", "--json"]) == 0
+    changed = json.loads(capsys.readouterr().out)
+    assert changed["epoch"] == 2 and changed["retired"] == [changed["previous"][0]]
+    assert changed["seeded"] == [changed["members"][-1]]
+    assert main(["members", "--nodes", *nodes.urls, "--change", "redis://elsewhere:1",
+                 "--yes"]) == 2
+    assert main(["members", "--nodes", *nodes.urls]) == 0
+    assert capsys.readouterr().out.startswith("epoch 2 [")
+
+
+def test_a_lock_renewed_across_the_change_stays_held(
+        fresh_nodes: Callable[..., RedisNodes]) -> None:
+    """Its renewals are refused once for the old epoch, then counted under the joint and
+    the new configuration: its key is on all of A, B, C, a majority of both sets."""
+    nodes = fresh_nodes(5)
+    with Redlock(nodes.urls[:3], **FAST) as old, Redlock(nodes.urls, **FAST) as admin, \
+            old.lock("renewed", ttl=1.0, auto_extend=True) as held:
+        token = held.token
+        with capture_events() as events:
+            admin.change_members(admin.nodes, current=admin.nodes[:3])
+            time.sleep(0.5)  # a renewal or two under the new configuration
+        assert held.token == token  # check(): not lost
+        assert epoch_of(old) == 2
+        assert "redlock.extend_retry" not in [e["event"] for e in events]
