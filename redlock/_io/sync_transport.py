@@ -29,7 +29,18 @@ from redlock._core.requests import Broadcast, Call, CommandArg, Replies, learnt_
 from redlock._io.failures import as_failure, map_failures
 from redlock._io.nodes import build_pool, check_node_list, node_labels, pool_overrides
 from redlock._io.sync_drainer import SyncDrainer
-from redlock._io.sync_exchange import Connect, Group, by_node, given, has_input, is_new
+from redlock._io import resp
+from redlock._io.sync_exchange import (
+    Connect,
+    Group,
+    by_node,
+    given,
+    buffered,
+    has_input,
+    is_new,
+    read_one,
+    send,
+)
 from redlock._io.wire import (
     NOT_AWAITED,
     PENDING,
@@ -52,6 +63,30 @@ _CLOSE_NOTICED = 0.05
 # thread starved of the GIL (the switch interval is 5 ms, and dozens of threads wait)
 # needs more than the read itself.
 _LAST_READ = 0.05
+
+
+class _Packing:
+    """A request's commands packed once: the nodes of a request get the same calls (the
+    same keys and arguments), so each distinct command is packed for the first node and
+    its bytes reused for the others."""
+
+    __slots__ = ("_bytes", "_key")
+
+    def __init__(self) -> None:
+        self._key: tuple[object, ...] = ()
+        self._bytes = b""
+
+    def calls(self, calls: list[Call], *, evalsha: bool) -> bytes:
+        if len(calls) != 1:
+            return resp.pack([render(call, evalsha=evalsha) for call in calls])
+        call = calls[0]
+        key = self._key
+        if key and key[0] is call.script and key[1] is call.keys and key[2] is call.args \
+                and key[3] is evalsha:
+            return self._bytes
+        self._bytes = resp.pack_one(render(call, evalsha=evalsha))
+        self._key = (call.script, call.keys, call.args, evalsha)
+        return self._bytes
 
 
 class SyncTransport:
@@ -79,6 +114,10 @@ class SyncTransport:
         # Lanes (redlock._core.requests.Broadcast.lane): per lane and node, its connections,
         # checked out of the pool and kept aside.
         self._lanes: dict[str, list[list[Any]]] = {}
+        # Per node, open connections between requests, checked out of the pool once and
+        # kept here (they stay "in use" for the pool, whose disconnect() closes them):
+        # the pool's checkout and return cost more than the request's own I/O.
+        self._idle: list[list[Any]] = [[] for _ in self.pools]
         self._mutex = threading.Lock()
         self._closed = False
         self._active = 0  # requests under way (close() waits for them to end)
@@ -111,18 +150,19 @@ class SyncTransport:
         replies = Replies([PENDING] * len(request.calls))
         groups = by_node(request)
         sent: list[Group] = []
+        packing = _Packing()
         # Nodes without an open connection: opening one in the background, or (None)
         # waiting for a free slot to open one, or for a connection given back.
         connecting: list[tuple[Group, Connect | None]] = []
         try:
-            for group in groups:  # scatter: nodes with an open connection at once
-                conn = self._idle_connection(group.node, group.lane)
+            # scatter: nodes with an open connection at once
+            for group, conn in self._idle_connections(groups):
                 if conn is not None:
-                    self._send(group, conn, replies, sent)
+                    self._send(group, conn, replies, sent, packing)
                 else:
                     connecting.append((group, self._connect(group.node,
                                                             anyway=group.lane is not None)))
-            self._gather(request, replies, sent, connecting, deadline)
+            self._gather(request, replies, sent, connecting, deadline, packing)
         finally:
             decided = request.enough is not None and request.enough(replies,
                                                                     replies.identities)
@@ -148,7 +188,8 @@ class SyncTransport:
         return replies
 
     def _gather(self, request: Broadcast, replies: Replies, sent: list[Group],
-                connecting: list[tuple[Group, Connect | None]], deadline: float) -> None:
+                connecting: list[tuple[Group, Connect | None]], deadline: float,
+                packing: _Packing) -> None:
         started, decided, learning = time.monotonic(), False, bool(request.learn)
         while True:
             if not decided and request.enough is not None and request.enough(
@@ -179,7 +220,7 @@ class SyncTransport:
                     fill_pending(group.indexes, replies, attempt.error or redis.ConnectionError(
                         "connection failed"))
                 else:
-                    self._send(group, conn, replies, sent)
+                    self._send(group, conn, replies, sent, packing)
             waiting = [g for g in sent if not g.done]
             if (not waiting and not connecting) or self._closed:
                 return  # (closed: close() waits for this request; what is unread is lost)
@@ -190,7 +231,7 @@ class SyncTransport:
                 for group in [g for g in waiting if has_input(g.conn)]:
                     self._read(group, replies, time.monotonic() + _LAST_READ)
                 return
-            ready = [g for g in waiting if has_input(g.conn)]
+            ready = [g for g in waiting if buffered(g.conn)]
             if not ready and waiting:
                 # Wake for a reply, or every few ms while a connection is still opening.
                 wait = min(left, 0.002 if connecting else _CLOSE_NOTICED)
@@ -209,18 +250,18 @@ class SyncTransport:
             for group in ready:
                 self._read(group, replies, deadline)
 
-    def _send(self, group: Group, conn: Any, replies: Replies,
-              sent: list[Group]) -> None:
+    def _send(self, group: Group, conn: Any, replies: Replies, sent: list[Group],
+              packing: _Packing) -> None:
         group.conn = conn
         try:
             # A new connection: identify the server first, and send script bodies (the
             # server may be new, or restarted: EVALSHA would cost a NOSCRIPT round trip).
             new = is_new(conn)
-            commands = [render(call, evalsha=not new) for call in group.calls]
+            data = packing.calls(group.calls, evalsha=not new)
             if new and self.identify is not None:
                 group.probed = True
-                commands.insert(0, self.identify)
-            conn.send_packed_command(conn.pack_commands(commands), check_health=False)
+                data = resp.pack_one(self.identify) + data
+            send(conn, data)
             group.sent_at = time.monotonic()
             sent.append(group)
         except Exception as exc:
@@ -253,9 +294,8 @@ class SyncTransport:
             if group.unknown and not group.resent:
                 group.resent = True
                 by_index = dict(zip(group.indexes, group.calls, strict=True))
-                conn.send_packed_command(conn.pack_commands(
-                    [render(by_index[i], evalsha=False) for i in group.unknown]),
-                    check_health=False)
+                send(conn, resp.pack([render(by_index[i], evalsha=False)
+                                      for i in group.unknown]))
             while group.unknown:
                 replies[group.unknown[0]] = self._read_one(conn, deadline)
                 group.unknown.pop(0)
@@ -272,11 +312,7 @@ class SyncTransport:
     @staticmethod
     def _read_one(conn: Any, deadline: float) -> object:
         """One reply; an error reply is returned, not raised (it is that call's result)."""
-        try:
-            return conn.read_response(timeout=max(deadline - time.monotonic(), 0.0005),
-                                      disconnect_on_error=False)
-        except redis.ResponseError as exc:
-            return exc
+        return read_one(conn, deadline)
 
     # -- connections ---------------------------------------------------------------
 
@@ -289,7 +325,32 @@ class SyncTransport:
             return False
         return getattr(newest, "_sock", None) is not None
 
-    def _idle_connection(self, node: int, lane: str | None = None) -> Any:
+    def _idle_connections(self, groups: list[Group]) -> list[tuple[Group, Any]]:
+        """An open connection (or None) for each group's node, as _idle_connection, with
+        one readability check for all of them (one system call, not one per node)."""
+        picked = [(group, self._idle_connection(group.node, group.lane, check=False))
+                  for group in groups]
+        socks = [conn._sock for _, conn in picked if conn is not None]
+        if not socks:
+            return picked
+        try:
+            readable, _, _ = select.select(socks, [], [], 0)
+        except (OSError, TypeError, ValueError):
+            readable = socks
+        if not readable and not any(buffered(conn) for _, conn in picked if conn is not None):
+            return picked
+        checked = []
+        for group, conn in picked:
+            if conn is not None and (conn._sock in readable or buffered(conn)):
+                # The server closed it while it sat idle (it restarted), or sent what
+                # nobody asked for: nothing is written on it; closed, another is tried.
+                self._discard(group.node, conn)
+                conn = self._idle_connection(group.node, group.lane)
+            checked.append((group, conn))
+        return checked
+
+    def _idle_connection(self, node: int, lane: str | None = None, *,
+                         check: bool = True) -> Any:
         """An open connection from the pool (or the lane), without connecting (None if
         there is none)."""
         if lane is not None:  # the lane's own; the first time, one from the pool
@@ -299,6 +360,17 @@ class SyncTransport:
                     conn = kept.pop()
                     if getattr(conn, "_sock", None) is not None:
                         return conn
+        idle = self._idle[node]
+        while idle:
+            try:
+                conn = idle.pop()
+            except IndexError:  # another thread took the last one
+                break
+            if conn._sock is not None and not (check and has_input(conn)):
+                return conn
+            # The server closed it while it sat idle (it restarted), or sent what nobody
+            # asked for: nothing is written on it; closed, and the next one is tried.
+            self._discard(node, conn)
         pool = self.pools[node]
         if not self._has_idle(pool):
             return None
@@ -372,9 +444,10 @@ class SyncTransport:
         if calls:
             self._drainer.send(node, conn, calls)
             return
-        self.pools[node].release(conn)
         if self._closed:
             self._discard(node, conn)
+            return
+        self._idle[node].append(conn)
 
     def _discard(self, node: int, conn: Any) -> None:
         with contextlib.suppress(Exception):
@@ -395,5 +468,8 @@ class SyncTransport:
         for thread in threads:
             if thread is not threading.current_thread():
                 thread.join(self.connect_timeout + 0.1)
+        for node, idle in enumerate(self._idle):
+            while idle:
+                self._discard(node, idle.pop())
         for pool in self.pools:
             pool.disconnect()
