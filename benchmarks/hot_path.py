@@ -29,7 +29,6 @@ import cProfile
 import pstats
 import statistics
 import sys
-from typing import Any
 
 from _environment import configure_logging, loadavg_text, machine_lines
 from _peers import (

@@ -17,17 +17,15 @@ from typing import Any
 from redis._parsers.base import BaseParser
 from redis.exceptions import InvalidResponse
 
-_parse_error = BaseParser.parse_error
+_parse_error: Callable[[str], Exception] = BaseParser.parse_error
 
-_hiredis_pack: Callable[[tuple[Any, ...]], bytes] | None
+_hiredis: Any
 try:
-    import hiredis
-    from hiredis import pack_command as _hiredis_pack
+    import hiredis as _hiredis
 except ImportError:  # pragma: no cover - without hiredis installed
-    hiredis = None
-    _hiredis_pack = None
+    _hiredis = None
 
-HAVE_HIREDIS = _hiredis_pack is not None
+HAVE_HIREDIS = _hiredis is not None
 
 
 def _encode(arg: Any) -> bytes:
@@ -54,7 +52,7 @@ def plain_pack(command: Sequence[Any]) -> bytes:
 
 
 pack_one: Callable[[Sequence[Any]], bytes] = (
-    _hiredis_pack if _hiredis_pack is not None else plain_pack)  # type: ignore[assignment]
+    _hiredis.pack_command if _hiredis is not None else plain_pack)
 
 
 def pack(commands: Sequence[Sequence[Any]]) -> bytes:
@@ -117,10 +115,10 @@ class PlainReader:
             items.append(item)
         return items, pos
 
-    def _parse(self, pos: int) -> tuple[object, int]:  # noqa: PLR0911, PLR0912
+    def _parse(self, pos: int) -> tuple[object, int]:
         if pos >= len(self._buf):
             raise _Incomplete
-        kind = self._buf[pos:pos + 1]
+        kind = bytes(self._buf[pos:pos + 1])
         line, pos = self._line(pos + 1)
         if kind == b"+":
             return line, pos
@@ -143,7 +141,7 @@ class PlainReader:
             return int(line), pos
         if kind == b"%":
             flat, pos = self._many(2 * int(line), pos)
-            return dict(zip(flat[::2], flat[1::2], strict=True)), pos  # type: ignore[arg-type]
+            return dict(zip(flat[::2], flat[1::2], strict=True)), pos
         if kind in (b"=", b"!"):
             data, pos = self._bulk(line, pos)
             if kind == b"!":
@@ -152,16 +150,17 @@ class PlainReader:
         raise InvalidResponse(f"Protocol error, got {bytes(kind)!r} as reply type byte")
 
 
-if hiredis is not None:
-    ReplyError: type = hiredis.ReplyError
+class _PlainReplyError(Exception):
+    """An error reply (hiredis's ``ReplyError`` where hiredis is installed)."""
 
-    def Reader() -> Any:  # noqa: N802 - a factory standing for the class
-        return hiredis.Reader()
-else:  # pragma: no cover - without hiredis installed
-    class ReplyError(Exception):  # type: ignore[no-redef]
-        pass
 
-    Reader = PlainReader  # type: ignore[assignment,misc]
+ReplyError: type[Exception] = (
+    _hiredis.ReplyError if _hiredis is not None else _PlainReplyError)
+
+
+def Reader() -> Any:
+    """A new reply parser: hiredis's where installed, else :class:`PlainReader`."""
+    return _hiredis.Reader() if _hiredis is not None else PlainReader()
 
 
 def as_result(reply: object) -> object:

@@ -17,7 +17,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-
 from redlock._core.requests import Broadcast, Call
 from redlock._io import resp
 from redlock._io.sync_exchange import has_input, read_one

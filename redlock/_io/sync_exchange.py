@@ -8,7 +8,6 @@ I/O of the hot path: packed commands written to the socket, replies parsed from 
 from __future__ import annotations
 
 import select
-import socket
 import ssl
 import threading
 import time
@@ -100,7 +99,7 @@ def send(conn: Any, data: bytes) -> None:
         raise redis.ConnectionError("the connection is closed")
     try:
         sock.sendall(data)
-    except socket.timeout as exc:
+    except TimeoutError as exc:
         conn.disconnect()
         raise redis.TimeoutError("Timeout writing to socket") from exc
     except OSError as exc:
@@ -128,7 +127,7 @@ def read_one(conn: Any, deadline: float) -> object:
                 if not readable:
                     raise redis.TimeoutError("Timeout reading from socket")
             data = sock.recv(65536)
-        except (socket.timeout, BlockingIOError, ssl.SSLWantReadError) as exc:
+        except (TimeoutError, BlockingIOError, ssl.SSLWantReadError) as exc:
             raise redis.TimeoutError("Timeout reading from socket") from exc
         except (OSError, ValueError) as exc:
             raise redis.ConnectionError(f"Error while reading from socket: {exc}") from exc

@@ -26,16 +26,16 @@ from redis.exceptions import NoScriptError
 from redis.retry import Retry
 
 from redlock._core.requests import Broadcast, Call, CommandArg, Replies, learnt_deadline
+from redlock._io import resp
 from redlock._io.failures import as_failure, map_failures
 from redlock._io.nodes import build_pool, check_node_list, node_labels, pool_overrides
 from redlock._io.sync_drainer import SyncDrainer
-from redlock._io import resp
 from redlock._io.sync_exchange import (
     Connect,
     Group,
+    buffered,
     by_node,
     given,
-    buffered,
     has_input,
     is_new,
     read_one,
@@ -46,6 +46,7 @@ from redlock._io.wire import (
     PENDING,
     SENT_LATE,
     STRAGGLER_GRACE_MIN,
+    Packing,
     fill_pending,
     late_sendable,
     render,
@@ -63,30 +64,6 @@ _CLOSE_NOTICED = 0.05
 # thread starved of the GIL (the switch interval is 5 ms, and dozens of threads wait)
 # needs more than the read itself.
 _LAST_READ = 0.05
-
-
-class _Packing:
-    """A request's commands packed once: the nodes of a request get the same calls (the
-    same keys and arguments), so each distinct command is packed for the first node and
-    its bytes reused for the others."""
-
-    __slots__ = ("_bytes", "_key")
-
-    def __init__(self) -> None:
-        self._key: tuple[object, ...] = ()
-        self._bytes = b""
-
-    def calls(self, calls: list[Call], *, evalsha: bool) -> bytes:
-        if len(calls) != 1:
-            return resp.pack([render(call, evalsha=evalsha) for call in calls])
-        call = calls[0]
-        key = self._key
-        if key and key[0] is call.script and key[1] is call.keys and key[2] is call.args \
-                and key[3] is evalsha:
-            return self._bytes
-        self._bytes = resp.pack_one(render(call, evalsha=evalsha))
-        self._key = (call.script, call.keys, call.args, evalsha)
-        return self._bytes
 
 
 class SyncTransport:
@@ -150,7 +127,7 @@ class SyncTransport:
         replies = Replies([PENDING] * len(request.calls))
         groups = by_node(request)
         sent: list[Group] = []
-        packing = _Packing()
+        packing = Packing()
         # Nodes without an open connection: opening one in the background, or (None)
         # waiting for a free slot to open one, or for a connection given back.
         connecting: list[tuple[Group, Connect | None]] = []
@@ -189,7 +166,7 @@ class SyncTransport:
 
     def _gather(self, request: Broadcast, replies: Replies, sent: list[Group],
                 connecting: list[tuple[Group, Connect | None]], deadline: float,
-                packing: _Packing) -> None:
+                packing: Packing) -> None:
         started, decided, learning = time.monotonic(), False, bool(request.learn)
         while True:
             if not decided and request.enough is not None and request.enough(
@@ -251,7 +228,7 @@ class SyncTransport:
                 self._read(group, replies, deadline)
 
     def _send(self, group: Group, conn: Any, replies: Replies, sent: list[Group],
-              packing: _Packing) -> None:
+              packing: Packing) -> None:
         group.conn = conn
         try:
             # A new connection: identify the server first, and send script bodies (the
