@@ -1,0 +1,87 @@
+"""The hot path's own RESP (redlock/_io/resp.py): the plain packer and reader against
+hiredis's, and both clients on real servers with the plain ones (as without hiredis),
+through a SCRIPT FLUSH (NOSCRIPT: the bodies go again) and a server restart."""
+
+from __future__ import annotations
+
+import pytest
+import redis
+
+from redlock._io import resp
+from redlock.testing import RedisNodes
+from tests.clients import Actor, Flavour
+from tests.peek import strictly_increasing
+
+SAMPLES = [
+    b"+OK\r\n",
+    b":42\r\n",
+    b":-7\r\n",
+    b"$5\r\nhello\r\n",
+    b"$0\r\n\r\n",
+    b"$-1\r\n",
+    b"*-1\r\n",
+    b"*0\r\n",
+    b"*3\r\n:1\r\n$3\r\nabc\r\n*2\r\n+x\r\n$-1\r\n",
+    b"_\r\n",
+    b"#t\r\n",
+    b",1.5\r\n",
+    b"%1\r\n$1\r\na\r\n:1\r\n",
+]
+
+
+@pytest.mark.parametrize("data", SAMPLES)
+def test_plain_reader_reads_what_hiredis_reads_even_byte_by_byte(data: bytes) -> None:
+    hiredis = pytest.importorskip("hiredis")
+    expected = hiredis.Reader()
+    expected.feed(data)
+    plain = resp.PlainReader()
+    for index in range(len(data)):
+        assert plain.gets() is False
+        plain.feed(data[index:index + 1])
+    assert plain.gets() == expected.gets()
+    assert plain.gets() is False
+    assert not plain.has_data()
+
+
+def test_error_replies_become_redis_py_exceptions() -> None:
+    plain = resp.PlainReader()
+    plain.feed(b"-NOSCRIPT No matching script\r\n-ERR boom\r\n")
+    noscript, other = resp.as_result(plain.gets()), resp.as_result(plain.gets())
+    assert isinstance(noscript, redis.exceptions.NoScriptError)
+    assert type(other) is redis.exceptions.ResponseError
+    assert str(other) == "boom"  # (redis-py drops the ERR code, as for its own replies)
+
+
+def test_plain_pack_is_hiredis_pack() -> None:
+    hiredis = pytest.importorskip("hiredis")
+    command = ("EVALSHA", "ab" * 20, 2, "k:é", b"\x00bin", 10_000, 1.5, "")
+    assert resp.plain_pack(command) == hiredis.pack_command(command)
+    assert resp.pack([command, ("PING",)]) == (hiredis.pack_command(command)
+                                               + hiredis.pack_command(("PING",)))
+
+
+@pytest.fixture(params=["hiredis", "plain"])
+def parser(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    if request.param == "plain":
+        monkeypatch.setattr(resp, "Reader", resp.PlainReader)
+        monkeypatch.setattr(resp, "pack_one", resp.plain_pack)
+    elif not resp.HAVE_HIREDIS:
+        pytest.skip("hiredis is not installed")
+    return str(request.param)
+
+
+async def test_scripts_flushed_and_server_restarted_under_both_parsers(
+        parser: str, flavour: Flavour, me: Actor, nodes3: RedisNodes) -> None:
+    dlm = flavour.manager(nodes3)
+    tokens = []
+    async with me.holding(dlm.lock("wire:x", timeout=5.0)) as held:
+        tokens.append(await held.token())
+    for node in nodes3:  # NOSCRIPT on every node: EVALSHA, then the bodies again
+        redis.Redis.from_url(node.url).script_flush()
+    async with me.holding(dlm.lock("wire:x", timeout=5.0)) as held:
+        tokens.append(await held.token())
+    nodes3[0].restart()  # its idle connection is closed by the server: a new one
+    for _ in range(3):
+        async with me.holding(dlm.lock("wire:x", timeout=5.0)) as held:
+            tokens.append(await held.token())
+    assert strictly_increasing(tokens)
