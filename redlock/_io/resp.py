@@ -22,6 +22,9 @@ _parse_error: Callable[[str], Exception] = BaseParser.parse_error
 _hiredis: Any
 try:
     import hiredis as _hiredis
+
+    if not hasattr(_hiredis.Reader(), "has_data"):  # pragma: no cover - hiredis < 1.0
+        _hiredis = None
 except ImportError:  # pragma: no cover - without hiredis installed
     _hiredis = None
 
