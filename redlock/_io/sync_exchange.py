@@ -114,6 +114,8 @@ def read_one(conn: Any, deadline: float) -> object:
     if sock is None:
         raise redis.ConnectionError("the connection is closed")
     parser = reader(conn)
+    if not hasattr(conn, "_redlock_readable"):
+        conn._redlock_readable = False
     while True:
         reply = parser.gets()
         if reply is not False:
@@ -122,7 +124,9 @@ def read_one(conn: Any, deadline: float) -> object:
         if left <= 0:
             left = 0.0005  # a reply arriving now still counts (as redis-py's own read)
         try:
-            if not (isinstance(sock, ssl.SSLSocket) and sock.pending()):
+            if conn._redlock_readable:  # select() just said so: no second look
+                conn._redlock_readable = False
+            elif not (isinstance(sock, ssl.SSLSocket) and sock.pending()):
                 readable, _, _ = select.select([sock], [], [], left)
                 if not readable:
                     raise redis.TimeoutError("Timeout reading from socket")

@@ -216,6 +216,8 @@ class SyncTransport:
                     readable, _, _ = select.select([g.conn._sock for g in waiting], [], [],
                                                    wait)
                     ready = [g for g in waiting if g.conn._sock in readable]
+                    for group in ready:  # its next recv() needs no select() first
+                        group.conn._redlock_readable = True
                 except (OSError, TypeError, ValueError):  # a socket closed under us
                     ready = waiting
             elif not waiting:
@@ -283,6 +285,8 @@ class SyncTransport:
             group.done = True
             self._discard(group.node, conn)
             return
+        finally:
+            conn._redlock_readable = False  # (select()'s word is good for one recv())
         group.done = True
         self._give_back(group.node, conn, group.lane)
 
