@@ -1,14 +1,19 @@
 """The hot path's own RESP (redlock/_io/resp.py): the plain packer and reader against
 hiredis's, and both clients on real servers with the plain ones (as without hiredis),
-through a SCRIPT FLUSH (NOSCRIPT: the bodies go again) and a server restart."""
+through a SCRIPT FLUSH (NOSCRIPT: the bodies go again), a server restart, and over TLS
+with a password (redis-py's handshake, then our reads and writes on its socket)."""
 
 from __future__ import annotations
+
+import shutil
+import subprocess
+from collections.abc import Iterator
 
 import pytest
 import redis
 
 from redlock._io import resp
-from redlock.testing import RedisNodes
+from redlock.testing import RedisNode, RedisNodes, free_port
 from tests.clients import Actor, Flavour
 from tests.peek import strictly_increasing
 
@@ -83,5 +88,47 @@ async def test_scripts_flushed_and_server_restarted_under_both_parsers(
     nodes3[0].restart()  # its idle connection is closed by the server: a new one
     for _ in range(3):
         async with me.holding(dlm.lock("wire:x", timeout=5.0)) as held:
+            tokens.append(await held.token())
+    assert strictly_increasing(tokens)
+
+
+@pytest.fixture(scope="module")
+def tls_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[str]]:
+    """Three password-protected redis-servers that also listen with TLS (a self-signed
+    certificate): their rediss:// URLs. Skipped where openssl or TLS is missing."""
+    base = tmp_path_factory.mktemp("tls")
+    if shutil.which("openssl") is None:
+        pytest.skip("no openssl to make a certificate")
+    made = subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+         "-subj", "/CN=localhost", "-keyout", str(base / "key.pem"),
+         "-out", str(base / "cert.pem")], capture_output=True, check=False)
+    if made.returncode != 0:
+        pytest.skip("openssl could not make a certificate")
+    nodes, urls = [], []
+    try:
+        for index in range(3):
+            tls_port = free_port()
+            node = RedisNode(data_dir=base / f"node{index}", password="s3cret", extra_args=[
+                "--tls-port", str(tls_port), "--tls-cert-file", str(base / "cert.pem"),
+                "--tls-key-file", str(base / "key.pem"), "--tls-auth-clients", "no"])
+            nodes.append(node)
+            try:
+                node.start()
+            except Exception as exc:  # a redis-server built without TLS
+                pytest.skip(f"redis-server without TLS: {exc}")
+            urls.append(f"rediss://:s3cret@127.0.0.1:{tls_port}?ssl_cert_reqs=none")
+        yield urls
+    finally:
+        for node in nodes:
+            node.stop()
+
+
+async def test_tls_and_password_under_both_parsers(
+        parser: str, flavour: Flavour, me: Actor, tls_nodes: list[str]) -> None:
+    dlm = flavour.manager(tls_nodes, node_timeout=1.0)
+    tokens = []
+    for _ in range(5):
+        async with me.holding(dlm.lock(f"wire:tls:{parser}", timeout=5.0)) as held:
             tokens.append(await held.token())
     assert strictly_increasing(tokens)
