@@ -105,8 +105,6 @@ class AsyncTransport:
         self._idle: list[list[Any]] = [[] for _ in self.pools]
         self._lanes: dict[str, list[list[Any]]] = {}  # lane -> per node, its connections
         self._closed = False
-        # The call sent first on every new connection, and who is told the replies
-        # (node -> reply) as soon as they arrive (set by the manager).
 
     async def broadcast(self, request: Broadcast) -> Replies:
         """Every call's reply or exception (NOT_AWAITED for those the request was

@@ -99,8 +99,6 @@ class SyncTransport:
         self._closed = False
         self._active = 0  # requests under way (close() waits for them to end)
         self._idle_now = threading.Condition(self._mutex)
-        # The call sent first on every new connection, and who is told the replies
-        # (node -> reply) before the request's replies are returned (set by the manager).
 
     # -- a request ---------------------------------------------------------------
 
@@ -254,7 +252,7 @@ class SyncTransport:
         conn = group.conn
         try:
             if group.probed and group.identity is PENDING:
-                group.identity = self._read_one(conn, deadline)
+                group.identity = read_one(conn, deadline)
                 conn._redlock_identified = conn._sock  # this connection is known now
                 # Among the replies at once: this request's own early decision must not
                 # count a restarted node's grant.
@@ -262,7 +260,7 @@ class SyncTransport:
             for index in group.indexes:
                 if replies[index] is not PENDING or index in group.unknown:
                     continue  # read already, before a timeout
-                reply = self._read_one(conn, deadline)
+                reply = read_one(conn, deadline)
                 if not group.sampled:
                     group.sampled = True
                     replies.round_trips[group.node] = time.monotonic() - group.sent_at
@@ -276,7 +274,7 @@ class SyncTransport:
                 send(conn, resp.pack([render(by_index[i], evalsha=False)
                                       for i in group.unknown]))
             while group.unknown:
-                replies[group.unknown[0]] = self._read_one(conn, deadline)
+                replies[group.unknown[0]] = read_one(conn, deadline)
                 group.unknown.pop(0)
         except redis.TimeoutError:
             return  # not done: kept (late) if the request ends without it
@@ -289,11 +287,6 @@ class SyncTransport:
             conn._redlock_readable = False  # (select()'s word is good for one recv())
         group.done = True
         self._give_back(group.node, conn, group.lane)
-
-    @staticmethod
-    def _read_one(conn: Any, deadline: float) -> object:
-        """One reply; an error reply is returned, not raised (it is that call's result)."""
-        return read_one(conn, deadline)
 
     # -- connections ---------------------------------------------------------------
 
