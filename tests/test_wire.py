@@ -12,6 +12,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
+from redlock import AsyncRedlock, Redlock
 from redlock._io import resp
 from redlock.testing import RedisNode, RedisNodes, free_port
 from tests.clients import Actor, Flavour
@@ -82,7 +83,8 @@ async def test_scripts_flushed_and_server_restarted_under_both_parsers(
     async with me.holding(dlm.lock("wire:x", timeout=5.0)) as held:
         tokens.append(await held.token())
     for node in nodes3:  # NOSCRIPT on every node: EVALSHA, then the bodies again
-        redis.Redis.from_url(node.url).script_flush()
+        with node.client() as client:
+            client.script_flush()
     async with me.holding(dlm.lock("wire:x", timeout=5.0)) as held:
         tokens.append(await held.token())
     nodes3[0].restart()  # its idle connection is closed by the server: a new one
@@ -124,11 +126,20 @@ def tls_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[str]]:
             node.stop()
 
 
-async def test_tls_and_password_under_both_parsers(
-        parser: str, flavour: Flavour, me: Actor, tls_nodes: list[str]) -> None:
-    dlm = flavour.manager(tls_nodes, node_timeout=1.0)
+def test_tls_and_password_under_both_parsers_sync(parser: str, tls_nodes: list[str]) -> None:
     tokens = []
-    for _ in range(5):
-        async with me.holding(dlm.lock(f"wire:tls:{parser}", timeout=5.0)) as held:
-            tokens.append(await held.token())
+    with Redlock(tls_nodes, node_timeout=1.0) as dlm:
+        for _ in range(5):
+            with dlm.lock(f"wire:tls:sync:{parser}", timeout=5.0) as held:
+                tokens.append(held.token)
+    assert strictly_increasing(tokens)
+
+
+async def test_tls_and_password_under_both_parsers_asyncio(parser: str,
+                                                           tls_nodes: list[str]) -> None:
+    tokens = []
+    async with AsyncRedlock(tls_nodes, node_timeout=1.0) as dlm:
+        for _ in range(5):
+            async with dlm.lock(f"wire:tls:async:{parser}", timeout=5.0) as held:
+                tokens.append(held.token)
     assert strictly_increasing(tokens)

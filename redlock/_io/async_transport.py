@@ -369,12 +369,14 @@ class AsyncTransport:
         self._running.add(task)
         task.add_done_callback(self._running.discard)
 
-    async def _discard(self, node: int, wire: Wire) -> None:
-        """Close a connection (pending writes are flushed first) and hand it back."""
+    async def _discard(self, node: int, wire: Wire, *, wait: bool = False) -> None:
+        """Close a connection (pending writes are flushed first) and hand it back;
+        ``wait``: until it is closed (a TLS shutdown included; at most connect_timeout,
+        redis-py's bound), as the manager's close does."""
         wire.on_free = wire.on_broken = None
-        wire.alive = False
+        wire.hand_back()
         with contextlib.suppress(Exception):
-            await wire.conn.disconnect(nowait=True)
+            await wire.conn.disconnect(nowait=not wait)
         with contextlib.suppress(Exception):
             await self.pools[node].release(wire.conn)
 
@@ -394,11 +396,14 @@ class AsyncTransport:
         for task in list(self._running):
             with contextlib.suppress(BaseException):
                 await task
-        for late in self._late.drain():
-            await self._discard(late.node, late.conn)
+        # Every connection at once, each until it is closed (TLS: its shutdown; an event
+        # loop that ends right after would otherwise leave the socket open).
+        closing = [self._discard(late.node, late.conn, wait=True)
+                   for late in self._late.drain()]
         for stacks in (self._idle, *self._lanes.values()):
             for node, idle in enumerate(stacks):
                 while idle:
-                    await self._discard(node, idle.pop())
+                    closing.append(self._discard(node, idle.pop(), wait=True))
+        await asyncio.gather(*closing, return_exceptions=True)
         for pool in self.pools:
             await pool.disconnect()

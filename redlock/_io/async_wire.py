@@ -110,6 +110,16 @@ class Wire(asyncio.Protocol):
 
     # -- the end -----------------------------------------------------------------------
 
+    def hand_back(self) -> None:
+        """Give the connection back to redis-py's stream protocol (before redis-py closes
+        it: its close then runs as on any connection of its own, TLS shutdown included).
+        Whoever is still owed a reply gets a ConnectionError."""
+        self._broken(RedisConnectionError("Connection closed by the client."))
+        protocol = self._stream_protocol
+        if protocol is not None and not self.transport.is_closing():
+            self._stream_protocol = None
+            self.transport.set_protocol(protocol)
+
     def abort(self, error: BaseException) -> None:
         """Close at once; whoever is owed a reply gets ``error``."""
         self._broken(error)
