@@ -69,8 +69,11 @@ def peer_set(urls: list[str]) -> tuple[Peers, list[Peer]]:
     return peers, chosen
 
 
-def measure(urls: list[str], rounds: int, cycles: int, warmup: int) -> dict[str, list[float]]:
+def measure(urls: list[str], rounds: int, cycles: int, warmup: int,
+            only: list[str] | None = None) -> dict[str, list[float]]:
     peers, chosen = peer_set(urls)
+    if only:
+        chosen = [p for p in chosen if p.key in only]
     out: dict[str, list[float]] = {p.key: [] for p in chosen}
     try:
         for round_no in range(rounds):
@@ -187,6 +190,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--cycles", type=int, default=1000)
     parser.add_argument("--warmup", type=int, default=100)
+    parser.add_argument("--only", nargs="*", help="peer keys to measure (default: all)")
     parser.add_argument("--profile", action="store_true",
                         help="cProfile of our two clients per N, per layer")
     parser.add_argument("--top", type=int, default=0,
@@ -204,7 +208,8 @@ def main() -> int:
             if args.profile:
                 profile(nodes.urls[:n], args.cycles, args.top)
             else:
-                report(n, measure(nodes.urls[:n], args.rounds, args.cycles, args.warmup))
+                report(n, measure(nodes.urls[:n], args.rounds, args.cycles, args.warmup,
+                                  args.only))
     print(f"\nloadavg at end: {loadavg_text()}")
     return 0
 

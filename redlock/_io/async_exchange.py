@@ -16,7 +16,13 @@ from redis.exceptions import NoScriptError
 
 from redlock._core.requests import Call, Decision, Replies
 from redlock._io import resp
-from redlock._io.wire import PENDING, acquire_keys, late_sendable, render
+from redlock._io.wire import (
+    PENDING,
+    STRAGGLER_GRACE_MIN,
+    acquire_keys,
+    late_sendable,
+    render,
+)
 from redlock._scripts import lock as scripts
 
 # New connections opening at once per node: a hung node (it accepts TCP, never answers
@@ -170,29 +176,63 @@ class Slots:
                 future.set_result(None)
 
 
+def wake(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
 class Gathering:
-    """The replies of one request as its exchanges finish (their done callbacks), and
-    the future that wakes the request when there is something to decide."""
+    """The replies of one request as its exchanges finish, its deadline, and the future
+    that wakes the request when there is something to do: every exchange is done, a
+    first request learnt its timeout, or the deadline (one timer). A decision (early
+    quorum) wakes nobody: it moves the deadline to the stragglers' grace, and the
+    request wakes when they are in or that is over (one task step less per request)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, replies: Replies,
-                 enough: Decision | None) -> None:
+                 enough: Decision | None, started: float, deadline: float) -> None:
+        self.loop = loop
         self.replies: Replies | None = replies
         self.enough = enough
         self.left = 0  # exchanges not finished
         self.decided = False
         self.learn = 0  # wake the request once this many nodes answered (Broadcast.learn)
+        self.started = started
+        self.deadline = deadline
         self.wake: asyncio.Future[None] = loop.create_future()
+        self.timer: asyncio.TimerHandle | None = None
 
     def decides(self) -> bool:
         return self.enough is not None and self.replies is not None and self.enough(
             self.replies, self.replies.identities)
+
+    def decide(self) -> None:
+        """Decided: the stragglers get as long again as the decision took (all of a
+        healthy cluster's replies come in together), no longer."""
+        self.decided = True
+        now = time.monotonic()
+        self.deadline = min(self.deadline, now + max(now - self.started, STRAGGLER_GRACE_MIN))
+
+    def arm(self) -> None:
+        """Wake the request at its deadline."""
+        self.disarm()
+        self.timer = self.loop.call_later(max(self.deadline - time.monotonic(), 0.0), wake,
+                                          self.wake)
+
+    def disarm(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
 
     def finished(self, exchange: Exchange) -> None:
         self.left -= 1
         if self.replies is None:  # the request is over: it copied what it could use
             return
         exchange.copy_into(self.replies)
-        if not self.wake.done() and (
-                self.left == 0 or (not self.decided and self.decides())
-                or (self.learn and len(self.replies.round_trips) >= self.learn)):
+        if self.wake.done():
+            return
+        if self.left == 0 or (self.learn and len(self.replies.round_trips) >= self.learn):
             self.wake.set_result(None)
+        elif not self.decided and self.decides():
+            self.decide()
+            if self.timer is not None:  # the request waits: at the new deadline now
+                self.arm()

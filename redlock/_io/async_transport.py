@@ -37,7 +37,6 @@ from redlock._io.wire import (
     NOT_AWAITED,
     PENDING,
     SENT_LATE,
-    STRAGGLER_GRACE_MIN,
     Late,
     LateConnections,
     Packing,
@@ -63,11 +62,6 @@ async def within(awaitable: Awaitable[T], timeout: float) -> T:
         async with asyncio.timeout(timeout):
             return await awaitable
     return await asyncio.wait_for(awaitable, timeout)  # pragma: no cover (3.10)
-
-
-def _wake(future: asyncio.Future[None]) -> None:
-    if not future.done():
-        future.set_result(None)
 
 
 async def wait_event(event: asyncio.Event, seconds: float) -> None:
@@ -123,11 +117,11 @@ class AsyncTransport:
         if self._late.any():
             self.write_behind(request)
         loop = asyncio.get_running_loop()
-        gathering = Gathering(loop, replies, request.enough)
+        started = time.monotonic()
+        gathering = Gathering(loop, replies, request.enough, started,
+                              started + request.timeout)
         gathering.learn = request.learn
         gathering.left = len(exchanges)
-        started = time.monotonic()
-        deadline = started + request.timeout
         packing = Packing()
         # Nodes with an open connection: written at once, here; the others: a task each
         # opens one (within the connection's budget), then the same.
@@ -144,24 +138,20 @@ class AsyncTransport:
                 self._running.add(task)
                 task.add_done_callback(self._running.discard)
         last_turns = _LAST_TURNS
-        timer: asyncio.TimerHandle | None = None
         try:
-            # One wake-up per decision, not one per reply: the exchanges tell the
-            # gathering as they finish, which wakes this task when the request is
-            # decided, when every exchange is done, or (the timer) at the deadline.
+            # Not one wake-up per reply: the exchanges tell the gathering as they
+            # finish, which wakes this task when every exchange is done or (its timer)
+            # at the deadline; a decision moves the deadline (see Gathering).
             while gathering.left:
                 if not gathering.decided and gathering.decides():
-                    # Decided: the stragglers get as long again as the decision took
-                    # (all of a healthy cluster's replies come in together), no longer.
-                    gathering.decided = True
-                    now = time.monotonic()
-                    deadline = min(deadline, now + max(now - started, STRAGGLER_GRACE_MIN))
+                    gathering.decide()
                 if gathering.learn:  # a first request: its timeout from its own replies
                     learnt = learnt_deadline(request, started, time.monotonic(),
                                              len(replies.round_trips))
                     if learnt is not None:
-                        gathering.learn, deadline = 0, min(deadline, learnt)
-                left = deadline - time.monotonic()
+                        gathering.learn = 0
+                        gathering.deadline = min(gathering.deadline, learnt)
+                left = gathering.deadline - time.monotonic()
                 if left <= 0:
                     # A reply already here but not yet read (a busy loop) came in time.
                     if last_turns and any(exchange.reply_waiting() for exchange
@@ -170,18 +160,14 @@ class AsyncTransport:
                         await asyncio.sleep(0)
                         continue
                     break
-                wake = gathering.wake
-                if wake.done():
+                if gathering.wake.done():
                     gathering.wake = loop.create_future()
                     continue  # re-check: what woke us may have decided it
-                if timer is not None:
-                    timer.cancel()
-                timer = loop.call_later(left, _wake, wake)
-                await wake
+                gathering.arm()
+                await gathering.wake
         finally:
-            if timer is not None:
-                timer.cancel()
-            self._end(request, exchanges, replies, deadline - started)
+            gathering.disarm()
+            self._end(request, exchanges, replies, gathering.deadline - started)
         map_failures(replies)  # redis-py errors as the library's (_io/failures.py)
         return replies
 
