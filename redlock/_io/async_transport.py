@@ -273,12 +273,12 @@ class AsyncTransport:
             # The lane's own connection; the first time, a shared one (served first among
             # waiters: a lock holder's request), which then stays in the lane. Opening a
             # new one instead took 300 ms on a busy event loop.
-            wire = self._kept(node, exchange.lane)
+            wire = self._kept(node, exchange.lane, checked=True)
             if wire is not None:
                 return wire
         slots = self._slots[node]
         while True:
-            wire = self._kept(node)
+            wire = self._kept(node, checked=True)
             if wire is not None:
                 return wire
             if exchange.needless():
@@ -338,12 +338,15 @@ class AsyncTransport:
         self._idle[wire.node].append(wire)
         self._slots[wire.node].wake_one()
 
-    def _kept(self, node: int, lane: str | None = None) -> Wire | None:
+    def _kept(self, node: int, lane: str | None = None, *,
+              checked: bool = False) -> Wire | None:
+        """An idle connection (of the lane), alive as far as the loop knows; ``checked``:
+        and nothing to read in its socket (see _idle_wires, which checks in bulk)."""
         idle = self._idle[node] if lane is None else self._lanes.setdefault(
             lane, [[] for _ in self.pools])[node]
         while idle:
             wire: Wire = idle.pop()
-            if wire.alive:
+            if wire.alive and not (checked and wire.readable()):
                 return wire
             self._discard_soon(wire)
         return None
