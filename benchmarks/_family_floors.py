@@ -13,7 +13,7 @@ from typing import Any
 import redis
 
 from benchmarks._floors import initialise
-from redlock._core.kinds import AcquireArgs, Kind
+from redlock._core.kinds import AcquireArgs, Kind, with_epoch
 from redlock._core.requests import Call
 from redlock._core.settings import Keys
 
@@ -52,8 +52,9 @@ class KindFloor:
     def cycle(self) -> None:
         owner = secrets.token_hex(16)
         kind = self.kind.for_call(owner)
-        calls = kind.acquire_calls(_KEYS, range(self.n), (self.name,),
-                                   AcquireArgs(owner, self.ttl_ms, 0, "", 1000))
+        calls = with_epoch(kind.acquire_calls(_KEYS, range(self.n), (self.name,),
+                                              AcquireArgs(owner, self.ttl_ms, 0, "", 1000)),
+                           _KEYS, 0)  # epoch 0: a cluster whose membership never changed
         replies = self._scatter(calls)
         if sum(1 for r in replies if int(r[0]) in (1, 2)) < self.n // 2 + 1:
             raise RuntimeError(f"floor acquire failed: {replies}")
