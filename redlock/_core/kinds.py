@@ -59,7 +59,6 @@ class Kind:
 
     name = "lock"  # in events, spans and the CLI
     noun = "lock on"  # in messages: "lock on 'orders'"
-    exclusive = True  # one holder at a time (a read is not: reads share)
 
     # -- keys --------------------------------------------------------------------------
 
@@ -315,10 +314,6 @@ class ReadWrite(Kind):
     @property
     def noun(self) -> str:  # type: ignore[override]
         return "write lock on" if self.mode == "w" else "read lock on"
-
-    @property
-    def exclusive(self) -> bool:  # type: ignore[override]
-        return self.mode == "w"
 
     def lock_key(self, keys: Keys, resource: str) -> str:
         return keys.part(resource, "write" if self.mode == "w" else "read")
