@@ -38,7 +38,7 @@ def test_example_suite_on_the_docker_backend(pytester: pytest.Pytester,
         monkeypatch.setenv("REDLOCK_TEST_BACKEND", "docker")
         args = []
     result = pytester.runpytest("-p", "no:cacheprovider", *args)
-    result.assert_outcomes(passed=11, failed=1)
+    result.assert_outcomes(passed=12, failed=1)
     result.stdout.fnmatch_lines(["*_ test_fails_on_purpose_without_a_quorum _*",
                                  "E * redlock.errors.QuorumUnavailable: *0 of 3 nodes granted*"])
     assert engine_leftovers() == []
