@@ -1,7 +1,8 @@
 """Read-only views of the lock family (docs/design.md §12), free of I/O: who leads an
 election now (``leader()``, and the waits of ``observe()``), who holds a semaphore's
 permits, who holds a read-write lock. Each reads every node and believes only what a
-quorum of healthy nodes says: a snapshot, which may be stale by the time it returns.
+quorum of healthy nodes says (by the membership rule, §13.2): a snapshot, which may
+be stale by the time it returns.
 """
 
 from __future__ import annotations
@@ -40,10 +41,30 @@ class Leader:
                                                                        other.token)
 
 
-def _believed(core: RedlockCore, replies: Sequence[object]) -> list[object]:
-    """The replies of nodes whose word counts: not being judged after a restart (§4.4)."""
+def _believed(core: RedlockCore, replies: Sequence[object]) -> list[tuple[int, object]]:
+    """The replies of nodes whose word counts (not being judged after a restart, §4.4),
+    with their node."""
     suspect = set(core.amnesia.health.suspect)
-    return [reply for node, reply in enumerate(replies[:core.n]) if node not in suspect]
+    return [(node, reply) for node, reply in enumerate(replies[:core.n])
+            if node not in suspect]
+
+
+#: Per holder, the nodes that name it and the ms its grant has left on each.
+Named = dict[str, list[tuple[int, int]]]
+
+
+def _lasting(core: RedlockCore, named: list[tuple[int, int]], elapsed: float) -> float | None:
+    """How long the nodes that name a holder keep naming it by the quorum rule (a
+    majority; during a membership change, of both sets, §13.2): the longest grants
+    first, until they meet the rule; seconds, less the time the read took and the
+    drift. None when they never meet it (not a holder by the rule)."""
+    nodes: list[int] = []
+    for node, pttl in sorted(named, key=lambda entry: -entry[1]):
+        nodes.append(node)
+        if core.rule.met(nodes):
+            lasts = pttl / 1000
+            return max(0.0, lasts - elapsed - core.settings.drift(lasts))
+    return None
 
 
 def leader_calls(keys: Keys, name: str, n: int) -> tuple[Call, ...]:
@@ -58,23 +79,23 @@ def read_leader(core: RedlockCore, name: str) -> Flow[Leader | None]:
     started = core.clock()
     replies = yield Broadcast(leader_calls(core.keys, name, core.n), core.timeout())
     elapsed = core.clock() - started
-    holders: dict[str, list[tuple[int, str]]] = {}
-    for reply in _believed(core, replies):
+    holders: Named = {}
+    records: dict[str, list[str]] = {}
+    for node, reply in _believed(core, replies):
         answer = leader_seen(reply)
         if answer is not None:
             (pttl, holder), record = answer
-            holders.setdefault(holder, []).append((pttl, record))
+            holders.setdefault(holder, []).append((node, pttl))
+            records.setdefault(holder, []).append(record)
     for holder, named in holders.items():
-        if len(named) < core.quorum:
+        time_left = _lasting(core, named, elapsed)
+        if time_left is None:
             continue
-        terms = [term for _pttl, record in named
+        terms = [term for record in records[holder]
                  if (term := term_record(record, holder)) is not None]
         if not terms:  # elected, its record not written yet: not known as leader yet
             return None
         token, identity = max(terms)
-        pttls = sorted((pttl for pttl, _ in named), reverse=True)
-        lasts = pttls[core.quorum - 1] / 1000
-        time_left = max(0.0, lasts - elapsed - core.settings.drift(lasts))
         return Leader(identity, token, time_left)
     return None
 
@@ -135,19 +156,19 @@ class ReadWriteStatus:
     readers: tuple[Holder, ...]
 
 
-def _count(seen: dict[str, list[int]], grant: Seen | None) -> None:
+def _count(seen: Named, node: int, grant: Seen | None) -> None:
     if grant is not None:
         pttl, holder = grant
-        seen.setdefault(holder, []).append(pttl)
+        seen.setdefault(holder, []).append((node, pttl))
 
 
-def _agreed(core: RedlockCore, seen: dict[str, list[int]], elapsed: float) -> list[Holder]:
-    """Holders named by a quorum, with the quorum-th longest time left."""
+def _agreed(core: RedlockCore, seen: Named, elapsed: float) -> list[Holder]:
+    """Holders named by a quorum (by the rule), with how long they stay so."""
     out = []
-    for holder, lefts in seen.items():
-        if len(lefts) >= core.quorum:
-            lasts = sorted(lefts, reverse=True)[core.quorum - 1] / 1000
-            out.append(Holder(holder, max(0.0, lasts - elapsed - core.settings.drift(lasts))))
+    for holder, named in seen.items():
+        time_left = _lasting(core, named, elapsed)
+        if time_left is not None:
+            out.append(Holder(holder, time_left))
     return sorted(out, key=lambda h: h.holder)
 
 
@@ -160,10 +181,10 @@ def semaphore_status(core: RedlockCore, name: str, permits: int) -> Flow[Semapho
     started = core.clock()
     replies = yield Broadcast(calls, core.timeout())
     elapsed = core.clock() - started
-    per_slot: list[dict[str, list[int]]] = [{} for _ in range(permits)]
-    for reply in _believed(core, replies):
+    per_slot: list[Named] = [{} for _ in range(permits)]
+    for node, reply in _believed(core, replies):
         for slot, seen in enumerate(slots_seen(reply, permits) or ()):
-            _count(per_slot[slot], seen)
+            _count(per_slot[slot], node, seen)
     slots = tuple(next(iter(_agreed(core, seen, elapsed)), None) for seen in per_slot)
     return SemaphoreStatus(name, permits, slots)
 
@@ -177,13 +198,13 @@ def rwlock_status(core: RedlockCore, name: str) -> Flow[ReadWriteStatus]:
     started = core.clock()
     replies = yield Broadcast(calls, core.timeout())
     elapsed = core.clock() - started
-    writers: dict[str, list[int]] = {}
-    readers: dict[str, list[int]] = {}
-    for reply in _believed(core, replies):
+    writers: Named = {}
+    readers: Named = {}
+    for node, reply in _believed(core, replies):
         seen = readers_writer_seen(reply)
         if seen is not None:
-            _count(writers, seen[0])
+            _count(writers, node, seen[0])
             for reader in seen[1]:
-                _count(readers, reader)
+                _count(readers, node, reader)
     return ReadWriteStatus(name, next(iter(_agreed(core, writers, elapsed)), None),
                            tuple(_agreed(core, readers, elapsed)))
