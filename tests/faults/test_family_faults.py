@@ -804,7 +804,10 @@ def test_amnesiac_nodes_refuse_until_repaired_and_tokens_never_go_backwards(
         assert rejoined_at is not None, "the amnesiac nodes never rejoined"
         figures.recovery_s = rejoined_at - crashed_at
         lagging = {r: fence_counters([nodes5[4]], r)[0] for r in committed}
-        assert all(lagging[r] < top for r, top in committed.items()), (lagging, committed)
+        # Node 4 lags behind (so the re-seeding is what keeps tokens rising) on at least
+        # one name: an acquire queued on it while paused may run when it resumes and
+        # bring one slot of a semaphore level (seen once in CI: slot 1 at 2 of 2).
+        assert any(lagging[r] < top for r, top in committed.items()), (lagging, committed)
 
         # A fresh client on the majority {0, 1, 4} (4 lags far behind): above every
         # token issued before, whatever slot or mode.
