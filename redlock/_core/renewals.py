@@ -196,7 +196,10 @@ class Renewals:
                 now: float) -> Flow[bool]:
         """Retry later, or lose the lock (True)."""
         state = renewal.state
-        if state.status != Status.HELD:  # released (or lost) meanwhile
+        # Released (or lost) meanwhile, or its release is under way: a round that was in
+        # flight when the owner released finds the keys the release deleted, and that is
+        # no loss (on a busy event loop on_lost fired for locks being released).
+        if state.status != Status.HELD or state.release_called:
             self.remove(state)
             return False
         core = self._core

@@ -181,6 +181,22 @@ def test_a_lock_released_during_a_renewal_is_neither_lost_nor_released_again() -
     assert state.status == Status.RELEASED
 
 
+def test_a_lock_whose_release_is_under_way_is_not_lost_by_a_renewal_in_flight() -> None:
+    """The owner's release was sent (release_called) but its replies are not back, so
+    the state is still HELD when the renewal's round finds the keys gone: no loss, no
+    on_lost (seen on a busy event loop: on_lost for locks being released)."""
+    _, nodes, core, state = held_lock(ttl=9.0)
+
+    def release_under_way(call: object) -> object:
+        state.release_called = True  # the release went out; its replies are not read yet
+        return 0  # ...and it deleted the key everywhere first
+
+    nodes.intercept = release_under_way
+    assert run_renewals(core, [state], nodes) == []
+    assert nodes.scripts_sent() == ["extend"]
+    assert state.status == Status.HELD  # the release flow marks it released
+
+
 def test_an_acquisition_whose_handles_were_collected_is_released_not_renewed() -> None:
     _, nodes, core, state = held_lock(ttl=9.0)
     holders = [Holder()]
