@@ -188,12 +188,7 @@ if ARGV[2] == '1' and redis.call('EXISTS', KEYS[2]) == 1 then
     redis.call('ZREM', KEYS[3], me)
 end
 if released == 1 then
-    local first = ''
-    if redis.call('EXISTS', KEYS[2]) == 1 then
-        drop_lapsed(KEYS[2], KEYS[3], now_ms())
-        first = redis.call('ZRANGE', KEYS[2], 0, 0)[1] or ''
-    end
-    redis.pcall('PUBLISH', KEYS[1], first)
+    wake_first(KEYS[2], KEYS[3], KEYS[1], now_ms())
 end
 return released
 """,
@@ -391,12 +386,7 @@ if ARGV[2] == '1' and redis.call('EXISTS', KEYS[3]) == 1 then
 end
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 if released == 1 and redis.call('EXISTS', KEYS[1]) == 0 then
-    local first = ''
-    if redis.call('EXISTS', KEYS[3]) == 1 then
-        drop_lapsed(KEYS[3], KEYS[4], now)
-        first = redis.call('ZRANGE', KEYS[3], 0, 0)[1] or ''
-    end
-    redis.pcall('PUBLISH', KEYS[2], first)
+    wake_first(KEYS[3], KEYS[4], KEYS[2], now)
 end
 return released
 """,

@@ -134,6 +134,18 @@ local function drop_lapsed(line, deadlines, now)
         redis.call('ZREM', deadlines, waiter)
     end
 end
+-- Publish on the release channel the waiter id of the first in line ('' when nobody is
+-- in line): only that waiter wakes (docs/design.md §6). Only a hint that wakes a waiter
+-- early: a user without channel permissions (Redis 7 ACL resetchannels) must still
+-- release cleanly, so errors are ignored.
+local function wake_first(line, deadlines, channel, now)
+    local first = ''
+    if redis.call('EXISTS', line) == 1 then
+        drop_lapsed(line, deadlines, now)
+        first = redis.call('ZRANGE', line, 0, 0)[1] or ''
+    end
+    redis.pcall('PUBLISH', channel, first)
+end
 -- Set an entry's deadline; both keys expire with the last entry.
 local function keep_until(line, deadlines, waiter, until_ms, now)
     redis.call('ZADD', deadlines, until_ms, waiter)
@@ -330,14 +342,7 @@ elseif ARGV[3] and released == 1 then
     end
 end
 if released == 1 or (left == 1 and redis.call('EXISTS', KEYS[1]) == 0) then
-    local first = ''
-    if redis.call('EXISTS', KEYS[3]) == 1 then
-        drop_lapsed(KEYS[3], KEYS[4], now_ms())
-        first = redis.call('ZRANGE', KEYS[3], 0, 0)[1] or ''
-    end
-    -- Only a hint that wakes a waiter early: a user without channel permissions
-    -- (Redis 7 ACL resetchannels) must still release cleanly, so errors are ignored.
-    redis.pcall('PUBLISH', KEYS[2], first)
+    wake_first(KEYS[3], KEYS[4], KEYS[2], now_ms())
 end
 return released
 """,
@@ -400,12 +405,7 @@ FORCE_RELEASE = Script(
 -- holder's token is still larger than the evicted holder's. Wakes the first in line.
 """ + LINE_FUNCTIONS + """
 if redis.call('DEL', KEYS[1]) == 1 then
-    local first = ''
-    if redis.call('EXISTS', KEYS[3]) == 1 then
-        drop_lapsed(KEYS[3], KEYS[4], now_ms())
-        first = redis.call('ZRANGE', KEYS[3], 0, 0)[1] or ''
-    end
-    redis.pcall('PUBLISH', KEYS[2], first)
+    wake_first(KEYS[3], KEYS[4], KEYS[2], now_ms())
     return 1
 end
 return 0
