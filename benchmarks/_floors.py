@@ -30,6 +30,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from redlock._core.settings import Keys
+from redlock._core.tokens import bucket
 from redlock._io.nodes import pool_overrides
 from redlock._scripts import lock as scripts
 
@@ -44,7 +45,7 @@ def _acquire_command(resource: str, owner: str, ttl_s: float) -> tuple[Any, ...]
     return ("EVALSHA", scripts.ACQUIRE.sha, 7, _KEYS.lock(resource), _KEYS.counter,
             MARKER, _KEYS.line(resource), _KEYS.line_deadlines(resource),
             _KEYS.legacy_fence(resource), _KEYS.legacy_marker, owner,
-            int(ttl_s * 1000), 0, "", 1000)
+            int(ttl_s * 1000), 0, "", 1000, bucket(resource))
 
 
 def _release_command(resource: str, owner: str) -> tuple[Any, ...]:
