@@ -17,10 +17,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import redis
+
 from redlock._core.requests import Broadcast, Call
-from redlock._io import resp
-from redlock._io.sync_exchange import has_input, read_one
-from redlock._io.sync_exchange import send as send_bytes
 from redlock._io.wire import Late, LateConnections, late_sendable, render
 from redlock._scripts import lock as scripts
 
@@ -74,7 +73,8 @@ class SyncDrainer:
         """Send calls nobody waits for on ``conn``: the drainer reads the replies, then
         gives the connection back."""
         try:
-            send_bytes(conn, resp.pack([render(call, evalsha=False) for call in calls]))
+            conn.send_packed_command(conn.pack_commands(
+                [render(call, evalsha=False) for call in calls]), check_health=False)
         except Exception:
             self._discard(node, conn)
             return
@@ -109,7 +109,7 @@ class SyncDrainer:
                 with late.mutex, contextlib.suppress(Exception):  # the normal release too
                     if late.closed:
                         continue
-                    send_bytes(late.conn, resp.pack([render(call, evalsha=False)]))
+                    late.conn.send_command(*render(call, evalsha=False), check_health=False)
                     late.outstanding += 1
 
     def _drain(self) -> None:
@@ -140,9 +140,11 @@ class SyncDrainer:
             if late.closed:  # evicted, or past its deadline: no longer ours to read
                 return
             try:
-                while late.outstanding and has_input(late.conn):
-                    read_one(late.conn, time.monotonic() + 0.05)  # (an error reply too)
+                while late.outstanding and late.conn.can_read(timeout=0):
+                    late.conn.read_response(timeout=0.05, disconnect_on_error=False)
                     late.outstanding -= 1
+            except redis.ResponseError:
+                late.outstanding -= 1
             except Exception:
                 late.outstanding = -1  # broken: close it
             if late.outstanding > 0:

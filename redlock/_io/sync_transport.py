@@ -26,27 +26,15 @@ from redis.exceptions import NoScriptError
 from redis.retry import Retry
 
 from redlock._core.requests import Broadcast, Call, CommandArg, Replies, learnt_deadline
-from redlock._io import resp
 from redlock._io.failures import as_failure, map_failures
 from redlock._io.nodes import build_pool, check_node_list, node_labels, pool_overrides
 from redlock._io.sync_drainer import SyncDrainer
-from redlock._io.sync_exchange import (
-    Connect,
-    Group,
-    buffered,
-    by_node,
-    given,
-    has_input,
-    is_new,
-    read_one,
-    send,
-)
+from redlock._io.sync_exchange import Connect, Group, by_node, given, has_input, is_new
 from redlock._io.wire import (
     NOT_AWAITED,
     PENDING,
     SENT_LATE,
     STRAGGLER_GRACE_MIN,
-    Packing,
     fill_pending,
     late_sendable,
     render,
@@ -91,14 +79,12 @@ class SyncTransport:
         # Lanes (redlock._core.requests.Broadcast.lane): per lane and node, its connections,
         # checked out of the pool and kept aside.
         self._lanes: dict[str, list[list[Any]]] = {}
-        # Per node, open connections between requests, checked out of the pool once and
-        # kept here (they stay "in use" for the pool, whose disconnect() closes them):
-        # the pool's checkout and return cost more than the request's own I/O.
-        self._idle: list[list[Any]] = [[] for _ in self.pools]
         self._mutex = threading.Lock()
         self._closed = False
         self._active = 0  # requests under way (close() waits for them to end)
         self._idle_now = threading.Condition(self._mutex)
+        # The call sent first on every new connection, and who is told the replies
+        # (node -> reply) before the request's replies are returned (set by the manager).
 
     # -- a request ---------------------------------------------------------------
 
@@ -125,19 +111,18 @@ class SyncTransport:
         replies = Replies([PENDING] * len(request.calls))
         groups = by_node(request)
         sent: list[Group] = []
-        packing = Packing()
         # Nodes without an open connection: opening one in the background, or (None)
         # waiting for a free slot to open one, or for a connection given back.
         connecting: list[tuple[Group, Connect | None]] = []
         try:
-            # scatter: nodes with an open connection at once
-            for group, conn in self._idle_connections(groups):
+            for group in groups:  # scatter: nodes with an open connection at once
+                conn = self._idle_connection(group.node, group.lane)
                 if conn is not None:
-                    self._send(group, conn, replies, sent, packing)
+                    self._send(group, conn, replies, sent)
                 else:
                     connecting.append((group, self._connect(group.node,
                                                             anyway=group.lane is not None)))
-            self._gather(request, replies, sent, connecting, deadline, packing)
+            self._gather(request, replies, sent, connecting, deadline)
         finally:
             decided = request.enough is not None and request.enough(replies,
                                                                     replies.identities)
@@ -163,8 +148,7 @@ class SyncTransport:
         return replies
 
     def _gather(self, request: Broadcast, replies: Replies, sent: list[Group],
-                connecting: list[tuple[Group, Connect | None]], deadline: float,
-                packing: Packing) -> None:
+                connecting: list[tuple[Group, Connect | None]], deadline: float) -> None:
         started, decided, learning = time.monotonic(), False, bool(request.learn)
         while True:
             if not decided and request.enough is not None and request.enough(
@@ -195,7 +179,7 @@ class SyncTransport:
                     fill_pending(group.indexes, replies, attempt.error or redis.ConnectionError(
                         "connection failed"))
                 else:
-                    self._send(group, conn, replies, sent, packing)
+                    self._send(group, conn, replies, sent)
             waiting = [g for g in sent if not g.done]
             if (not waiting and not connecting) or self._closed:
                 return  # (closed: close() waits for this request; what is unread is lost)
@@ -206,7 +190,7 @@ class SyncTransport:
                 for group in [g for g in waiting if has_input(g.conn)]:
                     self._read(group, replies, time.monotonic() + _LAST_READ)
                 return
-            ready = [g for g in waiting if buffered(g.conn)]
+            ready = [g for g in waiting if has_input(g.conn)]
             if not ready and waiting:
                 # Wake for a reply, or every few ms while a connection is still opening.
                 wait = min(left, 0.002 if connecting else _CLOSE_NOTICED)
@@ -214,8 +198,6 @@ class SyncTransport:
                     readable, _, _ = select.select([g.conn._sock for g in waiting], [], [],
                                                    wait)
                     ready = [g for g in waiting if g.conn._sock in readable]
-                    for group in ready:  # its next recv() needs no select() first
-                        group.conn._redlock_readable = True
                 except (OSError, TypeError, ValueError):  # a socket closed under us
                     ready = waiting
             elif not waiting:
@@ -227,18 +209,18 @@ class SyncTransport:
             for group in ready:
                 self._read(group, replies, deadline)
 
-    def _send(self, group: Group, conn: Any, replies: Replies, sent: list[Group],
-              packing: Packing) -> None:
+    def _send(self, group: Group, conn: Any, replies: Replies,
+              sent: list[Group]) -> None:
         group.conn = conn
         try:
             # A new connection: identify the server first, and send script bodies (the
             # server may be new, or restarted: EVALSHA would cost a NOSCRIPT round trip).
             new = is_new(conn)
-            data = packing.calls(group.calls, evalsha=not new)
+            commands = [render(call, evalsha=not new) for call in group.calls]
             if new and self.identify is not None:
                 group.probed = True
-                data = resp.pack_one(self.identify) + data
-            send(conn, data)
+                commands.insert(0, self.identify)
+            conn.send_packed_command(conn.pack_commands(commands), check_health=False)
             group.sent_at = time.monotonic()
             sent.append(group)
         except Exception as exc:
@@ -252,7 +234,7 @@ class SyncTransport:
         conn = group.conn
         try:
             if group.probed and group.identity is PENDING:
-                group.identity = read_one(conn, deadline)
+                group.identity = self._read_one(conn, deadline)
                 conn._redlock_identified = conn._sock  # this connection is known now
                 # Among the replies at once: this request's own early decision must not
                 # count a restarted node's grant.
@@ -260,7 +242,7 @@ class SyncTransport:
             for index in group.indexes:
                 if replies[index] is not PENDING or index in group.unknown:
                     continue  # read already, before a timeout
-                reply = read_one(conn, deadline)
+                reply = self._read_one(conn, deadline)
                 if not group.sampled:
                     group.sampled = True
                     replies.round_trips[group.node] = time.monotonic() - group.sent_at
@@ -271,10 +253,11 @@ class SyncTransport:
             if group.unknown and not group.resent:
                 group.resent = True
                 by_index = dict(zip(group.indexes, group.calls, strict=True))
-                send(conn, resp.pack([render(by_index[i], evalsha=False)
-                                      for i in group.unknown]))
+                conn.send_packed_command(conn.pack_commands(
+                    [render(by_index[i], evalsha=False) for i in group.unknown]),
+                    check_health=False)
             while group.unknown:
-                replies[group.unknown[0]] = read_one(conn, deadline)
+                replies[group.unknown[0]] = self._read_one(conn, deadline)
                 group.unknown.pop(0)
         except redis.TimeoutError:
             return  # not done: kept (late) if the request ends without it
@@ -283,10 +266,17 @@ class SyncTransport:
             group.done = True
             self._discard(group.node, conn)
             return
-        finally:
-            conn._redlock_readable = False  # (select()'s word is good for one recv())
         group.done = True
         self._give_back(group.node, conn, group.lane)
+
+    @staticmethod
+    def _read_one(conn: Any, deadline: float) -> object:
+        """One reply; an error reply is returned, not raised (it is that call's result)."""
+        try:
+            return conn.read_response(timeout=max(deadline - time.monotonic(), 0.0005),
+                                      disconnect_on_error=False)
+        except redis.ResponseError as exc:
+            return exc
 
     # -- connections ---------------------------------------------------------------
 
@@ -299,32 +289,7 @@ class SyncTransport:
             return False
         return getattr(newest, "_sock", None) is not None
 
-    def _idle_connections(self, groups: list[Group]) -> list[tuple[Group, Any]]:
-        """An open connection (or None) for each group's node, as _idle_connection, with
-        one readability check for all of them (one system call, not one per node)."""
-        picked = [(group, self._idle_connection(group.node, group.lane, check=False))
-                  for group in groups]
-        socks = [conn._sock for _, conn in picked if conn is not None]
-        if not socks:
-            return picked
-        try:
-            readable, _, _ = select.select(socks, [], [], 0)
-        except (OSError, TypeError, ValueError):
-            readable = socks
-        if not readable and not any(buffered(conn) for _, conn in picked if conn is not None):
-            return picked
-        checked = []
-        for group, conn in picked:
-            if conn is not None and (conn._sock in readable or buffered(conn)):
-                # The server closed it while it sat idle (it restarted), or sent what
-                # nobody asked for: nothing is written on it; closed, another is tried.
-                self._discard(group.node, conn)
-                conn = self._idle_connection(group.node, group.lane)
-            checked.append((group, conn))
-        return checked
-
-    def _idle_connection(self, node: int, lane: str | None = None, *,
-                         check: bool = True) -> Any:
+    def _idle_connection(self, node: int, lane: str | None = None) -> Any:
         """An open connection from the pool (or the lane), without connecting (None if
         there is none)."""
         if lane is not None:  # the lane's own; the first time, one from the pool
@@ -334,17 +299,6 @@ class SyncTransport:
                     conn = kept.pop()
                     if getattr(conn, "_sock", None) is not None:
                         return conn
-        idle = self._idle[node]
-        while idle:
-            try:
-                conn = idle.pop()
-            except IndexError:  # another thread took the last one
-                break
-            if conn._sock is not None and not (check and has_input(conn)):
-                return conn
-            # The server closed it while it sat idle (it restarted), or sent what nobody
-            # asked for: nothing is written on it; closed, and the next one is tried.
-            self._discard(node, conn)
         pool = self.pools[node]
         if not self._has_idle(pool):
             return None
@@ -418,10 +372,9 @@ class SyncTransport:
         if calls:
             self._drainer.send(node, conn, calls)
             return
+        self.pools[node].release(conn)
         if self._closed:
             self._discard(node, conn)
-            return
-        self._idle[node].append(conn)
 
     def _discard(self, node: int, conn: Any) -> None:
         with contextlib.suppress(Exception):
@@ -442,8 +395,5 @@ class SyncTransport:
         for thread in threads:
             if thread is not threading.current_thread():
                 thread.join(self.connect_timeout + 0.1)
-        for node, idle in enumerate(self._idle):
-            while idle:
-                self._discard(node, idle.pop())
         for pool in self.pools:
             pool.disconnect()
