@@ -30,6 +30,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from redlock._core.settings import Keys
+from redlock._core.tokens import bucket
 from redlock._io.nodes import pool_overrides
 from redlock._scripts import lock as scripts
 
@@ -41,10 +42,12 @@ _KEYS = Keys("redlock")
 
 def _acquire_command(resource: str, owner: str, ttl_s: float) -> tuple[Any, ...]:
     """A single try (no ticket: it does not join the waiting line)."""
-    return ("EVALSHA", scripts.ACQUIRE.sha, 7, _KEYS.lock(resource), _KEYS.counter,
+    # The last key and argument: the node's membership record and the client's epoch
+    # (0: a cluster that never changed its nodes), as every granting script takes them.
+    return ("EVALSHA", scripts.ACQUIRE.sha, 8, _KEYS.lock(resource), _KEYS.counter,
             MARKER, _KEYS.line(resource), _KEYS.line_deadlines(resource),
-            _KEYS.legacy_fence(resource), _KEYS.legacy_marker, owner,
-            int(ttl_s * 1000), 0, "", 1000)
+            _KEYS.legacy_fence(resource), _KEYS.legacy_marker, _KEYS.members, owner,
+            int(ttl_s * 1000), 0, "", 1000, bucket(resource), 0)
 
 
 def _release_command(resource: str, owner: str) -> tuple[Any, ...]:

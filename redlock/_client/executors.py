@@ -181,11 +181,16 @@ class AsyncExecutor(_Executor):
                 await wait_event(handoff, min(until, started + request.timeout)
                                  - time.monotonic())
             turn = True
-            try:
-                await within(line.turn.acquire(),
-                             max(0.0, started + request.timeout - time.monotonic()))
-            except asyncio.TimeoutError:
-                turn = False
+            # Another attempt has the turn, or one it was handed to has yet to run: wait,
+            # within the round.
+            if line.turn.locked() or getattr(line.turn, "_waiters", None):
+                try:
+                    await within(line.turn.acquire(),
+                                 max(0.0, started + request.timeout - time.monotonic()))
+                except asyncio.TimeoutError:
+                    turn = False
+            else:  # free: taken at once (no suspension), without a timeout's timer
+                await line.turn.acquire()
         except BaseException:
             lines.exit(request.line, line)
             raise

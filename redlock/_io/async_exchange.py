@@ -8,11 +8,21 @@
 from __future__ import annotations
 
 import asyncio
-import select
+import time
+from collections.abc import Callable
 from typing import Any
 
+from redis.exceptions import NoScriptError
+
 from redlock._core.requests import Call, Decision, Replies
-from redlock._io.wire import PENDING, acquire_keys, late_sendable
+from redlock._io import resp
+from redlock._io.wire import (
+    PENDING,
+    STRAGGLER_GRACE_MIN,
+    acquire_keys,
+    late_sendable,
+    render,
+)
 from redlock._scripts import lock as scripts
 
 # New connections opening at once per node: a hung node (it accepts TCP, never answers
@@ -24,31 +34,14 @@ from redlock._scripts import lock as scripts
 OPENING_PER_NODE = 16
 
 
-def is_new(conn: Any) -> bool:
-    """A connection (re)opened since the server was last identified on it: redis-py
-    reconnects under us, so the stream itself is what was identified."""
-    return getattr(conn, "_redlock_identified", None) is not conn._writer
-
-
-def readable_while_idle(conn: Any) -> bool:
-    """An idle connection with something to read: the server closed it (EOF), or sent
-    what nobody asked for. Either way it must not carry a request."""
-    writer = getattr(conn, "_writer", None)
-    sock = writer.get_extra_info("socket") if writer is not None else None
-    if sock is None:
-        return False
-    try:
-        readable, _, _ = select.select([sock.fileno()], [], [], 0)
-    except (OSError, ValueError):
-        return True
-    return bool(readable)
-
-
 class Exchange:
-    """One node's calls of one request, and what came back."""
+    """One node's calls of one request, and what came back: its replies are handed to
+    it in order by the connection (:class:`redlock._io.async_wire.Wire`) as they are
+    parsed (``take``), and it tells ``on_done`` once each call has its result."""
 
-    __slots__ = ("calls", "conn", "indexes", "lane", "node", "over", "replies", "results",
-                 "sent_at")
+    __slots__ = ("calls", "done", "indexes", "lane", "late", "next", "node", "on_done",
+                 "over", "probed", "replies", "results", "sent_at", "started", "unknown",
+                 "wire")
 
     def __init__(self, node: int, replies: Replies, lane: str | None = None) -> None:
         self.node = node
@@ -60,9 +53,67 @@ class Exchange:
         self.indexes: list[int] = []
         self.calls: list[Call] = []
         self.results: list[object] = []  # one per call (PENDING until read), see broadcast
+        self.started = 0.0  # when its request began: its budget (connect_timeout) counts
         self.sent_at = 0.0
         self.over = False  # the request stopped waiting for it
-        self.conn: Any = None  # the connection it talks on, once it has one
+        self.wire: Any = None  # the connection it talks on, once it has one
+        self.probed = False  # IDENTIFY went first: the first reply is the identity
+        self.next = 0  # the position of the next reply
+        self.unknown: list[int] = []  # answered NOSCRIPT: sent again with the body
+        self.done = False
+        self.late: Any = None  # its Late entry (a release goes behind its acquires)
+        self.on_done: Callable[[Exchange], None] | None = None
+
+    def take(self, reply: object) -> None:
+        """The next reply of its calls (an error that ended the connection: every call
+        still without a result gets it)."""
+        wire = self.wire
+        if not wire.alive and isinstance(reply, BaseException):
+            self.fail(reply)
+            return
+        if self.probed:  # IDENTIFY's reply: among the request's at once (early decision)
+            self.probed = False
+            wire.identified = True
+            if self.replies is not None:
+                self.replies.identities[self.node] = reply
+            return
+        position = self.next
+        self.next = position + 1
+        if position == 0 and self.replies is not None:
+            self.replies.round_trips[self.node] = time.monotonic() - self.sent_at
+        if isinstance(reply, NoScriptError):
+            self.unknown.append(position)
+        else:
+            self.results[position] = reply
+        if self.next < len(self.calls):
+            return
+        if not self.unknown:
+            self.finish()
+            return
+        try:  # SCRIPT FLUSH since: send the bodies
+            wire.send(resp.pack([render(self.calls[i], evalsha=False) for i in self.unknown]),
+                      self.take_resent, len(self.unknown))
+        except Exception as exc:
+            self.fail(exc)
+
+    def take_resent(self, reply: object) -> None:
+        if not self.wire.alive and isinstance(reply, BaseException):
+            self.fail(reply)
+            return
+        self.results[self.unknown.pop(0)] = reply
+        if not self.unknown:
+            self.finish()
+
+    def fail(self, exc: BaseException) -> None:
+        """Every call still without a result gets ``exc``; the exchange is done."""
+        self.results = [exc if r is PENDING else r for r in self.results]
+        self.finish()
+
+    def finish(self) -> None:
+        if not self.done:
+            self.done = True
+            if self.on_done is not None:
+                self.on_done(self)
 
     def needless(self) -> bool:
         """Its request is over and not all of its calls may be sent late (see
@@ -72,7 +123,7 @@ class Exchange:
     def releases_late(self) -> bool:
         """Final releases still waiting for a connection when their request ended: they
         go out once it is open (an extend that did not get through in time failed)."""
-        return self.conn is None and not self.needless() and all(
+        return self.wire is None and not self.needless() and all(
             call.script is scripts.RELEASE for call in self.calls)
 
     def copy_into(self, replies: Replies) -> None:
@@ -83,15 +134,9 @@ class Exchange:
                 replies[index] = result
 
     def reply_waiting(self) -> bool:
-        """Its next reply is already here (in the socket or the stream's buffer) but the
-        event loop has not handed it to the exchange yet."""
-        conn = self.conn
-        if conn is None:
-            return False
-        reader = getattr(conn, "_reader", None)
-        if reader is not None and getattr(reader, "_buffer", None):
-            return True
-        return readable_while_idle(conn)
+        """Its next reply is already here (in the socket) but the event loop has not
+        handed it to the exchange yet."""
+        return self.wire is not None and self.wire.readable()
 
 
 class Slots:
@@ -131,29 +176,63 @@ class Slots:
                 future.set_result(None)
 
 
+def wake(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
 class Gathering:
-    """The replies of one request as its exchanges finish (their done callbacks), and
-    the future that wakes the request when there is something to decide."""
+    """The replies of one request as its exchanges finish, its deadline, and the future
+    that wakes the request when there is something to do: every exchange is done, a
+    first request learnt its timeout, or the deadline (one timer). A decision (early
+    quorum) wakes nobody: it moves the deadline to the stragglers' grace, and the
+    request wakes when they are in or that is over (one task step less per request)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, replies: Replies,
-                 enough: Decision | None) -> None:
+                 enough: Decision | None, started: float, deadline: float) -> None:
+        self.loop = loop
         self.replies: Replies | None = replies
         self.enough = enough
         self.left = 0  # exchanges not finished
         self.decided = False
         self.learn = 0  # wake the request once this many nodes answered (Broadcast.learn)
+        self.started = started
+        self.deadline = deadline
         self.wake: asyncio.Future[None] = loop.create_future()
+        self.timer: asyncio.TimerHandle | None = None
 
     def decides(self) -> bool:
         return self.enough is not None and self.replies is not None and self.enough(
             self.replies, self.replies.identities)
 
-    def finished(self, exchange: Exchange, _task: object) -> None:
+    def decide(self) -> None:
+        """Decided: the stragglers get as long again as the decision took (all of a
+        healthy cluster's replies come in together), no longer."""
+        self.decided = True
+        now = time.monotonic()
+        self.deadline = min(self.deadline, now + max(now - self.started, STRAGGLER_GRACE_MIN))
+
+    def arm(self) -> None:
+        """Wake the request at its deadline."""
+        self.disarm()
+        self.timer = self.loop.call_later(max(self.deadline - time.monotonic(), 0.0), wake,
+                                          self.wake)
+
+    def disarm(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+    def finished(self, exchange: Exchange) -> None:
         self.left -= 1
         if self.replies is None:  # the request is over: it copied what it could use
             return
         exchange.copy_into(self.replies)
-        if not self.wake.done() and (
-                self.left == 0 or (not self.decided and self.decides())
-                or (self.learn and len(self.replies.round_trips) >= self.learn)):
+        if self.wake.done():
+            return
+        if self.left == 0 or (self.learn and len(self.replies.round_trips) >= self.learn):
             self.wake.set_result(None)
+        elif not self.decided and self.decides():
+            self.decide()
+            if self.timer is not None:  # the request waits: at the new deadline now
+                self.arm()

@@ -1,10 +1,13 @@
-"""The asyncio transport: a request's nodes are asked concurrently, each exchange a
-task of its own. The request returns as soon as its replies decide it (early quorum)
-or at its deadline; the exchanges it did not wait for go on in the background with
-the connection's own budget (``connect_timeout``), so a new connection finishes its
-handshake and a late reply is read: the connection goes back to the pool. An acquire
-still unanswered on such a connection gets its owner's release written behind it
-(see :mod:`redlock._io.wire`). Cancelling a request leaves its exchanges running the
+"""The asyncio transport: a request's nodes are asked concurrently. A node with an open
+connection gets its commands written at once, in the caller's task, and its replies
+are parsed as they arrive by the connection's protocol (:mod:`redlock._io.async_wire`);
+a node without one gets a task that opens one (redis-py: TCP or TLS, the handshake)
+and then does the same. The request returns as soon as its replies decide it (early
+quorum) or at its deadline; the exchanges it did not wait for go on in the background
+within the connection's own budget (``connect_timeout``), so a new connection finishes
+its handshake and a late reply is read: the connection goes back to the pool. An
+acquire still unanswered on such a connection gets its owner's release written behind
+it (see :mod:`redlock._io.wire`). Cancelling a request leaves its exchanges running the
 same way.
 """
 
@@ -12,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import sys
 import time
 from collections.abc import Awaitable, Iterable
@@ -23,28 +25,23 @@ from redis.asyncio.connection import parse_url
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from redlock._core.requests import Broadcast, CommandArg, Replies, learnt_deadline
-from redlock._io.async_exchange import (
-    Exchange,
-    Gathering,
-    Slots,
-    is_new,
-    readable_while_idle,
-)
+from redlock._io import resp
+from redlock._io.async_exchange import Exchange, Gathering, Slots
+from redlock._io.async_wire import IGNORE, Wire, readable_wires
 from redlock._io.failures import as_failure, map_failures
 from redlock._io.nodes import build_pool, check_node_list, node_labels, pool_overrides
 from redlock._io.wire import (
     NOT_AWAITED,
     PENDING,
     SENT_LATE,
-    STRAGGLER_GRACE_MIN,
     Late,
     LateConnections,
+    Packing,
+    acquire_keys,
     fill_pending,
-    pack,
     render,
 )
 
@@ -102,8 +99,6 @@ class AsyncTransport:
         self._idle: list[list[Any]] = [[] for _ in self.pools]
         self._lanes: dict[str, list[list[Any]]] = {}  # lane -> per node, its connections
         self._closed = False
-        # The call sent first on every new connection, and who is told the replies
-        # (node -> reply) as soon as they arrive (set by the manager).
 
     async def broadcast(self, request: Broadcast) -> Replies:
         """Every call's reply or exception (NOT_AWAITED for those the request was
@@ -120,43 +115,47 @@ class AsyncTransport:
             exchange.indexes.append(index)
             exchange.calls.append(call)
         if self._late.any():
-            await self.write_behind(request)
+            self.write_behind(request)
         loop = asyncio.get_running_loop()
-        gathering = Gathering(loop, replies, request.enough)
+        started = time.monotonic()
+        gathering = Gathering(loop, replies, request.enough, started,
+                              started + request.timeout)
         gathering.learn = request.learn
-        tasks: dict[asyncio.Task[None], Exchange] = {}
+        gathering.left = len(exchanges)
+        packing = Packing()
+        # Nodes with an open connection: written at once, here; the others: a task each
+        # opens one (within the connection's budget), then the same.
+        wires = self._idle_wires(exchanges.values())
         for exchange in exchanges.values():
             exchange.results = [PENDING] * len(exchange.calls)
-            task = loop.create_task(self._exchange(exchange))
-            self._running.add(task)
-            task.add_done_callback(self._running.discard)
-            task.add_done_callback(functools.partial(gathering.finished, exchange))
-            tasks[task] = exchange
-        gathering.left = len(tasks)
-        started = time.monotonic()
-        deadline = started + request.timeout
+            exchange.started = started
+            exchange.on_done = gathering.finished
+            wire = wires.get(exchange.node)
+            if wire is not None:
+                self._send(exchange, wire, packing)
+            else:
+                task = loop.create_task(self._exchange(exchange))
+                self._running.add(task)
+                task.add_done_callback(self._running.discard)
         last_turns = _LAST_TURNS
         try:
-            # One wake-up per decision, not one per reply: the exchanges' done callbacks
-            # collect the replies and wake this task when the request is decided, when
-            # every exchange is done, or (below) never: then the deadline ends it.
+            # Not one wake-up per reply: the exchanges tell the gathering as they
+            # finish, which wakes this task when every exchange is done or (its timer)
+            # at the deadline; a decision moves the deadline (see Gathering).
             while gathering.left:
                 if not gathering.decided and gathering.decides():
-                    # Decided: the stragglers get as long again as the decision took
-                    # (all of a healthy cluster's replies come in together), no longer.
-                    gathering.decided = True
-                    now = time.monotonic()
-                    deadline = min(deadline, now + max(now - started, STRAGGLER_GRACE_MIN))
+                    gathering.decide()
                 if gathering.learn:  # a first request: its timeout from its own replies
                     learnt = learnt_deadline(request, started, time.monotonic(),
                                              len(replies.round_trips))
                     if learnt is not None:
-                        gathering.learn, deadline = 0, min(deadline, learnt)
-                left = deadline - time.monotonic()
+                        gathering.learn = 0
+                        gathering.deadline = min(gathering.deadline, learnt)
+                left = gathering.deadline - time.monotonic()
                 if left <= 0:
                     # A reply already here but not yet read (a busy loop) came in time.
-                    if last_turns and any(exchange.reply_waiting() for task, exchange
-                                          in tasks.items() if not task.done()):
+                    if last_turns and any(exchange.reply_waiting() for exchange
+                                          in exchanges.values() if not exchange.done):
                         last_turns -= 1
                         await asyncio.sleep(0)
                         continue
@@ -164,48 +163,95 @@ class AsyncTransport:
                 if gathering.wake.done():
                     gathering.wake = loop.create_future()
                     continue  # re-check: what woke us may have decided it
-                try:
-                    await within(gathering.wake, left)
-                except asyncio.TimeoutError:
-                    continue  # the deadline: look for replies waiting to be read first
+                gathering.arm()
+                await gathering.wake
         finally:
-            # Every reply an exchange has read counts, whether or not its done callback
-            # (run a loop turn after the task ends) has copied it yet: a reply that was
-            # read is never lost, and one that was not is never taken for an answer.
-            for exchange in tasks.values():
-                exchange.copy_into(replies)
-            gathering.replies = None  # late exchanges must not write into these replies
-            for exchange in tasks.values():
-                exchange.replies = None
-            decided = request.enough is not None and request.enough(replies,
-                                                                    replies.identities)
-            for task, exchange in tasks.items():
-                if task.done():
-                    continue
-                exchange.over = True  # it goes on in the background (see the module's doc)
-                if exchange.conn is None:
-                    self._slots[exchange.node].wake_over()
-                fill_pending(exchange.indexes, replies, NOT_AWAITED if decided else
-                             SENT_LATE if exchange.releases_late()
-                             else RedisTimeoutError(
-                                 f"no reply within {(deadline - started) * 1000:.0f} ms"))
+            gathering.disarm()
+            self._end(request, exchanges, replies, gathering.deadline - started)
         map_failures(replies)  # redis-py errors as the library's (_io/failures.py)
         return replies
 
-    async def _exchange(self, exchange: Exchange) -> None:
-        """Connect if need be, send the node's calls, read every reply: all within the
-        connection's own budget (the request may stop waiting long before)."""
-        try:
-            await within(self._converse(exchange), self.connect_timeout)
-        except Exception as exc:  # asyncio.TimeoutError included: the node is hung
-            exchange.results = [exc if r is PENDING else r for r in exchange.results]
+    def _end(self, request: Broadcast, exchanges: dict[int, Exchange], replies: Replies,
+             waited: float) -> None:
+        """The request is over: what was read counts; the rest goes on in the background."""
+        # Every reply an exchange has read counts, whether or not the gathering has
+        # copied it yet: a reply that was read is never lost, and one that was not is
+        # never taken for an answer.
+        for exchange in exchanges.values():
+            exchange.copy_into(replies)
+            exchange.replies = None  # late exchanges must not write into these replies
+        decided = request.enough is not None and request.enough(replies, replies.identities)
+        for exchange in exchanges.values():
+            exchange.on_done = self._late_done
+            if exchange.done:
+                continue
+            exchange.over = True  # it goes on in the background (see the module's doc)
+            if exchange.wire is None:
+                self._slots[exchange.node].wake_over()
+            else:
+                self._late_exchange(exchange)
+            fill_pending(exchange.indexes, replies, NOT_AWAITED if decided else
+                         SENT_LATE if exchange.releases_late()
+                         else RedisTimeoutError(f"no reply within {waited * 1000:.0f} ms"))
 
-    async def _converse(self, exchange: Exchange) -> None:
-        node = exchange.node
-        conn = await self._checkout(exchange)
-        if conn is None:  # an acquire whose request ended while it waited for a slot
+    def _late_exchange(self, exchange: Exchange) -> None:
+        """An exchange whose request stopped waiting: a release of the same owner goes
+        behind its acquires, and it has until its budget ends to be answered."""
+        wire = exchange.wire
+        if any(acquire_keys(call) for call in exchange.calls):
+            exchange.late = Late(wire, exchange.node, exchange.calls, 0,
+                                 exchange.started + self.connect_timeout)
+            self._late.add(exchange.late)
+        left = exchange.started + self.connect_timeout - time.monotonic()
+        asyncio.get_running_loop().call_later(max(left, 0.0), self._expire, exchange)
+
+    def _expire(self, exchange: Exchange) -> None:
+        """Its budget is over: a node that has not answered by now is hung; closed (a late
+        reply must never be read as the next command's)."""
+        if not exchange.done and exchange.wire is not None:
+            exchange.wire.abort(RedisTimeoutError(
+                f"no reply within connect_timeout {self.connect_timeout:g} s"))
+
+    def _late_done(self, exchange: Exchange) -> None:
+        late = exchange.late
+        if late is not None:
+            late.closed = True  # nothing more may be written behind now
+            self._late.remove(late)
+
+    def _send(self, exchange: Exchange, wire: Wire, packing: Packing | None = None) -> None:
+        """Write the node's calls on ``wire``; their replies go to the exchange."""
+        exchange.wire = wire
+        wire.lane = exchange.lane
+        # A new connection: identify the server first, and send script bodies (the
+        # server may be new, or restarted: EVALSHA would cost a NOSCRIPT round trip).
+        new = not wire.identified
+        data = (packing or Packing()).calls(exchange.calls, evalsha=not new)
+        count = len(exchange.calls)
+        if new and self.identify is not None:
+            exchange.probed = True
+            data = resp.pack_one(self.identify) + data
+            count += 1
+        try:
+            wire.send(data, exchange.take, count)
+        except Exception as exc:
+            exchange.fail(exc)
+            self._discard_soon(wire)
             return
-        exchange.conn = conn
+        exchange.sent_at = time.monotonic()
+        if exchange.over:  # sent after its request ended (a late release): its budget
+            self._late_exchange(exchange)
+
+    async def _exchange(self, exchange: Exchange) -> None:
+        """Connect, then send the node's calls: within the connection's own budget (the
+        request may stop waiting long before)."""
+        try:
+            wire = await within(self._checkout(exchange), self.connect_timeout)
+        except Exception as exc:  # asyncio.TimeoutError included: the node is hung
+            exchange.fail(exc)
+            return
+        if wire is None:  # an acquire whose request ended while it waited for a slot
+            exchange.finish()
+            return
         if exchange.needless():
             # Connected only after the request was over: an acquire sent now would set
             # a key nobody waits for (its release may already have gone), and a failed
@@ -214,80 +260,12 @@ class AsyncTransport:
             # still goes: its caller may have been cancelled (asyncio.timeout around
             # ``async with``) and nothing else would free the key before its TTL. The
             # connection is warm for the next request either way.
-            self._give_back(node, conn, exchange.lane)
+            exchange.finish()
+            self._give_back(wire, exchange.lane)
             return
-        if readable_while_idle(conn):
-            # A pooled connection the server closed while it sat idle (it restarted):
-            # redis.asyncio does not notice on checkout (the sync pool does). Nothing
-            # was sent on it: open a new one.
-            await conn.disconnect(nowait=True)
-            await conn.connect()
-        try:
-            await self._talk(exchange, conn)
-        except BaseException:
-            await self._discard(node, conn)  # a late reply must never be read as the next
-            raise                            # command's
-        self._give_back(node, conn, exchange.lane)
+        self._send(exchange, wire)
 
-    async def _talk(self, exchange: Exchange, conn: Any) -> None:
-        """Send the node's calls on ``conn`` and read every reply."""
-        node, calls = exchange.node, exchange.calls
-        new = is_new(conn)
-        # A new connection: identify the server first, and send script bodies (the
-        # server may be new, or restarted: EVALSHA would cost a NOSCRIPT round trip).
-        commands = [render(call, evalsha=not new) for call in calls]
-        probed = new and self.identify is not None
-        if probed:
-            commands.insert(0, self.identify)  # type: ignore[arg-type]
-        late = Late(conn, node, calls, len(commands), time.monotonic() + self.connect_timeout)
-        self._late.add(late)  # a release for an acquire in here goes behind it
-        try:
-            await conn.send_packed_command(pack(conn, commands), check_health=False)
-            exchange.sent_at = time.monotonic()
-            if probed:
-                identity = await self._reply(conn, late)
-                conn._redlock_identified = conn._writer  # this connection is known now
-                if exchange.replies is not None:  # at once: the request's early decision
-                    exchange.replies.identities[node] = identity
-            await self._read(exchange, conn, late)
-        finally:
-            late.closed = True
-            self._late.remove(late)
-
-    async def _read(self, exchange: Exchange, conn: Any, late: Late[Any]) -> None:
-        results = exchange.results
-        unknown = []
-        for position in range(len(exchange.calls)):
-            reply = await self._reply(conn, late)
-            if position == 0 and exchange.replies is not None:
-                exchange.replies.round_trips[exchange.node] = (
-                    time.monotonic() - exchange.sent_at)
-            if isinstance(reply, NoScriptError):
-                unknown.append(position)
-            else:
-                results[position] = reply
-        if unknown:  # SCRIPT FLUSH since: send the bodies
-            late.outstanding += len(unknown)
-            await conn.send_packed_command(pack(
-                conn, [render(exchange.calls[i], evalsha=False) for i in unknown]),
-                check_health=False)
-            for position in unknown:
-                results[position] = await self._reply(conn, late)
-        while late.outstanding > 0:  # releases written behind an acquire in here
-            await self._reply(conn, late)
-        late.closed = True  # before any await: nothing more may be written behind now
-
-    @staticmethod
-    async def _reply(conn: Any, late: Late[Any]) -> object:
-        """One reply; an error reply is returned, not raised (it is that call's result)."""
-        try:
-            return await conn.read_response(disconnect_on_error=False)
-        except ResponseError as exc:
-            return exc
-        finally:
-            late.outstanding -= 1
-
-    async def _checkout(self, exchange: Exchange) -> Any:
+    async def _checkout(self, exchange: Exchange) -> Wire | None:
         """A connection to the exchange's node: the last one given back, or a new one (see
         Slots); None for an acquire whose request ended while it waited."""
         node = exchange.node
@@ -295,20 +273,21 @@ class AsyncTransport:
             # The lane's own connection; the first time, a shared one (served first among
             # waiters: a lock holder's request), which then stays in the lane. Opening a
             # new one instead took 300 ms on a busy event loop.
-            conn = await self._kept(node, exchange.lane)
-            if conn is not None:
-                return conn
+            wire = self._kept(node, exchange.lane, checked=True)
+            if wire is not None:
+                return wire
         slots = self._slots[node]
         while True:
-            conn = await self._kept(node)
-            if conn is not None:
-                return conn
+            wire = self._kept(node, checked=True)
+            if wire is not None:
+                return wire
             if exchange.needless():
                 return None
             if slots.free > 0:
                 slots.free -= 1
                 try:
-                    return await self.pools[node].get_connection()
+                    conn = await self.pools[node].get_connection()
+                    return self._wrap(node, conn)
                 finally:
                     slots.free += 1
                     slots.wake_one()
@@ -320,42 +299,84 @@ class AsyncTransport:
                 if (exchange, future) in slots.waiting:
                     slots.waiting.remove((exchange, future))
 
-    def _give_back(self, node: int, conn: Any, lane: str | None = None) -> None:
+    def _wrap(self, node: int, conn: Any) -> Wire:
+        wire = Wire(conn, node)
+        wire.on_free = self._wire_free
+        wire.on_broken = self._discard_soon
+        return wire
+
+    def _idle_wires(self, exchanges: Iterable[Exchange]) -> dict[int, Wire]:
+        """An open connection per node that has one idle, with one readability check for
+        all: one the server closed while it sat idle (it restarted), or that has bytes
+        nobody asked for, must not carry a request (it is closed; a task opens another)."""
+        found = {}
+        for exchange in exchanges:
+            wire = self._kept(exchange.node, exchange.lane)
+            if wire is None and exchange.lane is not None:
+                wire = self._kept(exchange.node)
+            if wire is not None:
+                found[exchange.node] = wire
+        if found:
+            for wire in readable_wires(list(found.values())):
+                del found[wire.node]
+                self._discard_soon(wire)
+        return found
+
+    def _wire_free(self, wire: Wire) -> None:
+        """Every reply owed on ``wire`` was read: it is free for the next request."""
+        if self._closed:
+            self._discard_soon(wire)
+        else:
+            self._give_back(wire, wire.lane)
+
+    def _give_back(self, wire: Wire, lane: str | None = None) -> None:
         """A connection for the next request (of its lane); an exchange waiting for one
         takes it."""
         if lane is not None:
-            self._lanes.setdefault(lane, [[] for _ in self.pools])[node].append(conn)
+            self._lanes.setdefault(lane, [[] for _ in self.pools])[wire.node].append(wire)
             return
-        self._idle[node].append(conn)
-        self._slots[node].wake_one()
+        self._idle[wire.node].append(wire)
+        self._slots[wire.node].wake_one()
 
-    async def _kept(self, node: int, lane: str | None = None) -> Any:
+    def _kept(self, node: int, lane: str | None = None, *,
+              checked: bool = False) -> Wire | None:
+        """An idle connection (of the lane), alive as far as the loop knows; ``checked``:
+        and nothing to read in its socket (see _idle_wires, which checks in bulk)."""
         idle = self._idle[node] if lane is None else self._lanes.setdefault(
             lane, [[] for _ in self.pools])[node]
         while idle:
-            conn = idle.pop()
-            if conn.is_connected:
-                return conn
-            await self._discard(node, conn)
+            wire: Wire = idle.pop()
+            if wire.alive and not (checked and wire.readable()):
+                return wire
+            self._discard_soon(wire)
         return None
 
-    async def _discard(self, node: int, conn: Any) -> None:
-        """Close a connection (pending writes are flushed first) and hand it back."""
-        with contextlib.suppress(Exception):
-            await conn.disconnect(nowait=True)
-        with contextlib.suppress(Exception):
-            await self.pools[node].release(conn)
+    def _discard_soon(self, wire: Wire) -> None:
+        """Close a connection and hand it back to its pool, from a callback."""
+        wire.on_free = wire.on_broken = None
+        task = asyncio.get_running_loop().create_task(self._discard(wire.node, wire))
+        self._running.add(task)
+        task.add_done_callback(self._running.discard)
 
-    async def write_behind(self, request: Broadcast) -> None:  # (see redlock._io.wire)
+    async def _discard(self, node: int, wire: Wire, *, wait: bool = False) -> None:
+        """Close a connection (pending writes are flushed first) and hand it back;
+        ``wait``: until it is closed (a TLS shutdown included; at most connect_timeout,
+        redis-py's bound), as the manager's close does."""
+        wire.on_free = wire.on_broken = None
+        wire.hand_back()
+        with contextlib.suppress(Exception):
+            await wire.conn.disconnect(nowait=not wait)
+        with contextlib.suppress(Exception):
+            await self.pools[node].release(wire.conn)
+
+    def write_behind(self, request: Broadcast) -> None:  # (see redlock._io.wire)
         """Write each release behind the unanswered acquires of the same owner."""
         for call in request.calls:
             for late in self._late.behind(call):
                 if late.closed:
                     continue
-                late.outstanding += 1
                 with contextlib.suppress(Exception):  # the normal release goes out too
-                    await late.conn.send_packed_command(pack(
-                        late.conn, [render(call, evalsha=False)]), check_health=False)
+                    late.conn.send(resp.pack_one(render(call, evalsha=False)), IGNORE, 1)
 
     async def close(self) -> None:
         self._closed = True  # nothing new is sent: it would open connections after these
@@ -364,11 +385,14 @@ class AsyncTransport:
         for task in list(self._running):
             with contextlib.suppress(BaseException):
                 await task
-        for late in self._late.drain():
-            await self._discard(late.node, late.conn)
+        # Every connection at once, each until it is closed (TLS: its shutdown; an event
+        # loop that ends right after would otherwise leave the socket open).
+        closing = [self._discard(late.node, late.conn, wait=True)
+                   for late in self._late.drain()]
         for stacks in (self._idle, *self._lanes.values()):
             for node, idle in enumerate(stacks):
                 while idle:
-                    await self._discard(node, idle.pop())
+                    closing.append(self._discard(node, idle.pop(), wait=True))
+        await asyncio.gather(*closing, return_exceptions=True)
         for pool in self.pools:
             await pool.disconnect()

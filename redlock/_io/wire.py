@@ -19,14 +19,15 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, Generic, TypeVar
 
 from redlock._core.requests import NOT_AWAITED, PENDING, SENT_LATE, Call, NotAwaited
+from redlock._io import resp
 from redlock._scripts import lock as scripts
 
 __all__ = ["NOT_AWAITED", "PENDING", "SENT_LATE", "STRAGGLER_GRACE_MIN", "Late", "LateConnections",
-           "NotAwaited", "fill_pending", "late_sendable", "pack", "render"]
+           "NotAwaited", "Packing", "fill_pending", "late_sendable", "render"]
 
 Conn = TypeVar("Conn")
 
@@ -40,19 +41,29 @@ LATE_PER_NODE = 16
 STRAGGLER_GRACE_MIN = 0.001
 
 
-_hiredis_pack: Callable[[tuple[Any, ...]], bytes] | None
-try:  # hiredis (redis-py's optional speed-up) packs a command 5-8x faster than
-    # redis.asyncio's pure-Python packer (the sync one uses hiredis by itself)
-    from hiredis import pack_command as _hiredis_pack
-except ImportError:  # pragma: no cover - without hiredis installed
-    _hiredis_pack = None
+class Packing:
+    """A request's commands packed once: the nodes of a request get the same calls (the
+    same keys and arguments), so each distinct command is packed for the first node and
+    its bytes reused for the others."""
 
+    __slots__ = ("_bytes", "_key")
 
-def pack(conn: Any, commands: Sequence[tuple[Any, ...]]) -> Any:
-    """The wire bytes of ``commands`` for ``conn`` (what ``conn.pack_commands`` gives)."""
-    if _hiredis_pack is None:
-        return conn.pack_commands(commands)
-    return b"".join(_hiredis_pack(command) for command in commands)
+    def __init__(self) -> None:
+        self._key: tuple[object, ...] = ()
+        self._bytes = b""
+
+    def calls(self, calls: list[Call], *, evalsha: bool) -> bytes:
+        if len(calls) != 1:
+            return resp.pack([render(call, evalsha=evalsha) for call in calls])
+        call = calls[0]
+        key = self._key
+        if key and key[0] is call.script and key[1] is call.keys and key[2] is call.args \
+                and key[3] is evalsha:
+            return self._bytes
+        self._bytes = resp.pack_one(render(call, evalsha=evalsha))
+        self._key = (call.script, call.keys, call.args, evalsha)
+        return self._bytes
+
 
 
 def fill_pending(indexes: Sequence[int], replies: list[object], exc: BaseException) -> None:

@@ -1,0 +1,147 @@
+"""The asyncio hot path's own RESP (redlock/_io/resp.py): the plain packer and reader
+against hiredis's, and the clients on real servers with the plain ones (as without
+hiredis), through a SCRIPT FLUSH (NOSCRIPT: the bodies go again), a server restart, and
+over TLS with a password (redis-py's handshake, then our reads and writes on its socket).
+The sync client reads through redis-py's connection (docs/design.md §2.4): its runs
+here check the same behaviours, whichever parser the fixture names."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from redlock import AsyncRedlock, Redlock
+from redlock._io import resp
+from redlock.testing import RedisNode, RedisNodes, free_port
+from tests.clients import Actor, Flavour
+from tests.peek import strictly_increasing
+
+SAMPLES = [
+    b"+OK\r\n",
+    b":42\r\n",
+    b":-7\r\n",
+    b"$5\r\nhello\r\n",
+    b"$0\r\n\r\n",
+    b"$-1\r\n",
+    b"*-1\r\n",
+    b"*0\r\n",
+    b"*3\r\n:1\r\n$3\r\nabc\r\n*2\r\n+x\r\n$-1\r\n",
+    b"_\r\n",
+    b"#t\r\n",
+    b",1.5\r\n",
+    b"%1\r\n$1\r\na\r\n:1\r\n",
+]
+
+
+@pytest.mark.parametrize("data", SAMPLES)
+def test_plain_reader_reads_what_hiredis_reads_even_byte_by_byte(data: bytes) -> None:
+    hiredis = pytest.importorskip("hiredis")
+    expected = hiredis.Reader()
+    expected.feed(data)
+    plain = resp.PlainReader()
+    for index in range(len(data)):
+        assert plain.gets() is False
+        plain.feed(data[index:index + 1])
+    assert plain.gets() == expected.gets()
+    assert plain.gets() is False
+    assert not plain.has_data()
+
+
+def test_error_replies_become_redis_py_exceptions() -> None:
+    plain = resp.PlainReader()
+    plain.feed(b"-NOSCRIPT No matching script\r\n-ERR boom\r\n")
+    noscript, other = resp.as_result(plain.gets()), resp.as_result(plain.gets())
+    assert isinstance(noscript, redis.exceptions.NoScriptError)
+    assert type(other) is redis.exceptions.ResponseError
+    assert str(other) == "boom"  # (redis-py drops the ERR code, as for its own replies)
+
+
+def test_plain_pack_is_hiredis_pack() -> None:
+    hiredis = pytest.importorskip("hiredis")
+    command = ("EVALSHA", "ab" * 20, 2, "k:é", b"\x00bin", 10_000, 1.5, "")
+    assert resp.plain_pack(command) == hiredis.pack_command(command)
+    assert resp.pack([command, ("PING",)]) == (hiredis.pack_command(command)
+                                               + hiredis.pack_command(("PING",)))
+
+
+@pytest.fixture(params=["hiredis", "plain"])
+def parser(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    if request.param == "plain":
+        monkeypatch.setattr(resp, "Reader", resp.PlainReader)
+        monkeypatch.setattr(resp, "pack_one", resp.plain_pack)
+    elif not resp.HAVE_HIREDIS:
+        pytest.skip("hiredis is not installed")
+    return str(request.param)
+
+
+async def test_scripts_flushed_and_server_restarted_under_both_parsers(
+        parser: str, flavour: Flavour, me: Actor, nodes3: RedisNodes) -> None:
+    dlm = flavour.manager(nodes3)
+    tokens = []
+    async with me.holding(dlm.lock("wire:x", timeout=5.0)) as held:
+        tokens.append(await held.token())
+    for node in nodes3:  # NOSCRIPT on every node: EVALSHA, then the bodies again
+        with node.client() as client:
+            client.script_flush()
+    async with me.holding(dlm.lock("wire:x", timeout=5.0)) as held:
+        tokens.append(await held.token())
+    nodes3[0].restart()  # its idle connection is closed by the server: a new one
+    for _ in range(3):
+        async with me.holding(dlm.lock("wire:x", timeout=5.0)) as held:
+            tokens.append(await held.token())
+    assert strictly_increasing(tokens)
+
+
+@pytest.fixture(scope="module")
+def tls_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[str]]:
+    """Three password-protected redis-servers that also listen with TLS (a self-signed
+    certificate): their rediss:// URLs. Skipped where openssl or TLS is missing."""
+    base = tmp_path_factory.mktemp("tls")
+    if shutil.which("openssl") is None:
+        pytest.skip("no openssl to make a certificate")
+    made = subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+         "-subj", "/CN=localhost", "-keyout", str(base / "key.pem"),
+         "-out", str(base / "cert.pem")], capture_output=True, check=False)
+    if made.returncode != 0:
+        pytest.skip("openssl could not make a certificate")
+    nodes, urls = [], []
+    try:
+        for index in range(3):
+            tls_port = free_port()
+            node = RedisNode(data_dir=base / f"node{index}", password="s3cret", extra_args=[
+                "--tls-port", str(tls_port), "--tls-cert-file", str(base / "cert.pem"),
+                "--tls-key-file", str(base / "key.pem"), "--tls-auth-clients", "no"])
+            nodes.append(node)
+            try:
+                node.start()
+            except Exception as exc:  # a redis-server built without TLS
+                pytest.skip(f"redis-server without TLS: {exc}")
+            urls.append(f"rediss://:s3cret@127.0.0.1:{tls_port}?ssl_cert_reqs=none")
+        yield urls
+    finally:
+        for node in nodes:
+            node.stop()
+
+
+def test_tls_and_password_under_both_parsers_sync(parser: str, tls_nodes: list[str]) -> None:
+    tokens = []
+    with Redlock(tls_nodes, node_timeout=1.0) as dlm:
+        for _ in range(5):
+            with dlm.lock(f"wire:tls:sync:{parser}", timeout=5.0) as held:
+                tokens.append(held.token)
+    assert strictly_increasing(tokens)
+
+
+async def test_tls_and_password_under_both_parsers_asyncio(parser: str,
+                                                           tls_nodes: list[str]) -> None:
+    tokens = []
+    async with AsyncRedlock(tls_nodes, node_timeout=1.0) as dlm:
+        for _ in range(5):
+            async with dlm.lock(f"wire:tls:async:{parser}", timeout=5.0) as held:
+                tokens.append(held.token)
+    assert strictly_increasing(tokens)
