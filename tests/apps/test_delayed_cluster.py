@@ -9,7 +9,8 @@ out. The nodes come back with every key intact; so must the application's locks.
 
 One behaviour, both clients: the ``flavour`` fixture (tests/conftest.py) runs it on
 ``Redlock`` (the calls made from a thread of their own) and on ``AsyncRedlock`` (from a
-task), through the actors of tests/clients.py.
+task), through the actors of tests/clients.py. The lock family (a permit, a read, a
+leadership) goes through the same stall in a test of its own.
 """
 
 from __future__ import annotations
@@ -160,6 +161,112 @@ async def test_one_stall_of_every_node_loses_no_lock(flavour: Flavour, nodes3: R
         problems.append("the next holder did not get the lock within 5 s")
 
     for actor in (holder, bystander, successor):
+        await actor.close()
+    await resolve(dlm.close())
+    left = wait_no_library_threads() + await wait_no_other_tasks(baseline)
+    if left:
+        problems.append(f"left running after close: {left}")
+    assert not problems, "\n".join(problems) + f"\n(stall {stall:.2f} s, {got!r})"
+
+
+def _family_pttls(nodes: RedisNodes, key: str, member: str | None = None) -> list[int]:
+    """Per node: a key's PTTL in ms (-2: gone); for the read-write lock's readers (a
+    sorted set of leases by the node's clock), ms left of ``member``'s lease."""
+    left = []
+    for node in nodes:
+        with node.client() as client:
+            if member is None:
+                left.append(int(client.pttl(key)))
+                continue
+            lease = client.zscore(key, member)
+            now_s, now_us = client.time()
+            now_ms = now_s * 1000 + now_us // 1000
+            left.append(-2 if lease is None else int(lease - now_ms))
+    return left
+
+
+@pytest.mark.slow
+async def test_one_stall_of_every_node_loses_no_family_grant(
+        flavour: Flavour, nodes3: RedisNodes, delayed3: Proxies) -> None:
+    """The lock family across the same stall: a semaphore permit, a read of a read-write
+    lock and an election's leadership, all renewed (ttl 3 s), held across one stall of
+    every node and for longer than their TTL after it, pass ``check()`` with their keys
+    (or lease) on every node; a permit asked for during the stall is not granted and
+    leaves nothing behind; the releases free everything; nothing hangs or lingers."""
+    baseline = asyncio.all_tasks()
+    dlm = flavour.bare_manager(delayed3.urls)
+    holder, bystander = flavour.actor("holder"), flavour.actor("bystander")
+    permit = holder.on(dlm.semaphore("family:stall:sem", permits=1, ttl=AUTO_TTL,
+                                     auto_extend=True))
+    reading = holder.on(dlm.rwlock("family:stall:doc", ttl=AUTO_TTL).read(auto_extend=True))
+    election = dlm.election("family:stall:leader", ttl=AUTO_TTL, identity="holder")
+    leading = holder.on(election.campaign(timeout=5.0))
+    assert await permit.acquire(timeout=5.0)
+    assert await reading.acquire(timeout=5.0)
+    assert await leading.acquire(timeout=5.0)
+    term = int(await leading.token())
+
+    for node in nodes3:
+        node.pause()
+    try:
+        stalled = time.monotonic()
+        other = bystander.on(dlm.semaphore("family:stall:sem", permits=1, ttl=AUTO_TTL))
+        attempt = asyncio.ensure_future(other.acquire(blocking=False, limit=STALL_LIMIT))
+        done, _ = await asyncio.wait({attempt}, timeout=STALL_LIMIT)
+        await asyncio.sleep(max(0.0, STALL - (time.monotonic() - stalled)))
+    finally:
+        for node in nodes3:
+            node.resume()
+    stall = time.monotonic() - stalled
+    assert done, f"an acquire with every node stopped did not end within {STALL_LIMIT} s"
+    try:
+        got: object = attempt.result()
+    except LockNotAcquired as exc:
+        got = exc
+    problems: list[str] = []
+    if got is not False and not isinstance(got, LockNotAcquired):
+        problems.append(f"a permit asked for with every node stopped: {got!r}")
+
+    async def step(what: str, call: Awaitable[object]) -> object:
+        try:
+            return await call
+        except RedlockError as exc:
+            problems.append(f"{what}: {type(exc).__name__}: {exc}")
+            return None
+
+    await asyncio.sleep(AUTO_TTL + 0.5)  # past the TTL: only the renewals keep them
+    for name, handle in (("permit", permit), ("read", reading), ("leadership", leading)):
+        await step(f"check() of the {name} {AUTO_TTL + 0.5} s after the stall", handle.check())
+    read_member = None
+    with nodes3[0].client() as client:  # the reader's id in the lease set (SHA1 of its owner)
+        members = client.zrange("redlock:{family:stall:doc}:read", 0, -1)
+        read_member = members[0].decode() if members else None
+    on_nodes = {
+        "permit": _family_pttls(nodes3, "redlock:{family:stall:sem}:permit:0"),
+        "leader": _family_pttls(nodes3, "redlock:{family:stall:leader}:leader"),
+        "read lease": (_family_pttls(nodes3, "redlock:{family:stall:doc}:read", read_member)
+                       if read_member else [-2]),
+    }
+    for what, left in on_nodes.items():
+        if min(left) <= 0:
+            problems.append(f"the {what} on the nodes (ms left, -2: gone): {left}")
+    seen = await resolve(election.leader())
+    if seen is None or seen.identity != "holder" or seen.token != term:
+        problems.append(f"leader() after the stall: {seen} (term {term} expected)")
+
+    await step("release() of the permit", permit.release())
+    await step("release() of the read", reading.release())
+    await step("resigning the leadership", leading.release())
+    after = {what: max(_family_pttls(nodes3, key)) for what, key in (
+        ("permit", "redlock:{family:stall:sem}:permit:0"),
+        ("leader", "redlock:{family:stall:leader}:leader"))}
+    if any(left > 0 for left in after.values()):
+        problems.append(f"keys left after the releases (PTTL ms): {after}")
+    status = await resolve(dlm.rwlock("family:stall:doc").status())
+    if status.readers:
+        problems.append(f"readers left after the release: {status.readers}")
+
+    for actor in (holder, bystander):
         await actor.close()
     await resolve(dlm.close())
     left = wait_no_library_threads() + await wait_no_other_tasks(baseline)
