@@ -25,7 +25,7 @@ import pytest
 from redlock import LockNotAcquired, RedlockError
 from redlock.testing import Proxies, RedisNodes, ToxiproxyServer
 from tests.apps.support import pttls, wait_no_library_threads, wait_no_other_tasks
-from tests.clients import Flavour, resolve
+from tests.clients import Flavour, Held, resolve
 
 pytestmark = pytest.mark.faults
 
@@ -52,6 +52,46 @@ def delayed3(nodes3: RedisNodes, toxiproxy: ToxiproxyServer) -> Iterator[Proxies
         for proxy in proxies:
             with contextlib.suppress(Exception):  # the next proxy must still go
                 proxy.delete()
+
+
+async def _stalled(nodes: RedisNodes, bystander: Held) -> tuple[object, float]:
+    """Stop every node until ``bystander``'s single try has ended (timed out), and at
+    least STALL seconds; resume them. The try's outcome (False or the LockNotAcquired it
+    raised; anything else fails the test) and how long the stall lasted."""
+    for node in nodes:
+        node.pause()
+    try:
+        stalled = time.monotonic()
+        attempt = asyncio.ensure_future(bystander.acquire(blocking=False, limit=STALL_LIMIT))
+        done, _ = await asyncio.wait({attempt}, timeout=STALL_LIMIT)
+        await asyncio.sleep(max(0.0, STALL - (time.monotonic() - stalled)))
+    finally:
+        for node in nodes:
+            node.resume()
+    stall = time.monotonic() - stalled
+    assert done, f"an acquire with every node stopped did not end within {STALL_LIMIT} s"
+    try:
+        got: object = attempt.result()
+    except LockNotAcquired as exc:  # QuorumUnavailable: every node timed out
+        got = exc
+    assert got is False or isinstance(got, LockNotAcquired), (
+        f"an acquire with every node stopped returned {got!r}")
+    return got, stall
+
+
+class Steps:
+    """Calls whose RedlockError is noted as a problem (every failure is reported with its
+    figures at once, at the end) instead of ending the test."""
+
+    def __init__(self) -> None:
+        self.problems: list[str] = []
+
+    async def __call__(self, what: str, call: Awaitable[object]) -> object:
+        try:
+            return await call
+        except RedlockError as exc:
+            self.problems.append(f"{what}: {type(exc).__name__}: {exc}")
+            return None
 
 
 @pytest.mark.slow
@@ -84,36 +124,11 @@ async def test_one_stall_of_every_node_loses_no_lock(flavour: Flavour, nodes3: R
 
     # The stall: every node stopped until the bystander's acquire has ended (timed out),
     # and at least STALL seconds.
-    for node in nodes3:
-        node.pause()
-    try:
-        stalled = time.monotonic()
-        attempt = asyncio.ensure_future(
-            bystander.on(dlm.lock(BYSTANDER, ttl=HELD_TTL)).acquire(blocking=False,
-                                                                    limit=STALL_LIMIT))
-        done, _ = await asyncio.wait({attempt}, timeout=STALL_LIMIT)
-        await asyncio.sleep(max(0.0, STALL - (time.monotonic() - stalled)))
-    finally:
-        for node in nodes3:
-            node.resume()
-    stall = time.monotonic() - stalled
-    assert done, f"an acquire with every node stopped did not end within {STALL_LIMIT} s"
-    try:
-        got: object = attempt.result()
-    except LockNotAcquired as exc:  # QuorumUnavailable: every node timed out
-        got = exc
-    assert got is False or isinstance(got, LockNotAcquired), (
-        f"an acquire with every node stopped returned {got!r}")
+    got, stall = await _stalled(nodes3, bystander.on(dlm.lock(BYSTANDER, ttl=HELD_TTL)))
 
     # Everything below is checked, and every failure reported with its figures at once.
-    problems: list[str] = []
-
-    async def step(what: str, call: Awaitable[object]) -> object:
-        try:
-            return await call
-        except RedlockError as exc:
-            problems.append(f"{what}: {type(exc).__name__}: {exc}")
-            return None
+    step = Steps()
+    problems = step.problems
 
     # Afterwards: the lock held across the stall extends, with its keys where they were.
     left_before = round(float(await held.validity()), 2)
@@ -206,33 +221,10 @@ async def test_one_stall_of_every_node_loses_no_family_grant(
     assert await leading.acquire(timeout=5.0)
     term = int(await leading.token())
 
-    for node in nodes3:
-        node.pause()
-    try:
-        stalled = time.monotonic()
-        other = bystander.on(dlm.semaphore("family:stall:sem", permits=1, ttl=AUTO_TTL))
-        attempt = asyncio.ensure_future(other.acquire(blocking=False, limit=STALL_LIMIT))
-        done, _ = await asyncio.wait({attempt}, timeout=STALL_LIMIT)
-        await asyncio.sleep(max(0.0, STALL - (time.monotonic() - stalled)))
-    finally:
-        for node in nodes3:
-            node.resume()
-    stall = time.monotonic() - stalled
-    assert done, f"an acquire with every node stopped did not end within {STALL_LIMIT} s"
-    try:
-        got: object = attempt.result()
-    except LockNotAcquired as exc:
-        got = exc
-    problems: list[str] = []
-    if got is not False and not isinstance(got, LockNotAcquired):
-        problems.append(f"a permit asked for with every node stopped: {got!r}")
-
-    async def step(what: str, call: Awaitable[object]) -> object:
-        try:
-            return await call
-        except RedlockError as exc:
-            problems.append(f"{what}: {type(exc).__name__}: {exc}")
-            return None
+    got, stall = await _stalled(nodes3, bystander.on(
+        dlm.semaphore("family:stall:sem", permits=1, ttl=AUTO_TTL)))
+    step = Steps()
+    problems = step.problems
 
     await asyncio.sleep(AUTO_TTL + 0.5)  # past the TTL: only the renewals keep them
     for name, handle in (("permit", permit), ("read", reading), ("leadership", leading)):
