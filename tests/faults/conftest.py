@@ -10,6 +10,7 @@ set): CI must run them.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ from redlock.testing import (
     ToxiproxyServer,
     find_toxiproxy_server,
 )
-from redlock.testing.history import ACCEPTED, ERROR, REJECTED
+from redlock.testing.history import ACCEPTED, ERROR, REJECTED, History, Write
 from tests.support.faketime import FaketimeRedis, FaketimeUnavailable, find_faketime_redis
 
 
@@ -135,6 +136,15 @@ def fenced_write(store: RedisFencedStore, client: str, resource: str, token: int
     except redis.RedisError:
         return ERROR
     return ACCEPTED
+
+
+def recorded_write(history: History, store: RedisFencedStore, client: str, resource: str,
+                   token: int) -> str:
+    """:func:`fenced_write`, recorded in ``history`` with when it was invoked and ended."""
+    invoked = time.monotonic()
+    outcome = fenced_write(store, client, resource, token)
+    history.wrote(Write(client, resource, token, invoked, time.monotonic(), outcome))
+    return outcome
 
 
 def acquire_or_false(lock: Lock, **options: Any) -> bool:

@@ -30,11 +30,11 @@ from typing import Any
 
 import pytest
 
-from fencing import RedisFencedStore, StaleTokenError
+from fencing import RedisFencedStore
 from redlock import LockLost
 from redlock.testing import RedisNode
-from redlock.testing.history import ACCEPTED, ERROR, REJECTED, History, Hold, Write
-from tests.faults.conftest import DLM_OPTIONS, MakeDlm, acquire_or_false
+from redlock.testing.history import ACCEPTED, ERROR, REJECTED, History, Hold
+from tests.faults.conftest import DLM_OPTIONS, MakeDlm, acquire_or_false, recorded_write
 from tests.faults.fault_figures import scenario
 from tests.support.faketime import FaketimeRedis
 from tests.support.faketime import measure_clock_rate as clock_rate
@@ -70,20 +70,6 @@ def cluster(fake: FaketimeRedis, tmp_path: Path) -> Iterator[Cluster]:
 def dlm_options() -> dict[str, Any]:
     # Room for the long TTLs these scenarios use under a clock running twice as fast.
     return {**DLM_OPTIONS, "max_ttl": 30.0}
-
-
-def _write(history: History, store: RedisFencedStore, client: str, resource: str,
-           token: int) -> str:
-    invoke = time.monotonic()
-    try:
-        store.write(resource, token, f"{client}:{token}".encode())
-        outcome = ACCEPTED
-    except StaleTokenError:
-        outcome = REJECTED
-    except Exception:
-        outcome = ERROR
-    history.wrote(Write(client, resource, token, invoke, time.monotonic(), outcome))
-    return outcome
 
 
 @pytest.mark.parametrize("rate", [1.0, 2.0], ids=["clock-1x", "clock-2x"])
@@ -130,10 +116,10 @@ def test_clock_drift_lets_a_second_holder_in_but_fencing_rejects_the_stale_one(
             b_token = b.token
             a_believes = a.locked()  # A's own view: validity left, nothing lost
             history.held(Hold("A", resource, a_token, a_start, a_deadline))
-            assert _write(history, store, "B", resource, b_token) == ACCEPTED
+            assert recorded_write(history, store, "B", resource, b_token) == ACCEPTED
             history.held(Hold("B", resource, b_token, b_start, time.monotonic()))
             b.release()
-            a_outcome = _write(history, store, "A", resource, a_token)
+            a_outcome = recorded_write(history, store, "A", resource, a_token)
             a_told = False  # does A's release tell it that it lost the lock?
             try:
                 a.release()
@@ -204,7 +190,7 @@ def test_clock_drift_random_workload_fenced_writes_stay_in_order(
                     start = time.monotonic()
                     token, deadline = lock.token, start + lock.validity
                     time.sleep(rng.uniform(0.05, 0.95))
-                    _write(history, store, name, resource, token)
+                    recorded_write(history, store, name, resource, token)
                     end = time.monotonic()
                     history.held(Hold(name, resource, token, start, min(end, deadline), invoked))
                     with contextlib.suppress(LockLost):  # held past its validity, or taken
@@ -250,7 +236,7 @@ def test_clock_drift_random_workload_fenced_writes_stay_in_order(
         try:
             with dlm.lock(resource, ttl=ttl, timeout=10.0) as held:
                 figures.recovery_s = time.monotonic() - healed_at
-                final = _write(history, store, "final", resource, held.token)
+                final = recorded_write(history, store, "final", resource, held.token)
         finally:
             dlm.close()
 

@@ -40,16 +40,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import json
 import os
 import random
 import signal
-import subprocess
-import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -66,13 +61,13 @@ from redlock.testing import Proxies, RedisNode, RedisNodes
 from redlock.testing.history import ACCEPTED, REJECTED, History, Hold, Write
 from tests.faults.conftest import DLM_OPTIONS, MakeDlm, fenced_write
 from tests.faults.fault_figures import Figures, scenario
+from tests.faults.processes import EventProcess
 from tests.internals import KEYS
 from tests.peek import fence_counters, get, on_nodes, resume_and_settle
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(120)]
 
 WORKER = "tests.faults.workers.family_holder"  # run as a module from the repository root
-ROOT = Path(__file__).resolve().parents[2]
 TTL = 1.0
 MAX_TTL = 1.0  # amnesiac nodes rejoin one max_ttl after they were seen empty
 PERMITS = 2
@@ -83,63 +78,14 @@ PERMITS = 2
 # ---------------------------------------------------------------------------
 
 
-class Worker:
-    """One holder process and the JSON events it printed (read by a thread)."""
+class Worker(EventProcess):
+    """One holder process (tests/faults/workers/family_holder.py) and its events."""
 
     def __init__(self, kind: str, name: str, client: str, nodes: RedisNodes,
                  store: RedisNode, *, work: float = 0.15, lead_s: float = 60.0) -> None:
+        super().__init__(WORKER, [kind, name, client, str(TTL), str(work), str(PERMITS),
+                                  str(lead_s), store.url, *nodes.urls], stdin=True)
         self.kind, self.client = kind, client
-        self.events: list[dict[str, Any]] = []
-        self.changed = threading.Condition()
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-            [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", WORKER, kind, name, client, str(TTL), str(work),
-             str(PERMITS), str(lead_s), store.url, *nodes.urls],
-            cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, text=True)
-        self.reader = threading.Thread(target=self._read, daemon=True)
-        self.reader.start()
-
-    def _read(self) -> None:
-        assert self.process.stdout is not None
-        for line in self.process.stdout:
-            event = json.loads(line)
-            with self.changed:
-                self.events.append(event)
-                self.changed.notify_all()
-        with self.changed:
-            self.changed.notify_all()
-
-    def mark(self) -> int:
-        with self.changed:
-            return len(self.events)
-
-    def find(self, after: int, test: Callable[[dict[str, Any]], bool]) -> dict[str, Any] | None:
-        with self.changed:
-            return next((e for e in self.events[after:] if test(e)), None)
-
-    def signal(self, signum: int) -> None:
-        if self.process.poll() is None:
-            os.kill(self.process.pid, signum)
-
-    def finish(self, timeout: float = 20.0) -> str:
-        """Stop the worker (stdin closed: it ends its current step), or kill it."""
-        self.signal(signal.SIGCONT)
-        with contextlib.suppress(OSError):
-            assert self.process.stdin is not None
-            self.process.stdin.close()
-        try:
-            self.process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(10)
-        self.reader.join(10)
-        stderr = self.process.stderr.read() if self.process.stderr else ""
-        for stream in (self.process.stdout, self.process.stderr):
-            if stream is not None:
-                stream.close()
-        return stderr
 
 
 @contextlib.contextmanager

@@ -33,29 +33,17 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from fencing import RedisFencedStore, StaleTokenError
+from fencing import RedisFencedStore
 from redlock import LockLost, LockNotAcquired, MembersChange, Redlock
 from redlock.testing import RedisNodes
-from redlock.testing.history import ACCEPTED, ERROR, REJECTED, History, Hold, Write
+from redlock.testing.history import History, Hold
+from tests.faults.conftest import recorded_write
 from tests.internals import KEYS
 
 OPTIONS: dict[str, Any] = {"max_ttl": 1.0, "node_timeout": 0.25, "outage_timeout": None}
 NAMES = ("m:0", "m:1", "m:2")
 TTL = 1.0
 AFTER = 0.6  # the clients keep going this long after the change
-
-
-def fenced_write(history: History, store: RedisFencedStore, client: str, resource: str,
-                 token: int) -> None:
-    invoked = time.monotonic()
-    try:
-        store.write(resource, token, f"{client}:{token}".encode())
-        outcome = ACCEPTED
-    except StaleTokenError:
-        outcome = REJECTED
-    except Exception:
-        outcome = ERROR
-    history.wrote(Write(client, resource, token, invoked, time.monotonic(), outcome))
 
 
 def contend(history: History, store: RedisFencedStore, name: str, urls: Sequence[str],
@@ -79,7 +67,7 @@ def contend(history: History, store: RedisFencedStore, name: str, urls: Sequence
                 start = time.monotonic()
                 token, deadline = lock.token, start + lock.validity
                 counts[name] = counts.get(name, 0) + 1
-                fenced_write(history, store, name, resource, token)
+                recorded_write(history, store, name, resource, token)
                 time.sleep(rng.uniform(0.0, 0.02))
                 end = time.monotonic()
                 history.held(Hold(name, resource, token, start, min(end, deadline), invoked))

@@ -19,15 +19,10 @@ Rerun: ``bash scripts/faults -k paused -s``.
 from __future__ import annotations
 
 import itertools
-import json
 import os
 import random
 import signal
-import subprocess
-import sys
-import threading
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -36,11 +31,11 @@ from redlock import Redlock
 from redlock.testing import RedisNode, RedisNodes
 from redlock.testing.history import ACCEPTED, REJECTED, History, Hold, Write
 from tests.faults.fault_figures import scenario
+from tests.faults.processes import EventProcess
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(180)]
 
 WORKER = "tests.faults.workers.paused_holder"  # run as a module from the repository root
-ROOT = Path(__file__).resolve().parents[2]
 RESOURCE = "paused:r"
 PLAIN_KEY = "paused:plain"
 TTL = 0.6
@@ -49,58 +44,21 @@ SECONDS = 10.0
 PAUSES = 5
 
 
-class Worker:
-    """One worker process and the JSON events it printed (read by a thread)."""
+class Worker(EventProcess):
+    """One worker process (tests/faults/workers/paused_holder.py) and its events."""
 
     def __init__(self, name: str, seconds: float, nodes: RedisNodes, store: RedisNode) -> None:
+        super().__init__(WORKER, [name, str(seconds), str(TTL), store.url, *nodes.urls])
         self.name = name
-        self.events: list[dict[str, Any]] = []
-        self.holding = threading.Condition()
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", WORKER, name, str(seconds), str(TTL), store.url,
-             *nodes.urls],
-            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        self.reader = threading.Thread(target=self._read, daemon=True)
-        self.reader.start()
-
-    def _read(self) -> None:
-        assert self.process.stdout is not None
-        for line in self.process.stdout:
-            event = json.loads(line)
-            with self.holding:
-                self.events.append(event)
-                self.holding.notify_all()
 
     def wait_holding(self, after: int, timeout: float) -> dict[str, Any] | None:
         """The first "holding" event at index >= after, waiting up to timeout."""
-        deadline = time.monotonic() + timeout
-        with self.holding:
-            while True:
-                for event in self.events[after:]:
-                    if event["event"] == "holding":
-                        return event
-                left = deadline - time.monotonic()
-                if left <= 0 or self.process.poll() is not None:
-                    return None
-                self.holding.wait(left)
+        return self.wait_for(after, lambda e: e["event"] == "holding", timeout)
 
-    def signal(self, signum: int) -> None:
-        if self.process.poll() is None:
-            os.kill(self.process.pid, signum)
-
-    def finish(self, timeout: float) -> None:
-        self.signal(signal.SIGCONT)
-        try:
-            self.process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(10)
-        self.reader.join(10)
-        stderr = self.process.stderr.read() if self.process.stderr else ""
-        for stream in (self.process.stdout, self.process.stderr):
-            if stream is not None:
-                stream.close()
+    def finish(self, timeout: float = 20.0) -> str:
+        stderr = super().finish(timeout)
         assert self.process.returncode in (0, -signal.SIGKILL), stderr
+        return stderr
 
 
 def next_holder(workers: list[Worker], timeout: float) -> Worker | None:

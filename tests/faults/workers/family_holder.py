@@ -22,7 +22,6 @@ deadline as it knew it at that moment (a lower bound of the real one).
 
 from __future__ import annotations
 
-import json
 import sys
 import threading
 import time
@@ -30,42 +29,20 @@ from typing import Any
 
 import redis
 
-from fencing import RedisFencedStore, StaleTokenError
-from redlock import LockLost, LockNotAcquired, NotHeld, Redlock, RedlockError
-
-
-def emit(**fields: object) -> None:
-    print(json.dumps(fields), flush=True)
-
-
-def write(store: RedisFencedStore, client: str, resource: str, token: int) -> None:
-    invoked = time.monotonic()
-    try:
-        store.write(resource, token, f"{client}:{token}".encode())
-        outcome = "accepted"
-    except StaleTokenError:
-        outcome = "rejected"
-    emit(event="write", resource=resource, token=token, invoked=invoked,
-         completed=time.monotonic(), outcome=outcome)
+from fencing import RedisFencedStore
+from redlock import LockLost, Redlock
+from tests.faults.workers.events import acquire_announced, emit, release_announced, write
 
 
 def lead(dlm: Redlock, store: RedisFencedStore, name: str, client: str, ttl: float,
          work: float, lead_s: float, stop: threading.Event) -> None:
     election = dlm.election(name, ttl=ttl, identity=client)
     leadership = election.campaign(timeout=1.0)
-    invoked = time.monotonic()
-    try:
-        got = leadership.acquire()
-    except LockNotAcquired:
-        got = False
-    completed = time.monotonic()
-    if not got:
-        emit(event="failed", invoked=invoked, completed=completed)
+    held = acquire_announced(leadership, timeout=None, resource=name)
+    if held is None:
         return
-    term = leadership.token
-    emit(event="holding", resource=name, token=term, invoked=invoked, completed=completed,
-         valid_until=completed + leadership.validity)
-    until = completed + lead_s
+    term = held["token"]
+    until = time.monotonic() + lead_s
     at, problem = time.monotonic(), None
     try:
         while not stop.is_set() and time.monotonic() < until:
@@ -80,11 +57,7 @@ def lead(dlm: Redlock, store: RedisFencedStore, name: str, client: str, ttl: flo
         emit(event="lost", token=term, at=at)
     else:
         at = time.monotonic()
-    try:
-        leadership.release()
-    except (NotHeld, RedlockError) as exc:
-        problem = problem or f"{type(exc).__name__}: {exc}"
-    emit(event="released", token=term, at=at, problem=problem)
+    release_announced(leadership, term, at, problem)
 
 
 def hold(dlm: Redlock, store: RedisFencedStore, kind: str, name: str, client: str,
@@ -96,29 +69,15 @@ def hold(dlm: Redlock, store: RedisFencedStore, kind: str, name: str, client: st
         handle = dlm.rwlock(name, ttl=ttl).write()
     else:
         handle = dlm.rwlock(name, ttl=ttl).read()
-    invoked = time.monotonic()
-    try:
-        got = handle.acquire(timeout=1.0)
-    except LockNotAcquired:
-        got = False
-    completed = time.monotonic()
-    if not got:
-        emit(event="failed", invoked=invoked, completed=completed)
+    # What the fenced store knows it as: a permit, its slot's name.
+    held = acquire_announced(handle, resource=lambda: (
+        handle.slot_name if kind == "permit" else name))
+    if held is None:
         return
-    token, validity = handle.token, handle.validity
-    resource = handle.slot_name if kind == "permit" else name
-    emit(event="holding", resource=resource, token=token, invoked=invoked,
-         completed=completed, valid_until=completed + validity)
     time.sleep(work)  # the work; a SIGSTOP or SIGKILL lands here or around it
     if kind != "read":
-        write(store, client, resource, token)
-    released = time.monotonic()
-    problem = None
-    try:
-        handle.release()
-    except (NotHeld, RedlockError) as exc:  # e.g. it expired while we were frozen
-        problem = f"{type(exc).__name__}: {exc}"
-    emit(event="released", token=token, at=released, problem=problem)
+        write(store, client, held["resource"], held["token"])
+    release_announced(handle, held["token"])
 
 
 def main() -> int:

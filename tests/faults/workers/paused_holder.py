@@ -11,21 +11,17 @@ store, release. Every step is one JSON line on stdout, with time.monotonic() tim
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 
 import redis
 
-from fencing import RedisFencedStore, StaleTokenError
-from redlock import LockNotAcquired, NotHeld, Redlock, RedlockError
+from fencing import RedisFencedStore
+from redlock import Redlock
+from tests.faults.workers.events import acquire_announced, release_announced, write
 
 RESOURCE = "paused:r"
 PLAIN_KEY = "paused:plain"
-
-
-def emit(**fields: object) -> None:
-    print(json.dumps(fields), flush=True)
 
 
 def main() -> int:
@@ -36,35 +32,14 @@ def main() -> int:
     with Redlock(lock_urls, node_timeout=0.2, retry_delay_max=0.05) as dlm:
         while time.monotonic() < end:
             lock = dlm.lock(RESOURCE, ttl=float(ttl))
-            invoked = time.monotonic()
-            try:
-                got = lock.acquire(timeout=1.0)
-            except LockNotAcquired:
-                got = False
-            completed = time.monotonic()
-            if not got:
-                emit(event="failed", invoked=invoked, completed=completed)
+            held = acquire_announced(lock)
+            if held is None:
                 continue
-            token, validity = lock.token, lock.validity
-            emit(event="holding", token=token, invoked=invoked, completed=completed,
-                 valid_until=completed + validity)
+            token = held["token"]
             time.sleep(0.15)  # the work; a SIGSTOP lands here or around it
             client.rpush(PLAIN_KEY, token)
-            write_invoked = time.monotonic()
-            try:
-                store.write(RESOURCE, token, f"{name}:{token}".encode())
-                outcome = "accepted"
-            except StaleTokenError:
-                outcome = "rejected"
-            emit(event="write", token=token, invoked=write_invoked,
-                 completed=time.monotonic(), outcome=outcome)
-            released = time.monotonic()
-            problem = None
-            try:
-                lock.release()
-            except (NotHeld, RedlockError) as exc:  # e.g. it expired while we were frozen
-                problem = f"{type(exc).__name__}: {exc}"
-            emit(event="released", token=token, at=released, problem=problem)
+            write(store, name, RESOURCE, token)
+            release_announced(lock, token)
     client.close()
     return 0
 
