@@ -7,6 +7,7 @@ tests/faults/test_membership.py."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
 from collections.abc import Callable
 
@@ -217,3 +218,40 @@ def test_a_lock_renewed_across_the_change_stays_held(
         assert held.token == token  # check(): not lost
         assert epoch_of(old) == 2
         assert "redlock.extend_retry" not in [e["event"] for e in events]
+
+
+def test_views_count_holders_by_the_joint_rule(fresh_nodes: Callable[..., RedisNodes]) -> None:
+    """``leader()`` and ``status()`` believe a holder only as the quorum rule does: during
+    a change from A, B, C to A..E, a grant on A, D, E (3 of the new 5, 1 of the old 3) is
+    nobody's; on A, B, D, E (a majority of both) it is the holder's."""
+    import hashlib
+
+    nodes = fresh_nodes(5)
+    owner = "0123456789abcdef0123456789abcdef"  # another client's owner value
+    holder = hashlib.sha1(owner.encode()).hexdigest()[:12]
+
+    def grant_on(which: list[int]) -> None:
+        for i in which:
+            with nodes[i].client() as client:
+                client.set("redlock:{views}:leader", owner, px=10_000)
+                client.set("redlock:{views}:term", f"7 {holder} elsewhere")
+                client.set("redlock:{views:sem}:permit:0", owner, px=10_000)
+
+    with Redlock(nodes.urls, **FAST) as dlm:
+        with dlm.lock("views:warm-up", ttl=1.0):  # the nodes get their markers
+            pass
+        write_record(nodes, list(range(5)), Members(1, dlm.nodes[:3], dlm.nodes))
+        with dlm.lock("views:warm-up", ttl=1.0):  # refused for epoch 0: adopts the record
+            pass
+        assert dlm._core.rule.joint
+        election = dlm.election("views", ttl=1.0)
+        semaphore = dlm.semaphore("views:sem", permits=2, ttl=1.0)
+
+        grant_on([0, 3, 4])
+        assert election.leader() is None
+        assert semaphore.status().held == 0
+        grant_on([1])
+        leader = election.leader()
+        assert leader is not None and (leader.identity, leader.token) == ("elsewhere", 7)
+        assert semaphore.status().slots[0] is not None
+        assert semaphore.status().held == 1
