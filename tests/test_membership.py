@@ -224,7 +224,6 @@ def test_views_count_holders_by_the_joint_rule(fresh_nodes: Callable[..., RedisN
     """``leader()`` and ``status()`` believe a holder only as the quorum rule does: during
     a change from A, B, C to A..E, a grant on A, D, E (3 of the new 5, 1 of the old 3) is
     nobody's; on A, B, D, E (a majority of both) it is the holder's."""
-    import hashlib
 
     nodes = fresh_nodes(5)
     owner = "0123456789abcdef0123456789abcdef"  # another client's owner value
