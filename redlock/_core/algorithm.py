@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
+from redlock._core import handoff
 from redlock._core.amnesia.guard import AmnesiaGuard
 from redlock._core.amnesia.repair import RepairReport, initialise, repair, upgrade
 from redlock._core.environment import Environment
@@ -50,7 +51,7 @@ from redlock._scripts.replies import (
     epoch_refusal,
     restarted,
 )
-from redlock.errors import Outcome, describe
+from redlock.errors import NodeResult, Outcome, describe
 
 logger = get_logger("redlock.locks")
 nodes_logger = get_logger("redlock.nodes")
@@ -186,7 +187,8 @@ class RedlockCore(Holding):
         while True:
             attempts += 1
             attempt_started = self.clock()
-            result = yield from self._attempt(resources, owner, ttl, ticket, deadline, kind)
+            result = yield from self._attempt(resources, owner, ttl, ticket, deadline, kind,
+                                              attempt=attempts)
             if watch is not None:  # observation (OpenTelemetry) hears of each attempt
                 watch(result)
             if result.retry_now and attempts < 3:
@@ -225,15 +227,83 @@ class RedlockCore(Holding):
                                      result.reason)
             delay, patient = waits.next(attempts, result.outcomes,
                                         unavailable=result.unavailable, left=deadline.left())
-            try:
-                yield Backoff(delay, line=self.line(resources, kind),
+            backoff = Backoff(delay, line=self.line(resources, kind),
                               channels=tuple(kind.channel(self.keys, r) for r in resources),
                               waiter=waiter_id(owner) if queued else None, patient=patient)
+            try:
+                heard = yield backoff
+                if queued and kind.hands_off:
+                    # Releases may have handed us the lock meanwhile (docs/design.md §6.7).
+                    handed = yield from self._from_handoffs(
+                        heard, backoff, resources, owner, ttl, deadline, kind, attempts,
+                        attempt_started, result.outcomes)
+                    if handed is not None:
+                        if watch is not None:
+                            watch(handed)
+                        return AcquireResult(handed.state, handed.outcomes, attempts,
+                                             False, "")
             except GeneratorExit:
                 raise
             except BaseException:  # interrupted (cancelled) while waiting: leave the line
                 yield from self._leave_line(resources, owner, ttl, ticket, deadline, kind)
                 raise
+
+    def _from_handoffs(self, heard: Sequence[object], backoff: Backoff,
+                       resources: tuple[str, ...], owner: str, ttl: float,
+                       deadline: Deadline, kind: Kind, attempt: int, attempt_started: float,
+                       outcomes: Sequence[NodeResult]) -> Flow[AttemptResult | None]:
+        """The lock, if the releases that handed it to us while we waited make an
+        acquisition (docs/design.md §6.7): the messages of our latest ``attempt`` from a
+        quorum of the nodes we count, the token committed (the ordinary write-back where
+        counters differ), validity left from the start of that attempt. None: the next
+        attempt goes as usual (it is granted the reservations)."""
+        if not isinstance(heard, handoff.Handoffs) or not heard:
+            return None
+        counters = handoff.counted(heard, attempt, self.rule.epoch,
+                                   self.amnesia.health.benched())
+        if counters and not handoff.enough(counters, self.rule) and not deadline.passed():
+            # Some nodes handed off: the others' messages are on their way (or lost).
+            more = yield replace(backoff, seconds=deadline.pause(self.timeout(ttl)),
+                                 patient=None, heard_before=heard.total)
+            if isinstance(more, handoff.Handoffs):
+                counters = handoff.counted(more, attempt, self.rule.epoch,
+                                           self.amnesia.health.benched())
+        if not handoff.enough(counters, self.rule):
+            return None
+        [resource] = resources
+        self.floors.raise_to(kind.buckets(resources), max(counters.values()))
+        choice = choose_token(counters)
+        committed = set(choice.committed)
+        rule, epoch = self.rule, self.rule.epoch
+        if not rule.met(committed):
+            calls = with_epoch((kind.write_back_call(self.keys, i, resource, owner,
+                                                     choice.token)
+                                for i in choice.write_back), self.keys, epoch)
+            write_backs = [(resource, call) for call in calls]
+            acks = yield Broadcast(calls, deadline.bound(self.timeout(ttl)),
+                                   enough=_commit_enough(write_backs,
+                                                         {resource: set(committed)}, rule))
+            rule = self.rule
+            committed |= {call.node for call, ack in zip(calls, acks, strict=True)
+                          if acked(ack)}
+            logger.info("redlock.token_write_back", resource=resource, token=choice.token,
+                        returned_token=len(choice.committed),
+                        written_back=len(choice.write_back), committed=len(committed))
+        validity = validity_left(self.settings, ttl, attempt_started, self.clock())
+        if not rule.met(committed) or choice.token >= TOKEN_LIMIT or validity <= 0:
+            logger.debug("redlock.handoff_unused", resource=resource, token=choice.token,
+                         committed=len(committed), validity_ms=round(validity * 1000, 3))
+            return None
+        state = LockState(resource, owner, ttl, choice.token,
+                          attempt_started + ttl - self.settings.drift(ttl), self.clock,
+                          self.env.new_mutex(), tokens={resource: choice.token}, kind=kind)
+        logger.debug("redlock.acquired", resource=resource, token=state.token,
+                     kind=kind.name, validity_ms=round(validity * 1000, 3),
+                     granted=len(counters), nodes=self.n, handed_off=True)
+        handed = [NodeResult(self.addresses[i], Outcome.GRANTED, "handed off by a release",
+                             counter=counters[i]) if i in counters else result
+                  for i, result in enumerate(outcomes)]
+        return AttemptResult(state, tuple(handed))
 
     def _proclaim(self, state: LockState, deadline: Deadline) -> Flow[None]:
         """A new leader writes its term record on the nodes that still hold its key
@@ -270,14 +340,16 @@ class RedlockCore(Holding):
                             else "\x00".join(resources))
 
     def _acquire_calls(self, resources: tuple[str, ...], buckets: tuple[str, ...], owner: str,
-                       ttl: float, ticket: str, kind: Kind) -> tuple[Call, ...]:
+                       ttl: float, ticket: str, kind: Kind,
+                       attempt: int = 0) -> tuple[Call, ...]:
         args = AcquireArgs(owner, max(1, int(ttl * 1000)), self.floors.get(buckets), ticket,
-                           int(patience(self.settings, self.timeout(ttl)) * 1000))
+                           int(patience(self.settings, self.timeout(ttl)) * 1000), attempt)
         return with_epoch(kind.acquire_calls(self.keys, range(self.n), resources, args),
                           self.keys, self.rule.epoch)
 
     def _attempt(self, resources: tuple[str, ...], owner: str, ttl: float,
-                 ticket: str, deadline: Deadline, kind: Kind = MUTEX) -> Flow[AttemptResult]:
+                 ticket: str, deadline: Deadline, kind: Kind = MUTEX,
+                 attempt: int = 0) -> Flow[AttemptResult]:
         settings, keys, name = self.settings, self.keys, label(resources)
         buckets = kind.buckets(resources)  # the counters involved (§3.0)
         self.rule.check()  # MembershipError: our nodes cannot form a quorum (§13.2)
@@ -290,7 +362,8 @@ class RedlockCore(Holding):
         # from its own replies, as later ones have it from RoundTrips (docs/design.md §2.4).
         learn = self.quorum if (self.settings.node_timeout is None
                                 and self.round_trips.measured() < self.quorum) else 0
-        request = Broadcast(self._acquire_calls(resources, buckets, owner, ttl, ticket, kind)
+        request = Broadcast(self._acquire_calls(resources, buckets, owner, ttl, ticket, kind,
+                                                attempt)
                             + inspect, deadline.bound(self.timeout(ttl)),
                             line=self.line(resources, kind), turns=not ticket,
                             enough=self._enough(kind.vote, kind.group), learn=learn)

@@ -1,0 +1,65 @@
+"""Hand-off in the release (docs/design.md §6.7): which messages a waiter may count, and
+whether they make an acquisition, free of I/O.
+
+A release that frees the lock hands it to the first waiter in the node's line (a
+*reservation*, set in the same script) and publishes ``"<waiter id> <counter> <epoch>
+<attempt>"``. The wake-up registry (:mod:`redlock._io.wakeups`) collects the messages
+naming a waiter, by node; the algorithm asks here what they are worth.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass
+
+from redlock._core.members import Rule
+
+__all__ = ["Handoffs", "Heard", "counted", "parse_message"]
+
+
+@dataclass(frozen=True)
+class Heard:
+    """A hand-off message from ``node``: the counter the release raised for our
+    reservation, the node's membership epoch, and the number of our attempt whose
+    refusal there recorded the hand-off (the latest that ran there before it)."""
+
+    node: int
+    counter: int
+    epoch: int
+    attempt: int
+
+
+class Handoffs(list[Heard]):
+    """What a waiter's watch heard so far (one message per node: the latest), the reply
+    to its :class:`~redlock._core.requests.Backoff`; ``total``: how many hand-off
+    messages it recorded in all (a later wait returns at once if more came since)."""
+
+    def __init__(self, heard: Iterable[Heard] = (), count: int = 0) -> None:
+        super().__init__(heard)
+        self.total = count
+
+
+def parse_message(data: str) -> tuple[str, tuple[int, int, int] | None]:
+    """A release message: the waiter id it names ('' for none) and, for a hand-off,
+    (counter, epoch, attempt). Anything else names nobody."""
+    parts = data.split(" ")
+    if len(parts) == 1:
+        return parts[0], None
+    if len(parts) == 4 and len(parts[0]) == 40 and all(p.isdigit() for p in parts[1:]):
+        return parts[0], (int(parts[1]), int(parts[2]), int(parts[3]))
+    return "", None
+
+
+def counted(heard: Iterable[Heard], attempt: int, epoch: int,
+            benched: Collection[int]) -> dict[int, int]:
+    """Per node, the counter of the hand-off messages that count: of the call's latest
+    ``attempt`` (an older one's reservation may have been consumed since), under the
+    client's ``epoch``, from a node this manager counts (not ``benched``: restarted and
+    not yet judged, or without its marker, docs/design.md §4.4)."""
+    return {h.node: h.counter for h in heard
+            if h.attempt == attempt and h.epoch == epoch and h.node not in benched}
+
+
+def enough(counters: Mapping[int, int], rule: Rule) -> bool:
+    """Whether the nodes that handed the lock to us satisfy the quorum rule (§13.2)."""
+    return bool(counters) and rule.met(counters)
