@@ -430,7 +430,7 @@ class ScriptedNodes:
         if script is scripts.RELEASE:
             lock, _, line_key, _, *handoffs = keys
             owner, leave = as_text(args[0]), as_text(args[1])
-            patience = as_text(args[2]) if len(args) > 2 else ""
+            kept_for = as_text(args[2]) if len(args) > 2 else ""
             me = hashlib.sha1(owner.encode()).hexdigest()
             records = self.handoff_records[node].setdefault(line_key, {})
             holder = get(lock)
@@ -445,9 +445,9 @@ class ScriptedNodes:
                 if handoffs:
                     records.pop(me, None)
                 self._emptied(node, line_key)
-            elif patience and released and me in line:  # keeps its place
+            elif kept_for and released and me in line:  # keeps its place
                 self._keep_until(node, line_key, me,
-                                 self.now_ms(node) + int(patience), line[me][0])
+                                 self.now_ms(node) + int(kept_for), line[me][0])
             if not (released or (left and lock not in db)):
                 return int(released)
             self._drop_lapsed(node, line_key, records=bool(handoffs))
@@ -462,9 +462,9 @@ class ScriptedNodes:
                     db[lock] = RESERVED + first
                     self.ttl_ms[node][lock] = ttl
                     settle(fence, as_text(args[3]), legacy, floor, 1, format)
-                    ticket, deadline = line[first]
+                    place, deadline = line[first]
                     self._keep_until(node, line_key, first,
-                                     min(deadline, self.now_ms(node) + ttl), ticket)
+                                     min(deadline, self.now_ms(node) + ttl), place)
                     del records[first]
             return int(released)
         if script is scripts.EXTEND:

@@ -297,9 +297,11 @@ class RedlockCore(Holding):
         state = LockState(resource, owner, ttl, choice.token,
                           attempt_started + ttl - self.settings.drift(ttl), self.clock,
                           self.env.new_mutex(), tokens={resource: choice.token}, kind=kind)
+        logger.debug("redlock.handed_off", resource=resource, token=state.token,
+                     heard=len(counters), committed=len(committed))
         logger.debug("redlock.acquired", resource=resource, token=state.token,
                      kind=kind.name, validity_ms=round(validity * 1000, 3),
-                     granted=len(counters), nodes=self.n, handed_off=True)
+                     granted=len(counters), nodes=self.n)
         handed = [NodeResult(self.addresses[i], Outcome.GRANTED, "handed off by a release",
                              counter=counters[i]) if i in counters else result
                   for i, result in enumerate(outcomes)]
