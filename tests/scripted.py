@@ -345,7 +345,8 @@ class ScriptedNodes:
                 self.ttl_ms[node][lock] = int(as_text(args[1]))
                 return [scripts.ACQUIRE_ALREADY_OURS, settle(fence, field, legacy, 0, 0, format)]
             if holder == RESERVED + hashlib.sha1(owner.encode()).hexdigest():
-                # A release handed the lock to us (§6.7): a new grant, first in line.
+                # A release handed the lock to us (§6.7): granted, first in line, with
+                # the counter as the hand-off raised it.
                 me, line = hashlib.sha1(owner.encode()).hexdigest(), self._line(node, line_key)
                 if ticket and me in line:
                     self._keep_until(node, line_key, me, self.now_ms(node) + min(
@@ -355,7 +356,7 @@ class ScriptedNodes:
                 db[lock] = owner
                 self.ttl_ms[node][lock] = int(as_text(args[1]))
                 return [scripts.ACQUIRE_GRANTED,
-                        settle(fence, field, legacy, int(as_text(args[2])), 1, format)]
+                        settle(fence, field, legacy, int(as_text(args[2])), 0, format)]
 
             def grant() -> list[object]:
                 db[lock] = owner

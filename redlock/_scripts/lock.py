@@ -182,7 +182,8 @@ ACQUIRE = guarded(
 -- ARGV[7] the attempt's number ('' or absent: no record, so no hand-off to this waiter;
 -- docs/design.md §6.7)
 -- returns {1, token}     granted: SET NX PX done and token = max(counters, floor) + 1
---                        (also when the key holds a reservation for us, §6.7)
+--                        (the key held a reservation for us, §6.7: SET, and token =
+--                        max(counters, floor): the hand-off raised it)
 --                        (a waiter granted as first in line keeps its place until its
 --                        call is over: RELEASE with leave '1')
 --         {2, token}     the key already holds our owner value: TTL refreshed; token =
@@ -205,8 +206,10 @@ local attempt = ARGV[7] or ''
 if holder and string.sub(holder, 1, 8) == 'handoff:' then
     local me = redis.sha1hex(ARGV[1])
     if holder == reservation(me) then
-        -- A release handed the lock to us (docs/design.md §6.7): a new grant, first in
-        -- line (the place is kept as below).
+        -- A release handed the lock to us (docs/design.md §6.7): granted, first in line
+        -- (the place is kept as below). The hand-off raised the counter while the
+        -- reservation, our key, was here: as it is now (or the floor) it is current, as
+        -- for code 2, and a second raise would only set the nodes apart.
         local now = now_ms()
         if ARGV[4] ~= '' and redis.call('ZSCORE', KEYS[4], me) then
             keep_until(KEYS[4], KEYS[5], me,
@@ -216,7 +219,7 @@ if holder and string.sub(holder, 1, 8) == 'handoff:' then
             redis.call('HDEL', ttls, me)
         end
         redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-        return {1, settle(KEYS[2], ARGV[6], KEYS[6], tonumber(ARGV[3]), 1, format)}
+        return {1, settle(KEYS[2], ARGV[6], KEYS[6], tonumber(ARGV[3]), 0, format)}
     end
 end
 local queued = redis.call('EXISTS', KEYS[4]) == 1
