@@ -82,6 +82,33 @@ def waiter_id(owner: str) -> str:
     return hashlib.sha1(owner.encode()).hexdigest()
 
 
+def attempts_recorded(nodes: RedisNodes, resource: str) -> list[int]:
+    """Per node, the highest attempt number its hand-off records hold (0: none)."""
+    found = []
+    for node in nodes:
+        with node.client() as client:
+            fields = client.hvals(KEYS.line(resource) + "-ttls")
+            found.append(max((int(v.split()[1]) for v in fields), default=0))
+    return found
+
+
+async def heard_everywhere(nodes: RedisNodes, resource: str) -> None:
+    """Once every node has the waiter's subscription, and the waiter has made an attempt
+    since: a hand-off counts only by a subscription that was up when its attempt went
+    out (docs/design.md §6.7); a new waiter's first attempt precedes its subscriptions."""
+    def subscribed() -> bool:
+        for node in nodes:
+            with node.client() as client:
+                if not client.pubsub_numsub(KEYS.channel(resource))[0][1]:
+                    return False
+        return True
+
+    assert await eventually(subscribed, 5.0)
+    before = attempts_recorded(nodes, resource)
+    assert await eventually(lambda: all(
+        a > b for a, b in zip(attempts_recorded(nodes, resource), before, strict=True)), 5.0)
+
+
 async def test_a_release_hands_the_lock_to_the_waiter_without_an_acquire_round(
         flavour: Flavour, me: Actor, nodes3: RedisNodes) -> None:
     holder = me.on(flavour.manager(nodes3).lock("ho:one", ttl=30.0))
@@ -93,7 +120,7 @@ async def test_a_release_hands_the_lock_to_the_waiter_without_an_acquire_round(
         waiter = asyncio.create_task(waiting.actor.call_all(
             lambda: waiting.handle.acquire(timeout=20.0), time.monotonic))
         assert await eventually(lambda: records(nodes3, "ho:one") == [1, 1, 1], 5.0)
-        await asyncio.sleep(0.3)  # its subscriptions are up
+        await heard_everywhere(nodes3, "ho:one")
         before = script_calls(nodes3)
         released_at = time.monotonic()
         await holder.release()
@@ -233,7 +260,7 @@ async def test_a_waiter_that_gives_up_hands_its_reservation_to_the_next(
         assert await eventually(lambda: records(nodes3, "ho:quit") == [2, 2, 2], 5.0)
         await holder.release()  # handed to the quitter (first in line)
         assert values(nodes3, "ho:quit") == ["handoff:" + waiter_id("quitter")] * 3
-        await asyncio.sleep(0.3)
+        await heard_everywhere(nodes3, "ho:quit")
         gave_up_at = time.monotonic()
         for node in nodes3:  # its acquire call is over: it leaves, handing off
             with node.client() as client:

@@ -64,9 +64,10 @@ class WaitingRoom:
         return backoff.seconds
 
     def handoffs(self, ticket: Ticket[Any]) -> Handoffs:
-        """The hand-offs the call's watch heard so far (docs/design.md §6.7)."""
+        """The hand-offs the call's watch heard so far by subscriptions that were up
+        before its latest attempt went out (docs/design.md §6.7)."""
         if isinstance(ticket.watch, Watch):
-            return self.wakeups.handoffs(ticket.watch)
+            return self.wakeups.handoffs(ticket.watch).since(ticket.sent)
         return Handoffs()
 
     def more_handoffs(self, ticket: Ticket[Any], than: int) -> bool:

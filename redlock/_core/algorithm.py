@@ -259,15 +259,16 @@ class RedlockCore(Holding):
         attempt goes as usual (it is granted the reservations)."""
         if not isinstance(heard, handoff.Handoffs) or not heard:
             return None
+        refused = {i for i, r in enumerate(outcomes) if r.outcome is Outcome.REFUSED}
         counters = handoff.counted(heard, attempt, self.rule.epoch,
-                                   self.amnesia.health.benched())
+                                   self.amnesia.health.benched(), refused)
         if counters and not handoff.enough(counters, self.rule) and not deadline.passed():
             # Some nodes handed off: the others' messages are on their way (or lost).
             more = yield replace(backoff, seconds=deadline.pause(self.timeout(ttl)),
                                  patient=None, heard_before=heard.total)
             if isinstance(more, handoff.Handoffs):
                 counters = handoff.counted(more, attempt, self.rule.epoch,
-                                           self.amnesia.health.benched())
+                                           self.amnesia.health.benched(), refused)
         if not handoff.enough(counters, self.rule):
             return None
         [resource] = resources

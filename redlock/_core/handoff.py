@@ -21,12 +21,17 @@ __all__ = ["Handoffs", "Heard", "counted", "parse_message"]
 class Heard:
     """A hand-off message from ``node``: the counter the release raised for our
     reservation, the node's membership epoch, and the number of our attempt whose
-    refusal there recorded the hand-off (the latest that ran there before it)."""
+    refusal there recorded the hand-off (the latest that ran there before it).
+    ``subscribed``: when (``time.monotonic``) the subscription it came by was confirmed
+    on its connection (None: not known); a message counts only if that was before the
+    attempt went out (:meth:`Handoffs.since`): the same server run answered both, so a
+    node that restarted in between (and may have lost data, §4.4) is never counted."""
 
     node: int
     counter: int
     epoch: int
     attempt: int
+    subscribed: float | None = None
 
 
 class Handoffs(list[Heard]):
@@ -37,6 +42,12 @@ class Handoffs(list[Heard]):
     def __init__(self, heard: Iterable[Heard] = (), count: int = 0) -> None:
         super().__init__(heard)
         self.total = count
+
+    def since(self, sent: float | None) -> Handoffs:
+        """Those that came by a subscription confirmed before ``sent`` (when the
+        latest attempt went out, ``time.monotonic``; None: none do)."""
+        return Handoffs((h for h in self if sent is not None and h.subscribed is not None
+                         and h.subscribed < sent), self.total)
 
 
 def parse_message(data: str) -> tuple[str, tuple[int, int, int] | None]:
@@ -50,14 +61,16 @@ def parse_message(data: str) -> tuple[str, tuple[int, int, int] | None]:
     return "", None
 
 
-def counted(heard: Iterable[Heard], attempt: int, epoch: int,
-            benched: Collection[int]) -> dict[int, int]:
+def counted(heard: Iterable[Heard], attempt: int, epoch: int, benched: Collection[int],
+            refused: Collection[int]) -> dict[int, int]:
     """Per node, the counter of the hand-off messages that count: of the call's latest
-    ``attempt`` (an older one's reservation may have been consumed since), under the
-    client's ``epoch``, from a node this manager counts (not ``benched``: restarted and
-    not yet judged, or without its marker, docs/design.md §4.4)."""
+    ``attempt`` (an older one's reservation may have been consumed since), whose reply
+    from that node was read and ``refused`` (the server run that answered it was
+    identified and judged, §4.4), under the client's ``epoch``, from a node this manager
+    counts now (not ``benched``: restarted and not yet judged, or without its marker)."""
     return {h.node: h.counter for h in heard
-            if h.attempt == attempt and h.epoch == epoch and h.node not in benched}
+            if h.attempt == attempt and h.epoch == epoch and h.node not in benched
+            and h.node in refused}
 
 
 def enough(counters: Mapping[int, int], rule: Rule) -> bool:

@@ -58,10 +58,12 @@ class Watch:
     heard: dict[int, Heard] = field(default_factory=dict)
     count: int = 0
 
-    def record(self, node: int | None, handoff: tuple[int, int, int] | None) -> None:
-        """Keep a hand-off message from ``node`` (call under the registry's mutex)."""
+    def record(self, node: int | None, handoff: tuple[int, int, int] | None,
+               subscribed: float | None) -> None:
+        """Keep a hand-off message from ``node``, which came by a subscription confirmed
+        at ``subscribed`` (call under the registry's mutex)."""
         if node is not None and handoff is not None:
-            self.heard[node] = Heard(node, *handoff)
+            self.heard[node] = Heard(node, *handoff, subscribed=subscribed)
             self.count += 1
 
 
@@ -84,9 +86,12 @@ class WakeRegistry:
         self._watches: dict[str, list[Watch]] = {}
         self._idle_since: dict[str, float] = {}  # channels without a wait, lingering
         self._live: dict[str, set[int]] = {}  # channel -> nodes it is subscribed on
+        # (channel, node) -> when that subscription was confirmed on its connection
+        self._live_since: dict[tuple[str, int], float] = {}
         self._refused: set[int] = set()  # nodes that refused SUBSCRIBE (told once)
-        # channel -> the last releases that woke nobody here: (heard at, data, node)
-        self._unclaimed: dict[str, deque[tuple[float, str, int | None]]] = {}
+        # channel -> the last releases that woke nobody here: (heard at, data, node, when
+        # the subscription it came by was confirmed)
+        self._unclaimed: dict[str, deque[tuple[float, str, int | None, float | None]]] = {}
 
     # -- the waiters' side ---------------------------------------------------------
 
@@ -137,6 +142,8 @@ class WakeRegistry:
         with self._mutex:
             live = self._live.setdefault(channel, set())
             first = not live
+            if node not in live:
+                self._live_since[(channel, node)] = time.monotonic()
             live.add(node)
             waits = list(self._watches.get(channel, ())) if first else []
         for watch in waits:
@@ -145,6 +152,7 @@ class WakeRegistry:
     def unsubscribed(self, node: int, channel: str) -> None:
         with self._mutex:
             live = self._live.get(channel)
+            self._live_since.pop((channel, node), None)
             if live is not None:
                 live.discard(node)
                 if not live:
@@ -155,6 +163,7 @@ class WakeRegistry:
         with self._mutex:
             for channel in list(self._live):
                 self._live[channel].discard(node)
+                self._live_since.pop((channel, node), None)
                 if not self._live[channel]:
                     del self._live[channel]
 
@@ -182,15 +191,16 @@ class WakeRegistry:
         waiter still in its first attempt (below)."""
         named, handoff = parse_message(data)
         with self._mutex:
+            since = None if node is None else self._live_since.get((channel, node))
             waits = [w for w in self._watches.get(channel, []) if w.waiter != EVERY]
             # Named: that waiter (if it waits here); unnamed: the first, one only.
             woken = [w for w in waits if w.waiter == named] if _is_waiter_id(named) \
                 else waits[:1]
             for watch in woken:
-                watch.record(node, handoff)
+                watch.record(node, handoff, since)
             if not woken:
                 self._unclaimed.setdefault(channel, deque(maxlen=UNCLAIMED_KEPT)).append(
-                    (time.monotonic(), data, node))
+                    (time.monotonic(), data, node, since))
             woken += [w for w in self._watches.get(channel, []) if w.waiter == EVERY]
         for watch in woken:
             watch.event.set()
@@ -206,14 +216,14 @@ class WakeRegistry:
         for channel in channels:
             kept = self._unclaimed.get(channel)
             for entry in list(kept or ()):
-                heard_at, data, node = entry
+                heard_at, data, node, subscribed = entry
                 named, handoff = parse_message(data)
                 if heard_at < since or not (named == waiter or data == ""):
                     continue
                 if handoff is not None:  # every hand-off to us is kept (§6.7)
                     kept.remove(entry)  # type: ignore[union-attr]
                     if watch is not None:
-                        watch.record(node, handoff)
+                        watch.record(node, handoff, subscribed)
                     claimed = True
                 elif not claimed:
                     kept.remove(entry)  # type: ignore[union-attr]

@@ -45,11 +45,39 @@ def test_a_message_names_a_waiter_and_may_carry_a_hand_off() -> None:
 
 def test_only_messages_of_the_latest_attempt_under_our_epoch_from_judged_nodes_count() -> None:
     heard = [Heard(0, 5, 0, 2), Heard(1, 6, 0, 1), Heard(2, 7, 1, 2), Heard(3, 8, 0, 2),
-             Heard(4, 9, 0, 2)]
+             Heard(4, 9, 0, 2), Heard(5, 9, 0, 2)]
     # node 1: an older attempt's (its reservation may have been consumed since);
-    # node 2: another epoch; node 4: restarted, not judged yet.
-    assert counted(heard, 2, 0, benched={4}) == {0: 5, 3: 8}
-    assert counted(heard, 1, 0, benched=()) == {1: 6}
+    # node 2: another epoch; node 4: restarted, not judged yet; node 5: the attempt's
+    # reply from it was not read as a refusal (a timeout: its server run unknown).
+    every = range(6)
+    assert counted(heard, 2, 0, benched={4}, refused={0, 1, 2, 3, 4}) == {0: 5, 3: 8}
+    assert counted(heard, 1, 0, benched=(), refused=every) == {1: 6}
+
+
+def test_a_message_counts_only_by_a_subscription_up_before_the_attempt_went_out() -> None:
+    """A node that restarted after the attempt broke the subscription's connection: a
+    message by the new one may come from a run nobody judged (docs/design.md §4.4)."""
+    heard = Handoffs([Heard(0, 5, 0, 1, subscribed=10.0), Heard(1, 5, 0, 1, subscribed=20.0),
+                      Heard(2, 5, 0, 1)], 3)
+    assert [h.node for h in heard.since(15.0)] == [0]
+    assert heard.since(15.0).total == 3
+    assert list(heard.since(None)) == []
+
+
+def test_the_registry_stamps_each_message_with_its_subscription() -> None:
+    registry = WakeRegistry()
+    watch = registry.watch(["c"], WAITER, threading.Event())
+    registry.subscribed(0, "c")
+    registry.deliver("c", f"{WAITER} 5 0 1", node=0)
+    [first] = registry.handoffs(watch)
+    assert first.subscribed is not None
+    registry.node_lost(0)  # the connection broke (the node may have restarted)
+    registry.deliver("c", f"{WAITER} 6 0 1", node=0)  # (a stray, before resubscribing)
+    assert [h.subscribed for h in registry.handoffs(watch)] == [None]
+    registry.subscribed(0, "c")
+    registry.deliver("c", f"{WAITER} 6 0 1", node=0)
+    [again] = registry.handoffs(watch)
+    assert again.subscribed is not None and again.subscribed >= first.subscribed
 
 
 def test_the_registry_records_hand_offs_by_node_and_wakes_the_waiter_once_named() -> None:
@@ -81,9 +109,9 @@ def test_hand_offs_heard_before_the_first_watch_are_claimed_with_it() -> None:
 def test_the_quorum_rule_decides_joint_included() -> None:
     rule = Rule(ABC, Members(1, ABC, ("a:1", "d:1", "e:1")))
     # a majority of the old set, and only one of the new set's three: not enough.
-    assert not rule.met(counted([Heard(0, 1, 1, 1), Heard(1, 1, 1, 1)], 1, 1, ()))
+    assert not rule.met(counted([Heard(0, 1, 1, 1), Heard(1, 1, 1, 1)], 1, 1, (), range(3)))
     assert Rule(ABC, stable(ABC)).met(counted([Heard(0, 1, 0, 1), Heard(1, 1, 0, 1)], 1, 0,
-                                              ()))
+                                              (), range(3)))
 
 
 # -- the flow, on scripted nodes ---------------------------------------------------------
