@@ -18,7 +18,7 @@ import redis
 from redlock import LockLost
 from redlock.testing import RedisNodes, capture_events
 from redlock.testing.history import History, Hold
-from tests.clients import Actor, Flavour, eventually
+from tests.clients import Actor, Flavour, eventually, resolve
 from tests.internals import KEYS, MUTEX, AcquireArgs, Call, with_epoch
 
 # A backoff so slow that only a wake-up (or a hand-off) explains a quick acquisition.
@@ -114,8 +114,8 @@ async def test_a_release_hands_the_lock_to_the_waiter_without_an_acquire_round(
     holder = me.on(flavour.manager(nodes3).lock("ho:one", ttl=30.0))
     assert await holder.acquire(blocking=False)
     first_token = await holder.token()
-    waiting = flavour.actor("waiter").on(
-        flavour.manager(nodes3, **SLOW_BACKOFF).lock("ho:one", ttl=10.0))
+    waiter_dlm = flavour.manager(nodes3, **SLOW_BACKOFF)
+    waiting = flavour.actor("waiter").on(waiter_dlm.lock("ho:one", ttl=10.0))
     with capture_events() as events:
         waiter = asyncio.create_task(waiting.actor.call_all(
             lambda: waiting.handle.acquire(timeout=20.0), time.monotonic))
@@ -134,7 +134,13 @@ async def test_a_release_hands_the_lock_to_the_waiter_without_an_acquire_round(
     assert calls in (3, 6), calls
     assert await waiting.token() > first_token
     # The keys are reservations until a renewal makes them the owner value.
-    assert all(v is not None and v.startswith("handoff:") for v in values(nodes3, "ho:one"))
+    reserved = values(nodes3, "ho:one")
+    assert all(v is not None and v.startswith("handoff:") for v in reserved)
+    # The status views show the reservation's waiter as the holder: the same prefix as
+    # its owner value will show.
+    status = await resolve(waiter_dlm.inspect("ho:one"))
+    assert status.locked
+    assert {n.holder for n in status.nodes} == {reserved[0].removeprefix("handoff:")[:12]}
     await waiting.extend()
     assert not any(v is None or v.startswith("handoff:") for v in values(nodes3, "ho:one"))
     await waiting.release()
