@@ -16,6 +16,7 @@ from dataclasses import replace
 from redlock._core import handoff
 from redlock._core.amnesia.guard import AmnesiaGuard
 from redlock._core.amnesia.repair import RepairReport, initialise, repair, upgrade
+from redlock._core.commit import commit_enough
 from redlock._core.environment import Environment
 from redlock._core.holding import Holding
 from redlock._core.kinds import MUTEX, AcquireArgs, Kind, Leadership, with_epoch
@@ -51,7 +52,7 @@ from redlock._scripts.replies import (
     epoch_refusal,
     restarted,
 )
-from redlock.errors import NodeResult, Outcome, describe
+from redlock.errors import Outcome, describe
 
 logger = get_logger("redlock.locks")
 nodes_logger = get_logger("redlock.nodes")
@@ -234,9 +235,9 @@ class RedlockCore(Holding):
                 heard = yield backoff
                 if queued and kind.hands_off:
                     # Releases may have handed us the lock meanwhile (docs/design.md §6.7).
-                    handed = yield from self._from_handoffs(
-                        heard, backoff, resources, owner, ttl, deadline, kind, attempts,
-                        attempt_started, result.outcomes)
+                    handed = yield from handoff.acquired(
+                        self, heard, backoff, resources, owner, ttl, deadline, kind,
+                        attempts, attempt_started, result.outcomes)
                     if handed is not None:
                         if watch is not None:
                             watch(handed)
@@ -247,66 +248,6 @@ class RedlockCore(Holding):
             except BaseException:  # interrupted (cancelled) while waiting: leave the line
                 yield from self._leave_line(resources, owner, ttl, ticket, deadline, kind)
                 raise
-
-    def _from_handoffs(self, heard: Sequence[object], backoff: Backoff,
-                       resources: tuple[str, ...], owner: str, ttl: float,
-                       deadline: Deadline, kind: Kind, attempt: int, attempt_started: float,
-                       outcomes: Sequence[NodeResult]) -> Flow[AttemptResult | None]:
-        """The lock, if the releases that handed it to us while we waited make an
-        acquisition (docs/design.md §6.7): the messages of our latest ``attempt`` from a
-        quorum of the nodes we count, the token committed (the ordinary write-back where
-        counters differ), validity left from the start of that attempt. None: the next
-        attempt goes as usual (it is granted the reservations)."""
-        if not isinstance(heard, handoff.Handoffs) or not heard:
-            return None
-        refused = {i for i, r in enumerate(outcomes) if r.outcome is Outcome.REFUSED}
-        counters = handoff.counted(heard, attempt, self.rule.epoch,
-                                   self.amnesia.health.benched(), refused)
-        if counters and not handoff.enough(counters, self.rule) and not deadline.passed():
-            # Some nodes handed off: the others' messages are on their way (or lost).
-            more = yield replace(backoff, seconds=deadline.pause(self.timeout(ttl)),
-                                 patient=None, heard_before=heard.total)
-            if isinstance(more, handoff.Handoffs):
-                counters = handoff.counted(more, attempt, self.rule.epoch,
-                                           self.amnesia.health.benched(), refused)
-        if not handoff.enough(counters, self.rule):
-            return None
-        [resource] = resources
-        self.floors.raise_to(kind.buckets(resources), max(counters.values()))
-        choice = choose_token(counters)
-        committed = set(choice.committed)
-        rule, epoch = self.rule, self.rule.epoch
-        if not rule.met(committed):
-            calls = with_epoch((kind.write_back_call(self.keys, i, resource, owner,
-                                                     choice.token)
-                                for i in choice.write_back), self.keys, epoch)
-            write_backs = [(resource, call) for call in calls]
-            acks = yield Broadcast(calls, deadline.bound(self.timeout(ttl)),
-                                   enough=_commit_enough(write_backs,
-                                                         {resource: set(committed)}, rule))
-            rule = self.rule
-            committed |= {call.node for call, ack in zip(calls, acks, strict=True)
-                          if acked(ack)}
-            logger.info("redlock.token_write_back", resource=resource, token=choice.token,
-                        returned_token=len(choice.committed),
-                        written_back=len(choice.write_back), committed=len(committed))
-        validity = validity_left(self.settings, ttl, attempt_started, self.clock())
-        if not rule.met(committed) or choice.token >= TOKEN_LIMIT or validity <= 0:
-            logger.debug("redlock.handoff_unused", resource=resource, token=choice.token,
-                         committed=len(committed), validity_ms=round(validity * 1000, 3))
-            return None
-        state = LockState(resource, owner, ttl, choice.token,
-                          attempt_started + ttl - self.settings.drift(ttl), self.clock,
-                          self.env.new_mutex(), tokens={resource: choice.token}, kind=kind)
-        logger.debug("redlock.handed_off", resource=resource, token=state.token,
-                     heard=len(counters), committed=len(committed))
-        logger.debug("redlock.acquired", resource=resource, token=state.token,
-                     kind=kind.name, validity_ms=round(validity * 1000, 3),
-                     granted=len(counters), nodes=self.n)
-        handed = [NodeResult(self.addresses[i], Outcome.GRANTED, "handed off by a release",
-                             counter=counters[i]) if i in counters else result
-                  for i, result in enumerate(outcomes)]
-        return AttemptResult(state, tuple(handed))
 
     def _proclaim(self, state: LockState, deadline: Deadline) -> Flow[None]:
         """A new leader writes its term record on the nodes that still hold its key
@@ -416,7 +357,7 @@ class RedlockCore(Holding):
                     # nodes that still hold our key (the script checks the owner).
                     acks = yield Broadcast(tuple(call for _, call in write_backs),
                                            deadline.bound(self.timeout(ttl)),
-                                           enough=_commit_enough(write_backs, committed,
+                                           enough=commit_enough(write_backs, committed,
                                                                  rule))
                     rule = self.rule
                     for (r, call), ack in zip(write_backs, acks, strict=True):
@@ -499,16 +440,3 @@ class RedlockCore(Holding):
     def upgrade(self) -> Flow[list[RepairReport]]:
         """See :func:`redlock._core.amnesia.repair.upgrade`."""
         return (yield from upgrade(self.amnesia))
-
-
-def _commit_enough(write_backs: Sequence[tuple[str, Call]], committed: dict[str, set[int]],
-                   rule: Rule) -> Decision:
-    """The write-back round is decided once every resource's token is committed on a
-    quorum of the rule (the nodes that returned it, plus those that acked so far)."""
-    def enough(replies: Sequence[object], _identities: Mapping[int, object]) -> bool:
-        now = {r: set(nodes) for r, nodes in committed.items()}
-        for (resource, call), ack in zip(write_backs, replies, strict=True):
-            if acked(ack):
-                now[resource].add(call.node)
-        return all(rule.met(nodes) for nodes in now.values())
-    return enough
