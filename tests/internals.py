@@ -19,6 +19,7 @@ from redlock._core.amnesia.repair import read_counters as _read_counters
 from redlock._core.amnesia.repair import read_legacy_counters as _read_legacy_counters
 from redlock._core.amnesia.repair import repair_node as _repair_node
 from redlock._core.environment import Environment
+from redlock._core.handoff import Handoffs, Heard, counted, parse_message
 from redlock._core.kinds import MUTEX, READ, WRITE, AcquireArgs, Leadership, Permit, with_epoch
 from redlock._core.renewals import Renewals
 from redlock._core.requests import (
@@ -80,6 +81,8 @@ __all__ = [
     "Call",
     "Environment",
     "EventLogger",
+    "Handoffs",
+    "Heard",
     "Invoke",
     "Keys",
     "Leadership",
@@ -102,6 +105,7 @@ __all__ = [
     "bucket",
     "choose_token",
     "cli_render",
+    "counted",
     "drive",
     "drop_idle_connections",
     "event_fields",
@@ -111,6 +115,7 @@ __all__ = [
     "node_scripts",
     "observe",
     "open_episodes",
+    "parse_message",
     "quorum",
     "read_counters",
     "read_legacy_counters",

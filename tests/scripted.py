@@ -45,6 +45,10 @@ COUNTER = KEYS.counter  # the node's fence counters: a hash, one field per bucke
 EPOCH_MS = 1_700_000_000_000  # what a node's clock reads when the FakeClock reads 0
 
 
+#: The prefix of a reservation: the value a release's hand-off sets (docs/design.md §6.7).
+RESERVED = "handoff:"
+
+
 def lock_key(resource: str) -> str:
     return f"redlock:{{{resource}}}:lock"
 
@@ -111,6 +115,9 @@ class ScriptedNodes:
         # entries stay until a script drops them); when each line's keys expire (ms).
         self.lines: list[dict[str, dict[str, tuple[int, int]]]] = [{} for _ in range(n)]
         self.line_expiry: list[dict[str, int]] = [{} for _ in range(n)]
+        # A mutex line's hand-off records (docs/design.md §6.7): waiter id -> '<ttl_ms>
+        # <attempt> <floor>', by line key (the Lua's '<line>-ttls' hash).
+        self.handoff_records: list[dict[str, dict[str, str]]] = [{} for _ in range(n)]
         for i, counter in enumerate(counters or []):
             self.data[i][COUNTER] = {bucket("r"): counter}
         self.down = set(down)
@@ -151,6 +158,7 @@ class ScriptedNodes:
             self.data[node].clear()
             self.lines[node].clear()
             self.line_expiry[node].clear()
+            self.handoff_records[node].clear()
             self.ttl_ms[node].clear()
         if durable is not None:
             (self.durable.add if durable else self.durable.discard)(node)
@@ -325,8 +333,10 @@ class ScriptedNodes:
                 db.pop(guard, None)
             return 1
         if script is scripts.ACQUIRE:
-            lock, fence, marker, line_key, _, legacy, legacy_marker = keys
+            lock, fence, marker, line_key, _, legacy, legacy_marker, *handoffs = keys
             owner, ticket, field = as_text(args[0]), as_text(args[3]), as_text(args[5])
+            attempt = as_text(args[6]) if len(args) > 6 and handoffs else ""
+            records = self.handoff_records[node].setdefault(line_key, {})
             format = node_format(marker, legacy_marker)
             if not format:
                 return [scripts.ACQUIRE_AMNESIAC, 0]
@@ -334,6 +344,19 @@ class ScriptedNodes:
             if holder == owner:
                 self.ttl_ms[node][lock] = int(as_text(args[1]))
                 return [scripts.ACQUIRE_ALREADY_OURS, settle(fence, field, legacy, 0, 0, format)]
+            if holder == RESERVED + hashlib.sha1(owner.encode()).hexdigest():
+                # A release handed the lock to us (§6.7): granted, first in line, with
+                # the counter as the hand-off raised it.
+                me, line = hashlib.sha1(owner.encode()).hexdigest(), self._line(node, line_key)
+                if ticket and me in line:
+                    self._keep_until(node, line_key, me, self.now_ms(node) + min(
+                        int(as_text(args[4])), int(as_text(args[1]))), line[me][0])
+                if handoffs:
+                    records.pop(me, None)
+                db[lock] = owner
+                self.ttl_ms[node][lock] = int(as_text(args[1]))
+                return [scripts.ACQUIRE_GRANTED,
+                        settle(fence, field, legacy, int(as_text(args[2])), 0, format)]
 
             def grant() -> list[object]:
                 db[lock] = owner
@@ -346,7 +369,11 @@ class ScriptedNodes:
                 return grant()
             me = hashlib.sha1(owner.encode()).hexdigest()
             patience, now = int(as_text(args[4])), self.now_ms(node)
-            self._drop_lapsed(node, line_key)
+            self._drop_lapsed(node, line_key, records=bool(handoffs))
+
+            def record_handoff() -> None:
+                if ticket and attempt:
+                    records[me] = f"{as_text(args[1])} {attempt} {as_text(args[2])}"
 
             def wait_in_line(until: int) -> None:  # the ticket is the same on every attempt
                 if ticket:
@@ -357,16 +384,20 @@ class ScriptedNodes:
                 return sorted(line, key=lambda w: (line[w][0], w))
 
             if holder is not None:
+                record_handoff()
                 wait_in_line(now + patience)
                 return [scripts.ACQUIRE_REFUSED, 1000]
             order = in_order()
             if order and order[0] != me:
+                record_handoff()
                 wait_in_line(now + patience)
                 order = in_order()
                 return [scripts.ACQUIRE_NOT_YOUR_TURN,
                         order.index(me) if me in order else len(order)]
             if order:  # first in line: its place kept until the call is over
                 wait_in_line(now + min(patience, int(as_text(args[1]))))
+                if handoffs:
+                    records.pop(me, None)
             return grant()
         if script is scripts.ACQUIRE_MANY:
             marker, legacy_marker, fence, *rest = keys
@@ -392,38 +423,61 @@ class ScriptedNodes:
         if script is scripts.WRITE_BACK:
             lock, fence, marker, legacy, legacy_marker = keys
             format = node_format(marker, legacy_marker)
-            if not format or get(lock) != as_text(args[0]):
+            if not format or not self._ours(node, lock, as_text(args[0])):
                 return 0
+            db[lock] = as_text(args[0])  # a reservation for us becomes our key (§6.7)
             settle(fence, as_text(args[2]), legacy, int(as_text(args[1])), 0, format)
             return 1
         if script is scripts.RELEASE:
-            lock, _, line_key, _ = keys
-            owner = as_text(args[0])
+            lock, _, line_key, _, *handoffs = keys
+            owner, leave = as_text(args[0]), as_text(args[1])
+            kept_for = as_text(args[2]) if len(args) > 2 else ""
             me = hashlib.sha1(owner.encode()).hexdigest()
-            released = get(lock) == owner
+            records = self.handoff_records[node].setdefault(line_key, {})
+            holder = get(lock)
+            released = holder == owner or (leave == "1" and holder == RESERVED + me)
             if released:
                 del db[lock]
             # As the Lua: the entry left or kept before the lapsed ones are dropped (a
             # lapsed entry not dropped yet is kept again).
             line, left = self._line(node, line_key), False
-            if as_text(args[1]) == "1" and line:
+            if leave == "1" and line:
                 left = line.pop(me, None) is not None
+                if handoffs:
+                    records.pop(me, None)
                 self._emptied(node, line_key)
-            elif len(args) > 2 and released and me in line:  # keeps its place
+            elif kept_for and released and me in line:  # keeps its place
                 self._keep_until(node, line_key, me,
-                                 self.now_ms(node) + int(as_text(args[2])), line[me][0])
-            if released or (left and lock not in db):
-                self._drop_lapsed(node, line_key)  # (and publishes the first)
+                                 self.now_ms(node) + int(kept_for), line[me][0])
+            if not (released or (left and lock not in db)):
+                return int(released)
+            self._drop_lapsed(node, line_key, records=bool(handoffs))
+            line = self._line(node, line_key)
+            first = min(line, key=lambda w: (line[w][0], w)) if line else ""
+            if first and first != me and handoffs:
+                _, fence, marker, legacy, legacy_marker, members_key = handoffs
+                record_of = records.get(first)
+                format = node_format(marker, legacy_marker)
+                if record_of and format and record(members_key)[3] != "1":
+                    ttl, _, floor = (int(x) for x in record_of.split(" "))
+                    db[lock] = RESERVED + first
+                    self.ttl_ms[node][lock] = ttl
+                    settle(fence, as_text(args[3]), legacy, floor, 1, format)
+                    place, deadline = line[first]
+                    self._keep_until(node, line_key, first,
+                                     min(deadline, self.now_ms(node) + ttl), place)
+                    del records[first]
             return int(released)
         if script is scripts.EXTEND:
             lock = keys[0]
-            if get(lock) != as_text(args[0]):
+            if not self._ours(node, lock, as_text(args[0])):
                 return 0
+            db[lock] = as_text(args[0])  # a reservation for us becomes our key (§6.7)
             self.ttl_ms[node][lock] = int(as_text(args[1]))
             return 1
         if script is scripts.OWNED_PTTL:
             lock = keys[0]
-            if get(lock) != as_text(args[0]):
+            if not self._ours(node, lock, as_text(args[0])):
                 return -2
             return self.ttl_ms[node].get(lock, -1)
         if script is scripts.FORCE_RELEASE:
@@ -438,8 +492,9 @@ class ScriptedNodes:
             return [-2 if holder is None else self.ttl_ms[node].get(lock, -1),
                     highest(fence, as_text(args[0]), legacy), node_format(marker, legacy_marker),
                     int(guard in db),
-                    b"" if holder is None else hashlib.sha1(holder.encode()).hexdigest()[
-                        :12].encode(),
+                    b"" if holder is None else holder[len(RESERVED):][:12].encode()
+                    if holder.startswith(RESERVED) else
+                    hashlib.sha1(holder.encode()).hexdigest()[:12].encode(),
                     (get(episode_key) or "").encode(), self.now_ms(node)]
         if script is node_scripts.SEED_COUNTERS:
             guard, fence = keys
@@ -553,14 +608,29 @@ class ScriptedNodes:
         if expiry is not None and self.now_ms(node) > expiry:
             line.clear()
             del self.line_expiry[node][key]
+            self.handoff_records[node].get(key, {}).clear()  # expired with the line
         return line
 
-    def _drop_lapsed(self, node: int, key: str) -> None:
-        """The Lua's ``drop_lapsed``: the entries whose deadline passed go."""
+    def _drop_lapsed(self, node: int, key: str, *, records: bool = False) -> None:
+        """The Lua's ``drop_lapsed``: the entries whose deadline passed go (and, with
+        ``records``, their hand-off records)."""
         line, now = self._line(node, key), self.now_ms(node)
         for waiter in [w for w, (_, deadline) in line.items() if deadline <= now]:
             del line[waiter]
+            if records:
+                self.handoff_records[node].get(key, {}).pop(waiter, None)
         self._emptied(node, key)
+
+    def _ours(self, node: int, lock: str, owner: str) -> bool:
+        """The key holds ``owner``, or a reservation for it (docs/design.md §6.7)."""
+        holder = self.data[node].get(lock)
+        return holder is not None and as_text(holder) in (
+            owner, RESERVED + hashlib.sha1(owner.encode()).hexdigest())
+
+    def live_records(self, node: int, key: str) -> dict[str, str]:
+        """A line's hand-off records of its live entries (what counts)."""
+        live = self.live_line(node, key)
+        return {w: r for w, r in self.handoff_records[node].get(key, {}).items() if w in live}
 
     def _keep_until(self, node: int, key: str, waiter: str, until: int, ticket: int) -> None:
         """ZADD and the Lua's ``keep_until``: the entry's ticket and deadline; both keys

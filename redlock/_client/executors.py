@@ -56,7 +56,12 @@ class _Executor:
         (how long to wait)."""
         self._maintain()  # a blocking acquire met a restarted node: see to it now
         line, wake = self._room.lines.start_wait(request.line, ticket)
-        return line, wake, self._room.watch_releases(request, ticket)
+        seconds = self._room.watch_releases(request, ticket)
+        if request.heard_before is not None:  # a wait for more hand-offs (§6.7)
+            wake.clear()
+            if self._room.more_handoffs(ticket, request.heard_before):
+                seconds = 0.0
+        return line, wake, seconds
 
 
 def after_waiting(request: Broadcast, started: float) -> Broadcast:
@@ -97,6 +102,8 @@ class SyncExecutor(_Executor):
             request.function(*request.args)
         else:
             self._wait(ticket, request)
+            if isinstance(request, Backoff):
+                return self._room.handoffs(ticket)
         return NO_REPLY
 
     def _broadcast(self, ticket: Ticket[threading.Event], request: Broadcast) -> Sequence[object]:
@@ -165,6 +172,8 @@ class AsyncExecutor(_Executor):
                 await outcome
         else:
             await self._wait(ticket, request)
+            if isinstance(request, Backoff):
+                return self._room.handoffs(ticket)
         return NO_REPLY
 
     async def _broadcast(self, ticket: Ticket[Any], request: Broadcast) -> Sequence[object]:

@@ -38,7 +38,7 @@ class Ticket(Generic[E]):
     """One blocking acquire call's place in its resource's line, kept across its
     attempts (a waiter that loses a race keeps its place instead of going to the back)."""
 
-    __slots__ = ("key", "since", "wake", "watch")
+    __slots__ = ("key", "sent", "since", "wake", "watch")
 
     def __init__(self) -> None:
         self.since = time.monotonic()  # the call started (a release since may be for it)
@@ -47,6 +47,9 @@ class Ticket(Generic[E]):
         # The call's watch for releases elsewhere (redlock._io.wakeups), from its first wait
         # to its end: a release heard during an attempt ends the next wait at once.
         self.watch: object | None = None
+        # When its latest attempt as a waiter in the nodes' line went out: hand-offs
+        # count only by subscriptions confirmed before that (docs/design.md §6.7).
+        self.sent: float | None = None
 
 
 class Line(Generic[E, L]):
@@ -114,6 +117,7 @@ class LocalLines(Generic[E, L]):
     def start_queued_attempt(ticket: Ticket[E]) -> None:
         """An attempt of a waiter in the nodes' line: it takes no turn (the nodes' line
         decides who may win); a release from here on wakes its next wait at once."""
+        ticket.sent = time.monotonic()
         if ticket.wake is not None:
             ticket.wake.clear()
 

@@ -11,6 +11,7 @@ from typing import Any, Protocol
 
 from redlock._client.lines import LocalLines, Ticket
 from redlock._core.algorithm import RedlockCore
+from redlock._core.handoff import Handoffs
 from redlock._core.requests import Backoff, Wakeable
 from redlock._core.state import LockState
 from redlock._io.wakeups import EVERY, WakeRegistry, Watch
@@ -61,6 +62,17 @@ class WaitingRoom:
                 self.wakeups.live(channel) for channel in backoff.channels):
             return backoff.patient
         return backoff.seconds
+
+    def handoffs(self, ticket: Ticket[Any]) -> Handoffs:
+        """The hand-offs the call's watch heard so far by subscriptions that were up
+        before its latest attempt went out (docs/design.md §6.7)."""
+        if isinstance(ticket.watch, Watch):
+            return self.wakeups.handoffs(ticket.watch).since(ticket.sent)
+        return Handoffs()
+
+    def more_handoffs(self, ticket: Ticket[Any], than: int) -> bool:
+        """More hand-offs heard than ``than`` (a wait for more ends at once)."""
+        return isinstance(ticket.watch, Watch) and self.wakeups.handoffs(ticket.watch).total > than
 
     def watch_every(self, channels: tuple[str, ...], event: Wakeable) -> Callable[[], None]:
         """Set ``event`` on every message on ``channels`` (an election's observer,

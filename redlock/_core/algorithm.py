@@ -13,8 +13,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
+from redlock._core import handoff
 from redlock._core.amnesia.guard import AmnesiaGuard
 from redlock._core.amnesia.repair import RepairReport, initialise, repair, upgrade
+from redlock._core.commit import commit_enough
 from redlock._core.environment import Environment
 from redlock._core.holding import Holding
 from redlock._core.kinds import MUTEX, AcquireArgs, Kind, Leadership, with_epoch
@@ -186,7 +188,8 @@ class RedlockCore(Holding):
         while True:
             attempts += 1
             attempt_started = self.clock()
-            result = yield from self._attempt(resources, owner, ttl, ticket, deadline, kind)
+            result = yield from self._attempt(resources, owner, ttl, ticket, deadline, kind,
+                                              attempt=attempts)
             if watch is not None:  # observation (OpenTelemetry) hears of each attempt
                 watch(result)
             if result.retry_now and attempts < 3:
@@ -225,10 +228,21 @@ class RedlockCore(Holding):
                                      result.reason)
             delay, patient = waits.next(attempts, result.outcomes,
                                         unavailable=result.unavailable, left=deadline.left())
-            try:
-                yield Backoff(delay, line=self.line(resources, kind),
+            backoff = Backoff(delay, line=self.line(resources, kind),
                               channels=tuple(kind.channel(self.keys, r) for r in resources),
                               waiter=waiter_id(owner) if queued else None, patient=patient)
+            try:
+                heard = yield backoff
+                if queued and kind.hands_off:
+                    # Releases may have handed us the lock meanwhile (docs/design.md §6.7).
+                    handed = yield from handoff.acquired(
+                        self, heard, backoff, resources, owner, ttl, deadline, kind,
+                        attempts, attempt_started, result.outcomes)
+                    if handed is not None:
+                        if watch is not None:
+                            watch(handed)
+                        return AcquireResult(handed.state, handed.outcomes, attempts,
+                                             False, "")
             except GeneratorExit:
                 raise
             except BaseException:  # interrupted (cancelled) while waiting: leave the line
@@ -270,14 +284,16 @@ class RedlockCore(Holding):
                             else "\x00".join(resources))
 
     def _acquire_calls(self, resources: tuple[str, ...], buckets: tuple[str, ...], owner: str,
-                       ttl: float, ticket: str, kind: Kind) -> tuple[Call, ...]:
+                       ttl: float, ticket: str, kind: Kind,
+                       attempt: int = 0) -> tuple[Call, ...]:
         args = AcquireArgs(owner, max(1, int(ttl * 1000)), self.floors.get(buckets), ticket,
-                           int(patience(self.settings, self.timeout(ttl)) * 1000))
+                           int(patience(self.settings, self.timeout(ttl)) * 1000), attempt)
         return with_epoch(kind.acquire_calls(self.keys, range(self.n), resources, args),
                           self.keys, self.rule.epoch)
 
     def _attempt(self, resources: tuple[str, ...], owner: str, ttl: float,
-                 ticket: str, deadline: Deadline, kind: Kind = MUTEX) -> Flow[AttemptResult]:
+                 ticket: str, deadline: Deadline, kind: Kind = MUTEX,
+                 attempt: int = 0) -> Flow[AttemptResult]:
         settings, keys, name = self.settings, self.keys, label(resources)
         buckets = kind.buckets(resources)  # the counters involved (§3.0)
         self.rule.check()  # MembershipError: our nodes cannot form a quorum (§13.2)
@@ -290,7 +306,8 @@ class RedlockCore(Holding):
         # from its own replies, as later ones have it from RoundTrips (docs/design.md §2.4).
         learn = self.quorum if (self.settings.node_timeout is None
                                 and self.round_trips.measured() < self.quorum) else 0
-        request = Broadcast(self._acquire_calls(resources, buckets, owner, ttl, ticket, kind)
+        request = Broadcast(self._acquire_calls(resources, buckets, owner, ttl, ticket, kind,
+                                                attempt)
                             + inspect, deadline.bound(self.timeout(ttl)),
                             line=self.line(resources, kind), turns=not ticket,
                             enough=self._enough(kind.vote, kind.group), learn=learn)
@@ -340,7 +357,7 @@ class RedlockCore(Holding):
                     # nodes that still hold our key (the script checks the owner).
                     acks = yield Broadcast(tuple(call for _, call in write_backs),
                                            deadline.bound(self.timeout(ttl)),
-                                           enough=_commit_enough(write_backs, committed,
+                                           enough=commit_enough(write_backs, committed,
                                                                  rule))
                     rule = self.rule
                     for (r, call), ack in zip(write_backs, acks, strict=True):
@@ -423,16 +440,3 @@ class RedlockCore(Holding):
     def upgrade(self) -> Flow[list[RepairReport]]:
         """See :func:`redlock._core.amnesia.repair.upgrade`."""
         return (yield from upgrade(self.amnesia))
-
-
-def _commit_enough(write_backs: Sequence[tuple[str, Call]], committed: dict[str, set[int]],
-                   rule: Rule) -> Decision:
-    """The write-back round is decided once every resource's token is committed on a
-    quorum of the rule (the nodes that returned it, plus those that acked so far)."""
-    def enough(replies: Sequence[object], _identities: Mapping[int, object]) -> bool:
-        now = {r: set(nodes) for r, nodes in committed.items()}
-        for (resource, call), ack in zip(write_backs, replies, strict=True):
-            if acked(ack):
-                now[resource].add(call.node)
-        return all(rule.met(nodes) for nodes in now.values())
-    return enough

@@ -43,6 +43,7 @@ class AcquireArgs:
     floor: int
     ticket: str  # '' for a single try: it neither joins nor jumps the line
     patience_ms: int
+    attempt: int = 0  # the attempt's number in its call (hand-off records, §6.7)
 
 
 def with_epoch(calls: Iterable[Call], keys: Keys, epoch: int) -> tuple[Call, ...]:
@@ -59,6 +60,9 @@ class Kind:
 
     name = "lock"  # in events, spans and the CLI
     noun = "lock on"  # in messages: "lock on 'orders'"
+    #: Whether a release hands this kind's lock to the first waiter in line
+    #: (docs/design.md §6.7): the mutex only.
+    hands_off = True
 
     # -- keys --------------------------------------------------------------------------
 
@@ -72,6 +76,10 @@ class Kind:
     def line(self, keys: Keys, resource: str) -> tuple[str, str]:
         """The waiting line and its deadlines (§6.3)."""
         return keys.line(resource), keys.line_deadlines(resource)
+
+    def line_ttls(self, keys: Keys, resource: str) -> str:
+        """The waiting line's hand-off records (§6.7)."""
+        return self.line(keys, resource)[0] + "-ttls"
 
     def token_name(self, resource: str) -> str:
         """The name whose counter this grant's tokens come from (its bucket, §3.0)."""
@@ -88,12 +96,14 @@ class Kind:
         if len(resources) == 1:
             [r] = resources
             line, deadlines = self.line(keys, r)
+            # A queued waiter of a kind that hands off records its grant (§6.7).
+            attempt = args.attempt if self.hands_off and args.ticket and args.attempt else ""
             return tuple(Call(i, (args.owner, args.ttl_ms, args.floor, args.ticket,
-                                  args.patience_ms, bucket(self.token_name(r))),
+                                  args.patience_ms, bucket(self.token_name(r)), attempt),
                               scripts.ACQUIRE,
                               (self.lock_key(keys, r), keys.counter, keys.marker, line,
                                deadlines, keys.legacy_fence(self.token_name(r)),
-                               keys.legacy_marker))
+                               keys.legacy_marker, self.line_ttls(keys, r)))
                          for i in nodes)
         return tuple(Call(i, (args.owner, args.ttl_ms, args.floor,
                               *(bucket(r) for r in resources)),
@@ -144,11 +154,16 @@ class Kind:
 
     def release_call(self, keys: Keys, node: int, resource: str,
                      args: tuple[CommandArg, ...]) -> Call:
-        """Give the grant back, owner-checked; ``args``: (owner, leave[, patience])."""
+        """Give the grant back, owner-checked; ``args``: (owner, leave[, patience]). The
+        release hands the lock to the first in line if it left a record (§6.7)."""
         line, deadlines = self.line(keys, resource)
-        return Call(node, args, scripts.RELEASE,
+        name = self.token_name(resource)
+        owner, leave, *rest = args
+        return Call(node, (owner, leave, rest[0] if rest else "", bucket(name)),
+                    scripts.RELEASE,
                     (self.lock_key(keys, resource), self.channel(keys, resource), line,
-                     deadlines))
+                     deadlines, self.line_ttls(keys, resource), keys.counter, keys.marker,
+                     keys.legacy_fence(name), keys.legacy_marker, keys.members))
 
     def extend_call(self, keys: Keys, node: int, resource: str, owner: str,
                     ttl_ms: int) -> Call:
@@ -173,6 +188,7 @@ class Leadership(Kind):
     identity: str = ""
     name = "election"
     noun = "leadership of"
+    hands_off = False  # a leader proclaims its term after the grant: a plain wake
 
     def lock_key(self, keys: Keys, resource: str) -> str:
         return keys.part(resource, "leader")
@@ -208,6 +224,7 @@ class Permit(Kind):
     slot: int | None = None
     preferred: int = 0
     name = "semaphore"
+    hands_off = False
     noun = "permit of"
 
     def slot_key(self, keys: Keys, resource: str, slot: int) -> str:
@@ -310,6 +327,7 @@ class ReadWrite(Kind):
 
     mode: str = "w"
     name = "rwlock"
+    hands_off = False
 
     @property
     def noun(self) -> str:  # type: ignore[override]

@@ -131,6 +131,11 @@ class Backoff:
     release anywhere) wakes it too, if it names ``waiter`` (the first in the nodes'
     waiting line), or names nobody when ``waiter`` is None. ``patient``: how long to wait
     instead, once releases on ``channels`` are heard (docs/design.md §6.4).
+
+    The reply: the hand-offs to ``waiter`` heard so far (a
+    :class:`~redlock._core.handoff.Handoffs`, docs/design.md §6.7; empty when the
+    client collects none). ``heard_before``: a wait for more of them, which returns at
+    once if more than that many were heard already.
     """
 
     seconds: float
@@ -138,6 +143,7 @@ class Backoff:
     channels: tuple[str, ...] = ()
     waiter: str | None = None
     patient: float | None = None
+    heard_before: int | None = None
 
 
 Wait = Pause | PauseUntilWoken | Backoff

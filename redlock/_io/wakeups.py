@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from redlock._core.handoff import Handoffs, Heard, parse_message
 from redlock._core.requests import Wakeable
 from redlock._observe.log import get_logger
 
@@ -53,6 +54,17 @@ class Watch:
     waiter: str | None
     event: Wakeable
     woken: bool = field(default=False)
+    # Hand-offs to this waiter (docs/design.md §6.7): per node the latest, and how many.
+    heard: dict[int, Heard] = field(default_factory=dict)
+    count: int = 0
+
+    def record(self, node: int | None, handoff: tuple[int, int, int] | None,
+               subscribed: float | None) -> None:
+        """Keep a hand-off message from ``node``, which came by a subscription confirmed
+        at ``subscribed`` (call under the registry's mutex)."""
+        if node is not None and handoff is not None:
+            self.heard[node] = Heard(node, *handoff, subscribed=subscribed)
+            self.count += 1
 
 
 #: The waiter of a watch that every message on its channels wakes, whoever it names: an
@@ -74,9 +86,12 @@ class WakeRegistry:
         self._watches: dict[str, list[Watch]] = {}
         self._idle_since: dict[str, float] = {}  # channels without a wait, lingering
         self._live: dict[str, set[int]] = {}  # channel -> nodes it is subscribed on
+        # (channel, node) -> when that subscription was confirmed on its connection
+        self._live_since: dict[tuple[str, int], float] = {}
         self._refused: set[int] = set()  # nodes that refused SUBSCRIBE (told once)
-        # channel -> the last releases that woke nobody here: (heard at, data)
-        self._unclaimed: dict[str, deque[tuple[float, str]]] = {}
+        # channel -> the last releases that woke nobody here: (heard at, data, node, when
+        # the subscription it came by was confirmed)
+        self._unclaimed: dict[str, deque[tuple[float, str, int | None, float | None]]] = {}
 
     # -- the waiters' side ---------------------------------------------------------
 
@@ -127,6 +142,8 @@ class WakeRegistry:
         with self._mutex:
             live = self._live.setdefault(channel, set())
             first = not live
+            if node not in live:
+                self._live_since[(channel, node)] = time.monotonic()
             live.add(node)
             waits = list(self._watches.get(channel, ())) if first else []
         for watch in waits:
@@ -135,6 +152,7 @@ class WakeRegistry:
     def unsubscribed(self, node: int, channel: str) -> None:
         with self._mutex:
             live = self._live.get(channel)
+            self._live_since.pop((channel, node), None)
             if live is not None:
                 live.discard(node)
                 if not live:
@@ -145,6 +163,7 @@ class WakeRegistry:
         with self._mutex:
             for channel in list(self._live):
                 self._live[channel].discard(node)
+                self._live_since.pop((channel, node), None)
                 if not self._live[channel]:
                     del self._live[channel]
 
@@ -161,16 +180,27 @@ class WakeRegistry:
                        error=f"{type(error).__name__}: {error}",
                        hint=f"waiters in other processes notice releases by polling ({hint})")
 
-    def deliver(self, channel: str, data: str) -> None:
-        """A release on some node: wake the waiter it names, or the first one. Woken
-        nobody: kept for a while, for a waiter still in its first attempt (below)."""
+    def handoffs(self, watch: Watch) -> Handoffs:
+        """The hand-offs ``watch`` heard so far (docs/design.md §6.7)."""
         with self._mutex:
+            return Handoffs(watch.heard.values(), watch.count)
+
+    def deliver(self, channel: str, data: str, node: int | None = None) -> None:
+        """A release on ``node``: wake the waiter it names, or the first one; a hand-off
+        to a waiter is recorded on its watch. Woken nobody: kept for a while, for a
+        waiter still in its first attempt (below)."""
+        named, handoff = parse_message(data)
+        with self._mutex:
+            since = None if node is None else self._live_since.get((channel, node))
             waits = [w for w in self._watches.get(channel, []) if w.waiter != EVERY]
             # Named: that waiter (if it waits here); unnamed: the first, one only.
-            woken = [w for w in waits if w.waiter == data] if _is_waiter_id(data) else waits[:1]
+            woken = [w for w in waits if w.waiter == named] if _is_waiter_id(named) \
+                else waits[:1]
+            for watch in woken:
+                watch.record(node, handoff, since)
             if not woken:
                 self._unclaimed.setdefault(channel, deque(maxlen=UNCLAIMED_KEPT)).append(
-                    (time.monotonic(), data))
+                    (time.monotonic(), data, node, since))
             woken += [w for w in self._watches.get(channel, []) if w.waiter == EVERY]
         for watch in woken:
             watch.event.set()
@@ -180,14 +210,25 @@ class WakeRegistry:
         no one (call under the mutex). A waiter watches from its first wait on, so a
         release during its first attempt (the lock was still held when the attempt
         reached the nodes) would otherwise cost it its whole patient wait."""
+        watch = next((w for c in channels for w in self._watches.get(c, ())
+                      if w.waiter == waiter), None)
+        claimed = False
         for channel in channels:
             kept = self._unclaimed.get(channel)
             for entry in list(kept or ()):
-                heard_at, data = entry
-                if heard_at >= since and (data == waiter or data == ""):
+                heard_at, data, node, subscribed = entry
+                named, handoff = parse_message(data)
+                if heard_at < since or not (named == waiter or data == ""):
+                    continue
+                if handoff is not None:  # every hand-off to us is kept (§6.7)
                     kept.remove(entry)  # type: ignore[union-attr]
-                    return True
-        return False
+                    if watch is not None:
+                        watch.record(node, handoff, subscribed)
+                    claimed = True
+                elif not claimed:
+                    kept.remove(entry)  # type: ignore[union-attr]
+                    claimed = True
+        return claimed
 
     def live(self, channel: str) -> bool:
         """Subscribed on some node (for tests and inspection)."""
@@ -241,7 +282,7 @@ class NodeSubscription:
             return
         kind = _text(message[0])
         if kind == "message" and len(message) == 3:
-            self.registry.deliver(_text(message[1]), _text(message[2]))
+            self.registry.deliver(_text(message[1]), _text(message[2]), self.node)
         elif kind == "subscribe" and len(message) >= 2:
             self.registry.subscribed(self.node, _text(message[1]))
         elif kind == "unsubscribe" and len(message) >= 2:

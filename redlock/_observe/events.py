@@ -25,6 +25,13 @@ SENTENCES: Mapping[str, str] = {
     "redlock.term_unrecorded":
         "elected leader of {resource} for term {token}, but the term record reached only"
         " {recorded} nodes (need {needed}): {hint}",
+    "redlock.handed_off":
+        "releases handed {resource} to this waiter on {heard} nodes: acquired without an"
+        " acquire round, fencing token {token} committed on {committed} nodes",
+    "redlock.handoff_unused":
+        "releases handed {resource} to this waiter, but the hand-off did not make an"
+        " acquisition (token {token} committed on {committed} nodes, {validity_ms:.0f} ms"
+        " of validity left): the next attempt asks the nodes",
     "redlock.quorum_failed":
         "attempt to acquire {resource} failed: {reason} (per node: {outcomes})",
     "redlock.released":

@@ -13,8 +13,8 @@ uses (§12.0), so the amnesia, upgrade and token rules are the mutex's.
 
 from __future__ import annotations
 
-from redlock._scripts.lock import LINE_FUNCTIONS, TOKEN_FUNCTIONS, guarded
 from redlock._scripts.script import Script
+from redlock._scripts.shared import LINE_FUNCTIONS, TOKEN_FUNCTIONS, guarded
 
 # A node holds a permit of slot K or above: a client configured with more permits uses
 # the name (SEM_ACQUIRE; second element: this client's K).

@@ -19,141 +19,20 @@ from __future__ import annotations
 
 from redlock._scripts.script import Script
 
+# The membership check, the fence counters and the waiting line, shared with the lock
+# family's scripts (docs/design.md §13, §3, §6), are in redlock/_scripts/shared.py.
+from redlock._scripts.shared import EPOCH_CHECK as EPOCH_CHECK
+from redlock._scripts.shared import LINE_FUNCTIONS as LINE_FUNCTIONS
+from redlock._scripts.shared import STALE_EPOCH as STALE_EPOCH
+from redlock._scripts.shared import TOKEN_FUNCTIONS as TOKEN_FUNCTIONS
+from redlock._scripts.shared import guarded as guarded
+
 # Reply codes of ACQUIRE (first element of the reply array).
 ACQUIRE_REFUSED = 0  # another owner holds the key; second element: its PTTL in ms
 ACQUIRE_GRANTED = 1  # we set the key; second element: the new fence counter
 ACQUIRE_ALREADY_OURS = 2  # our owner value was already there (a retry); counter as is
 ACQUIRE_AMNESIAC = -1  # the node has no marker: it may have forgotten locks and counters
 ACQUIRE_NOT_YOUR_TURN = 3  # free, but others are first in line; second element: how many
-
-
-
-# -- membership (docs/design.md §13) ---------------------------------------------------
-#
-# Every script that grants, commits or renews takes the node's membership record as its
-# last key and the client's epoch as its last argument, and starts with EPOCH_CHECK: a
-# node whose record's epoch is above the client's, or that a change retired, refuses
-# with the record and changes nothing; the rest of the script sees KEYS and ARGV without
-# them (local copies shadow the globals), so its own indexes are unchanged.
-
-STALE_EPOCH = -3  # {-3, epoch, members, joining, retired}: the client must adopt it
-
-EPOCH_CHECK = """
--- KEYS[#KEYS] the node's membership record (hash: epoch, members, joining, retired),
--- ARGV[#ARGV] the client's epoch; refuses with {-3, epoch, members, joining, retired}
-local MEMBERS_KEY, CLIENT_EPOCH = KEYS[#KEYS], tonumber(ARGV[#ARGV])
-local KEYS = {unpack(KEYS, 1, #KEYS - 1)}
-local ARGV = {unpack(ARGV, 1, #ARGV - 1)}
-do
-    local record = redis.call('HMGET', MEMBERS_KEY, 'epoch', 'members', 'joining', 'retired')
-    local epoch = tonumber(record[1] or '0') or 0
-    if epoch > CLIENT_EPOCH or record[4] == '1' then
-        return {-3, epoch, record[2] or '', record[3] or '', record[4] or ''}
-    end
-end
-"""
-
-
-def guarded(name: str, source: str) -> Script:
-    """A granting, committing or renewing script, behind :data:`EPOCH_CHECK`."""
-    return Script(name, EPOCH_CHECK + source)
-
-
-# -- fence counters (docs/design.md §3) -------------------------------------------------
-#
-# A resource's counter is one field (its bucket, from a hash of its name) of the node's
-# hash of counters. A node's format: 0 no marker (it lost its data, or is new: it refuses
-# to grant), 1 the previous format's marker is there (clients of that release may count
-# on this node, and they read each resource's own counter: it is raised along with the
-# bucket), 2 this format's marker only (a resource's old counter is read one last time
-# and removed). Per resource and node, max(its bucket's counter, its own old counter)
-# never falls: that is the counter of the token rule.
-
-TOKEN_FUNCTIONS = """
-local function node_format(marker, legacy_marker)
-    if redis.call('EXISTS', legacy_marker) == 1 then
-        return 1
-    end
-    if redis.call('EXISTS', marker) == 1 then
-        return 2
-    end
-    return 0
-end
--- The highest value this node's counters hold for the resource (and the floor).
-local function highest(counters, bucket, legacy_key, floor)
-    return math.max(tonumber(redis.call('HGET', counters, bucket) or '0'),
-                    tonumber(redis.call('GET', legacy_key) or '0'), floor)
-end
--- The resource's counter on this node becomes max(its bucket, its old counter, floor) +
--- step, returned: a grant (step 1), a refresh of our own key (step 0, floor 0), a
--- write-back or a set's token (step 0, floor = that token). The bucket is raised to it;
--- the resource's old counter too where the previous format's clients read it, else it
--- goes. HINCRBY and INCRBY keep the stored values integer strings (no Lua float
--- formatting).
-local function settle(counters, bucket, legacy_key, floor, step, format)
-    local counter = tonumber(redis.call('HGET', counters, bucket) or '0')
-    local legacy = redis.call('GET', legacy_key)
-    local old = tonumber(legacy or '0')
-    local value = math.max(counter, old, floor) + step
-    if value > counter then
-        redis.call('HINCRBY', counters, bucket, value - counter)
-    end
-    if format == 1 then
-        if value > old then
-            redis.call('INCRBY', legacy_key, value - old)
-        end
-    elseif legacy then
-        redis.call('DEL', legacy_key)
-    end
-    return value
-end
-"""
-
-
-# -- the waiting line (docs/design.md §6) ----------------------------------------------
-#
-# A blocking acquire waits in a line per resource on each node: a sorted set of waiter
-# ids (SHA1 of the owner value: the line never shows an owner value) ordered by a ticket
-# the waiter sends unchanged to every node, so every node agrees on the order. A free
-# lock is granted only to the first in line; waiters woken together therefore do not
-# split the nodes between them. Each entry has a deadline (a second sorted set, by the
-# node's clock) that every attempt of its waiter pushes back by the patience: the entry
-# of a waiter that died lapses on its own, however long the holder keeps the lock. Both
-# keys expire with their last entry.
-
-LINE_FUNCTIONS = """
-local function now_ms()
-    local t = redis.call('TIME')
-    return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
--- Drop the entries whose deadline passed (their waiters stopped asking).
-local function drop_lapsed(line, deadlines, now)
-    local lapsed = redis.call('ZRANGEBYSCORE', deadlines, '-inf', now, 'LIMIT', 0, 100)
-    for _, waiter in ipairs(lapsed) do
-        redis.call('ZREM', line, waiter)
-        redis.call('ZREM', deadlines, waiter)
-    end
-end
--- Publish on the release channel the waiter id of the first in line ('' when nobody is
--- in line): only that waiter wakes (docs/design.md §6). Only a hint that wakes a waiter
--- early: a user without channel permissions (Redis 7 ACL resetchannels) must still
--- release cleanly, so errors are ignored.
-local function wake_first(line, deadlines, channel, now)
-    local first = ''
-    if redis.call('EXISTS', line) == 1 then
-        drop_lapsed(line, deadlines, now)
-        first = redis.call('ZRANGE', line, 0, 0)[1] or ''
-    end
-    redis.pcall('PUBLISH', channel, first)
-end
--- Set an entry's deadline; both keys expire with the last entry.
-local function keep_until(line, deadlines, waiter, until_ms, now)
-    redis.call('ZADD', deadlines, until_ms, waiter)
-    local last = tonumber(redis.call('ZRANGE', deadlines, -1, -1, 'WITHSCORES')[2])
-    redis.call('PEXPIRE', line, last - now + 1)
-    redis.call('PEXPIRE', deadlines, last - now + 1)
-end
-"""
 
 ACQUIRE = guarded(
     "acquire",
@@ -165,7 +44,12 @@ ACQUIRE = guarded(
 -- ARGV[4] ticket: the waiter's place in line ('' for a single try, which does not queue)
 -- ARGV[5] patience in ms: how long the entry stays without a new attempt from its waiter
 -- ARGV[6] the resource's bucket: its field in KEYS[2]
+-- KEYS[8] the line's hand-off records (hash: waiter id -> '<ttl_ms> <attempt> <floor>')
+-- ARGV[7] the attempt's number ('' or absent: no record, so no hand-off to this waiter;
+-- docs/design.md §6.7)
 -- returns {1, token}     granted: SET NX PX done and token = max(counters, floor) + 1
+--                        (the key held a reservation for us, §6.7: SET, and token =
+--                        max(counters, floor): the hand-off raised it)
 --                        (a waiter granted as first in line keeps its place until its
 --                        call is over: RELEASE with leave '1')
 --         {2, token}     the key already holds our owner value: TTL refreshed; token =
@@ -183,6 +67,27 @@ if holder == ARGV[1] then
     redis.call('PEXPIRE', KEYS[1], ARGV[2])
     return {2, settle(KEYS[2], ARGV[6], KEYS[6], 0, 0, format)}
 end
+local ttls = KEYS[8]
+local attempt = ARGV[7] or ''
+if holder and string.sub(holder, 1, 8) == 'handoff:' then
+    local me = redis.sha1hex(ARGV[1])
+    if holder == reservation(me) then
+        -- A release handed the lock to us (docs/design.md §6.7): granted, first in line
+        -- (the place is kept as below). The hand-off raised the counter while the
+        -- reservation, our key, was here: as it is now (or the floor) it is current, as
+        -- for code 2, and a second raise would only set the nodes apart.
+        local now = now_ms()
+        if ARGV[4] ~= '' and redis.call('ZSCORE', KEYS[4], me) then
+            keep_until(KEYS[4], KEYS[5], me,
+                       now + math.min(tonumber(ARGV[5]), tonumber(ARGV[2])), now, ttls)
+        end
+        if ttls then
+            redis.call('HDEL', ttls, me)
+        end
+        redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+        return {1, settle(KEYS[2], ARGV[6], KEYS[6], tonumber(ARGV[3]), 0, format)}
+    end
+end
 local queued = redis.call('EXISTS', KEYS[4]) == 1
 if not holder and not queued then
     redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
@@ -191,7 +96,7 @@ end
 local now = now_ms()
 local me = redis.sha1hex(ARGV[1])
 if queued then
-    drop_lapsed(KEYS[4], KEYS[5], now)
+    drop_lapsed(KEYS[4], KEYS[5], now, ttls)
 end
 -- Join the line, or keep our place: the ticket is the same on every attempt.
 local function wait_in_line(until_ms)
@@ -199,15 +104,23 @@ local function wait_in_line(until_ms)
         return
     end
     redis.call('ZADD', KEYS[4], ARGV[4], me)
-    keep_until(KEYS[4], KEYS[5], me, until_ms, now)
+    keep_until(KEYS[4], KEYS[5], me, until_ms, now, ttls)
+end
+-- Refused in line: record what a release needs to hand the lock to us (§6.7).
+local function record_handoff()
+    if ARGV[4] ~= '' and ttls and attempt ~= '' then
+        redis.call('HSET', ttls, me, ARGV[2] .. ' ' .. attempt .. ' ' .. ARGV[3])
+    end
 end
 if holder then
     local pttl = redis.call('PTTL', KEYS[1])
+    record_handoff()
     wait_in_line(now + tonumber(ARGV[5]))
     return {0, pttl}
 end
 local first = redis.call('ZRANGE', KEYS[4], 0, 0)[1]
 if first and first ~= me then
+    record_handoff()
     wait_in_line(now + tonumber(ARGV[5]))
     return {3, redis.call('ZRANK', KEYS[4], me) or redis.call('ZCARD', KEYS[4])}
 end
@@ -219,6 +132,9 @@ if first then
     -- latest (a holder that died or froze must not block the line past its TTL); the
     -- failed attempt's RELEASE (leave '0') gives it the patience again.
     wait_in_line(now + math.min(tonumber(ARGV[5]), tonumber(ARGV[2])))
+    if ttls then
+        redis.call('HDEL', ttls, me)
+    end
 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 return {1, settle(KEYS[2], ARGV[6], KEYS[6], tonumber(ARGV[3]), 1, format)}
@@ -297,6 +213,8 @@ WRITE_BACK = guarded(
 -- KEYS[4] the resource's counter and KEYS[5] the marker of the previous format
 -- ARGV[1] owner value, ARGV[2] token, ARGV[3] the resource's bucket
 -- returns 1 when the node still holds our lock key and now has counter >= token, else 0
+-- (a reservation for us, docs/design.md §6.7, is our key: it becomes our owner value,
+-- with the PTTL it had)
 -- The owner check is what makes the write-back safe: counting a node that does not
 -- hold our key could let a stale token overtake a committed one (docs/design.md §3.3).
 """ + TOKEN_FUNCTIONS + """
@@ -304,8 +222,17 @@ local format = node_format(KEYS[3], KEYS[5])
 if format == 0 then
     return 0
 end
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then
-    return 0
+local holder = redis.call('GET', KEYS[1])
+if holder ~= ARGV[1] then
+    if holder ~= 'handoff:' .. redis.sha1hex(ARGV[1]) then
+        return 0
+    end
+    local pttl = redis.call('PTTL', KEYS[1])
+    if pttl > 0 then
+        redis.call('SET', KEYS[1], ARGV[1], 'PX', pttl)
+    else
+        redis.call('SET', KEYS[1], ARGV[1])
+    end
 end
 settle(KEYS[2], ARGV[3], KEYS[4], tonumber(ARGV[2]), 0, format)
 return 1
@@ -317,33 +244,74 @@ RELEASE = Script(
     """
 -- KEYS[1] lock key, KEYS[2] release notification channel,
 -- KEYS[3] waiting line, KEYS[4] line deadlines (see ACQUIRE)
+-- KEYS[5] the line's hand-off records, KEYS[6] node fence counters, KEYS[7] node marker,
+-- KEYS[8] the resource's counter and KEYS[9] the marker of the previous format,
+-- KEYS[10] the node's membership record (KEYS[5..10] absent: no hand-off)
 -- ARGV[1] owner value, ARGV[2] '1': also leave the line (the acquire call is over),
 -- '0': keep our place (a failed attempt that will try again); ARGV[3] (with '0') the
 -- patience in ms: our entry, cut to our key's TTL when it was granted, lasts that long
+-- ('' or absent: none); ARGV[4] the resource's bucket (a field of KEYS[6])
 -- returns 1 when our key was deleted, 0 when the key is absent or another owner's
--- When the lock became free, publishes the waiter id of the first in line ('' when
--- nobody is in line): only that waiter wakes (docs/design.md §6).
-""" + LINE_FUNCTIONS + """
+-- When the lock became free, hands it to the first in line if that waiter left a
+-- hand-off record (docs/design.md §6.7): SET lock 'handoff:<waiter id>' PX its ttl, its
+-- counter raised as its grant would, and publishes '<waiter id> <counter> <epoch>
+-- <attempt>'; else publishes the waiter id of the first in line ('' when nobody is in
+-- line): only that waiter wakes (§6.4). With '1', a reservation for us (§6.7) is our
+-- key; with '0' it is left alone.
+""" + LINE_FUNCTIONS + TOKEN_FUNCTIONS + """
+local me = redis.sha1hex(ARGV[1])
+local ttls = KEYS[5]
 local released = 0
-if redis.call('GET', KEYS[1]) == ARGV[1] then
+local holder = redis.call('GET', KEYS[1])
+if holder == ARGV[1] or (ARGV[2] == '1' and holder == reservation(me)) then
     redis.call('DEL', KEYS[1])
     released = 1
 end
 local left = 0
 if ARGV[2] == '1' and redis.call('EXISTS', KEYS[3]) == 1 then
-    local me = redis.sha1hex(ARGV[1])
     left = redis.call('ZREM', KEYS[3], me)
     redis.call('ZREM', KEYS[4], me)
-elseif ARGV[3] and released == 1 then
-    local me = redis.sha1hex(ARGV[1])
+    if ttls then
+        redis.call('HDEL', ttls, me)
+    end
+elseif ARGV[3] and ARGV[3] ~= '' and released == 1 then
     if redis.call('ZSCORE', KEYS[3], me) then
         local now = now_ms()
-        keep_until(KEYS[3], KEYS[4], me, now + tonumber(ARGV[3]), now)
+        keep_until(KEYS[3], KEYS[4], me, now + tonumber(ARGV[3]), now, ttls)
     end
 end
-if released == 1 or (left == 1 and redis.call('EXISTS', KEYS[1]) == 0) then
-    wake_first(KEYS[3], KEYS[4], KEYS[2], now_ms())
+if released == 0 and (left == 0 or redis.call('EXISTS', KEYS[1]) == 1) then
+    return released
 end
+local now = now_ms()
+local first = ''
+if redis.call('EXISTS', KEYS[3]) == 1 then
+    drop_lapsed(KEYS[3], KEYS[4], now, ttls)
+    first = redis.call('ZRANGE', KEYS[3], 0, 0)[1] or ''
+end
+local message = first
+if first ~= '' and first ~= me and ttls then
+    local record = redis.call('HGET', ttls, first)
+    local format = node_format(KEYS[7], KEYS[9])
+    local members = redis.call('HMGET', KEYS[10], 'epoch', 'retired')
+    if record and format ~= 0 and members[2] ~= '1' then
+        local ttl, attempt, floor = string.match(record, '^(%d+) (%d+) (%d+)$')
+        if ttl then
+            redis.call('SET', KEYS[1], reservation(first), 'PX', ttl)
+            local counter = settle(KEYS[6], ARGV[4], KEYS[8], tonumber(floor), 1, format)
+            local deadline = tonumber(redis.call('ZSCORE', KEYS[4], first))
+            local cut = now + tonumber(ttl)
+            if deadline and deadline < cut then
+                cut = deadline
+            end
+            keep_until(KEYS[3], KEYS[4], first, cut, now, ttls)
+            redis.call('HDEL', ttls, first)
+            message = first .. ' ' .. string.format('%.0f', counter) .. ' ' .. (members[1] or '0')
+                .. ' ' .. attempt
+        end
+    end
+end
+redis.pcall('PUBLISH', KEYS[2], message)
 return released
 """,
 )
@@ -353,9 +321,15 @@ EXTEND = guarded(
     """
 -- KEYS[1] lock key
 -- ARGV[1] owner value, ARGV[2] new ttl in ms
--- returns 1 when our key was still there and its TTL was reset, else 0
-if redis.call('GET', KEYS[1]) == ARGV[1] then
+-- returns 1 when our key was still there and its TTL was reset, else 0 (a reservation
+-- for us, docs/design.md §6.7, is our key: it becomes our owner value)
+local holder = redis.call('GET', KEYS[1])
+if holder == ARGV[1] then
     redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    return 1
+end
+if holder and holder == 'handoff:' .. redis.sha1hex(ARGV[1]) then
+    redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
     return 1
 end
 return 0
@@ -384,7 +358,10 @@ INSPECT = Script(
 """ + TOKEN_FUNCTIONS + """
 local owner = redis.call('GET', KEYS[1])
 local holder = ''
-if owner then
+if owner and string.sub(owner, 1, 8) == 'handoff:' then
+    -- a reservation (docs/design.md §6.7): its waiter id is SHA1(owner value)
+    holder = string.sub(owner, 9, 20)
+elseif owner then
     holder = string.sub(redis.sha1hex(owner), 1, 12)
 end
 local t = redis.call('TIME')
@@ -419,8 +396,10 @@ OWNED_PTTL = Script(
     """
 -- KEYS[1] lock key
 -- ARGV[1] owner value
--- returns the key's PTTL in ms when it holds this owner value, else -2
-if redis.call('GET', KEYS[1]) == ARGV[1] then
+-- returns the key's PTTL in ms when it holds this owner value (or a reservation for it,
+-- docs/design.md §6.7), else -2
+local holder = redis.call('GET', KEYS[1])
+if holder == ARGV[1] or (holder and holder == 'handoff:' .. redis.sha1hex(ARGV[1])) then
     return redis.call('PTTL', KEYS[1])
 end
 return -2

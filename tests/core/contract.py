@@ -207,11 +207,15 @@ class Contract:
             line = self.model.live_line(0, key)
             if line:
                 keys[key] = {w: (t, Near(d)) for w, (t, d) in line.items()}
+            records = self.model.live_records(0, key)
+            if records:  # hand-off records of live entries (docs/design.md §6.7)
+                keys[key + "-ttls"] = records
         return keys
 
     def real_keys(self, now: int) -> dict[str, object]:
         keys: dict[str, object] = {}
         zsets: dict[str, dict[str, int]] = {}
+        records: dict[str, dict[str, str]] = {}
         names = [as_text(k) for k in self.real.scan_iter(count=1000)]
         with self.real.pipeline(transaction=False) as pipe:
             for key in names:
@@ -241,7 +245,11 @@ class Contract:
                 zsets[key] = {as_text(m): int(s) for m, s in pairs}
             elif kind == "hash":
                 found = cast(dict[bytes, bytes], next(replies))
-                keys[key] = {as_text(f): as_text(v) for f, v in found.items()}
+                fields = {as_text(f): as_text(v) for f, v in found.items()}
+                if key.endswith(":line-ttls"):  # compared for live entries, below
+                    records[key] = fields
+                else:
+                    keys[key] = fields
         for key, members in zsets.items():
             if key.endswith(":line-deadlines"):
                 continue
@@ -253,6 +261,11 @@ class Contract:
             assert {w for w, d in deadlines.items() if d > now} == set(live), key
             if live:
                 keys[key] = live
+        for key, fields in records.items():
+            deadlines = zsets.get(key.removesuffix("-ttls") + "-deadlines", {})
+            kept = {w: r for w, r in fields.items() if deadlines.get(w, now) > now}
+            if kept:
+                keys[key] = kept
         return keys
 
 

@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 from redlock.testing import RedisNodes
 from tests.core.contract import Contract, plain, shown
 from tests.internals import KEYS, Call, bucket, node_scripts, scripts, with_epoch
-from tests.scripted import ScriptedNodes, as_text
+from tests.scripted import RESERVED, ScriptedNodes, as_text
 
 K = KEYS
 TTL = 60_000
@@ -51,10 +51,13 @@ def guarded(call: Call, epoch: int) -> Call:
 
 
 def acquire(r: str, owner: str, *, ticket: str = "", patience: int = TTL, floor: int = 0,
-            ttl: int = TTL, epoch: int = 0) -> Call:
-    return guarded(Call(0, (owner, ttl, floor, ticket, patience, bucket(r)), scripts.ACQUIRE,
+            ttl: int = TTL, epoch: int = 0, attempt: int | str = "") -> Call:
+    """``attempt``: a mutex waiter's attempt number, recorded for a hand-off
+    (docs/design.md §6.7); '' sends none (a single try, a family kind)."""
+    return guarded(Call(0, (owner, ttl, floor, ticket, patience, bucket(r), attempt),
+                        scripts.ACQUIRE,
                         (K.lock(r), K.counter, K.marker, K.line(r), K.line_deadlines(r),
-                         K.legacy_fence(r), K.legacy_marker)), epoch)
+                         K.legacy_fence(r), K.legacy_marker, K.line(r) + "-ttls")), epoch)
 
 
 def acquire_many(resources: list[str], owner: str, floor: int | None = None,
@@ -71,11 +74,19 @@ def write_back(r: str, owner: str, token: int, epoch: int = 0) -> Call:
                    epoch)
 
 
-def release(r: str, owner: str, *, leave: bool = True, patience: int | None = None) -> Call:
-    args: tuple[object, ...] = (owner, "1") if leave else (owner, "0") if patience is None \
-        else (owner, "0", patience)
-    return Call(0, args, scripts.RELEASE,  # type: ignore[arg-type]
-                (K.lock(r), K.channel(r), K.line(r), K.line_deadlines(r)))
+def release(r: str, owner: str, *, leave: bool = True, patience: int | None = None,
+            handing: bool = True) -> Call:
+    """As the protocols send it (``handing``: with the keys a hand-off needs, §6.7; else
+    as an earlier release sent it)."""
+    if not handing:
+        args: tuple[object, ...] = (owner, "1") if leave else (owner, "0") if patience is None \
+            else (owner, "0", patience)
+        return Call(0, args, scripts.RELEASE,  # type: ignore[arg-type]
+                    (K.lock(r), K.channel(r), K.line(r), K.line_deadlines(r)))
+    return Call(0, (owner, "1" if leave else "0", "" if leave or patience is None else patience,
+                    bucket(r)), scripts.RELEASE,
+                (K.lock(r), K.channel(r), K.line(r), K.line_deadlines(r), K.line(r) + "-ttls",
+                 K.counter, K.marker, K.legacy_fence(r), K.legacy_marker, K.members))
 
 
 def extend(r: str, owner: str, ttl: int = 2 * TTL, epoch: int = 0) -> Call:
@@ -368,9 +379,66 @@ def membership(c: Contract) -> None:
     c.step(release("r", "o1"))  # releases are never checked
 
 
+def hand_offs(c: Contract) -> None:
+    """A release hands the lock to the first in line that left a record (docs/design.md
+    §6.7): a reservation with its TTL, the counter raised with its floor, its deadline
+    cut to the TTL; a reservation is its waiter's key for ACQUIRE, WRITE_BACK, EXTEND,
+    OWNED_PTTL and RELEASE (with *leave* only), and a held key for anyone else."""
+    c.steps([
+        marker(),
+        acquire("a", "alice"),  # granted
+        acquire("a", "bob", ticket="2", attempt=1, floor=4, ttl=30_000),  # refused: record
+        acquire("a", "carol", ticket="3", attempt=1),  # behind bob
+        acquire("a", "dave", ticket="4"),  # no attempt number: no record
+        release("a", "alice"),  # hands off to bob: 'handoff:<bob>', counter 5, cut deadline
+        acquire("a", "erin"),  # a single try: refused, the key is held
+        acquire_many(["a"], "erin"),  # refused as well
+        acquire("a", "carol", ticket="3", attempt=2),  # refused: held (record: attempt 2)
+        inspect("a"),  # bob's prefix
+        owned_pttl("a", "bob"), owned_pttl("a", "carol"),
+        release("a", "bob", leave=False, patience=TTL),  # a failed attempt: kept
+        write_back("a", "carol", 9),  # not carol's
+        write_back("a", "bob", 9),  # bob's: becomes his key, PTTL kept, counter 9
+        release("a", "bob"),  # hands off to carol (floor 0): counter 10
+        extend("a", "carol"),  # carol's: becomes her key
+        release("a", "carol"),  # dave first, no record: a plain wake
+        acquire("a", "dave", ticket="4", attempt=3),  # free, first: granted
+        acquire("a", "frank", ticket="5", attempt=1, ttl=20_000, patience=10_000),  # record
+        release("a", "dave"),  # hands off to frank
+        acquire("a", "frank", ticket="5", attempt=2),  # frank's reservation: granted
+        acquire("b", "gina"),
+        acquire("b", "hugo", ticket="1", attempt=1, patience=0),  # lapses at once
+        acquire("b", "ivan", ticket="2", attempt=1),
+        release("b", "gina"),  # hugo lapsed: ivan gets it
+        release("b", "ivan", leave=False),  # without leave: the reservation stays
+        release("b", "ivan"),  # with leave: deleted, nobody left
+        acquire("d", "nina"),
+        acquire("d", "omar", ticket="1", attempt=1),
+        acquire("d", "nina", ticket="0", attempt=1),  # nina's own key: already ours
+        release("d", "nina", leave=False),  # nina first in line: nobody handed to
+        acquire("d", "nina", ticket="0", attempt=2),  # granted again
+        release("d", "nina"),  # leaves; omar handed the lock
+        force_release("d"),  # deletes the reservation: a plain wake
+        acquire("c", "jack"),
+        acquire("c", "kate", ticket="1", attempt=1),
+        release("c", "jack", handing=False),  # an earlier release's call: a plain wake
+        write_members(3, "x"),
+        acquire("c", "kate", ticket="1", attempt=2, epoch=3),  # free, first: granted
+        acquire("c", "liam", ticket="2", attempt=1, epoch=3),  # refused: record
+        command("DEL", K.marker),
+        release("c", "kate"),  # no marker: no hand-off
+        marker(),
+        acquire("c", "liam", ticket="2", attempt=2, epoch=3),  # free, first: granted
+        acquire("c", "mona", ticket="3", attempt=1, epoch=3),  # refused: record
+        write_members(4, "x", "", "1"),
+        release("c", "liam"),  # a retired node does not hand off
+        inspect("a"), inspect("b"), inspect("c"), inspect("d"),
+    ])
+
+
 SEQUENCES: list[Callable[[Contract], None]] = [
     waiting_line, lapsed_places, tokens_and_ownership, previous_format, without_a_marker,
-    judging, episodes_and_repair, membership]
+    judging, episodes_and_repair, membership, hand_offs]
 
 
 @pytest.mark.parametrize("sequence", SEQUENCES, ids=lambda s: s.__name__)
@@ -449,14 +517,17 @@ def lock_calls(tickets: Tickets, owner: str) -> st.SearchStrategy[Call]:
     line; an owner without one tries once."""
     ticket = dict(tickets)[owner]
 
-    def attempt(r: str, patience: int, floor: int, ttl: int) -> Call:
-        return acquire(r, owner, ticket=ticket, patience=patience, floor=floor, ttl=ttl)
+    def attempt(r: str, patience: int, floor: int, ttl: int, number: int) -> Call:
+        return acquire(r, owner, ticket=ticket, patience=patience, floor=floor, ttl=ttl,
+                       attempt=number if ticket else "")
 
-    def let_go(r: str, over: bool, patience: int) -> Call:
-        return release(r, owner, leave=over or not ticket, patience=patience)
+    def let_go(r: str, over: bool, patience: int, handing: bool) -> Call:
+        return release(r, owner, leave=over or not ticket, patience=patience,
+                       handing=handing)
 
-    acquires = st.builds(attempt, RESOURCES, PATIENCE, FLOORS, TTLS)
-    releases = st.builds(let_go, RESOURCES, st.booleans(), PATIENCE)
+    acquires = st.builds(attempt, RESOURCES, PATIENCE, FLOORS, TTLS, st.integers(1, 3))
+    releases = st.builds(let_go, RESOURCES, st.booleans(), PATIENCE,
+                         st.sampled_from([True, True, True, False]))
     return st.one_of(
         acquires, acquires, acquires, acquires, releases, releases,
         st.builds(acquire_many, st.lists(RESOURCES, min_size=1, max_size=2, unique=True),
@@ -502,8 +573,10 @@ def involved(model: ScriptedNodes) -> tuple[str, ...]:
     """The owners that hold a key or wait in a line now, as the model has it."""
     holders = {as_text(v) for k, v in model.data[0].items() if k.endswith(":lock")}
     waiting = {w for key in model.lines[0] for w in model.live_line(0, key)}
-    return tuple(sorted(holders | {o for o in OWNERS
-                                   if hashlib.sha1(o.encode()).hexdigest() in waiting}))
+    # A reservation (docs/design.md §6.7) names its waiter by id.
+    waiting |= {h.removeprefix(RESERVED) for h in holders if h.startswith(RESERVED)}
+    return tuple(sorted({h for h in holders if not h.startswith(RESERVED)} | {
+        o for o in OWNERS if hashlib.sha1(o.encode()).hexdigest() in waiting}))
 
 
 def play(server: redis.Redis, data: st.DataObject,
@@ -539,7 +612,24 @@ MUTATIONS = [  # (script, a line of it, that line changed)
     (scripts.ACQUIRE, "    wait_in_line(now + tonumber(ARGV[5]))",
      "    wait_in_line(now + 1000 + tonumber(ARGV[5]))"),
     (scripts.ACQUIRE_MANY, "    token = token + 1", "    token = token + 2"),
-    (scripts.WRITE_BACK, "if redis.call('GET', KEYS[1]) ~= ARGV[1] then", "if false then"),
+    (scripts.WRITE_BACK, "if holder ~= ARGV[1] then", "if false then"),
+    (scripts.WRITE_BACK, "        redis.call('SET', KEYS[1], ARGV[1], 'PX', pttl)",
+     "        redis.call('SET', KEYS[1], ARGV[1])"),
+    (scripts.ACQUIRE,
+     "        redis.call('HSET', ttls, me, ARGV[2] .. ' ' .. attempt .. ' ' .. ARGV[3])",
+     "        redis.call('HSET', ttls, me, ARGV[2] .. ' ' .. attempt .. ' 0')"),
+    (scripts.ACQUIRE, "    if holder == reservation(me) then", "    if false then"),
+    (scripts.ACQUIRE,
+     "        return {1, settle(KEYS[2], ARGV[6], KEYS[6], tonumber(ARGV[3]), 0, format)}",
+     "        return {1, settle(KEYS[2], ARGV[6], KEYS[6], tonumber(ARGV[3]), 1, format)}"),
+    (scripts.RELEASE, "            if deadline and deadline < cut then",
+     "            if false then"),
+    (scripts.RELEASE, "    if record and format ~= 0 and members[2] ~= '1' then",
+     "    if record and format ~= 0 then"),
+    (scripts.RELEASE, "if holder == ARGV[1] or (ARGV[2] == '1' and holder == reservation(me)) then",
+     "if holder == ARGV[1] or holder == reservation(me) then"),
+    (scripts.EXTEND, "    redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])",
+     "    redis.call('PEXPIRE', KEYS[1], ARGV[2])"),
     (scripts.RELEASE, "if ARGV[2] == '1' and redis.call('EXISTS', KEYS[3]) == 1 then",
      "if ARGV[2] == '0' and redis.call('EXISTS', KEYS[3]) == 1 then"),
     (scripts.EXTEND, "    redis.call('PEXPIRE', KEYS[1], ARGV[2])",

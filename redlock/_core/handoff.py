@@ -1,0 +1,168 @@
+"""Hand-off in the release (docs/design.md §6.7): which messages a waiter may count, and
+whether they make an acquisition, free of I/O.
+
+A release that frees the lock hands it to the first waiter in the node's line (a
+*reservation*, set in the same script) and publishes ``"<waiter id> <counter> <epoch>
+<attempt>"``. The wake-up registry (:mod:`redlock._io.wakeups`) collects the messages
+naming a waiter, by node; the algorithm asks here what they are worth.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Protocol
+
+from redlock._core.amnesia.guard import AmnesiaGuard
+from redlock._core.commit import commit_enough
+from redlock._core.environment import Environment
+from redlock._core.kinds import Kind, with_epoch
+from redlock._core.members import Rule
+from redlock._core.requests import Backoff, Broadcast, Deadline, Flow
+from redlock._core.settings import Keys, Settings
+from redlock._core.state import AttemptResult, LockState
+from redlock._core.tokens import TOKEN_LIMIT, TokenFloors, choose_token, validity_left
+from redlock._observe.log import get_logger
+from redlock._scripts.replies import acked
+from redlock.errors import NodeResult, Outcome
+
+
+class Core(Protocol):
+    """What a hand-off needs of the core (:class:`redlock._core.algorithm.RedlockCore`)."""
+
+    rule: Rule
+    keys: Keys
+    settings: Settings
+    floors: TokenFloors
+    amnesia: AmnesiaGuard
+    addresses: tuple[str, ...]
+    n: int
+    env: Environment
+    clock: Callable[[], float]
+
+    def timeout(self, ttl: float | None = None) -> float: ...
+
+__all__ = ["Handoffs", "Heard", "acquired", "counted", "enough", "parse_message"]
+
+logger = get_logger("redlock.locks")
+
+
+@dataclass(frozen=True)
+class Heard:
+    """A hand-off message from ``node``: the counter the release raised for our
+    reservation, the node's membership epoch, and the number of our attempt whose
+    refusal there recorded the hand-off (the latest that ran there before it).
+    ``subscribed``: when (``time.monotonic``) the subscription it came by was confirmed
+    on its connection (None: not known); a message counts only if that was before the
+    attempt went out (:meth:`Handoffs.since`): the same server run answered both, so a
+    node that restarted in between (and may have lost data, §4.4) is never counted."""
+
+    node: int
+    counter: int
+    epoch: int
+    attempt: int
+    subscribed: float | None = None
+
+
+class Handoffs(list[Heard]):
+    """What a waiter's watch heard so far (one message per node: the latest), the reply
+    to its :class:`~redlock._core.requests.Backoff`; ``total``: how many hand-off
+    messages it recorded in all (a later wait returns at once if more came since)."""
+
+    def __init__(self, heard: Iterable[Heard] = (), count: int = 0) -> None:
+        super().__init__(heard)
+        self.total = count
+
+    def since(self, sent: float | None) -> Handoffs:
+        """Those that came by a subscription confirmed before ``sent`` (when the
+        latest attempt went out, ``time.monotonic``; None: none do)."""
+        return Handoffs((h for h in self if sent is not None and h.subscribed is not None
+                         and h.subscribed < sent), self.total)
+
+
+def parse_message(data: str) -> tuple[str, tuple[int, int, int] | None]:
+    """A release message: the waiter id it names ('' for none) and, for a hand-off,
+    (counter, epoch, attempt). Anything else names nobody."""
+    parts = data.split(" ")
+    if len(parts) == 1:
+        return parts[0], None
+    if len(parts) == 4 and len(parts[0]) == 40 and all(p.isdigit() for p in parts[1:]):
+        return parts[0], (int(parts[1]), int(parts[2]), int(parts[3]))
+    return "", None
+
+
+def counted(heard: Iterable[Heard], attempt: int, epoch: int, benched: Collection[int],
+            refused: Collection[int]) -> dict[int, int]:
+    """Per node, the counter of the hand-off messages that count: of the call's latest
+    ``attempt`` (an older one's reservation may have been consumed since), whose reply
+    from that node was read and ``refused`` (the server run that answered it was
+    identified and judged, §4.4), under the client's ``epoch``, from a node this manager
+    counts now (not ``benched``: restarted and not yet judged, or without its marker)."""
+    return {h.node: h.counter for h in heard
+            if h.attempt == attempt and h.epoch == epoch and h.node not in benched
+            and h.node in refused}
+
+
+def enough(counters: Mapping[int, int], rule: Rule) -> bool:
+    """Whether the nodes that handed the lock to us satisfy the quorum rule (§13.2)."""
+    return bool(counters) and rule.met(counters)
+
+
+def acquired(core: Core, heard: Sequence[object], backoff: Backoff,
+             resources: tuple[str, ...], owner: str, ttl: float, deadline: Deadline,
+             kind: Kind, attempt: int, attempt_started: float,
+             outcomes: Sequence[NodeResult]) -> Flow[AttemptResult | None]:
+    """The lock, if the releases that handed it to us while we waited make an
+    acquisition (docs/design.md §6.7): the messages of our latest ``attempt`` from a
+    quorum of the nodes we count, the token committed (the ordinary write-back where
+    counters differ), validity left from the start of that attempt. None: the next
+    attempt goes as usual (it is granted the reservations)."""
+    if not isinstance(heard, Handoffs) or not heard:
+        return None
+    refused = {i for i, r in enumerate(outcomes) if r.outcome is Outcome.REFUSED}
+    counters = counted(heard, attempt, core.rule.epoch, core.amnesia.health.benched(),
+                       refused)
+    if counters and not enough(counters, core.rule) and not deadline.passed():
+        # Some nodes handed off: the others' messages are on their way (or lost).
+        more = yield replace(backoff, seconds=deadline.pause(core.timeout(ttl)),
+                             patient=None, heard_before=heard.total)
+        if isinstance(more, Handoffs):
+            counters = counted(more, attempt, core.rule.epoch,
+                               core.amnesia.health.benched(), refused)
+    if not enough(counters, core.rule):
+        return None
+    [resource] = resources
+    core.floors.raise_to(kind.buckets(resources), max(counters.values()))
+    choice = choose_token(counters)
+    committed = set(choice.committed)
+    rule, epoch = core.rule, core.rule.epoch
+    if not rule.met(committed):
+        calls = with_epoch((kind.write_back_call(core.keys, i, resource, owner, choice.token)
+                            for i in choice.write_back), core.keys, epoch)
+        write_backs = [(resource, call) for call in calls]
+        acks = yield Broadcast(calls, deadline.bound(core.timeout(ttl)),
+                               enough=commit_enough(write_backs, {resource: set(committed)},
+                                                    rule))
+        rule = core.rule
+        committed |= {call.node for call, ack in zip(calls, acks, strict=True)
+                      if acked(ack)}
+        logger.info("redlock.token_write_back", resource=resource, token=choice.token,
+                    returned_token=len(choice.committed),
+                    written_back=len(choice.write_back), committed=len(committed))
+    validity = validity_left(core.settings, ttl, attempt_started, core.clock())
+    if not rule.met(committed) or choice.token >= TOKEN_LIMIT or validity <= 0:
+        logger.debug("redlock.handoff_unused", resource=resource, token=choice.token,
+                     committed=len(committed), validity_ms=round(validity * 1000, 3))
+        return None
+    state = LockState(resource, owner, ttl, choice.token,
+                      attempt_started + ttl - core.settings.drift(ttl), core.clock,
+                      core.env.new_mutex(), tokens={resource: choice.token}, kind=kind)
+    logger.debug("redlock.handed_off", resource=resource, token=state.token,
+                 heard=len(counters), committed=len(committed))
+    logger.debug("redlock.acquired", resource=resource, token=state.token,
+                 kind=kind.name, validity_ms=round(validity * 1000, 3),
+                 granted=len(counters), nodes=core.n)
+    handed = [NodeResult(core.addresses[i], Outcome.GRANTED, "handed off by a release",
+                         counter=counters[i]) if i in counters else result
+              for i, result in enumerate(outcomes)]
+    return AttemptResult(state, tuple(handed))

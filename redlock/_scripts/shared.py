@@ -1,0 +1,147 @@
+"""Lua shared by the lock scripts (:mod:`redlock._scripts.lock`) and the lock family's
+(:mod:`redlock._scripts.family`): the membership check, the fence counters, the waiting
+line. Each is source text that a script prepends to its own."""
+
+from __future__ import annotations
+
+from redlock._scripts.script import Script
+
+# -- membership (docs/design.md §13) ---------------------------------------------------
+#
+# Every script that grants, commits or renews takes the node's membership record as its
+# last key and the client's epoch as its last argument, and starts with EPOCH_CHECK: a
+# node whose record's epoch is above the client's, or that a change retired, refuses
+# with the record and changes nothing; the rest of the script sees KEYS and ARGV without
+# them (local copies shadow the globals), so its own indexes are unchanged.
+
+STALE_EPOCH = -3  # {-3, epoch, members, joining, retired}: the client must adopt it
+
+EPOCH_CHECK = """
+-- KEYS[#KEYS] the node's membership record (hash: epoch, members, joining, retired),
+-- ARGV[#ARGV] the client's epoch; refuses with {-3, epoch, members, joining, retired}
+local MEMBERS_KEY, CLIENT_EPOCH = KEYS[#KEYS], tonumber(ARGV[#ARGV])
+local KEYS = {unpack(KEYS, 1, #KEYS - 1)}
+local ARGV = {unpack(ARGV, 1, #ARGV - 1)}
+do
+    local record = redis.call('HMGET', MEMBERS_KEY, 'epoch', 'members', 'joining', 'retired')
+    local epoch = tonumber(record[1] or '0') or 0
+    if epoch > CLIENT_EPOCH or record[4] == '1' then
+        return {-3, epoch, record[2] or '', record[3] or '', record[4] or ''}
+    end
+end
+"""
+
+
+def guarded(name: str, source: str) -> Script:
+    """A granting, committing or renewing script, behind :data:`EPOCH_CHECK`."""
+    return Script(name, EPOCH_CHECK + source)
+
+
+# -- fence counters (docs/design.md §3) -------------------------------------------------
+#
+# A resource's counter is one field (its bucket, from a hash of its name) of the node's
+# hash of counters. A node's format: 0 no marker (it lost its data, or is new: it refuses
+# to grant), 1 the previous format's marker is there (clients of that release may count
+# on this node, and they read each resource's own counter: it is raised along with the
+# bucket), 2 this format's marker only (a resource's old counter is read one last time
+# and removed). Per resource and node, max(its bucket's counter, its own old counter)
+# never falls: that is the counter of the token rule.
+
+TOKEN_FUNCTIONS = """
+local function node_format(marker, legacy_marker)
+    if redis.call('EXISTS', legacy_marker) == 1 then
+        return 1
+    end
+    if redis.call('EXISTS', marker) == 1 then
+        return 2
+    end
+    return 0
+end
+-- The highest value this node's counters hold for the resource (and the floor).
+local function highest(counters, bucket, legacy_key, floor)
+    return math.max(tonumber(redis.call('HGET', counters, bucket) or '0'),
+                    tonumber(redis.call('GET', legacy_key) or '0'), floor)
+end
+-- The resource's counter on this node becomes max(its bucket, its old counter, floor) +
+-- step, returned: a grant (step 1), a refresh of our own key (step 0, floor 0), a
+-- write-back or a set's token (step 0, floor = that token). The bucket is raised to it;
+-- the resource's old counter too where the previous format's clients read it, else it
+-- goes. HINCRBY and INCRBY keep the stored values integer strings (no Lua float
+-- formatting).
+local function settle(counters, bucket, legacy_key, floor, step, format)
+    local counter = tonumber(redis.call('HGET', counters, bucket) or '0')
+    local legacy = redis.call('GET', legacy_key)
+    local old = tonumber(legacy or '0')
+    local value = math.max(counter, old, floor) + step
+    if value > counter then
+        redis.call('HINCRBY', counters, bucket, value - counter)
+    end
+    if format == 1 then
+        if value > old then
+            redis.call('INCRBY', legacy_key, value - old)
+        end
+    elseif legacy then
+        redis.call('DEL', legacy_key)
+    end
+    return value
+end
+"""
+
+
+# -- the waiting line (docs/design.md §6) ----------------------------------------------
+#
+# A blocking acquire waits in a line per resource on each node: a sorted set of waiter
+# ids (SHA1 of the owner value: the line never shows an owner value) ordered by a ticket
+# the waiter sends unchanged to every node, so every node agrees on the order. A free
+# lock is granted only to the first in line; waiters woken together therefore do not
+# split the nodes between them. Each entry has a deadline (a second sorted set, by the
+# node's clock) that every attempt of its waiter pushes back by the patience: the entry
+# of a waiter that died lapses on its own, however long the holder keeps the lock. Both
+# keys expire with their last entry.
+
+LINE_FUNCTIONS = """
+local function now_ms()
+    local t = redis.call('TIME')
+    return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+-- Drop the entries whose deadline passed (their waiters stopped asking), and their
+-- hand-off records (``ttls``, a mutex's line only: docs/design.md §6.7).
+local function drop_lapsed(line, deadlines, now, ttls)
+    local lapsed = redis.call('ZRANGEBYSCORE', deadlines, '-inf', now, 'LIMIT', 0, 100)
+    for _, waiter in ipairs(lapsed) do
+        redis.call('ZREM', line, waiter)
+        redis.call('ZREM', deadlines, waiter)
+        if ttls then
+            redis.call('HDEL', ttls, waiter)
+        end
+    end
+end
+-- Publish on the release channel the waiter id of the first in line ('' when nobody is
+-- in line): only that waiter wakes (docs/design.md §6). Only a hint that wakes a waiter
+-- early: a user without channel permissions (Redis 7 ACL resetchannels) must still
+-- release cleanly, so errors are ignored.
+local function wake_first(line, deadlines, channel, now)
+    local first = ''
+    if redis.call('EXISTS', line) == 1 then
+        drop_lapsed(line, deadlines, now)
+        first = redis.call('ZRANGE', line, 0, 0)[1] or ''
+    end
+    redis.pcall('PUBLISH', channel, first)
+end
+-- Set an entry's deadline; both keys (and the hand-off records, ``ttls``, if given)
+-- expire with the last entry.
+local function keep_until(line, deadlines, waiter, until_ms, now, ttls)
+    redis.call('ZADD', deadlines, until_ms, waiter)
+    local last = tonumber(redis.call('ZRANGE', deadlines, -1, -1, 'WITHSCORES')[2])
+    redis.call('PEXPIRE', line, last - now + 1)
+    redis.call('PEXPIRE', deadlines, last - now + 1)
+    if ttls then
+        redis.call('PEXPIRE', ttls, last - now + 1)
+    end
+end
+-- A reservation: the value a release's hand-off sets for the first in line
+-- (docs/design.md §6.7). Owner values are 32 hex digits: none has this prefix.
+local function reservation(waiter)
+    return 'handoff:' .. waiter
+end
+"""

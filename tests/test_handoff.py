@@ -1,0 +1,348 @@
+"""Hand-off in the release (docs/design.md §6.7) on real nodes, both clients: a release
+grants the lock to the first waiter in line in the same script, and the waiter acquires
+from the published messages, without an ACQUIRE round; mutual exclusion and rising
+tokens under contention; the failure cases (a waiter that died or gave up, a node that
+missed the release, a client that records nothing)."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import redis
+
+from redlock import LockLost
+from redlock.testing import RedisNodes, capture_events
+from redlock.testing.history import History, Hold
+from tests.clients import Actor, Flavour, eventually, resolve
+from tests.internals import KEYS, MUTEX, AcquireArgs, Call, with_epoch
+
+# A backoff so slow that only a wake-up (or a hand-off) explains a quick acquisition.
+SLOW_BACKOFF = {"retry_delay_min": 2.0, "retry_delay_max": 3.0}
+
+
+def script_calls(nodes: RedisNodes) -> int:
+    """EVALSHA and EVAL calls the nodes ran so far (INFO commandstats)."""
+    total = 0
+    for node in nodes:
+        with node.client() as client:
+            stats = client.info("commandstats")
+            total += sum(stats.get(name, {}).get("calls", 0)
+                         for name in ("cmdstat_evalsha", "cmdstat_eval"))
+    return total
+
+
+def reset_stats(nodes: RedisNodes) -> None:
+    for node in nodes:
+        with node.client() as client:
+            client.config_resetstat()
+
+
+def values(nodes: RedisNodes, resource: str) -> list[str | None]:
+    found = []
+    for node in nodes:
+        with node.client() as client:
+            value = client.get(KEYS.lock(resource))
+            found.append(None if value is None else value.decode())
+    return found
+
+
+def records(nodes: RedisNodes, resource: str) -> list[int]:
+    sizes = []
+    for node in nodes:
+        with node.client() as client:
+            sizes.append(int(client.hlen(KEYS.line(resource) + "-ttls")))
+    return sizes
+
+
+def run(client: redis.Redis, call: Call) -> Any:
+    assert call.script is not None
+    return client.eval(call.script.source, len(call.keys), *call.keys, *call.args)
+
+
+def waiter_by_hand(client: redis.Redis, resource: str, owner: str, ticket: int, *,
+                   ttl_ms: int, attempt: int = 1, patience_ms: int = 60_000) -> list[int]:
+    """One node's ACQUIRE as a queued mutex waiter of this release sends it (it records
+    its hand-off when refused): a waiter of another process."""
+    [call] = with_epoch(MUTEX.acquire_calls(KEYS, range(1), (resource,), AcquireArgs(
+        owner, ttl_ms, 0, str(ticket), patience_ms, attempt)), KEYS, 0)
+    return [int(v) for v in run(client, call)]
+
+
+def leave_by_hand(client: redis.Redis, resource: str, owner: str) -> int:
+    """The RELEASE with leave of a waiter that gives up."""
+    return int(run(client, MUTEX.release_call(KEYS, 0, resource, (owner, "1"))))
+
+
+def waiter_id(owner: str) -> str:
+    return hashlib.sha1(owner.encode()).hexdigest()
+
+
+def attempts_recorded(nodes: RedisNodes, resource: str) -> list[int]:
+    """Per node, the highest attempt number its hand-off records hold (0: none)."""
+    found = []
+    for node in nodes:
+        with node.client() as client:
+            fields = client.hvals(KEYS.line(resource) + "-ttls")
+            found.append(max((int(v.split()[1]) for v in fields), default=0))
+    return found
+
+
+async def heard_everywhere(nodes: RedisNodes, resource: str) -> None:
+    """Once every node has the waiter's subscription, and the waiter has made an attempt
+    since: a hand-off counts only by a subscription that was up when its attempt went
+    out (docs/design.md §6.7); a new waiter's first attempt precedes its subscriptions."""
+    def subscribed() -> bool:
+        for node in nodes:
+            with node.client() as client:
+                if not client.pubsub_numsub(KEYS.channel(resource))[0][1]:
+                    return False
+        return True
+
+    assert await eventually(subscribed, 5.0)
+    before = attempts_recorded(nodes, resource)
+    assert await eventually(lambda: all(
+        a > b for a, b in zip(attempts_recorded(nodes, resource), before, strict=True)), 5.0)
+
+
+async def test_a_release_hands_the_lock_to_the_waiter_without_an_acquire_round(
+        flavour: Flavour, me: Actor, nodes3: RedisNodes) -> None:
+    holder = me.on(flavour.manager(nodes3).lock("ho:one", ttl=30.0))
+    assert await holder.acquire(blocking=False)
+    first_token = await holder.token()
+    waiter_dlm = flavour.manager(nodes3, **SLOW_BACKOFF)
+    waiting = flavour.actor("waiter").on(waiter_dlm.lock("ho:one", ttl=10.0))
+    with capture_events() as events:
+        waiter = asyncio.create_task(waiting.actor.call_all(
+            lambda: waiting.handle.acquire(timeout=20.0), time.monotonic))
+        assert await eventually(lambda: records(nodes3, "ho:one") == [1, 1, 1], 5.0)
+        await heard_everywhere(nodes3, "ho:one")
+        before = script_calls(nodes3)
+        released_at = time.monotonic()
+        await holder.release()
+        acquired, acquired_at = await asyncio.wait_for(waiter, 25)
+        calls = script_calls(nodes3) - before
+    assert acquired
+    assert acquired_at - released_at < 1.0
+    assert [e["heard"] for e in events if e["event"] == "redlock.handed_off"] in ([3], [2])
+    # The holder's RELEASE on each node, and (at most, if its poll came just then) one
+    # attempt of the waiter: no ACQUIRE round after the release.
+    assert calls in (3, 6), calls
+    assert await waiting.token() > first_token
+    # The keys are reservations until a renewal makes them the owner value.
+    reserved = values(nodes3, "ho:one")
+    assert all(v is not None and v.startswith("handoff:") for v in reserved)
+    # The status views show the reservation's waiter as the holder: the same prefix as
+    # its owner value will show.
+    status = await resolve(waiter_dlm.inspect("ho:one"))
+    assert status.locked
+    assert {n.holder for n in status.nodes} == {reserved[0].removeprefix("handoff:")[:12]}
+    await waiting.extend()
+    assert not any(v is None or v.startswith("handoff:") for v in values(nodes3, "ho:one"))
+    await waiting.release()
+    assert values(nodes3, "ho:one") == [None] * 3
+    assert records(nodes3, "ho:one") == [0, 0, 0]
+
+
+def worker(flavour: Flavour, lock: Any, name: str, count: int, history: History,
+           failures: list[str], hold: float = 0.001) -> Callable[[], Any]:
+    """``count`` acquisitions of ``lock`` as one owner, each held ``hold`` seconds."""
+    def record(invoked: float, start: float, token: int) -> None:
+        end = min(time.monotonic(), start + lock.validity)
+        history.held(Hold(name, lock.resource, token, start, end, invoked))
+
+    if flavour.is_async:
+        async def loop() -> None:
+            for _ in range(count):
+                invoked = time.monotonic()
+                if not await lock.acquire(timeout=20.0):
+                    failures.append(f"{name}: not acquired")
+                    return
+                start, token = time.monotonic(), lock.token
+                await asyncio.sleep(hold)
+                record(invoked, start, token)
+                await lock.release()
+        return loop
+
+    def loop_sync() -> None:
+        for _ in range(count):
+            invoked = time.monotonic()
+            if not lock.acquire(timeout=20.0):
+                failures.append(f"{name}: not acquired")
+                return
+            start, token = time.monotonic(), lock.token
+            time.sleep(hold)
+            record(invoked, start, token)
+            lock.release()
+    return loop_sync
+
+
+async def contend(flavour: Flavour, nodes: RedisNodes, resource: str, *, managers: int,
+                  per_manager: int, count: int) -> History:
+    """``managers`` managers (processes, as far as the nodes can tell) with
+    ``per_manager`` owners each, ``count`` acquisitions per owner."""
+    history, failures = History(), []
+    jobs = []
+    for m in range(managers):
+        dlm = flavour.manager(nodes, retry_delay_max=0.25)
+        for k in range(per_manager):
+            actor = flavour.actor(f"m{m}-{k}", limit=120.0)
+            lock = dlm.lock(resource, ttl=5.0)
+            jobs.append(actor.call(worker(flavour, lock, actor.name, count, history,
+                                          failures)))
+    await asyncio.wait_for(asyncio.gather(*jobs), 150)
+    assert failures == []
+    assert len(history.holds) == managers * per_manager * count
+    return history
+
+
+async def test_contended_hand_offs_cost_about_two_scripts_per_node_and_acquisition(
+        flavour: Flavour, nodes3: RedisNodes, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Four managers on one lock: each acquisition costs three scripts per node without
+    hand-offs (the attempt that joins the line, the one that gets the lock, the
+    release; measured here first, with the waiters recording nothing), about two with
+    them."""
+    async def scripts_per_acquisition(resource: str) -> tuple[float, int, History]:
+        await contend(flavour, nodes3, resource + ":warm", managers=4, per_manager=1,
+                      count=2)
+        reset_stats(nodes3)
+        with capture_events() as events:
+            history = await contend(flavour, nodes3, resource, managers=4, per_manager=1,
+                                    count=15)
+        handed = sum(1 for e in events if e["event"] == "redlock.handed_off")
+        return (script_calls(nodes3) / len(history.holds) / len(nodes3), handed, history)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(type(MUTEX), "hands_off", False)  # as before: plain wake-ups
+        before, handed_before, history = await scripts_per_acquisition("ho:before")
+    assert history.violations(exclusive=True) == []
+    after, handed, history = await scripts_per_acquisition("ho:after")
+    assert history.violations(exclusive=True) == []
+    assert handed_before == 0
+    assert handed >= len(history.holds) // 2, handed
+    assert before > 2.8, before
+    assert after < before - 0.5, (before, after)
+    print(f"script calls per node and acquisition: {before:.2f} without hand-offs,"
+          f" {after:.2f} with ({handed} of {len(history.holds)} handed off)")
+
+
+@pytest.mark.parametrize("n", [1, 3], ids=lambda n: f"N={n}")
+async def test_eight_owners_hold_one_at_a_time_with_rising_tokens(
+        flavour: Flavour, n: int, request: pytest.FixtureRequest) -> None:
+    nodes: RedisNodes = request.getfixturevalue(f"nodes{n}")
+    history = await contend(flavour, nodes, "ho:load", managers=4, per_manager=2, count=8)
+    assert history.violations(exclusive=True) == []  # one holder at a time, tokens rise
+    tokens = [h.token for h in sorted(history.holds, key=lambda h: h.start)]
+    assert tokens == sorted(set(tokens))
+
+
+async def test_a_waiter_that_died_in_line_blocks_the_lock_for_its_ttl_only(
+        flavour: Flavour, me: Actor, nodes3: RedisNodes) -> None:
+    """A waiter joined the line and died: the release hands it the lock (a reservation
+    with its TTL, 1 s), which nobody else gets until that expires, like a holder that
+    died just after its grant."""
+    holder = me.on(flavour.manager(nodes3).lock("ho:dead", ttl=30.0))
+    assert await holder.acquire(blocking=False)
+    for node in nodes3:
+        with node.client() as client:
+            assert waiter_by_hand(client, "ho:dead", "dead-waiter", 1, ttl_ms=1000,
+                                  patience_ms=5000)[0] == 0
+    live = flavour.actor("live").on(flavour.manager(nodes3).lock("ho:dead", ttl=5.0))
+    waiter = asyncio.create_task(live.actor.call_all(
+        lambda: live.handle.acquire(timeout=20.0), time.monotonic))
+    assert await eventually(lambda: records(nodes3, "ho:dead") == [2, 2, 2], 5.0)
+    released_at = time.monotonic()
+    await holder.release()
+    assert values(nodes3, "ho:dead") == ["handoff:" + waiter_id("dead-waiter")] * 3
+    acquired, acquired_at = await asyncio.wait_for(waiter, 25)
+    assert acquired
+    assert 0.8 < acquired_at - released_at < 4.0
+    await live.release()
+
+
+async def test_a_waiter_that_gives_up_hands_its_reservation_to_the_next(
+        flavour: Flavour, me: Actor, nodes3: RedisNodes) -> None:
+    holder = me.on(flavour.manager(nodes3).lock("ho:quit", ttl=30.0))
+    assert await holder.acquire(blocking=False)
+    for node in nodes3:
+        with node.client() as client:
+            assert waiter_by_hand(client, "ho:quit", "quitter", 1, ttl_ms=30_000)[0] == 0
+    live = flavour.actor("live").on(
+        flavour.manager(nodes3, **SLOW_BACKOFF).lock("ho:quit", ttl=5.0))
+    with capture_events() as events:
+        waiter = asyncio.create_task(live.actor.call_all(
+            lambda: live.handle.acquire(timeout=20.0), time.monotonic))
+        assert await eventually(lambda: records(nodes3, "ho:quit") == [2, 2, 2], 5.0)
+        await holder.release()  # handed to the quitter (first in line)
+        assert values(nodes3, "ho:quit") == ["handoff:" + waiter_id("quitter")] * 3
+        await heard_everywhere(nodes3, "ho:quit")
+        gave_up_at = time.monotonic()
+        for node in nodes3:  # its acquire call is over: it leaves, handing off
+            with node.client() as client:
+                assert leave_by_hand(client, "ho:quit", "quitter") == 1
+        acquired, acquired_at = await asyncio.wait_for(waiter, 25)
+    assert acquired
+    assert acquired_at - gave_up_at < 1.0
+    assert any(e["event"] == "redlock.handed_off" for e in events)
+    await live.release()
+
+
+async def test_a_node_that_missed_the_release_makes_the_waiter_ask_the_nodes(
+        flavour: Flavour, me: Actor, nodes3: RedisNodes) -> None:
+    """The holder's release reaches one node only (the others still hold a key for
+    1.5 s): one hand-off message, no quorum; the waiter falls back to ACQUIRE, which is
+    granted the reservation and, once the other keys are gone, the rest."""
+    holder = me.on(flavour.manager(nodes3).lock("ho:miss", ttl=30.0))
+    assert await holder.acquire(blocking=False)
+    live = flavour.actor("live").on(flavour.manager(nodes3).lock("ho:miss", ttl=5.0))
+    with capture_events() as events:
+        waiter = asyncio.create_task(live.actor.call_all(
+            lambda: live.handle.acquire(timeout=20.0), time.monotonic))
+        assert await eventually(lambda: records(nodes3, "ho:miss") == [1, 1, 1], 5.0)
+        for node in list(nodes3)[1:]:  # not the holder's key any more: its release misses
+            with node.client() as client:
+                client.set(KEYS.lock("ho:miss"), "someone-else", px=1500)
+        released_at = time.monotonic()
+        with pytest.raises(LockLost):  # (its key was replaced on two nodes)
+            await holder.release()
+        acquired, acquired_at = await asyncio.wait_for(waiter, 25)
+    assert acquired
+    assert 1.2 < acquired_at - released_at < 5.0
+    assert not any(e["event"] == "redlock.handed_off" for e in events)
+    assert await live.token() > 0
+    await live.release()
+    assert values(nodes3, "ho:miss") == [None] * 3
+
+
+async def test_a_waiter_that_records_nothing_gets_a_plain_wake(
+        flavour: Flavour, me: Actor, nodes3: RedisNodes) -> None:
+    """An election's campaign (and any client of an earlier release) leaves no record:
+    the release publishes the waiter id alone and sets no reservation."""
+    holder = me.on(flavour.manager(nodes3).lock("ho:old", ttl=30.0))
+    assert await holder.acquire(blocking=False)
+    clients = [node.client() for node in nodes3]
+    try:
+        subscriber = clients[0].pubsub()
+        subscriber.subscribe(KEYS.channel("ho:old"))
+        for client in clients:  # ACQUIRE without an attempt number
+            [call] = with_epoch(MUTEX.acquire_calls(KEYS, range(1), ("ho:old",), AcquireArgs(
+                "old-waiter", 5000, 0, "1", 60_000)), KEYS, 0)
+            assert int(run(client, call)[0]) == 0
+        assert records(nodes3, "ho:old") == [0, 0, 0]
+        await holder.release()
+        assert values(nodes3, "ho:old") == [None] * 3
+        messages = []
+        deadline = time.monotonic() + 5
+        while not messages and time.monotonic() < deadline:
+            message = subscriber.get_message(timeout=0.5)
+            if message and message["type"] == "message":
+                messages.append(message["data"].decode())
+        assert messages == [waiter_id("old-waiter")]
+        subscriber.close()
+    finally:
+        for client in clients:
+            client.close()
