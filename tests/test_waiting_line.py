@@ -200,6 +200,17 @@ async def test_a_waiter_that_gives_up_leaves_the_line(flavour: Flavour, me: Acto
     assert await me.cycle(flavour.manager(nodes3).lock("line:leave", timeout=0)) >= 2
 
 
+async def _killed_in_line(nodes: RedisNodes, script: str) -> None:
+    """Run ``script`` (a waiter of 'line:dead') in a process, and SIGKILL it (no goodbye)
+    once it stands in the line on every node."""
+    waiter = subprocess.Popen([sys.executable, "-c", script, *nodes.urls])
+    try:
+        assert await eventually(lambda: line_sizes(nodes, "line:dead") == [1, 1, 1], 15.0)
+    finally:
+        os.kill(waiter.pid, signal.SIGKILL)
+        waiter.wait(10)
+
+
 async def test_a_dead_waiter_blocks_the_line_only_briefly(
         flavour: Flavour, me: Actor, nodes3: RedisNodes, tmp_path: object) -> None:
     """A waiter killed while in line (SIGKILL: no goodbye) holds its place only until
@@ -211,12 +222,7 @@ async def test_a_dead_waiter_blocks_the_line_only_briefly(
     assert await holder.acquire(blocking=False)
     script = ("import sys; from redlock import Redlock\n"
               "Redlock(sys.argv[1:]).lock('line:dead', ttl=5.0).acquire(timeout=60)\n")
-    waiter = subprocess.Popen([sys.executable, "-c", script, *nodes3.urls])
-    try:
-        assert await eventually(lambda: line_sizes(nodes3, "line:dead") == [1, 1, 1], 15.0)
-    finally:
-        os.kill(waiter.pid, signal.SIGKILL)
-        waiter.wait(10)
+    await _killed_in_line(nodes3, script)
     await holder.release()
     started = time.monotonic()
     lock = me.on(flavour.manager(nodes3).lock("line:dead", ttl=5.0))
@@ -226,12 +232,7 @@ async def test_a_dead_waiter_blocks_the_line_only_briefly(
     await lock.release()
     # Again, the release after the dead waiter's entries lapsed: no hand-off to it.
     assert await holder.acquire(blocking=False)
-    waiter = subprocess.Popen([sys.executable, "-c", script, *nodes3.urls])
-    try:
-        assert await eventually(lambda: line_sizes(nodes3, "line:dead") == [1, 1, 1], 15.0)
-    finally:
-        os.kill(waiter.pid, signal.SIGKILL)
-        waiter.wait(10)
+    await _killed_in_line(nodes3, script)
     assert await eventually(lambda: line_sizes(nodes3, "line:dead") == [1, 1, 1], 1.0)
     await asyncio.sleep(1.5)  # its entries lapse (the patience)
     await holder.release()

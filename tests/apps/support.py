@@ -12,7 +12,10 @@ import itertools
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Iterable, Sequence
+from typing import Any
+
+import pytest
 
 from redlock.testing import RedisNode
 
@@ -120,3 +123,17 @@ class Tally:
         lines = [f"{dict(self.counts)}"]
         lines += [f"  {name}: {message}" for name, message in self.examples.items()]
         return "\n".join(lines)
+
+
+async def within(seconds: float, work: Awaitable[object], tally: Tally, what: str) -> None:
+    """``work`` must end within ``seconds``: a hang fails the test with the figures so far
+    (its tasks are cancelled by wait_for, then the manager is closed by the caller)."""
+    try:
+        await asyncio.wait_for(work, seconds)
+    except asyncio.TimeoutError:
+        pytest.fail(f"{what} hung: not done within {seconds} s; so far {tally}")
+
+
+async def nothing_left(baseline: set[asyncio.Task[Any]]) -> list[str]:
+    """After the manager was closed: the library's threads and this loop's new tasks."""
+    return wait_no_library_threads() + await wait_no_other_tasks(baseline)

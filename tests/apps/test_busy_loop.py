@@ -26,8 +26,8 @@ from tests.apps.support import (
     Tally,
     lock_key,
     not_rising,
-    wait_no_library_threads,
-    wait_no_other_tasks,
+    nothing_left,
+    within,
 )
 from tests.internals import Keys
 
@@ -56,15 +56,6 @@ async def data(counter_node: RedisNode) -> Any:
         await client.aclose()
 
 
-async def _within(seconds: float, work: Awaitable[object], tally: Tally, what: str) -> None:
-    """``work`` must end within ``seconds``: a hang fails the test with the figures so far
-    (its tasks are cancelled by wait_for, then the manager is closed by the caller)."""
-    try:
-        await asyncio.wait_for(work, seconds)
-    except asyncio.TimeoutError:
-        pytest.fail(f"{what} hung: not done within {seconds} s; so far {tally}")
-
-
 def _live_keys(node: RedisNode, resources: list[str]) -> set[str]:
     """Which of ``resources`` have a live lock key on ``node`` (asked directly)."""
     with node.client() as client, client.pipeline(transaction=False) as pipe:
@@ -80,11 +71,6 @@ async def _initialised(dlm: AsyncRedlock) -> None:
     waiting, not about a new cluster's first moments under load."""
     async with dlm.lock("warm-up", ttl=1.0, timeout=10.0):
         pass
-
-
-async def _nothing_left(baseline: set[asyncio.Task[Any]]) -> list[str]:
-    """After the manager was closed: the library's threads and this loop's new tasks."""
-    return wait_no_library_threads() + await wait_no_other_tasks(baseline)
 
 
 @pytest.fixture(params=[3, 5], ids=lambda n: f"N={n}")
@@ -150,14 +136,14 @@ async def test_auto_extended_locks_survive_a_busy_loop(lock_nodes: RedisNodes) -
         async with BusyLoop() as busy:
             holders = asyncio.gather(*(holder(dlm, i) for i in range(HOLDERS)))
             try:
-                await _within(20.0, everyone_at_end.wait(), tally, "the holds")
+                await within(20.0, everyone_at_end.wait(), tally, "the holds")
                 # Still held (and renewed): every lock's key must be on a quorum of nodes.
                 held_keys = [_live_keys(node, at_end) for node in lock_nodes]
             finally:
                 release_now.set()
-                await _within(20.0, holders, tally, "the releases")
+                await within(20.0, holders, tally, "the releases")
         took = time.monotonic() - started
-    left = await _nothing_left(baseline)
+    left = await nothing_left(baseline)
 
     per_node = [len(keys) for keys in held_keys]
     short = [r for r in at_end if sum(r in keys for keys in held_keys) < quorum]
@@ -214,10 +200,10 @@ async def _contend(nodes: RedisNodes, data: Any, owners: int,
         await _initialised(dlm)
         started = time.monotonic()
         async with BusyLoop():
-            await _within(deadline, asyncio.gather(
+            await within(deadline, asyncio.gather(
                 *(owner(dlm, tally, tokens) for _ in range(owners))), tally, what)
         took = time.monotonic() - started
-    left = await _nothing_left(baseline)
+    left = await nothing_left(baseline)
     counter = int(await data.get("counter:stock") or 0)
     return tally, tokens, counter, took, left
 
@@ -319,9 +305,9 @@ async def test_a_new_cluster_under_a_burst_of_first_acquires(nodes5: RedisNodes)
             tally.failed(exc, "first request")
 
     async with AsyncRedlock(nodes5.urls) as dlm, BusyLoop():
-        await _within(30.0, asyncio.gather(*(first_request(dlm, i) for i in range(200))),
+        await within(30.0, asyncio.gather(*(first_request(dlm, i) for i in range(200))),
                       tally, "the first requests")
-    left = await _nothing_left(baseline)
+    left = await nothing_left(baseline)
     markers, episodes = [], []
     for node in nodes5:
         with node.client() as client:

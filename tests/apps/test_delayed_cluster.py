@@ -19,13 +19,14 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable, Iterator
+from typing import Any
 
 import pytest
 
 from redlock import LockNotAcquired, RedlockError
 from redlock.testing import Proxies, RedisNodes, ToxiproxyServer
 from tests.apps.support import pttls, wait_no_library_threads, wait_no_other_tasks
-from tests.clients import Flavour, Held, resolve
+from tests.clients import Actor, Flavour, Held, resolve
 
 pytestmark = pytest.mark.faults
 
@@ -78,6 +79,16 @@ async def _stalled(nodes: RedisNodes, bystander: Held) -> tuple[object, float]:
         f"an acquire with every node stopped returned {got!r}")
     return got, stall
 
+
+
+async def _closed(dlm: Any, actors: list[Actor], baseline: set[asyncio.Task[Any]]
+                  ) -> list[str]:
+    """Close the actors and the manager; what of the library is still running after."""
+    for actor in actors:
+        await actor.close()
+    await resolve(dlm.close())
+    left = wait_no_library_threads() + await wait_no_other_tasks(baseline)
+    return [f"left running after close: {left}"] if left else []
 
 class Steps:
     """Calls whose RedlockError is noted as a problem (every failure is reported with its
@@ -175,12 +186,7 @@ async def test_one_stall_of_every_node_loses_no_lock(flavour: Flavour, nodes3: R
     else:
         problems.append("the next holder did not get the lock within 5 s")
 
-    for actor in (holder, bystander, successor):
-        await actor.close()
-    await resolve(dlm.close())
-    left = wait_no_library_threads() + await wait_no_other_tasks(baseline)
-    if left:
-        problems.append(f"left running after close: {left}")
+    problems += await _closed(dlm, [holder, bystander, successor], baseline)
     assert not problems, "\n".join(problems) + f"\n(stall {stall:.2f} s, {got!r})"
 
 
@@ -258,10 +264,5 @@ async def test_one_stall_of_every_node_loses_no_family_grant(
     if status.readers:
         problems.append(f"readers left after the release: {status.readers}")
 
-    for actor in (holder, bystander):
-        await actor.close()
-    await resolve(dlm.close())
-    left = wait_no_library_threads() + await wait_no_other_tasks(baseline)
-    if left:
-        problems.append(f"left running after close: {left}")
+    problems += await _closed(dlm, [holder, bystander], baseline)
     assert not problems, "\n".join(problems) + f"\n(stall {stall:.2f} s, {got!r})"

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -21,7 +21,7 @@ import pytest
 from redlock import AsyncRedlock
 from redlock.testing import RedisNodes
 from redlock.testing.history import History, Hold
-from tests.apps.support import BusyLoop, Tally, wait_no_library_threads, wait_no_other_tasks
+from tests.apps.support import BusyLoop, Tally, nothing_left, within
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -29,22 +29,21 @@ TTL = 1.0  # every hold below lasts longer: it needs its renewals
 WAIT = 30.0  # any one acquire, at most (a line of holds of about a second each)
 
 
-async def _within(seconds: float, work: Awaitable[object], tally: Tally, what: str) -> None:
-    try:
-        await asyncio.wait_for(work, seconds)
-    except asyncio.TimeoutError:
-        pytest.fail(f"{what} hung: not done within {seconds} s; so far {tally}")
-
-
-async def _initialised(dlm: AsyncRedlock) -> None:
-    """One lock cycle first, as an application's first request does (the nodes are
-    flushed before each test; the first acquire of an empty cluster initialises it)."""
-    async with dlm.lock("family:busy:warm-up", timeout=10.0):
-        pass
-
-
-async def _nothing_left(baseline: set[asyncio.Task[Any]]) -> list[str]:
-    return wait_no_library_threads() + await wait_no_other_tasks(baseline)
+async def _on_a_busy_loop(nodes: RedisNodes,
+                          work: Callable[[AsyncRedlock], list[Awaitable[None]]],
+                          seconds: float, tally: Tally, what: str) -> tuple[int, list[str]]:
+    """Run ``work(dlm)`` on a fresh ``AsyncRedlock`` (after one lock cycle, as an
+    application's first request: the nodes are flushed before each test and the first
+    acquire of an empty cluster initialises it) while the loop is kept busy, within
+    ``seconds``; close the manager. How many times the loop was blocked, and what of
+    the library is still running after the close."""
+    baseline = asyncio.all_tasks()
+    async with AsyncRedlock(nodes.urls) as dlm:
+        async with dlm.lock("family:busy:warm-up", timeout=10.0):
+            pass
+        async with BusyLoop() as busy:
+            await within(seconds, asyncio.gather(*work(dlm)), tally, what)
+    return busy.blocks, await nothing_left(baseline)
 
 
 def _problems(tally: Tally, expected: int, told_lost: list[str], left: list[str]) -> list[str]:
@@ -63,7 +62,6 @@ async def test_semaphore_permits_renewed_through_a_busy_loop(nodes3: RedisNodes)
     more than 3 held, one holder per slot with rising tokens, all 3 used at once, no
     permit lost, no acquire refused."""
     permits, tasks, rounds, hold = 3, 9, 2, 1.3
-    baseline = asyncio.all_tasks()
     history, tally, told_lost = History(), Tally(), []
 
     async def on_lost(handle: Any) -> None:
@@ -90,12 +88,9 @@ async def test_semaphore_permits_renewed_through_a_busy_loop(nodes3: RedisNodes)
             except Exception as exc:
                 tally.failed(exc, where)
 
-    async with AsyncRedlock(nodes3.urls) as dlm:
-        await _initialised(dlm)
-        async with BusyLoop() as busy:
-            await _within(60.0, asyncio.gather(*(worker(dlm, i) for i in range(tasks))),
-                          tally, "the semaphore's holds")
-    left = await _nothing_left(baseline)
+    blocks, left = await _on_a_busy_loop(
+        nodes3, lambda dlm: [worker(dlm, i) for i in range(tasks)], 60.0, tally,
+        "the semaphore's holds")
 
     problems = _problems(tally, tasks * rounds, told_lost, left)
     most = history.most_at_once("family:busy:sem:permit:")
@@ -104,7 +99,7 @@ async def test_semaphore_permits_renewed_through_a_busy_loop(nodes3: RedisNodes)
     if most < permits:
         problems.append(f"never all {permits} permits at once (at most {most})")
     problems += [str(v) for v in history.violations(exclusive=True)]
-    assert not problems, "\n".join(problems) + f"\n{busy.blocks} loop blocks; {tally}"
+    assert not problems, "\n".join(problems) + f"\n{blocks} loop blocks; {tally}"
 
 
 async def test_rwlock_readers_and_writers_renewed_through_a_busy_loop(
@@ -112,7 +107,6 @@ async def test_rwlock_readers_and_writers_renewed_through_a_busy_loop(
     """6 readers (holds of 1.2 s) and 2 writers (1.1 s) for about 6 s, TTL 1 s renewed:
     no writer overlaps anyone, readers share, write tokens rise, each read's token lies
     between its writes, nothing lost."""
-    baseline = asyncio.all_tasks()
     history, tally, told_lost = History(), Tally(), []
     stop = time.monotonic() + 6.0
 
@@ -143,14 +137,13 @@ async def test_rwlock_readers_and_writers_renewed_through_a_busy_loop(
                 return
             await asyncio.sleep(rest)
 
-    async with AsyncRedlock(nodes3.urls) as dlm:
-        await _initialised(dlm)
+    def workers(dlm: AsyncRedlock) -> list[Awaitable[None]]:
         rw = dlm.rwlock("family:busy:doc", ttl=TTL)
-        async with BusyLoop() as busy:
-            workers = ([worker(rw, f"r{i}", "r", 1.2, 0.05) for i in range(6)]
-                       + [worker(rw, f"w{i}", "w", 1.1, 0.05) for i in range(2)])
-            await _within(90.0, asyncio.gather(*workers), tally, "the read-write lock's holds")
-    left = await _nothing_left(baseline)
+        return ([worker(rw, f"r{i}", "r", 1.2, 0.05) for i in range(6)]
+                + [worker(rw, f"w{i}", "w", 1.1, 0.05) for i in range(2)])
+
+    blocks, left = await _on_a_busy_loop(nodes3, workers, 90.0, tally,
+                                         "the read-write lock's holds")
 
     reads = [h for h in history.holds if h.mode == "r"]
     writes = sorted((h for h in history.holds if h.mode == "w"), key=lambda h: h.start)
@@ -171,13 +164,12 @@ async def test_rwlock_readers_and_writers_renewed_through_a_busy_loop(
     if tokens != sorted(set(tokens)):
         problems.append(f"write tokens do not rise: {tokens}")
     assert not problems, ("\n".join(problems) + f"\n{len(reads)} reads, {len(writes)} writes;"
-                          f" {busy.blocks} loop blocks; {tally}")
+                          f" {blocks} loop blocks; {tally}")
 
 
 async def test_election_leaders_renewed_through_a_busy_loop(nodes3: RedisNodes) -> None:
     """3 candidates, each leads twice for 1.5 s (TTL 1 s, renewed by the campaign): one
     leader at a time, terms rise, ``leader()`` names the one leading, nothing lost."""
-    baseline = asyncio.all_tasks()
     history, tally, told_lost = History(), Tally(), []
     misnamed: list[str] = []
 
@@ -206,13 +198,10 @@ async def test_election_leaders_renewed_through_a_busy_loop(nodes3: RedisNodes) 
             except Exception as exc:
                 tally.failed(exc, where)
 
-    async with AsyncRedlock(nodes3.urls) as dlm:
-        await _initialised(dlm)
-        async with BusyLoop() as busy:
-            await _within(60.0, asyncio.gather(*(candidate(dlm, f"c{i}") for i in range(3))),
-                          tally, "the election's terms")
-    left = await _nothing_left(baseline)
+    blocks, left = await _on_a_busy_loop(
+        nodes3, lambda dlm: [candidate(dlm, f"c{i}") for i in range(3)], 60.0, tally,
+        "the election's terms")
 
     problems = _problems(tally, 6, told_lost, left) + misnamed
     problems += [str(v) for v in history.violations(exclusive=True)]
-    assert not problems, "\n".join(problems) + f"\n{busy.blocks} loop blocks; {tally}"
+    assert not problems, "\n".join(problems) + f"\n{blocks} loop blocks; {tally}"

@@ -153,18 +153,26 @@ def counters(nodes: ScriptedNodes) -> list[int]:
     return [nodes.counter(i) for i in range(len(nodes.data))]
 
 
+def handed_off_everywhere(core: RedlockCore, nodes: ScriptedNodes
+                          ) -> Callable[[Backoff, int], Handoffs]:
+    """The waiter's first wait: the holder releases on every node, each handing off to
+    the waiter (each recorded attempt 1's refusal), and all three messages are heard;
+    later waits hear nothing."""
+    def hand_off(backoff: Backoff, number: int) -> Handoffs:
+        if number > 1:
+            return Handoffs()
+        release_by_holder(core, nodes, range(3))
+        return Handoffs([Heard(i, c, 0, 1) for i, c in enumerate(counters(nodes))], 3)
+    return hand_off
+
+
 def test_a_waiter_handed_the_lock_on_every_node_completes_without_an_acquire_round() -> None:
     clock = FakeClock()
     nodes = ScriptedNodes(3, counters=[4, 4, 4], clock=clock)
     core = make_core(3, clock)
     held_by_another(nodes)
 
-    def hand_off(backoff: Backoff, number: int) -> Handoffs:
-        if number > 1:
-            return Handoffs()
-        release_by_holder(core, nodes, range(3))  # each records attempt 1's refusal
-        return Handoffs([Heard(i, c, 0, 1) for i, c in enumerate(counters(nodes))], 3)
-
+    hand_off = handed_off_everywhere(core, nodes)
     with capture_events() as events:
         result, _ = waiter_flow(core, nodes, hand_off)
     assert result.state is not None
@@ -184,12 +192,7 @@ def test_counters_that_differ_are_written_back_onto_the_reservations() -> None:
     core = make_core(3, clock)
     held_by_another(nodes)
 
-    def hand_off(backoff: Backoff, number: int) -> Handoffs:
-        if number > 1:
-            return Handoffs()
-        release_by_holder(core, nodes, range(3))
-        return Handoffs([Heard(i, c, 0, 1) for i, c in enumerate(counters(nodes))], 3)
-
+    hand_off = handed_off_everywhere(core, nodes)
     result, _ = waiter_flow(core, nodes, hand_off)
     assert result.state is not None
     assert result.state.token == 11
