@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import redis
 
-from redlock.testing import RedisNodes
+from redlock.testing import RedisNode, RedisNodes
 
 
 def test_nodes_start_on_distinct_loopback_ports_and_answer(nodes3: RedisNodes) -> None:
@@ -124,3 +125,18 @@ def test_replica_follows_its_primary_and_promote_detaches_it(
     assert info["second_repl_offset"] != "-1"  # what a promoted replica looks like
     with replica.client() as client:
         client.set("k", "mine")  # writable now
+
+
+def test_a_node_whose_port_was_taken_meanwhile_does_not_use_the_other_server(
+        tmp_path: Path) -> None:
+    """Another process may start a server on the port free_port() chose before ours
+    binds it: ours exits ("address in use"), and the node must say so rather than talk
+    to the other server, which answers PING just as well."""
+    with RedisNodes(1) as nodes:
+        late = RedisNode(data_dir=tmp_path / "late", port=nodes[0].port)
+        try:
+            with pytest.raises(RuntimeError, match="exited"):
+                late.start()
+        finally:
+            late.kill()
+        assert nodes[0].client().ping()
