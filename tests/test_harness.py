@@ -140,3 +140,24 @@ def test_a_node_whose_port_was_taken_meanwhile_does_not_use_the_other_server(
         finally:
             late.kill()
         assert nodes[0].client().ping()
+
+
+def test_a_node_whose_chosen_port_was_taken_moves_to_another(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same race with a port the node chose itself: its first start moves to a
+    free port, and it is its own server that answers there."""
+    from redlock.testing import redis_nodes
+
+    with RedisNodes(1) as nodes:
+        taken = iter([nodes[0].port])
+        real = redis_nodes.free_port
+        monkeypatch.setattr(redis_nodes, "free_port",
+                            lambda host="127.0.0.1": next(taken, None) or real(host))
+        node = RedisNode(data_dir=tmp_path / "moved")
+        try:
+            node.start()
+            assert node.port != nodes[0].port
+            with node.client() as client:
+                assert int(client.info("server")["process_id"]) == node.pid
+        finally:
+            node.kill()

@@ -43,6 +43,10 @@ _ISSUED: collections.OrderedDict[tuple[str, int], None] = collections.OrderedDic
 _ISSUED_LOCK = threading.Lock()
 
 
+class PortTaken(RuntimeError):
+    """The server could not bind its port: another process holds it."""
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port that was free a moment ago (the usual bind-to-0 trick), and not one this
     process handed out lately (the last 4096)."""
@@ -94,6 +98,9 @@ class RedisNode:
             raise ValueError(f"appendfsync must be always, everysec or no, not {appendfsync!r}")
         self.host = host
         self.port = port or free_port(host)
+        # A port we chose may be taken by another process before our server binds it:
+        # then the first start moves to another one (a port the caller gave is kept).
+        self._may_move = port is None
         self.data_dir = Path(data_dir)
         self.appendonly = appendonly
         self.appendfsync = appendfsync
@@ -153,16 +160,24 @@ class RedisNode:
         if self.running:
             return self
         env = None if self.env is None else {**os.environ, **self.env}
-        self.process = subprocess.Popen(
-            self._command(),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            env=env,
-        )
-        self.paused = False
-        track(self)
-        self._wait_ready()
+        for attempt in range(3):
+            self.process = subprocess.Popen(
+                self._command(),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                env=env,
+            )
+            self.paused = False
+            track(self)
+            try:
+                self._wait_ready()
+                break
+            except PortTaken:
+                if not self._may_move or attempt == 2:
+                    raise
+                self.port = free_port(self.host)
+        self._may_move = False
         return self
 
     def _wait_ready(self) -> None:
@@ -170,9 +185,10 @@ class RedisNode:
         last_error: Exception | None = None
         while time.monotonic() < deadline:
             if self.process is not None and self.process.poll() is not None:
-                raise RuntimeError(
+                tail = self.log_tail()
+                raise (PortTaken if "in use" in tail else RuntimeError)(
                     f"redis-server on port {self.port} exited with {self.process.returncode}: "
-                    f"{self.log_tail()}"
+                    f"{tail}"
                 )
             try:
                 with self.client(socket_timeout=0.5, socket_connect_timeout=0.5) as probe:
