@@ -129,28 +129,30 @@ class RedlockCore(Holding):
         return True
 
     def _enough(self, votes: Callable[[object], int | None],
-                group: Callable[[object], object] = lambda _reply: None) -> Decision:
+                group: Callable[[object], object] | None = None) -> Decision:
         """An early decision on one-call-per-node replies: ``votes(reply)`` is 1 (yes),
         0 (no), None (unknown: an error, or not read yet). Decided once a quorum said
         yes, or more nodes said no than a quorum can spare. A node whose grants do not
         count yet (restarted, being judged; or found restarted by this very request's new
         connection, docs/design.md §4.4) never votes yes. The yes votes count per
         ``group`` of their reply (a permit's slot, §12.2; one group for other kinds): a
-        quorum must grant the same one. Quorums are the membership rule's (§13.2)."""
+        quorum must grant the same one (None: every grant is of the same group). Quorums
+        are the membership rule's (§13.2). Asked after every reply read: kept lean."""
         n, suspect, rule = self.n, set(self.amnesia.health.suspect), self.rule
 
         def enough(replies: Sequence[object], identities: Mapping[int, object]) -> bool:
-            yes: dict[object, set[int]] = {}
-            no = set()
+            yes: dict[object, list[int]] = {}
+            no: list[int] = []
             for node in range(n):  # (the first n calls: one per node; INFO may follow)
                 reply = replies[node]
                 vote = votes(reply)
-                if vote == 1 and node not in suspect and not (
-                        node in identities and restarted(identities[node])):
-                    key = group(reply)
-                    yes.setdefault(key, set()).add(node)
+                if vote == 1:
+                    if node in suspect or (identities and node in identities
+                                           and restarted(identities[node])):
+                        continue
+                    yes.setdefault(None if group is None else group(reply), []).append(node)
                 elif vote == 0:
-                    no.add(node)
+                    no.append(node)
             return any(rule.met(nodes) for nodes in yes.values()) or rule.lost(no)
         return enough
 
@@ -284,10 +286,10 @@ class RedlockCore(Holding):
                             else "\x00".join(resources))
 
     def _acquire_calls(self, resources: tuple[str, ...], buckets: tuple[str, ...], owner: str,
-                       ttl: float, ticket: str, kind: Kind,
-                       attempt: int = 0) -> tuple[Call, ...]:
+                       ttl: float, ticket: str, kind: Kind, attempt: int,
+                       timeout: float) -> tuple[Call, ...]:
         args = AcquireArgs(owner, max(1, int(ttl * 1000)), self.floors.get(buckets), ticket,
-                           int(patience(self.settings, self.timeout(ttl)) * 1000), attempt)
+                           int(patience(self.settings, timeout) * 1000), attempt)
         return with_epoch(kind.acquire_calls(self.keys, range(self.n), resources, args),
                           self.keys, self.rule.epoch)
 
@@ -306,11 +308,13 @@ class RedlockCore(Holding):
         # from its own replies, as later ones have it from RoundTrips (docs/design.md §2.4).
         learn = self.quorum if (self.settings.node_timeout is None
                                 and self.round_trips.measured() < self.quorum) else 0
+        timeout = self.timeout(ttl)  # (the attempt's, its line entry's patience from it)
         request = Broadcast(self._acquire_calls(resources, buckets, owner, ttl, ticket, kind,
-                                                attempt)
-                            + inspect, deadline.bound(self.timeout(ttl)),
+                                                attempt, timeout)
+                            + inspect, deadline.bound(timeout),
                             line=self.line(resources, kind), turns=not ticket,
-                            enough=self._enough(kind.vote, kind.group), learn=learn)
+                            enough=self._enough(kind.vote, kind.group if kind.grouped else None),
+                            learn=learn)
         try:
             replies = yield request
             if inspect:

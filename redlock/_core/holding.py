@@ -66,11 +66,11 @@ class Holding:
         keys = self.keys
         # A failed attempt keeps its place in line for the patience (the ACQUIRE that
         # granted it cut its entry to the key's TTL).
+        timeout = self.timeout(ttl)
         args: tuple[CommandArg, ...] = (owner, "1") if leave else (
-            owner, "0", int(patience(self.settings, self.timeout(ttl)) * 1000))
+            owner, "0", int(patience(self.settings, timeout) * 1000))
         calls = tuple(kind.release_call(keys, i, r, args)
                       for i in (range(self.n) if nodes is None else nodes) for r in resources)
-        timeout = self.timeout(ttl)
         if patient:
             # A holder's release is decided as soon as a quorum answered; the timeout
             # only bounds it when fewer do. A client thread starved of the GIL (dozens
@@ -112,7 +112,12 @@ class Holding:
         """Replies of an owner-checked script sent per node and resource (node-major):
         each node's outcome (GRANTED only if it acked every resource) and, per
         resource, the nodes that acked."""
-        outcomes: list[NodeResult] = []
+        if resources == 1:  # (the usual case, on every release: one pass)
+            outcomes = [ack_outcome(address, reply, refused=refused)
+                        for address, reply in zip(self.addresses, replies, strict=True)]
+            return outcomes, [{i for i, result in enumerate(outcomes)
+                               if result.outcome is Outcome.GRANTED}]
+        outcomes = []
         acks: list[set[int]] = [set() for _ in range(resources)]
         for i in range(self.n):
             mine = replies[i * resources:(i + 1) * resources]

@@ -17,9 +17,11 @@ read-write lock at once. A kind's tokens come from the counter of a name
 
 from __future__ import annotations
 
+import functools
 import zlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 from redlock._core.requests import Call, CommandArg
 from redlock._core.settings import Keys
@@ -51,8 +53,32 @@ def with_epoch(calls: Iterable[Call], keys: Keys, epoch: int) -> tuple[Call, ...
     node's membership record as last key and the client's epoch as last argument
     (docs/design.md §13.1; the scripts' EPOCH_CHECK). Every such call a kind builds
     goes out through here."""
-    return tuple(replace(call, keys=(*call.keys, keys.members), args=(*call.args, epoch))
+    members = keys.members
+    return tuple(Call(call.node, (*call.args, epoch), call.script, (*call.keys, members))
                  for call in calls)
+
+
+class ResourceKeys(NamedTuple):
+    """One resource's key names for one kind, as its acquire and release calls send them."""
+
+    lock: str
+    channel: str
+    line: str
+    deadlines: str
+    line_ttls: str
+    legacy_fence: str
+    bucket: str
+
+
+@functools.lru_cache(maxsize=1024)
+def _resource_keys(kind: Kind, keys: Keys, resource: str) -> ResourceKeys:
+    # Built on every acquire and release of a name: kept for the names used lately (a
+    # bounded cache: the client's memory does not grow with the names ever locked).
+    line, deadlines = kind.line(keys, resource)
+    name = kind.token_name(resource)
+    return ResourceKeys(kind.lock_key(keys, resource), kind.channel(keys, resource), line,
+                        deadlines, kind.line_ttls(keys, resource), keys.legacy_fence(name),
+                        bucket(name))
 
 
 class Kind:
@@ -63,6 +89,8 @@ class Kind:
     #: Whether a release hands this kind's lock to the first waiter in line
     #: (docs/design.md §6.7): the mutex only.
     hands_off = True
+    #: Whether a quorum must grant the same ``group`` (a permit's slot, §12.2).
+    grouped = False
 
     # -- keys --------------------------------------------------------------------------
 
@@ -94,17 +122,14 @@ class Kind:
     def acquire_calls(self, keys: Keys, nodes: range, resources: tuple[str, ...],
                       args: AcquireArgs) -> tuple[Call, ...]:
         if len(resources) == 1:
-            [r] = resources
-            line, deadlines = self.line(keys, r)
+            named = _resource_keys(self, keys, resources[0])
             # A queued waiter of a kind that hands off records its grant (§6.7).
             attempt = args.attempt if self.hands_off and args.ticket and args.attempt else ""
-            return tuple(Call(i, (args.owner, args.ttl_ms, args.floor, args.ticket,
-                                  args.patience_ms, bucket(self.token_name(r)), attempt),
-                              scripts.ACQUIRE,
-                              (self.lock_key(keys, r), keys.counter, keys.marker, line,
-                               deadlines, keys.legacy_fence(self.token_name(r)),
-                               keys.legacy_marker, self.line_ttls(keys, r)))
-                         for i in nodes)
+            call_args = (args.owner, args.ttl_ms, args.floor, args.ticket, args.patience_ms,
+                         named.bucket, attempt)
+            call_keys = (named.lock, keys.counter, keys.marker, named.line, named.deadlines,
+                         named.legacy_fence, keys.legacy_marker, named.line_ttls)
+            return tuple(Call(i, call_args, scripts.ACQUIRE, call_keys) for i in nodes)
         return tuple(Call(i, (args.owner, args.ttl_ms, args.floor,
                               *(bucket(r) for r in resources)),
                           scripts.ACQUIRE_MANY,
@@ -156,14 +181,13 @@ class Kind:
                      args: tuple[CommandArg, ...]) -> Call:
         """Give the grant back, owner-checked; ``args``: (owner, leave[, patience]). The
         release hands the lock to the first in line if it left a record (§6.7)."""
-        line, deadlines = self.line(keys, resource)
-        name = self.token_name(resource)
+        named = _resource_keys(self, keys, resource)
         owner, leave, *rest = args
-        return Call(node, (owner, leave, rest[0] if rest else "", bucket(name)),
+        return Call(node, (owner, leave, rest[0] if rest else "", named.bucket),
                     scripts.RELEASE,
-                    (self.lock_key(keys, resource), self.channel(keys, resource), line,
-                     deadlines, self.line_ttls(keys, resource), keys.counter, keys.marker,
-                     keys.legacy_fence(name), keys.legacy_marker, keys.members))
+                    (named.lock, named.channel, named.line, named.deadlines,
+                     named.line_ttls, keys.counter, keys.marker, named.legacy_fence,
+                     keys.legacy_marker, keys.members))
 
     def extend_call(self, keys: Keys, node: int, resource: str, owner: str,
                     ttl_ms: int) -> Call:
@@ -225,6 +249,7 @@ class Permit(Kind):
     preferred: int = 0
     name = "semaphore"
     hands_off = False
+    grouped = True
     noun = "permit of"
 
     def slot_key(self, keys: Keys, resource: str, slot: int) -> str:

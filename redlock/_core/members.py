@@ -52,6 +52,8 @@ class Rule:
         self.groups = tuple(
             (frozenset(index[a] for a in s if a in index), len(s), quorum(len(s)))
             for s in members.sets)
+        # Asked on every attempt: the groups never change, so neither does the answer.
+        self._possible = not self.lost(())
 
     @property
     def epoch(self) -> int:
@@ -64,6 +66,9 @@ class Rule:
     def met(self, nodes: Iterable[int]) -> bool:
         """Whether ``nodes`` (indexes of this client's nodes) satisfy the rule."""
         chosen = set(nodes)
+        if len(self.groups) == 1:  # (the usual case, on every decision: no generator)
+            known, _, need = self.groups[0]
+            return len(known & chosen) >= need
         return all(len(known & chosen) >= need for known, _, need in self.groups)
 
     def lost(self, nodes: Iterable[int]) -> bool:
@@ -71,13 +76,16 @@ class Rule:
         in some set, they and the members this client does not know are more than the
         set can spare."""
         out = set(nodes)
+        if len(self.groups) == 1:
+            known, size, need = self.groups[0]
+            return len(known & out) + (size - len(known)) > size - need
         return any(len(known & out) + (size - len(known)) > size - need
                    for known, size, need in self.groups)
 
     @property
     def possible(self) -> bool:
         """Whether this client's nodes can satisfy the rule at all."""
-        return not self.lost(())
+        return self._possible
 
     @property
     def needed(self) -> int:

@@ -7,6 +7,7 @@ import math
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 from redlock._observe.warn import check_units, milliseconds_hint
 from redlock._scripts import node as node_scripts
@@ -193,22 +194,22 @@ class Keys:
         """When each entry of the waiting line lapses, by the node's clock."""
         return f"{self.namespace}:{{{resource}}}:line-deadlines"
 
-    @property
+    @cached_property  # (read on every call: made once)
     def counter(self) -> str:
         """The node's fence counters: a hash of ``COUNTER_BUCKETS`` fields; a resource's
         tokens come from the one its name hashes to (``tokens.bucket``)."""
         return f"{self.namespace}:node:fence"
 
-    @property
+    @cached_property  # (read on every call: made once)
     def members(self) -> str:
         """The node's membership record (docs/design.md §13.1): a hash, no TTL."""
         return f"{self.namespace}:node:members"
 
-    @property
+    @cached_property  # (read on every call: made once)
     def marker(self) -> str:
         return f"{self.namespace}:node:marker"
 
-    @property
+    @cached_property  # (read on every call: made once)
     def legacy_marker(self) -> str:
         """The previous format's marker: a node that has it still serves clients of
         that format, so the scripts keep its per-resource counters too (§3.8)."""

@@ -152,6 +152,7 @@ class RoundTrips:
     def __init__(self, node_count: int, mutex: Mutex) -> None:
         self._srtt: list[float | None] = [None] * node_count
         self._rttvar = [0.0] * node_count
+        self._measured = 0
         self._mutex = mutex
 
     def after_fork(self, mutex: Mutex) -> None:
@@ -162,14 +163,14 @@ class RoundTrips:
             srtt = self._srtt[node]
             if srtt is None:
                 self._srtt[node], self._rttvar[node] = seconds, seconds / 2
+                self._measured += 1
             else:
                 self._rttvar[node] = 0.75 * self._rttvar[node] + 0.25 * abs(srtt - seconds)
                 self._srtt[node] = 0.875 * srtt + 0.125 * seconds
 
     def measured(self) -> int:
         """How many nodes have a round trip measured."""
-        with self._mutex:
-            return sum(1 for srtt in self._srtt if srtt is not None)
+        return self._measured  # (asked on every attempt: counted as nodes are measured)
 
     def estimate(self, node: int) -> float | None:
         """The node's retransmission-timeout estimate, SRTT + 4 RTTVAR (None: unknown)."""
@@ -181,7 +182,10 @@ class RoundTrips:
         """Time enough for a quorum to answer: twice the estimate of the quorum-th
         fastest node, at least FLOOR, at most ``ceiling`` (until a quorum of nodes has
         been measured: ``ceiling``)."""
-        known = sorted(e for e in map(self.estimate, range(len(self._srtt))) if e is not None)
+        with self._mutex:  # (on every request: one pass, one lock)
+            known = sorted([srtt + 4 * rttvar
+                            for srtt, rttvar in zip(self._srtt, self._rttvar, strict=True)
+                            if srtt is not None])
         if len(known) < quorum:
             return ceiling
         return min(ceiling, max(self.FLOOR, 2 * known[quorum - 1]))

@@ -3,6 +3,7 @@ token floors a manager keeps."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import zlib
 from collections.abc import Sequence
@@ -31,6 +32,7 @@ def quorum(node_count: int) -> int:
 COUNTER_BUCKETS = 1024
 
 
+@functools.lru_cache(maxsize=4096)  # (pure; asked on every attempt: kept for recent names)
 def bucket(resource: str) -> str:
     """The field of the node's counters hash that ``resource``'s tokens come from."""
     return str(zlib.crc32(resource.encode()) % COUNTER_BUCKETS)

@@ -29,17 +29,19 @@ class Waits:
     def __init__(self, settings: Settings, *, queued: bool) -> None:
         self._settings = settings
         self._queued = queued
-        self._state: tenacity.RetryCallState | None = None  # made on the first retry
-        self._wait = tenacity.wait_random_exponential(multiplier=settings.retry_delay_min,
-                                                      max=settings.retry_delay_max)
+        # Made on the first retry (most calls never wait).
+        self._state: tenacity.RetryCallState | None = None
+        self._wait: tenacity.wait_random_exponential | None = None
 
     def next(self, attempt: int, outcomes: Sequence[NodeResult], *, unavailable: bool,
              left: float | None) -> tuple[float, float | None]:
         """(wait, patient wait or None) after failed attempt number ``attempt``;
         ``left``: seconds to the caller's deadline (None: no deadline)."""
         settings = self._settings
-        if self._state is None:
+        if self._state is None or self._wait is None:
             self._state = tenacity.RetryCallState(tenacity.Retrying(), None, (), {})
+            self._wait = tenacity.wait_random_exponential(
+                multiplier=settings.retry_delay_min, max=settings.retry_delay_max)
         self._state.attempt_number = attempt
         # tenacity's full jitter draws from [0, cap]; retry_delay_min is the floor its
         # name promises (a near-zero wait only hammers the nodes the holder still owns).

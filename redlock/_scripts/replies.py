@@ -158,6 +158,9 @@ def _refused_epoch(node: str, reply: object) -> NodeResult | None:
 def acquire_outcome(node: str, reply: object, resources: int = 1) -> NodeResult:
     """ACQUIRE's reply (one resource) or ACQUIRE_MANY's (a set of ``resources``); a
     granting node's counters are :func:`acquire_counters` (``counter``: the largest)."""
+    if (resources == 1 and type(reply) is list and len(reply) == 2  # the usual grant
+            and reply[0] == scripts.ACQUIRE_GRANTED and type(reply[1]) is int):
+        return NodeResult(node, Outcome.GRANTED, counter=reply[1])
     unanswered = _not_read(node, reply) or _refused_epoch(node, reply)
     if unanswered is not None:
         return unanswered
@@ -223,10 +226,20 @@ def key_gone(reply: object) -> bool:
     return reply == 0 and not isinstance(reply, bool)
 
 
+_ACKED: dict[str, NodeResult] = {}  # per node address: a node's "done" outcome
+
+
 def ack_outcome(node: str, reply: object, *, refused: str) -> NodeResult:
     """An owner-checked script's reply: 1 = done, 0 = our key is not there. Only a 0 the
     node sent is a refusal: anything else (no reply read, a failure, a reply of another
     shape, a refusal of the client's epoch) is an error and says nothing about our key."""
+    if type(reply) is int and reply == 1:  # the usual case first (frozen: shared)
+        done = _ACKED.get(node)
+        if done is None:
+            if len(_ACKED) >= 256:  # (bounded: a process may meet many addresses)
+                _ACKED.clear()
+            done = _ACKED[node] = NodeResult(node, Outcome.GRANTED)
+        return done
     unanswered = _not_read(node, reply) or _refused_epoch(node, reply)
     if unanswered is not None:
         return unanswered
