@@ -143,7 +143,10 @@ class AsyncTransport:
             # finish, which wakes this task when every exchange is done or (its timer)
             # at the deadline; a decision moves the deadline (see Gathering).
             while gathering.left:
-                if not gathering.decided and gathering.decides():
+                # (Before any exchange finished there is nothing to decide on; after,
+                # Gathering.finished asks as each one finishes.)
+                if (not gathering.decided and gathering.left < len(exchanges)
+                        and gathering.decides()):
                     gathering.decide()
                 if gathering.learn:  # a first request: its timeout from its own replies
                     learnt = learnt_deadline(request, started, time.monotonic(),
@@ -180,7 +183,10 @@ class AsyncTransport:
         for exchange in exchanges.values():
             exchange.copy_into(replies)
             exchange.replies = None  # late exchanges must not write into these replies
-        decided = request.enough is not None and request.enough(replies, replies.identities)
+        # (Asked only if some exchange is unfinished: what it says is for those.)
+        decided = (request.enough is not None
+                   and not all(exchange.done for exchange in exchanges.values())
+                   and request.enough(replies, replies.identities))
         for exchange in exchanges.values():
             exchange.on_done = self._late_done
             if exchange.done:
