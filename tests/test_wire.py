@@ -145,3 +145,34 @@ async def test_tls_and_password_under_both_parsers_asyncio(parser: str,
             async with dlm.lock(f"wire:tls:async:{parser}", timeout=5.0) as held:
                 tokens.append(held.token)
     assert strictly_increasing(tokens)
+
+
+async def test_one_timer_wakes_each_request_at_its_own_deadline() -> None:
+    """The asyncio requests' shared timer (Deadlines): a request added after another
+    with an earlier deadline is woken at its own; one that ended is not woken; the one
+    with the latest deadline is woken last, by the timer armed again."""
+    import asyncio
+    import time
+
+    from redlock._core.requests import Replies
+    from redlock._io.async_exchange import Deadlines, Gathering
+
+    loop = asyncio.get_running_loop()
+    deadlines = Deadlines(loop)
+    start = time.monotonic()
+
+    def gathering(after: float) -> Gathering:
+        made = Gathering(loop, Replies([]), None, start, start + after, deadlines)
+        made.arm()
+        return made
+
+    late, early, ended = gathering(0.30), gathering(0.05), gathering(0.10)
+    ended.disarm()  # its request ended before its deadline
+    woken: dict[str, float] = {}
+    for name, item in (("early", early), ("late", late)):
+        await asyncio.wait_for(item.wake, 2.0)
+        woken[name] = time.monotonic() - start
+    assert 0.05 <= woken["early"] < 0.25, woken  # not held back by the later one
+    assert woken["late"] >= 0.30, woken
+    assert not ended.wake.done()
+    assert not deadlines.waiting

@@ -181,6 +181,48 @@ def wake(future: asyncio.Future[None]) -> None:
         future.set_result(None)
 
 
+class Deadlines:
+    """The deadlines of one transport's requests waiting on one event loop, behind one
+    timer: armed for the earliest, it wakes the requests whose deadline passed and is
+    armed again for the next. A timer per request cost a handle, a heap push among the
+    loop's cancelled timers and a cancel, on every request, though almost every request
+    is answered long before its deadline."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.waiting: set[Gathering] = set()
+        self.timer: asyncio.TimerHandle | None = None
+        self.at = float("inf")  # when the timer fires (time.monotonic())
+
+    def add(self, gathering: Gathering) -> None:
+        """Wake ``gathering`` at its deadline (again: after its deadline moved earlier)."""
+        self.waiting.add(gathering)
+        if gathering.deadline < self.at:
+            self._arm(gathering.deadline)
+
+    def remove(self, gathering: Gathering) -> None:
+        # The timer stays: when it fires with nobody due, it re-arms or stops.
+        self.waiting.discard(gathering)
+
+    def _arm(self, at: float) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+        self.at = at
+        self.timer = self.loop.call_later(max(at - time.monotonic(), 0.0), self._fire)
+
+    def _fire(self) -> None:
+        self.timer, self.at = None, float("inf")
+        now, earliest = time.monotonic(), float("inf")
+        for gathering in list(self.waiting):
+            if gathering.deadline <= now:
+                self.waiting.discard(gathering)
+                wake(gathering.wake)
+            elif gathering.deadline < earliest:
+                earliest = gathering.deadline
+        if earliest != float("inf"):
+            self._arm(earliest)
+
+
 class Gathering:
     """The replies of one request as its exchanges finish, its deadline, and the future
     that wakes the request when there is something to do: every exchange is done, a
@@ -189,8 +231,10 @@ class Gathering:
     request wakes when they are in or that is over (one task step less per request)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, replies: Replies,
-                 enough: Decision | None, started: float, deadline: float) -> None:
+                 enough: Decision | None, started: float, deadline: float,
+                 deadlines: Deadlines) -> None:
         self.loop = loop
+        self.deadlines = deadlines  # its transport's timer on this loop
         self.replies: Replies | None = replies
         self.enough = enough
         self.left = 0  # exchanges not finished
@@ -199,7 +243,7 @@ class Gathering:
         self.started = started
         self.deadline = deadline
         self.wake: asyncio.Future[None] = loop.create_future()
-        self.timer: asyncio.TimerHandle | None = None
+        self.armed = False
 
     def decides(self) -> bool:
         return self.enough is not None and self.replies is not None and self.enough(
@@ -214,14 +258,13 @@ class Gathering:
 
     def arm(self) -> None:
         """Wake the request at its deadline."""
-        self.disarm()
-        self.timer = self.loop.call_later(max(self.deadline - time.monotonic(), 0.0), wake,
-                                          self.wake)
+        self.armed = True
+        self.deadlines.add(self)
 
     def disarm(self) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
+        if self.armed:
+            self.armed = False
+            self.deadlines.remove(self)
 
     def finished(self, exchange: Exchange) -> None:
         self.left -= 1
@@ -234,5 +277,5 @@ class Gathering:
             self.wake.set_result(None)
         elif not self.decided and self.decides():
             self.decide()
-            if self.timer is not None:  # the request waits: at the new deadline now
+            if self.armed:  # the request waits: at the new deadline now
                 self.arm()

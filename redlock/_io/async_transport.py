@@ -29,7 +29,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from redlock._core.requests import Broadcast, CommandArg, Replies, learnt_deadline
 from redlock._io import resp
-from redlock._io.async_exchange import Exchange, Gathering, Slots
+from redlock._io.async_exchange import Deadlines, Exchange, Gathering, Slots
 from redlock._io.async_wire import IGNORE, Wire, readable_wires
 from redlock._io.failures import as_failure, map_failures
 from redlock._io.nodes import build_pool, check_node_list, node_labels, pool_overrides
@@ -52,6 +52,9 @@ T = TypeVar("T")
 # that reply arrived in time. Before calling the node late, the request lets the loop run
 # this many more turns while such replies wait to be read.
 _LAST_TURNS = 8
+# An idle connection freed more recently than this is not checked for unread bytes
+# before it is reused (see _idle_wires).
+_FRESH = 0.001
 
 
 async def within(awaitable: Awaitable[T], timeout: float) -> T:
@@ -99,6 +102,7 @@ class AsyncTransport:
         self._idle: list[list[Any]] = [[] for _ in self.pools]
         self._lanes: dict[str, list[list[Any]]] = {}  # lane -> per node, its connections
         self._closed = False
+        self._deadlines: Deadlines | None = None  # the requests' timer (on their loop)
 
     async def broadcast(self, request: Broadcast) -> Replies:
         """Every call's reply or exception (NOT_AWAITED for those the request was
@@ -118,8 +122,11 @@ class AsyncTransport:
             self.write_behind(request)
         loop = asyncio.get_running_loop()
         started = time.monotonic()
+        deadlines = self._deadlines
+        if deadlines is None or deadlines.loop is not loop:
+            deadlines = self._deadlines = Deadlines(loop)
         gathering = Gathering(loop, replies, request.enough, started,
-                              started + request.timeout)
+                              started + request.timeout, deadlines)
         gathering.learn = request.learn
         gathering.left = len(exchanges)
         packing = Packing()
@@ -322,8 +329,14 @@ class AsyncTransport:
                 wire = self._kept(exchange.node)
             if wire is not None:
                 found[exchange.node] = wire
-        if found:
-            for wire in readable_wires(list(found.values())):
+        # Not for a connection freed less than _FRESH ago (an acquire's, reused by its
+        # release): its socket was read to the end a moment ago, and the check would
+        # narrow a window the server can hit after it as well (closing the connection
+        # right after the check), for a system call on every request.
+        now = time.monotonic()
+        stale = [wire for wire in found.values() if now - wire.freed_at >= _FRESH]
+        if stale:
+            for wire in readable_wires(stale):
                 del found[wire.node]
                 self._discard_soon(wire)
         return found
@@ -341,6 +354,7 @@ class AsyncTransport:
         if lane is not None:
             self._lanes.setdefault(lane, [[] for _ in self.pools])[wire.node].append(wire)
             return
+        wire.freed_at = time.monotonic()
         self._idle[wire.node].append(wire)
         self._slots[wire.node].wake_one()
 
