@@ -323,7 +323,8 @@ class RedlockCore(Holding):
             outcomes = self.amnesia.screen([
                 kind.outcome(self.addresses[i], reply, len(resources))
                 for i, reply in enumerate(replies)])
-            amnesia = yield from self.amnesia.check(outcomes, deadline)
+            amnesia = (None if self.amnesia.clear(outcomes)
+                       else (yield from self.amnesia.check(outcomes, deadline)))
             if amnesia is not None:  # the call may try again: it keeps its place in line
                 yield deadline.cap(self._release_calls(resources, owner, ttl, leave=False,
                                                        kind=kind))
@@ -337,7 +338,7 @@ class RedlockCore(Holding):
             if stray:
                 yield deadline.cap(self._release_calls(resources, owner, ttl, leave=False,
                                                        nodes=stray, kind=kind))
-            if kept:
+            if kept and held_kind is not kind:  # (a permit's slot: its own buckets)
                 buckets = held_kind.buckets(resources)
             # Per granting node, its counter for each resource (in the set's order).
             granted = {i: acquire_counters(reply) for i, reply in kept.items()}

@@ -119,6 +119,12 @@ class AmnesiaGuard:
                      (Outcome.GRANTED, Outcome.REFUSED) else r
                      for i, r in enumerate(outcomes))
 
+    def clear(self, outcomes: Sequence[NodeResult]) -> bool:
+        """Nothing for :meth:`check` to do: no amnesiac reply, and a marker seen before
+        (the usual attempt: asked first, it spares the attempt a flow of its own)."""
+        return self.health.marker_seen and all(
+            r.outcome is not Outcome.AMNESIAC for r in outcomes)
+
     def check(self, outcomes: Sequence[NodeResult],
               deadline: Deadline) -> Flow[AttemptResult | None]:
         """What amnesiac replies in an attempt mean: None (carry on with the others), an
