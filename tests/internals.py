@@ -59,7 +59,8 @@ from redlock._observe.log import RESERVED_FIELDS, EventLogger, event_fields
 from redlock._observe.outages import NodeOutages
 from redlock._scripts import lock as scripts
 from redlock._scripts import node as node_scripts
-from redlock._scripts.replies import ack_outcome, acquire_outcome, unsafe_config
+from redlock._scripts.node_config import unsafe_config
+from redlock._scripts.replies import ack_outcome, acquire_outcome
 from redlock.cli import render as cli_render
 
 __all__ = [

@@ -3,7 +3,7 @@ identity, role, persistence, memory policy, and the warnings that follow from th
 
 An operator's view, read with plain redis-py clients (bounded timeouts, no retries),
 never on the lock path. The warnings are those the library logs on a manager's first
-acquire (:func:`redlock._core.rules.unsafe_config`: a replica, an evicting memory policy),
+acquire (:func:`redlock._scripts.node_config.unsafe_config`: a replica, an evicting memory policy),
 plus what docs/design.md §4 and §9 say about persistence and markers, which the library
 cannot check on the lock path.
 """
@@ -24,7 +24,7 @@ from redis.retry import Retry
 
 from redlock._core.settings import Keys
 from redlock._io.failures import as_failure
-from redlock._scripts.replies import unsafe_config
+from redlock._scripts.node_config import unsafe_config
 
 
 @dataclass

@@ -763,7 +763,7 @@ def _tokens_then_restore_a_backup(nodes: RedisNodes, run: Run, dlm: Redlock,
 @pytest.mark.xfail(strict=True, reason=(
     "a durable node (AOF, appendfsync always) restored from a backup comes back with a "
     "new run id, its marker and older counters: judged a durable restart and re-stamped "
-    "(redlock/_scripts/replies.py not_durable), so a client on {restored node, lagging node} "
+    "(redlock/_scripts/node_config.py not_durable), so a client on {restored node, lagging node} "
     "gets a token below 6 (3 or 4) after 6 was issued; the fenced store rejects its "
     "write. Nothing in the node "
     "tells a restore from a restart; the operator must delete the node marker before "
@@ -807,7 +807,7 @@ def test_backup_restored_on_a_durable_node_with_its_marker_deleted(
 @pytest.mark.xfail(strict=True, reason=(
     "a promoted replica that restarts (AOF, fsync always) before any client judged it "
     "reports second_repl_offset -1 again: judged a durable restart and re-stamped "
-    "(redlock/_scripts/replies.py not_durable), so its lag goes unnoticed and a client on "
+    "(redlock/_scripts/node_config.py not_durable), so its lag goes unnoticed and a client on "
     "{promoted replica, lagging node} gets a token below 6 after 6 was issued. "
     "Operators: let the clients see a promoted node before restarting it, or delete its "
     "node marker"))

@@ -12,7 +12,8 @@ from redlock._core.amnesia.guard import AmnesiaGuard
 from redlock._core.requests import Broadcast, Call, Flow, ask_one
 from redlock._observe.log import get_logger
 from redlock._scripts import node as node_scripts
-from redlock._scripts.replies import acked, episode, identity, not_durable
+from redlock._scripts.node_config import not_durable
+from redlock._scripts.replies import acked, episode, identity
 
 logger = get_logger("redlock.nodes")
 

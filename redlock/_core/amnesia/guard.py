@@ -32,13 +32,13 @@ from redlock._core.state import AttemptResult
 from redlock._core.tokens import quorum
 from redlock._observe.log import get_logger
 from redlock._scripts import node as node_scripts
+from redlock._scripts.node_config import unsafe_config
 from redlock._scripts.replies import (
     Initialised,
     identity,
     initialised,
     marker_exists,
     stamped_run,
-    unsafe_config,
 )
 from redlock.errors import ClusterAmnesiaError, NodeResult, Outcome
 
