@@ -52,7 +52,10 @@ from redlock._core.tokens import (
     validity_left,
 )
 from redlock._core.waiting import LINE_POLL_MAX
+from redlock._io import sync_idle
 from redlock._io.failures import as_failure, map_failures
+from redlock._io.sync_drainer import SyncDrainer
+from redlock._io.sync_transport import SyncTransport
 from redlock._io.wakeups import WakeRegistry
 from redlock._observe.events import SENTENCES, render
 from redlock._observe.log import RESERVED_FIELDS, EventLogger, event_fields
@@ -97,6 +100,8 @@ __all__ = [
     "RepairReport",
     "Settings",
     "Status",
+    "SyncDrainer",
+    "SyncTransport",
     "Telemetry",
     "Wait",
     "WakeRegistry",
@@ -110,6 +115,7 @@ __all__ = [
     "drive",
     "drop_idle_connections",
     "event_fields",
+    "idle_connections",
     "lines_idle",
     "maintenance",
     "map_failures",
@@ -124,6 +130,7 @@ __all__ = [
     "render",
     "repair_node",
     "scripts",
+    "sync_idle",
     "unsafe_config",
     "validate_node_addresses",
     "validate_resource",
@@ -151,6 +158,11 @@ async def drop_idle_connections(manager: Any) -> None:
             await transport._discard(node, idle.pop())
     for pool in transport.pools:
         await pool.disconnect()
+
+
+def idle_connections(manager: Any, node: int = 0) -> int:
+    """How many open connections a Redlock keeps for ``node`` between requests."""
+    return int(manager._transport._idle.count(node))
 
 
 def repair_node(core: RedlockCore, node: int, *, force: bool = False,

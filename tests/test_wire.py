@@ -1,9 +1,7 @@
-"""The asyncio hot path's own RESP (redlock/_io/resp.py): the plain packer and reader
-against hiredis's, and the clients on real servers with the plain ones (as without
-hiredis), through a SCRIPT FLUSH (NOSCRIPT: the bodies go again), a server restart, and
-over TLS with a password (redis-py's handshake, then our reads and writes on its socket).
-The sync client reads through redis-py's connection (docs/design.md §2.4): its runs
-here check the same behaviours, whichever parser the fixture names."""
+"""The hot path's own RESP (redlock/_io/resp.py): the plain packer and reader against
+hiredis's, and both clients on real servers with the plain ones (as without hiredis),
+through a SCRIPT FLUSH (NOSCRIPT: the bodies go again), a server restart, and over TLS
+with a password (redis-py's handshake, then our reads and writes on its socket)."""
 
 from __future__ import annotations
 

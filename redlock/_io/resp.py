@@ -2,10 +2,9 @@
 socket's bytes (docs/design.md §2.4, BENCHMARKS.md "Issue 21").
 
 redis-py builds the connections (TLS, AUTH/HELLO, SELECT, client name, Sentinel); the
-asyncio transport then writes packed commands to the socket itself and parses the
-replies with :class:`Reader`: hiredis's reader where hiredis is installed (redis-py's
-optional speed-up), else :class:`PlainReader`, a small RESP2/RESP3 parser in Python. (The
-sync transport writes and reads through redis-py's connection, docs/design.md §2.4.) Error
+transports then write packed commands to the socket themselves and parse the replies
+with :class:`Reader`: hiredis's reader where hiredis is installed (redis-py's optional
+speed-up), else :class:`PlainReader`, a small RESP2/RESP3 parser in Python. Error
 replies become redis-py's exception classes (redis-py's own ``parse_error``), returned,
 not raised: an error reply is that call's result.
 """

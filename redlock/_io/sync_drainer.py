@@ -17,14 +17,17 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import redis
-
 from redlock._core.requests import Broadcast, Call
+from redlock._io import resp
+from redlock._io.sync_exchange import NOTHING, receive
+from redlock._io.sync_exchange import send as send_bytes
 from redlock._io.wire import Late, LateConnections, late_sendable, render
 from redlock._scripts import lock as scripts
 
 # Final releases queued per node for its next free connection, at most.
 _QUEUED_PER_NODE = 1024
+# The drainer's longest wait: in select() for replies, or for a late connection to come.
+_IDLE_WAIT = 0.05
 
 ConnHandler = Callable[[int, Any], None]  # (node, connection)
 
@@ -43,6 +46,7 @@ class SyncDrainer:
         self._queued: list[list[Call]] = [[] for _ in range(node_count)]
         self._mutex = threading.Lock()
         self._thread: threading.Thread | None = None
+        self._work = threading.Event()  # a late connection was added (wakes the drainer)
         self._closed = False
 
     def any(self) -> bool:
@@ -73,8 +77,7 @@ class SyncDrainer:
         """Send calls nobody waits for on ``conn``: the drainer reads the replies, then
         gives the connection back."""
         try:
-            conn.send_packed_command(conn.pack_commands(
-                [render(call, evalsha=False) for call in calls]), check_health=False)
+            send_bytes(conn, resp.pack([render(call, evalsha=False) for call in calls]))
         except Exception:
             self._discard(node, conn)
             return
@@ -91,6 +94,7 @@ class SyncDrainer:
                                       time.monotonic() + self._connect_timeout))
         if evicted is not None:
             self._dispose(evicted, give_back=False)
+        self._work.set()
         with self._mutex:
             thread = self._thread
             if self._closed or (thread is not None and (thread.ident is None
@@ -109,44 +113,60 @@ class SyncDrainer:
                 with late.mutex, contextlib.suppress(Exception):  # the normal release too
                     if late.closed:
                         continue
-                    late.conn.send_command(*render(call, evalsha=False), check_health=False)
+                    send_bytes(late.conn, resp.pack([render(call, evalsha=False)]))
                     late.outstanding += 1
 
     def _drain(self) -> None:
         """Read late replies as they arrive; a drained connection goes back to the pool,
-        one past its deadline (the node is hung) is closed. Ends when none is left."""
+        one past its deadline (the node is hung) is closed. Ends when none is left.
+        Never spins: it waits in select() for replies, or on ``_work`` (set by keep())
+        while no connection is there to read."""
         while not self._closed:
+            self._work.clear()
             entries = self._late.entries()
             if not entries:
                 with self._mutex:
                     if not self._late.any():
                         self._thread = None
                         return
+                self._work.wait(_IDLE_WAIT)  # one being added: it sets _work
                 continue
             now = time.monotonic()
             for late in [e for e in entries if e.deadline <= now or e.conn._sock is None]:
                 self._dispose(late, give_back=False)  # past its deadline (hung), or broken
             live = [e for e in entries if not e.closed and e.deadline > now
                     and e.conn._sock is not None]
-            if not live:
+            if not live:  # all disposed of (or being so by another thread): look again
+                self._work.wait(_IDLE_WAIT)
                 continue
-            with contextlib.suppress(Exception):
-                readable, _, _ = select.select([e.conn._sock for e in live], [], [], 0.05)
-                for late in (e for e in live if e.conn._sock in readable):
-                    self._drain_one(late)
+            wait = min(_IDLE_WAIT, max(0.0, min(e.deadline for e in live) - now))
+            try:
+                readable, _, _ = select.select([e.conn._sock for e in live], [], [], wait)
+            except (OSError, TypeError, ValueError):  # a socket closed under us: each
+                for late in live:                     # is read, and its read says why
+                    self._drain_one(late, readable=False)
+                continue
+            for late in [e for e in live if e.conn._sock in readable]:
+                self._drain_one(late, readable=True)
 
-    def _drain_one(self, late: Late[Any]) -> None:
+    def _drain_one(self, late: Late[Any], *, readable: bool) -> None:
+        """Read what has come of a late connection's replies, without waiting (a reply
+        half received must not hold up the other late connections); ``readable``:
+        select() just found its socket readable."""
         with late.mutex:
             if late.closed:  # evicted, or past its deadline: no longer ours to read
                 return
+            late.conn._redlock_readable = readable
             try:
-                while late.outstanding and late.conn.can_read(timeout=0):
-                    late.conn.read_response(timeout=0.05, disconnect_on_error=False)
+                while late.outstanding > 0:
+                    if receive(late.conn) is NOTHING:  # (an error reply counts: read)
+                        break
                     late.outstanding -= 1
-            except redis.ResponseError:
-                late.outstanding -= 1
             except Exception:
                 late.outstanding = -1  # broken: close it
+            finally:
+                with contextlib.suppress(Exception):
+                    late.conn._redlock_readable = False
             if late.outstanding > 0:
                 return
         self._dispose(late, give_back=late.outstanding == 0)
@@ -173,6 +193,7 @@ class SyncDrainer:
         with self._mutex:  # against keep() starting a thread
             self._closed = True
             thread = self._thread
+        self._work.set()
         if thread is not None and thread is not threading.current_thread():
             # keep() may have made the thread and not started it yet (it starts it
             # outside the lock): wait for the start, a join before it raises. Once

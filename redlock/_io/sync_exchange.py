@@ -1,14 +1,21 @@
 """What the sync transport keeps per request and node (see :mod:`redlock._io.sync_transport`):
 a request's calls for one node (a :class:`Group`, sent on one connection, pipelined),
-and a connection being opened for it in the background (:class:`Connect`).
+a connection being opened for it in the background (:class:`Connect`), and the socket
+I/O of the hot path: packed commands written to the socket, replies parsed from it with
+:mod:`redlock._io.resp` (redis-py built the connection; its command layer is bypassed).
 """
 
 from __future__ import annotations
 
+import select
+import ssl
 import threading
 from typing import Any
 
+import redis
+
 from redlock._core.requests import Broadcast, Call
+from redlock._io import resp
 from redlock._io.wire import PENDING
 
 
@@ -45,12 +52,113 @@ def by_node(request: Broadcast) -> list[Group]:
     return list(found.values())
 
 
-def has_input(conn: Any) -> bool:
-    """Something to read (or a broken connection: reading it says why)."""
-    try:
-        return bool(conn.can_read(timeout=0))
-    except Exception:
+#: What :func:`receive` returns while a whole reply is not there yet.
+NOTHING: Any = object()
+
+
+def reader(conn: Any) -> Any:
+    """The reply parser of ``conn``'s current socket (a new one for a new socket)."""
+    sock = conn._sock
+    kept = getattr(conn, "_redlock_reader", None)
+    if kept is None or kept[0] is not sock:
+        kept = conn._redlock_reader = (sock, resp.Reader())
+    return kept[1]
+
+
+def buffered(conn: Any) -> bool:
+    """Bytes already taken from the socket and not yet read as replies (no system call)."""
+    sock = conn._sock
+    if sock is None:
         return True
+    kept = getattr(conn, "_redlock_reader", None)
+    if kept is not None and kept[0] is sock and kept[1].has_data():
+        return True
+    return isinstance(sock, ssl.SSLSocket) and sock.pending() > 0
+
+
+def has_input(conn: Any) -> bool:
+    """Something to read: bytes taken from the socket and not yet read as replies, or
+    bytes in the socket (or a broken connection: reading it says why)."""
+    if buffered(conn):
+        return True
+    try:
+        readable, _, _ = select.select([conn._sock], [], [], 0)
+    except (OSError, ValueError):
+        return True
+    return bool(readable)
+
+
+def send(conn: Any, data: bytes) -> None:
+    """Write ``data`` to ``conn``'s socket (bounded by its socket timeout: the connect
+    budget); a failure closes the connection, as redis-py's own send does."""
+    sock = conn._sock
+    if sock is None:
+        raise redis.ConnectionError("the connection is closed")
+    try:
+        sock.sendall(data)
+    except TimeoutError as exc:
+        conn.disconnect()
+        raise redis.TimeoutError("Timeout writing to socket") from exc
+    except OSError as exc:
+        conn.disconnect()
+        raise redis.ConnectionError(f"Error while writing to socket: {exc}") from exc
+
+
+def receive(conn: Any) -> object:
+    """``conn``'s next reply if the whole of it is there, else :data:`NOTHING`: never
+    waits (a reply half received must not hold up the other nodes' replies, nor the
+    drainer's other connections). Takes from the socket only what is in it now (at most
+    one ``recv``, with no ``select()`` first when ``conn._redlock_readable`` says one
+    just found it readable). An error reply is returned, not raised."""
+    parser = reader(conn)
+    reply = parser.gets()
+    if reply is not False:
+        return resp.as_result(reply)
+    sock = conn._sock
+    if sock is None:
+        raise redis.ConnectionError("the connection is closed")
+    if getattr(conn, "_redlock_readable", False):  # select() just said so: no second look
+        conn._redlock_readable = False
+    elif not (isinstance(sock, ssl.SSLSocket) and sock.pending()):
+        try:
+            readable, _, _ = select.select([sock], [], [], 0)
+        except (OSError, ValueError) as exc:
+            raise redis.ConnectionError(f"Error while reading from socket: {exc}") from exc
+        if not readable:
+            return NOTHING
+    data = _recv(sock)
+    if data is None:
+        return NOTHING
+    parser.feed(data)
+    reply = parser.gets()
+    return NOTHING if reply is False else resp.as_result(reply)
+
+
+def _recv(sock: Any) -> bytes | None:
+    """What a readable socket holds now (None: nothing whole to decrypt yet). A TLS
+    socket is read without waiting: a record half received would otherwise block the
+    read for the socket's timeout; what the TLS layer decrypted is taken too."""
+    data: bytes
+    try:
+        if not isinstance(sock, ssl.SSLSocket):
+            data = sock.recv(65536)
+        else:
+            timeout = sock.gettimeout()
+            sock.settimeout(0)
+            try:
+                data = sock.recv(65536)
+                while data and sock.pending():
+                    data += sock.recv(65536)
+            finally:
+                sock.settimeout(timeout)
+    except (BlockingIOError, InterruptedError, ssl.SSLWantReadError,
+            ssl.SSLWantWriteError, TimeoutError):
+        return None
+    except (OSError, ValueError) as exc:
+        raise redis.ConnectionError(f"Error while reading from socket: {exc}") from exc
+    if not data:
+        raise redis.ConnectionError("Connection closed by server.")
+    return data
 
 
 def is_new(conn: Any) -> bool:

@@ -26,15 +26,29 @@ from redis.exceptions import NoScriptError
 from redis.retry import Retry
 
 from redlock._core.requests import Broadcast, Call, CommandArg, Replies, learnt_deadline
+from redlock._io import resp
 from redlock._io.failures import as_failure, map_failures
 from redlock._io.nodes import build_pool, check_node_list, node_labels, pool_overrides
 from redlock._io.sync_drainer import SyncDrainer
-from redlock._io.sync_exchange import Connect, Group, by_node, given, has_input, is_new
+from redlock._io.sync_exchange import (
+    NOTHING,
+    Connect,
+    Group,
+    buffered,
+    by_node,
+    given,
+    has_input,
+    is_new,
+    receive,
+    send,
+)
+from redlock._io.sync_idle import IdleConnections
 from redlock._io.wire import (
     NOT_AWAITED,
     PENDING,
     SENT_LATE,
     STRAGGLER_GRACE_MIN,
+    Packing,
     fill_pending,
     late_sendable,
     render,
@@ -79,12 +93,12 @@ class SyncTransport:
         # Lanes (redlock._core.requests.Broadcast.lane): per lane and node, its connections,
         # checked out of the pool and kept aside.
         self._lanes: dict[str, list[list[Any]]] = {}
+        # Per node, open connections between requests (checked out of the pool once).
+        self._idle = IdleConnections(self.pools, self._discard)
         self._mutex = threading.Lock()
         self._closed = False
         self._active = 0  # requests under way (close() waits for them to end)
         self._idle_now = threading.Condition(self._mutex)
-        # The call sent first on every new connection, and who is told the replies
-        # (node -> reply) before the request's replies are returned (set by the manager).
 
     # -- a request ---------------------------------------------------------------
 
@@ -111,18 +125,19 @@ class SyncTransport:
         replies = Replies([PENDING] * len(request.calls))
         groups = by_node(request)
         sent: list[Group] = []
+        packing = Packing()
         # Nodes without an open connection: opening one in the background, or (None)
         # waiting for a free slot to open one, or for a connection given back.
         connecting: list[tuple[Group, Connect | None]] = []
         try:
-            for group in groups:  # scatter: nodes with an open connection at once
-                conn = self._idle_connection(group.node, group.lane)
+            # scatter: nodes with an open connection at once
+            for group, conn in self._idle_connections(groups):
                 if conn is not None:
-                    self._send(group, conn, replies, sent)
+                    self._send(group, conn, replies, sent, packing)
                 else:
                     connecting.append((group, self._connect(group.node,
                                                             anyway=group.lane is not None)))
-            self._gather(request, replies, sent, connecting, deadline)
+            self._gather(request, replies, sent, connecting, deadline, packing)
         finally:
             decided = request.enough is not None and request.enough(replies,
                                                                     replies.identities)
@@ -148,7 +163,8 @@ class SyncTransport:
         return replies
 
     def _gather(self, request: Broadcast, replies: Replies, sent: list[Group],
-                connecting: list[tuple[Group, Connect | None]], deadline: float) -> None:
+                connecting: list[tuple[Group, Connect | None]], deadline: float,
+                packing: Packing) -> None:
         started, decided, learning = time.monotonic(), False, bool(request.learn)
         while True:
             if not decided and request.enough is not None and request.enough(
@@ -179,7 +195,7 @@ class SyncTransport:
                     fill_pending(group.indexes, replies, attempt.error or redis.ConnectionError(
                         "connection failed"))
                 else:
-                    self._send(group, conn, replies, sent)
+                    self._send(group, conn, replies, sent, packing)
             waiting = [g for g in sent if not g.done]
             if (not waiting and not connecting) or self._closed:
                 return  # (closed: close() waits for this request; what is unread is lost)
@@ -187,40 +203,63 @@ class SyncTransport:
             if left <= 0:
                 # A reply already in a socket came in time, even if this thread (many
                 # threads, one GIL) is only now looking: read what is there, then stop.
-                for group in [g for g in waiting if has_input(g.conn)]:
-                    self._read(group, replies, time.monotonic() + _LAST_READ)
+                self._last_reads([g for g in waiting if has_input(g.conn)], replies)
                 return
-            ready = [g for g in waiting if has_input(g.conn)]
-            if not ready and waiting:
+            ready: list[Group] = []
+            if waiting:
                 # Wake for a reply, or every few ms while a connection is still opening.
-                wait = min(left, 0.002 if connecting else _CLOSE_NOTICED)
-                try:
-                    readable, _, _ = select.select([g.conn._sock for g in waiting], [], [],
-                                                   wait)
-                    ready = [g for g in waiting if g.conn._sock in readable]
-                except (OSError, TypeError, ValueError):  # a socket closed under us
-                    ready = waiting
-            elif not waiting:
+                # A group whose reply is still incomplete is read again only when more
+                # of it arrived: it never holds up the other nodes' replies.
+                ready = self._readable(waiting, min(left, 0.002 if connecting
+                                                    else _CLOSE_NOTICED))
+            else:
                 first = connecting[0][1]
                 if first is not None:
                     first.ready.wait(min(left, 0.002))
                 else:
                     time.sleep(min(left, 0.002))
             for group in ready:
-                self._read(group, replies, deadline)
+                self._read(group, replies)
 
-    def _send(self, group: Group, conn: Any, replies: Replies,
-              sent: list[Group]) -> None:
+    @staticmethod
+    def _readable(groups: list[Group], wait: float) -> list[Group]:
+        """The groups whose sockets have bytes to read, waiting up to ``wait`` for one."""
+        try:
+            readable, _, _ = select.select([g.conn._sock for g in groups], [], [], wait)
+        except (OSError, TypeError, ValueError):  # a socket closed under us
+            return groups  # (reading it says why)
+        ready = [g for g in groups if g.conn._sock in readable]
+        for group in ready:  # its next recv() needs no select() first
+            group.conn._redlock_readable = True
+        return ready
+
+    def _last_reads(self, groups: list[Group], replies: Replies) -> None:
+        """At the deadline, the groups whose replies were arriving: what of them comes
+        within _LAST_READ is read (a thread starved of the GIL needs more than the read
+        itself), each group as its bytes come, none waiting for another."""
+        until = time.monotonic() + _LAST_READ
+        while groups:
+            for group in groups:
+                self._read(group, replies)
+            groups = [g for g in groups if not g.done]
+            left = until - time.monotonic()
+            if not groups or left <= 0 or self._closed:
+                return
+            if not self._readable(groups, left):
+                return
+
+    def _send(self, group: Group, conn: Any, replies: Replies, sent: list[Group],
+              packing: Packing) -> None:
         group.conn = conn
         try:
             # A new connection: identify the server first, and send script bodies (the
             # server may be new, or restarted: EVALSHA would cost a NOSCRIPT round trip).
             new = is_new(conn)
-            commands = [render(call, evalsha=not new) for call in group.calls]
+            data = packing.calls(group.calls, evalsha=not new)
             if new and self.identify is not None:
                 group.probed = True
-                commands.insert(0, self.identify)
-            conn.send_packed_command(conn.pack_commands(commands), check_health=False)
+                data = resp.pack_one(self.identify) + data
+            send(conn, data)
             group.sent_at = time.monotonic()
             sent.append(group)
         except Exception as exc:
@@ -228,21 +267,27 @@ class SyncTransport:
             group.done = True
             self._discard(group.node, conn)
 
-    def _read(self, group: Group, replies: Replies, deadline: float) -> None:
-        """Read the group's replies (they are arriving): done, failed (and closed), or
-        not complete at the deadline (the rest is read later, or in the background)."""
+    def _read(self, group: Group, replies: Replies) -> None:
+        """Read what has come of the group's replies, without waiting: done, failed (and
+        closed), or not complete yet (read on when more arrives; the rest is read in the
+        background if the request ends without it)."""
         conn = group.conn
         try:
             if group.probed and group.identity is PENDING:
-                group.identity = self._read_one(conn, deadline)
+                identity = receive(conn)
+                if identity is NOTHING:
+                    return
+                group.identity = identity
                 conn._redlock_identified = conn._sock  # this connection is known now
                 # Among the replies at once: this request's own early decision must not
                 # count a restarted node's grant.
                 replies.identities[group.node] = group.identity
             for index in group.indexes:
                 if replies[index] is not PENDING or index in group.unknown:
-                    continue  # read already, before a timeout
-                reply = self._read_one(conn, deadline)
+                    continue  # read already
+                reply = receive(conn)
+                if reply is NOTHING:
+                    return
                 if not group.sampled:
                     group.sampled = True
                     replies.round_trips[group.node] = time.monotonic() - group.sent_at
@@ -253,43 +298,51 @@ class SyncTransport:
             if group.unknown and not group.resent:
                 group.resent = True
                 by_index = dict(zip(group.indexes, group.calls, strict=True))
-                conn.send_packed_command(conn.pack_commands(
-                    [render(by_index[i], evalsha=False) for i in group.unknown]),
-                    check_health=False)
+                send(conn, resp.pack([render(by_index[i], evalsha=False)
+                                      for i in group.unknown]))
             while group.unknown:
-                replies[group.unknown[0]] = self._read_one(conn, deadline)
-                group.unknown.pop(0)
-        except redis.TimeoutError:
-            return  # not done: kept (late) if the request ends without it
+                reply = receive(conn)
+                if reply is NOTHING:
+                    return
+                replies[group.unknown.pop(0)] = reply
         except Exception as exc:
             fill_pending(group.indexes, replies, exc)
             group.done = True
             self._discard(group.node, conn)
             return
+        finally:
+            conn._redlock_readable = False  # (select()'s word is good for one recv())
         group.done = True
         self._give_back(group.node, conn, group.lane)
 
-    @staticmethod
-    def _read_one(conn: Any, deadline: float) -> object:
-        """One reply; an error reply is returned, not raised (it is that call's result)."""
-        try:
-            return conn.read_response(timeout=max(deadline - time.monotonic(), 0.0005),
-                                      disconnect_on_error=False)
-        except redis.ResponseError as exc:
-            return exc
-
     # -- connections ---------------------------------------------------------------
 
-    @staticmethod
-    def _has_idle(pool: redis.ConnectionPool) -> bool:
-        idle = getattr(pool, "_available_connections", None)
+    def _idle_connections(self, groups: list[Group]) -> list[tuple[Group, Any]]:
+        """An open connection (or None) for each group's node, as _idle_connection, with
+        one readability check for all of them (one system call, not one per node)."""
+        picked = [(group, self._idle_connection(group.node, group.lane, check=False))
+                  for group in groups]
+        socks = [conn._sock for _, conn in picked if conn is not None]
+        if not socks:
+            return picked
         try:
-            newest = idle[-1] if idle else None  # the one get_connection() pops next
-        except IndexError:  # another thread took it meanwhile
-            return False
-        return getattr(newest, "_sock", None) is not None
+            readable, _, _ = select.select(socks, [], [], 0)
+        except (OSError, TypeError, ValueError):
+            readable = socks
+        if not readable and not any(buffered(conn) for _, conn in picked if conn is not None):
+            return picked
+        checked = []
+        for group, conn in picked:
+            if conn is not None and (conn._sock in readable or buffered(conn)):
+                # The server closed it while it sat idle (it restarted), or sent what
+                # nobody asked for: nothing is written on it; closed, another is tried.
+                self._discard(group.node, conn)
+                conn = self._idle_connection(group.node, group.lane)
+            checked.append((group, conn))
+        return checked
 
-    def _idle_connection(self, node: int, lane: str | None = None) -> Any:
+    def _idle_connection(self, node: int, lane: str | None = None, *,
+                         check: bool = True) -> Any:
         """An open connection from the pool (or the lane), without connecting (None if
         there is none)."""
         if lane is not None:  # the lane's own; the first time, one from the pool
@@ -299,13 +352,7 @@ class SyncTransport:
                     conn = kept.pop()
                     if getattr(conn, "_sock", None) is not None:
                         return conn
-        pool = self.pools[node]
-        if not self._has_idle(pool):
-            return None
-        try:
-            return pool.get_connection()  # may still reconnect if it raced: rare, bounded
-        except Exception:
-            return None
+        return self._idle.take(node, check=check)
 
     def _connect(self, node: int, *, anyway: bool = False) -> Connect | None:
         """A connection to ``node`` opening in the background for one request (None when
@@ -372,9 +419,10 @@ class SyncTransport:
         if calls:
             self._drainer.send(node, conn, calls)
             return
-        self.pools[node].release(conn)
         if self._closed:
             self._discard(node, conn)
+            return
+        self._idle.put(node, conn)
 
     def _discard(self, node: int, conn: Any) -> None:
         with contextlib.suppress(Exception):
@@ -395,5 +443,6 @@ class SyncTransport:
         for thread in threads:
             if thread is not threading.current_thread():
                 thread.join(self.connect_timeout + 0.1)
+        self._idle.close()
         for pool in self.pools:
             pool.disconnect()

@@ -1,0 +1,103 @@
+"""The sync transport's open connections between requests (see
+:mod:`redlock._io.sync_transport`): per node, a stack of connections checked out of the
+node's pool once and kept here (they stay "in use" for the pool, whose disconnect()
+closes them): the pool's checkout and return cost more than the request's own I/O.
+
+The stacks shrink: a connection that sat on its stack longer than :data:`IDLE_KEPT_FOR`
+(a burst of threads opened it, and it is over) is closed when a request gives another
+back to its node. The stack is last in, first out, so the ones nobody needs any more
+stay at its bottom, where the shrink looks.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import redis
+
+from redlock._io.sync_exchange import has_input
+
+#: Seconds a connection may wait on its node's stack unused before it is closed.
+IDLE_KEPT_FOR = 30.0
+
+
+class IdleConnections:
+    """Per node, the open connections waiting for the next request (thread-safe: a
+    push and a pop at the top are single list operations; a shrink takes a lock)."""
+
+    def __init__(self, pools: list[redis.ConnectionPool],
+                 discard: Callable[[int, Any], None]) -> None:
+        self._pools = pools
+        self._discard = discard  # (node, connection): closed, back to its pool
+        self._stacks: list[list[Any]] = [[] for _ in pools]
+        self._shrinking = threading.Lock()
+
+    def count(self, node: int) -> int:
+        return len(self._stacks[node])
+
+    def take(self, node: int, *, check: bool = True) -> Any:
+        """An open connection (None if there is none: never connects). ``check``: and
+        nothing to read in it (one the server closed while it sat idle, or that has
+        bytes nobody asked for, is closed and the next one tried)."""
+        stack = self._stacks[node]
+        while stack:
+            try:
+                conn = stack.pop()
+            except IndexError:  # another thread took the last one
+                break
+            if conn._sock is not None and not (check and has_input(conn)):
+                return conn
+            self._discard(node, conn)
+        pool = self._pools[node]
+        if not _has_idle(pool):
+            return None
+        try:
+            return pool.get_connection()  # may still reconnect if it raced: rare, bounded
+        except Exception:
+            return None
+
+    def put(self, node: int, conn: Any) -> None:
+        """``conn`` waits for the next request; ones unused too long are closed."""
+        stack = self._stacks[node]
+        now = conn._redlock_idle_since = time.monotonic()
+        stack.append(conn)
+        try:
+            oldest = stack[0]
+        except IndexError:  # taken meanwhile
+            return
+        if now - oldest._redlock_idle_since > IDLE_KEPT_FOR:
+            self._shrink(node, now)
+
+    def _shrink(self, node: int, now: float) -> None:
+        stale = []
+        stack = self._stacks[node]
+        with self._shrinking:  # one at a time; requests push and pop the top meanwhile
+            while True:
+                try:
+                    if now - stack[0]._redlock_idle_since <= IDLE_KEPT_FOR:
+                        break
+                    # (Should another thread take the last one between the look and
+                    # the pop, and put one back, that idle one is closed: it is unused.)
+                    stale.append(stack.pop(0))
+                except IndexError:
+                    break
+        for conn in stale:
+            self._discard(node, conn)
+
+    def close(self) -> None:
+        """Close every connection kept."""
+        for node, stack in enumerate(self._stacks):
+            while stack:
+                self._discard(node, stack.pop())
+
+
+def _has_idle(pool: redis.ConnectionPool) -> bool:
+    idle = getattr(pool, "_available_connections", None)
+    try:
+        newest = idle[-1] if idle else None  # the one get_connection() pops next
+    except IndexError:  # another thread took it meanwhile
+        return False
+    return getattr(newest, "_sock", None) is not None
