@@ -271,6 +271,45 @@ def test_fewer_than_a_quorum_of_messages_waits_a_little_for_more_then_asks_the_n
     assert nodes.scripts_sent()[:3] == ["acquire", "acquire", "release"]
 
 
+def test_messages_heard_one_at_a_time_are_waited_for_until_they_make_a_quorum() -> None:
+    """Each message ends a wait: the waiter waits again for the rest (within one
+    request timeout) instead of falling back to an ACQUIRE round at the second."""
+    clock = FakeClock()
+    nodes = ScriptedNodes(5, counters=[4] * 5, clock=clock)
+    core = make_core(5, clock)
+    held_by_another(nodes)
+
+    def hand_off(backoff: Backoff, number: int) -> Handoffs:
+        if number == 1:
+            release_by_holder(core, nodes, range(5))
+        return Handoffs([Heard(i, 5, 0, 1) for i in range(min(number, 3))], min(number, 3))
+
+    result, waits = waiter_flow(core, nodes, hand_off)
+    assert result.state is not None and result.state.token == 5
+    assert [w.heard_before for w in waits] == [None, 1, 2]
+    assert nodes.scripts_sent() == ["acquire"]
+
+
+def test_a_wait_for_more_ends_when_the_nodes_left_cannot_make_a_quorum() -> None:
+    """Nodes whose message for the latest attempt came without counting (their
+    subscription was confirmed too late) send no other: nothing is waited for."""
+    clock = FakeClock()
+    nodes = ScriptedNodes(3, counters=[4, 4, 4], clock=clock)
+    core = make_core(3, clock)
+    held_by_another(nodes)
+
+    def hand_off(backoff: Backoff, number: int) -> Handoffs:
+        if number == 1:
+            release_by_holder(core, nodes, range(3))
+            return Handoffs([Heard(0, 5, 0, 1)], 3, attempts={0: 1, 1: 1, 2: 1})
+        return Handoffs()
+
+    result, waits = waiter_flow(core, nodes, hand_off)
+    assert result.state is not None and result.state.token == 5
+    assert len(waits) == 1  # no wait for more: the next attempt takes the reservations
+    assert nodes.scripts_sent() == ["acquire", "acquire"]
+
+
 def test_a_hand_off_without_validity_left_is_not_used() -> None:
     clock = FakeClock()
     nodes = ScriptedNodes(3, counters=[4, 4, 4], clock=clock)
