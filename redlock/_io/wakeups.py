@@ -185,10 +185,13 @@ class WakeRegistry:
         with self._mutex:
             return Handoffs(watch.heard.values(), watch.count)
 
-    def deliver(self, channel: str, data: str, node: int | None = None) -> None:
+    def deliver(self, channel: str, data: str, node: int | None = None,
+                wake: list[Wakeable] | None = None) -> None:
         """A release on ``node``: wake the waiter it names, or the first one; a hand-off
         to a waiter is recorded on its watch. Woken nobody: kept for a while, for a
-        waiter still in its first attempt (below)."""
+        waiter still in its first attempt (below). ``wake``: the events to set are
+        added to it instead (a listener that read several messages at once sets them
+        after the last: a waiter then wakes once with every message that came)."""
         named, handoff = parse_message(data)
         with self._mutex:
             since = None if node is None else self._live_since.get((channel, node))
@@ -202,6 +205,9 @@ class WakeRegistry:
                 self._unclaimed.setdefault(channel, deque(maxlen=UNCLAIMED_KEPT)).append(
                     (time.monotonic(), data, node, since))
             woken += [w for w in self._watches.get(channel, []) if w.waiter == EVERY]
+        if wake is not None:
+            wake.extend(watch.event for watch in woken)
+            return
         for watch in woken:
             watch.event.set()
 
@@ -248,10 +254,11 @@ class NodeSubscription:
     ping_sent: float | None = None
     idle_since: float | None = None
 
-    def commands(self) -> list[tuple[str, ...]]:
+    def commands(self, wanted: set[str] | None = None) -> list[tuple[str, ...]]:
         """SUBSCRIBE / UNSUBSCRIBE to send on the connection so it listens to what is
-        wanted (it is taken as sent), and a PING when due."""
-        wanted = self.check_idle()
+        wanted (it is taken as sent; ``wanted``: the registry's, if the caller asked
+        already), and a PING when due."""
+        wanted = self.check_idle(wanted)
         commands: list[tuple[str, ...]] = []
         new, gone = sorted(wanted - self.channels), sorted(self.channels - wanted)
         if new:
@@ -265,24 +272,26 @@ class NodeSubscription:
             commands.append(("PING",))
         return commands
 
-    def check_idle(self) -> set[str]:
+    def check_idle(self, wanted: set[str] | None = None) -> set[str]:
         """The wanted channels; keeps the clock of :meth:`idle` (also while the node is
         down: a listener with nothing to listen to stops either way)."""
-        wanted = self.registry.wanted()
+        if wanted is None:
+            wanted = self.registry.wanted()
         if wanted:
             self.idle_since = None
         elif self.idle_since is None:
             self.idle_since = time.monotonic()
         return wanted
 
-    def heard(self, message: Any) -> None:
-        """One message read from the connection."""
+    def heard(self, message: Any, wake: list[Wakeable] | None = None) -> None:
+        """One message read from the connection (``wake``: see
+        :meth:`WakeRegistry.deliver`)."""
         self.last_heard = time.monotonic()
         if not isinstance(message, list) or not message:
             return
         kind = _text(message[0])
         if kind == "message" and len(message) == 3:
-            self.registry.deliver(_text(message[1]), _text(message[2]), self.node)
+            self.registry.deliver(_text(message[1]), _text(message[2]), self.node, wake)
         elif kind == "subscribe" and len(message) >= 2:
             self.registry.subscribed(self.node, _text(message[1]))
         elif kind == "unsubscribe" and len(message) >= 2:
