@@ -42,7 +42,8 @@ class Core(Protocol):
 
     def timeout(self, ttl: float | None = None) -> float: ...
 
-__all__ = ["Handoffs", "Heard", "acquired", "counted", "enough", "may_still", "parse_message"]
+__all__ = ["Handoffs", "Heard", "acquired", "counted", "enough", "may_still", "parse_message",
+           "wake_at"]
 
 logger = get_logger("redlock.locks")
 
@@ -128,6 +129,19 @@ def may_still(heard: Handoffs, counters: Mapping[int, int], attempt: int,
     return rule.met(possible)
 
 
+def wake_at(heard: Handoffs, counters: Mapping[int, int], attempt: int,
+            rule: Rule) -> tuple[int, int] | None:
+    """When a wait for more hand-offs is worth ending: once as many nodes' messages of
+    our latest ``attempt`` came as could make a quorum with those that count (those
+    that came without counting stay in the number: their nodes send no other). None:
+    at every message (what came is not known by node)."""
+    if heard.attempts is None:
+        return None
+    not_counting = sum(1 for node, a in heard.attempts.items()
+                       if a == attempt and node not in counters)
+    return attempt, not_counting + max(len(counters) + 1, rule.needed)
+
+
 def acquired(core: Core, heard: Sequence[object], backoff: Backoff,
              resources: tuple[str, ...], owner: str, ttl: float, deadline: Deadline,
              kind: Kind, attempt: int, attempt_started: float,
@@ -155,7 +169,8 @@ def acquired(core: Core, heard: Sequence[object], backoff: Backoff,
                                           core.rule):
                 break
             more = yield replace(backoff, seconds=deadline.pause(left), patient=None,
-                                 heard_before=total)
+                                 heard_before=total,
+                                 wake_at=wake_at(latest, counters, attempt, core.rule))
             if not isinstance(more, Handoffs) or more.total <= total:
                 break  # nothing new came in time
             total, latest = more.total, more

@@ -57,6 +57,16 @@ class Watch:
     # Hand-offs to this waiter (docs/design.md §6.7): per node the latest, and how many.
     heard: dict[int, Heard] = field(default_factory=dict)
     count: int = 0
+    # A wait for more hand-offs: (attempt, k), woken by a hand-off only once k nodes'
+    # latest messages are of that attempt (None: by every message).
+    expect: tuple[int, int] | None = None
+
+    def expected(self) -> bool:
+        """The wait for more has what it waits for (call under the registry's mutex)."""
+        if self.expect is None:
+            return True
+        attempt, nodes = self.expect
+        return sum(1 for h in self.heard.values() if h.attempt == attempt) >= nodes
 
     def record(self, node: int | None, handoff: tuple[int, int, int] | None,
                subscribed: float | None) -> None:
@@ -181,9 +191,20 @@ class WakeRegistry:
                        hint=f"waiters in other processes notice releases by polling ({hint})")
 
     def handoffs(self, watch: Watch) -> Handoffs:
-        """The hand-offs ``watch`` heard so far (docs/design.md §6.7)."""
+        """The hand-offs ``watch`` heard so far (docs/design.md §6.7); a wait for more
+        is over (every message wakes the watch again)."""
         with self._mutex:
+            watch.expect = None
             return Handoffs(watch.heard.values(), watch.count)
+
+    def expect(self, watch: Watch, than: int, wake_at: tuple[int, int] | None) -> bool:
+        """A wait for more hand-offs starts on ``watch``: hand-offs wake it only as
+        ``wake_at`` says (:class:`~redlock._core.requests.Backoff`) until
+        :meth:`handoffs` is asked. True if it has that already (more than ``than``
+        heard, without ``wake_at``): the wait ends at once."""
+        with self._mutex:
+            watch.expect = wake_at
+            return watch.expected() if wake_at is not None else watch.count > than
 
     def deliver(self, channel: str, data: str, node: int | None = None,
                 wake: list[Wakeable] | None = None) -> None:
@@ -204,6 +225,8 @@ class WakeRegistry:
             if not woken:
                 self._unclaimed.setdefault(channel, deque(maxlen=UNCLAIMED_KEPT)).append(
                     (time.monotonic(), data, node, since))
+            elif handoff is not None:  # a wait for more wakes once it has enough
+                woken = [w for w in woken if w.expected()]
             woken += [w for w in self._watches.get(channel, []) if w.waiter == EVERY]
         if wake is not None:
             wake.extend(watch.event for watch in woken)
