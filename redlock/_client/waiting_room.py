@@ -79,6 +79,12 @@ class WaitingRoom:
             return False
         return self.wakeups.expect(ticket.watch, than, wake_at)
 
+    def expect_handoffs(self, ticket: Ticket[Any], wake_at: tuple[int, int]) -> None:
+        """Until the call's next look at its hand-offs, they wake its wait only as
+        ``wake_at`` says (:meth:`WakeRegistry.expect`); other messages wake it as ever."""
+        if isinstance(ticket.watch, Watch):
+            self.wakeups.expect(ticket.watch, 0, wake_at)
+
     def watch_every(self, channels: tuple[str, ...], event: Wakeable) -> Callable[[], None]:
         """Set ``event`` on every message on ``channels`` (an election's observer,
         docs/design.md §12.1) until the returned function is called."""

@@ -135,10 +135,11 @@ class Backoff:
     The reply: the hand-offs to ``waiter`` heard so far (a
     :class:`~redlock._core.handoff.Handoffs`, docs/design.md §6.7; empty when the
     client collects none). ``heard_before``: a wait for more of them, which returns at
-    once if more than that many were heard already. ``wake_at``: (attempt, k), such a
-    wait ends only once k nodes' latest messages are hand-offs of that attempt (or a
-    message that is no hand-off comes, or its time is up): a waiter that needs three
-    nodes is not woken by each of them in turn.
+    once if more than that many were heard already. ``wake_at``: (attempt, k), hand-offs
+    end the wait (a wait for more, or an ordinary one) only once k nodes' latest
+    messages are hand-offs of that attempt (a message that is no hand-off still ends it,
+    and so does its time): a waiter that needs three nodes is not woken by each of them
+    in turn.
     """
 
     seconds: float

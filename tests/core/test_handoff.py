@@ -287,6 +287,8 @@ def test_messages_heard_one_at_a_time_are_waited_for_until_they_make_a_quorum() 
     result, waits = waiter_flow(core, nodes, hand_off)
     assert result.state is not None and result.state.token == 5
     assert [w.heard_before for w in waits] == [None, 1, 2]
+    # Hand-offs wake even the first wait only once three of attempt 1's came.
+    assert waits[0].wake_at == (1, 3)
     assert nodes.scripts_sent() == ["acquire"]
 
 
