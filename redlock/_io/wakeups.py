@@ -61,12 +61,16 @@ class Watch:
     # latest messages are of that attempt (None: by every message).
     expect: tuple[int, int] | None = None
 
-    def expected(self) -> bool:
-        """The wait for more has what it waits for (call under the registry's mutex)."""
+    def expected(self, live: int) -> bool:
+        """The wait has the hand-offs it waits for (call under the registry's mutex).
+        ``live``: on how many nodes its channel is subscribed now: no more messages
+        than that can come (a cold start, nodes whose subscription is down), so it
+        waits for no more than that."""
         if self.expect is None:
             return True
         attempt, nodes = self.expect
-        return sum(1 for h in self.heard.values() if h.attempt == attempt) >= nodes
+        heard = sum(1 for h in self.heard.values() if h.attempt == attempt)
+        return heard >= max(1, min(nodes, live))
 
     def record(self, node: int | None, handoff: tuple[int, int, int] | None,
                subscribed: float | None) -> None:
@@ -204,7 +208,9 @@ class WakeRegistry:
         heard, without ``wake_at``): the wait ends at once."""
         with self._mutex:
             watch.expect = wake_at
-            return watch.expected() if wake_at is not None else watch.count > than
+            if wake_at is None:
+                return watch.count > than
+            return watch.expected(max(len(self._live.get(c, ())) for c in watch.channels))
 
     def deliver(self, channel: str, data: str, node: int | None = None,
                 wake: list[Wakeable] | None = None) -> None:
@@ -226,7 +232,8 @@ class WakeRegistry:
                 self._unclaimed.setdefault(channel, deque(maxlen=UNCLAIMED_KEPT)).append(
                     (time.monotonic(), data, node, since))
             elif handoff is not None:  # a wait for more wakes once it has enough
-                woken = [w for w in woken if w.expected()]
+                live = len(self._live.get(channel, ()))
+                woken = [w for w in woken if w.expected(live)]
             woken += [w for w in self._watches.get(channel, []) if w.waiter == EVERY]
         if wake is not None:
             wake.extend(watch.event for watch in woken)
@@ -258,6 +265,15 @@ class WakeRegistry:
                     kept.remove(entry)  # type: ignore[union-attr]
                     claimed = True
         return claimed
+
+    def confirmed_before(self, channel: str, nodes: int, when: float) -> bool:
+        """Subscribed on every one of ``nodes`` nodes, each confirmed before ``when``."""
+        with self._mutex:
+            for node in range(nodes):
+                since = self._live_since.get((channel, node))
+                if since is None or since >= when:
+                    return False
+            return True
 
     def live(self, channel: str) -> bool:
         """Subscribed on some node (for tests and inspection)."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
+import time
 from collections.abc import Callable, Sequence
 
 from redlock._core.members import Members, Rule, stable
@@ -336,6 +337,8 @@ def test_a_wait_for_more_is_woken_once_enough_nodes_sent_theirs() -> None:
     registry = WakeRegistry()
     event = threading.Event()
     watch = registry.watch(["c"], WAITER, event)
+    for node in range(5):
+        registry.subscribed(node, "c")
     registry.deliver("c", f"{WAITER} 5 0 1", node=0)
     assert registry.expect(watch, 1, (1, 3)) is False
     event.clear()
@@ -351,6 +354,26 @@ def test_a_wait_for_more_is_woken_once_enough_nodes_sent_theirs() -> None:
     event.clear()
     registry.deliver("c", f"{WAITER} 6 0 2", node=0)
     assert event.is_set()
+    # Subscribed on two nodes only: no third message can come, two wake it.
+    for node in range(2, 5):
+        registry.unsubscribed(node, "c")
+    assert registry.expect(watch, 0, (2, 3)) is False
+    event.clear()
+    registry.deliver("c", f"{WAITER} 6 0 2", node=1)
+    assert event.is_set()
+
+
+def test_an_ordinary_wait_expects_a_quorum_only_where_every_node_was_subscribed_before(
+        ) -> None:
+    """Before every node's subscription was confirmed, the latest attempt's release may
+    have been published where nobody listened: the first hand-off wakes the wait."""
+    registry = WakeRegistry()
+    registry.subscribed(0, "c")
+    registry.subscribed(1, "c")
+    now = time.monotonic()
+    assert registry.confirmed_before("c", 2, now + 1)
+    assert not registry.confirmed_before("c", 2, now - 1)  # confirmed after it went out
+    assert not registry.confirmed_before("c", 3, now + 1)  # node 2 is not subscribed
 
 
 def test_a_hand_off_without_validity_left_is_not_used() -> None:
