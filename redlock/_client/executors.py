@@ -61,8 +61,6 @@ class _Executor:
             wake.clear()
             if self._room.more_handoffs(ticket, request.heard_before, request.wake_at):
                 seconds = 0.0
-        elif request.wake_at is not None:  # hand-offs wake this wait once enough came
-            self._room.expect_handoffs(ticket, request.wake_at)
         return line, wake, seconds
 
 

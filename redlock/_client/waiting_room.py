@@ -79,18 +79,6 @@ class WaitingRoom:
             return False
         return self.wakeups.expect(ticket.watch, than, wake_at)
 
-    def expect_handoffs(self, ticket: Ticket[Any], wake_at: tuple[int, int]) -> None:
-        """Until the call's next look at its hand-offs, they wake its wait only as
-        ``wake_at`` says (:meth:`WakeRegistry.expect`); other messages wake it as ever.
-        Only where every node's subscription was confirmed before the latest attempt
-        went out: every node that hands off then tells us (a node subscribed since may
-        have handed off before: its message never comes, and the wait would last its
-        whole time; there, the first message wakes it, and a wait for more follows)."""
-        if (isinstance(ticket.watch, Watch) and ticket.sent is not None
-                and all(self.wakeups.confirmed_before(c, self._core.n, ticket.sent)
-                        for c in ticket.watch.channels)):
-            self.wakeups.expect(ticket.watch, 0, wake_at)
-
     def watch_every(self, channels: tuple[str, ...], event: Wakeable) -> Callable[[], None]:
         """Set ``event`` on every message on ``channels`` (an election's observer,
         docs/design.md §12.1) until the returned function is called."""

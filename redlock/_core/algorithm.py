@@ -230,13 +230,9 @@ class RedlockCore(Holding):
                                      result.reason)
             delay, patient = waits.next(attempts, result.outcomes,
                                         unavailable=result.unavailable, left=deadline.left())
-            # A hand-off is worth waking for once a quorum of its messages came (one
-            # message wakes nobody for nothing; a plain message still wakes at once).
-            handing = queued and kind.hands_off and self.rule.needed > 1
             backoff = Backoff(delay, line=self.line(resources, kind),
                               channels=tuple(kind.channel(self.keys, r) for r in resources),
-                              waiter=waiter_id(owner) if queued else None, patient=patient,
-                              wake_at=(attempts, self.rule.needed) if handing else None)
+                              waiter=waiter_id(owner) if queued else None, patient=patient)
             try:
                 heard = yield backoff
                 if queued and kind.hands_off:

@@ -136,10 +136,9 @@ class Backoff:
     :class:`~redlock._core.handoff.Handoffs`, docs/design.md §6.7; empty when the
     client collects none). ``heard_before``: a wait for more of them, which returns at
     once if more than that many were heard already. ``wake_at``: (attempt, k), hand-offs
-    end the wait (a wait for more, or an ordinary one) only once k nodes' latest
-    messages are hand-offs of that attempt (a message that is no hand-off still ends it,
-    and so does its time): a waiter that needs three nodes is not woken by each of them
-    in turn.
+    end such a wait only once k nodes' latest messages are hand-offs of that attempt (a
+    message that is no hand-off still ends it, and so does its time): a waiter that
+    needs three nodes is not woken by each of them in turn.
     """
 
     seconds: float

@@ -266,15 +266,6 @@ class WakeRegistry:
                     claimed = True
         return claimed
 
-    def confirmed_before(self, channel: str, nodes: int, when: float) -> bool:
-        """Subscribed on every one of ``nodes`` nodes, each confirmed before ``when``."""
-        with self._mutex:
-            for node in range(nodes):
-                since = self._live_since.get((channel, node))
-                if since is None or since >= when:
-                    return False
-            return True
-
     def live(self, channel: str) -> bool:
         """Subscribed on some node (for tests and inspection)."""
         with self._mutex:
