@@ -141,16 +141,6 @@ def test_tls_and_password_under_both_parsers_sync(parser: str, tls_nodes: list[s
     assert strictly_increasing(tokens)
 
 
-async def test_tls_and_password_under_both_parsers_asyncio(parser: str,
-                                                           tls_nodes: list[str]) -> None:
-    tokens = []
-    async with AsyncRedlock(tls_nodes, node_timeout=1.0) as dlm:
-        for _ in range(5):
-            async with dlm.lock(f"wire:tls:async:{parser}", timeout=5.0) as held:
-                tokens.append(held.token)
-    assert strictly_increasing(tokens)
-
-
 def test_release_messages_over_tls_hand_off_the_lock_sync(parser: str,
                                                            tls_nodes: list[str]) -> None:
     """The sync listener reads its subscription sockets itself (bytes parsed by
@@ -188,3 +178,13 @@ def test_release_messages_over_tls_hand_off_the_lock_sync(parser: str,
         assert result["acquired"]
         assert result["at"] - released_at < 1.0
         assert [e["event"] for e in events if e["event"] == "redlock.handed_off"]
+
+
+async def test_tls_and_password_under_both_parsers_asyncio(parser: str,
+                                                           tls_nodes: list[str]) -> None:
+    tokens = []
+    async with AsyncRedlock(tls_nodes, node_timeout=1.0) as dlm:
+        for _ in range(5):
+            async with dlm.lock(f"wire:tls:async:{parser}", timeout=5.0) as held:
+                tokens.append(held.token)
+    assert strictly_increasing(tokens)
