@@ -51,6 +51,7 @@ from _measure import percentile
 HERE = Path(__file__).resolve().parent
 TTL_S = 10.0
 BUDGET_KEY = "bench:contention:tickets"
+WARM_CYCLES = 3  # acquisitions per thread before the measured run
 
 
 # -- the child: T threads of one library in one process ------------------------------------
@@ -87,9 +88,24 @@ def child(options: dict[str, Any]) -> None:
     with open(options["slot_file"], "r+b") as slot_file:
         slot = mmap.mmap(slot_file.fileno(), 8)
     handles = [make(resource) for _ in range(threads)]
-    for index in range(threads):  # connections opened and scripts loaded, per thread
-        warm = make(f"{resource}:warm:{base + index}")
-        release(warm, acquire(warm))
+    # Connections opened and scripts loaded, per thread: the threads contend for a lock
+    # of this process's own a few times, together (one after another, they all used the
+    # one connection per node the first opened: the measured run's first acquisitions
+    # then waited for the others' connections, tens of ms on a busy machine).
+    warm_name = f"{resource}:warm:{base}"
+    together = threading.Barrier(threads)
+
+    def warm_up() -> None:
+        warm = make(warm_name)
+        together.wait()
+        for _ in range(WARM_CYCLES):
+            release(warm, acquire(warm))
+
+    warmers = [threading.Thread(target=warm_up, daemon=True) for _ in range(threads)]
+    for warmer in warmers:
+        warmer.start()
+    for warmer in warmers:
+        warmer.join()
     go = threading.Event()
     records: list[dict[str, Any]] = [{"waits_ms": [], "cs_ms": [], "violations": 0}
                                      for _ in range(threads)]

@@ -7,15 +7,19 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import threading
+import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import redis
 
 from redlock import AsyncRedlock, Redlock
 from redlock._io import resp
-from redlock.testing import RedisNode, RedisNodes, free_port
+from redlock.testing import RedisNode, RedisNodes, capture_events, free_port
 from tests.clients import Actor, Flavour
+from tests.internals import KEYS
 from tests.peek import strictly_increasing
 
 SAMPLES = [
@@ -133,6 +137,45 @@ def test_tls_and_password_under_both_parsers_sync(parser: str, tls_nodes: list[s
             with dlm.lock(f"wire:tls:sync:{parser}", timeout=5.0) as held:
                 tokens.append(held.token)
     assert strictly_increasing(tokens)
+
+
+def test_release_messages_over_tls_hand_off_the_lock_sync(parser: str,
+                                                           tls_nodes: list[str]) -> None:
+    """The sync listener reads its subscription sockets itself (bytes parsed by
+    redlock._io.resp): over TLS too, where select does not see decrypted bytes."""
+    resource = f"wire:tls:handoff:{parser}"
+    channel = KEYS.channel(resource)
+    with Redlock(tls_nodes, node_timeout=1.0) as holder_dlm, \
+            Redlock(tls_nodes, node_timeout=1.0, retry_delay_min=2.0,
+                    retry_delay_max=3.0) as waiter_dlm:
+        holder = holder_dlm.lock(resource, ttl=30.0)
+        assert holder.acquire(blocking=False)
+        waiter = waiter_dlm.lock(resource, ttl=10.0)
+        result: dict[str, Any] = {}
+
+        def wait() -> None:
+            result["acquired"] = waiter.acquire(timeout=20.0)
+            result["at"] = time.monotonic()
+
+        with capture_events() as events:
+            thread = threading.Thread(target=wait)
+            thread.start()
+            clients = [redis.Redis.from_url(url) for url in tls_nodes]
+            try:
+                deadline = time.monotonic() + 10
+                while not all(c.pubsub_numsub(channel)[0][1] for c in clients):
+                    assert time.monotonic() < deadline
+                    time.sleep(0.05)
+            finally:
+                for client in clients:
+                    client.close()
+            time.sleep(1.2)  # an attempt since (a patient wait is 0.5 s at most)
+            released_at = time.monotonic()
+            holder.release()
+            thread.join(25)
+        assert result["acquired"]
+        assert result["at"] - released_at < 1.0
+        assert [e["event"] for e in events if e["event"] == "redlock.handed_off"]
 
 
 async def test_tls_and_password_under_both_parsers_asyncio(parser: str,

@@ -59,7 +59,7 @@ class _Executor:
         seconds = self._room.watch_releases(request, ticket)
         if request.heard_before is not None:  # a wait for more hand-offs (§6.7)
             wake.clear()
-            if self._room.more_handoffs(ticket, request.heard_before):
+            if self._room.more_handoffs(ticket, request.heard_before, request.wake_at):
                 seconds = 0.0
         return line, wake, seconds
 

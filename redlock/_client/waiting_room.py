@@ -70,9 +70,14 @@ class WaitingRoom:
             return self.wakeups.handoffs(ticket.watch).since(ticket.sent)
         return Handoffs()
 
-    def more_handoffs(self, ticket: Ticket[Any], than: int) -> bool:
-        """More hand-offs heard than ``than`` (a wait for more ends at once)."""
-        return isinstance(ticket.watch, Watch) and self.wakeups.handoffs(ticket.watch).total > than
+    def more_handoffs(self, ticket: Ticket[Any], than: int,
+                      wake_at: tuple[int, int] | None = None) -> bool:
+        """A wait for more hand-offs starts: True if it should end at once (more heard
+        than ``than``; with ``wake_at``, as many as it waits for). Until the call's next
+        wait, messages wake it as ``wake_at`` says (:meth:`WakeRegistry.expect`)."""
+        if not isinstance(ticket.watch, Watch):
+            return False
+        return self.wakeups.expect(ticket.watch, than, wake_at)
 
     def watch_every(self, channels: tuple[str, ...], event: Wakeable) -> Callable[[], None]:
         """Set ``event`` on every message on ``channels`` (an election's observer,

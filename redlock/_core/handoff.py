@@ -42,7 +42,8 @@ class Core(Protocol):
 
     def timeout(self, ttl: float | None = None) -> float: ...
 
-__all__ = ["Handoffs", "Heard", "acquired", "counted", "enough", "parse_message"]
+__all__ = ["Handoffs", "Heard", "acquired", "counted", "enough", "may_still", "parse_message",
+           "wake_at"]
 
 logger = get_logger("redlock.locks")
 
@@ -69,15 +70,21 @@ class Handoffs(list[Heard]):
     to its :class:`~redlock._core.requests.Backoff`; ``total``: how many hand-off
     messages it recorded in all (a later wait returns at once if more came since)."""
 
-    def __init__(self, heard: Iterable[Heard] = (), count: int = 0) -> None:
+    def __init__(self, heard: Iterable[Heard] = (), count: int = 0,
+                 attempts: Mapping[int, int] | None = None) -> None:
         super().__init__(heard)
         self.total = count
+        # Per node, the attempt its latest message named, whether it counts or not
+        # (None: not known). A node whose message for the latest attempt came already
+        # sends no other for it: a wait for more need not wait for it.
+        self.attempts = attempts
 
     def since(self, sent: float | None) -> Handoffs:
         """Those that came by a subscription confirmed before ``sent`` (when the
         latest attempt went out, ``time.monotonic``; None: none do)."""
         return Handoffs((h for h in self if sent is not None and h.subscribed is not None
-                         and h.subscribed < sent), self.total)
+                         and h.subscribed < sent), self.total,
+                        {h.node: h.attempt for h in self})
 
 
 def parse_message(data: str) -> tuple[str, tuple[int, int, int] | None]:
@@ -108,6 +115,33 @@ def enough(counters: Mapping[int, int], rule: Rule) -> bool:
     return bool(counters) and rule.met(counters)
 
 
+def may_still(heard: Handoffs, counters: Mapping[int, int], attempt: int,
+              benched: Collection[int], refused: Collection[int], rule: Rule) -> bool:
+    """Whether more messages could still make a quorum with ``counters``: only the
+    nodes that refused our latest ``attempt`` (and are counted) can add one, and not
+    those whose message for it came already without counting (a subscription confirmed
+    too late, another epoch): each node hands off once per release. Unknown
+    (``heard.attempts`` None): assumed possible."""
+    if heard.attempts is None:
+        return True
+    possible = set(counters) | {i for i in refused if i not in benched
+                                and heard.attempts.get(i) != attempt}
+    return rule.met(possible)
+
+
+def wake_at(heard: Handoffs, counters: Mapping[int, int], attempt: int,
+            rule: Rule) -> tuple[int, int] | None:
+    """When a wait for more hand-offs is worth ending: once as many nodes' messages of
+    our latest ``attempt`` came as could make a quorum with those that count (those
+    that came without counting stay in the number: their nodes send no other). None:
+    at every message (what came is not known by node)."""
+    if heard.attempts is None:
+        return None
+    not_counting = sum(1 for node, a in heard.attempts.items()
+                       if a == attempt and node not in counters)
+    return attempt, not_counting + max(len(counters) + 1, rule.needed)
+
+
 def acquired(core: Core, heard: Sequence[object], backoff: Backoff,
              resources: tuple[str, ...], owner: str, ttl: float, deadline: Deadline,
              kind: Kind, attempt: int, attempt_started: float,
@@ -123,10 +157,23 @@ def acquired(core: Core, heard: Sequence[object], backoff: Backoff,
     counters = counted(heard, attempt, core.rule.epoch, core.amnesia.health.benched(),
                        refused)
     if counters and not enough(counters, core.rule) and not deadline.passed():
-        # Some nodes handed off: the others' messages are on their way (or lost).
-        more = yield replace(backoff, seconds=deadline.pause(core.timeout(ttl)),
-                             patient=None, heard_before=heard.total)
-        if isinstance(more, Handoffs):
+        # Some nodes handed off: the others' messages are on their way (or lost). Each
+        # message ends a wait: wait again for the rest, within one request timeout, as
+        # long as the nodes yet to be heard could make a quorum.
+        until = core.clock() + core.timeout(ttl)
+        total, latest = heard.total, heard
+        while not enough(counters, core.rule) and not deadline.passed():
+            left = until - core.clock()
+            if left <= 0 or not may_still(latest, counters, attempt,
+                                          core.amnesia.health.benched(), refused,
+                                          core.rule):
+                break
+            more = yield replace(backoff, seconds=deadline.pause(left), patient=None,
+                                 heard_before=total,
+                                 wake_at=wake_at(latest, counters, attempt, core.rule))
+            if not isinstance(more, Handoffs) or more.total <= total:
+                break  # nothing new came in time
+            total, latest = more.total, more
             counters = counted(more, attempt, core.rule.epoch,
                                core.amnesia.health.benched(), refused)
     if not enough(counters, core.rule):

@@ -135,7 +135,10 @@ class Backoff:
     The reply: the hand-offs to ``waiter`` heard so far (a
     :class:`~redlock._core.handoff.Handoffs`, docs/design.md §6.7; empty when the
     client collects none). ``heard_before``: a wait for more of them, which returns at
-    once if more than that many were heard already.
+    once if more than that many were heard already. ``wake_at``: (attempt, k), hand-offs
+    end such a wait only once k nodes' latest messages are hand-offs of that attempt (a
+    message that is no hand-off still ends it, and so does its time): a waiter that
+    needs three nodes is not woken by each of them in turn.
     """
 
     seconds: float
@@ -144,6 +147,7 @@ class Backoff:
     waiter: str | None = None
     patient: float | None = None
     heard_before: int | None = None
+    wake_at: tuple[int, int] | None = None
 
 
 Wait = Pause | PauseUntilWoken | Backoff

@@ -20,21 +20,27 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from redlock._io import wakeups
+from redlock._io import resp, wakeups
 
 # The longest the thread sleeps in select: it notices close(), a ping to send and
 # lingering channels to drop at least this often.
 _TICK = 1.0
+# One read from a subscription socket takes at most this many bytes (more stay for the
+# next round's select).
+_READ_SIZE = 65536
 
 
 class _Node:
     """One node's subscription connection, as the listener thread sees it."""
 
-    __slots__ = ("conn", "connecting", "delay", "refused", "retry_at", "subscription")
+    __slots__ = ("conn", "connecting", "delay", "reader", "refused", "retry_at",
+                 "subscription")
 
     def __init__(self, subscription: wakeups.NodeSubscription) -> None:
         self.subscription = subscription
         self.conn: Any = None
+        # Its replies, parsed from the socket's bytes (redis-py reads only the handshake).
+        self.reader: Any = None
         self.connecting = False  # a helper thread is opening the connection
         self.retry_at = 0.0
         self.delay = wakeups.RECONNECT_MIN
@@ -108,34 +114,52 @@ class SyncReleaseListener:
     def _serve(self) -> None:
         """One round: connect what is down, subscribe what is wanted, read what came."""
         now = time.monotonic()
+        wanted = self._registry.wanted()
         for node in self._nodes:
             if node.refused:
                 continue
             if node.conn is None:
-                node.subscription.check_idle()
+                node.subscription.check_idle(wanted)
                 if not node.connecting and now >= node.retry_at:
                     self._open(node)
                 continue
             try:
-                for command in node.subscription.commands():
+                for command in node.subscription.commands(wanted):
                     node.conn.send_command(*command, check_health=False)
             except Exception:
                 self._lost(node)
         live = [n for n in self._nodes if n.conn is not None]
+        readable: list[Any] = []
         with contextlib.suppress(OSError, TypeError, ValueError):  # closed under us: next round
             readable, _, _ = select.select([self._poke_r, *(n.conn._sock for n in live)],
                                            [], [], _TICK)
             if self._poke_r in readable:
                 with contextlib.suppress(OSError):
                     self._poke_r.recv(4096)
+        # The waiters woken by what this round read wake once, after the last message
+        # (several nodes' messages of one release often come together).
+        wake: list[Any] = []
         for node in live:
-            self._read(node)
+            self._read(node, wake, readable)
+        for event in dict.fromkeys(wake):
+            event.set()
 
-    def _read(self, node: _Node) -> None:
+    def _read(self, node: _Node, wake: list[Any], readable: Sequence[Any]) -> None:
+        """What came on the node's connection: read from its socket only when select
+        found it readable (or TLS holds decrypted bytes above it), and parsed here:
+        everything buffered was parsed in the round that read it."""
         try:
-            while node.conn.can_read(timeout=0):
-                node.subscription.heard(node.conn.read_response(
-                    timeout=self._connect_timeout, disconnect_on_error=False))
+            sock = node.conn._sock
+            while sock in readable or _pending(sock):
+                data = sock.recv(_READ_SIZE)
+                if not data:
+                    raise redis.ConnectionError("the node closed the subscription connection")
+                node.reader.feed(data)
+                while (message := node.reader.gets()) is not False:
+                    if isinstance(message, resp.ReplyError):
+                        raise redis.ResponseError(str(message))
+                    node.subscription.heard(message, wake)
+                readable = ()
             if node.subscription.silent():
                 raise redis.TimeoutError("the subscription connection stopped answering")
         except redis.ResponseError as exc:  # SUBSCRIBE refused: an ACL
@@ -169,6 +193,7 @@ class SyncReleaseListener:
                 if self._closed:
                     _disconnect(conn)
                 else:
+                    node.reader = resp.Reader()
                     node.conn = conn
             finally:
                 node.connecting = False
@@ -182,6 +207,12 @@ class SyncReleaseListener:
         if node.conn is not None:
             _disconnect(node.conn)
             node.conn = None
+
+
+def _pending(sock: Any) -> bool:
+    """TLS: decrypted bytes buffered above the socket (select does not see them)."""
+    pending = getattr(sock, "pending", None)
+    return pending is not None and pending() > 0
 
 
 def _disconnect(conn: Any) -> None:

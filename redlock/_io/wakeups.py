@@ -57,6 +57,20 @@ class Watch:
     # Hand-offs to this waiter (docs/design.md §6.7): per node the latest, and how many.
     heard: dict[int, Heard] = field(default_factory=dict)
     count: int = 0
+    # A wait for more hand-offs: (attempt, k), woken by a hand-off only once k nodes'
+    # latest messages are of that attempt (None: by every message).
+    expect: tuple[int, int] | None = None
+
+    def expected(self, live: int) -> bool:
+        """The wait has the hand-offs it waits for (call under the registry's mutex).
+        ``live``: on how many nodes its channel is subscribed now: no more messages
+        than that can come (a cold start, nodes whose subscription is down), so it
+        waits for no more than that."""
+        if self.expect is None:
+            return True
+        attempt, nodes = self.expect
+        heard = sum(1 for h in self.heard.values() if h.attempt == attempt)
+        return heard >= max(1, min(nodes, live))
 
     def record(self, node: int | None, handoff: tuple[int, int, int] | None,
                subscribed: float | None) -> None:
@@ -181,14 +195,30 @@ class WakeRegistry:
                        hint=f"waiters in other processes notice releases by polling ({hint})")
 
     def handoffs(self, watch: Watch) -> Handoffs:
-        """The hand-offs ``watch`` heard so far (docs/design.md §6.7)."""
+        """The hand-offs ``watch`` heard so far (docs/design.md §6.7); a wait for more
+        is over (every message wakes the watch again)."""
         with self._mutex:
+            watch.expect = None
             return Handoffs(watch.heard.values(), watch.count)
 
-    def deliver(self, channel: str, data: str, node: int | None = None) -> None:
+    def expect(self, watch: Watch, than: int, wake_at: tuple[int, int] | None) -> bool:
+        """A wait for more hand-offs starts on ``watch``: hand-offs wake it only as
+        ``wake_at`` says (:class:`~redlock._core.requests.Backoff`) until
+        :meth:`handoffs` is asked. True if it has that already (more than ``than``
+        heard, without ``wake_at``): the wait ends at once."""
+        with self._mutex:
+            watch.expect = wake_at
+            if wake_at is None:
+                return watch.count > than
+            return watch.expected(max(len(self._live.get(c, ())) for c in watch.channels))
+
+    def deliver(self, channel: str, data: str, node: int | None = None,
+                wake: list[Wakeable] | None = None) -> None:
         """A release on ``node``: wake the waiter it names, or the first one; a hand-off
         to a waiter is recorded on its watch. Woken nobody: kept for a while, for a
-        waiter still in its first attempt (below)."""
+        waiter still in its first attempt (below). ``wake``: the events to set are
+        added to it instead (a listener that read several messages at once sets them
+        after the last: a waiter then wakes once with every message that came)."""
         named, handoff = parse_message(data)
         with self._mutex:
             since = None if node is None else self._live_since.get((channel, node))
@@ -201,7 +231,13 @@ class WakeRegistry:
             if not woken:
                 self._unclaimed.setdefault(channel, deque(maxlen=UNCLAIMED_KEPT)).append(
                     (time.monotonic(), data, node, since))
+            elif handoff is not None:  # a wait for more wakes once it has enough
+                live = len(self._live.get(channel, ()))
+                woken = [w for w in woken if w.expected(live)]
             woken += [w for w in self._watches.get(channel, []) if w.waiter == EVERY]
+        if wake is not None:
+            wake.extend(watch.event for watch in woken)
+            return
         for watch in woken:
             watch.event.set()
 
@@ -248,10 +284,11 @@ class NodeSubscription:
     ping_sent: float | None = None
     idle_since: float | None = None
 
-    def commands(self) -> list[tuple[str, ...]]:
+    def commands(self, wanted: set[str] | None = None) -> list[tuple[str, ...]]:
         """SUBSCRIBE / UNSUBSCRIBE to send on the connection so it listens to what is
-        wanted (it is taken as sent), and a PING when due."""
-        wanted = self.check_idle()
+        wanted (it is taken as sent; ``wanted``: the registry's, if the caller asked
+        already), and a PING when due."""
+        wanted = self.check_idle(wanted)
         commands: list[tuple[str, ...]] = []
         new, gone = sorted(wanted - self.channels), sorted(self.channels - wanted)
         if new:
@@ -265,24 +302,26 @@ class NodeSubscription:
             commands.append(("PING",))
         return commands
 
-    def check_idle(self) -> set[str]:
+    def check_idle(self, wanted: set[str] | None = None) -> set[str]:
         """The wanted channels; keeps the clock of :meth:`idle` (also while the node is
         down: a listener with nothing to listen to stops either way)."""
-        wanted = self.registry.wanted()
+        if wanted is None:
+            wanted = self.registry.wanted()
         if wanted:
             self.idle_since = None
         elif self.idle_since is None:
             self.idle_since = time.monotonic()
         return wanted
 
-    def heard(self, message: Any) -> None:
-        """One message read from the connection."""
+    def heard(self, message: Any, wake: list[Wakeable] | None = None) -> None:
+        """One message read from the connection (``wake``: see
+        :meth:`WakeRegistry.deliver`)."""
         self.last_heard = time.monotonic()
         if not isinstance(message, list) or not message:
             return
         kind = _text(message[0])
         if kind == "message" and len(message) == 3:
-            self.registry.deliver(_text(message[1]), _text(message[2]), self.node)
+            self.registry.deliver(_text(message[1]), _text(message[2]), self.node, wake)
         elif kind == "subscribe" and len(message) >= 2:
             self.registry.subscribed(self.node, _text(message[1]))
         elif kind == "unsubscribe" and len(message) >= 2:

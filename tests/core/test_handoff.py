@@ -271,6 +271,96 @@ def test_fewer_than_a_quorum_of_messages_waits_a_little_for_more_then_asks_the_n
     assert nodes.scripts_sent()[:3] == ["acquire", "acquire", "release"]
 
 
+def test_messages_heard_one_at_a_time_are_waited_for_until_they_make_a_quorum() -> None:
+    """Each message ends a wait: the waiter waits again for the rest (within one
+    request timeout) instead of falling back to an ACQUIRE round at the second."""
+    clock = FakeClock()
+    nodes = ScriptedNodes(5, counters=[4] * 5, clock=clock)
+    core = make_core(5, clock)
+    held_by_another(nodes)
+
+    def hand_off(backoff: Backoff, number: int) -> Handoffs:
+        if number == 1:
+            release_by_holder(core, nodes, range(5))
+        return Handoffs([Heard(i, 5, 0, 1) for i in range(min(number, 3))], min(number, 3))
+
+    result, waits = waiter_flow(core, nodes, hand_off)
+    assert result.state is not None and result.state.token == 5
+    assert [w.heard_before for w in waits] == [None, 1, 2]
+    assert waits[0].wake_at is None  # the first message of a release wakes a waiter
+    assert nodes.scripts_sent() == ["acquire"]
+
+
+def test_a_wait_for_more_ends_when_the_nodes_left_cannot_make_a_quorum() -> None:
+    """Nodes whose message for the latest attempt came without counting (their
+    subscription was confirmed too late) send no other: nothing is waited for."""
+    clock = FakeClock()
+    nodes = ScriptedNodes(3, counters=[4, 4, 4], clock=clock)
+    core = make_core(3, clock)
+    held_by_another(nodes)
+
+    def hand_off(backoff: Backoff, number: int) -> Handoffs:
+        if number == 1:
+            release_by_holder(core, nodes, range(3))
+            return Handoffs([Heard(0, 5, 0, 1)], 3, attempts={0: 1, 1: 1, 2: 1})
+        return Handoffs()
+
+    result, waits = waiter_flow(core, nodes, hand_off)
+    assert result.state is not None and result.state.token == 5
+    assert len(waits) == 1  # no wait for more: the next attempt takes the reservations
+    assert nodes.scripts_sent() == ["acquire", "acquire"]
+
+
+def test_a_wait_for_more_is_woken_once_enough_nodes_sent_theirs() -> None:
+    """A waiter that heard one of the three messages it needs (N = 5) is not woken by
+    the second: the registry wakes it at the third (or at a plain message)."""
+    clock = FakeClock()
+    nodes = ScriptedNodes(5, counters=[4] * 5, clock=clock)
+    core = make_core(5, clock)
+    held_by_another(nodes)
+
+    def hand_off(backoff: Backoff, number: int) -> Handoffs:
+        if number == 1:
+            release_by_holder(core, nodes, range(5))
+            # node 4's came by a subscription confirmed too late: it does not count
+            return Handoffs([Heard(0, 5, 0, 1)], 2, attempts={0: 1, 4: 1})
+        heard = [Heard(i, 5, 0, 1) for i in range(3)]
+        return Handoffs(heard, 4, attempts={**{h.node: 1 for h in heard}, 4: 1})
+
+    result, waits = waiter_flow(core, nodes, hand_off)
+    assert result.state is not None and result.state.token == 5
+    assert waits[1].wake_at == (1, 4)  # node 4's, and three that count
+    assert nodes.scripts_sent() == ["acquire"]
+
+    registry = WakeRegistry()
+    event = threading.Event()
+    watch = registry.watch(["c"], WAITER, event)
+    for node in range(5):
+        registry.subscribed(node, "c")
+    registry.deliver("c", f"{WAITER} 5 0 1", node=0)
+    assert registry.expect(watch, 1, (1, 3)) is False
+    event.clear()
+    registry.deliver("c", f"{WAITER} 5 0 1", node=1)
+    assert not event.is_set()
+    registry.deliver("c", f"{WAITER} 5 0 1", node=2)
+    assert event.is_set()
+    assert registry.expect(watch, 3, (1, 3)) is True  # it has them: no wait at all
+    event.clear()
+    registry.deliver("c", WAITER, node=3)  # a plain wake still wakes
+    assert event.is_set()
+    registry.handoffs(watch)  # the wait is over: every message wakes again
+    event.clear()
+    registry.deliver("c", f"{WAITER} 6 0 2", node=0)
+    assert event.is_set()
+    # Subscribed on two nodes only: no third message can come, two wake it.
+    for node in range(2, 5):
+        registry.unsubscribed(node, "c")
+    assert registry.expect(watch, 0, (2, 3)) is False
+    event.clear()
+    registry.deliver("c", f"{WAITER} 6 0 2", node=1)
+    assert event.is_set()
+
+
 def test_a_hand_off_without_validity_left_is_not_used() -> None:
     clock = FakeClock()
     nodes = ScriptedNodes(3, counters=[4, 4, 4], clock=clock)
