@@ -69,8 +69,12 @@ class Holding:
         timeout = self.timeout(ttl)
         args: tuple[CommandArg, ...] = (owner, "1") if leave else (
             owner, "0", int(patience(self.settings, timeout) * 1000))
-        calls = tuple(kind.release_call(keys, i, r, args)
-                      for i in (range(self.n) if nodes is None else nodes) for r in resources)
+        asked = range(self.n) if nodes is None else nodes
+        # One call per resource, the same for every node but its node: the nodes' calls
+        # share their keys and arguments (the transports pack each command once).
+        made = [kind.release_call(keys, asked[0], r, args) for r in resources] if asked else []
+        calls = tuple(Call(i, call.args, call.script, call.keys)
+                      for i in asked for call in made)
         if patient:
             # A holder's release is decided as soon as a quorum answered; the timeout
             # only bounds it when fewer do. A client thread starved of the GIL (dozens

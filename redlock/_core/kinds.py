@@ -54,7 +54,19 @@ def with_epoch(calls: Iterable[Call], keys: Keys, epoch: int) -> tuple[Call, ...
     (docs/design.md §13.1; the scripts' EPOCH_CHECK). Every such call a kind builds
     goes out through here."""
     members = keys.members
-    return tuple(Call(call.node, (*call.args, epoch), call.script, (*call.keys, members))
+    # Calls that shared their keys and arguments (one per node) still share them: the
+    # transports pack a command once per request and reuse it for the next node when
+    # it is the same (redlock._io.wire.Packing).
+    shared: dict[int, tuple[tuple[object, ...], tuple[object, ...]]] = {}
+
+    def extended(items: tuple[object, ...], last: object) -> tuple[object, ...]:
+        found = shared.get(id(items))
+        if found is None:  # (the original is kept with it: its id stays its own)
+            found = shared[id(items)] = (items, (*items, last))
+        return found[1]
+
+    return tuple(Call(call.node, extended(call.args, epoch),  # type: ignore[arg-type]
+                      call.script, extended(call.keys, members))  # type: ignore[arg-type]
                  for call in calls)
 
 

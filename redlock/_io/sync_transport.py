@@ -139,8 +139,9 @@ class SyncTransport:
                                                             anyway=group.lane is not None)))
             self._gather(request, replies, sent, connecting, deadline, packing)
         finally:
-            decided = request.enough is not None and request.enough(replies,
-                                                                    replies.identities)
+            decided = request.enough is not None and bool(  # (for the unfinished ones)
+                connecting or any(not group.done for group in sent)) and request.enough(
+                replies, replies.identities)
             for group, attempt in connecting:  # still connecting: it joins the pool later
                 if attempt is None:
                     queued = self._drainer.queue(group.node, group.calls)
@@ -166,14 +167,8 @@ class SyncTransport:
                 connecting: list[tuple[Group, Connect | None]], deadline: float,
                 packing: Packing) -> None:
         started, decided, learning = time.monotonic(), False, bool(request.learn)
+        fresh = False  # replies were read since the decision was last asked
         while True:
-            if not decided and request.enough is not None and request.enough(
-                    replies, replies.identities):
-                # Decided: the stragglers get as long again as the decision took (all of
-                # a healthy cluster's replies come in together), then no longer.
-                decided = True
-                now = time.monotonic()
-                deadline = min(deadline, now + max(now - started, STRAGGLER_GRACE_MIN))
             if learning:  # a first request: its timeout from its own replies
                 learnt = learnt_deadline(request, started, time.monotonic(),
                                          len(replies.round_trips))
@@ -199,6 +194,12 @@ class SyncTransport:
             waiting = [g for g in sent if not g.done]
             if (not waiting and not connecting) or self._closed:
                 return  # (closed: close() waits for this request; what is unread is lost)
+            if fresh and not decided and request.enough is not None and request.enough(
+                    replies, replies.identities):
+                # Decided: the stragglers get as long again as the decision took (all of
+                # a healthy cluster's replies come in together), then no longer.
+                decided, now = True, time.monotonic()
+                deadline = min(deadline, now + max(now - started, STRAGGLER_GRACE_MIN))
             left = deadline - time.monotonic()
             if left <= 0:
                 # A reply already in a socket came in time, even if this thread (many
@@ -220,6 +221,7 @@ class SyncTransport:
                     time.sleep(min(left, 0.002))
             for group in ready:
                 self._read(group, replies)
+            fresh = bool(ready)
 
     @staticmethod
     def _readable(groups: list[Group], wait: float) -> list[Group]:
