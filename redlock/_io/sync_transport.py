@@ -167,7 +167,7 @@ class SyncTransport:
                 connecting: list[tuple[Group, Connect | None]], deadline: float,
                 packing: Packing) -> None:
         started, decided, learning = time.monotonic(), False, bool(request.learn)
-        fresh = False  # replies were read since the decision was last asked
+        asked_at = 0  # how many replies were in (or failed) when the decision was asked
         while True:
             if learning:  # a first request: its timeout from its own replies
                 learnt = learnt_deadline(request, started, time.monotonic(),
@@ -194,12 +194,12 @@ class SyncTransport:
             waiting = [g for g in sent if not g.done]
             if (not waiting and not connecting) or self._closed:
                 return  # (closed: close() waits for this request; what is unread is lost)
-            if fresh and not decided and request.enough is not None and request.enough(
-                    replies, replies.identities):
-                # Decided: the stragglers get as long again as the decision took (all of
-                # a healthy cluster's replies come in together), then no longer.
-                decided, now = True, time.monotonic()
-                deadline = min(deadline, now + max(now - started, STRAGGLER_GRACE_MIN))
+            answered = len(replies) - replies.count(PENDING)  # (read, or failed)
+            if not decided and answered != asked_at and request.enough is not None:
+                asked_at, decided = answered, request.enough(replies, replies.identities)
+                if decided:  # the stragglers get as long again as the decision took (all
+                    now = time.monotonic()  # of a healthy cluster's replies come together)
+                    deadline = min(deadline, now + max(now - started, STRAGGLER_GRACE_MIN))
             left = deadline - time.monotonic()
             if left <= 0:
                 # A reply already in a socket came in time, even if this thread (many
@@ -221,7 +221,6 @@ class SyncTransport:
                     time.sleep(min(left, 0.002))
             for group in ready:
                 self._read(group, replies)
-            fresh = bool(ready)
 
     @staticmethod
     def _readable(groups: list[Group], wait: float) -> list[Group]:
