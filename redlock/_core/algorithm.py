@@ -190,8 +190,17 @@ class RedlockCore(Holding):
         while True:
             attempts += 1
             attempt_started = self.clock()
-            result = yield from self._attempt(resources, owner, ttl, ticket, deadline, kind,
-                                              attempt=attempts)
+            try:
+                result = yield from self._attempt(resources, owner, ttl, ticket, deadline,
+                                                  kind, attempt=attempts)
+            except GeneratorExit:
+                raise
+            except BaseException:
+                # The call ends here, interrupted (cancelled) or failed anywhere in the
+                # attempt: its SET may have happened anywhere, and its line entries go too
+                # (a release would hand the lock to one left behind, for its TTL, §6.7).
+                yield deadline.cap(self._release_calls(resources, owner, ttl, kind=kind))
+                raise
             if watch is not None:  # observation (OpenTelemetry) hears of each attempt
                 watch(result)
             if result.retry_now and attempts < 3:
@@ -315,96 +324,90 @@ class RedlockCore(Holding):
                             line=self.line(resources, kind), turns=not ticket,
                             enough=self._enough(kind.vote, kind.group if kind.grouped else None),
                             learn=learn)
-        try:
-            replies = yield request
-            if inspect:
-                self.amnesia.inspected(replies[self.n:])
-                replies = replies[:self.n]
-            outcomes = self.amnesia.screen([
-                kind.outcome(self.addresses[i], reply, len(resources))
-                for i, reply in enumerate(replies)])
-            amnesia = (None if self.amnesia.clear(outcomes)
-                       else (yield from self.amnesia.check(outcomes, deadline)))
-            if amnesia is not None:  # the call may try again: it keeps its place in line
-                yield deadline.cap(self._release_calls(resources, owner, ttl, leave=False,
-                                                       kind=kind))
-                return amnesia
-            # The grants this attempt keeps (a permit's: of the slot most nodes granted;
-            # the others are given back at once, §12.2), and what they are grants of.
-            granting = {i: replies[i] for i, r in enumerate(outcomes)
-                        if r.outcome is Outcome.GRANTED}
-            held_kind, kept = kind.granted(granting) if granting else (kind, {})
-            stray = held_kind.stray(granting)
-            if stray:
-                yield deadline.cap(self._release_calls(resources, owner, ttl, leave=False,
-                                                       nodes=stray, kind=kind))
-            if kept and held_kind is not kind:  # (a permit's slot: its own buckets)
-                buckets = held_kind.buckets(resources)
-            # Per granting node, its counter for each resource (in the set's order).
-            granted = {i: acquire_counters(reply) for i, reply in kept.items()}
-            if granted:  # the next attempt lifts the nodes that lag behind the highest
-                self.floors.raise_to(buckets, max(max(c) for c in granted.values()))
-            # Counted under the newest configuration we know (this round's refusals may
-            # have taught us one: a stricter rule, never a weaker one, §13.4).
-            rule = self.rule
-            if rule.met(granted):
-                # The token rule, resource by resource (docs/design.md §3).
-                choices = {r: choose_token({i: c[j] for i, c in granted.items()})
-                           for j, r in enumerate(resources)}
-                committed = {r: set(c.committed) for r, c in choices.items()}
-                write_backs = [(r, call) for r, c in choices.items()
-                               if not rule.met(committed[r])
-                               for call in with_epoch(
-                                   (held_kind.write_back_call(keys, i, r, owner, c.token)
-                                    for i in c.write_back), keys, epoch)]
-                if write_backs:
-                    # Counters diverged: raise the lower ones to the token, but only on
-                    # nodes that still hold our key (the script checks the owner).
-                    acks = yield Broadcast(tuple(call for _, call in write_backs),
-                                           deadline.bound(self.timeout(ttl)),
-                                           enough=commit_enough(write_backs, committed,
-                                                                 rule))
-                    rule = self.rule
-                    for (r, call), ack in zip(write_backs, acks, strict=True):
-                        if acked(ack):
-                            committed[r].add(call.node)
-                    for r in {r for r, _ in write_backs}:
-                        logger.info("redlock.token_write_back", resource=r,
-                                    token=choices[r].token,
-                                    returned_token=len(choices[r].committed),
-                                    written_back=len(choices[r].write_back),
-                                    committed=len(committed[r]))
-                validity = validity_left(settings, ttl, started, self.clock())
-                short = [r for r in resources if not rule.met(committed[r])]
-                too_big = [r for r in resources if choices[r].token >= TOKEN_LIMIT]
-                if not short and not too_big and validity > 0:
-                    tokens = {r: c.token for r, c in choices.items()}
-                    state = LockState(name, owner, ttl, max(tokens.values()),
-                                      started + ttl - settings.drift(ttl), self.clock,
-                                      self.env.new_mutex(), tokens=tokens, kind=held_kind)
-                    logger.debug("redlock.acquired", resource=name, token=state.token,
-                                 kind=held_kind.name,
-                                 validity_ms=round(validity * 1000, 3), granted=len(granted),
-                                 nodes=self.n)
-                    return AttemptResult(state, outcomes)
-                if too_big:
-                    reason = f"fence counter reached {TOKEN_LIMIT}"
-                elif short:
-                    reason = ("token " + rule.count(committed[short[0]], "committed")
-                              if rule.joint else f"token committed on"
-                              f" {len(committed[short[0]])} nodes, need {rule.needed}")
-                else:
-                    reason = "validity ran out during the attempt"
+        # (Interrupted or failed from here on: acquire() releases and leaves the line.)
+        replies = yield request
+        if inspect:
+            self.amnesia.inspected(replies[self.n:])
+            replies = replies[:self.n]
+        outcomes = self.amnesia.screen([
+            kind.outcome(self.addresses[i], reply, len(resources))
+            for i, reply in enumerate(replies)])
+        amnesia = (None if self.amnesia.clear(outcomes)
+                   else (yield from self.amnesia.check(outcomes, deadline)))
+        if amnesia is not None:  # the call may try again: it keeps its place in line
+            yield deadline.cap(self._release_calls(resources, owner, ttl, leave=False,
+                                                   kind=kind))
+            return amnesia
+        # The grants this attempt keeps (a permit's: of the slot most nodes granted;
+        # the others are given back at once, §12.2), and what they are grants of.
+        granting = {i: replies[i] for i, r in enumerate(outcomes)
+                    if r.outcome is Outcome.GRANTED}
+        held_kind, kept = kind.granted(granting) if granting else (kind, {})
+        stray = held_kind.stray(granting)
+        if stray:
+            yield deadline.cap(self._release_calls(resources, owner, ttl, leave=False,
+                                                   nodes=stray, kind=kind))
+        if kept and held_kind is not kind:  # (a permit's slot: its own buckets)
+            buckets = held_kind.buckets(resources)
+        # Per granting node, its counter for each resource (in the set's order).
+        granted = {i: acquire_counters(reply) for i, reply in kept.items()}
+        if granted:  # the next attempt lifts the nodes that lag behind the highest
+            self.floors.raise_to(buckets, max(max(c) for c in granted.values()))
+        # Counted under the newest configuration we know (this round's refusals may
+        # have taught us one: a stricter rule, never a weaker one, §13.4).
+        rule = self.rule
+        if rule.met(granted):
+            # The token rule, resource by resource (docs/design.md §3).
+            choices = {r: choose_token({i: c[j] for i, c in granted.items()})
+                       for j, r in enumerate(resources)}
+            committed = {r: set(c.committed) for r, c in choices.items()}
+            write_backs = [(r, call) for r, c in choices.items()
+                           if not rule.met(committed[r])
+                           for call in with_epoch(
+                               (held_kind.write_back_call(keys, i, r, owner, c.token)
+                                for i in c.write_back), keys, epoch)]
+            if write_backs:
+                # Counters diverged: raise the lower ones to the token, but only on
+                # nodes that still hold our key (the script checks the owner).
+                acks = yield Broadcast(tuple(call for _, call in write_backs),
+                                       deadline.bound(self.timeout(ttl)),
+                                       enough=commit_enough(write_backs, committed,
+                                                             rule))
+                rule = self.rule
+                for (r, call), ack in zip(write_backs, acks, strict=True):
+                    if acked(ack):
+                        committed[r].add(call.node)
+                for r in {r for r, _ in write_backs}:
+                    logger.info("redlock.token_write_back", resource=r,
+                                token=choices[r].token,
+                                returned_token=len(choices[r].committed),
+                                written_back=len(choices[r].write_back),
+                                committed=len(committed[r]))
+            validity = validity_left(settings, ttl, started, self.clock())
+            short = [r for r in resources if not rule.met(committed[r])]
+            too_big = [r for r in resources if choices[r].token >= TOKEN_LIMIT]
+            if not short and not too_big and validity > 0:
+                tokens = {r: c.token for r, c in choices.items()}
+                state = LockState(name, owner, ttl, max(tokens.values()),
+                                  started + ttl - settings.drift(ttl), self.clock,
+                                  self.env.new_mutex(), tokens=tokens, kind=held_kind)
+                logger.debug("redlock.acquired", resource=name, token=state.token,
+                             kind=held_kind.name,
+                             validity_ms=round(validity * 1000, 3), granted=len(granted),
+                             nodes=self.n)
+                return AttemptResult(state, outcomes)
+            if too_big:
+                reason = f"fence counter reached {TOKEN_LIMIT}"
+            elif short:
+                reason = ("token " + rule.count(committed[short[0]], "committed")
+                          if rule.joint else f"token committed on"
+                          f" {len(committed[short[0]])} nodes, need {rule.needed}")
             else:
-                reason = rule.count(granted, "granted")
-                if rule.epoch:
-                    reason += f" (membership epoch {rule.epoch})"
-        except GeneratorExit:
-            raise
-        except BaseException:
-            # Interrupted (cancelled) after sending: the SET may have happened anywhere.
-            yield deadline.cap(self._release_calls(resources, owner, ttl))
-            raise
+                reason = "validity ran out during the attempt"
+        else:
+            reason = rule.count(granted, "granted")
+            if rule.epoch:
+                reason += f" (membership epoch {rule.epoch})"
         # Failure: release wherever our key may be, including nodes that timed out (reply
         # lost after SET); not where the script refused (it set nothing). The waiter
         # keeps its place in line: the acquire call may try again.

@@ -124,6 +124,38 @@ def test_an_interrupted_wait_leaves_the_line() -> None:
     assert all(not nodes.lines[i]["redlock:{r}:line"] for i in range(3))
 
 
+class Cancelled(BaseException):
+    """An interruption, as asyncio's cancellation is (not an Exception)."""
+
+
+def test_an_interruption_while_a_failed_attempt_gives_back_leaves_the_line() -> None:
+    """Cancelled while a refused attempt gives back what it may have set on a node that
+    did not answer (a release that keeps the waiter's place): the call still leaves the
+    line. An entry left behind is first in line for the holder's release, which hands
+    it the lock (§6.7): the lock then stays for the waiter's TTL, for nobody (seen on a
+    busy event loop: a waiter cancelled there left its reservation on every node)."""
+    nodes = ScriptedNodes(3)
+    held_by_another(nodes)
+    protocol = make_core(3).acquire("r", 10.0, blocking=True, timeout=None)
+    request = next(protocol)
+    assert isinstance(request, Broadcast)
+    replies = nodes.execute(request)
+    replies[2] = TimeoutError("no reply")  # node 2 ran it (refused), its reply was lost
+    give_back = protocol.send(replies)
+    assert isinstance(give_back, Broadcast) and give_back.calls[0].script is scripts.RELEASE
+    assert [c.node for c in give_back.calls] == [2] and give_back.calls[0].args[1] == "0"
+    nodes.execute(give_back)
+    assert all(nodes.lines[i]["redlock:{r}:line"] for i in range(3))  # places kept
+    leave = protocol.throw(Cancelled())  # interrupted at that release
+    assert isinstance(leave, Broadcast) and leave.calls[0].script is scripts.RELEASE
+    assert sorted(c.node for c in leave.calls) == [0, 1, 2]
+    assert all(c.args[1] == "1" for c in leave.calls)
+    nodes.execute(leave)
+    with pytest.raises(Cancelled):
+        protocol.send([])
+    assert all(not nodes.lines[i]["redlock:{r}:line"] for i in range(3))
+
+
 def test_a_set_does_not_queue() -> None:
     nodes = ScriptedNodes(3)
     held_by_another(nodes)
