@@ -54,20 +54,18 @@ def with_epoch(calls: Iterable[Call], keys: Keys, epoch: int) -> tuple[Call, ...
     (docs/design.md §13.1; the scripts' EPOCH_CHECK). Every such call a kind builds
     goes out through here."""
     members = keys.members
-    # Calls that shared their keys and arguments (one per node) still share them: the
-    # transports pack a command once per request and reuse it for the next node when
-    # it is the same (redlock._io.wire.Packing).
-    shared: dict[int, tuple[tuple[object, ...], tuple[object, ...]]] = {}
-
-    def extended(items: tuple[object, ...], last: object) -> tuple[object, ...]:
-        found = shared.get(id(items))
-        if found is None:  # (the original is kept with it: its id stays its own)
-            found = shared[id(items)] = (items, (*items, last))
-        return found[1]
-
-    return tuple(Call(call.node, extended(call.args, epoch),  # type: ignore[arg-type]
-                      call.script, extended(call.keys, members))  # type: ignore[arg-type]
-                 for call in calls)
+    # Calls that shared their keys and arguments (one per node, in a row) still share
+    # them: the transports pack a command once per request and reuse it for the next
+    # node when it is the same (redlock._io.wire.Packing).
+    made: list[Call] = []
+    before: Call | None = None  # the previous call as given
+    for call in calls:
+        same_args = before is not None and call.args is before.args
+        same_keys = before is not None and call.keys is before.keys
+        made.append(Call(call.node, made[-1].args if same_args else (*call.args, epoch),
+                         call.script, made[-1].keys if same_keys else (*call.keys, members)))
+        before = call
+    return tuple(made)
 
 
 class ResourceKeys(NamedTuple):

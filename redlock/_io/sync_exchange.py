@@ -73,6 +73,11 @@ def buffered(conn: Any) -> bool:
     kept = getattr(conn, "_redlock_reader", None)
     if kept is not None and kept[0] is sock and kept[1].has_data():
         return True
+    return tls_pending(sock)
+
+
+def tls_pending(sock: Any) -> bool:
+    """TLS: decrypted bytes buffered above the socket (``select`` does not see them)."""
     return isinstance(sock, ssl.SSLSocket) and sock.pending() > 0
 
 
@@ -119,14 +124,14 @@ def receive(conn: Any) -> object:
         raise redis.ConnectionError("the connection is closed")
     if getattr(conn, "_redlock_readable", False):  # select() just said so: no second look
         conn._redlock_readable = False
-    elif not (isinstance(sock, ssl.SSLSocket) and sock.pending()):
+    elif not tls_pending(sock):
         try:
             readable, _, _ = select.select([sock], [], [], 0)
         except (OSError, ValueError) as exc:
             raise redis.ConnectionError(f"Error while reading from socket: {exc}") from exc
         if not readable:
             return NOTHING
-    data = _recv(sock)
+    data = recv_available(sock)
     if data is None:
         return NOTHING
     parser.feed(data)
@@ -134,7 +139,7 @@ def receive(conn: Any) -> object:
     return NOTHING if reply is False else resp.as_result(reply)
 
 
-def _recv(sock: Any) -> bytes | None:
+def recv_available(sock: Any) -> bytes | None:
     """What a readable socket holds now (None: nothing whole to decrypt yet). A TLS
     socket is read without waiting: a record half received would otherwise block the
     read for the socket's timeout; what the TLS layer decrypted is taken too."""

@@ -21,13 +21,11 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from redlock._io import resp, wakeups
+from redlock._io.sync_exchange import recv_available, tls_pending
 
 # The longest the thread sleeps in select: it notices close(), a ping to send and
 # lingering channels to drop at least this often.
 _TICK = 1.0
-# One read from a subscription socket takes at most this many bytes (more stay for the
-# next round's select).
-_READ_SIZE = 65536
 
 
 class _Node:
@@ -150,10 +148,10 @@ class SyncReleaseListener:
         everything buffered was parsed in the round that read it."""
         try:
             sock = node.conn._sock
-            while sock in readable or _pending(sock):
-                data = sock.recv(_READ_SIZE)
-                if not data:
-                    raise redis.ConnectionError("the node closed the subscription connection")
+            while sock in readable or tls_pending(sock):
+                data = recv_available(sock)  # (raises once the node closed it)
+                if data is None:  # half a TLS record: the rest comes with a later round
+                    break
                 node.reader.feed(data)
                 while (message := node.reader.gets()) is not False:
                     if isinstance(message, resp.ReplyError):
@@ -207,12 +205,6 @@ class SyncReleaseListener:
         if node.conn is not None:
             _disconnect(node.conn)
             node.conn = None
-
-
-def _pending(sock: Any) -> bool:
-    """TLS: decrypted bytes buffered above the socket (select does not see them)."""
-    pending = getattr(sock, "pending", None)
-    return pending is not None and pending() > 0
 
 
 def _disconnect(conn: Any) -> None:

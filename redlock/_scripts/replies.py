@@ -226,20 +226,12 @@ def key_gone(reply: object) -> bool:
     return reply == 0 and not isinstance(reply, bool)
 
 
-_ACKED: dict[str, NodeResult] = {}  # per node address: a node's "done" outcome
-
-
 def ack_outcome(node: str, reply: object, *, refused: str) -> NodeResult:
     """An owner-checked script's reply: 1 = done, 0 = our key is not there. Only a 0 the
     node sent is a refusal: anything else (no reply read, a failure, a reply of another
     shape, a refusal of the client's epoch) is an error and says nothing about our key."""
-    if type(reply) is int and reply == 1:  # the usual case first (frozen: shared)
-        done = _ACKED.get(node)
-        if done is None:
-            if len(_ACKED) >= 256:  # (bounded: a process may meet many addresses)
-                _ACKED.clear()
-            done = _ACKED[node] = NodeResult(node, Outcome.GRANTED)
-        return done
+    if type(reply) is int and reply == 1:  # the usual case first
+        return NodeResult(node, Outcome.GRANTED)
     unanswered = _not_read(node, reply) or _refused_epoch(node, reply)
     if unanswered is not None:
         return unanswered

@@ -123,6 +123,14 @@ def held_by_another(nodes: ScriptedNodes, resource: str = "r") -> None:
         nodes.ttl_ms[i][lock_key(resource)] = 30_000
 
 
+def contended(n: int, counters: list[int]) -> tuple[ScriptedNodes, RedlockCore]:
+    """``n`` scripted nodes on a fake clock (``nodes.clock``), with these fence
+    ``counters``, whose key of "r" another owner holds; and a core on them."""
+    nodes = ScriptedNodes(n, counters=counters, clock=FakeClock())
+    held_by_another(nodes)
+    return nodes, make_core(n, nodes.clock)
+
+
 def release_by_holder(core: RedlockCore, nodes: ScriptedNodes, on: range | list[int],
                       resource: str = "r") -> None:
     """The holder's RELEASE (as it sends it) on ``on``: hands off where a record is."""
@@ -167,10 +175,7 @@ def handed_off_everywhere(core: RedlockCore, nodes: ScriptedNodes
 
 
 def test_a_waiter_handed_the_lock_on_every_node_completes_without_an_acquire_round() -> None:
-    clock = FakeClock()
-    nodes = ScriptedNodes(3, counters=[4, 4, 4], clock=clock)
-    core = make_core(3, clock)
-    held_by_another(nodes)
+    nodes, core = contended(3, [4, 4, 4])
 
     hand_off = handed_off_everywhere(core, nodes)
     with capture_events() as events:
@@ -187,10 +192,7 @@ def test_a_waiter_handed_the_lock_on_every_node_completes_without_an_acquire_rou
 
 
 def test_counters_that_differ_are_written_back_onto_the_reservations() -> None:
-    clock = FakeClock()
-    nodes = ScriptedNodes(3, counters=[10, 4, 4], clock=clock)
-    core = make_core(3, clock)
-    held_by_another(nodes)
+    nodes, core = contended(3, [10, 4, 4])
 
     hand_off = handed_off_everywhere(core, nodes)
     result, _ = waiter_flow(core, nodes, hand_off)
@@ -206,10 +208,7 @@ def test_messages_that_do_not_count_fall_back_to_an_acquire_that_takes_the_reser
         ) -> None:
     for heard in ([Heard(i, 5, 0, 0) for i in range(3)],  # an older attempt's
                   [Heard(i, 5, 1, 1) for i in range(3)]):  # another epoch's
-        clock = FakeClock()
-        nodes = ScriptedNodes(3, counters=[4, 4, 4], clock=clock)
-        core = make_core(3, clock)
-        held_by_another(nodes)
+        nodes, core = contended(3, [4, 4, 4])
 
         def hand_off(backoff: Backoff, number: int, heard: list[Heard] = heard,
                      core: RedlockCore = core, nodes: ScriptedNodes = nodes) -> Handoffs:
@@ -225,10 +224,7 @@ def test_messages_that_do_not_count_fall_back_to_an_acquire_that_takes_the_reser
 
 
 def test_a_benched_node_is_not_counted() -> None:
-    clock = FakeClock()
-    nodes = ScriptedNodes(3, counters=[4, 4, 4], clock=clock)
-    core = make_core(3, clock)
-    held_by_another(nodes)
+    nodes, core = contended(3, [4, 4, 4])
 
     def hand_off(backoff: Backoff, number: int) -> Handoffs:
         if number == 1:
@@ -248,10 +244,7 @@ def test_a_benched_node_is_not_counted() -> None:
 
 def test_fewer_than_a_quorum_of_messages_waits_a_little_for_more_then_asks_the_nodes(
         ) -> None:
-    clock = FakeClock()
-    nodes = ScriptedNodes(3, counters=[4, 4, 4], clock=clock)
-    core = make_core(3, clock)
-    held_by_another(nodes)
+    nodes, core = contended(3, [4, 4, 4])
 
     def hand_off(backoff: Backoff, number: int) -> Handoffs:
         if number == 1:  # the release reached node 0 only
@@ -274,10 +267,7 @@ def test_fewer_than_a_quorum_of_messages_waits_a_little_for_more_then_asks_the_n
 def test_messages_heard_one_at_a_time_are_waited_for_until_they_make_a_quorum() -> None:
     """Each message ends a wait: the waiter waits again for the rest (within one
     request timeout) instead of falling back to an ACQUIRE round at the second."""
-    clock = FakeClock()
-    nodes = ScriptedNodes(5, counters=[4] * 5, clock=clock)
-    core = make_core(5, clock)
-    held_by_another(nodes)
+    nodes, core = contended(5, [4] * 5)
 
     def hand_off(backoff: Backoff, number: int) -> Handoffs:
         if number == 1:
@@ -294,10 +284,7 @@ def test_messages_heard_one_at_a_time_are_waited_for_until_they_make_a_quorum() 
 def test_a_wait_for_more_ends_when_the_nodes_left_cannot_make_a_quorum() -> None:
     """Nodes whose message for the latest attempt came without counting (their
     subscription was confirmed too late) send no other: nothing is waited for."""
-    clock = FakeClock()
-    nodes = ScriptedNodes(3, counters=[4, 4, 4], clock=clock)
-    core = make_core(3, clock)
-    held_by_another(nodes)
+    nodes, core = contended(3, [4, 4, 4])
 
     def hand_off(backoff: Backoff, number: int) -> Handoffs:
         if number == 1:
@@ -314,10 +301,7 @@ def test_a_wait_for_more_ends_when_the_nodes_left_cannot_make_a_quorum() -> None
 def test_a_wait_for_more_is_woken_once_enough_nodes_sent_theirs() -> None:
     """A waiter that heard one of the three messages it needs (N = 5) is not woken by
     the second: the registry wakes it at the third (or at a plain message)."""
-    clock = FakeClock()
-    nodes = ScriptedNodes(5, counters=[4] * 5, clock=clock)
-    core = make_core(5, clock)
-    held_by_another(nodes)
+    nodes, core = contended(5, [4] * 5)
 
     def hand_off(backoff: Backoff, number: int) -> Handoffs:
         if number == 1:
@@ -362,15 +346,12 @@ def test_a_wait_for_more_is_woken_once_enough_nodes_sent_theirs() -> None:
 
 
 def test_a_hand_off_without_validity_left_is_not_used() -> None:
-    clock = FakeClock()
-    nodes = ScriptedNodes(3, counters=[4, 4, 4], clock=clock)
-    core = make_core(3, clock)
-    held_by_another(nodes)
+    nodes, core = contended(3, [4, 4, 4])
 
     def hand_off(backoff: Backoff, number: int) -> Handoffs:
         if number == 1:
             release_by_holder(core, nodes, range(3))
-            clock.advance(5.0)  # the waiter's thread stalled past its TTL
+            nodes.clock.advance(5.0)  # the waiter's thread stalled past its TTL
             return Handoffs([Heard(i, 5, 0, 1) for i in range(3)], 3)
         return Handoffs()
 
