@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import redis
@@ -200,6 +201,52 @@ async def test_a_single_try_does_not_jump_the_line(flavour: Flavour, me: Actor,
     assert not await trying.acquire(blocking=False)
     failure = trying.last_failure
     assert failure is not None and "first in line" in str(failure)
+
+
+def script_calls(node: Any) -> int:
+    """How many scripts a node ran so far (EVAL and EVALSHA), by its commandstats."""
+    with node.client() as client:
+        stats = client.info("commandstats")
+    return sum(int(stats.get(f"cmdstat_{name}", {}).get("calls", 0))
+               for name in ("eval", "evalsha"))
+
+
+# Per kind: (the holder, the waiter, the holder's key) on a resource name.
+BARE_QUORUM_KINDS: dict[str, Callable[[Any, str], tuple[Any, Any, str]]] = {
+    "lock": lambda dlm, r: (dlm.lock(r, ttl=30.0), dlm.lock(r, ttl=5.0), KEYS.lock(r)),
+    "permit": lambda dlm, r: (dlm.semaphore(r, permits=1, ttl=30.0),
+                              dlm.semaphore(r, permits=1, ttl=5.0), KEYS.part(r, "permit:0")),
+    "read": lambda dlm, r: (dlm.rwlock(r).write(ttl=30.0), dlm.rwlock(r).read(ttl=5.0),
+                            KEYS.part(r, "write")),
+    "write": lambda dlm, r: (dlm.rwlock(r).write(ttl=30.0), dlm.rwlock(r).write(ttl=5.0),
+                             KEYS.part(r, "write")),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(BARE_QUORUM_KINDS))
+async def test_a_waiter_does_not_spin_behind_a_holder_of_a_bare_quorum(
+        flavour: Flavour, me: Actor, nodes3: RedisNodes, kind: str) -> None:
+    """The holder has two of three nodes (its key is gone from the third: a node its
+    acquire did not count). The waiter is granted there and refused by the others, on
+    every attempt, and gives that grant back. The give-back's release message named
+    nobody (the waiter is not in that node's line: it was granted) or the waiter: heard
+    as a release, it woke the waiter itself at once. An attempt every half millisecond,
+    each raising that node's fence counter (a fresh cluster's first token was ~100)."""
+    resource = f"line:bare:{kind}"
+    holding, waiting, key = BARE_QUORUM_KINDS[kind](flavour.manager(nodes3), resource)
+    holder = me.on(holding)
+    assert await holder.acquire(blocking=False)
+    with nodes3[2].client() as client:
+        assert client.delete(key) == 1
+    before = script_calls(nodes3[2])
+    waiter = me.on(waiting)
+    assert not await waiter.acquire(timeout=1.5)
+    # The waiter's own backoff: a few attempts in 1.5 s (it keeps its place in line
+    # with one every half second at the most), each an ACQUIRE and a give-back; not
+    # thousands.
+    calls = script_calls(nodes3[2]) - before
+    assert 2 <= calls <= 30, f"{calls} scripts on the free node in 1.5 s"
+    await holder.release()
 
 
 async def test_a_waiter_that_gives_up_leaves_the_line(flavour: Flavour, me: Actor,

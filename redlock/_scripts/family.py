@@ -182,13 +182,13 @@ for i = 4, #KEYS do
         released = 1
     end
 end
+local me = redis.sha1hex(ARGV[1])
 if ARGV[2] == '1' and redis.call('EXISTS', KEYS[2]) == 1 then
-    local me = redis.sha1hex(ARGV[1])
     redis.call('ZREM', KEYS[2], me)
     redis.call('ZREM', KEYS[3], me)
 end
 if released == 1 then
-    wake_first(KEYS[2], KEYS[3], KEYS[1], now_ms())
+    wake_first(KEYS[2], KEYS[3], KEYS[1], now_ms(), ARGV[2] == '0' and me or nil)
 end
 return released
 """,
@@ -386,7 +386,7 @@ if ARGV[2] == '1' and redis.call('EXISTS', KEYS[3]) == 1 then
 end
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 if released == 1 and redis.call('EXISTS', KEYS[1]) == 0 then
-    wake_first(KEYS[3], KEYS[4], KEYS[2], now)
+    wake_first(KEYS[3], KEYS[4], KEYS[2], now, ARGV[2] == '0' and me or nil)
 end
 return released
 """,

@@ -311,7 +311,9 @@ if first ~= '' and first ~= me and ttls then
         end
     end
 end
-redis.pcall('PUBLISH', KEYS[2], message)
+if woken_by(first, ARGV[2] == '0' and me or nil) then  -- (a give-back: see wake_first)
+    redis.pcall('PUBLISH', KEYS[2], message)
+end
 return released
 """,
 )

@@ -119,14 +119,23 @@ end
 -- Publish on the release channel the waiter id of the first in line ('' when nobody is
 -- in line): only that waiter wakes (docs/design.md §6). Only a hint that wakes a waiter
 -- early: a user without channel permissions (Redis 7 ACL resetchannels) must still
--- release cleanly, so errors are ignored.
-local function wake_first(line, deadlines, channel, now)
+-- release cleanly, so errors are ignored. ``giver``: the waiter id of a failed attempt
+-- giving back its grant (nil for a release): then only another waiter, named, wakes.
+-- A message naming nobody, or the giver, would wake the giver itself (its own process
+-- hears it first), which would try again at once: refused again by the nodes the
+-- holder still has, as fast as round trips go (docs/design.md §6.4).
+local function woken_by(first, giver)
+    return not giver or (first ~= '' and first ~= giver)
+end
+local function wake_first(line, deadlines, channel, now, giver)
     local first = ''
     if redis.call('EXISTS', line) == 1 then
         drop_lapsed(line, deadlines, now)
         first = redis.call('ZRANGE', line, 0, 0)[1] or ''
     end
-    redis.pcall('PUBLISH', channel, first)
+    if woken_by(first, giver) then
+        redis.pcall('PUBLISH', channel, first)
+    end
 end
 -- Set an entry's deadline; both keys (and the hand-off records, ``ttls``, if given)
 -- expire with the last entry.
