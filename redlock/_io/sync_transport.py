@@ -34,7 +34,6 @@ from redlock._io.sync_exchange import (
     NOTHING,
     Connect,
     Group,
-    buffered,
     by_node,
     given,
     has_input,
@@ -42,7 +41,7 @@ from redlock._io.sync_exchange import (
     receive,
     send,
 )
-from redlock._io.sync_idle import IdleConnections
+from redlock._io.sync_idle import IdleConnections, with_input
 from redlock._io.wire import (
     NOT_AWAITED,
     PENDING,
@@ -323,18 +322,12 @@ class SyncTransport:
         one readability check for all of them (one system call, not one per node)."""
         picked = [(group, self._idle_connection(group.node, group.lane, check=False))
                   for group in groups]
-        socks = [conn._sock for _, conn in picked if conn is not None]
-        if not socks:
-            return picked
-        try:
-            readable, _, _ = select.select(socks, [], [], 0)
-        except (OSError, TypeError, ValueError):
-            readable = socks
-        if not readable and not any(buffered(conn) for _, conn in picked if conn is not None):
+        unasked = with_input([conn for _, conn in picked if conn is not None])
+        if not unasked:
             return picked
         checked = []
         for group, conn in picked:
-            if conn is not None and (conn._sock in readable or buffered(conn)):
+            if conn is not None and conn in unasked:
                 # The server closed it while it sat idle (it restarted), or sent what
                 # nobody asked for: nothing is written on it; closed, another is tried.
                 self._discard(group.node, conn)
