@@ -259,22 +259,28 @@ RELEASE = Script(
 -- line): only that waiter wakes (§6.4). With '1', a reservation for us (§6.7) is our
 -- key; with '0' it is left alone.
 """ + LINE_FUNCTIONS + TOKEN_FUNCTIONS + """
-local me = redis.sha1hex(ARGV[1])
 local ttls = KEYS[5]
-local released = 0
 local holder = redis.call('GET', KEYS[1])
-if holder == ARGV[1] or (ARGV[2] == '1' and holder == reservation(me)) then
+local queued = redis.call('EXISTS', KEYS[3]) == 1
+-- Our waiter id, where a line or a reservation needs it (most releases: neither, and
+-- SHA1 is the costliest step of this script without them).
+local me = nil
+if queued or (holder and string.sub(holder, 1, 8) == 'handoff:') then
+    me = redis.sha1hex(ARGV[1])
+end
+local released = 0
+if holder == ARGV[1] or (ARGV[2] == '1' and me and holder == reservation(me)) then
     redis.call('DEL', KEYS[1])
     released = 1
 end
 local left = 0
-if ARGV[2] == '1' and redis.call('EXISTS', KEYS[3]) == 1 then
+if ARGV[2] == '1' and queued then
     left = redis.call('ZREM', KEYS[3], me)
     redis.call('ZREM', KEYS[4], me)
     if ttls then
         redis.call('HDEL', ttls, me)
     end
-elseif ARGV[3] and ARGV[3] ~= '' and released == 1 then
+elseif queued and ARGV[3] and ARGV[3] ~= '' and released == 1 then
     if redis.call('ZSCORE', KEYS[3], me) then
         local now = now_ms()
         keep_until(KEYS[3], KEYS[4], me, now + tonumber(ARGV[3]), now, ttls)
@@ -283,9 +289,10 @@ end
 if released == 0 and (left == 0 or redis.call('EXISTS', KEYS[1]) == 1) then
     return released
 end
-local now = now_ms()
+local now = 0
 local first = ''
-if redis.call('EXISTS', KEYS[3]) == 1 then
+if queued and redis.call('EXISTS', KEYS[3]) == 1 then  -- (our ZREM may have emptied it)
+    now = now_ms()
     drop_lapsed(KEYS[3], KEYS[4], now, ttls)
     first = redis.call('ZRANGE', KEYS[3], 0, 0)[1] or ''
 end
@@ -311,7 +318,8 @@ if first ~= '' and first ~= me and ttls then
         end
     end
 end
-if woken_by(first, ARGV[2] == '0' and me or nil) then  -- (a give-back: see wake_first)
+-- A give-back ('0') wakes only another waiter, named (see wake_first's woken_by).
+if ARGV[2] ~= '0' or (first ~= '' and first ~= me) then
     redis.pcall('PUBLISH', KEYS[2], message)
 end
 return released
