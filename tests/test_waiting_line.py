@@ -242,10 +242,11 @@ async def test_a_waiter_does_not_spin_behind_a_holder_of_a_bare_quorum(
     waiter = me.on(waiting)
     assert not await waiter.acquire(timeout=1.5)
     # The waiter's own backoff: a few attempts in 1.5 s (it keeps its place in line
-    # with one every half second at the most), each an ACQUIRE and a give-back; not
-    # thousands.
+    # with one every half second at the most: 11-12 scripts, an ACQUIRE and a give-back
+    # each; its exponential backoff without a release feed stays below 60), not
+    # thousands (4000-8000 before).
     calls = script_calls(nodes3[2]) - before
-    assert 2 <= calls <= 30, f"{calls} scripts on the free node in 1.5 s"
+    assert 2 <= calls <= 60, f"{calls} scripts on the free node in 1.5 s"
     await holder.release()
 
 
