@@ -318,7 +318,7 @@ if first ~= '' and first ~= me and ttls then
         end
     end
 end
--- A give-back ('0') wakes only another waiter, named (see wake_first's woken_by).
+-- A give-back ('0') wakes only another waiter, named (see wake_first).
 if ARGV[2] ~= '0' or (first ~= '' and first ~= me) then
     redis.pcall('PUBLISH', KEYS[2], message)
 end

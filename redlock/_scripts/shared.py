@@ -124,16 +124,13 @@ end
 -- A message naming nobody, or the giver, would wake the giver itself (its own process
 -- hears it first), which would try again at once: refused again by the nodes the
 -- holder still has, as fast as round trips go (docs/design.md §6.4).
-local function woken_by(first, giver)
-    return not giver or (first ~= '' and first ~= giver)
-end
 local function wake_first(line, deadlines, channel, now, giver)
     local first = ''
     if redis.call('EXISTS', line) == 1 then
         drop_lapsed(line, deadlines, now)
         first = redis.call('ZRANGE', line, 0, 0)[1] or ''
     end
-    if woken_by(first, giver) then
+    if not giver or (first ~= '' and first ~= giver) then
         redis.pcall('PUBLISH', channel, first)
     end
 end
