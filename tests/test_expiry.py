@@ -9,6 +9,8 @@ watchdog keeps a lock past its TTL and calls ``on_lost`` when renewal fails.
 from __future__ import annotations
 
 import asyncio
+import gc
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -194,3 +196,62 @@ async def test_releasing_an_auto_extended_lock_at_once_is_not_a_watchdog_crash(
         await asyncio.sleep(0.2)  # the watchdogs have run and ended
     assert [e for e in events if e["event"].endswith("crashed")] == []
     assert lock_keys(nodes3, "ttl:short") == [False] * 3
+
+
+async def test_auto_extend_signals_each_loss_in_time_when_a_majority_hangs(
+        flavour: Flavour, me: Actor, nodes5: RedisNodes) -> None:
+    """Many auto-extended locks lost together are each told (on_lost) soon after their
+    own validity ran out: the renewal loop, shared by all of them, spent a whole request
+    timeout on the hung majority dropping each lost lock's keys before it told that
+    lock's holder, and the next lock's loss waited behind it (16 locks, node_timeout
+    0.1 s: the last was told about 1.6 s late)."""
+    ttl, count = 1.0, 16
+    dlm = flavour.manager(nodes5, node_timeout=0.1)
+    acquired: dict[str, float] = {}
+    fired: dict[str, float] = {}
+    held = []  # (a lock whose handles are all gone is released, not lost)
+    for i in range(count):
+        lock = me.on(dlm.lock(f"ttl:many-paused-{i}", ttl=ttl, auto_extend=True,
+                              on_lost=flavour.callback(
+                                  lambda handle: fired.setdefault(handle.resource,
+                                                                  time.monotonic()))))
+        assert await lock.acquire(timeout=5.0)
+        acquired[lock.handle.resource] = time.monotonic()
+        held.append(lock)
+    for node in list(nodes5)[len(nodes5) - dlm.quorum:]:
+        node.pause()
+    assert await eventually(lambda: len(fired) == count, 8.0), f"told: {sorted(fired)}"
+    # Each validity ran out by ttl after its acquire returned: told within one request
+    # timeout of that, with room for a busy machine (2 cores shared with other runs).
+    late = {r: round(fired[r] - acquired[r] - ttl, 3) for r in acquired}
+    print(f"\nthe last of {count} losses was told {max(late.values()):.2f} s after its"
+          " validity ran out")
+    assert max(late.values()) < 0.6, late
+
+
+async def test_abandoned_locks_do_not_hold_up_the_renewal_of_a_live_one(
+        flavour: Flavour, me: Actor, nodes5: RedisNodes) -> None:
+    """Auto-extended locks whose handles were garbage-collected are released by the
+    renewal loop: before the round, one request each, every one waiting a whole request
+    timeout on the hung majority (0.25 s at least: a holder's release is patient), while
+    the live lock due with them waited past its validity."""
+    ttl = 1.0
+    dlm = flavour.manager(nodes5, node_timeout=0.1)
+    for i in range(8):  # their handles are dropped at once
+        assert await me.on(dlm.lock(f"ttl:abandoned-{i}", ttl=ttl,
+                                    auto_extend=True)).acquire(timeout=5.0)
+    fired: list[float] = []
+    lock = me.on(dlm.lock("ttl:live", ttl=ttl, auto_extend=True,
+                          on_lost=flavour.callback(lambda _: fired.append(time.monotonic()))))
+    assert await lock.acquire(timeout=5.0)
+    acquired = time.monotonic()
+    gc.collect()
+    for node in list(nodes5)[len(nodes5) - dlm.quorum:]:
+        node.pause()
+    assert await eventually(lambda: bool(fired), 8.0), "on_lost was never called"
+    late = fired[0] - acquired - ttl
+    print(f"\nthe live lock's loss was told {late:.2f} s after its validity ran out")
+    assert late < 0.6
+    # The abandoned ones were released (on the nodes that answer), not renewed.
+    assert [lock_keys(nodes5[:2], f"ttl:abandoned-{i}") for i in range(8)] == [
+        [False, False]] * 8
