@@ -255,3 +255,39 @@ async def test_abandoned_locks_do_not_hold_up_the_renewal_of_a_live_one(
     # The abandoned ones were released (on the nodes that answer), not renewed.
     assert [lock_keys(nodes5[:2], f"ttl:abandoned-{i}") for i in range(8)] == [
         [False, False]] * 8
+
+
+async def test_a_long_lock_s_renewal_does_not_hold_up_a_short_one_s_loss(
+        flavour: Flavour, me: Actor, nodes5: RedisNodes) -> None:
+    """A renewal round may wait up to half the validity its locks have left: a lock of
+    TTL 10 s whose round met the hung majority kept the renewal loop for 3.3 s, while a
+    lock of TTL 2 s, renewed by the same loop but not due in that round, ran out of
+    validity and was told about 3 s late. A round now also ends by half the validity left of
+    every other lock the loop renews."""
+    dlm = flavour.manager(nodes5, node_timeout=0.1)
+    long = me.on(dlm.lock("ttl:long", ttl=10.0, auto_extend=True))
+    assert await long.acquire(timeout=5.0)
+    # A renewal round opens the loop's connections to every node (the asyncio client's
+    # loop has connections of its own: with none open to the hung nodes, the long
+    # lock's round would end when their connect_timeout of 1 s ran out).
+    warm = me.on(dlm.lock("ttl:warm-up", ttl=0.3, auto_extend=True))
+    assert await warm.acquire(timeout=5.0)
+    await asyncio.sleep(0.5)
+    await warm.release()
+    # The long lock's first renewal comes after a third of its validity (3.3 s): the
+    # short lock is taken before that, due after it (0.66 s on), and the majority hangs.
+    await asyncio.sleep(2.4)
+    fired: list[float] = []
+    short = me.on(dlm.lock("ttl:short-beside-long", ttl=2.0, auto_extend=True,
+                           on_lost=flavour.callback(lambda _: fired.append(time.monotonic()))))
+    assert await short.acquire(timeout=5.0)
+    acquired = time.monotonic()
+    paused = list(nodes5)[len(nodes5) - dlm.quorum:]
+    for node in paused:
+        node.pause()
+    assert await eventually(lambda: bool(fired), 8.0), "on_lost was never called"
+    late = fired[0] - acquired - 2.0
+    print(f"\nthe short lock's loss was told {late:.2f} s after its validity ran out")
+    for node in paused:  # the long lock's round in flight gets its answers
+        node.resume()
+    assert late < 0.6

@@ -193,11 +193,13 @@ class Holding:
                          enough=self._settled(calls))
 
     def extend_many(self, items: Sequence[tuple[LockState, float]], *, lane: str | None = None,
-                    ) -> Flow[list[tuple[NodeResult, ...] | None]]:
+                    until: float | None = None) -> Flow[list[tuple[NodeResult, ...] | None]]:
         """One extend round for several acquisitions (one request: each node gets its
         calls pipelined). Per acquisition: None on success, else the per-node outcomes.
         Success needs a quorum of acks for every resource before the old validity ran
-        out; the new validity is measured from this round's start."""
+        out; the new validity is measured from this round's start. ``until``: when the
+        validity of another acquisition that waits for this round runs out (the renewal
+        loop's others)."""
         started = self.clock()
         live = [(state, ttl) for state, ttl in items
                 if state.status == Status.HELD and started < state.deadline]
@@ -216,9 +218,13 @@ class Holding:
                 # sent again (a batch of 200 renewals on a busy event loop took longer
                 # than the 50 ms a single round trip gave it, again and again, until 33
                 # of 200 locks were lost). Early decisions end it as soon as a quorum
-                # answered (§2.4).
-                validity_left = min(s.deadline for s, _ in live) - self.clock()
-                timeout = min(max(self.timeout(max(t for _, t in live)), validity_left / 2),
+                # answered (§2.4). Half of what the others waiting for it have left, too:
+                # a lock of TTL 10 s whose round met a hung majority kept the renewal loop
+                # 3.3 s, and a lock of TTL 2 s beside it was told its loss 3 s late.
+                now = self.clock()
+                validity_left = min(s.deadline for s, _ in live) - now
+                spare = validity_left if until is None else min(validity_left, until - now)
+                timeout = min(max(self.timeout(max(t for _, t in live)), spare / 2),
                               validity_left)
                 replies = yield Broadcast(calls, timeout,
                                           enough=self._settled(calls, acks=True), lane=lane)

@@ -173,7 +173,8 @@ class Renewals:
         for renewal in due:
             if renewal.state.status != Status.HELD:
                 self.remove(renewal.state)
-            elif not renewal.handles:
+            elif not renewal.handles:  # (out of the loop now: no round waits for it)
+                self.remove(renewal.state)
                 abandoned.append(renewal)
             else:
                 live.append(renewal)
@@ -185,8 +186,12 @@ class Renewals:
     def _extend(self, live: list[Renewal]) -> Flow[None]:
         """One extend round for the renewals due; those it lost are lost together."""
         started_ns = int(self._core.env.wall_clock() * 1e9)
+        batch = set(live)
+        with self._mutex:  # the round ends by half the validity left of every other lock
+            others = [r.state.deadline for r in self._renewals.values() if r not in batch]
         failures = yield from self._core.extend_many([(r.state, r.state.ttl) for r in live],
-                                                     lane=RENEWALS_LANE)
+                                                     lane=RENEWALS_LANE,
+                                                     until=min(others, default=None))
         now = self._core.clock()
         losing = []
         for renewal, failure in zip(live, failures, strict=True):
@@ -238,7 +243,6 @@ class Renewals:
         """Every handle holding these acquisitions is gone: release them (in one
         request) instead of renewing."""
         for renewal in renewals:
-            self.remove(renewal.state)
             logger.warning("redlock.abandoned", resource=renewal.state.resource,
                            token=renewal.state.token,
                            reason="auto-extended lock's handle was garbage-collected unreleased")
