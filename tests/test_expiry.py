@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import sys
+import threading
 import time
+import traceback
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -26,6 +29,31 @@ async def _token_of_an_acquire_at_once(lock: Held) -> Any:
     """``lock`` acquired without blocking (it must be free); its token."""
     assert await lock.acquire(blocking=False)
     return await lock.token()
+
+
+async def _until_or_why(predicate: Callable[[], object], timeout: float) -> str | None:
+    """None once ``predicate()`` holds (polled for ``timeout`` seconds); else what a
+    report of the failure needs: the longest pause between two polls (a stall of the
+    whole process shows as one) and where each of the library's threads is. (Seen once
+    in CI: on_lost of test_auto_extend_signals_loss_when_a_majority_hangs never came
+    within 8 s, after one failed renewal round; no call on the renewal thread was
+    found that could block that long.)"""
+    deadline = last = time.monotonic()
+    deadline += timeout
+    longest = 0.0
+    while time.monotonic() < deadline:
+        if predicate():
+            return None
+        await asyncio.sleep(0.02)
+        now = time.monotonic()
+        longest, last = max(longest, now - last), now
+    if predicate():
+        return None
+    frames = sys._current_frames()
+    stacks = "".join(f"\n--- {thread.name}:\n" + "".join(traceback.format_stack(
+        frames[thread.ident])) for thread in threading.enumerate()
+        if thread.name.startswith("redlock") and thread.ident in frames)
+    return f"longest pause between polls {longest:.2f} s; threads:{stacks or ' none'}"
 
 
 async def _each_raises_lock_lost(*calls: Callable[[], Awaitable[object]]) -> None:
@@ -173,7 +201,8 @@ async def test_auto_extend_signals_loss_when_a_majority_hangs(
     acquired = Stopwatch()
     for node in list(nodes)[len(nodes) - dlm.quorum:]:
         node.pause()
-    assert await eventually(lambda: bool(fired), 8.0), "on_lost was never called"
+    why = await _until_or_why(lambda: bool(fired), 8.0)
+    assert why is None, f"on_lost was never called: {why}"
     print(f"\nwatchdog signalled loss {acquired():.2f} s after the acquire (ttl {ttl} s)")
     # Renewal kept failing until the validity (about one ttl) ran out.
     assert acquired() >= 0.8 * ttl
