@@ -145,33 +145,61 @@ class Holding:
         The acquisition counts as released only once the release was sent: if the
         caller is interrupted (cancelled) meanwhile, it is sent again before the
         interruption propagates, as a cancelled acquire does."""
-        request = self._release_calls(state.resources, state.owner, state.ttl, patient=True,
-                                      kind=state.kind)
+        [outcomes] = yield from self.release_many([state])
+        return outcomes
+
+    def release_many(self, states: Sequence[LockState]) -> Flow[list[tuple[NodeResult, ...]]]:
+        """:meth:`release` of several acquisitions in one request (each node gets its
+        calls pipelined), decided once each is; per acquisition, its outcomes. The
+        renewal loop releases the acquisitions whose handles are all gone this way: one
+        by one, a hung majority cost each a whole request timeout, and the renewals of
+        the others waited behind them."""
+        requests = [self._release_calls(state.resources, state.owner, state.ttl, patient=True,
+                                        kind=state.kind) for state in states]
+        request = self._joined(requests)
         try:
             replies = yield request
         except GeneratorExit:
             raise
         except BaseException:
             yield request
-            state.mark_released()
+            for state in states:
+                state.mark_released()
             raise
-        state.mark_released()
-        outcomes, _ = self._per_node(replies, len(state.resources), refused="key already gone")
-        errors = [r for r in outcomes if r.outcome is Outcome.ERROR]
-        if errors or self.node_outages:
-            # The keys on nodes it missed expire by their TTL; say so (once per node and
-            # outage: redlock.release_incomplete) rather than hide it.
-            self.node_outages.release(logger, state.resource, state.ttl, outcomes)
-        if not errors:
-            logger.debug("redlock.released", resource=state.resource, token=state.token)
-        return tuple(outcomes)
+        results, offset = [], 0
+        for state, made in zip(states, requests, strict=True):
+            state.mark_released()
+            size = len(made.calls)
+            outcomes, _ = self._per_node(replies[offset:offset + size], len(state.resources),
+                                         refused="key already gone")
+            offset += size
+            errors = [r for r in outcomes if r.outcome is Outcome.ERROR]
+            if errors or self.node_outages:
+                # The keys on nodes it missed expire by their TTL; say so (once per node
+                # and outage: redlock.release_incomplete) rather than hide it.
+                self.node_outages.release(logger, state.resource, state.ttl, outcomes)
+            if not errors:
+                logger.debug("redlock.released", resource=state.resource, token=state.token)
+            results.append(tuple(outcomes))
+        return results
+
+    def _joined(self, requests: Sequence[Broadcast]) -> Broadcast:
+        """Release requests of several acquisitions as one: decided once each key is
+        (see :meth:`_settled`), within the longest of their timeouts."""
+        if len(requests) == 1:
+            return requests[0]
+        calls = tuple(call for request in requests for call in request.calls)
+        return Broadcast(calls, max(request.timeout for request in requests),
+                         enough=self._settled(calls))
 
     def extend_many(self, items: Sequence[tuple[LockState, float]], *, lane: str | None = None,
-                    ) -> Flow[list[tuple[NodeResult, ...] | None]]:
+                    until: float | None = None) -> Flow[list[tuple[NodeResult, ...] | None]]:
         """One extend round for several acquisitions (one request: each node gets its
         calls pipelined). Per acquisition: None on success, else the per-node outcomes.
         Success needs a quorum of acks for every resource before the old validity ran
-        out; the new validity is measured from this round's start."""
+        out; the new validity is measured from this round's start. ``until``: when the
+        validity of another acquisition that waits for this round runs out (the renewal
+        loop's others)."""
         started = self.clock()
         live = [(state, ttl) for state, ttl in items
                 if state.status == Status.HELD and started < state.deadline]
@@ -190,9 +218,13 @@ class Holding:
                 # sent again (a batch of 200 renewals on a busy event loop took longer
                 # than the 50 ms a single round trip gave it, again and again, until 33
                 # of 200 locks were lost). Early decisions end it as soon as a quorum
-                # answered (§2.4).
-                validity_left = min(s.deadline for s, _ in live) - self.clock()
-                timeout = min(max(self.timeout(max(t for _, t in live)), validity_left / 2),
+                # answered (§2.4). Half of what the others waiting for it have left, too:
+                # a lock of TTL 10 s whose round met a hung majority kept the renewal loop
+                # 3.3 s, and a lock of TTL 2 s beside it was told its loss 3 s late.
+                now = self.clock()
+                validity_left = min(s.deadline for s, _ in live) - now
+                spare = validity_left if until is None else min(validity_left, until - now)
+                timeout = min(max(self.timeout(max(t for _, t in live)), spare / 2),
                               validity_left)
                 replies = yield Broadcast(calls, timeout,
                                           enough=self._settled(calls, acks=True), lane=lane)
@@ -270,11 +302,26 @@ class Holding:
     def lose(self, state: LockState, reason: str,
              outcomes: Sequence[NodeResult]) -> Flow[bool]:
         """Mark the lock lost and drop what is left of our keys; True the first time."""
-        first = state.mark_lost(reason, outcomes)
-        if first:
-            logger.warning("redlock.lost", resource=state.resource, token=state.token,
-                           reason=reason, outcomes=describe(outcomes))
-            # Drop what is left of our keys so the next holder need not wait for the TTL.
-            yield self._release_calls(state.resources, state.owner, state.ttl,
-                                      kind=state.kind)
+        [first] = yield from self.lose_many([(state, reason, outcomes)])
         return first
+
+    def lose_many(self, losses: Sequence[tuple[LockState, str, Sequence[NodeResult]]],
+                  ) -> Flow[list[bool]]:
+        """:meth:`lose` for several acquisitions (state, reason, outcomes), their keys
+        dropped in one request: the renewal loop loses the locks a hung majority stopped
+        renewing together, and dropping each one's keys in a request of its own cost a
+        whole request timeout per lock before the next one's holder was told (16 locks,
+        node_timeout 0.1 s: the last was told 1.6 s after its validity ran out)."""
+        firsts = []
+        for state, reason, outcomes in losses:
+            first = state.mark_lost(reason, outcomes)
+            if first:
+                logger.warning("redlock.lost", resource=state.resource, token=state.token,
+                               reason=reason, outcomes=describe(outcomes))
+            firsts.append(first)
+        dropped = [state for (state, _, _), first in zip(losses, firsts, strict=True) if first]
+        if dropped:
+            # Drop what is left of our keys so the next holder need not wait for the TTL.
+            yield self._joined([self._release_calls(state.resources, state.owner, state.ttl,
+                                                    kind=state.kind) for state in dropped])
+        return firsts

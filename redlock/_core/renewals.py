@@ -169,32 +169,55 @@ class Renewals:
                 self._lost(renewal.state, list(renewal.handles))
 
     def _renew(self, due: list[Renewal]) -> Flow[None]:
-        live = []
+        live, abandoned = [], []
         for renewal in due:
             if renewal.state.status != Status.HELD:
                 self.remove(renewal.state)
-            elif not renewal.handles:
-                yield from self._abandoned(renewal)
+            elif not renewal.handles:  # (out of the loop now: no round waits for it)
+                self.remove(renewal.state)
+                abandoned.append(renewal)
             else:
                 live.append(renewal)
-        if not live:
-            return
+        if live:
+            yield from self._extend(live)
+        if abandoned:  # after the round: their release must not hold up the renewals
+            yield from self._abandoned(abandoned)
+
+    def _extend(self, live: list[Renewal]) -> Flow[None]:
+        """One extend round for the renewals due; those it lost are lost together."""
         started_ns = int(self._core.env.wall_clock() * 1e9)
+        batch = set(live)
+        with self._mutex:  # the round ends by half the validity left of every other lock
+            others = [r.state.deadline for r in self._renewals.values() if r not in batch]
         failures = yield from self._core.extend_many([(r.state, r.state.ttl) for r in live],
-                                                     lane=RENEWALS_LANE)
+                                                     lane=RENEWALS_LANE,
+                                                     until=min(others, default=None))
         now = self._core.clock()
+        losing = []
         for renewal, failure in zip(live, failures, strict=True):
             if failure is None:
                 renewal.retry_delay = 0.0
                 renewal.due = next_renewal(renewal.state, now)
                 self._observe(renewal.state, "extended", started_ns)
+            elif self._failed(renewal, failure, now):
+                losing.append(renewal)
             else:
-                lost = yield from self._failed(renewal, failure, now)
-                self._observe(renewal.state, "lost" if lost else "failed", started_ns)
+                self._observe(renewal.state, "failed", started_ns)
+        if not losing:
+            return
+        # All in one request, then their holders are told: a lost lock's keys dropped
+        # one request at a time, each waiting a whole request timeout on a hung
+        # majority, made the loop tell each next holder that much later.
+        core = self._core
+        firsts = yield from core.lose_many([
+            (r.state, core.loss_reason(r.answers), r.answers) for r in losing])
+        for renewal, first in zip(losing, firsts, strict=True):
+            if first:
+                self._lost(renewal.state, list(renewal.handles))
+            self._observe(renewal.state, "lost", started_ns)
 
-    def _failed(self, renewal: Renewal, failure: tuple[NodeResult, ...],
-                now: float) -> Flow[bool]:
-        """Retry later, or lose the lock (True)."""
+    def _failed(self, renewal: Renewal, failure: tuple[NodeResult, ...], now: float) -> bool:
+        """Retry later (False), or the lock is to be lost (True; removed already)."""
         state = renewal.state
         # Released (or lost) meanwhile, or its release is under way: a round that was in
         # flight when the owner released finds the keys the release deleted, and that is
@@ -207,8 +230,6 @@ class Renewals:
         failure = renewal.answers = failure or renewal.answers  # (): no round was sent
         if core.key_gone(failure) or left <= 0:
             self.remove(state)
-            if (yield from core.lose(state, core.loss_reason(failure), failure)):
-                self._lost(state, list(renewal.handles))
             return True
         settings = core.settings
         renewal.retry_delay = (settings.retry_delay_min if not renewal.retry_delay
@@ -218,10 +239,11 @@ class Renewals:
         core.node_outages.renewal_failed(logger, state.resource, round(left, 3), failure)
         return False
 
-    def _abandoned(self, renewal: Renewal) -> Flow[None]:
-        """Every handle holding the acquisition is gone: release it instead of renewing."""
-        self.remove(renewal.state)
-        logger.warning("redlock.abandoned", resource=renewal.state.resource,
-                       token=renewal.state.token,
-                       reason="auto-extended lock's handle was garbage-collected unreleased")
-        yield from self._core.release(renewal.state)
+    def _abandoned(self, renewals: list[Renewal]) -> Flow[None]:
+        """Every handle holding these acquisitions is gone: release them (in one
+        request) instead of renewing."""
+        for renewal in renewals:
+            logger.warning("redlock.abandoned", resource=renewal.state.resource,
+                           token=renewal.state.token,
+                           reason="auto-extended lock's handle was garbage-collected unreleased")
+        yield from self._core.release_many([renewal.state for renewal in renewals])
