@@ -31,6 +31,7 @@ from redlock._core.requests import (
     Invoke,
     Pause,
     PauseUntilWoken,
+    Replies,
     Wait,
     drive,
 )
@@ -98,6 +99,7 @@ __all__ = [
     "RedlockCore",
     "Renewals",
     "RepairReport",
+    "Replies",
     "Settings",
     "Status",
     "SyncDrainer",

@@ -239,7 +239,8 @@ Absorb = Callable[[Replies], None]
 class _Steps(Generic[T]):
     """One flow run step by step, for the drivers below: its next request, given what
     the last one came to (its replies, handed to ``absorb`` first; or the exception it
-    raised, thrown into the flow, which decides), until it returns."""
+    raised, or that ``absorb`` raised, thrown into the flow, which decides), until it
+    returns."""
 
     __slots__ = ("_absorb", "_flow", "done", "result")
 
@@ -261,7 +262,13 @@ class _Steps(Generic[T]):
             if isinstance(outcome, BaseException):  # interrupted or failed
                 return self._flow.throw(outcome)
             if self._absorb is not None and isinstance(outcome, Replies):
-                self._absorb(outcome)
+                try:
+                    self._absorb(outcome)
+                except Exception as exc:
+                    # Thrown into the flow, as a failed request is: raised out of the
+                    # driver, it passed the flow's own handlers (the renewal loop died
+                    # without telling its holders, docs/design.md §5.2).
+                    return self._flow.throw(exc)
             return self._flow.send(outcome)
         except StopIteration as stop:  # the flow returned
             self.done, self.result = True, stop.value

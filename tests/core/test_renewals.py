@@ -18,6 +18,7 @@ from tests.internals import (
     LockState,
     RedlockCore,
     Renewals,
+    Replies,
     Settings,
     Status,
     Wait,
@@ -223,3 +224,33 @@ def test_an_extend_round_ends_by_half_the_validity_left_of_the_others_waiting() 
     assert alone > 4.0  # half its own validity left
     assert beside == pytest.approx(0.4)  # half what the other has left
     assert behind == pytest.approx(0.05)  # the other ran out already: a request timeout
+
+
+def test_a_reply_the_core_cannot_take_in_is_a_crash_the_holders_hear_of() -> None:
+    """What a request brought back is handed to the core (``absorb``: round trips,
+    server identities, a newer membership) before the flow goes on. Should that raise,
+    the exception went out of the driver, past the loop's own handler: the renewal
+    thread died without a word, and its holders went on believing they held locks that
+    nobody renewed any more. It is thrown into the flow, whose handler decides."""
+    _, nodes, core, state = held_lock(ttl=9.0)
+    loops: list[object] = []
+    lost: list[LockState] = []
+    renewals = Renewals(core, threading.Event, loops.append,
+                        lambda state, handles: lost.append(state))
+    holder = Holder()
+    renewals.add(state, holder)
+
+    def absorb(replies: object) -> None:
+        raise ValueError("a reply the core cannot take in")
+
+    def execute(request: Broadcast | Wait | Invoke) -> object:
+        replies = nodes.execute(request)  # (the transports' kind of reply: absorbed)
+        return Replies(replies) if isinstance(request, Broadcast) else replies
+
+    [loop] = loops
+    with capture_events() as events:
+        assert drive(loop, execute, absorb) is None  # type: ignore[arg-type]
+    assert lost == [state]
+    assert state.status is Status.LOST
+    assert [e["event"] for e in events if e["event"].endswith("crashed")] == \
+        ["redlock.renewals_crashed"]
