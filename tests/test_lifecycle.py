@@ -18,11 +18,22 @@ import weakref
 from typing import Any
 
 import pytest
+import redis
 
 from redlock import AsyncRedlock, LockLost, QuorumUnavailable, Redlock
 from redlock.testing import RedisNodes
 from tests.clients import Actor, Flavour, Stopwatch, eventually
 from tests.peek import dead_url, keep_busy, lock_keys
+
+
+def _busy(node: Any) -> bool:
+    """The node does not answer a PING within 10 ms (it runs keep_busy's script)."""
+    with node.client(socket_timeout=0.01) as client:
+        try:
+            client.ping()
+        except redis.TimeoutError:
+            return True
+    return False
 
 
 async def test_a_late_acquire_is_renewed_before_its_validity_runs_out(
@@ -34,8 +45,11 @@ async def test_a_late_acquire_is_renewed_before_its_validity_runs_out(
     await me.cycle(dlm.lock("life:late", ttl=5.0, timeout=5.0))  # initialise, warm up
     lost: list[Any] = []
     lock = me.on(dlm.lock("life:late", ttl=0.3, auto_extend=True, on_lost=lost.append))
-    busy = keep_busy(list(nodes3)[:2], 0.22)  # two of three answer only after 0.22 s
-    await asyncio.sleep(0.02)
+    busy = keep_busy(list(nodes3)[:2], 0.26)  # two of three answer only after 0.26 s
+    # From when they are busy (a thread slow to start its script under load let the
+    # acquire in early: 0.1004 s left, once in 26 runs beside CPU burners).
+    assert await eventually(lambda: all(_busy(node) for node in list(nodes3)[:2]), 2.0,
+                            step=0.005)  # (a look at a busy node takes its 10 ms)
     assert await lock.acquire(blocking=False)
     for thread in busy:
         thread.join()
