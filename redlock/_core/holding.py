@@ -170,8 +170,8 @@ class Holding:
         for state, made in zip(states, requests, strict=True):
             state.mark_released()
             size = len(made.calls)
-            outcomes, _ = self._per_node(replies[offset:offset + size], len(state.resources),
-                                         refused="key already gone")
+            mine = replies if len(states) == 1 else replies[offset:offset + size]
+            outcomes, _ = self._per_node(mine, len(state.resources), refused="key already gone")
             offset += size
             errors = [r for r in outcomes if r.outcome is Outcome.ERROR]
             if errors or self.node_outages:

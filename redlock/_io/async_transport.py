@@ -34,6 +34,7 @@ from redlock._io.async_wire import IGNORE, Wire, readable_wires
 from redlock._io.failures import as_failure, map_failures
 from redlock._io.nodes import build_pool, check_node_list, node_labels, pool_overrides
 from redlock._io.wire import (
+    FRESH,
     NOT_AWAITED,
     PENDING,
     SENT_LATE,
@@ -52,9 +53,6 @@ T = TypeVar("T")
 # that reply arrived in time. Before calling the node late, the request lets the loop run
 # this many more turns while such replies wait to be read.
 _LAST_TURNS = 8
-# An idle connection freed more recently than this is not checked for unread bytes
-# before it is reused (see _idle_wires).
-_FRESH = 0.001
 
 
 async def within(awaitable: Awaitable[T], timeout: float) -> T:
@@ -329,12 +327,9 @@ class AsyncTransport:
                 wire = self._kept(exchange.node)
             if wire is not None:
                 found[exchange.node] = wire
-        # Not for a connection freed less than _FRESH ago (an acquire's, reused by its
-        # release): its socket was read to the end a moment ago, and the check would
-        # narrow a window the server can hit after it as well (closing the connection
-        # right after the check), for a system call on every request.
+        # (Not for a connection freed less than FRESH ago: see redlock._io.wire.)
         now = time.monotonic()
-        stale = [wire for wire in found.values() if now - wire.freed_at >= _FRESH]
+        stale = [wire for wire in found.values() if now - wire.freed_at >= FRESH]
         if stale:
             for wire in readable_wires(stale):
                 del found[wire.node]

@@ -20,12 +20,10 @@ from typing import Any
 import redis
 
 from redlock._io.sync_exchange import buffered, has_input
+from redlock._io.wire import FRESH
 
 #: Seconds a connection may wait on its node's stack unused before it is closed.
 IDLE_KEPT_FOR = 30.0
-#: A connection given back more recently than this is reused without a look for bytes
-#: nobody asked for (:func:`with_input`).
-FRESH = 0.001
 
 
 class IdleConnections:
@@ -101,10 +99,8 @@ class IdleConnections:
 def with_input(conns: list[Any]) -> list[Any]:
     """Of idle connections about to be reused, those with something to read: the server
     closed it while it sat idle (it restarted), or sent what nobody asked for. One
-    ``select`` for all. Not for one given back less than :data:`FRESH` ago (an
-    acquire's, reused by its release): its replies were read to the end a moment ago,
-    and the look would only narrow a window the server can hit after it as well
-    (closing the connection just after the look), for a system call per request."""
+    ``select`` for all; not for one given back less than
+    :data:`~redlock._io.wire.FRESH` ago."""
     now = time.monotonic()
     stale = [conn for conn in conns
              if now - getattr(conn, "_redlock_idle_since", 0.0) >= FRESH]

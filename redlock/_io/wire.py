@@ -39,6 +39,12 @@ LATE_PER_NODE = 16
 # last node's reply is typically a few tens of microseconds behind. Reading it costs
 # nothing and keeps the connection out of the late pool (and its vote counts).
 STRAGGLER_GRACE_MIN = 0.001
+# An idle connection given back more recently than this is reused without a look for
+# bytes nobody asked for (a server that closed it, or wrote unasked): its replies were
+# read to the end a moment ago (an acquire's, reused by its release), and the look would
+# only narrow a window the server can hit after it as well, for a system call per
+# request. Both transports.
+FRESH = 0.001
 
 
 class Packing:

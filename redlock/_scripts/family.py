@@ -182,13 +182,14 @@ for i = 4, #KEYS do
         released = 1
     end
 end
-local me = redis.sha1hex(ARGV[1])
 if ARGV[2] == '1' and redis.call('EXISTS', KEYS[2]) == 1 then
+    local me = redis.sha1hex(ARGV[1])
     redis.call('ZREM', KEYS[2], me)
     redis.call('ZREM', KEYS[3], me)
 end
-if released == 1 then
-    wake_first(KEYS[2], KEYS[3], KEYS[1], now_ms(), ARGV[2] == '0' and me or nil)
+if released == 1 then  -- (a give-back's giver: SHA1 only then)
+    wake_first(KEYS[2], KEYS[3], KEYS[1], now_ms(),
+               ARGV[2] == '0' and redis.sha1hex(ARGV[1]) or nil)
 end
 return released
 """,

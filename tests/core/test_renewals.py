@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gc
 import threading
+from collections.abc import Callable
 
 import pytest
 
@@ -34,10 +35,12 @@ class Holder:
 
 def run_renewals(core: RedlockCore, states: list[LockState], nodes: ScriptedNodes,
                  release_after: int | None = None,
-                 holders: list[Holder] | None = None) -> list[LockState]:
+                 holders: list[Holder] | None = None,
+                 absorb: Callable[[Replies], None] | None = None) -> list[LockState]:
     """Renew ``states`` with the manager's loop until none is left; the owner releases
     them all at the first sleep after ``release_after`` extend rounds (None: never).
-    Returns the states the loop reported lost."""
+    ``absorb``: what the driver hands each request's replies to (as the transports'
+    replies). Returns the states the loop reported lost."""
     loops: list[object] = []
     lost: list[LockState] = []
     renewals = Renewals(core, threading.Event, loops.append,
@@ -52,10 +55,11 @@ def run_renewals(core: RedlockCore, states: list[LockState], nodes: ScriptedNode
                 and extends >= release_after:
             for state in states:
                 state.mark_released()
-        return nodes.execute(request)
+        replies = nodes.execute(request)
+        return Replies(replies) if absorb and isinstance(request, Broadcast) else replies
 
     [loop] = loops  # one loop, however many locks
-    assert drive(loop, execute) is None  # type: ignore[arg-type]
+    assert drive(loop, execute, absorb) is None  # type: ignore[arg-type]
     assert len(renewals) == 0
     return lost
 
@@ -233,24 +237,12 @@ def test_a_reply_the_core_cannot_take_in_is_a_crash_the_holders_hear_of() -> Non
     thread died without a word, and its holders went on believing they held locks that
     nobody renewed any more. It is thrown into the flow, whose handler decides."""
     _, nodes, core, state = held_lock(ttl=9.0)
-    loops: list[object] = []
-    lost: list[LockState] = []
-    renewals = Renewals(core, threading.Event, loops.append,
-                        lambda state, handles: lost.append(state))
-    holder = Holder()
-    renewals.add(state, holder)
 
-    def absorb(replies: object) -> None:
+    def absorb(replies: Replies) -> None:
         raise ValueError("a reply the core cannot take in")
 
-    def execute(request: Broadcast | Wait | Invoke) -> object:
-        replies = nodes.execute(request)  # (the transports' kind of reply: absorbed)
-        return Replies(replies) if isinstance(request, Broadcast) else replies
-
-    [loop] = loops
     with capture_events() as events:
-        assert drive(loop, execute, absorb) is None  # type: ignore[arg-type]
-    assert lost == [state]
+        assert run_renewals(core, [state], nodes, absorb=absorb) == [state]
     assert state.status is Status.LOST
     assert [e["event"] for e in events if e["event"].endswith("crashed")] == \
         ["redlock.renewals_crashed"]
