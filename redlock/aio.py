@@ -36,12 +36,13 @@ from redlock._core.handover import Handover
 from redlock._core.inspect import LockStatus, ReleaseReport
 from redlock._core.members import Members
 from redlock._core.membership import MembersChange
-from redlock._core.requests import Flow, T
+from redlock._core.requests import Broadcast, Flow, Replies, T
 from redlock._core.settings import Keys
 from redlock._core.state import LockState
 from redlock._core.views import Leader, ReadWriteStatus, SemaphoreStatus
 from redlock._io.async_listener import AsyncReleaseListener
 from redlock._io.async_transport import AsyncTransport
+from redlock.errors import LockLost
 
 _H = TypeVar("_H", bound="_AsyncHandle")
 
@@ -51,13 +52,27 @@ class _AsyncHandle(HandleBase):
 
     async def acquire(self, blocking: bool | None = None, timeout: float | None = None) -> bool:
         """See :meth:`redlock.Lock.acquire`."""
+        quick = self._open_quickly(blocking, timeout)  # (docs/design.md §2.8)
+        if quick is not None:
+            sent = quick[1].sent
+            assert sent is not None
+            sent.outcome = await self._registry.send(sent.request)
+            if self._quickly_held(quick):
+                return True
         flow = self._observed(
-            "acquire", lambda watch: self._acquire_flow(blocking, timeout, watch))
+            "acquire", lambda watch: self._acquire_flow(blocking, timeout, watch, quick))
         return cast(bool, await self._registry.drive(flow))
 
     async def release(self) -> None:
         """See :meth:`redlock.Lock.release`."""
-        await self._registry.drive(self._observed("release", lambda _: self._release_flow()))
+        releasing = self._quick_release()  # (docs/design.md §2.8)
+        if releasing is not None:
+            if releasing.sent is not None:
+                releasing.sent.outcome = await self._registry.send(releasing.sent.request)
+            if self._quickly_released(releasing):
+                return
+        await self._registry.drive(self._observed("release",
+                                                  lambda _: self._release_flow(releasing)))
 
     async def extend(self, ttl: float | None = None) -> None:
         """See :meth:`redlock.Lock.extend`."""
@@ -70,8 +85,10 @@ class _AsyncHandle(HandleBase):
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> None:
-        leaving = self._exit_flow(exc_type is not None)
-        await self._registry.drive(self._observed("release", lambda _: leaving))
+        try:
+            await self.release()
+        except LockLost as lost:
+            self._lost_on_exit(lost, exc_type is not None)
 
 
 class AsyncLock(_AsyncHandle, LockBase):
@@ -211,6 +228,16 @@ class AsyncRedlock(ManagerBase[AsyncLock, AsyncMultiLock]):
 
     def _drive(self, flow: Flow[T]) -> Awaitable[T]:
         return cast(Awaitable[T], super()._drive(flow))
+
+    async def _send_quickly(self, request: Broadcast) -> Replies | BaseException:
+        self._in_this_process()
+        try:
+            replies = await self._transport.broadcast(request)
+            self._core.absorb(replies)
+        except BaseException as exc:  # cancelled, or the core's
+            return exc
+        return replies
+    _send_quickly.__doc__ = ManagerBase._send_quickly.__doc__
 
     def _renewal_runner(self) -> tuple[Callable[[], Any], Callable[[Flow[None]], Any],
                                        Callable[[LockState, list[Any]], None]]:

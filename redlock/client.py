@@ -32,11 +32,12 @@ from redlock._core.handover import Handover
 from redlock._core.inspect import LockStatus, ReleaseReport
 from redlock._core.members import Members
 from redlock._core.membership import MembersChange
-from redlock._core.requests import Flow, T
+from redlock._core.requests import Broadcast, Flow, Replies, T
 from redlock._core.views import Leader, ReadWriteStatus, SemaphoreStatus
 from redlock._io.sync_listener import SyncReleaseListener
 from redlock._io.sync_transport import SyncTransport
 from redlock._observe.warn import BlockingInEventLoopWarning, warn
+from redlock.errors import LockLost
 
 _H = TypeVar("_H", bound="_SyncHandle")
 
@@ -56,8 +57,15 @@ class _SyncHandle(HandleBase):
         lock; raises :class:`QuorumUnavailable` when too few nodes answer at all (an
         outage is not contention), at once or after the manager's ``outage_timeout``.
         """
+        quick = self._open_quickly(blocking, timeout)  # (docs/design.md §2.8)
+        if quick is not None:
+            sent = quick[1].sent
+            assert sent is not None
+            sent.outcome = self._registry.send(sent.request)
+            if self._quickly_held(quick):
+                return True
         flow = self._observed(
-            "acquire", lambda watch: self._acquire_flow(blocking, timeout, watch))
+            "acquire", lambda watch: self._acquire_flow(blocking, timeout, watch, quick))
         return cast(bool, self._registry.drive(flow))
 
     def release(self) -> None:
@@ -68,7 +76,14 @@ class _SyncHandle(HandleBase):
         may have run unprotected. Leaving a ``with`` block raises it too, unless another
         exception is already propagating.
         """
-        self._registry.drive(self._observed("release", lambda _: self._release_flow()))
+        releasing = self._quick_release()  # (docs/design.md §2.8)
+        if releasing is not None:
+            if releasing.sent is not None:
+                releasing.sent.outcome = self._registry.send(releasing.sent.request)
+            if self._quickly_released(releasing):
+                return
+        self._registry.drive(self._observed("release",
+                                            lambda _: self._release_flow(releasing)))
 
     def extend(self, ttl: float | None = None) -> None:
         """Reset the TTL on a quorum; raises :class:`LockLost` when that fails in time."""
@@ -81,8 +96,10 @@ class _SyncHandle(HandleBase):
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        leaving = self._exit_flow(exc_type is not None)
-        self._registry.drive(self._observed("release", lambda _: leaving))
+        try:
+            self.release()
+        except LockLost as lost:
+            self._lost_on_exit(lost, exc_type is not None)
 
 
 class Lock(_SyncHandle, LockBase):
@@ -296,6 +313,18 @@ class Redlock(ManagerBase[Lock, MultiLock]):
         if not self._told_of_loop and asyncio._get_running_loop() is not None:
             self._blocks_a_loop()
         return cast(T, super()._drive(flow))
+
+    def _send_quickly(self, request: Broadcast) -> Replies | BaseException:
+        self._in_this_process()
+        if not self._told_of_loop and asyncio._get_running_loop() is not None:
+            self._blocks_a_loop()
+        try:
+            replies = self._transport.broadcast(request)
+            self._core.absorb(replies)
+        except BaseException as exc:  # interrupted (KeyboardInterrupt), or the core's
+            return exc
+        return replies
+    _send_quickly.__doc__ = ManagerBase._send_quickly.__doc__
 
     # Whether this manager warned that it was called in a running event loop (once per
     # manager; until then every driven call asks the thread, a C call of a few 10 ns).

@@ -26,7 +26,8 @@ from redlock._client.telemetry import AttemptWatch, observe
 from redlock._core.algorithm import RedlockCore
 from redlock._core.handover import Handover, export_state
 from redlock._core.kinds import MUTEX, Kind
-from redlock._core.requests import Flow, Invoke, T
+from redlock._core.quick import Opening, Releasing, Sent
+from redlock._core.requests import Flow, Invoke, Replies, T
 from redlock._core.settings import (
     label,
     shown,
@@ -40,6 +41,7 @@ from redlock.errors import (
     AlreadyHeld,
     LockLost,
     LockNotAcquired,
+    NodeResult,
     NotHeld,
     Outcome,
     QuorumUnavailable,
@@ -115,21 +117,56 @@ class HandleBase:
     # -- the flows the shells drive -------------------------------------------
 
     def _acquire_flow(self, blocking: bool | None, timeout: float | None,
-                      watch: AttemptWatch | None = None) -> Flow[bool]:
-        owner = self._owner_key()
+                      watch: AttemptWatch | None = None,
+                      quick: tuple[Hashable, Opening] | None = None) -> Flow[bool]:
+        """``quick``: the owner and the call as the quick lane opened it and sent its first
+        attempt (:meth:`_open_quickly`), when the replies needed the flow."""
+        owner = self._owner_key() if quick is None else quick[0]
         if blocking is not None and timeout is not None:
             check_mode(bool(blocking), validate_timeout(timeout))
         blocking = self.blocking if blocking is None else bool(blocking)
         timeout = self.timeout if timeout is None else validate_timeout(timeout)
-        if (yield from self._reenter_flow(owner)):
+        if quick is None and (yield from self._reenter_flow(owner)):
             return True
         result = yield from self._core.acquire(self._resources, self.ttl, blocking=blocking,
-                                               timeout=timeout, watch=watch, kind=self._kind)
+                                               timeout=timeout, watch=watch, kind=self._kind,
+                                               opening=None if quick is None else quick[1])
         state = self._finish_acquire(result, owner)
+        return state is not None
+
+    def _open_quickly(self, blocking: bool | None,
+                      timeout: float | None) -> tuple[Hashable, Opening] | None:
+        """The caller's acquire call opened for the quick lane (docs/design.md §2.8), its
+        first attempt's request ready to send; None: drive the flow. A lock of one
+        resource only, and only when the flow would add nothing: nothing records
+        (OpenTelemetry), the caller re-enters nothing, no other call of this manager is
+        in the local line, and the core knows the nodes (``RedlockCore.open_quickly``)."""
+        registry = self._registry
+        if (self._kind is not MUTEX or len(self._resources) != 1
+                or ACTING_FOR.get() is not None or self._recording()):
+            return None
+        if blocking is not None and timeout is not None:
+            check_mode(bool(blocking), validate_timeout(timeout))
+        blocking = self.blocking if blocking is None else bool(blocking)
+        timeout = self.timeout if timeout is None else validate_timeout(timeout)
+        owner = registry.current_owner()
+        if self.reentrant and registry.reentered(self._label, owner) is not None:
+            return None
+        self._refuse_nesting(owner)
+        if registry.line_busy(self._core.line(self._resources)):
+            return None
+        opening = self._core.open_quickly(self._resources[0], self.ttl, blocking=blocking,
+                                          timeout=timeout, kind=self._kind)
+        return None if opening is None else (owner, opening)
+
+    def _quickly_held(self, quick: tuple[Hashable, Opening]) -> bool:
+        """Whether the quick lane's first attempt won outright (then the caller holds
+        it); else the flow goes on from its replies."""
+        owner, opening = quick
+        state = self._core.clean_grant(opening, self.ttl)
         if state is None:
             return False
-        if self.auto_extend:
-            self._registry.renewals.add(state, self)
+        self._took(state, owner)
         return True
 
     def _reenter_flow(self, owner: Hashable) -> Flow[bool]:
@@ -150,6 +187,11 @@ class HandleBase:
             if self.auto_extend:
                 self._registry.renewals.add(state, self)
             return True
+        self._refuse_nesting(owner)
+        return False
+
+    def _refuse_nesting(self, owner: Hashable) -> None:
+        """:class:`AlreadyHeld` if the owner holds an acquisition through this handle."""
         with self._guard():
             current = self._states.get(owner)
         if current is not None and current.status == Status.HELD and not current.expired():
@@ -157,49 +199,85 @@ class HandleBase:
                 f"this owner already holds {self._shown} through this handle: release it"
                 " first, or create the lock with reentrant=True to nest",
                 resource=self._label)
-        return False
 
-    def _release_flow(self) -> Flow[None]:
+    def _release_flow(self, releasing: Releasing | None = None) -> Flow[None]:
         """Release at depth 0. Raises :class:`LockLost` (after cleaning up) when the
         acquisition had been lost, had expired, or a majority no longer held our key:
-        the critical section may have run unprotected. A second release is a no-op."""
+        the critical section may have run unprotected. A second release is a no-op.
+        ``releasing``: the release as the quick lane began and sent it."""
+        releasing = releasing or self._begin_release(quick=False)
+        state = releasing.state
+        if state is None:
+            return
+        try:
+            [outcomes] = yield from self._core.release_many([state], releasing.sent)
+        finally:
+            self._registry.released(state)
+        self._end_release(releasing, outcomes)
+
+    def _begin_release(self, *, quick: bool) -> Releasing:
+        """The caller's release begins: what it releases (None: nothing to send, a nested
+        level or a second release, or the parent's acquisition in a fork), whether its
+        validity had run out; ``quick``: with the request for the quick lane to send."""
         owner = self._owner_key()
         state = self._held(owner)
         if state.inherited:  # the parent process's acquisition (a fork): it releases it
-            return
+            return Releasing(None)
         with state.mutex:
             if state.depth > 1:
                 state.depth -= 1
-                return
+                return Releasing(None)
             if state.release_called or state.status == Status.HANDED_OVER:
-                return
+                return Releasing(None)
             state.release_called = True
         self._registry.renewals.remove(state)
         self._registry.forget_reentrant(state, owner)
         if state.status == Status.LOST:  # its keys were dropped when it was lost
             state.check()
-        expired = state.expired()
+        return Releasing(state, state.expired(), Sent(self._core.release_request(state),
+                                                      0.0, 0) if quick else None)
+
+    def _recording(self) -> bool:
+        """Whether OpenTelemetry records (the flow's observer then sees every call)."""
+        telemetry = self._registry.telemetry
+        return telemetry is not None and telemetry.instruments() is not None
+
+    def _quick_release(self) -> Releasing | None:
+        """The caller's release begun for the quick lane; None: drive the flow."""
+        return None if self._recording() else self._begin_release(quick=True)
+
+    def _quickly_released(self, releasing: Releasing) -> bool:
+        """Whether the quick lane's release is over (its replies taken as the flow takes
+        them; :class:`LockLost` raised as the flow raises it); else the flow goes on from
+        what the request came to (an interrupted one is sent again)."""
+        state, sent = releasing.state, releasing.sent
+        if state is None:
+            return True
+        assert sent is not None
+        if not isinstance(sent.outcome, Replies):
+            return False
         try:
-            outcomes = yield from self._core.release(state)
+            [outcomes] = self._core.released([state], sent.outcome)
         finally:
             self._registry.released(state)
+        self._end_release(releasing, outcomes)
+        return True
+
+    def _end_release(self, releasing: Releasing, outcomes: tuple[NodeResult, ...]) -> None:
         taken = sum(1 for r in outcomes if r.outcome is Outcome.REFUSED)
-        if expired or (taken and self._core.key_gone(outcomes)):
-            why = ("its validity had run out" if expired
+        if releasing.expired or (taken and self._core.key_gone(outcomes)):
+            why = ("its validity had run out" if releasing.expired
                    else f"{taken} of {self._core.n} nodes no longer held our key")
             raise LockLost(f"lock on {self._shown} was not held to the end ({why}): the"
                            " critical section may have run unprotected",
                            resource=self._label, outcomes=outcomes)
 
-    def _exit_flow(self, propagating: bool) -> Flow[None]:
-        """Leaving a ``with`` block: release; a lost lock raises unless another
-        exception is already on its way (that one says more; the loss is logged)."""
-        try:
-            yield from self._release_flow()
-        except LockLost as lost:
-            if not propagating:
-                raise
-            logger.warning("redlock.lost_on_exit", resource=self._label, reason=str(lost))
+    def _lost_on_exit(self, lost: LockLost, propagating: bool) -> None:
+        """Leaving a ``with`` block: a lost lock raises unless another exception is
+        already on its way (that one says more; the loss is logged)."""
+        if not propagating:
+            raise lost
+        logger.warning("redlock.lost_on_exit", resource=self._label, reason=str(lost))
 
     def _extend_flow(self, ttl: float | None) -> Flow[None]:
         state = self._held(self._owner_key())
@@ -234,10 +312,16 @@ class HandleBase:
             if result.unavailable:
                 raise self.last_failure
             return None
-        self._hold(result.state, owner)
-        if self.reentrant:
-            self._registry.register_reentrant(result.state, owner)
+        self._took(result.state, owner)
         return result.state
+
+    def _took(self, state: LockState, owner: Hashable) -> None:
+        """The owner holds ``state`` now: recorded, re-entrant, renewed as asked."""
+        self._hold(state, owner)
+        if self.reentrant:
+            self._registry.register_reentrant(state, owner)
+        if self.auto_extend:
+            self._registry.renewals.add(state, self)
 
     def _hold(self, state: LockState, owner: Hashable) -> None:
         state.holder = weakref.ref(owner)

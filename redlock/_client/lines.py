@@ -176,3 +176,8 @@ class LocalLines(Generic[E, L]):
     def idle(self) -> bool:
         """No line left (for tests: nothing stays behind per resource)."""
         return not self._lines
+
+    def busy(self, key: str) -> bool:
+        """Whether a call of this manager is in ``key``'s line (an attempt, a wait, a
+        hand-off): the quick lane then stays out of it (docs/design.md §2.8)."""
+        return key in self._lines

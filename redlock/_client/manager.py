@@ -31,7 +31,7 @@ from redlock._core.amnesia.maintenance import maintenance
 from redlock._core.handover import Handover, as_handover
 from redlock._core.handover import adopt as adopt_handover
 from redlock._core.renewals import Renewals
-from redlock._core.requests import Flow
+from redlock._core.requests import Broadcast, Flow
 from redlock._core.settings import Keys, Settings, validate_resource
 from redlock._core.state import LockState
 from redlock._io.wakeups import WakeRegistry
@@ -141,7 +141,7 @@ class ManagerBase(Generic[H, MH]):
         self._sleep = sleep
         self._closing = self._backend.new_event()  # set by close(): background work ends
         self._registry = Registry(self._core, self._telemetry, self._backend.current_owner,
-                                  self._drive, self._spawn_flow)
+                                  self._drive, self._send_quickly, self._spawn_flow)
         self._start_process_state()
         self._generation = _fork.generation  # a forked child rebuilds on first use
 
@@ -171,7 +171,7 @@ class ManagerBase(Generic[H, MH]):
                             functools.partial(record_renewal, self._telemetry),
                             closing=self._closing)
         self._registry.start_process(renewals, self._room.released, self._room.watch_every,
-                                     backend.new_event)
+                                     backend.new_event, self._room.lines.busy)
 
     def _renewal_runner(self) -> tuple[Callable[[], Any], Callable[[Flow[None]], Any],
                                        Callable[[LockState, list[Any]], None]]:
@@ -185,6 +185,13 @@ class ManagerBase(Generic[H, MH]):
         """Run a flow to its end (asyncio: an awaitable of its end) by the executor."""
         self._in_this_process()
         return self._executor.drive(flow)
+
+    def _send_quickly(self, request: Broadcast) -> Any:
+        """A quick lane's request (docs/design.md §2.8), as the executor would run a
+        broadcast outside the local lines: its replies, absorbed by the core; or the
+        exception that interrupted it, or that the core raised on them (asyncio: an
+        awaitable of either). The flavour's own (the transport blocks or awaits)."""
+        raise NotImplementedError
 
     def _spawn_flow(self, flow: Flow[None], name: str) -> Any:
         """Run a flow in the background, in a thread or task; returns it."""

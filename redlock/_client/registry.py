@@ -15,7 +15,7 @@ from typing import Any, Protocol
 from redlock._client.telemetry import Telemetry
 from redlock._core.algorithm import RedlockCore
 from redlock._core.renewals import Renewals
-from redlock._core.requests import Flow
+from redlock._core.requests import Broadcast, Flow
 from redlock._core.state import LockState, Status
 
 
@@ -29,27 +29,33 @@ class LossListener(Protocol):
 
 class Registry:
     """Shared by a manager's handles. ``drive`` runs a flow the way the manager's
-    flavour does (returns its result, or, asyncio, an awaitable of it); ``released`` is
+    flavour does (returns its result, or, asyncio, an awaitable of it); ``send`` sends
+    a quick lane's request (docs/design.md §2.8) and returns (or, asyncio, an awaitable
+    of) its replies, or the exception that interrupted it; ``released`` is
     told of every release (the local lines' hand-off); ``renewals`` and the reentrancy
     map live in one process (a forked child gets new ones: :meth:`start_process`)."""
 
     def __init__(self, core: RedlockCore, telemetry: Telemetry | None,
                  current_owner: Callable[[], Hashable], drive: Callable[[Flow[Any]], Any],
+                 send: Callable[[Broadcast], Any],
                  spawn: Callable[[Flow[None], str], object]) -> None:
         self.core = core
         self.telemetry = telemetry
         self.current_owner = current_owner
         self.drive = drive
+        self.send = send
         self._spawn = spawn
 
     def start_process(self, renewals: Renewals, released: Callable[[LockState], None],
                       watch_every: Callable[[tuple[str, ...], Any], Callable[[], None]],
-                      new_event: Callable[[], Any]) -> None:
+                      new_event: Callable[[], Any], line_busy: Callable[[str], bool]) -> None:
         """What lives in one process only (called again in a forked child).
         ``watch_every(channels, event)`` sets ``event`` on every message published on
         ``channels`` until the function it returns is called (an election's observer);
-        ``new_event`` makes the flavour's event."""
+        ``new_event`` makes the flavour's event; ``line_busy(line)``: whether a call of
+        this manager is in a local line."""
         self.renewals = renewals
+        self.line_busy = line_busy
         self.released = released
         self.watch_every = watch_every
         self.new_event = new_event

@@ -10,26 +10,20 @@ delegated to :class:`redlock._core.amnesia.guard.AmnesiaGuard`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
+from typing import cast
 
 from redlock._core import handoff
 from redlock._core.amnesia.guard import AmnesiaGuard
 from redlock._core.amnesia.repair import RepairReport, initialise, repair, upgrade
-from redlock._core.commit import commit_enough
+from redlock._core.commit import commit_enough, grant_enough
 from redlock._core.environment import Environment
 from redlock._core.holding import Holding
 from redlock._core.kinds import MUTEX, AcquireArgs, Kind, Leadership, with_epoch
 from redlock._core.members import Members, Rule, stable
-from redlock._core.requests import (
-    Backoff,
-    Broadcast,
-    Call,
-    Deadline,
-    Decision,
-    Flow,
-    Replies,
-)
+from redlock._core.quick import Opening, QuickLane, Sent
+from redlock._core.requests import Backoff, Broadcast, Call, Deadline, Flow, Replies
 from redlock._core.settings import Keys, Settings, label, validate_node_addresses
 from redlock._core.state import AcquireResult, AttemptResult, LockState, RoundTrips
 from redlock._core.tokens import (
@@ -50,16 +44,16 @@ from redlock._scripts.replies import (
     acquire_counters,
     acquire_set_nothing,
     epoch_refusal,
-    restarted,
 )
 from redlock.errors import Outcome, describe
 
 logger = get_logger("redlock.locks")
 nodes_logger = get_logger("redlock.nodes")
 
-class RedlockCore(Holding):
+class RedlockCore(Holding, QuickLane):
     """Quorum acquire with fencing for N nodes; release, extend and loss come from
-    :class:`~redlock._core.holding.Holding`."""
+    :class:`~redlock._core.holding.Holding`, the quick lane from
+    :class:`~redlock._core.quick.QuickLane`."""
 
     def __init__(self, addresses: Sequence[str], settings: Settings, env: Environment) -> None:
         validate_node_addresses(addresses)
@@ -128,51 +122,17 @@ class RedlockCore(Holding):
                         possible=self.rule.possible)
         return True
 
-    def _enough(self, votes: Callable[[object], int | None],
-                group: Callable[[object], object] | None = None) -> Decision:
-        """An early decision on one-call-per-node replies: ``votes(reply)`` is 1 (yes),
-        0 (no), None (unknown: an error, or not read yet). Decided once a quorum said
-        yes, or more nodes said no than a quorum can spare. A node whose grants do not
-        count yet (restarted, being judged; or found restarted by this very request's new
-        connection, docs/design.md §4.4) never votes yes. The yes votes count per
-        ``group`` of their reply (a permit's slot, §12.2; one group for other kinds): a
-        quorum must grant the same one (None: every grant is of the same group). Quorums
-        are the membership rule's (§13.2). Asked after every reply read: kept lean."""
-        n, suspect, rule = self.n, set(self.amnesia.health.suspect), self.rule
-
-        def enough(replies: Sequence[object], identities: Mapping[int, object]) -> bool:
-            yes: dict[object, list[int]] = {}
-            no: list[int] = []
-            for node in range(n):  # (the first n calls: one per node; INFO may follow)
-                reply = replies[node]
-                vote = votes(reply)
-                if vote == 1:
-                    if node in suspect or (identities and node in identities
-                                           and restarted(identities[node])):
-                        continue
-                    yes.setdefault(None if group is None else group(reply), []).append(node)
-                elif vote == 0:
-                    no.append(node)
-            return any(rule.met(nodes) for nodes in yes.values()) or rule.lost(no)
-        return enough
-
     # -- acquire ---------------------------------------------------------------
 
-    def acquire(self, resources: str | tuple[str, ...], ttl: float, *, blocking: bool,
-                timeout: float | None,
-                watch: Callable[[AttemptResult], None] | None = None,
-                kind: Kind = MUTEX) -> Flow[AcquireResult]:
-        """Attempts until success, the deadline, or (non-blocking) after one attempt.
+    def open_acquire(self, resources: tuple[str, ...], ttl: float, *, blocking: bool,
+                     timeout: float | None, kind: Kind = MUTEX) -> Opening:
+        """An acquire call's start, made once whichever way it goes (the flow below, or
+        the quick lane first, :mod:`redlock._core.quick`).
 
         Every round and wait ends by the caller's deadline: ``timeout`` after the start
         for a blocking acquire, one request ceiling for a single try
-        (:meth:`Settings.single_try`); docs/design.md §2.5. A blocking acquire also
-        gives up once the cluster has been unavailable (too few nodes answering, not
-        contention) for ``outage_timeout``: waiting longer would hide an outage from the
-        caller."""
-        resources = (resources,) if isinstance(resources, str) else resources
+        (:meth:`Settings.single_try`); docs/design.md §2.5."""
         owner = self.env.random_hex(16)  # 128 bits, secret: only we can release our key
-        kind = kind.for_call(owner)  # what is acquired (docs/design.md §12.0)
         # A blocking acquire of one resource waits in the nodes' line for it; its ticket
         # (wall-clock microseconds: comparable across hosts, see docs/design.md §6) is
         # its place, the same on every node and every attempt. A single try, or a set,
@@ -183,6 +143,26 @@ class RedlockCore(Holding):
         single = not blocking or timeout == 0
         deadline = Deadline(self.clock, started + self.settings.single_try(ttl) if single
                             else None if timeout is None else started + timeout)
+        return Opening(resources, owner, kind.for_call(owner), queued, ticket, started,
+                       single, deadline)
+
+    def acquire(self, resources: str | tuple[str, ...], ttl: float, *, blocking: bool,
+                timeout: float | None,
+                watch: Callable[[AttemptResult], None] | None = None,
+                kind: Kind = MUTEX, opening: Opening | None = None) -> Flow[AcquireResult]:
+        """Attempts until success, the deadline, or (non-blocking) after one attempt.
+
+        ``opening``: the call as the quick lane opened it, its first attempt sent
+        (:mod:`redlock._core.quick`); the flow carries on from its replies. A blocking
+        acquire also gives up once the cluster has been unavailable (too few nodes
+        answering, not contention) for ``outage_timeout``: waiting longer would hide an
+        outage from the caller."""
+        resources = (resources,) if isinstance(resources, str) else resources
+        if opening is None:
+            opening = self.open_acquire(resources, ttl, blocking=blocking, timeout=timeout,
+                                        kind=kind)
+        owner, kind, queued, ticket = opening.owner, opening.kind, opening.queued, opening.ticket
+        single, deadline = opening.single, opening.deadline
         outage_limit = self.settings.outage_timeout
         outage_since: float | None = None
         waits = Waits(self.settings, queued=queued)
@@ -191,8 +171,7 @@ class RedlockCore(Holding):
             attempts += 1
             attempt_started = self.clock()
             try:
-                result = yield from self._attempt(resources, owner, ttl, ticket, deadline,
-                                                  kind, attempt=attempts)
+                result = yield from self._attempt(opening, ttl, kind, attempt=attempts)
             except GeneratorExit:
                 raise
             except BaseException:
@@ -302,14 +281,12 @@ class RedlockCore(Holding):
         return with_epoch(kind.acquire_calls(self.keys, range(self.n), resources, args),
                           self.keys, self.rule.epoch)
 
-    def _attempt(self, resources: tuple[str, ...], owner: str, ttl: float,
-                 ticket: str, deadline: Deadline, kind: Kind = MUTEX,
-                 attempt: int = 0) -> Flow[AttemptResult]:
-        settings, keys, name = self.settings, self.keys, label(resources)
-        buckets = kind.buckets(resources)  # the counters involved (§3.0)
+    def attempt_request(self, opening: Opening, ttl: float, kind: Kind,
+                        attempt: int) -> Sent:
+        """An attempt's request (not sent yet), made when it starts."""
+        resources = opening.resources
         self.rule.check()  # MembershipError: our nodes cannot form a quorum (§13.2)
-        epoch = self.rule.epoch
-        started = self.clock()
+        epoch, started = self.rule.epoch, self.clock()
         # A manager's first attempt also reads every node's INFO (docs/design.md §4.7),
         # behind the acquire calls on the same connections: no round of its own.
         inspect = () if self.amnesia.health.inspected else self.amnesia.inspect_calls()
@@ -318,15 +295,31 @@ class RedlockCore(Holding):
         learn = self.quorum if (self.settings.node_timeout is None
                                 and self.round_trips.measured() < self.quorum) else 0
         timeout = self.timeout(ttl)  # (the attempt's, its line entry's patience from it)
-        request = Broadcast(self._acquire_calls(resources, buckets, owner, ttl, ticket, kind,
-                                                attempt, timeout)
-                            + inspect, deadline.bound(timeout),
-                            line=self.line(resources, kind), turns=not ticket,
-                            enough=self._enough(kind.vote, kind.group if kind.grouped else None),
-                            learn=learn)
-        # (Interrupted or failed from here on: acquire() releases and leaves the line.)
-        replies = yield request
-        if inspect:
+        calls = self._acquire_calls(resources, kind.buckets(resources), opening.owner, ttl,
+                                    opening.ticket, kind, attempt, timeout)
+        return Sent(Broadcast(calls + inspect, opening.deadline.bound(timeout),
+                              line=self.line(resources, kind), turns=not opening.ticket,
+                              enough=grant_enough(self.n, self.amnesia.health.suspect,
+                                                  self.rule, kind.vote,
+                                                  kind.group if kind.grouped else None),
+                              learn=learn), started, epoch)
+
+    def _attempt(self, opening: Opening, ttl: float, kind: Kind,
+                 attempt: int) -> Flow[AttemptResult]:
+        resources, owner, deadline = opening.resources, opening.owner, opening.deadline
+        settings, keys, name = self.settings, self.keys, label(resources)
+        buckets = kind.buckets(resources)  # the counters involved (§3.0)
+        sent, opening.sent = opening.sent, None  # (the quick lane's first attempt, sent)
+        if sent is None:
+            sent = self.attempt_request(opening, ttl, kind, attempt)
+            # (Interrupted or failed from here on: acquire() releases and leaves the line.)
+            replies = yield sent.request
+        elif isinstance(sent.outcome, BaseException):  # interrupted in the quick lane
+            raise sent.outcome
+        else:
+            replies = cast(Replies, sent.outcome)
+        request, started, epoch = sent.request, sent.started, sent.epoch
+        if len(replies) > self.n:  # (with the INFO of a manager's first attempt)
             self.amnesia.inspected(replies[self.n:])
             replies = replies[:self.n]
         outcomes = self.amnesia.screen([
@@ -387,15 +380,8 @@ class RedlockCore(Holding):
             short = [r for r in resources if not rule.met(committed[r])]
             too_big = [r for r in resources if choices[r].token >= TOKEN_LIMIT]
             if not short and not too_big and validity > 0:
-                tokens = {r: c.token for r, c in choices.items()}
-                state = LockState(name, owner, ttl, max(tokens.values()),
-                                  started + ttl - settings.drift(ttl), self.clock,
-                                  self.env.new_mutex(), tokens=tokens, kind=held_kind)
-                logger.debug("redlock.acquired", resource=name, token=state.token,
-                             kind=held_kind.name,
-                             validity_ms=round(validity * 1000, 3), granted=len(granted),
-                             nodes=self.n)
-                return AttemptResult(state, outcomes)
+                return AttemptResult(self.held(opening, ttl, started, {
+                    r: c.token for r, c in choices.items()}, held_kind, len(granted)), outcomes)
             if too_big:
                 reason = f"fence counter reached {TOKEN_LIMIT}"
             elif short:
@@ -434,6 +420,20 @@ class RedlockCore(Holding):
                      unavailable=unavailable, outcomes=describe(outcomes))
         return AttemptResult(None, outcomes, unavailable, permanent, retry_now=relearnt,
                              reason=reason, next_kind=kind.next_attempt(replies))
+
+    def held(self, opening: Opening, ttl: float, started: float, tokens: dict[str, int],
+             kind: Kind, granted: int) -> LockState:
+        """The acquisition of an attempt that started at ``started`` and won (``tokens``:
+        per resource; ``granted``: by that many nodes); its validity is measured from
+        that start, less the drift (docs/design.md §2.2)."""
+        name = label(opening.resources)
+        state = LockState(name, opening.owner, ttl, max(tokens.values()),
+                          started + ttl - self.settings.drift(ttl), self.clock,
+                          self.env.new_mutex(), tokens=tokens, kind=kind)
+        logger.debug("redlock.acquired", resource=name, token=state.token, kind=kind.name,
+                     validity_ms=round(state.validity() * 1000, 3), granted=granted,
+                     nodes=self.n)
+        return state
 
     # -- repair ------------------------------------------------------------------
 

@@ -11,11 +11,12 @@ calling ``core.release(state)``; it uses the core's nodes, settings and timeouts
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from redlock._core.environment import Environment
 from redlock._core.kinds import MUTEX, Kind, with_epoch
 from redlock._core.members import Rule
+from redlock._core.quick import Sent
 from redlock._core.requests import (
     PENDING,
     Broadcast,
@@ -24,6 +25,7 @@ from redlock._core.requests import (
     Decision,
     Flow,
     Pause,
+    Replies,
 )
 from redlock._core.settings import Keys, Settings
 from redlock._core.state import LockState, Status
@@ -148,28 +150,49 @@ class Holding:
         [outcomes] = yield from self.release_many([state])
         return outcomes
 
-    def release_many(self, states: Sequence[LockState]) -> Flow[list[tuple[NodeResult, ...]]]:
+    def release_many(self, states: Sequence[LockState], sent: Sent | None = None
+                     ) -> Flow[list[tuple[NodeResult, ...]]]:
         """:meth:`release` of several acquisitions in one request (each node gets its
         calls pipelined), decided once each is; per acquisition, its outcomes. The
         renewal loop releases the acquisitions whose handles are all gone this way: one
         by one, a hung majority cost each a whole request timeout, and the renewals of
-        the others waited behind them."""
-        requests = [self._release_calls(state.resources, state.owner, state.ttl, patient=True,
-                                        kind=state.kind) for state in states]
-        request = self._joined(requests)
-        try:
-            replies = yield request
-        except GeneratorExit:
-            raise
-        except BaseException:
-            yield request
+        the others waited behind them. ``sent``: the request of :meth:`release_request`
+        for one acquisition, sent by the quick lane, and what it came to."""
+        if sent is None:
+            request = self._joined([self.release_request(state) for state in states])
+            try:
+                replies = yield request
+            except GeneratorExit:
+                raise
+            except BaseException:
+                yield request
+                for state in states:
+                    state.mark_released()
+                raise
+        elif isinstance(sent.outcome, BaseException):  # interrupted: sent again
+            yield sent.request
             for state in states:
                 state.mark_released()
-            raise
+            raise sent.outcome
+        else:
+            replies = cast(Replies, sent.outcome)
+        return self.released(states, replies)
+
+    def release_request(self, state: LockState) -> Broadcast:
+        """The request that releases ``state`` (a holder's: patient, see
+        :meth:`_release_calls`)."""
+        return self._release_calls(state.resources, state.owner, state.ttl, patient=True,
+                                   kind=state.kind)
+
+    def released(self, states: Sequence[LockState],
+                 replies: Sequence[object]) -> list[tuple[NodeResult, ...]]:
+        """What the replies of a release of ``states`` (one request, in their order)
+        mean, per acquisition: its outcomes per node; the keys on nodes it missed expire
+        by their TTL, which is said (once per node and outage)."""
         results, offset = [], 0
-        for state, made in zip(states, requests, strict=True):
+        for state in states:
             state.mark_released()
-            size = len(made.calls)
+            size = self.n * len(state.resources)
             mine = replies if len(states) == 1 else replies[offset:offset + size]
             outcomes, _ = self._per_node(mine, len(state.resources), refused="key already gone")
             offset += size

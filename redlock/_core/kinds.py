@@ -32,7 +32,7 @@ from redlock._scripts.family_replies import granted_slot, permit_outcome
 from redlock._scripts.replies import acquire_outcome, acquire_vote
 from redlock.errors import NodeResult
 
-#: A call that votes: 1 yes, 0 no, None unknown (see RedlockCore._enough).
+#: A call that votes: 1 yes, 0 no, None unknown (see redlock._core.commit.grant_enough).
 Vote = Callable[[object], "int | None"]
 
 
