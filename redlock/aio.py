@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, TypeVar, cast
@@ -36,7 +37,8 @@ from redlock._core.handover import Handover
 from redlock._core.inspect import LockStatus, ReleaseReport
 from redlock._core.members import Members
 from redlock._core.membership import MembersChange
-from redlock._core.requests import Broadcast, Flow, Replies, T
+from redlock._core.quick import Sent
+from redlock._core.requests import Flow, T
 from redlock._core.settings import Keys
 from redlock._core.state import LockState
 from redlock._core.views import Leader, ReadWriteStatus, SemaphoreStatus
@@ -52,23 +54,25 @@ class _AsyncHandle(HandleBase):
 
     async def acquire(self, blocking: bool | None = None, timeout: float | None = None) -> bool:
         """See :meth:`redlock.Lock.acquire`."""
-        quick = self._open_quickly(blocking, timeout)  # (docs/design.md §2.8)
+        quick = self._open_quickly(blocking, timeout)  # (docs/design.md §2.6)
+        sent_at = None
         if quick is not None:
             sent = quick[1].sent
             assert sent is not None
-            sent.outcome = await self._registry.send(sent.request)
+            await self._registry.send(sent)
             if self._quickly_held(quick):
                 return True
+            sent_at = sent.at
         flow = self._observed(
             "acquire", lambda watch: self._acquire_flow(blocking, timeout, watch, quick))
-        return cast(bool, await self._registry.drive(flow))
+        return cast(bool, await self._registry.drive(flow, sent_at))
 
     async def release(self) -> None:
         """See :meth:`redlock.Lock.release`."""
-        releasing = self._quick_release()  # (docs/design.md §2.8)
+        releasing = self._quick_release()  # (docs/design.md §2.6)
         if releasing is not None:
             if releasing.sent is not None:
-                releasing.sent.outcome = await self._registry.send(releasing.sent.request)
+                await self._registry.send(releasing.sent)
             if self._quickly_released(releasing):
                 return
         await self._registry.drive(self._observed("release",
@@ -226,17 +230,19 @@ class AsyncRedlock(ManagerBase[AsyncLock, AsyncMultiLock]):
         """See :meth:`redlock.Redlock.adopt` (the calling task holds the handle)."""
         return await self._drive(self._adopt_flow(handover, auto_extend, on_lost))
 
-    def _drive(self, flow: Flow[T]) -> Awaitable[T]:
-        return cast(Awaitable[T], super()._drive(flow))
+    def _drive(self, flow: Flow[T], sent_at: float | None = None) -> Awaitable[T]:
+        return cast(Awaitable[T], super()._drive(flow, sent_at))
 
-    async def _send_quickly(self, request: Broadcast) -> Replies | BaseException:
+    async def _send_quickly(self, sent: Sent) -> None:
         self._in_this_process()
+        sent.at = time.monotonic()
         try:
-            replies = await self._transport.broadcast(request)
+            replies = await self._transport.broadcast(sent.request)
             self._core.absorb(replies)
         except BaseException as exc:  # cancelled, or the core's
-            return exc
-        return replies
+            sent.outcome = exc
+        else:
+            sent.outcome = replies
     _send_quickly.__doc__ = ManagerBase._send_quickly.__doc__
 
     def _renewal_runner(self) -> tuple[Callable[[], Any], Callable[[Flow[None]], Any],

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any, TypeVar, cast
@@ -32,7 +33,8 @@ from redlock._core.handover import Handover
 from redlock._core.inspect import LockStatus, ReleaseReport
 from redlock._core.members import Members
 from redlock._core.membership import MembersChange
-from redlock._core.requests import Broadcast, Flow, Replies, T
+from redlock._core.quick import Sent
+from redlock._core.requests import Flow, T
 from redlock._core.views import Leader, ReadWriteStatus, SemaphoreStatus
 from redlock._io.sync_listener import SyncReleaseListener
 from redlock._io.sync_transport import SyncTransport
@@ -57,16 +59,18 @@ class _SyncHandle(HandleBase):
         lock; raises :class:`QuorumUnavailable` when too few nodes answer at all (an
         outage is not contention), at once or after the manager's ``outage_timeout``.
         """
-        quick = self._open_quickly(blocking, timeout)  # (docs/design.md §2.8)
+        quick = self._open_quickly(blocking, timeout)  # (docs/design.md §2.6)
+        sent_at = None
         if quick is not None:
             sent = quick[1].sent
             assert sent is not None
-            sent.outcome = self._registry.send(sent.request)
+            self._registry.send(sent)
             if self._quickly_held(quick):
                 return True
+            sent_at = sent.at
         flow = self._observed(
             "acquire", lambda watch: self._acquire_flow(blocking, timeout, watch, quick))
-        return cast(bool, self._registry.drive(flow))
+        return cast(bool, self._registry.drive(flow, sent_at))
 
     def release(self) -> None:
         """Release on every node (a re-entered lock at depth 0); a second call is a no-op.
@@ -76,10 +80,10 @@ class _SyncHandle(HandleBase):
         may have run unprotected. Leaving a ``with`` block raises it too, unless another
         exception is already propagating.
         """
-        releasing = self._quick_release()  # (docs/design.md §2.8)
+        releasing = self._quick_release()  # (docs/design.md §2.6)
         if releasing is not None:
             if releasing.sent is not None:
-                releasing.sent.outcome = self._registry.send(releasing.sent.request)
+                self._registry.send(releasing.sent)
             if self._quickly_released(releasing):
                 return
         self._registry.drive(self._observed("release",
@@ -309,21 +313,23 @@ class Redlock(ManagerBase[Lock, MultiLock]):
         """
         return self._drive(self._adopt_flow(handover, auto_extend, on_lost))
 
-    def _drive(self, flow: Flow[T]) -> T:
+    def _drive(self, flow: Flow[T], sent_at: float | None = None) -> T:
         if not self._told_of_loop and asyncio._get_running_loop() is not None:
             self._blocks_a_loop()
-        return cast(T, super()._drive(flow))
+        return cast(T, super()._drive(flow, sent_at))
 
-    def _send_quickly(self, request: Broadcast) -> Replies | BaseException:
+    def _send_quickly(self, sent: Sent) -> None:
         self._in_this_process()
         if not self._told_of_loop and asyncio._get_running_loop() is not None:
             self._blocks_a_loop()
+        sent.at = time.monotonic()
         try:
-            replies = self._transport.broadcast(request)
+            replies = self._transport.broadcast(sent.request)
             self._core.absorb(replies)
         except BaseException as exc:  # interrupted (KeyboardInterrupt), or the core's
-            return exc
-        return replies
+            sent.outcome = exc
+        else:
+            sent.outcome = replies
     _send_quickly.__doc__ = ManagerBase._send_quickly.__doc__
 
     # Whether this manager warned that it was called in a running event loop (once per

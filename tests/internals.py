@@ -6,7 +6,7 @@ names from here, never from the library's private modules.
 
 from __future__ import annotations
 
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from typing import Any
 
 from redlock._client.environment import real as real_environment
@@ -117,6 +117,7 @@ __all__ = [
     "drive",
     "drop_idle_connections",
     "event_fields",
+    "flows_driven",
     "idle_connections",
     "lines_idle",
     "maintenance",
@@ -160,6 +161,20 @@ async def drop_idle_connections(manager: Any) -> None:
             await transport._discard(node, idle.pop())
     for pool in transport.pools:
         await pool.disconnect()
+
+
+def flows_driven(manager: Any) -> Callable[[], int]:
+    """From now on, count the flows ``manager`` drives (a call the quick lane finishes
+    drives none, docs/design.md §2.6); returns the count's reader."""
+    executor = manager._executor
+    drive = executor.drive
+    count = [0]
+
+    def counted(flow: Any, *args: Any) -> Any:
+        count[0] += 1
+        return drive(flow, *args)
+    executor.drive = counted
+    return lambda: count[0]
 
 
 def idle_connections(manager: Any, node: int = 0) -> int:

@@ -131,7 +131,7 @@ async def test_caplog_sees_events_with_their_fields(managers: tuple[Any, Any],
     assert (fields["resource"], fields["token"], fields["granted"], fields["nodes"]) == (
         "log:fields", token, 3, 3)
     assert 0 < fields["validity_ms"] <= 10_000
-    assert acquired.funcName == "_attempt"  # the library's function, not the log helper
+    assert acquired.funcName == "held"  # the library's function, not the log helper
     [failed] = records("redlock.quorum_failed")
     assert failed.levelno == logging.DEBUG
     fields = event_fields(failed)

@@ -64,6 +64,16 @@ class _Executor:
         return line, wake, seconds
 
 
+def start_ticket(sent_at: float | None) -> Ticket[Any]:
+    """A driven call's place in its line (a blocking acquire's, kept across attempts);
+    ``sent_at``: the quick lane sent its first attempt then (docs/design.md §2.6), as a
+    queued attempt of its own would have (releases and hand-offs count from there)."""
+    ticket: Ticket[Any] = Ticket()
+    if sent_at is not None:
+        ticket.since = ticket.sent = sent_at
+    return ticket
+
+
 def after_waiting(request: Broadcast, started: float) -> Broadcast:
     """An attempt that waited for its turn (or a hand-off) since ``started``: what is left
     of its timeout, which bounds the wait and the round together, so the caller's
@@ -87,8 +97,8 @@ class SyncExecutor(_Executor):
         super().__init__(room, absorb, maintain, sleep)
         self._transport = transport
 
-    def drive(self, flow: Flow[T]) -> T:
-        ticket: Ticket[threading.Event] = Ticket()  # a blocking acquire's place in line
+    def drive(self, flow: Flow[T], sent_at: float | None = None) -> T:
+        ticket: Ticket[threading.Event] = start_ticket(sent_at)
         try:
             return drive(flow, functools.partial(self._execute, ticket), self._absorb)
         finally:
@@ -154,8 +164,8 @@ class AsyncExecutor(_Executor):
         super().__init__(room, absorb, maintain, sleep)
         self._transport = transport
 
-    async def drive(self, flow: Flow[T]) -> T:
-        ticket: Ticket[Any] = Ticket()  # a blocking acquire's place in line
+    async def drive(self, flow: Flow[T], sent_at: float | None = None) -> T:
+        ticket: Ticket[Any] = start_ticket(sent_at)
         try:
             return await drive_async(flow, functools.partial(self._execute, ticket),
                                      self._absorb)

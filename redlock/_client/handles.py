@@ -136,7 +136,7 @@ class HandleBase:
 
     def _open_quickly(self, blocking: bool | None,
                       timeout: float | None) -> tuple[Hashable, Opening] | None:
-        """The caller's acquire call opened for the quick lane (docs/design.md §2.8), its
+        """The caller's acquire call opened for the quick lane (docs/design.md §2.6), its
         first attempt's request ready to send; None: drive the flow. A lock of one
         resource only, and only when the flow would add nothing: nothing records
         (OpenTelemetry), the caller re-enters nothing, no other call of this manager is

@@ -179,5 +179,5 @@ class LocalLines(Generic[E, L]):
 
     def busy(self, key: str) -> bool:
         """Whether a call of this manager is in ``key``'s line (an attempt, a wait, a
-        hand-off): the quick lane then stays out of it (docs/design.md §2.8)."""
+        hand-off): the quick lane then stays out of it (docs/design.md §2.6)."""
         return key in self._lines

@@ -30,8 +30,9 @@ from redlock._core.algorithm import RedlockCore
 from redlock._core.amnesia.maintenance import maintenance
 from redlock._core.handover import Handover, as_handover
 from redlock._core.handover import adopt as adopt_handover
+from redlock._core.quick import Sent
 from redlock._core.renewals import Renewals
-from redlock._core.requests import Broadcast, Flow
+from redlock._core.requests import Flow
 from redlock._core.settings import Keys, Settings, validate_resource
 from redlock._core.state import LockState
 from redlock._io.wakeups import WakeRegistry
@@ -181,16 +182,19 @@ class ManagerBase(Generic[H, MH]):
         return (self._backend.new_event,
                 lambda loop: self._spawn_flow(loop, "redlock-renewals"), self._registry.lost)
 
-    def _drive(self, flow: Flow[Any]) -> Any:
-        """Run a flow to its end (asyncio: an awaitable of its end) by the executor."""
+    def _drive(self, flow: Flow[Any], sent_at: float | None = None) -> Any:
+        """Run a flow to its end (asyncio: an awaitable of its end) by the executor;
+        ``sent_at``: when the quick lane sent the call's first attempt (see
+        :meth:`_send_quickly`)."""
         self._in_this_process()
-        return self._executor.drive(flow)
+        return self._executor.drive(flow, sent_at)
 
-    def _send_quickly(self, request: Broadcast) -> Any:
-        """A quick lane's request (docs/design.md §2.8), as the executor would run a
-        broadcast outside the local lines: its replies, absorbed by the core; or the
-        exception that interrupted it, or that the core raised on them (asyncio: an
-        awaitable of either). The flavour's own (the transport blocks or awaits)."""
+    def _send_quickly(self, sent: Sent) -> Any:
+        """Send a quick lane's request (docs/design.md §2.6) as the executor would run a
+        broadcast outside the local lines, and record in ``sent`` when it went out and
+        what it came to: its replies, absorbed by the core; or the exception that
+        interrupted it, or that the core raised on them. Never raises (asyncio: an
+        awaitable). The flavour's own (the transport blocks or awaits)."""
         raise NotImplementedError
 
     def _spawn_flow(self, flow: Flow[None], name: str) -> Any:

@@ -14,8 +14,9 @@ from typing import Any, Protocol
 
 from redlock._client.telemetry import Telemetry
 from redlock._core.algorithm import RedlockCore
+from redlock._core.quick import Sent
 from redlock._core.renewals import Renewals
-from redlock._core.requests import Broadcast, Flow
+from redlock._core.requests import Flow
 from redlock._core.state import LockState, Status
 
 
@@ -29,15 +30,16 @@ class LossListener(Protocol):
 
 class Registry:
     """Shared by a manager's handles. ``drive`` runs a flow the way the manager's
-    flavour does (returns its result, or, asyncio, an awaitable of it); ``send`` sends
-    a quick lane's request (docs/design.md §2.8) and returns (or, asyncio, an awaitable
-    of) its replies, or the exception that interrupted it; ``released`` is
+    flavour does (returns its result, or, asyncio, an awaitable of it; ``drive(flow,
+    sent_at)`` for a call whose first attempt the quick lane sent at ``sent_at``);
+    ``send`` sends a quick lane's request and records what it came to in its
+    :class:`~redlock._core.quick.Sent` (docs/design.md §2.6); ``released`` is
     told of every release (the local lines' hand-off); ``renewals`` and the reentrancy
     map live in one process (a forked child gets new ones: :meth:`start_process`)."""
 
     def __init__(self, core: RedlockCore, telemetry: Telemetry | None,
-                 current_owner: Callable[[], Hashable], drive: Callable[[Flow[Any]], Any],
-                 send: Callable[[Broadcast], Any],
+                 current_owner: Callable[[], Hashable], drive: Callable[..., Any],
+                 send: Callable[[Sent], Any],
                  spawn: Callable[[Flow[None], str], object]) -> None:
         self.core = core
         self.telemetry = telemetry

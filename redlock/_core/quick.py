@@ -1,5 +1,5 @@
 """The quick lane: an uncontended acquire of one lock, and its release, without the
-flow machinery (docs/design.md §2.8).
+flow machinery (docs/design.md §2.6).
 
 Every operation is a flow (:mod:`redlock._core.requests`) that an executor drives; on
 the most common call, one lock taken by nobody else, that machinery cost more than the
@@ -47,6 +47,9 @@ class Sent:
     started: float
     epoch: int  # the membership epoch it was made under (§13.2)
     outcome: Replies | BaseException | None = None
+    # When the quick lane sent it, by time.monotonic (the local lines' clock): the flow's
+    # waits count releases and hand-offs from there (§6.4, §6.7).
+    at: float | None = None
 
 
 @dataclass(slots=True)
@@ -123,7 +126,7 @@ class QuickLane:
         """The acquisition, when the first attempt's replies (``opening.sent.outcome``,
         absorbed by the core) need no decision: every node granted a plain grant, the
         counters a quorum returned are the largest (nothing to write back), and
-        validity is left. None: let the flow judge them (docs/design.md §2.8)."""
+        validity is left. None: let the flow judge them (docs/design.md §2.6)."""
         sent = opening.sent
         assert sent is not None
         replies = sent.outcome
