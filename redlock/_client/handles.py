@@ -234,8 +234,8 @@ class HandleBase:
         self._registry.forget_reentrant(state, owner)
         if state.status == Status.LOST:  # its keys were dropped when it was lost
             state.check()
-        return Releasing(state, state.expired(), Sent(self._core.release_request(state),
-                                                      0.0, 0) if quick else None)
+        return Releasing(state, state.expired(),
+                         Sent(self._core.release_request(state)) if quick else None)
 
     def _recording(self) -> bool:
         """Whether OpenTelemetry records (the flow's observer then sees every call)."""

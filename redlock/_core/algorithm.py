@@ -45,7 +45,7 @@ from redlock._scripts.replies import (
     acquire_set_nothing,
     epoch_refusal,
 )
-from redlock.errors import Outcome, describe
+from redlock.errors import NodeResult, Outcome, describe
 
 logger = get_logger("redlock.locks")
 nodes_logger = get_logger("redlock.nodes")
@@ -70,6 +70,7 @@ class RedlockCore(Holding, QuickLane):
         self.rule = Rule(self.addresses, stable(self.addresses))
         self._members_mutex = env.new_mutex()
         self.floors = TokenFloors(env.new_mutex())
+        self._all_done = tuple(NodeResult(a, Outcome.GRANTED) for a in self.addresses)
         self.amnesia = AmnesiaGuard(self.addresses, settings, self.keys, env, self.timeout)
         # Failing nodes are logged once per outage.
         self.node_outages = NodeOutages(env.clock, env.wall_clock, env.new_mutex())
@@ -103,9 +104,10 @@ class RedlockCore(Holding, QuickLane):
         if replies.identities:
             self.amnesia.identified(replies.identities)
         for reply in replies:
-            record = epoch_refusal(reply)
-            if record is not None:
-                self.adopt_members(record)
+            if isinstance(reply, list | tuple) and len(reply) == 5:  # (a refusal's shape)
+                record = epoch_refusal(reply)
+                if record is not None:
+                    self.adopt_members(record)
 
     def adopt_members(self, record: Members, *, learnt: bool = True) -> bool:
         """Count under ``record``'s configuration from now on, if its epoch is above ours
@@ -295,14 +297,15 @@ class RedlockCore(Holding, QuickLane):
         learn = self.quorum if (self.settings.node_timeout is None
                                 and self.round_trips.measured() < self.quorum) else 0
         timeout = self.timeout(ttl)  # (the attempt's, its line entry's patience from it)
-        calls = self._acquire_calls(resources, kind.buckets(resources), opening.owner, ttl,
-                                    opening.ticket, kind, attempt, timeout)
+        buckets = kind.buckets(resources)
+        calls = self._acquire_calls(resources, buckets, opening.owner, ttl, opening.ticket,
+                                    kind, attempt, timeout)
         return Sent(Broadcast(calls + inspect, opening.deadline.bound(timeout),
                               line=self.line(resources, kind), turns=not opening.ticket,
                               enough=grant_enough(self.n, self.amnesia.health.suspect,
                                                   self.rule, kind.vote,
                                                   kind.group if kind.grouped else None),
-                              learn=learn), started, epoch)
+                              learn=learn), started, epoch, buckets)
 
     def _attempt(self, opening: Opening, ttl: float, kind: Kind,
                  attempt: int) -> Flow[AttemptResult]:
@@ -430,9 +433,10 @@ class RedlockCore(Holding, QuickLane):
         state = LockState(name, opening.owner, ttl, max(tokens.values()),
                           started + ttl - self.settings.drift(ttl), self.clock,
                           self.env.new_mutex(), tokens=tokens, kind=kind)
-        logger.debug("redlock.acquired", resource=name, token=state.token, kind=kind.name,
-                     validity_ms=round(state.validity() * 1000, 3), granted=granted,
-                     nodes=self.n)
+        if logger.debugging():  # (every acquisition passes here: its fields only when logged)
+            logger.debug("redlock.acquired", resource=name, token=state.token,
+                         kind=kind.name, validity_ms=round(state.validity() * 1000, 3),
+                         granted=granted, nodes=self.n)
         return state
 
     # -- repair ------------------------------------------------------------------

@@ -52,6 +52,8 @@ class Holding:
     n: int
     quorum: int
     rule: Rule  # the membership rule (docs/design.md §13.2): what a quorum is
+    # Every node's outcome when each did it (the usual release, shared: immutable).
+    _all_done: tuple[NodeResult, ...]
     node_outages: NodeOutages
     clock: Callable[[], float]
 
@@ -83,7 +85,15 @@ class Holding:
             # of threads on two cores) or a busy event loop reads healthy nodes' answers
             # late: give them that long before calling them unreachable.
             timeout = max(timeout, min(self.settings.request_ceiling(ttl), _RELEASE_FLOOR))
-        return Broadcast(calls, timeout, enough=self._settled(calls))
+        return Broadcast(calls, timeout, enough=self._settled(calls) if nodes is not None
+                         or len(resources) > 1 else self._answered(self.quorum))
+
+    @staticmethod
+    def _answered(needed: int) -> Decision:
+        """:meth:`_settled` of one key's release on every node: ``needed`` answered."""
+        def answered(replies: Sequence[object], _identities: Mapping[int, object]) -> bool:
+            return len(replies) - replies.count(PENDING) >= needed
+        return answered
 
     def _settled(self, calls: Sequence[Call], *, acks: bool = False) -> Decision:
         """When a release or extend is decided (docs/design.md §2.4, §5.1): once every key
@@ -119,6 +129,9 @@ class Holding:
         each node's outcome (GRANTED only if it acked every resource) and, per
         resource, the nodes that acked."""
         if resources == 1:  # (the usual case, on every release: one pass)
+            if all(type(reply) is int and reply == 1 for reply in replies):  # every node did
+                outcomes = list(self._all_done)
+                return outcomes, [set(range(self.n))]
             outcomes = [ack_outcome(address, reply, refused=refused)
                         for address, reply in zip(self.addresses, replies, strict=True)]
             return outcomes, [{i for i, result in enumerate(outcomes)

@@ -30,7 +30,7 @@ from redlock._core.members import Rule
 from redlock._core.requests import Broadcast, Deadline, Replies
 from redlock._core.settings import Settings
 from redlock._core.state import LockState, RoundTrips
-from redlock._core.tokens import TOKEN_LIMIT, TokenFloors, choose_token, validity_left
+from redlock._core.tokens import TOKEN_LIMIT, TokenFloors, validity_left
 from redlock._scripts import lock as scripts
 
 __all__ = ["Opening", "QuickLane", "Releasing", "Sent"]
@@ -38,14 +38,17 @@ __all__ = ["Opening", "QuickLane", "Releasing", "Sent"]
 
 @dataclass(slots=True)
 class Sent:
-    """An acquire attempt's request: when the attempt started (its validity is measured
-    from there), under which membership epoch, and, once the quick lane sent it outside
-    the flow, what it came to: its replies, or the exception that interrupted it (the
-    flow then cleans up as if it had been interrupted itself)."""
+    """An acquire attempt's request (or a release's): when the attempt started (its
+    validity is measured from there), under which membership epoch, and, once the quick
+    lane sent it outside the flow, what it came to: its replies, or the exception that
+    interrupted it (the flow then cleans up as if it had been interrupted itself)."""
 
     request: Broadcast
-    started: float
-    epoch: int  # the membership epoch it was made under (§13.2)
+    # An attempt's (a release has none): when it started, the membership epoch it was
+    # made under (§13.2), the counters it asks for (§3.0).
+    started: float = 0.0
+    epoch: int = 0
+    buckets: tuple[str, ...] = ()
     outcome: Replies | BaseException | None = None
     # When the quick lane sent it, by time.monotonic (the local lines' clock): the flow's
     # waits count releases and hand-offs from there (§6.4, §6.7).
@@ -138,10 +141,11 @@ class QuickLane:
                     or reply[0] != scripts.ACQUIRE_GRANTED or type(reply[1]) is not int):
                 return None
             counters[node] = reply[1]
-        choice = choose_token(counters)
-        if (choice.token >= TOKEN_LIMIT or not self.rule.met(choice.committed)
+        token = max(counters.values())  # the token rule (§3.1): the largest counter...
+        if (token >= TOKEN_LIMIT  # ...returned by a quorum: nothing to write back
+                or not self.rule.met(i for i, c in counters.items() if c == token)
                 or validity_left(self.settings, ttl, sent.started, self.clock()) <= 0):
             return None
-        self.floors.raise_to(opening.kind.buckets(opening.resources), choice.token)
-        return self.held(opening, ttl, sent.started, {opening.resources[0]: choice.token},
+        self.floors.raise_to(sent.buckets, token)
+        return self.held(opening, ttl, sent.started, {opening.resources[0]: token},
                          opening.kind, len(counters))

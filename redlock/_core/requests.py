@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Generic, Protocol, TypeVar, cast
+from typing import Generic, NamedTuple, Protocol, TypeVar, cast
 
 from redlock._scripts.replies import NOT_AWAITED, PENDING, SENT_LATE, NotAwaited, Pending
 from redlock._scripts.script import Script
@@ -51,9 +51,10 @@ class Wakeable(Protocol):
     def is_set(self) -> bool: ...
 
 
-@dataclass(frozen=True)
-class Call:
-    """One command for one node: a script (EVALSHA, EVAL on NOSCRIPT) or a plain command."""
+class Call(NamedTuple):
+    """One command for one node: a script (EVALSHA, EVAL on NOSCRIPT) or a plain command.
+    (A named tuple: a request makes one per node and call, and a tuple is made in less
+    than half the time of a frozen dataclass.)"""
 
     node: int
     args: tuple[CommandArg, ...]

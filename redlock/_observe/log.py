@@ -55,6 +55,10 @@ class EventLogger:
         # stacklevel 3: the record names the library function that logged, not this one.
         self._logger.log(level, message, extra=fields, exc_info=exc_info, stacklevel=3)
 
+    def debugging(self) -> bool:
+        """Whether a DEBUG event would be logged (to skip computing its fields)."""
+        return self._logger.isEnabledFor(logging.DEBUG)
+
     def debug(self, event: str, **fields: Any) -> None:
         if self._logger.isEnabledFor(logging.DEBUG):
             self._emit(logging.DEBUG, event, fields)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, cast
 
 import redis
@@ -143,7 +143,7 @@ class Contract:
         ``<marker>`` by the node marker's value now ('' without one)."""
         value = self.model.data[0].get(MARKER)
         current = "" if value is None else as_text(value)
-        return replace(call, args=tuple(
+        return call._replace(args=tuple(
             a.replace("<marker>", current).replace("<run>", self.run_id)
             if isinstance(a, str) else a for a in call.args))
 
