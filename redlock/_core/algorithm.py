@@ -424,21 +424,6 @@ class RedlockCore(Holding, QuickLane):
         return AttemptResult(None, outcomes, unavailable, permanent, retry_now=relearnt,
                              reason=reason, next_kind=kind.next_attempt(replies))
 
-    def held(self, opening: Opening, ttl: float, started: float, tokens: dict[str, int],
-             kind: Kind, granted: int) -> LockState:
-        """The acquisition of an attempt that started at ``started`` and won (``tokens``:
-        per resource; ``granted``: by that many nodes); its validity is measured from
-        that start, less the drift (docs/design.md §2.2)."""
-        name = label(opening.resources)
-        state = LockState(name, opening.owner, ttl, max(tokens.values()),
-                          started + ttl - self.settings.drift(ttl), self.clock,
-                          self.env.new_mutex(), tokens=tokens, kind=kind)
-        if logger.debugging():  # (every acquisition passes here: its fields only when logged)
-            logger.debug("redlock.acquired", resource=name, token=state.token,
-                         kind=kind.name, validity_ms=round(state.validity() * 1000, 3),
-                         granted=granted, nodes=self.n)
-        return state
-
     # -- repair ------------------------------------------------------------------
 
     def repair(self, *, force: bool) -> Flow[list[RepairReport]]:

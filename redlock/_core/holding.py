@@ -1,10 +1,11 @@
 """What a holder does with an acquisition, free of I/O (docs/design.md §2.4, §5.1):
-release it, extend it (one round, several acquisitions at once, or until renewed or
-lost), and lose it; with the release calls and the decisions of these rounds, which
-the acquire also uses (a failed attempt releases wherever its key may be).
+hold it (the state an attempt that won makes, :meth:`Holding.held`), release it, extend
+it (one round, several acquisitions at once, or until renewed or lost), and lose it;
+with the release calls and the decisions of these rounds, which the acquire also uses
+(a failed attempt releases wherever its key may be).
 
-:class:`Holding` is one half of :class:`redlock._core.algorithm.RedlockCore` (the
-acquire is the other): a mixin, so that both clients and the renewal loop keep
+:class:`Holding` is one part of :class:`redlock._core.algorithm.RedlockCore` (the
+acquire is another, the quick lane a third): a mixin, so that both clients and the renewal loop keep
 calling ``core.release(state)``; it uses the core's nodes, settings and timeouts.
 """
 
@@ -16,7 +17,7 @@ from typing import TYPE_CHECKING, cast
 from redlock._core.environment import Environment
 from redlock._core.kinds import MUTEX, Kind, with_epoch
 from redlock._core.members import Rule
-from redlock._core.quick import Sent
+from redlock._core.quick import Opening, Sent
 from redlock._core.requests import (
     PENDING,
     Broadcast,
@@ -27,7 +28,7 @@ from redlock._core.requests import (
     Pause,
     Replies,
 )
-from redlock._core.settings import Keys, Settings
+from redlock._core.settings import Keys, Settings, label
 from redlock._core.state import LockState, Status
 from redlock._core.waiting import patience
 from redlock._observe.log import get_logger
@@ -149,6 +150,23 @@ class Holding:
                          next((r for r in results if r.outcome is Outcome.REFUSED), results[0]))
             outcomes.append(worst)
         return outcomes, acks
+
+    # -- the acquisition an attempt won ------------------------------------------
+
+    def held(self, opening: Opening, ttl: float, started: float, tokens: dict[str, int],
+             kind: Kind, granted: int) -> LockState:
+        """The acquisition of an attempt that started at ``started`` and won (``tokens``:
+        per resource; ``granted``: by that many nodes); its validity is measured from
+        that start, less the drift (docs/design.md §2.2)."""
+        name = label(opening.resources)
+        state = LockState(name, opening.owner, ttl, max(tokens.values()),
+                          started + ttl - self.settings.drift(ttl), self.clock,
+                          self.env.new_mutex(), tokens=tokens, kind=kind)
+        if logger.debugging():  # (every acquisition passes here: its fields only when logged)
+            logger.debug("redlock.acquired", resource=name, token=state.token,
+                         kind=kind.name, validity_ms=round(state.validity() * 1000, 3),
+                         granted=granted, nodes=self.n)
+        return state
 
     # -- release / extend --------------------------------------------------------
 
