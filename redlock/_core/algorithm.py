@@ -99,8 +99,8 @@ class RedlockCore(Holding, QuickLane):
     def absorb(self, replies: Replies) -> None:
         """What a broadcast learnt on the way (the drivers call this before its flow goes
         on): round trips measured, servers identified on new connections."""
-        for node, seconds in replies.round_trips.items():
-            self.round_trips.sample(node, seconds)
+        if replies.round_trips:
+            self.round_trips.sample_many(replies.round_trips)
         if replies.identities:
             self.amnesia.identified(replies.identities)
         for reply in replies:

@@ -159,14 +159,20 @@ class RoundTrips:
         self._mutex = mutex  # a parent thread may have held the old one at the fork
 
     def sample(self, node: int, seconds: float) -> None:
-        with self._mutex:
-            srtt = self._srtt[node]
-            if srtt is None:
-                self._srtt[node], self._rttvar[node] = seconds, seconds / 2
-                self._measured += 1
-            else:
-                self._rttvar[node] = 0.75 * self._rttvar[node] + 0.25 * abs(srtt - seconds)
-                self._srtt[node] = 0.875 * srtt + 0.125 * seconds
+        self.sample_many({node: seconds})
+
+    def sample_many(self, measured: Mapping[int, float]) -> None:
+        """Round trips measured by one request: node -> seconds."""
+        with self._mutex:  # (once per request, not per node)
+            for node, seconds in measured.items():
+                srtt = self._srtt[node]
+                if srtt is None:
+                    self._srtt[node], self._rttvar[node] = seconds, seconds / 2
+                    self._measured += 1
+                else:
+                    self._rttvar[node] = (0.75 * self._rttvar[node]
+                                          + 0.25 * abs(srtt - seconds))
+                    self._srtt[node] = 0.875 * srtt + 0.125 * seconds
 
     def measured(self) -> int:
         """How many nodes have a round trip measured."""
