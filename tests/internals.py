@@ -21,6 +21,7 @@ from redlock._core.amnesia.repair import repair_node as _repair_node
 from redlock._core.environment import Environment
 from redlock._core.handoff import Handoffs, Heard, counted, parse_message
 from redlock._core.kinds import MUTEX, READ, WRITE, AcquireArgs, Leadership, Permit, with_epoch
+from redlock._core.quick import Opening
 from redlock._core.renewals import Renewals
 from redlock._core.requests import (
     LAST_ROUND,
@@ -93,6 +94,7 @@ __all__ = [
     "Leadership",
     "LockState",
     "NodeOutages",
+    "Opening",
     "Pause",
     "PauseUntilWoken",
     "Permit",
