@@ -311,7 +311,6 @@ class RedlockCore(Holding, QuickLane):
                  attempt: int) -> Flow[AttemptResult]:
         resources, owner, deadline = opening.resources, opening.owner, opening.deadline
         settings, keys, name = self.settings, self.keys, label(resources)
-        buckets = kind.buckets(resources)  # the counters involved (§3.0)
         sent, opening.sent = opening.sent, None  # (the quick lane's first attempt, sent)
         if sent is None:
             sent = self.attempt_request(opening, ttl, kind, attempt)
@@ -322,6 +321,7 @@ class RedlockCore(Holding, QuickLane):
         else:
             replies = cast(Replies, sent.outcome)
         request, started, epoch = sent.request, sent.started, sent.epoch
+        buckets = sent.buckets  # the counters involved (§3.0)
         if len(replies) > self.n:  # (with the INFO of a manager's first attempt)
             self.amnesia.inspected(replies[self.n:])
             replies = replies[:self.n]

@@ -5,8 +5,9 @@ with the release calls and the decisions of these rounds, which the acquire also
 (a failed attempt releases wherever its key may be).
 
 :class:`Holding` is one part of :class:`redlock._core.algorithm.RedlockCore` (the
-acquire is another, the quick lane a third): a mixin, so that both clients and the renewal loop keep
-calling ``core.release(state)``; it uses the core's nodes, settings and timeouts.
+acquire is another, the quick lane a third): a mixin, so that both clients and the
+renewal loop keep calling ``core.release(state)``; it uses the core's nodes, settings
+and timeouts.
 """
 
 from __future__ import annotations
