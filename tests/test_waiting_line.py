@@ -20,9 +20,11 @@ from typing import Any
 import pytest
 import redis
 
+from redlock import Outcome
 from redlock.testing import RedisNodes, capture_events
 from tests.clients import Actor, Flavour, eventually
 from tests.internals import KEYS, bucket, scripts
+from tests.peek import node_address
 
 # A backoff so slow that only a wake-up explains a quick acquisition.
 SLOW_BACKOFF = {"retry_delay_min": 2.0, "retry_delay_max": 3.0}
@@ -248,6 +250,52 @@ async def test_a_waiter_does_not_spin_behind_a_holder_of_a_bare_quorum(
     calls = script_calls(nodes3[2]) - before
     assert 2 <= calls <= 60, f"{calls} scripts on the free node in 1.5 s"
     await holder.release()
+
+
+# The line of the kinds whose waiter leaves it where it is granted (§12.2, §12.3).
+GRANT_LEAVES_LINE = {"permit": "permit-line", "read": "rw-line"}
+
+
+@pytest.mark.parametrize("kind", sorted(GRANT_LEAVES_LINE))
+async def test_a_failed_attempt_gives_the_waiter_its_place_back(
+        flavour: Flavour, me: Actor, nodes3: RedisNodes, kind: str) -> None:
+    """Behind a holder of a bare quorum, a permit's or a reader's waiter is granted on
+    the third node at every attempt (which takes its entry out of that node's line) and
+    refused by the others. Its give-back puts the entry back (docs/design.md §12.2): the
+    nodes' lines agree, and a later waiter is not served first on that node. Without it
+    the waiter stood in line on two nodes of three; after a one-node stall, waits on a
+    semaphore stretched to a second and more."""
+    resource = f"line:back:{kind}"
+    holding, waiting, key = BARE_QUORUM_KINDS[kind](flavour.manager(nodes3), resource)
+    holder = me.on(holding)
+    assert await holder.acquire(blocking=False)
+    with nodes3[2].client() as client:
+        assert client.delete(key) == 1
+    waiter = flavour.actor("waiter").on(waiting)
+    pending = asyncio.ensure_future(waiter.acquire(timeout=5.0))
+    line = KEYS.part(resource, GRANT_LEAVES_LINE[kind])
+
+    def sizes() -> list[int]:
+        found = []
+        for node in nodes3:
+            with node.client() as client:
+                found.append(int(client.zcard(line)))
+        return found
+    # (Between two of its attempts; during one, the free node holds its grant instead.)
+    assert await eventually(lambda: sizes() == [1, 1, 1], 3.0), sizes()
+    # A single try after it is refused on the free node too: the waiter is ahead there
+    # (a permit's try; a writer's, which no reader in line lets pass).
+    other = flavour.manager(nodes3)
+    later = flavour.actor("later").on(other.semaphore(resource, permits=1, ttl=5.0)
+                                      if kind == "permit" else other.rwlock(resource).write())
+    assert not await later.acquire(blocking=False)
+    failure = later.last_failure
+    assert failure is not None
+    [free] = [r for r in failure.outcomes if r.node == node_address(nodes3[2])]
+    assert free.outcome is Outcome.REFUSED, free
+    await holder.release()
+    assert await asyncio.wait_for(pending, 5.0)
+    await waiter.release()
 
 
 async def test_a_waiter_that_gives_up_leaves_the_line(flavour: Flavour, me: Actor,

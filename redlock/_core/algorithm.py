@@ -332,7 +332,7 @@ class RedlockCore(Holding, QuickLane):
                    else (yield from self.amnesia.check(outcomes, deadline)))
         if amnesia is not None:  # the call may try again: it keeps its place in line
             yield deadline.cap(self._release_calls(resources, owner, ttl, leave=False,
-                                                   kind=kind))
+                                                   kind=kind, ticket=opening.ticket))
             return amnesia
         # The grants this attempt keeps (a permit's: of the slot most nodes granted;
         # the others are given back at once, §12.2), and what they are grants of.
@@ -403,7 +403,8 @@ class RedlockCore(Holding, QuickLane):
         maybe_set = [i for i, reply in enumerate(replies) if not acquire_set_nothing(reply)]
         if maybe_set:
             yield deadline.cap(self._release_calls(resources, owner, ttl, leave=False,
-                                                   nodes=maybe_set, kind=kind))
+                                                   nodes=maybe_set, kind=kind,
+                                                   ticket=opening.ticket))
         healthy = [i for i, r in enumerate(outcomes)
                    if r.outcome in (Outcome.GRANTED, Outcome.REFUSED)]
         relearnt = self.rule.epoch != epoch  # refused for our epoch: try again at once

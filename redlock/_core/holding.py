@@ -64,17 +64,20 @@ class Holding:
 
     def _release_calls(self, resources: Sequence[str], owner: str, ttl: float | None = None,
                        *, leave: bool = True, nodes: Sequence[int] | None = None,
-                       patient: bool = False, kind: Kind = MUTEX) -> Broadcast:
+                       patient: bool = False, kind: Kind = MUTEX,
+                       ticket: str = "") -> Broadcast:
         """Compare-and-delete of each resource's key on every node (a set's calls to one
         node go out pipelined), and with ``leave`` the owner's entry in the waiting lines
-        is dropped too. Decided once a quorum of the nodes asked answered (see
-        :meth:`_settled`); later answers are read in the background."""
+        is dropped too; without, a waiter's (``ticket``: its place in line) is kept, or
+        given back where a grant had taken it (a permit's or a reader's, §12.2). Decided
+        once a quorum of the nodes asked answered (see :meth:`_settled`); later answers
+        are read in the background."""
         keys = self.keys
         # A failed attempt keeps its place in line for the patience (the ACQUIRE that
         # granted it cut its entry to the key's TTL).
         timeout = self.timeout(ttl)
         args: tuple[CommandArg, ...] = (owner, "1") if leave else (
-            owner, "0", int(patience(self.settings, timeout) * 1000))
+            owner, "0", int(patience(self.settings, timeout) * 1000), ticket)
         asked = range(self.n) if nodes is None else nodes
         # One call per resource, the same for every node but its node: the nodes' calls
         # share their keys and arguments (the transports pack each command once).

@@ -189,8 +189,9 @@ class Kind:
 
     def release_call(self, keys: Keys, node: int, resource: str,
                      args: tuple[CommandArg, ...]) -> Call:
-        """Give the grant back, owner-checked; ``args``: (owner, leave[, patience]). The
-        release hands the lock to the first in line if it left a record (§6.7)."""
+        """Give the grant back, owner-checked; ``args``: (owner, leave[, patience,
+        ticket]). The release hands the lock to the first in line if it left a record
+        (§6.7). (The mutex's waiter keeps its place where it was granted: no ticket.)"""
         named = _resource_keys(self, keys, resource)
         owner, leave, *rest = args
         return Call(node, (owner, leave, rest[0] if rest else "", named.bucket),
@@ -347,7 +348,10 @@ class Permit(Kind):
                      args: tuple[CommandArg, ...]) -> Call:
         slots = range(self.permits) if self.slot is None else (self.slot,)
         line, deadlines = self.line(keys, resource)
-        return Call(node, args[:2], family.SEM_RELEASE,
+        # A failed attempt's give-back of a waiter puts its place back where the grant
+        # had taken it (owner, '0', patience, ticket); else (owner, leave).
+        given_back = len(args) == 4 and args[1] == "0" and args[3] != ""
+        return Call(node, args if given_back else args[:2], family.SEM_RELEASE,
                     (self.channel(keys, resource), line, deadlines,
                      *(self.slot_key(keys, resource, s) for s in slots)))
 
@@ -404,7 +408,10 @@ class ReadWrite(Kind):
         if self.mode == "w":
             return super().release_call(keys, node, resource, args)
         line, deadlines = self.line(keys, resource)
-        return Call(node, args[:2], family.READ_RELEASE,
+        # As a permit's (above); a reader's place is its score in the line (even).
+        given_back = len(args) == 4 and args[1] == "0" and args[3] != ""
+        return Call(node, (*args[:3], str(2 * int(args[3]))) if given_back else args[:2],
+                    family.READ_RELEASE,
                     (keys.part(resource, "read"), self.channel(keys, resource), line,
                      deadlines))
 

@@ -172,6 +172,8 @@ SEM_RELEASE = Script(
 -- KEYS[1] the semaphore's release channel, KEYS[2] its line, KEYS[3] line deadlines,
 -- KEYS[4..] slot keys: the one held (or every slot, when which one is not known)
 -- ARGV[1] owner value, ARGV[2] '1': also leave the line (the acquire call is over)
+-- ARGV[3] patience in ms, ARGV[4] ticket: a failed attempt's give-back (ARGV[2] '0') of
+-- a waiter in line, which gets its place back where the grant took it (absent: none)
 -- returns 1 when a slot holding our owner value was deleted, 0 when none was ours
 -- When a slot became free, publishes the waiter id of the first in line ('' if none).
 """ + LINE_FUNCTIONS + """
@@ -188,8 +190,15 @@ if ARGV[2] == '1' and redis.call('EXISTS', KEYS[2]) == 1 then
     redis.call('ZREM', KEYS[3], me)
 end
 if released == 1 then  -- (a give-back's giver: SHA1 only then)
-    wake_first(KEYS[2], KEYS[3], KEYS[1], now_ms(),
-               ARGV[2] == '0' and redis.sha1hex(ARGV[1]) or nil)
+    local now = now_ms()
+    local me = ARGV[2] == '0' and redis.sha1hex(ARGV[1]) or nil
+    if me and ARGV[4] and ARGV[4] ~= '' then
+        -- The waiter keeps its place in line on every node (docs/design.md §12.2): a
+        -- later waiter must not take the slot here while it is ahead elsewhere.
+        redis.call('ZADD', KEYS[2], ARGV[4], me)
+        keep_until(KEYS[2], KEYS[3], me, now + tonumber(ARGV[3]), now)
+    end
+    wake_first(KEYS[2], KEYS[3], KEYS[1], now, me)
 end
 return released
 """,
@@ -375,6 +384,8 @@ READ_RELEASE = Script(
     """
 -- KEYS[1] the readers, KEYS[2] the release channel, KEYS[3] the line, KEYS[4] deadlines
 -- ARGV[1] owner value, ARGV[2] '1': also leave the line
+-- ARGV[3] patience in ms, ARGV[4] the reader's score in line: a failed attempt's
+-- give-back (ARGV[2] '0'), which puts its place back where the grant took it
 -- returns 1 when our read was there and is gone, 0 when it was not
 -- When the last reader left, publishes the waiter id of the first in line ('' if none).
 """ + LINE_FUNCTIONS + """
@@ -384,6 +395,11 @@ local released = redis.call('ZREM', KEYS[1], me)
 if ARGV[2] == '1' and redis.call('EXISTS', KEYS[3]) == 1 then
     redis.call('ZREM', KEYS[3], me)
     redis.call('ZREM', KEYS[4], me)
+end
+if released == 1 and ARGV[2] == '0' and ARGV[4] and ARGV[4] ~= '' then
+    -- Its place back in line (docs/design.md §12.2, §12.3), as a permit's.
+    redis.call('ZADD', KEYS[3], ARGV[4], me)
+    keep_until(KEYS[3], KEYS[4], me, now + tonumber(ARGV[3]), now)
 end
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 if released == 1 and redis.call('EXISTS', KEYS[1]) == 0 then

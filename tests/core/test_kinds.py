@@ -60,7 +60,13 @@ def test_a_permit_release_names_every_slot_until_one_is_known() -> None:
     unknown = Permit(permits=3).release_call(KEYS, 0, "jobs", ("owner", "0", 500))
     known = Permit(permits=3, slot=1).release_call(KEYS, 0, "jobs", ("owner", "1"))
     assert len(unknown.keys) == 3 + 3 and len(known.keys) == 3 + 1
-    assert unknown.args == ("owner", "0")  # SEM_RELEASE takes no patience
+    assert unknown.args == ("owner", "0")  # no waiter's place to give back
+    # A failed attempt of a waiter in line: its place back where the grant took it (§12.2).
+    given_back = Permit(permits=3).release_call(KEYS, 0, "jobs", ("owner", "0", 500, "77"))
+    assert given_back.args == ("owner", "0", 500, "77")
+    read = READ.release_call(KEYS, 0, "doc", ("owner", "0", 500, "77"))
+    assert read.args == ("owner", "0", 500, "154")  # a reader's score: the ticket, even
+    assert READ.release_call(KEYS, 0, "doc", ("owner", "1")).args == ("owner", "1")
 
 
 def test_read_write_lines_keep_ticket_order_with_the_mode_in_the_parity() -> None:
