@@ -186,7 +186,8 @@ class AsyncTransport:
         # copied it yet: a reply that was read is never lost, and one that was not is
         # never taken for an answer.
         for exchange in exchanges.values():
-            exchange.copy_into(replies)
+            if not exchange.done:  # (a finished one was copied then: Gathering.finished)
+                exchange.copy_into(replies)
             exchange.replies = None  # late exchanges must not write into these replies
         # (Asked only if some exchange is unfinished: what it says is for those.)
         decided = (request.enough is not None
