@@ -160,11 +160,21 @@ end
 def keep_busy(nodes: Sequence[RedisNode], seconds: float) -> list[threading.Thread]:
     """Each node runs a script for ``seconds``: a slow node, which still reads its socket
     afterwards (unlike CLIENT PAUSE, which drops a blocked client's command on close)."""
-    def run(node: RedisNode) -> None:
-        with node.client(socket_timeout=30) as client:
+    # Connected first, then started together: a thread that was slow to connect under
+    # load (docker tests before, CPU burners beside) started its node's script up to a
+    # few 100 ms after the other's, and two nodes were never busy at once.
+    clients = [node.client(socket_timeout=30) for node in nodes]
+    for client in clients:
+        client.ping()
+    start = threading.Barrier(len(clients))
+
+    def run(client: redis.Redis) -> None:
+        with client:
+            start.wait(10)
             client.eval(BUSY_SCRIPT, 0, int(seconds * 1_000_000))
 
-    threads = [threading.Thread(target=run, args=(node,), daemon=True) for node in nodes]
+    threads = [threading.Thread(target=run, args=(client,), daemon=True)
+               for client in clients]
     for thread in threads:
         thread.start()
     return threads
