@@ -16,7 +16,9 @@ each of the first 5 nodes, and stops them at the end. Sections:
 * ``held``: 1000 auto-renewed locks held at once: threads and memory (_held.py).
 
 Prints a table per section, then issue 11's table filled in from this run (markdown);
-``--json`` keeps the raw results, ``--plots DIR`` (default benchmarks/plots) gets PNGs.
+``--json`` keeps the raw results, ``--plots DIR`` gets PNGs (none by default: a
+measurement run leaves the tree as it was; the plots BENCHMARKS.md shows were made with
+``--plots benchmarks/plots``).
 Every ratio compares figures of this run; BENCHMARKS.md says how each is defined.
 """
 
@@ -45,7 +47,6 @@ FULL = {"cycles": 200, "warmup": 20, "budget": 4.0, "max_failures": 2, "hang": 1
 QUICK = {"cycles": 100, "warmup": 10, "budget": 2.0, "max_failures": 1, "hang": 7.0,
          "rounds": 1, "nscale_cycles": 150, "nscale_rounds": 2, "total": 200, "held": 1000,
          "held_ttl": 3.0, "hold_s": 3.5}
-HERE = Path(__file__).resolve().parent
 
 
 def quiet_fault_logging() -> None:
@@ -168,8 +169,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     group.add_argument("--hold-s", type=float, help="how long they are held (6; quick 3.5)")
     clashing_options(parser)
     parser.add_argument("--json", help="also write raw results to this file")
-    parser.add_argument("--plots", default=str(HERE / "plots"),
-                        help="directory of the PNG plots ('' for none)")
+    parser.add_argument("--plots", default="",
+                        help="directory of the PNG plots (default: none; BENCHMARKS.md's"
+                             " are in benchmarks/plots)")
     args = parser.parse_args(argv)
     for name, value in (QUICK if args.quick else FULL).items():
         if getattr(args, name) is None:
