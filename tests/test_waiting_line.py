@@ -44,12 +44,13 @@ def until_lapsed(nodes: RedisNodes, resource: str) -> float:
     return left
 
 
-def line_sizes(nodes: RedisNodes, resource: str) -> list[int]:
-    """How many waiters each node has in the resource's line."""
+def line_sizes(nodes: RedisNodes, resource: str, line: str | None = None) -> list[int]:
+    """How many waiters each node has in the resource's line (``line``: another kind's
+    line key instead of the lock's)."""
     sizes = []
     for node in nodes:
         with node.client() as client:
-            sizes.append(int(client.zcard(KEYS.line(resource))))
+            sizes.append(int(client.zcard(line or KEYS.line(resource))))
     return sizes
 
 
@@ -225,6 +226,18 @@ BARE_QUORUM_KINDS: dict[str, Callable[[Any, str], tuple[Any, Any, str]]] = {
 }
 
 
+async def bare_quorum(flavour: Flavour, me: Actor, nodes: RedisNodes, kind: str,
+                      resource: str) -> tuple[Any, Any]:
+    """A holder of ``resource`` on two of the three nodes (its key deleted from the
+    third), as ``me``; and the waiter's handle (not acquired yet)."""
+    holding, waiting, key = BARE_QUORUM_KINDS[kind](flavour.manager(nodes), resource)
+    holder = me.on(holding)
+    assert await holder.acquire(blocking=False)
+    with nodes[2].client() as client:
+        assert client.delete(key) == 1
+    return holder, waiting
+
+
 @pytest.mark.parametrize("kind", sorted(BARE_QUORUM_KINDS))
 async def test_a_waiter_does_not_spin_behind_a_holder_of_a_bare_quorum(
         flavour: Flavour, me: Actor, nodes3: RedisNodes, kind: str) -> None:
@@ -234,12 +247,7 @@ async def test_a_waiter_does_not_spin_behind_a_holder_of_a_bare_quorum(
     nobody (the waiter is not in that node's line: it was granted) or the waiter: heard
     as a release, it woke the waiter itself at once. An attempt every half millisecond,
     each raising that node's fence counter (a fresh cluster's first token was ~100)."""
-    resource = f"line:bare:{kind}"
-    holding, waiting, key = BARE_QUORUM_KINDS[kind](flavour.manager(nodes3), resource)
-    holder = me.on(holding)
-    assert await holder.acquire(blocking=False)
-    with nodes3[2].client() as client:
-        assert client.delete(key) == 1
+    holder, waiting = await bare_quorum(flavour, me, nodes3, kind, f"line:bare:{kind}")
     before = script_calls(nodes3[2])
     waiter = me.on(waiting)
     assert not await waiter.acquire(timeout=1.5)
@@ -266,23 +274,13 @@ async def test_a_failed_attempt_gives_the_waiter_its_place_back(
     the waiter stood in line on two nodes of three; after a one-node stall, waits on a
     semaphore stretched to a second and more."""
     resource = f"line:back:{kind}"
-    holding, waiting, key = BARE_QUORUM_KINDS[kind](flavour.manager(nodes3), resource)
-    holder = me.on(holding)
-    assert await holder.acquire(blocking=False)
-    with nodes3[2].client() as client:
-        assert client.delete(key) == 1
+    holder, waiting = await bare_quorum(flavour, me, nodes3, kind, resource)
     waiter = flavour.actor("waiter").on(waiting)
     pending = asyncio.ensure_future(waiter.acquire(timeout=5.0))
     line = KEYS.part(resource, GRANT_LEAVES_LINE[kind])
-
-    def sizes() -> list[int]:
-        found = []
-        for node in nodes3:
-            with node.client() as client:
-                found.append(int(client.zcard(line)))
-        return found
     # (Between two of its attempts; during one, the free node holds its grant instead.)
-    assert await eventually(lambda: sizes() == [1, 1, 1], 3.0), sizes()
+    assert await eventually(lambda: line_sizes(nodes3, resource, line) == [1, 1, 1],
+                            3.0), line_sizes(nodes3, resource, line)
     # A single try after it is refused on the free node too: the waiter is ahead there
     # (a permit's try; a writer's, which no reader in line lets pass).
     other = flavour.manager(nodes3)

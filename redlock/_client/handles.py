@@ -122,10 +122,7 @@ class HandleBase:
         """``quick``: the owner and the call as the quick lane opened it and sent its first
         attempt (:meth:`_open_quickly`), when the replies needed the flow."""
         owner = self._owner_key() if quick is None else quick[0]
-        if blocking is not None and timeout is not None:
-            check_mode(bool(blocking), validate_timeout(timeout))
-        blocking = self.blocking if blocking is None else bool(blocking)
-        timeout = self.timeout if timeout is None else validate_timeout(timeout)
+        blocking, timeout = self._call_options(blocking, timeout)
         if quick is None and (yield from self._reenter_flow(owner)):
             return True
         result = yield from self._core.acquire(self._resources, self.ttl, blocking=blocking,
@@ -145,10 +142,7 @@ class HandleBase:
         if (self._kind is not MUTEX or len(self._resources) != 1
                 or ACTING_FOR.get() is not None or self._recording()):
             return None
-        if blocking is not None and timeout is not None:
-            check_mode(bool(blocking), validate_timeout(timeout))
-        blocking = self.blocking if blocking is None else bool(blocking)
-        timeout = self.timeout if timeout is None else validate_timeout(timeout)
+        blocking, timeout = self._call_options(blocking, timeout)
         owner = registry.current_owner()
         if self.reentrant and registry.reentered(self._label, owner) is not None:
             return None
@@ -158,6 +152,14 @@ class HandleBase:
         opening = self._core.open_quickly(self._resources[0], self.ttl, blocking=blocking,
                                           timeout=timeout, kind=self._kind)
         return None if opening is None else (owner, opening)
+
+    def _call_options(self, blocking: bool | None,
+                      timeout: float | None) -> tuple[bool, float | None]:
+        """An acquire call's mode and timeout: as given (checked), else the handle's."""
+        if blocking is not None and timeout is not None:
+            check_mode(bool(blocking), validate_timeout(timeout))
+        return (self.blocking if blocking is None else bool(blocking),
+                self.timeout if timeout is None else validate_timeout(timeout))
 
     def _quickly_held(self, quick: tuple[Hashable, Opening]) -> bool:
         """Whether the quick lane's first attempt won outright (then the caller holds

@@ -145,8 +145,8 @@ class RedlockCore(Holding, QuickLane):
         single = not blocking or timeout == 0
         deadline = Deadline(self.clock, started + self.settings.single_try(ttl) if single
                             else None if timeout is None else started + timeout)
-        return Opening(resources, owner, kind.for_call(owner), queued, ticket, started,
-                       single, deadline)
+        return Opening(resources, owner, kind.for_call(owner), ticket, started, single,
+                       deadline)
 
     def acquire(self, resources: str | tuple[str, ...], ttl: float, *, blocking: bool,
                 timeout: float | None,

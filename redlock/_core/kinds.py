@@ -80,6 +80,13 @@ class ResourceKeys(NamedTuple):
     bucket: str
 
 
+def _places_back(args: tuple[CommandArg, ...]) -> bool:
+    """A release's ``args`` (owner, leave[, patience, ticket]) are a failed attempt's
+    give-back of a waiter in line, which puts its place back where a grant of a kind that
+    serves several at once took it out (a permit's, a reader's: §12.2)."""
+    return len(args) == 4 and args[1] == "0" and args[3] != ""
+
+
 @functools.lru_cache(maxsize=1024)
 def _resource_keys(kind: Kind, keys: Keys, resource: str) -> ResourceKeys:
     # Built on every acquire and release of a name: kept for the names used lately (a
@@ -348,10 +355,7 @@ class Permit(Kind):
                      args: tuple[CommandArg, ...]) -> Call:
         slots = range(self.permits) if self.slot is None else (self.slot,)
         line, deadlines = self.line(keys, resource)
-        # A failed attempt's give-back of a waiter puts its place back where the grant
-        # had taken it (owner, '0', patience, ticket); else (owner, leave).
-        given_back = len(args) == 4 and args[1] == "0" and args[3] != ""
-        return Call(node, args if given_back else args[:2], family.SEM_RELEASE,
+        return Call(node, args if _places_back(args) else args[:2], family.SEM_RELEASE,
                     (self.channel(keys, resource), line, deadlines,
                      *(self.slot_key(keys, resource, s) for s in slots)))
 
@@ -408,10 +412,9 @@ class ReadWrite(Kind):
         if self.mode == "w":
             return super().release_call(keys, node, resource, args)
         line, deadlines = self.line(keys, resource)
-        # As a permit's (above); a reader's place is its score in the line (even).
-        given_back = len(args) == 4 and args[1] == "0" and args[3] != ""
-        return Call(node, (*args[:3], str(2 * int(args[3]))) if given_back else args[:2],
-                    family.READ_RELEASE,
+        # A reader's place is its score in the line (the ticket, even: §12.3).
+        return Call(node, (*args[:3], str(2 * int(args[3]))) if _places_back(args)
+                    else args[:2], family.READ_RELEASE,
                     (keys.part(resource, "read"), self.channel(keys, resource), line,
                      deadlines))
 

@@ -65,12 +65,16 @@ class Opening:
     resources: tuple[str, ...]
     owner: str
     kind: Kind
-    queued: bool
     ticket: str
     started: float
     single: bool
     deadline: Deadline
     sent: Sent | None = None
+
+    @property
+    def queued(self) -> bool:
+        """Whether the call waits in the nodes' line (it has a ticket)."""
+        return bool(self.ticket)
 
 
 @dataclass(slots=True)

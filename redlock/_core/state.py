@@ -158,9 +158,6 @@ class RoundTrips:
     def after_fork(self, mutex: Mutex) -> None:
         self._mutex = mutex  # a parent thread may have held the old one at the fork
 
-    def sample(self, node: int, seconds: float) -> None:
-        self.sample_many({node: seconds})
-
     def sample_many(self, measured: Mapping[int, float]) -> None:
         """Round trips measured by one request: node -> seconds."""
         with self._mutex:  # (once per request, not per node)
