@@ -62,6 +62,11 @@ local format = node_format(KEYS[3], KEYS[7])
 if format == 0 then
     return {-1, 0}
 end
+local queued = redis.call('EXISTS', KEYS[4]) == 1
+-- Free, and nobody in line (the usual case): one command checks and sets the key.
+if not queued and redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+    return {1, settle(KEYS[2], ARGV[6], KEYS[6], tonumber(ARGV[3]), 1, format)}
+end
 local holder = redis.call('GET', KEYS[1])
 if holder == ARGV[1] then
     redis.call('PEXPIRE', KEYS[1], ARGV[2])
@@ -87,11 +92,6 @@ if holder and string.sub(holder, 1, 8) == 'handoff:' then
         redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
         return {1, settle(KEYS[2], ARGV[6], KEYS[6], tonumber(ARGV[3]), 0, format)}
     end
-end
-local queued = redis.call('EXISTS', KEYS[4]) == 1
-if not holder and not queued then
-    redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-    return {1, settle(KEYS[2], ARGV[6], KEYS[6], tonumber(ARGV[3]), 1, format)}
 end
 local now = now_ms()
 local me = redis.sha1hex(ARGV[1])

@@ -67,14 +67,24 @@ end
 -- write-back or a set's token (step 0, floor = that token). The bucket is raised to it;
 -- the resource's old counter too where the previous format's clients read it, else it
 -- goes. HINCRBY and INCRBY keep the stored values integer strings (no Lua float
--- formatting).
+-- formatting). A grant raises the bucket first and reads what it was from the reply:
+-- one command where the bucket holds the highest value (nearly always), not two.
 local function settle(counters, bucket, legacy_key, floor, step, format)
-    local counter = tonumber(redis.call('HGET', counters, bucket) or '0')
     local legacy = redis.call('GET', legacy_key)
     local old = tonumber(legacy or '0')
-    local value = math.max(counter, old, floor) + step
-    if value > counter then
-        redis.call('HINCRBY', counters, bucket, value - counter)
+    local value
+    if step == 1 then
+        local raised = redis.call('HINCRBY', counters, bucket, 1)
+        value = math.max(raised, old + 1, floor + 1)
+        if value > raised then
+            redis.call('HINCRBY', counters, bucket, value - raised)
+        end
+    else
+        local counter = tonumber(redis.call('HGET', counters, bucket) or '0')
+        value = math.max(counter, old, floor) + step
+        if value > counter then
+            redis.call('HINCRBY', counters, bucket, value - counter)
+        end
     end
     if format == 1 then
         if value > old then

@@ -283,6 +283,7 @@ def previous_format(c: Contract) -> None:
         acquire("a", "alice"),  # ours already: both as they are
         write_back("b", "bob", 12), acquire_many(["a", "c"], "alice"),
         command("SET", K.legacy_fence("a"), 40),  # a client of the previous release
+        acquire("a", "alice"),  # ours already: 40, the old counter, and the bucket raised
         release("a", "alice"), acquire("a", "carol"),  # 41
         inspect("a"), inspect("b"), open_episode(), init_marker(),  # marked: nothing
         restamp(judged="run_id=<run> initialised"), identify(),
@@ -606,8 +607,13 @@ MUTATIONS = [  # (script, a line of it, that line changed)
      "    if epoch > CLIENT_EPOCH then"),
     (node_scripts.WRITE_MEMBERS, "if epoch >= wanted then", "if epoch > wanted then"),
     (node_scripts.SEED_MEMBER, "if not marked(KEYS[2], KEYS[8]) then", "if true then"),
-    (scripts.ACQUIRE, "    local value = math.max(counter, old, floor) + step",
-     "    local value = math.max(counter, floor) + step"),
+    (scripts.ACQUIRE, "        value = math.max(raised, old + 1, floor + 1)",
+     "        value = math.max(raised, floor + 1)"),
+    (scripts.ACQUIRE, "        value = math.max(counter, old, floor) + step",
+     "        value = math.max(counter, floor) + step"),
+    (scripts.ACQUIRE,
+     "if not queued and redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then",
+     "if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then"),
     (scripts.ACQUIRE, "    elseif legacy then", "    elseif false then"),
     (scripts.ACQUIRE, "    wait_in_line(now + tonumber(ARGV[5]))",
      "    wait_in_line(now + 1000 + tonumber(ARGV[5]))"),
