@@ -432,6 +432,7 @@ class ScriptedNodes:
             lock, _, line_key, _, *handoffs = keys
             owner, leave = as_text(args[0]), as_text(args[1])
             kept_for = as_text(args[2]) if len(args) > 2 else ""
+            ticket = as_text(args[4]) if len(args) > 4 else ""
             me = hashlib.sha1(owner.encode()).hexdigest()
             records = self.handoff_records[node].setdefault(line_key, {})
             holder = get(lock)
@@ -446,9 +447,10 @@ class ScriptedNodes:
                 if handoffs:
                     records.pop(me, None)
                 self._emptied(node, line_key)
-            elif kept_for and released and me in line:  # keeps its place
-                self._keep_until(node, line_key, me,
-                                 self.now_ms(node) + int(kept_for), line[me][0])
+            elif kept_for and released and (ticket or me in line):  # keeps its place
+                # (or, with its ticket, gets it where a grant found the line empty)
+                self._keep_until(node, line_key, me, self.now_ms(node) + int(kept_for),
+                                 int(ticket) if ticket else line[me][0])
             if not (released or (left and lock not in db)):
                 return int(released)
             self._drop_lapsed(node, line_key, records=bool(handoffs))

@@ -82,8 +82,8 @@ class ResourceKeys(NamedTuple):
 
 def _places_back(args: tuple[CommandArg, ...]) -> bool:
     """A release's ``args`` (owner, leave[, patience, ticket]) are a failed attempt's
-    give-back of a waiter in line, which puts its place back where a grant of a kind that
-    serves several at once took it out (a permit's, a reader's: §12.2)."""
+    give-back of a waiter in line, which puts its place back where its grant took it out
+    (a permit's, a reader's: §12.2) or never put it in (a mutex's on an empty line: §6.3)."""
     return len(args) == 4 and args[1] == "0" and args[3] != ""
 
 
@@ -198,10 +198,12 @@ class Kind:
                      args: tuple[CommandArg, ...]) -> Call:
         """Give the grant back, owner-checked; ``args``: (owner, leave[, patience,
         ticket]). The release hands the lock to the first in line if it left a record
-        (§6.7). (The mutex's waiter keeps its place where it was granted: no ticket.)"""
+        (§6.7). A failed attempt's ticket puts its place back where its grant found the
+        line empty (§6.3)."""
         named = _resource_keys(self, keys, resource)
         owner, leave, *rest = args
-        return Call(node, (owner, leave, rest[0] if rest else "", named.bucket),
+        return Call(node, (owner, leave, rest[0], named.bucket, rest[1]) if _places_back(args)
+                    else (owner, leave, rest[0] if rest else "", named.bucket),
                     scripts.RELEASE,
                     (named.lock, named.channel, named.line, named.deadlines,
                      named.line_ttls, keys.counter, keys.marker, named.legacy_fence,

@@ -250,7 +250,9 @@ RELEASE = Script(
 -- ARGV[1] owner value, ARGV[2] '1': also leave the line (the acquire call is over),
 -- '0': keep our place (a failed attempt that will try again); ARGV[3] (with '0') the
 -- patience in ms: our entry, cut to our key's TTL when it was granted, lasts that long
--- ('' or absent: none); ARGV[4] the resource's bucket (a field of KEYS[6])
+-- ('' or absent: none); ARGV[4] the resource's bucket (a field of KEYS[6]); ARGV[5]
+-- (with '0' and a patience) the waiter's ticket: its entry is put back where it is not
+-- in the line (a grant on an empty line did not enter it, §6.3) ('' or absent: none)
 -- returns 1 when our key was deleted, 0 when the key is absent or another owner's
 -- When the lock became free, hands it to the first in line if that waiter left a
 -- hand-off record (docs/design.md §6.7): SET lock 'handoff:<waiter id>' PX its ttl, its
@@ -262,10 +264,11 @@ RELEASE = Script(
 local ttls = KEYS[5]
 local holder = redis.call('GET', KEYS[1])
 local queued = redis.call('EXISTS', KEYS[3]) == 1
+local ticket = ARGV[5] or ''
 -- Our waiter id, where a line or a reservation needs it (most releases: neither, and
 -- SHA1 is the costliest step of this script without them).
 local me = nil
-if queued or (holder and string.sub(holder, 1, 8) == 'handoff:') then
+if queued or ticket ~= '' or (holder and string.sub(holder, 1, 8) == 'handoff:') then
     me = redis.sha1hex(ARGV[1])
 end
 local released = 0
@@ -280,9 +283,15 @@ if ARGV[2] == '1' and queued then
     if ttls then
         redis.call('HDEL', ttls, me)
     end
-elseif queued and ARGV[3] and ARGV[3] ~= '' and released == 1 then
-    if redis.call('ZSCORE', KEYS[3], me) then
+elseif ARGV[3] and ARGV[3] ~= '' and released == 1 then
+    -- A failed attempt keeps its place for the patience; with its ticket, it also gets
+    -- one where its grant found the line empty, as the nodes that refused it gave it
+    -- one: the lines agree on who is first (§6.3).
+    if ticket ~= '' or (queued and redis.call('ZSCORE', KEYS[3], me)) then
         local now = now_ms()
+        if ticket ~= '' then
+            redis.call('ZADD', KEYS[3], ticket, me)
+        end
         keep_until(KEYS[3], KEYS[4], me, now + tonumber(ARGV[3]), now, ttls)
     end
 end

@@ -75,16 +75,18 @@ def write_back(r: str, owner: str, token: int, epoch: int = 0) -> Call:
 
 
 def release(r: str, owner: str, *, leave: bool = True, patience: int | None = None,
-            handing: bool = True) -> Call:
+            handing: bool = True, ticket: str = "") -> Call:
     """As the protocols send it (``handing``: with the keys a hand-off needs, §6.7; else
-    as an earlier release sent it)."""
+    as an earlier release sent it; ``ticket``: a failed attempt's, which puts its place
+    back where its grant found the line empty, §6.3)."""
     if not handing:
         args: tuple[object, ...] = (owner, "1") if leave else (owner, "0") if patience is None \
             else (owner, "0", patience)
         return Call(0, args, scripts.RELEASE,  # type: ignore[arg-type]
                     (K.lock(r), K.channel(r), K.line(r), K.line_deadlines(r)))
-    return Call(0, (owner, "1" if leave else "0", "" if leave or patience is None else patience,
-                    bucket(r)), scripts.RELEASE,
+    args = (owner, "1" if leave else "0", "" if leave or patience is None else patience,
+            bucket(r))
+    return Call(0, (*args, ticket) if ticket else args, scripts.RELEASE,
                 (K.lock(r), K.channel(r), K.line(r), K.line_deadlines(r), K.line(r) + "-ttls",
                  K.counter, K.marker, K.legacy_fence(r), K.legacy_marker, K.members))
 
@@ -217,6 +219,14 @@ def waiting_line(c: Contract) -> None:
         release("a", "bob"),  # leaves the line: empty, its keys go
         acquire("a", "dave", ticket="3", patience=0),  # nobody in line: granted
         release("a", "dave", leave=False, patience=0),
+        acquire("a", "dave", ticket="3"),  # nobody in line: granted, not entered
+        release("a", "dave", leave=False, patience=TTL, ticket="3"),  # failed: now in line
+        acquire("a", "erin"),  # free, but dave is first: not its turn
+        acquire("a", "erin", ticket="4"),  # joins behind dave
+        release("a", "erin", leave=False, patience=TTL, ticket="4"),  # nothing of erin's
+        acquire("a", "dave", ticket="3"),  # first: granted
+        release("a", "dave", leave=False, patience=TTL, ticket="3"),  # in line: kept
+        release("a", "dave"), release("a", "erin"),  # both leave: empty, its keys go
         acquire("b", "erin", ticket="5"),
         acquire("b", "frank", ticket="4"),
         force_release("b"),  # erin's key deleted, the line kept
@@ -638,6 +648,8 @@ MUTATIONS = [  # (script, a line of it, that line changed)
     (scripts.EXTEND, "    redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])",
      "    redis.call('PEXPIRE', KEYS[1], ARGV[2])"),
     (scripts.RELEASE, "if ARGV[2] == '1' and queued then", "if ARGV[2] == '0' and queued then"),
+    (scripts.RELEASE, "            redis.call('ZADD', KEYS[3], ticket, me)",
+     "            redis.call('EXISTS', KEYS[3])"),
     (scripts.EXTEND, "    redis.call('PEXPIRE', KEYS[1], ARGV[2])",
      "    redis.call('PERSIST', KEYS[1])"),
     (scripts.OWNED_PTTL, "return -2", "return -1"),
