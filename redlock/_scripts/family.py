@@ -156,8 +156,7 @@ if #free > ahead then
                       format), slot}
 end
 if ARGV[4] ~= '' then
-    redis.call('ZADD', KEYS[4], ARGV[4], me)
-    keep_until(KEYS[4], KEYS[5], me, now + tonumber(ARGV[5]), now)
+    enter_line(KEYS[4], KEYS[5], me, ARGV[4], now + tonumber(ARGV[5]), now)
 end
 if #free == 0 then
     return {0, soonest}
@@ -195,8 +194,7 @@ if released == 1 then  -- (a give-back's giver: SHA1 only then)
     if me and ARGV[4] and ARGV[4] ~= '' then
         -- The waiter keeps its place in line on every node (docs/design.md §12.2): a
         -- later waiter must not take the slot here while it is ahead elsewhere.
-        redis.call('ZADD', KEYS[2], ARGV[4], me)
-        keep_until(KEYS[2], KEYS[3], me, now + tonumber(ARGV[3]), now)
+        enter_line(KEYS[2], KEYS[3], me, ARGV[4], now + tonumber(ARGV[3]), now)
     end
     wake_first(KEYS[2], KEYS[3], KEYS[1], now, me)
 end
@@ -272,8 +270,7 @@ if queued then
 end
 local function wait_in_line()
     if ARGV[5] ~= '' then
-        redis.call('ZADD', KEYS[6], ARGV[5], me)
-        keep_until(KEYS[6], KEYS[7], me, now + tonumber(ARGV[6]), now)
+        enter_line(KEYS[6], KEYS[7], me, ARGV[5], now + tonumber(ARGV[6]), now)
     end
 end
 if ARGV[1] == 'w' then
@@ -398,8 +395,7 @@ if ARGV[2] == '1' and redis.call('EXISTS', KEYS[3]) == 1 then
 end
 if released == 1 and ARGV[2] == '0' and ARGV[4] and ARGV[4] ~= '' then
     -- Its place back in line (docs/design.md §12.2, §12.3), as a permit's.
-    redis.call('ZADD', KEYS[3], ARGV[4], me)
-    keep_until(KEYS[3], KEYS[4], me, now + tonumber(ARGV[3]), now)
+    enter_line(KEYS[3], KEYS[4], me, ARGV[4], now + tonumber(ARGV[3]), now)
 end
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 if released == 1 and redis.call('EXISTS', KEYS[1]) == 0 then

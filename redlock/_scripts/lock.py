@@ -103,8 +103,7 @@ local function wait_in_line(until_ms)
     if ARGV[4] == '' then
         return
     end
-    redis.call('ZADD', KEYS[4], ARGV[4], me)
-    keep_until(KEYS[4], KEYS[5], me, until_ms, now, ttls)
+    enter_line(KEYS[4], KEYS[5], me, ARGV[4], until_ms, now, ttls)
 end
 -- Refused in line: record what a release needs to hand the lock to us (§6.7).
 local function record_handoff()
@@ -290,9 +289,10 @@ elseif ARGV[3] and ARGV[3] ~= '' and released == 1 then
     if ticket ~= '' or (queued and redis.call('ZSCORE', KEYS[3], me)) then
         local now = now_ms()
         if ticket ~= '' then
-            redis.call('ZADD', KEYS[3], ticket, me)
+            enter_line(KEYS[3], KEYS[4], me, ticket, now + tonumber(ARGV[3]), now, ttls)
+        else
+            keep_until(KEYS[3], KEYS[4], me, now + tonumber(ARGV[3]), now, ttls)
         end
-        keep_until(KEYS[3], KEYS[4], me, now + tonumber(ARGV[3]), now, ttls)
     end
 end
 if released == 0 and (left == 0 or redis.call('EXISTS', KEYS[1]) == 1) then

@@ -81,7 +81,7 @@ local function settle(counters, bucket, legacy_key, floor, step, format)
         end
     else
         local counter = tonumber(redis.call('HGET', counters, bucket) or '0')
-        value = math.max(counter, old, floor) + step
+        value = math.max(counter, old, floor)
         if value > counter then
             redis.call('HINCRBY', counters, bucket, value - counter)
         end
@@ -154,6 +154,12 @@ local function keep_until(line, deadlines, waiter, until_ms, now, ttls)
     if ttls then
         redis.call('PEXPIRE', ttls, last - now + 1)
     end
+end
+-- Put a waiter in line at its ``ticket`` (its place: the same on every node and
+-- attempt, so a waiter already there keeps it) until ``until_ms``.
+local function enter_line(line, deadlines, waiter, ticket, until_ms, now, ttls)
+    redis.call('ZADD', line, ticket, waiter)
+    keep_until(line, deadlines, waiter, until_ms, now, ttls)
 end
 -- A reservation: the value a release's hand-off sets for the first in line
 -- (docs/design.md §6.7). Owner values are 32 hex digits: none has this prefix.
