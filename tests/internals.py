@@ -154,6 +154,26 @@ def lines_idle(manager: Any) -> bool:
     return bool(manager._room.lines.idle())
 
 
+def route_of(manager: Any) -> str:
+    """The route hand-offs to ``manager``'s waiters are published on (docs/design.md
+    §6.7)."""
+    return str(manager._core.route)
+
+
+def hand_offs_heard(manager: Any) -> list[str]:
+    """From now on, the data of every message ``manager``'s listeners hand to its
+    wake-up registry (whatever channel brought it); returns the list it grows."""
+    registry = manager._room.wakeups
+    deliver = registry.deliver
+    heard: list[str] = []
+
+    def recorded(channel: str, data: str, *args: Any, **kwargs: Any) -> None:
+        heard.append(data)
+        deliver(channel, data, *args, **kwargs)
+    registry.deliver = recorded
+    return heard
+
+
 async def drop_idle_connections(manager: Any) -> None:
     """Close an AsyncRedlock's idle pooled connections: its next request to each node
     opens a new one (connect and handshake first)."""

@@ -374,6 +374,9 @@ class ScriptedNodes:
             def record_handoff() -> None:
                 if ticket and attempt:
                     records[me] = f"{as_text(args[1])} {attempt} {as_text(args[2])}"
+                    route = as_text(args[7]) if len(args) > 7 else ""
+                    if re.fullmatch("[0-9a-fA-F]{8}", route):  # (Lua's %x: either case)
+                        records[me] += f" {route}"
 
             def wait_in_line(until: int) -> None:  # the ticket is the same on every attempt
                 if ticket:
@@ -461,7 +464,7 @@ class ScriptedNodes:
                 record_of = records.get(first)
                 format = node_format(marker, legacy_marker)
                 if record_of and format and record(members_key)[3] != "1":
-                    ttl, _, floor = (int(x) for x in record_of.split(" "))
+                    ttl, _, floor = (int(x) for x in record_of.split(" ")[:3])
                     db[lock] = RESERVED + first
                     self.ttl_ms[node][lock] = ttl
                     settle(fence, as_text(args[3]), legacy, floor, 1, format)

@@ -19,7 +19,16 @@ from redlock import LockLost
 from redlock.testing import RedisNodes, capture_events
 from redlock.testing.history import History, Hold
 from tests.clients import Actor, Flavour, eventually, resolve
-from tests.internals import KEYS, MUTEX, AcquireArgs, Call, with_epoch
+from tests.internals import (
+    KEYS,
+    MUTEX,
+    AcquireArgs,
+    Call,
+    hand_offs_heard,
+    route_of,
+    with_epoch,
+)
+from tests.peek import write_markers
 
 # A backoff so slow that only a wake-up (or a hand-off) explains a quick acquisition.
 SLOW_BACKOFF = {"retry_delay_min": 2.0, "retry_delay_max": 3.0}
@@ -65,11 +74,12 @@ def run(client: redis.Redis, call: Call) -> Any:
 
 
 def waiter_by_hand(client: redis.Redis, resource: str, owner: str, ticket: int, *,
-                   ttl_ms: int, attempt: int = 1, patience_ms: int = 60_000) -> list[int]:
+                   ttl_ms: int, attempt: int = 1, patience_ms: int = 60_000,
+                   route: str = "") -> list[int]:
     """One node's ACQUIRE as a queued mutex waiter of this release sends it (it records
-    its hand-off when refused): a waiter of another process."""
+    its hand-off when refused): a waiter of another process (``route``: its manager's)."""
     [call] = with_epoch(MUTEX.acquire_calls(KEYS, range(1), (resource,), AcquireArgs(
-        owner, ttl_ms, 0, str(ticket), patience_ms, attempt)), KEYS, 0)
+        owner, ttl_ms, 0, str(ticket), patience_ms, attempt, route)), KEYS, 0)
     return [int(v) for v in run(client, call)]
 
 
@@ -346,3 +356,89 @@ async def test_a_waiter_that_records_nothing_gets_a_plain_wake(
     finally:
         for client in clients:
             client.close()
+
+
+@pytest.mark.parametrize(("route", "routed"), [("0badf00d", True), ("", False),
+                                               ("0badf00", False), ("not-hex!", False)],
+                         ids=["route", "none", "seven-digits", "not-hex"])
+def test_a_hand_off_is_published_on_the_route_its_waiter_recorded(
+        nodes1: RedisNodes, route: str, routed: bool) -> None:
+    """A waiter's record names its manager's route: the hand-off message goes on
+    '<channel>:<route>' only (docs/design.md §6.7). Without a route, or with one that
+    is not 8 hex digits (the script publishes on no channel a caller named freely), it
+    goes on the resource's channel, as for a client of an earlier release."""
+    resource, channel = f"ho:routed:{route}", KEYS.channel(f"ho:routed:{route}")
+    write_markers(nodes1)
+    with nodes1[0].client() as client:
+        subscriber = client.pubsub()
+        subscriber.subscribe(channel, f"{channel}:{route}" if route else f"{channel}:x")
+        try:
+            [call] = with_epoch(MUTEX.acquire_calls(KEYS, range(1), (resource,), AcquireArgs(
+                "holder", 30_000, 0, "", 1000)), KEYS, 0)
+            assert int(run(client, call)[0]) == 1
+            assert waiter_by_hand(client, resource, "waiter", 1, ttl_ms=5000,
+                                  route=route)[0] == 0
+            assert int(run(client, MUTEX.release_call(KEYS, 0, resource, ("holder", "1")))) == 1
+            assert values(nodes1, resource) == ["handoff:" + waiter_id("waiter")]
+            heard: list[tuple[str, str]] = []
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline and len(heard) < 1:
+                message = subscriber.get_message(timeout=0.5)
+                if message and message["type"] == "message":
+                    heard.append((message["channel"].decode(), message["data"].decode()))
+            time.sleep(0.2)  # nothing more comes
+            while (message := subscriber.get_message(timeout=0.1)) is not None:
+                if message["type"] == "message":
+                    heard.append((message["channel"].decode(), message["data"].decode()))
+        finally:
+            subscriber.close()
+    assert len(heard) == 1, heard
+    [(where, data)] = heard
+    assert where == (f"{channel}:{route}" if routed else channel)
+    assert data.split()[0] == waiter_id("waiter") and data.split()[3] == "1"
+
+
+async def test_a_hand_off_wakes_only_the_waiters_manager(
+        flavour: Flavour, me: Actor, nodes3: RedisNodes) -> None:
+    """Two managers wait in line for one lock: the release's hand-off messages reach the
+    first one's manager only (its route), not the other's listener, which under
+    contention would wake for every message of every node (docs/design.md §6.7); then
+    the other is handed the lock in turn, by its own route."""
+    holder = me.on(flavour.manager(nodes3).lock("ho:only", ttl=30.0))
+    assert await holder.acquire(blocking=False)
+    first_dlm = flavour.manager(nodes3, **SLOW_BACKOFF)
+    second_dlm = flavour.manager(nodes3, **SLOW_BACKOFF)
+    assert route_of(first_dlm) != route_of(second_dlm)
+    first = flavour.actor("first").on(first_dlm.lock("ho:only", ttl=10.0))
+    second = flavour.actor("second").on(second_dlm.lock("ho:only", ttl=10.0))
+    first_call = asyncio.create_task(first.actor.call_all(
+        lambda: first.handle.acquire(timeout=20.0), time.monotonic))
+    assert await eventually(lambda: records(nodes3, "ho:only") == [1, 1, 1], 5.0)
+    await heard_everywhere(nodes3, "ho:only")
+    second_call = asyncio.create_task(second.actor.call_all(
+        lambda: second.handle.acquire(timeout=20.0), time.monotonic))
+    assert await eventually(lambda: records(nodes3, "ho:only") == [2, 2, 2], 5.0)
+
+    def routes_subscribed() -> bool:
+        for node in nodes3:
+            with node.client() as client:
+                counts = dict(client.pubsub_numsub(*(
+                    f"{KEYS.channel('ho:only')}:{route_of(m)}" for m in (first_dlm,
+                                                                         second_dlm))))
+                if not all(counts.values()):
+                    return False
+        return True
+
+    assert await eventually(routes_subscribed, 5.0)
+    first_heard, second_heard = hand_offs_heard(first_dlm), hand_offs_heard(second_dlm)
+    released_at = time.monotonic()
+    await holder.release()
+    acquired, acquired_at = await asyncio.wait_for(first_call, 25)
+    assert acquired and acquired_at - released_at < 1.0
+    assert len(first_heard) == 3
+    assert second_heard == [], second_heard  # its listener never woke for them
+    await first.release()  # hands off to the second, on its route
+    acquired, _ = await asyncio.wait_for(second_call, 25)
+    assert acquired
+    assert await eventually(lambda: len(second_heard) == 3, 5.0), second_heard
+    await second.release()

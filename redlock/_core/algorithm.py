@@ -70,6 +70,9 @@ class RedlockCore(Holding, QuickLane):
         self.rule = Rule(self.addresses, stable(self.addresses))
         self._members_mutex = env.new_mutex()
         self.floors = TokenFloors(env.new_mutex())
+        # Where hand-offs to this manager's waiters are told (docs/design.md §6.7): its
+        # listeners subscribe '<release channel>:<route>'; a forked child has its own.
+        self.route = env.random_hex(4)
         self._all_done = tuple(NodeResult(a, Outcome.GRANTED) for a in self.addresses)
         self.amnesia = AmnesiaGuard(self.addresses, settings, self.keys, env, self.timeout)
         # Failing nodes are logged once per outage.
@@ -88,6 +91,7 @@ class RedlockCore(Holding, QuickLane):
         self.amnesia.health.after_fork(new_mutex())
         self.node_outages.after_fork(new_mutex())
         self._members_mutex = new_mutex()
+        self.route = self.env.random_hex(4)
 
     def timeout(self, ttl: float | None = None) -> float:
         """How long a request waits for the nodes: ``node_timeout`` if the user set one,
@@ -221,7 +225,8 @@ class RedlockCore(Holding, QuickLane):
             delay, patient = waits.next(attempts, result.outcomes,
                                         unavailable=result.unavailable, left=deadline.left())
             backoff = Backoff(delay, line=self.line(resources, kind),
-                              channels=tuple(kind.channel(self.keys, r) for r in resources),
+                              channels=kind.wait_channels(self.keys, resources,
+                                                          self.route if queued else ""),
                               waiter=waiter_id(owner) if queued else None, patient=patient)
             try:
                 heard = yield backoff
@@ -279,7 +284,7 @@ class RedlockCore(Holding, QuickLane):
                        ttl: float, ticket: str, kind: Kind, attempt: int,
                        timeout: float) -> tuple[Call, ...]:
         args = AcquireArgs(owner, max(1, int(ttl * 1000)), self.floors.get(buckets), ticket,
-                           int(patience(self.settings, timeout) * 1000), attempt)
+                           int(patience(self.settings, timeout) * 1000), attempt, self.route)
         return with_epoch(kind.acquire_calls(self.keys, range(self.n), resources, args),
                           self.keys, self.rule.epoch)
 

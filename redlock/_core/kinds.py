@@ -46,6 +46,7 @@ class AcquireArgs:
     ticket: str  # '' for a single try: it neither joins nor jumps the line
     patience_ms: int
     attempt: int = 0  # the attempt's number in its call (hand-off records, §6.7)
+    route: str = ""  # where a hand-off to it is told: its manager's route (§6.7)
 
 
 def with_epoch(calls: Iterable[Call], keys: Keys, epoch: int) -> tuple[Call, ...]:
@@ -118,6 +119,15 @@ class Kind:
         """Where releases of ``resource`` publish; also its local line's key."""
         return keys.channel(resource)
 
+    def wait_channels(self, keys: Keys, resources: Sequence[str],
+                      route: str) -> tuple[str, ...]:
+        """Where a waiter hears releases: each resource's channel, and, for a queued
+        waiter (``route``: its manager's) of a kind that hands off, the route's (§6.7)."""
+        channels = tuple(self.channel(keys, r) for r in resources)
+        if route and self.hands_off:
+            channels += tuple(f"{c}:{route}" for c in channels)
+        return channels
+
     def line(self, keys: Keys, resource: str) -> tuple[str, str]:
         """The waiting line and its deadlines (§6.3)."""
         return keys.line(resource), keys.line_deadlines(resource)
@@ -142,8 +152,9 @@ class Kind:
             named = _resource_keys(self, keys, resources[0])
             # A queued waiter of a kind that hands off records its grant (§6.7).
             attempt = args.attempt if self.hands_off and args.ticket and args.attempt else ""
-            call_args = (args.owner, args.ttl_ms, args.floor, args.ticket, args.patience_ms,
-                         named.bucket, attempt)
+            call_args: tuple[CommandArg, ...] = (
+                args.owner, args.ttl_ms, args.floor, args.ticket, args.patience_ms,
+                named.bucket, attempt, *((args.route,) if attempt and args.route else ()))
             call_keys = (named.lock, keys.counter, keys.marker, named.line, named.deadlines,
                          named.legacy_fence, keys.legacy_marker, named.line_ttls)
             return tuple(Call(i, call_args, scripts.ACQUIRE, call_keys) for i in nodes)

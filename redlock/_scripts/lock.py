@@ -44,9 +44,12 @@ ACQUIRE = guarded(
 -- ARGV[4] ticket: the waiter's place in line ('' for a single try, which does not queue)
 -- ARGV[5] patience in ms: how long the entry stays without a new attempt from its waiter
 -- ARGV[6] the resource's bucket: its field in KEYS[2]
--- KEYS[8] the line's hand-off records (hash: waiter id -> '<ttl_ms> <attempt> <floor>')
+-- KEYS[8] the line's hand-off records (hash: waiter id -> '<ttl_ms> <attempt> <floor>[
+-- <route>]')
 -- ARGV[7] the attempt's number ('' or absent: no record, so no hand-off to this waiter;
--- docs/design.md §6.7)
+-- docs/design.md §6.7), ARGV[8] the waiter's route, 8 hex digits: a hand-off to it is
+-- published on '<release channel>:<route>', heard by its manager only (absent or
+-- anything else: on the release channel)
 -- returns {1, token}     granted: SET NX PX done and token = max(counters, floor) + 1
 --                        (the key held a reservation for us, §6.7: SET, and token =
 --                        max(counters, floor): the hand-off raised it)
@@ -108,7 +111,12 @@ end
 -- Refused in line: record what a release needs to hand the lock to us (§6.7).
 local function record_handoff()
     if ARGV[4] ~= '' and ttls and attempt ~= '' then
-        redis.call('HSET', ttls, me, ARGV[2] .. ' ' .. attempt .. ' ' .. ARGV[3])
+        local record = ARGV[2] .. ' ' .. attempt .. ' ' .. ARGV[3]
+        local route = ARGV[8]
+        if route and string.match(route, '^%x%x%x%x%x%x%x%x$') then
+            record = record .. ' ' .. route
+        end
+        redis.call('HSET', ttls, me, record)
     end
 end
 if holder then
@@ -256,7 +264,8 @@ RELEASE = Script(
 -- When the lock became free, hands it to the first in line if that waiter left a
 -- hand-off record (docs/design.md §6.7): SET lock 'handoff:<waiter id>' PX its ttl, its
 -- counter raised as its grant would, and publishes '<waiter id> <counter> <epoch>
--- <attempt>'; else publishes the waiter id of the first in line ('' when nobody is in
+-- <attempt>' (on '<KEYS[2]>:<route>' when the record names the waiter's route, else on
+-- KEYS[2]); else publishes the waiter id of the first in line ('' when nobody is in
 -- line): only that waiter wakes (§6.4). With '1', a reservation for us (§6.7) is our
 -- key; with '0' it is left alone.
 """ + LINE_FUNCTIONS + TOKEN_FUNCTIONS + """
@@ -306,12 +315,13 @@ if queued and redis.call('EXISTS', KEYS[3]) == 1 then  -- (our ZREM may have emp
     first = redis.call('ZRANGE', KEYS[3], 0, 0)[1] or ''
 end
 local message = first
+local channel = KEYS[2]
 if first ~= '' and first ~= me and ttls then
     local record = redis.call('HGET', ttls, first)
     local format = node_format(KEYS[7], KEYS[9])
     local members = redis.call('HMGET', KEYS[10], 'epoch', 'retired')
     if record and format ~= 0 and members[2] ~= '1' then
-        local ttl, attempt, floor = string.match(record, '^(%d+) (%d+) (%d+)$')
+        local ttl, attempt, floor, route = string.match(record, '^(%d+) (%d+) (%d+) ?(%x*)$')
         if ttl then
             redis.call('SET', KEYS[1], reservation(first), 'PX', ttl)
             local counter = settle(KEYS[6], ARGV[4], KEYS[8], tonumber(floor), 1, format)
@@ -324,12 +334,15 @@ if first ~= '' and first ~= me and ttls then
             redis.call('HDEL', ttls, first)
             message = first .. ' ' .. string.format('%.0f', counter) .. ' ' .. (members[1] or '0')
                 .. ' ' .. attempt
+            if #route == 8 then  -- told to the waiter's manager only (§6.7)
+                channel = KEYS[2] .. ':' .. route
+            end
         end
     end
 end
 -- A give-back ('0') wakes only another waiter, named (see wake_first).
 if ARGV[2] ~= '0' or (first ~= '' and first ~= me) then
-    redis.pcall('PUBLISH', KEYS[2], message)
+    redis.pcall('PUBLISH', channel, message)
 end
 return released
 """,

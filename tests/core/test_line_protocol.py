@@ -5,6 +5,7 @@ attempt releases, who leaves the line when, and whom a release message wakes."""
 from __future__ import annotations
 
 import hashlib
+import re
 import threading
 
 import pytest
@@ -99,9 +100,13 @@ def test_waits_in_line_name_the_waiter_and_may_be_patient() -> None:
     held_by_another(nodes)
     run_blocking(nodes, FakeClock(), timeout=1.0)
     sleeps = [r for r in nodes.requests if isinstance(r, Wait)]
-    owner = acquire_calls(nodes)[0].calls[0].args[0]
+    owner, route = (acquire_calls(nodes)[0].calls[0].args[i] for i in (0, 7))
     assert sleeps and all(s.waiter == waiter_id(owner) for s in sleeps)
-    assert all(s.channels == ("redlock:{r}:released",) for s in sleeps)
+    # The resource's channel, and its manager's route there, where hand-offs to it are
+    # told (docs/design.md §6.7): the route its attempts record on the nodes.
+    assert isinstance(route, str) and re.fullmatch("[0-9a-f]{8}", route)
+    assert all(s.channels == ("redlock:{r}:released", f"redlock:{{r}}:released:{route}")
+               for s in sleeps)
     # Patient: up to the holder's key expiry (1 s left in the scripted reply) or the poll
     # that keeps its place, whichever is first; cut at the deadline at the end.
     assert all(s.patient is not None and s.patient <= LINE_POLL_MAX for s in sleeps)

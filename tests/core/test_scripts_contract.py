@@ -51,10 +51,13 @@ def guarded(call: Call, epoch: int) -> Call:
 
 
 def acquire(r: str, owner: str, *, ticket: str = "", patience: int = TTL, floor: int = 0,
-            ttl: int = TTL, epoch: int = 0, attempt: int | str = "") -> Call:
+            ttl: int = TTL, epoch: int = 0, attempt: int | str = "",
+            route: str = "") -> Call:
     """``attempt``: a mutex waiter's attempt number, recorded for a hand-off
-    (docs/design.md §6.7); '' sends none (a single try, a family kind)."""
-    return guarded(Call(0, (owner, ttl, floor, ticket, patience, bucket(r), attempt),
+    (docs/design.md §6.7); '' sends none (a single try, a family kind). ``route``: its
+    manager's route, recorded with it ('' sends none, as an earlier release)."""
+    routed = (route,) if route else ()
+    return guarded(Call(0, (owner, ttl, floor, ticket, patience, bucket(r), attempt, *routed),
                         scripts.ACQUIRE,
                         (K.lock(r), K.counter, K.marker, K.line(r), K.line_deadlines(r),
                          K.legacy_fence(r), K.legacy_marker, K.line(r) + "-ttls")), epoch)
@@ -398,8 +401,10 @@ def hand_offs(c: Contract) -> None:
     c.steps([
         marker(),
         acquire("a", "alice"),  # granted
-        acquire("a", "bob", ticket="2", attempt=1, floor=4, ttl=30_000),  # refused: record
-        acquire("a", "carol", ticket="3", attempt=1),  # behind bob
+        acquire("a", "bob", ticket="2", attempt=1, floor=4, ttl=30_000,
+                route="0badf00d"),  # refused: record, with bob's route
+        acquire("a", "carol", ticket="3", attempt=1, route="not-hex!"),  # behind bob (no
+        # route recorded: not 8 hex digits)
         acquire("a", "dave", ticket="4"),  # no attempt number: no record
         release("a", "alice"),  # hands off to bob: 'handoff:<bob>', counter 5, cut deadline
         acquire("a", "erin"),  # a single try: refused, the key is held
@@ -414,7 +419,8 @@ def hand_offs(c: Contract) -> None:
         extend("a", "carol"),  # carol's: becomes her key
         release("a", "carol"),  # dave first, no record: a plain wake
         acquire("a", "dave", ticket="4", attempt=3),  # free, first: granted
-        acquire("a", "frank", ticket="5", attempt=1, ttl=20_000, patience=10_000),  # record
+        acquire("a", "frank", ticket="5", attempt=1, ttl=20_000, patience=10_000,
+                route="C0FFEE42"),  # record, the route in capitals
         release("a", "dave"),  # hands off to frank
         acquire("a", "frank", ticket="5", attempt=2),  # frank's reservation: granted
         acquire("b", "gina"),
@@ -528,15 +534,17 @@ def lock_calls(tickets: Tickets, owner: str) -> st.SearchStrategy[Call]:
     line; an owner without one tries once."""
     ticket = dict(tickets)[owner]
 
-    def attempt(r: str, patience: int, floor: int, ttl: int, number: int) -> Call:
+    def attempt(r: str, patience: int, floor: int, ttl: int, number: int,
+                route: str) -> Call:
         return acquire(r, owner, ticket=ticket, patience=patience, floor=floor, ttl=ttl,
-                       attempt=number if ticket else "")
+                       attempt=number if ticket else "", route=route if ticket else "")
 
     def let_go(r: str, over: bool, patience: int, handing: bool) -> Call:
         return release(r, owner, leave=over or not ticket, patience=patience,
                        handing=handing)
 
-    acquires = st.builds(attempt, RESOURCES, PATIENCE, FLOORS, TTLS, st.integers(1, 3))
+    acquires = st.builds(attempt, RESOURCES, PATIENCE, FLOORS, TTLS, st.integers(1, 3),
+                         st.sampled_from(["", "0badf00d"]))
     releases = st.builds(let_go, RESOURCES, st.booleans(), PATIENCE,
                          st.sampled_from([True, True, True, False]))
     return st.one_of(
@@ -632,8 +640,12 @@ MUTATIONS = [  # (script, a line of it, that line changed)
     (scripts.WRITE_BACK, "        redis.call('SET', KEYS[1], ARGV[1], 'PX', pttl)",
      "        redis.call('SET', KEYS[1], ARGV[1])"),
     (scripts.ACQUIRE,
-     "        redis.call('HSET', ttls, me, ARGV[2] .. ' ' .. attempt .. ' ' .. ARGV[3])",
-     "        redis.call('HSET', ttls, me, ARGV[2] .. ' ' .. attempt .. ' 0')"),
+     "        local record = ARGV[2] .. ' ' .. attempt .. ' ' .. ARGV[3]",
+     "        local record = ARGV[2] .. ' ' .. attempt .. ' 0'"),
+    (scripts.ACQUIRE, "        if route and string.match(route, '^%x%x%x%x%x%x%x%x$') then",
+     "        if route then"),
+    (scripts.RELEASE, "string.match(record, '^(%d+) (%d+) (%d+) ?(%x*)$')",
+     "string.match(record, '^(%d+) (%d+) (%d+)$')"),
     (scripts.ACQUIRE, "    if holder == reservation(me) then", "    if false then"),
     (scripts.ACQUIRE,
      "        return {1, settle(KEYS[2], ARGV[6], KEYS[6], tonumber(ARGV[3]), 0, format)}",
