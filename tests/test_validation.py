@@ -21,7 +21,7 @@ import redis.asyncio
 from redlock import DurationWarning, Outcome, QuorumUnavailable
 from redlock.testing import RedisNodes, capture_events, free_port
 from tests.clients import Actor, Flavour, Held, Stopwatch
-from tests.peek import assert_outcomes, dead_url, lock_keys
+from tests.peek import assert_outcomes, dead_url, decided_as, lock_keys
 
 # ---------------------------------------------------------------------------
 # Bad arguments: TypeError / ValueError at the call site, before any I/O
@@ -277,9 +277,12 @@ async def test_unreachable_nodes_tolerated_as_a_minority_fail_fast_and_clean_as_
     with pytest.raises(QuorumUnavailable) as caught:
         await me.on(majority.lock("dead:x", ttl=5.0)).acquire(blocking=False)
     assert took() < 2.0
-    assert_outcomes(caught.value, {Outcome.GRANTED: 1, Outcome.ERROR: 2}, majority.nodes)
-    assert [r.outcome for r in caught.value.outcomes] == [
-        Outcome.GRANTED, Outcome.ERROR, Outcome.ERROR]
+    # Two errors decide the attempt: the live node's grant may come after the stragglers'
+    # grace (NOT_AWAITED) on a loaded machine; either way its key is released below.
+    outcomes = caught.value.outcomes
+    assert decided_as(outcomes, [Outcome.GRANTED, Outcome.ERROR, Outcome.ERROR], 2), outcomes
+    if outcomes[0].outcome is Outcome.GRANTED:
+        assert_outcomes(caught.value, {Outcome.GRANTED: 1, Outcome.ERROR: 2}, majority.nodes)
     assert "ConnectionError" in str(caught.value)
     assert lock_keys([nodes3[2]], "dead:x") == [False]  # released on the node that granted
     took = Stopwatch()
