@@ -6,6 +6,7 @@ tests/core/test_scripts_contract.py) without an ACQUIRE round, or falling back t
 from __future__ import annotations
 
 import hashlib
+import re
 import threading
 from collections.abc import Callable, Sequence
 
@@ -92,6 +93,32 @@ def test_the_registry_records_hand_offs_by_node_and_wakes_the_waiter_once_named(
     heard = registry.handoffs(watch)
     assert sorted(heard, key=lambda h: h.node) == [Heard(0, 6, 0, 2), Heard(2, 6, 0, 2)]
     assert heard.total == 3
+
+
+def test_each_manager_and_each_forked_child_has_its_own_route() -> None:
+    """Hand-offs are published on '<channel>:<route>' (docs/design.md §6.7): each
+    manager has its own, and a forked child, whose listeners are its own, a new one."""
+    core, other = make_core(3), make_core(3)
+    assert re.fullmatch("[0-9a-f]{8}", core.route) and core.route != other.route
+    before = core.route
+    core.after_fork()
+    assert re.fullmatch("[0-9a-f]{8}", core.route) and core.route != before
+
+
+def test_a_hand_off_on_the_route_counts_by_the_route_s_own_subscription() -> None:
+    """A waiter watches its resource's channel and its route there: a hand-off that
+    came by the route wakes it and is stamped with the route's subscription (the one
+    that brought it), a message on the resource's channel with that one's."""
+    registry = WakeRegistry()
+    registry.subscribed(0, "c")
+    registry.subscribed(0, "c:0badf00d")
+    event = threading.Event()
+    watch = registry.watch(["c", "c:0badf00d"], WAITER, event)
+    registry.deliver("c:0badf00d", f"{WAITER} 5 0 1", node=0)
+    assert event.is_set()
+    [heard] = registry.handoffs(watch)
+    assert heard.subscribed == registry._live_since[("c:0badf00d", 0)]
+    assert heard.subscribed >= registry._live_since[("c", 0)]
 
 
 def test_hand_offs_heard_before_the_first_watch_are_claimed_with_it() -> None:
