@@ -102,13 +102,15 @@ if queued then
     drop_lapsed(KEYS[4], KEYS[5], now, ttls)
 end
 -- Join the line, or keep our place: the ticket is the same on every attempt.
-local function wait_in_line(until_ms)
+-- ``fresh``: our record just created the records hash.
+local function wait_in_line(until_ms, fresh)
     if ARGV[4] == '' then
         return
     end
-    enter_line(KEYS[4], KEYS[5], me, ARGV[4], until_ms, now, ttls)
+    enter_line(KEYS[4], KEYS[5], me, ARGV[4], until_ms, now, ttls, fresh)
 end
--- Refused in line: record what a release needs to hand the lock to us (§6.7).
+-- Refused in line: record what a release needs to hand the lock to us (§6.7); true
+-- when that created the records hash.
 local function record_handoff()
     if ARGV[4] ~= '' and ttls and attempt ~= '' then
         local record = ARGV[2] .. ' ' .. attempt .. ' ' .. ARGV[3]
@@ -116,19 +118,18 @@ local function record_handoff()
         if route and string.match(route, '^%x%x%x%x%x%x%x%x$') then
             record = record .. ' ' .. route
         end
-        redis.call('HSET', ttls, me, record)
+        return redis.call('HSET', ttls, me, record) == 1 and redis.call('HLEN', ttls) == 1
     end
+    return false
 end
 if holder then
     local pttl = redis.call('PTTL', KEYS[1])
-    record_handoff()
-    wait_in_line(now + tonumber(ARGV[5]))
+    wait_in_line(now + tonumber(ARGV[5]), record_handoff())
     return {0, pttl}
 end
 local first = redis.call('ZRANGE', KEYS[4], 0, 0)[1]
 if first and first ~= me then
-    record_handoff()
-    wait_in_line(now + tonumber(ARGV[5]))
+    wait_in_line(now + tonumber(ARGV[5]), record_handoff())
     return {3, redis.call('ZRANK', KEYS[4], me) or redis.call('ZCARD', KEYS[4])}
 end
 if first then
