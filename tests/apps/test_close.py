@@ -201,6 +201,10 @@ def test_sync_close_while_threads_hold_and_churn() -> None:
             closed.set()
             for thread in threads:
                 thread.join(15.0)
+            # A failure before close() must not leave the manager's threads to the next
+            # tests (its listener stops only after 30 s without waits); a second close()
+            # does nothing.
+            dlm.close()
         hung = [t.name for t in threads if t.is_alive()]
 
     problems += _after_close_problems(survivors, sockets, monitor, closed_at, own,
@@ -283,6 +287,7 @@ async def test_async_close_while_tasks_hold_and_churn() -> None:
             for task in [*pending, *leftover_tasks]:  # leave the loop clean either way
                 task.cancel()
             await asyncio.gather(*pending, *leftover_tasks, return_exceptions=True)
+            await dlm.close()  # (after a failure before close(); else it does nothing)
         hung = sorted(t.get_name() for t in pending)
 
     if leftover:
