@@ -150,14 +150,12 @@ end
 -- that deadline plus LINE_SLACK. Steady contention so refreshes it about once a
 -- LINE_SLACK, not at every attempt and hand-off (a ZRANGE and three PEXPIRE each time
 -- were a quarter of a contended script's time). The two sorted sets hold the same
--- members, so they are created, emptied (deleted) and expire together; the line's own
--- expiry is the one read: a line key left without one (recreated after an eviction)
--- would keep its entries first in line for good. ``fresh``: the records hash was just
--- created (it has no expiry yet).
+-- members, so they are created, emptied (deleted) and expire together; ``fresh``: the
+-- records hash was just created (it has no expiry yet).
 local LINE_SLACK = 1000
 local function keep_until(line, deadlines, waiter, until_ms, now, ttls, fresh)
     redis.call('ZADD', deadlines, until_ms, waiter)
-    local left = redis.call('PTTL', line)  -- (-1: created just now; -2: none)
+    local left = redis.call('PTTL', deadlines)  -- (-1: created just now)
     local needed = until_ms - now + 1
     if fresh or left < needed then
         local keep = math.max(left, needed + LINE_SLACK)
