@@ -47,7 +47,6 @@ EPOCH_MS = 1_700_000_000_000  # what a node's clock reads when the FakeClock rea
 
 #: The prefix of a reservation: the value a release's hand-off sets (docs/design.md §6.7).
 RESERVED = "handoff:"
-LINE_SLACK = 1000  # ms a line's keys may outlive its last deadline (redlock/_scripts/shared.py)
 
 
 def lock_key(resource: str) -> str:
@@ -372,30 +371,29 @@ class ScriptedNodes:
             patience, now = int(as_text(args[4])), self.now_ms(node)
             self._drop_lapsed(node, line_key, records=bool(handoffs))
 
-            def record_handoff() -> bool:  # True: the records hash was created
-                if not (ticket and attempt):
-                    return False
-                fresh = not records
-                records[me] = f"{as_text(args[1])} {attempt} {as_text(args[2])}"
-                route = as_text(args[7]) if len(args) > 7 else ""
-                if re.fullmatch("[0-9a-fA-F]{8}", route):  # (Lua's %x: either case)
-                    records[me] += f" {route}"
-                return fresh
+            def record_handoff() -> None:
+                if ticket and attempt:
+                    records[me] = f"{as_text(args[1])} {attempt} {as_text(args[2])}"
+                    route = as_text(args[7]) if len(args) > 7 else ""
+                    if re.fullmatch("[0-9a-fA-F]{8}", route):  # (Lua's %x: either case)
+                        records[me] += f" {route}"
 
-            def wait_in_line(until: int, fresh: bool = False) -> None:  # the ticket is
-                if ticket:  # the same on every attempt
-                    self._keep_until(node, line_key, me, until, int(ticket), fresh=fresh)
+            def wait_in_line(until: int) -> None:  # the ticket is the same on every attempt
+                if ticket:
+                    self._keep_until(node, line_key, me, until, int(ticket))
 
             def in_order() -> list[str]:  # ZRANGE: by ticket, then by id
                 line = self._line(node, line_key)
                 return sorted(line, key=lambda w: (line[w][0], w))
 
             if holder is not None:
-                wait_in_line(now + patience, record_handoff())
+                record_handoff()
+                wait_in_line(now + patience)
                 return [scripts.ACQUIRE_REFUSED, 1000]
             order = in_order()
             if order and order[0] != me:
-                wait_in_line(now + patience, record_handoff())
+                record_handoff()
+                wait_in_line(now + patience)
                 order = in_order()
                 return [scripts.ACQUIRE_NOT_YOUR_TURN,
                         order.index(me) if me in order else len(order)]
@@ -639,17 +637,12 @@ class ScriptedNodes:
         live = self.live_line(node, key)
         return {w: r for w, r in self.handoff_records[node].get(key, {}).items() if w in live}
 
-    def _keep_until(self, node: int, key: str, waiter: str, until: int, ticket: int, *,
-                    fresh: bool = False) -> None:
-        """ZADD and the Lua's ``keep_until``: the entry's ticket and deadline; the keys'
-        expiry (the line's, its records') is pushed to the deadline + 1 + LINE_SLACK when
-        the deadline would outlive it, or the records hash is new (``fresh``); never
-        earlier."""
+    def _keep_until(self, node: int, key: str, waiter: str, until: int, ticket: int) -> None:
+        """ZADD and the Lua's ``keep_until``: the entry's ticket and deadline; both keys
+        expire 1 ms after the latest deadline."""
         line = self._line(node, key)
         line[waiter] = (ticket, until)
-        expiry = self.line_expiry[node].get(key)
-        if fresh or expiry is None or expiry < until + 1:
-            self.line_expiry[node][key] = max(expiry or 0, until + 1 + LINE_SLACK)
+        self.line_expiry[node][key] = max(d for _, d in line.values()) + 1
 
     def _emptied(self, node: int, key: str) -> None:
         """A sorted set without members is no key (its expiry goes with it)."""

@@ -102,15 +102,13 @@ if queued then
     drop_lapsed(KEYS[4], KEYS[5], now, ttls)
 end
 -- Join the line, or keep our place: the ticket is the same on every attempt.
--- ``fresh``: our record just created the records hash.
-local function wait_in_line(until_ms, fresh)
+local function wait_in_line(until_ms)
     if ARGV[4] == '' then
         return
     end
-    enter_line(KEYS[4], KEYS[5], me, ARGV[4], until_ms, now, ttls, fresh)
+    enter_line(KEYS[4], KEYS[5], me, ARGV[4], until_ms, now, ttls)
 end
--- Refused in line: record what a release needs to hand the lock to us (§6.7); true
--- when that created the records hash.
+-- Refused in line: record what a release needs to hand the lock to us (§6.7).
 local function record_handoff()
     if ARGV[4] ~= '' and ttls and attempt ~= '' then
         local record = ARGV[2] .. ' ' .. attempt .. ' ' .. ARGV[3]
@@ -118,18 +116,19 @@ local function record_handoff()
         if route and string.match(route, '^%x%x%x%x%x%x%x%x$') then
             record = record .. ' ' .. route
         end
-        return redis.call('HSET', ttls, me, record) == 1 and redis.call('HLEN', ttls) == 1
+        redis.call('HSET', ttls, me, record)
     end
-    return false
 end
 if holder then
     local pttl = redis.call('PTTL', KEYS[1])
-    wait_in_line(now + tonumber(ARGV[5]), record_handoff())
+    record_handoff()
+    wait_in_line(now + tonumber(ARGV[5]))
     return {0, pttl}
 end
 local first = redis.call('ZRANGE', KEYS[4], 0, 0)[1]
 if first and first ~= me then
-    wait_in_line(now + tonumber(ARGV[5]), record_handoff())
+    record_handoff()
+    wait_in_line(now + tonumber(ARGV[5]))
     return {3, redis.call('ZRANK', KEYS[4], me) or redis.call('ZCARD', KEYS[4])}
 end
 if first then

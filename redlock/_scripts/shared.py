@@ -107,7 +107,7 @@ end
 # split the nodes between them. Each entry has a deadline (a second sorted set, by the
 # node's clock) that every attempt of its waiter pushes back by the patience: the entry
 # of a waiter that died lapses on its own, however long the holder keeps the lock. Both
-# keys expire at most LINE_SLACK after their last entry's deadline (``keep_until``).
+# keys expire with their last entry.
 
 LINE_FUNCTIONS = """
 local function now_ms()
@@ -144,33 +144,22 @@ local function wake_first(line, deadlines, channel, now, giver)
         redis.pcall('PUBLISH', channel, first)
     end
 end
--- Set an entry's deadline. Both keys (and the hand-off records, ``ttls``, if given)
--- live until every entry's deadline has passed, and at most LINE_SLACK ms longer: their
--- expiry is only ever pushed later, and only when a deadline would outlive it, then to
--- that deadline plus LINE_SLACK. Steady contention so refreshes it about once a
--- LINE_SLACK, not at every attempt and hand-off (a ZRANGE and three PEXPIRE each time
--- were a quarter of a contended script's time). The two sorted sets hold the same
--- members, so they are created, emptied (deleted) and expire together; ``fresh``: the
--- records hash was just created (it has no expiry yet).
-local LINE_SLACK = 1000
-local function keep_until(line, deadlines, waiter, until_ms, now, ttls, fresh)
+-- Set an entry's deadline; both keys (and the hand-off records, ``ttls``, if given)
+-- expire with the last entry.
+local function keep_until(line, deadlines, waiter, until_ms, now, ttls)
     redis.call('ZADD', deadlines, until_ms, waiter)
-    local left = redis.call('PTTL', deadlines)  -- (-1: created just now)
-    local needed = until_ms - now + 1
-    if fresh or left < needed then
-        local keep = math.max(left, needed + LINE_SLACK)
-        redis.call('PEXPIRE', line, keep)
-        redis.call('PEXPIRE', deadlines, keep)
-        if ttls then
-            redis.call('PEXPIRE', ttls, keep)
-        end
+    local last = tonumber(redis.call('ZRANGE', deadlines, -1, -1, 'WITHSCORES')[2])
+    redis.call('PEXPIRE', line, last - now + 1)
+    redis.call('PEXPIRE', deadlines, last - now + 1)
+    if ttls then
+        redis.call('PEXPIRE', ttls, last - now + 1)
     end
 end
 -- Put a waiter in line at its ``ticket`` (its place: the same on every node and
 -- attempt, so a waiter already there keeps it) until ``until_ms``.
-local function enter_line(line, deadlines, waiter, ticket, until_ms, now, ttls, fresh)
+local function enter_line(line, deadlines, waiter, ticket, until_ms, now, ttls)
     redis.call('ZADD', line, ticket, waiter)
-    keep_until(line, deadlines, waiter, until_ms, now, ttls, fresh)
+    keep_until(line, deadlines, waiter, until_ms, now, ttls)
 end
 -- A reservation: the value a release's hand-off sets for the first in line
 -- (docs/design.md §6.7). Owner values are 32 hex digits: none has this prefix.
