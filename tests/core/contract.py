@@ -226,9 +226,9 @@ class Contract:
                 if kind == "string":
                     pipe.get(key).pttl(key)
                 elif kind == "zset":
-                    pipe.zrange(key, 0, -1, withscores=True)
+                    pipe.zrange(key, 0, -1, withscores=True).pttl(key)
                 elif kind == "hash":
-                    pipe.hgetall(key)
+                    pipe.hgetall(key).pttl(key)
                 else:  # "none": a line expired with its last entry meanwhile
                     assert kind == "none", (key, kind)
             replies = iter(pipe.execute())
@@ -242,11 +242,15 @@ class Contract:
                              None if pttl < 0 else Near(pttl, TTL_SLACK))
             elif kind == "zset":
                 pairs = cast(list[tuple[bytes, float]], next(replies))
+                # A waiting line's keys always expire (bounded state, §3.0, §6.3).
+                assert next(replies) != -1, f"{key} has no expiry"
                 zsets[key] = {as_text(m): int(s) for m, s in pairs}
             elif kind == "hash":
                 found = cast(dict[bytes, bytes], next(replies))
+                pttl = next(replies)
                 fields = {as_text(f): as_text(v) for f, v in found.items()}
                 if key.endswith(":line-ttls"):  # compared for live entries, below
+                    assert pttl != -1, f"{key} has no expiry"
                     records[key] = fields
                 else:
                     keys[key] = fields
