@@ -92,6 +92,22 @@ def waiter_id(owner: str) -> str:
     return hashlib.sha1(owner.encode()).hexdigest()
 
 
+def published(subscriber: Any, settle: float = 0.2) -> list[tuple[str, str]]:
+    """(channel, data) of the messages a subscriber hears: waits up to 5 s for the
+    first, then takes what else comes within ``settle``."""
+    heard: list[tuple[str, str]] = []
+    deadline = time.monotonic() + 5
+    while not heard and time.monotonic() < deadline:
+        message = subscriber.get_message(timeout=0.5)
+        if message and message["type"] == "message":
+            heard.append((message["channel"].decode(), message["data"].decode()))
+    time.sleep(settle)
+    while (message := subscriber.get_message(timeout=0.1)) is not None:
+        if message["type"] == "message":
+            heard.append((message["channel"].decode(), message["data"].decode()))
+    return heard
+
+
 def attempts_recorded(nodes: RedisNodes, resource: str) -> list[int]:
     """Per node, the highest attempt number its hand-off records hold (0: none)."""
     found = []
@@ -345,12 +361,7 @@ async def test_a_waiter_that_records_nothing_gets_a_plain_wake(
         assert records(nodes3, "ho:old") == [0, 0, 0]
         await holder.release()
         assert values(nodes3, "ho:old") == [None] * 3
-        messages = []
-        deadline = time.monotonic() + 5
-        while not messages and time.monotonic() < deadline:
-            message = subscriber.get_message(timeout=0.5)
-            if message and message["type"] == "message":
-                messages.append(message["data"].decode())
+        messages = [data for _, data in published(subscriber)]
         assert messages == [waiter_id("old-waiter")]
         subscriber.close()
     finally:
@@ -380,16 +391,7 @@ def test_a_hand_off_is_published_on_the_route_its_waiter_recorded(
                                   route=route)[0] == 0
             assert int(run(client, MUTEX.release_call(KEYS, 0, resource, ("holder", "1")))) == 1
             assert values(nodes1, resource) == ["handoff:" + waiter_id("waiter")]
-            heard: list[tuple[str, str]] = []
-            deadline = time.monotonic() + 5
-            while time.monotonic() < deadline and len(heard) < 1:
-                message = subscriber.get_message(timeout=0.5)
-                if message and message["type"] == "message":
-                    heard.append((message["channel"].decode(), message["data"].decode()))
-            time.sleep(0.2)  # nothing more comes
-            while (message := subscriber.get_message(timeout=0.1)) is not None:
-                if message["type"] == "message":
-                    heard.append((message["channel"].decode(), message["data"].decode()))
+            heard = published(subscriber)  # (and nothing more within 0.2 s)
         finally:
             subscriber.close()
     assert len(heard) == 1, heard

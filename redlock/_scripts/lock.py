@@ -334,7 +334,7 @@ if first ~= '' and first ~= me and ttls then
             redis.call('HDEL', ttls, first)
             message = first .. ' ' .. string.format('%.0f', counter) .. ' ' .. (members[1] or '0')
                 .. ' ' .. attempt
-            if #route == 8 then  -- told to the waiter's manager only (§6.7)
+            if route ~= '' then  -- told to the waiter's manager only (§6.7)
                 channel = KEYS[2] .. ':' .. route
             end
         end
