@@ -437,7 +437,8 @@ async def test_a_hand_off_wakes_only_the_waiters_manager(
     await holder.release()
     acquired, acquired_at = await asyncio.wait_for(first_call, 25)
     assert acquired and acquired_at - released_at < 1.0
-    assert len(first_heard) == 3
+    # (A quorum's messages complete it: the third may come just after.)
+    assert await eventually(lambda: len(first_heard) == 3, 5.0), first_heard
     assert second_heard == [], second_heard  # its listener never woke for them
     await first.release()  # hands off to the second, on its route
     acquired, _ = await asyncio.wait_for(second_call, 25)
