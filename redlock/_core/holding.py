@@ -12,6 +12,7 @@ and timeouts.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, cast
 
@@ -82,8 +83,8 @@ class Holding:
         # One call per resource, the same for every node but its node: the nodes' calls
         # share their keys and arguments (the transports pack each command once).
         made = [kind.release_call(keys, asked[0], r, args) for r in resources] if asked else []
-        calls = tuple(Call(i, call.args, call.script, call.keys)
-                      for i in asked for call in made)
+        calls = tuple([Call(i, call.args, call.script, call.keys)
+                       for i in asked for call in made])
         if patient:
             # A holder's release is decided as soon as a quorum answered; the timeout
             # only bounds it when fewer do. A client thread starved of the GIL (dozens
@@ -94,6 +95,7 @@ class Holding:
                          or len(resources) > 1 else self._answered(self.quorum))
 
     @staticmethod
+    @functools.cache  # (a pure function of ``needed``, asked by every release)
     def _answered(needed: int) -> Decision:
         """:meth:`_settled` of one key's release on every node: ``needed`` answered."""
         def answered(replies: Sequence[object], _identities: Mapping[int, object]) -> bool:

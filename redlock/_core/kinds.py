@@ -36,8 +36,7 @@ from redlock.errors import NodeResult
 Vote = Callable[[object], "int | None"]
 
 
-@dataclass(frozen=True)
-class AcquireArgs:
+class AcquireArgs(NamedTuple):  # (one per attempt: a third of a frozen dataclass's time)
     """What every kind's acquire call carries (the mutex's ARGV, §2.2)."""
 
     owner: str
@@ -51,9 +50,8 @@ class AcquireArgs:
 
 def with_epoch(calls: Iterable[Call], keys: Keys, epoch: int) -> tuple[Call, ...]:
     """Calls of the scripts that grant, commit or renew, as they are sent: with the
-    node's membership record as last key and the client's epoch as last argument
-    (docs/design.md §13.1; the scripts' EPOCH_CHECK). Every such call a kind builds
-    goes out through here."""
+    node's membership record as last key and the client's epoch as last argument (§13.1;
+    the scripts' EPOCH_CHECK). Every such call a kind builds goes out through here."""
     members = keys.members
     # Calls that shared their keys and arguments (one per node, in a row) still share
     # them: the transports pack a command once per request and reuse it for the next
@@ -89,9 +87,11 @@ def _places_back(args: tuple[CommandArg, ...]) -> bool:
 
 
 @functools.lru_cache(maxsize=1024)
-def _resource_keys(kind: Kind, keys: Keys, resource: str) -> ResourceKeys:
+def _resource_keys(kind: Kind, namespace: str, resource: str) -> ResourceKeys:
     # Built on every acquire and release of a name: kept for the names used lately (a
-    # bounded cache: the client's memory does not grow with the names ever locked).
+    # bounded cache: the client's memory does not grow with the names ever locked), by
+    # the namespace (a string hashes in C, a Keys dataclass in Python).
+    keys = Keys(namespace)
     line, deadlines = kind.line(keys, resource)
     name = kind.token_name(resource)
     return ResourceKeys(kind.lock_key(keys, resource), kind.channel(keys, resource), line,
@@ -118,6 +118,10 @@ class Kind:
     def channel(self, keys: Keys, resource: str) -> str:
         """Where releases of ``resource`` publish; also its local line's key."""
         return keys.channel(resource)
+
+    def names(self, keys: Keys, resource: str) -> ResourceKeys:
+        """``resource``'s key names for this kind (cached: asked on every call)."""
+        return _resource_keys(self, keys.namespace, resource)
 
     def wait_channels(self, keys: Keys, resources: Sequence[str],
                       route: str) -> tuple[str, ...]:
@@ -149,7 +153,7 @@ class Kind:
     def acquire_calls(self, keys: Keys, nodes: range, resources: tuple[str, ...],
                       args: AcquireArgs) -> tuple[Call, ...]:
         if len(resources) == 1:
-            named = _resource_keys(self, keys, resources[0])
+            named = self.names(keys, resources[0])
             # A queued waiter of a kind that hands off records its grant (§6.7).
             attempt = args.attempt if self.hands_off and args.ticket and args.attempt else ""
             call_args: tuple[CommandArg, ...] = (
@@ -211,7 +215,7 @@ class Kind:
         ticket]). The release hands the lock to the first in line if it left a record
         (§6.7). A failed attempt's ticket puts its place back where its grant found the
         line empty (§6.3)."""
-        named = _resource_keys(self, keys, resource)
+        named = self.names(keys, resource)
         owner, leave, *rest = args
         return Call(node, (owner, leave, rest[0], named.bucket, rest[1]) if _places_back(args)
                     else (owner, leave, rest[0] if rest else "", named.bucket),

@@ -67,7 +67,10 @@ class Call(NamedTuple):
 Decision = Callable[[Sequence[object], Mapping[int, object]], bool]
 
 
-@dataclass(frozen=True)
+# Not frozen: made twice per acquire+release, and a frozen dataclass takes three times
+# as long to make (its fields are set through object.__setattr__). Nothing changes one
+# once made: a request with another timeout is a new one (dataclasses.replace).
+@dataclass(slots=True)
 class Broadcast:
     """Run ``calls`` in parallel; each must answer within ``timeout`` seconds.
 

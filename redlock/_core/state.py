@@ -153,6 +153,9 @@ class RoundTrips:
         self._srtt: list[float | None] = [None] * node_count
         self._rttvar = [0.0] * node_count
         self._measured = 0
+        # The measured nodes' estimates, fastest first: remade by each sample (under the
+        # lock, and replaced whole), read by timeout() on every request without one.
+        self._ranked: list[float] = []
         self._mutex = mutex
 
     def after_fork(self, mutex: Mutex) -> None:
@@ -170,6 +173,9 @@ class RoundTrips:
                     self._rttvar[node] = (0.75 * self._rttvar[node]
                                           + 0.25 * abs(srtt - seconds))
                     self._srtt[node] = 0.875 * srtt + 0.125 * seconds
+            self._ranked = sorted([srtt + 4 * rttvar
+                                   for srtt, rttvar in zip(self._srtt, self._rttvar, strict=True)
+                                   if srtt is not None])
 
     def measured(self) -> int:
         """How many nodes have a round trip measured."""
@@ -185,10 +191,7 @@ class RoundTrips:
         """Time enough for a quorum to answer: twice the estimate of the quorum-th
         fastest node, at least FLOOR, at most ``ceiling`` (until a quorum of nodes has
         been measured: ``ceiling``)."""
-        with self._mutex:  # (on every request: one pass, one lock)
-            known = sorted([srtt + 4 * rttvar
-                            for srtt, rttvar in zip(self._srtt, self._rttvar, strict=True)
-                            if srtt is not None])
+        known = self._ranked  # (on every request: no lock, no pass)
         if len(known) < quorum:
             return ceiling
         return min(ceiling, max(self.FLOOR, 2 * known[quorum - 1]))

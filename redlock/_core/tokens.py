@@ -80,6 +80,8 @@ class TokenFloors:
 
     def get(self, buckets: Sequence[str]) -> int:
         """The floor of a set of buckets (:func:`bucket` of each resource)."""
+        if len(buckets) == 1:  # (a lock of one resource: every attempt)
+            return self._floors[int(buckets[0])]
         return max(self._floors[int(b)] for b in buckets)
 
     def raise_to(self, buckets: Sequence[str], counter: int) -> None:
