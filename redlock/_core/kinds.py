@@ -161,7 +161,7 @@ class Kind:
                 named.bucket, attempt, *((args.route,) if attempt and args.route else ()))
             call_keys = (named.lock, keys.counter, keys.marker, named.line, named.deadlines,
                          named.legacy_fence, keys.legacy_marker, named.line_ttls)
-            return tuple(Call(i, call_args, scripts.ACQUIRE, call_keys) for i in nodes)
+            return tuple([Call(i, call_args, scripts.ACQUIRE, call_keys) for i in nodes])
         return tuple(Call(i, (args.owner, args.ttl_ms, args.floor,
                               *(bucket(r) for r in resources)),
                           scripts.ACQUIRE_MANY,

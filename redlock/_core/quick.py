@@ -139,15 +139,15 @@ class QuickLane:
         replies = sent.outcome
         if not isinstance(replies, Replies) or replies.identities or len(replies) != self.n:
             return None
-        counters: dict[int, int] = {}
-        for node, reply in enumerate(replies):
+        counters: list[int] = []  # per node, in order
+        for reply in replies:
             if (type(reply) is not list or len(reply) != 2
                     or reply[0] != scripts.ACQUIRE_GRANTED or type(reply[1]) is not int):
                 return None
-            counters[node] = reply[1]
-        token = max(counters.values())  # the token rule (§3.1): the largest counter...
+            counters.append(reply[1])
+        token = max(counters)  # the token rule (§3.1): the largest counter...
         if (token >= TOKEN_LIMIT  # ...returned by a quorum: nothing to write back
-                or not self.rule.met(i for i, c in counters.items() if c == token)
+                or not self.rule.met([i for i, c in enumerate(counters) if c == token])
                 or validity_left(self.settings, ttl, sent.started, self.clock()) <= 0):
             return None
         self.floors.raise_to(sent.buckets, token)

@@ -156,6 +156,7 @@ class RoundTrips:
         # The measured nodes' estimates, fastest first: remade by each sample (under the
         # lock, and replaced whole), read by timeout() on every request without one.
         self._ranked: list[float] = []
+        self._estimates: list[float | None] = [None] * node_count  # SRTT + 4 RTTVAR
         self._mutex = mutex
 
     def after_fork(self, mutex: Mutex) -> None:
@@ -167,15 +168,14 @@ class RoundTrips:
             for node, seconds in measured.items():
                 srtt = self._srtt[node]
                 if srtt is None:
-                    self._srtt[node], self._rttvar[node] = seconds, seconds / 2
+                    srtt, rttvar = seconds, seconds / 2
                     self._measured += 1
                 else:
-                    self._rttvar[node] = (0.75 * self._rttvar[node]
-                                          + 0.25 * abs(srtt - seconds))
-                    self._srtt[node] = 0.875 * srtt + 0.125 * seconds
-            self._ranked = sorted([srtt + 4 * rttvar
-                                   for srtt, rttvar in zip(self._srtt, self._rttvar, strict=True)
-                                   if srtt is not None])
+                    rttvar = 0.75 * self._rttvar[node] + 0.25 * abs(srtt - seconds)
+                    srtt = 0.875 * srtt + 0.125 * seconds
+                self._srtt[node], self._rttvar[node] = srtt, rttvar
+                self._estimates[node] = srtt + 4 * rttvar
+            self._ranked = sorted([e for e in self._estimates if e is not None])
 
     def measured(self) -> int:
         """How many nodes have a round trip measured."""
