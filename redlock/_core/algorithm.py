@@ -277,9 +277,8 @@ class RedlockCore(Holding, QuickLane):
     def line(self, resources: Sequence[str], kind: Kind = MUTEX) -> str:
         """The local line of an acquisition: a resource's release channel (a set has one
         of its own). Attempts in one line from one manager take turns."""
-        if len(resources) == 1 and kind is MUTEX:  # (every lock's acquire and release)
-            return kind.names(self.keys, resources[0]).channel
-        return kind.channel(self.keys, "\x00".join(resources))
+        return kind.channel(self.keys, resources[0] if len(resources) == 1
+                            else "\x00".join(resources))
 
     def _acquire_calls(self, resources: tuple[str, ...], buckets: tuple[str, ...], owner: str,
                        ttl: float, ticket: str, kind: Kind, attempt: int,

@@ -12,7 +12,6 @@ and timeouts.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, cast
 
@@ -95,7 +94,6 @@ class Holding:
                          or len(resources) > 1 else self._answered(self.quorum))
 
     @staticmethod
-    @functools.cache  # (a pure function of ``needed``, asked by every release)
     def _answered(needed: int) -> Decision:
         """:meth:`_settled` of one key's release on every node: ``needed`` answered."""
         def answered(replies: Sequence[object], _identities: Mapping[int, object]) -> bool:

@@ -184,8 +184,7 @@ class RoundTrips:
     def estimate(self, node: int) -> float | None:
         """The node's retransmission-timeout estimate, SRTT + 4 RTTVAR (None: unknown)."""
         with self._mutex:
-            srtt = self._srtt[node]
-            return None if srtt is None else srtt + 4 * self._rttvar[node]
+            return self._estimates[node]
 
     def timeout(self, quorum: int, ceiling: float) -> float:
         """Time enough for a quorum to answer: twice the estimate of the quorum-th
