@@ -27,6 +27,10 @@ from redlock._scripts.shared import STALE_EPOCH as STALE_EPOCH
 from redlock._scripts.shared import TOKEN_FUNCTIONS as TOKEN_FUNCTIONS
 from redlock._scripts.shared import guarded as guarded
 
+# The operator tools' scripts (INSPECT, FORCE_RELEASE) are in redlock/_scripts/tools.py.
+from redlock._scripts.tools import FORCE_RELEASE as FORCE_RELEASE
+from redlock._scripts.tools import INSPECT as INSPECT
+
 # Reply codes of ACQUIRE (first element of the reply array).
 ACQUIRE_REFUSED = 0  # another owner holds the key; second element: its PTTL in ms
 ACQUIRE_GRANTED = 1  # we set the key; second element: the new fence counter
@@ -60,14 +64,30 @@ ACQUIRE = guarded(
 --         {0, pttl}      held by another owner, pttl ms left (a ticket joins the line)
 --         {3, ahead}     free, but `ahead` waiters are before us in line (a ticket joins it)
 --         {-1, 0}        no node marker: amnesiac node, refuses until repaired
+-- The usual case first, before the shared functions are defined (a script defines them
+-- anew on every call): this format's marker, and neither the previous format's marker,
+-- the resource's old counter nor a line. One EXISTS tells: it counts a key once per
+-- mention, so the marker, named four times, makes 4, and the other three cannot.
+local usual = redis.call('EXISTS', KEYS[3], KEYS[3], KEYS[3], KEYS[3],
+                         KEYS[7], KEYS[6], KEYS[4]) == 4
+if usual and redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+    -- Free, and granted: the token as settle(..., 1, 2) makes it without an old counter.
+    local raised = redis.call('HINCRBY', KEYS[2], ARGV[6], 1)
+    local token = math.max(raised, tonumber(ARGV[3]) + 1)
+    if token > raised then
+        redis.call('HINCRBY', KEYS[2], ARGV[6], token - raised)
+    end
+    return {1, token}
+end
 """ + LINE_FUNCTIONS + TOKEN_FUNCTIONS + """
-local format = node_format(KEYS[3], KEYS[7])
+local format = usual and 2 or node_format(KEYS[3], KEYS[7])
 if format == 0 then
     return {-1, 0}
 end
-local queued = redis.call('EXISTS', KEYS[4]) == 1
--- Free, and nobody in line (the usual case): one command checks and sets the key.
-if not queued and redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+local queued = not usual and redis.call('EXISTS', KEYS[4]) == 1
+-- Free, and nobody in line: one command checks and sets the key (the usual case tried
+-- it above).
+if not usual and not queued and redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
     return {1, settle(KEYS[2], ARGV[6], KEYS[6], tonumber(ARGV[3]), 1, format)}
 end
 local holder = redis.call('GET', KEYS[1])
@@ -268,11 +288,21 @@ RELEASE = Script(
 -- KEYS[2]); else publishes the waiter id of the first in line ('' when nobody is in
 -- line): only that waiter wakes (§6.4). With '1', a reservation for us (§6.7) is our
 -- key; with '0' it is left alone.
-""" + LINE_FUNCTIONS + TOKEN_FUNCTIONS + """
-local ttls = KEYS[5]
 local holder = redis.call('GET', KEYS[1])
 local queued = redis.call('EXISTS', KEYS[3]) == 1
 local ticket = ARGV[5] or ''
+-- The usual case first, before the shared functions are defined (a script defines them
+-- anew on every call): our key, nobody in line, no place to put back. What the rest of
+-- the script does then: delete, and (but for a give-back) publish that nobody is first.
+if holder == ARGV[1] and not queued and ticket == '' then
+    redis.call('DEL', KEYS[1])
+    if ARGV[2] ~= '0' then
+        redis.pcall('PUBLISH', KEYS[2], '')
+    end
+    return 1
+end
+""" + LINE_FUNCTIONS + TOKEN_FUNCTIONS + """
+local ttls = KEYS[5]
 -- Our waiter id, where a line or a reservation needs it (most releases: neither, and
 -- SHA1 is the costliest step of this script without them).
 local me = nil
@@ -362,59 +392,6 @@ if holder == ARGV[1] then
 end
 if holder and holder == 'handoff:' .. redis.sha1hex(ARGV[1]) then
     redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-    return 1
-end
-return 0
-""",
-)
-
-# -- operator tools (redlock/_core/inspect.py) ---------------------------------------------
-
-INSPECT = Script(
-    "inspect",
-    """
--- KEYS[1] lock key, KEYS[2] node fence counters, KEYS[3] node marker key,
--- KEYS[4] repair claim key, KEYS[5] amnesia episode key,
--- KEYS[6] the resource's counter and KEYS[7] the marker of the previous format
--- ARGV[1] the resource's bucket
--- returns {pttl, fence, marker, repairing, holder, episode, now}; writes nothing
---   pttl       PTTL of the lock key: -2 free, -1 a key without expiry, else ms left
---   fence      the highest token this node can have given the resource: its bucket's
---              counter, or its own counter of the previous format if that is higher
---   marker     the node's format: 2 its marker, 1 the previous format's, 0 none
---   repairing  1 when a repair has claimed the node, else 0
---   holder     the first 12 hex digits of SHA1(owner value), '' when free: tells holders
---              apart without revealing the owner value (which would let anyone release)
---   episode    the amnesia episode ('<since ms> <run id> <why>'), '' when none
---   now        this node's clock in ms (the episode's age is measured on it)
-""" + TOKEN_FUNCTIONS + """
-local owner = redis.call('GET', KEYS[1])
-local holder = ''
-if owner and string.sub(owner, 1, 8) == 'handoff:' then
-    -- a reservation (docs/design.md §6.7): its waiter id is SHA1(owner value)
-    holder = string.sub(owner, 9, 20)
-elseif owner then
-    holder = string.sub(redis.sha1hex(owner), 1, 12)
-end
-local t = redis.call('TIME')
-return {redis.call('PTTL', KEYS[1]), highest(KEYS[2], ARGV[1], KEYS[6], 0),
-        node_format(KEYS[3], KEYS[7]), redis.call('EXISTS', KEYS[4]), holder,
-        redis.call('GET', KEYS[5]) or '',
-        tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)}
-""",
-)
-
-FORCE_RELEASE = Script(
-    "force_release",
-    """
--- KEYS[1] lock key, KEYS[2] release notification channel, KEYS[3] waiting line,
--- KEYS[4] line deadlines
--- returns 1 when a key was deleted, 0 when there was none
--- Deletes whoever's key it is (an operator's tool); the fence counter stays, so the next
--- holder's token is still larger than the evicted holder's. Wakes the first in line.
-""" + LINE_FUNCTIONS + """
-if redis.call('DEL', KEYS[1]) == 1 then
-    wake_first(KEYS[3], KEYS[4], KEYS[2], now_ms())
     return 1
 end
 return 0
