@@ -40,7 +40,7 @@ ACQUIRE_NOT_YOUR_TURN = 3  # free, but others are first in line; second element:
 
 ACQUIRE = guarded(
     "acquire",
-    """
+    usual="""
 -- KEYS[1] lock key, KEYS[2] node fence counters (hash), KEYS[3] node marker key,
 -- KEYS[4] waiting line (zset: waiter id by ticket), KEYS[5] line deadlines (zset: by ms),
 -- KEYS[6] the resource's counter and KEYS[7] the marker of the previous format
@@ -65,9 +65,10 @@ ACQUIRE = guarded(
 --         {3, ahead}     free, but `ahead` waiters are before us in line (a ticket joins it)
 --         {-1, 0}        no node marker: amnesiac node, refuses until repaired
 -- The usual case first, before the shared functions are defined (a script defines them
--- anew on every call): this format's marker, and neither the previous format's marker,
--- the resource's old counter nor a line. One EXISTS tells: it counts a key once per
--- mention, so the marker, named four times, makes 4, and the other three cannot.
+-- anew on every call) and KEYS and ARGV are copied without the epoch's two: this
+-- format's marker, and neither the previous format's marker, the resource's old counter
+-- nor a line. One EXISTS tells: it counts a key once per mention, so the marker, named
+-- four times, makes 4, and the other three cannot.
 local usual = redis.call('EXISTS', KEYS[3], KEYS[3], KEYS[3], KEYS[3],
                          KEYS[7], KEYS[6], KEYS[4]) == 4
 if usual and redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
@@ -79,7 +80,8 @@ if usual and redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
     end
     return {1, token}
 end
-""" + LINE_FUNCTIONS + TOKEN_FUNCTIONS + """
+""",
+    source=LINE_FUNCTIONS + TOKEN_FUNCTIONS + """
 local format = usual and 2 or node_format(KEYS[3], KEYS[7])
 if format == 0 then
     return {-1, 0}
