@@ -55,6 +55,26 @@ def _release_command(resource: str, owner: str) -> tuple[Any, ...]:
             _KEYS.line(resource), _KEYS.line_deadlines(resource), owner, "1")
 
 
+def client_commands(resource: str, owner: str,
+                    ttl_s: float) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """The ACQUIRE and RELEASE commands exactly as our client sends them to a node of a
+    cluster that never changed its nodes (epoch 0): a blocking acquire's first attempt
+    (a ticket, attempt 1, the manager's route) and the holder's release, with every key
+    and argument (benchmarks/script_cost.py)."""
+    from redlock._core.kinds import MUTEX, AcquireArgs, with_epoch
+
+    args = AcquireArgs(owner, int(ttl_s * 1000), 0, "1", 1000, 1, "0badf00d")
+    [acquire] = with_epoch(MUTEX.acquire_calls(_KEYS, range(1), (resource,), args), _KEYS, 0)
+    release = MUTEX.release_call(_KEYS, 0, resource, (owner, "1"))
+    return (("EVALSHA", scripts.ACQUIRE.sha, len(acquire.keys), *acquire.keys, *acquire.args),
+            ("EVALSHA", scripts.RELEASE.sha, len(release.keys), *release.keys, *release.args))
+
+
+def script_sources() -> tuple[str, str]:
+    """Our ACQUIRE and RELEASE scripts' source (to load them on a node)."""
+    return scripts.ACQUIRE.source, scripts.RELEASE.source
+
+
 def initialise(urls: list[str]) -> None:
     """Give the nodes their marker the library's way (the ACQUIRE script refuses on a
     node without one; a marker written by hand is not stamped with the server's run id,
