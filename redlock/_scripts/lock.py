@@ -380,9 +380,11 @@ return released
 """,
 )
 
-EXTEND = guarded(
+# Behind EPOCH_CHECK without its copies of KEYS and ARGV (guarded() makes them): it
+# reads only indexes below the membership key and the epoch, on every renewal.
+EXTEND = Script(
     "extend",
-    """
+    EPOCH_CHECK + """
 -- KEYS[1] lock key
 -- ARGV[1] owner value, ARGV[2] new ttl in ms
 -- returns 1 when our key was still there and its TTL was reset, else 0 (a reservation
