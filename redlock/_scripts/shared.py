@@ -13,8 +13,8 @@ from redlock._scripts.script import Script
 # node whose record's epoch is above the client's, or that a change retired, refuses
 # with the record and changes nothing; the rest of the script sees KEYS and ARGV without
 # them (local copies shadow the globals), so its own indexes are unchanged. A script's
-# usual case may come between the two (``guarded(usual=...)``): the copies cost a
-# fifth of a microsecond there.
+# usual case may come between the two (``guarded(usual=...)``): the call that goes no
+# further makes no copies.
 
 STALE_EPOCH = -3  # {-3, epoch, members, joining, retired}: the client must adopt it
 
