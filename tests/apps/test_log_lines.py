@@ -131,11 +131,18 @@ def test_acl_user_without_info_is_told_which_node_and_why() -> None:
 def test_node_outage_under_load_is_aggregated() -> None:
     """One node of five (durable: AOF, fsync always) is killed for 6 s while 32 threads
     lock and release as fast as they can, then restarted with its data. Every warning
-    must name that node; at most a handful of lines (5) may be printed for the outage,
-    not one per release; one of them must carry a count of what was aggregated; and the
-    application must have kept working through it (hundreds of locks meanwhile)."""
+    must name a node and explain itself; at most a handful of lines (5) may be printed
+    for the outage, not one per release, and as many at most for any other node; one of
+    the outage's must carry a count of what was aggregated; and the application must
+    have kept working through it (hundreds of locks meanwhile).
+
+    A live node may be named too: on a loaded machine (CI; every node fsyncs every
+    write) a live node's reply to a release can come after the release's timeout, and
+    the release that missed it is rightly told, in a line of its own (a clean-clone CI
+    run printed one such line about each of two live nodes, before the outage's)."""
     with RedisNodes(5, appendonly=True) as nodes:
-        dead = f"{nodes[2].host}:{nodes[2].port}"
+        addresses = [f"{node.host}:{node.port}" for node in nodes]
+        dead = addresses[2]
         with AppProcess([PYTHON, APP, "outage", *nodes.urls], stdin=True) as app:
             app.expect("ready", 30.0)
             nodes[2].kill()
@@ -163,16 +170,18 @@ def test_node_outage_under_load_is_aggregated() -> None:
     if len(about_node) > LINES_PER_OUTAGE:
         problems.append(f"{len(about_node)} lines name {dead} for one outage of {OUTAGE:.0f} s "
                         f"(at most {LINES_PER_OUTAGE})")
-    if len(lines) > LINES_PER_OUTAGE:
-        events = sorted({m.group(0) for line in lines for m in EVENT.finditer(line.message)})
-        problems.append(f"{len(lines)} warning lines printed in all ({events}) for one "
-                        f"outage of one node while {during} locks were taken: repeated "
-                        "events must be aggregated")
+    for address in addresses:
+        about = [line for line in lines if address in line.message]
+        if address != dead and len(about) > LINES_PER_OUTAGE:
+            events = sorted({m.group(0) for line in about for m in EVENT.finditer(line.message)})
+            problems.append(f"{len(about)} warning lines name {address} ({events}), a node "
+                            f"that stayed up, while {during} locks were taken: repeated "
+                            "events must be aggregated")
     counted = [line for line in about_node
                if any(int(n) >= 2 for n in re.findall(r"\d+", line.message.replace(dead, " ")))]
     if about_node and not counted:
         problems.append("no line about the outage says how many events it stands for")
-    problems += unreadable(lines, [dead])[:3]
+    problems += unreadable(lines, addresses)[:3]
     assert not problems, (f"{len(lines)} warning lines; {during} locks during the outage; "
                           f"errors {done['errors']} {done['examples']}\n" + "\n".join(problems)
                           + "\nstderr (head):\n" + stderr[:1500])
