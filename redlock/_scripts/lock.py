@@ -67,10 +67,13 @@ ACQUIRE = guarded(
 -- The usual case first, before the shared functions are defined (a script defines them
 -- anew on every call) and KEYS and ARGV are copied without the epoch's two: this
 -- format's marker, and neither the previous format's marker, the resource's old counter
--- nor a line. One EXISTS tells: it counts a key once per mention, so the marker, named
--- four times, makes 4, and the other three cannot.
-local usual = redis.call('EXISTS', KEYS[3], KEYS[3], KEYS[3], KEYS[3],
-                         KEYS[7], KEYS[6], KEYS[4]) == 4
+-- nor a line. One EXISTS tells, and whether there is a line: it counts a key once per
+-- mention, so the line, named eight times, makes 8 or more, the marker, named four
+-- times, adds 4, and the other two add at most 2.
+local marker, line = KEYS[3], KEYS[4]
+local present = redis.call('EXISTS', marker, marker, marker, marker, KEYS[7], KEYS[6],
+                           line, line, line, line, line, line, line, line)
+local usual = present == 4
 if usual and redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
     -- Free, and granted: the token as settle(..., 1, 2) makes it without an old counter.
     local raised = redis.call('HINCRBY', KEYS[2], ARGV[6], 1)
@@ -86,7 +89,7 @@ local format = usual and 2 or node_format(KEYS[3], KEYS[7])
 if format == 0 then
     return {-1, 0}
 end
-local queued = not usual and redis.call('EXISTS', KEYS[4]) == 1
+local queued = present >= 8
 -- Free, and nobody in line: one command checks and sets the key (the usual case tried
 -- it above).
 if not usual and not queued and redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
