@@ -97,8 +97,9 @@ def test_a_half_received_reply_does_not_hold_up_the_drainer() -> None:
         given_back.append(node)
         conn.disconnect()
 
+    heard: list[int] = []
     drainer = SyncDrainer(2, 5.0, give_back=give_back,
-                          discard=lambda node, conn: conn.disconnect())
+                          discard=lambda node, conn: conn.disconnect(), heard=heard.append)
     pairs = [socket.socketpair() for _ in range(2)]
     try:
         for node, (ours, _) in enumerate(pairs):
@@ -112,6 +113,7 @@ def test_a_half_received_reply_does_not_hold_up_the_drainer() -> None:
         while not given_back and time.monotonic() < until:
             time.sleep(0.005)
         assert given_back == [1]  # within the second, not after node 0's 5 s
+        assert heard == [1]  # node 1 answered (node 0 did not: half a reply is none)
     finally:
         drainer.close()
         for conn in conns:
@@ -122,7 +124,7 @@ def test_a_half_received_reply_does_not_hold_up_the_drainer() -> None:
 
 def test_the_drainer_waits_instead_of_spinning_when_nothing_is_live() -> None:
     drainer = SyncDrainer(1, 5.0, give_back=lambda node, conn: None,
-                          discard=lambda node, conn: conn.disconnect())
+                          discard=lambda node, conn: conn.disconnect(), heard=lambda node: None)
     ours, theirs = socket.socketpair()
     looks = 0
     entries = drainer._late.entries

@@ -197,13 +197,15 @@ async def test_one_timer_wakes_each_request_at_its_own_deadline() -> None:
 
     from redlock._core.requests import Replies
     from redlock._io.async_exchange import Deadlines, Gathering
+    from redlock._io.wire import Silence
 
     loop = asyncio.get_running_loop()
     deadlines = Deadlines(loop)
     start = time.monotonic()
 
     def gathering(after: float) -> Gathering:
-        made = Gathering(loop, Replies([]), None, start, start + after, deadlines)
+        made = Gathering(loop, Replies([]), None, start, start + after, deadlines, {},
+                         Silence(0))
         made.arm()
         return made
 
@@ -217,3 +219,45 @@ async def test_one_timer_wakes_each_request_at_its_own_deadline() -> None:
     assert woken["late"] >= 0.30, woken
     assert not ended.wake.done()
     assert not deadlines.waiting
+
+
+# ---------------------------------------------------------------------------
+# The stragglers' grace and silent nodes (redlock._io.wire.Silence, docs/design.md §2.4)
+# ---------------------------------------------------------------------------
+
+
+def test_a_decided_request_waits_the_grace_for_a_node_that_may_still_answer() -> None:
+    from redlock._io.wire import SILENT_AFTER_GRACES, STRAGGLER_GRACE_MIN, Silence
+
+    silence = Silence(3)
+    now = 100.0
+    # Never written to, or answered since: as long again as the decision took, >= the min.
+    assert silence.until(now - 0.0001, now, now, [0]) == now + STRAGGLER_GRACE_MIN
+    assert silence.until(now - 0.5, now, now, [0, 1]) == now + 0.5
+    # Owing a reply for less than SILENT_AFTER_GRACES graces: still waited for.
+    silence.owed(0, now - (SILENT_AFTER_GRACES - 1) * STRAGGLER_GRACE_MIN)
+    assert silence.until(now - 0.0001, now, now, [0]) == now + STRAGGLER_GRACE_MIN
+    # A later request does not move "since when": it owes the older reply still.
+    silence.owed(0, now)
+    assert silence.since[0] == now - (SILENT_AFTER_GRACES - 1) * STRAGGLER_GRACE_MIN
+
+
+def test_a_silent_straggler_is_not_waited_for_until_it_answers_again() -> None:
+    from redlock._io.wire import SILENT_AFTER_GRACES, STRAGGLER_GRACE_MIN, Silence
+
+    silence = Silence(3)
+    now = 100.0
+    silent_since = now - (SILENT_AFTER_GRACES + 1) * STRAGGLER_GRACE_MIN
+    silence.owed(0, silent_since)
+    silence.owed(1, silent_since)
+    assert silence.until(now - 0.0001, now, now, [0]) == now  # nothing to wait for
+    assert silence.until(now - 0.0001, now, now, [0, 1]) == now
+    # One straggler that may still answer: the grace, for it (and so for all).
+    assert silence.until(now - 0.0001, now, now, [0, 2]) == now + STRAGGLER_GRACE_MIN
+    # Asked again later in the same request: the deadline stays the decision's.
+    assert silence.until(now - 0.0001, now, now + 0.0005, [0, 2]) == now + STRAGGLER_GRACE_MIN
+    # A slow decision makes a long grace, and a node is silent only for 10 of them.
+    assert silence.until(now - 0.05, now, now, [0]) == now + 0.05
+    # Any reply clears it: waited for again.
+    silence.heard(0)
+    assert silence.until(now - 0.0001, now, now, [0]) == now + STRAGGLER_GRACE_MIN

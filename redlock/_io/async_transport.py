@@ -41,6 +41,7 @@ from redlock._io.wire import (
     Late,
     LateConnections,
     Packing,
+    Silence,
     acquire_keys,
     fill_pending,
     render,
@@ -92,6 +93,7 @@ class AsyncTransport:
         self.items = items  # the nodes as given (a forked child builds its own pools)
         self.connect_timeout = connect_timeout
         self._late: LateConnections[Any] = LateConnections(len(self.pools))
+        self._silence = Silence(len(self.pools))  # the nodes that stopped answering
         self._running: set[asyncio.Task[None]] = set()
         self._slots = [Slots() for _ in self.pools]
         # Connected connections taken from the pools and kept here between requests: a
@@ -124,7 +126,7 @@ class AsyncTransport:
         if deadlines is None or deadlines.loop is not loop:
             deadlines = self._deadlines = Deadlines(loop)
         gathering = Gathering(loop, replies, request.enough, started,
-                              started + request.timeout, deadlines)
+                              started + request.timeout, deadlines, exchanges, self._silence)
         gathering.learn = request.learn
         gathering.left = len(exchanges)
         packing = Packing()
@@ -225,6 +227,8 @@ class AsyncTransport:
                 f"no reply within connect_timeout {self.connect_timeout:g} s"))
 
     def _late_done(self, exchange: Exchange) -> None:
+        if exchange.next:  # it answered (did not only fail)
+            self._silence.heard(exchange.node)
         late = exchange.late
         if late is not None:
             late.closed = True  # nothing more may be written behind now
@@ -250,6 +254,7 @@ class AsyncTransport:
             self._discard_soon(wire)
             return
         exchange.sent_at = time.monotonic()
+        self._silence.owed(exchange.node, exchange.sent_at)
         if exchange.over:  # sent after its request ended (a late release): its budget
             self._late_exchange(exchange)
 
@@ -304,12 +309,11 @@ class AsyncTransport:
                     slots.free += 1
                     slots.wake_one()
             future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            slots.waiting.append((exchange, future))
+            slots.add(exchange, future)
             try:
                 await future
             finally:
-                if (exchange, future) in slots.waiting:
-                    slots.waiting.remove((exchange, future))
+                slots.remove(future)
 
     def _wrap(self, node: int, conn: Any) -> Wire:
         wire = Wire(conn, node)

@@ -36,10 +36,11 @@ class SyncDrainer:
     """Late connections of one transport, and the thread that drains them."""
 
     def __init__(self, node_count: int, connect_timeout: float, *, give_back: ConnHandler,
-                 discard: ConnHandler) -> None:
+                 discard: ConnHandler, heard: Callable[[int], None]) -> None:
         self._connect_timeout = connect_timeout  # how long owed replies are waited for
         self._give_back = give_back  # to the pool (after sending any queued releases)
         self._discard = discard  # closed
+        self._heard = heard  # a node answered (redlock._io.wire.Silence)
         self._late: LateConnections[Any] = LateConnections(node_count)
         # Per node, final releases whose request ended before any connection was free:
         # sent on the next connection to that node that is given back (bounded).
@@ -162,6 +163,7 @@ class SyncDrainer:
                     if receive(late.conn) is NOTHING:  # (an error reply counts: read)
                         break
                     late.outstanding -= 1
+                    self._heard(late.node)
             except Exception:
                 late.outstanding = -1  # broken: close it
             finally:

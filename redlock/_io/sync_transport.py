@@ -46,8 +46,8 @@ from redlock._io.wire import (
     NOT_AWAITED,
     PENDING,
     SENT_LATE,
-    STRAGGLER_GRACE_MIN,
     Packing,
+    Silence,
     fill_pending,
     late_sendable,
     render,
@@ -85,8 +85,9 @@ class SyncTransport:
         self.items = items  # the nodes as given (a forked child builds its own pools)
         self.connect_timeout = connect_timeout
         # Replies owed on connections nobody waits on any more; queued final releases.
-        self._drainer = SyncDrainer(len(self.pools), connect_timeout,
-                                    give_back=self._give_back, discard=self._discard)
+        self._silence = Silence(len(self.pools))  # the nodes that stopped answering
+        self._drainer = SyncDrainer(len(self.pools), connect_timeout, give_back=self._give_back,
+                                    discard=self._discard, heard=self._silence.heard)
         self._connects = [0] * len(self.pools)  # opening now, per node
         self._opening: set[threading.Thread] = set()  # their threads (close() joins them)
         # Lanes (redlock._core.requests.Broadcast.lane): per lane and node, its connections,
@@ -165,7 +166,7 @@ class SyncTransport:
     def _gather(self, request: Broadcast, replies: Replies, sent: list[Group],
                 connecting: list[tuple[Group, Connect | None]], deadline: float,
                 packing: Packing) -> None:
-        started, decided, learning = time.monotonic(), False, bool(request.learn)
+        started, decided, learning = time.monotonic(), 0.0, bool(request.learn)
         asked_at = 0  # how many replies were in (or failed) when the decision was asked
         while True:
             if learning:  # a first request: its timeout from its own replies
@@ -194,11 +195,13 @@ class SyncTransport:
             if (not waiting and not connecting) or self._closed:
                 return  # (closed: close() waits for this request; what is unread is lost)
             answered = len(replies) - replies.count(PENDING)  # (read, or failed)
-            if not decided and answered != asked_at and request.enough is not None:
-                asked_at, decided = answered, request.enough(replies, replies.identities)
-                if decided:  # the stragglers get as long again as the decision took (all
-                    now = time.monotonic()  # of a healthy cluster's replies come together)
-                    deadline = min(deadline, now + max(now - started, STRAGGLER_GRACE_MIN))
+            if answered != asked_at and request.enough is not None:
+                asked_at = answered  # decided: the stragglers get a grace (Silence.until)
+                if decided or request.enough(replies, replies.identities):
+                    now = time.monotonic()
+                    decided = decided or now
+                    deadline = min(deadline, self._silence.until(started, decided, now, [
+                        g.node for g in waiting] + [g.node for g, _ in connecting]))
             left = deadline - time.monotonic()
             if left <= 0:
                 # A reply already in a socket came in time, even if this thread (many
@@ -261,6 +264,7 @@ class SyncTransport:
                 data = resp.pack_one(self.identify) + data
             send(conn, data)
             group.sent_at = time.monotonic()
+            self._silence.owed(group.node, group.sent_at)
             sent.append(group)
         except Exception as exc:
             fill_pending(group.indexes, replies, exc)
@@ -290,6 +294,7 @@ class SyncTransport:
                     return
                 if not group.sampled:
                     group.sampled = True
+                    self._silence.heard(group.node)
                     replies.round_trips[group.node] = time.monotonic() - group.sent_at
                 if isinstance(reply, NoScriptError):  # SCRIPT FLUSH since: send the body
                     group.unknown.append(index)

@@ -19,15 +19,15 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, Generic, TypeVar
 
 from redlock._core.requests import NOT_AWAITED, PENDING, SENT_LATE, Call, NotAwaited
 from redlock._io import resp
 from redlock._scripts import lock as scripts
 
-__all__ = ["NOT_AWAITED", "PENDING", "SENT_LATE", "STRAGGLER_GRACE_MIN", "Late", "LateConnections",
-           "NotAwaited", "Packing", "fill_pending", "late_sendable", "render"]
+__all__ = ["NOT_AWAITED", "PENDING", "SENT_LATE", "Late", "LateConnections", "NotAwaited",
+           "Packing", "Silence", "fill_pending", "late_sendable", "render"]
 
 Conn = TypeVar("Conn")
 
@@ -39,6 +39,9 @@ LATE_PER_NODE = 16
 # last node's reply is typically a few tens of microseconds behind. Reading it costs
 # nothing and keeps the connection out of the late pool (and its vote counts).
 STRAGGLER_GRACE_MIN = 0.001
+# ... unless every straggler is silent: it owed replies and answered nothing, on any
+# connection, for this many graces (Silence).
+SILENT_AFTER_GRACES = 10
 # An idle connection given back more recently than this is reused without a look for
 # bytes nobody asked for (a server that closed it, or wrote unasked): its replies were
 # read to the end a moment ago (an acquire's, reused by its release), and the look would
@@ -70,6 +73,47 @@ class Packing:
         self._key = (call.script, call.keys, call.args, evalsha)
         return self._bytes
 
+
+
+class Silence:
+    """Per node, since when it has owed a reply without answering anything: the time a
+    request was written to it, cleared by any reply it sends (in a request, or read in
+    the background). A decided request waits the stragglers' grace only for a node that
+    may still answer in it: a node silent for many graces (blackholed, hung, stalled)
+    would not, and waiting cost every request the whole grace (1 of 5 nodes blackholed:
+    each acquire+release 4.5x the healthy one). The grace changes no decision (the quorum
+    decided without the straggler), so this rule cannot either; it only sends the
+    straggler's connection to the late pool sooner, where a hung node's goes anyway. A
+    healthy node answers within its round, so it is never silent for long; a slow one is
+    silent only while it answers nothing at all. Races between threads only make a node
+    seem silent for less long (a store of one float per node)."""
+
+    __slots__ = ("since",)
+
+    def __init__(self, node_count: int) -> None:
+        self.since = [0.0] * node_count  # 0.0: it answered since it was last written to
+
+    def owed(self, node: int, at: float) -> None:
+        """A request was written to ``node`` at ``at``."""
+        if not self.since[node]:
+            self.since[node] = at
+
+    def heard(self, node: int) -> None:
+        self.since[node] = 0.0
+
+    def until(self, started: float, decided: float, now: float,
+              stragglers: Iterable[int]) -> float:
+        """Until when a request started at ``started`` and decided at ``decided`` waits
+        for ``stragglers`` (the nodes it has not read yet), asked at ``now``: as long
+        again as the decision took, at least STRAGGLER_GRACE_MIN; not at all (``now``)
+        once every straggler is silent."""
+        grace = max(decided - started, STRAGGLER_GRACE_MIN)
+        cutoff = now - SILENT_AFTER_GRACES * grace
+        for node in stragglers:
+            since = self.since[node]
+            if not since or since > cutoff:
+                return decided + grace
+        return now
 
 
 def fill_pending(indexes: Sequence[int], replies: list[object], exc: BaseException) -> None:

@@ -1,0 +1,59 @@
+"""A silent minority is not waited for (docs/design.md §2.4, redlock._io.wire.Silence),
+on both clients, through a real Toxiproxy server in front of five real nodes.
+
+Once the replies decided a request, the stragglers get a grace (as long again as the
+decision took, at least STRAGGLER_GRACE_MIN); a node that owed replies and answered
+nothing for SILENT_AFTER_GRACES graces is not waited for, and is waited for again once
+it answers. The grace is stretched to 0.2 s here so that whether a request waited it is
+plain from its duration, with bounds far apart: at least 0.2 s against far below it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from redlock._io import wire
+from redlock.testing import Proxies
+from tests.clients import Actor, Flavour, Stopwatch
+
+pytestmark = [pytest.mark.faults, pytest.mark.timeout(120)]
+
+GRACE = 0.2
+
+
+async def cycle(me: Actor, dlm: object) -> float:
+    """Seconds one acquire+release took (each request waits for the stragglers' grace
+    or not)."""
+    took = Stopwatch()
+    lock = me.on(dlm.lock("silent", ttl=10.0))  # type: ignore[attr-defined]
+    assert await lock.acquire(blocking=False)
+    await lock.release()
+    return took()
+
+
+async def test_a_blackholed_node_stops_costing_each_request_the_grace(
+        flavour: Flavour, me: Actor, proxied5: Proxies,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(wire, "STRAGGLER_GRACE_MIN", GRACE)
+    dlm = flavour.manager(proxied5.urls, node_timeout=2.0, connect_timeout=5.0)
+    await cycle(me, dlm)  # connected, and the nodes inspected, before the fault
+
+    proxied5[0].blackhole()
+    # Node 0 owes its replies from now on, but only for a moment: the rest decide each
+    # request, the fourth answers at once, and node 0 gets the whole grace each time.
+    assert await cycle(me, dlm) >= 2 * GRACE
+
+    # Silent for more than SILENT_AFTER_GRACES graces: no longer waited for.
+    await asyncio.sleep((wire.SILENT_AFTER_GRACES + 1) * GRACE)
+    took = [await cycle(me, dlm) for _ in range(5)]
+    assert sum(took) < GRACE, took
+
+    # It comes back, slow: its first reply is late (nobody waited), read in the
+    # background, and then it is a node that answers: waited for again.
+    proxied5.heal()
+    proxied5[0].latency(0.05)
+    await cycle(me, dlm)
+    await asyncio.sleep(0.5)  # (its late reply is read by now)
+    assert await cycle(me, dlm) >= 2 * 0.05
