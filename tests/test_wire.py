@@ -261,3 +261,22 @@ def test_a_silent_straggler_is_not_waited_for_until_it_answers_again() -> None:
     # Any reply clears it: waited for again.
     silence.heard(0)
     assert silence.until(now - 0.0001, now, now, [0]) == now + STRAGGLER_GRACE_MIN
+
+
+def test_a_node_that_fails_fast_is_not_silent_one_that_times_out_is() -> None:
+    import asyncio
+
+    import redis.exceptions
+
+    from redlock._io.wire import SILENT_AFTER_GRACES, STRAGGLER_GRACE_MIN, Silence
+
+    now = 100.0
+    long_ago = now - (SILENT_AFTER_GRACES + 1) * STRAGGLER_GRACE_MIN
+    for exc, silent in ((redis.exceptions.TimeoutError("Timeout reading from socket"), True),
+                        (asyncio.TimeoutError(), True), (TimeoutError(), True),
+                        (redis.exceptions.ConnectionError("Error 111 connecting"), False),
+                        (ConnectionResetError(), False), (redis.exceptions.ResponseError(), False)):
+        silence = Silence(1)
+        silence.owed(0, long_ago)
+        silence.failed(0, exc)
+        assert (silence.until(now - 0.0001, now, now, [0]) == now) is silent, exc

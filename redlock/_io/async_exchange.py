@@ -20,6 +20,7 @@ from redlock._io.wire import (
     PENDING,
     Silence,
     acquire_keys,
+    answered,
     late_sendable,
     render,
 )
@@ -39,9 +40,9 @@ class Exchange:
     it in order by the connection (:class:`redlock._io.async_wire.Wire`) as they are
     parsed (``take``), and it tells ``on_done`` once each call has its result."""
 
-    __slots__ = ("calls", "done", "indexes", "lane", "late", "next", "node", "on_done",
-                 "over", "probed", "replies", "results", "sent_at", "started", "unknown",
-                 "wire")
+    __slots__ = ("answered", "calls", "done", "indexes", "lane", "late", "next", "node",
+                 "on_done", "over", "probed", "replies", "results", "sent_at", "started",
+                 "unknown", "wire")
 
     def __init__(self, node: int, replies: Replies, lane: str | None = None) -> None:
         self.node = node
@@ -61,6 +62,7 @@ class Exchange:
         self.next = 0  # the position of the next reply
         self.unknown: list[int] = []  # answered NOSCRIPT: sent again with the body
         self.done = False
+        self.answered = False  # the node replied, or failed it other than by a timeout
         self.late: Any = None  # its Late entry (a release goes behind its acquires)
         self.on_done: Callable[[Exchange], None] | None = None
 
@@ -71,6 +73,7 @@ class Exchange:
         if not wire.alive and isinstance(reply, BaseException):
             self.fail(reply)
             return
+        self.answered = True
         if self.probed:  # IDENTIFY's reply: among the request's at once (early decision)
             self.probed = False
             wire.identified = True
@@ -106,6 +109,7 @@ class Exchange:
 
     def fail(self, exc: BaseException) -> None:
         """Every call still without a result gets ``exc``; the exchange is done."""
+        self.answered = self.answered or answered(exc)
         self.results = [exc if r is PENDING else r for r in self.results]
         self.finish()
 
@@ -288,7 +292,7 @@ class Gathering:
 
     def finished(self, exchange: Exchange) -> None:
         self.left -= 1
-        if exchange.next:  # (not only failed)
+        if exchange.answered:
             self.silence.heard(exchange.node)
         if self.replies is None:  # the request is over: it copied what it could use
             return

@@ -227,7 +227,7 @@ class AsyncTransport:
                 f"no reply within connect_timeout {self.connect_timeout:g} s"))
 
     def _late_done(self, exchange: Exchange) -> None:
-        if exchange.next:  # it answered (did not only fail)
+        if exchange.answered:
             self._silence.heard(exchange.node)
         late = exchange.late
         if late is not None:

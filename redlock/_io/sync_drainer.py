@@ -21,7 +21,7 @@ from redlock._core.requests import Broadcast, Call
 from redlock._io import resp
 from redlock._io.sync_exchange import NOTHING, receive
 from redlock._io.sync_exchange import send as send_bytes
-from redlock._io.wire import Late, LateConnections, late_sendable, render
+from redlock._io.wire import Late, LateConnections, Silence, late_sendable, render
 from redlock._scripts import lock as scripts
 
 # Final releases queued per node for its next free connection, at most.
@@ -36,11 +36,12 @@ class SyncDrainer:
     """Late connections of one transport, and the thread that drains them."""
 
     def __init__(self, node_count: int, connect_timeout: float, *, give_back: ConnHandler,
-                 discard: ConnHandler, heard: Callable[[int], None]) -> None:
+                 discard: ConnHandler, silence: Silence) -> None:
         self._connect_timeout = connect_timeout  # how long owed replies are waited for
         self._give_back = give_back  # to the pool (after sending any queued releases)
         self._discard = discard  # closed
-        self._heard = heard  # a node answered (redlock._io.wire.Silence)
+        self._heard = silence.heard  # a node answered (redlock._io.wire.Silence)
+        self._failed = silence.failed
         self._late: LateConnections[Any] = LateConnections(node_count)
         # Per node, final releases whose request ended before any connection was free:
         # sent on the next connection to that node that is given back (bounded).
@@ -164,8 +165,9 @@ class SyncDrainer:
                         break
                     late.outstanding -= 1
                     self._heard(late.node)
-            except Exception:
+            except Exception as exc:
                 late.outstanding = -1  # broken: close it
+                self._failed(late.node, exc)
             finally:
                 with contextlib.suppress(Exception):
                     late.conn._redlock_readable = False

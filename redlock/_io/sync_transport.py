@@ -87,7 +87,7 @@ class SyncTransport:
         # Replies owed on connections nobody waits on any more; queued final releases.
         self._silence = Silence(len(self.pools))  # the nodes that stopped answering
         self._drainer = SyncDrainer(len(self.pools), connect_timeout, give_back=self._give_back,
-                                    discard=self._discard, heard=self._silence.heard)
+                                    discard=self._discard, silence=self._silence)
         self._connects = [0] * len(self.pools)  # opening now, per node
         self._opening: set[threading.Thread] = set()  # their threads (close() joins them)
         # Lanes (redlock._core.requests.Broadcast.lane): per lane and node, its connections,
@@ -267,9 +267,13 @@ class SyncTransport:
             self._silence.owed(group.node, group.sent_at)
             sent.append(group)
         except Exception as exc:
-            fill_pending(group.indexes, replies, exc)
-            group.done = True
-            self._discard(group.node, conn)
+            self._failed(group, replies, exc)
+
+    def _failed(self, group: Group, replies: Replies, exc: Exception) -> None:
+        fill_pending(group.indexes, replies, exc)
+        group.done = True
+        self._silence.failed(group.node, exc)
+        self._discard(group.node, group.conn)
 
     def _read(self, group: Group, replies: Replies) -> None:
         """Read what has come of the group's replies, without waiting: done, failed (and
@@ -311,9 +315,7 @@ class SyncTransport:
                     return
                 replies[group.unknown.pop(0)] = reply
         except Exception as exc:
-            fill_pending(group.indexes, replies, exc)
-            group.done = True
-            self._discard(group.node, conn)
+            self._failed(group, replies, exc)
             return
         finally:
             conn._redlock_readable = False  # (select()'s word is good for one recv())
@@ -364,6 +366,7 @@ class SyncTransport:
                 attempt.conn = self.pools[node].get_connection()
             except Exception as exc:
                 attempt.error = exc
+                self._silence.failed(node, exc)
             finally:
                 with self._mutex:
                     self._connects[node] -= 1

@@ -18,9 +18,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Iterable, Sequence
 from typing import Any, Generic, TypeVar
+
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from redlock._core.requests import NOT_AWAITED, PENDING, SENT_LATE, Call, NotAwaited
 from redlock._io import resp
@@ -78,15 +81,16 @@ class Packing:
 class Silence:
     """Per node, since when it has owed a reply without answering anything: the time a
     request was written to it, cleared by any reply it sends (in a request, or read in
-    the background). A decided request waits the stragglers' grace only for a node that
-    may still answer in it: a node silent for many graces (blackholed, hung, stalled)
-    would not, and waiting cost every request the whole grace (1 of 5 nodes blackholed:
-    each acquire+release 4.5x the healthy one). The grace changes no decision (the quorum
-    decided without the straggler), so this rule cannot either; it only sends the
-    straggler's connection to the late pool sooner, where a hung node's goes anyway. A
-    healthy node answers within its round, so it is never silent for long; a slow one is
-    silent only while it answers nothing at all. Races between threads only make a node
-    seem silent for less long (a store of one float per node)."""
+    the background) and by any failure that is not a timeout (:func:`answered`). A
+    decided request waits the stragglers' grace only for a node that may still answer in
+    it: a node silent for many graces (blackholed, hung, stalled) would not, and waiting
+    cost every request the whole grace (1 of 5 nodes blackholed: each acquire+release
+    4.5x the healthy one). The grace changes no decision (the quorum decided without the
+    straggler), so this rule cannot either; it only sends the straggler's connection to
+    the late pool sooner, where a hung node's goes anyway. A healthy node answers within
+    its round, so it is never silent for long; a slow one is silent only while it
+    answers nothing at all. Races between threads only make a node seem silent for less
+    long (a store of one float per node)."""
 
     __slots__ = ("since",)
 
@@ -101,6 +105,11 @@ class Silence:
     def heard(self, node: int) -> None:
         self.since[node] = 0.0
 
+    def failed(self, node: int, exc: BaseException) -> None:
+        """A request to ``node`` failed with ``exc`` (see :func:`answered`)."""
+        if answered(exc):
+            self.since[node] = 0.0
+
     def until(self, started: float, decided: float, now: float,
               stragglers: Iterable[int]) -> float:
         """Until when a request started at ``started`` and decided at ``decided`` waits
@@ -114,6 +123,13 @@ class Silence:
             if not since or since > cutoff:
                 return decided + grace
         return now
+
+
+def answered(exc: BaseException) -> bool:
+    """Whether a failure came from the node (or its host: refused, reset, closed) rather
+    than from waiting for it (a timeout): a node that fails fast is not silent, and
+    waiting for it costs nothing (a killed node's connections fail at once)."""
+    return not isinstance(exc, (TimeoutError, asyncio.TimeoutError, RedisTimeoutError))
 
 
 def fill_pending(indexes: Sequence[int], replies: list[object], exc: BaseException) -> None:
