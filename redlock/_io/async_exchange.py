@@ -158,8 +158,9 @@ class Slots:
         # The waiters in arrival order (dicts: one leaves in O(1)). ``droppable``: those
         # that send nothing once their request is over (acquires), the only ones
         # wake_over looks at. A hung node collects a final release per request, each
-        # waiting out its budget (connect_timeout); scanning them all at every request's
-        # end took 40 % of the client's time with 1 of 5 nodes blackholed.
+        # waiting out its budget (connect_timeout), and scanning them all at every
+        # request's end was most of the client's time (BENCHMARKS.md, "Issue 21: silent
+        # stragglers").
         self.waiting: dict[asyncio.Future[None], Exchange] = {}
         self.droppable: dict[asyncio.Future[None], Exchange] = {}
 

@@ -84,8 +84,8 @@ class Silence:
     the background) and by any failure that is not a timeout (:func:`answered`). A
     decided request waits the stragglers' grace only for a node that may still answer in
     it: a node silent for many graces (blackholed, hung, stalled) would not, and waiting
-    cost every request the whole grace (1 of 5 nodes blackholed: each acquire+release
-    4.5x the healthy one). The grace changes no decision (the quorum decided without the
+    for it cost every request the whole grace (BENCHMARKS.md, "Issue 21: silent
+    stragglers"). The grace changes no decision (the quorum decided without the
     straggler), so this rule cannot either; it only sends the straggler's connection to
     the late pool sooner, where a hung node's goes anyway. A healthy node answers within
     its round, so it is never silent for long; a slow one is silent only while it
