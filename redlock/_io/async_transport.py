@@ -31,7 +31,7 @@ from redlock._core.requests import Broadcast, CommandArg, Replies, learnt_deadli
 from redlock._io import resp
 from redlock._io.async_exchange import Deadlines, Exchange, Gathering, Slots
 from redlock._io.async_wire import IGNORE, Wire, readable_wires
-from redlock._io.failures import as_failure, map_failures
+from redlock._io.failures import NotSent, as_failure, map_failures
 from redlock._io.nodes import build_pool, check_node_list, node_labels, pool_overrides
 from redlock._io.wire import (
     FRESH,
@@ -204,8 +204,10 @@ class AsyncTransport:
                 self._slots[exchange.node].wake_over()
             else:
                 self._late_exchange(exchange)
-            fill_pending(exchange.indexes, replies, NOT_AWAITED if decided else
-                         SENT_LATE if exchange.releases_late()
+            unsent = exchange.wire is None and exchange.needless()  # (never, see Exchange)
+            fill_pending(exchange.indexes, replies,
+                         NotSent(f"no connection within {waited * 1000:.0f} ms") if unsent
+                         else NOT_AWAITED if decided else SENT_LATE if exchange.releases_late()
                          else RedisTimeoutError(f"no reply within {waited * 1000:.0f} ms"))
 
     def _late_exchange(self, exchange: Exchange) -> None:

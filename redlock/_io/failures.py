@@ -24,6 +24,12 @@ _CLUSTER_ERRORS = (redis.exceptions.ClusterCrossSlotError, redis.exceptions.Move
 _CLUSTER_CODES = ("CROSSSLOT", "MOVED", "ASK ", "CLUSTERDOWN")
 
 
+class NotSent(redis.exceptions.TimeoutError):
+    """A call its request stopped waiting for before its connection was open (still
+    opening, or waiting for a slot to open one), and that will not be sent later: it
+    ran nowhere (a failed attempt need not release there, docs/design.md §2.4)."""
+
+
 def kind_of(error: BaseException) -> FailureKind:
     """What kind of failure a redis-py (or socket, or asyncio) error is."""
     text = str(error)
@@ -56,7 +62,7 @@ def as_failure(error: BaseException) -> NodeFailure:
         detail += f" ({CLUSTER_MODE_HINT})"
     elif kind is FailureKind.AUTHENTICATION:  # the server's text ("HELLO must be called
         detail += f" ({AUTHENTICATION_HINT})"  # with the client already authenticated")
-    failure = NodeFailure(kind, detail)
+    failure = NodeFailure(kind, detail, unsent=isinstance(error, NotSent))
     failure.__cause__ = error
     return failure
 

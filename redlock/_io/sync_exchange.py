@@ -93,6 +93,18 @@ def has_input(conn: Any) -> bool:
     return bool(readable)
 
 
+def readable_groups(groups: list[Group], wait: float) -> list[Group]:
+    """The groups whose sockets have bytes to read, waiting up to ``wait`` for one."""
+    try:
+        readable, _, _ = select.select([g.conn._sock for g in groups], [], [], wait)
+    except (OSError, TypeError, ValueError):  # a socket closed under us
+        return groups  # (reading it says why)
+    ready = [g for g in groups if g.conn._sock in readable]
+    for group in ready:  # its next recv() needs no select() first
+        group.conn._redlock_readable = True
+    return ready
+
+
 def send(conn: Any, data: bytes) -> None:
     """Write ``data`` to ``conn``'s socket (bounded by its socket timeout: the connect
     budget); a failure closes the connection, as redis-py's own send does."""

@@ -13,7 +13,6 @@ TCP but never answers the handshake costs one node timeout, not the connect budg
 from __future__ import annotations
 
 import contextlib
-import select
 import threading
 import time
 from collections.abc import Iterable
@@ -27,7 +26,7 @@ from redis.retry import Retry
 
 from redlock._core.requests import Broadcast, Call, CommandArg, Replies, learnt_deadline
 from redlock._io import resp
-from redlock._io.failures import as_failure, map_failures
+from redlock._io.failures import NotSent, as_failure, map_failures
 from redlock._io.nodes import build_pool, check_node_list, node_labels, pool_overrides
 from redlock._io.sync_drainer import SyncDrainer
 from redlock._io.sync_exchange import (
@@ -38,6 +37,7 @@ from redlock._io.sync_exchange import (
     given,
     has_input,
     is_new,
+    readable_groups,
     receive,
     send,
 )
@@ -145,12 +145,11 @@ class SyncTransport:
             for group, attempt in connecting:  # still connecting: it joins the pool later
                 if attempt is None:
                     queued = self._drainer.queue(group.node, group.calls)
-                    fill_pending(group.indexes, replies, SENT_LATE if queued else
-                                 redis.TimeoutError(
-                                     f"no connection: {_CONNECTS_PER_NODE} were still opening"))
+                    fill_pending(group.indexes, replies, SENT_LATE if queued else NotSent(
+                        f"no connection: {_CONNECTS_PER_NODE} were still opening"))
                     continue
                 late = self._abandon(attempt, group.calls)
-                fill_pending(group.indexes, replies, SENT_LATE if late else redis.TimeoutError(
+                fill_pending(group.indexes, replies, SENT_LATE if late else NotSent(
                     f"still connecting (connect_timeout {self.connect_timeout:g} s)"))
             for group in sent:
                 if not group.done:  # decided without it, timed out or interrupted
@@ -213,7 +212,7 @@ class SyncTransport:
                 # Wake for a reply, or every few ms while a connection is still opening.
                 # A group whose reply is still incomplete is read again only when more
                 # of it arrived: it never holds up the other nodes' replies.
-                ready = self._readable(waiting, min(left, 0.002 if connecting
+                ready = readable_groups(waiting, min(left, 0.002 if connecting
                                                     else _CLOSE_NOTICED))
             else:
                 first = connecting[0][1]
@@ -223,18 +222,6 @@ class SyncTransport:
                     time.sleep(min(left, 0.002))
             for group in ready:
                 self._read(group, replies)
-
-    @staticmethod
-    def _readable(groups: list[Group], wait: float) -> list[Group]:
-        """The groups whose sockets have bytes to read, waiting up to ``wait`` for one."""
-        try:
-            readable, _, _ = select.select([g.conn._sock for g in groups], [], [], wait)
-        except (OSError, TypeError, ValueError):  # a socket closed under us
-            return groups  # (reading it says why)
-        ready = [g for g in groups if g.conn._sock in readable]
-        for group in ready:  # its next recv() needs no select() first
-            group.conn._redlock_readable = True
-        return ready
 
     def _last_reads(self, groups: list[Group], replies: Replies) -> None:
         """At the deadline, the groups whose replies were arriving: what of them comes
@@ -248,7 +235,7 @@ class SyncTransport:
             left = until - time.monotonic()
             if not groups or left <= 0 or self._closed:
                 return
-            if not self._readable(groups, left):
+            if not readable_groups(groups, left):
                 return
 
     def _send(self, group: Group, conn: Any, replies: Replies, sent: list[Group],

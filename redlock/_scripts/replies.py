@@ -85,10 +85,13 @@ class NodeFailure(Exception):
     """A call that got no reply of its script's, in the library's own terms: ``kind``,
     and ``detail`` (the original error's type and text, for people)."""
 
-    def __init__(self, kind: FailureKind, detail: str) -> None:
+    def __init__(self, kind: FailureKind, detail: str, *, unsent: bool = False) -> None:
         super().__init__(detail)
         self.kind = kind
         self.detail = detail
+        # The call was never written to the node (its request ended while its
+        # connection was still opening): it ran nowhere.
+        self.unsent = unsent
 
     @property
     def permanent(self) -> bool:
@@ -207,7 +210,10 @@ def acquire_vote(reply: object) -> int | None:
 
 def acquire_set_nothing(reply: object) -> bool:
     """An ACQUIRE / ACQUIRE_MANY reply that set nothing on its node (refused, or no
-    marker): a failed attempt need not release there."""
+    marker), or a call that never reached it (unsent): a failed attempt need not
+    release there."""
+    if isinstance(reply, NodeFailure):
+        return reply.unsent
     return isinstance(reply, list | tuple) and bool(reply) and reply[0] in (
         scripts.ACQUIRE_REFUSED, scripts.ACQUIRE_NOT_YOUR_TURN, scripts.ACQUIRE_AMNESIAC,
         scripts.STALE_EPOCH)

@@ -303,6 +303,23 @@ def test_permanent_errors_are_credentials_permissions_and_the_wrong_kind_of_node
                                      " refused the credentials: give the user and password")
 
 
+def test_a_failed_attempt_releases_wherever_its_acquire_may_have_run() -> None:
+    """Not where a node refused (it set nothing), nor where the acquire was never
+    written (NotSent: its connection was still opening); everywhere else, a reply not
+    read included (docs/design.md §2.4)."""
+    from redlock._io.failures import NotSent
+    from redlock._scripts.replies import NOT_AWAITED, FailureKind, acquire_set_nothing
+
+    unsent = as_failure(NotSent("still connecting (connect_timeout 1 s)"))
+    assert unsent.kind is FailureKind.TIMEOUT and unsent.unsent
+    assert acquire_set_nothing(unsent)
+    assert acquire_set_nothing([scripts.ACQUIRE_REFUSED, 1500])
+    assert not acquire_set_nothing(as_failure(redis.exceptions.TimeoutError("no reply")))
+    assert not acquire_set_nothing(as_failure(ConnectionResetError("reset")))
+    assert not acquire_set_nothing(NOT_AWAITED)
+    assert not acquire_set_nothing([scripts.ACQUIRE_GRANTED, 7])
+
+
 # ---------------------------------------------------------------------------
 # LockState with an injected clock
 # ---------------------------------------------------------------------------
