@@ -27,7 +27,7 @@ _CLUSTER_CODES = ("CROSSSLOT", "MOVED", "ASK ", "CLUSTERDOWN")
 class NotSent(redis.exceptions.TimeoutError):
     """A call its request stopped waiting for before its connection was open (still
     opening, or waiting for a slot to open one), and that will not be sent later: it
-    ran nowhere (a failed attempt need not release there, docs/design.md §2.4)."""
+    ran nowhere (a failed attempt need not release there, docs/design.md §2.3)."""
 
 
 def kind_of(error: BaseException) -> FailureKind:

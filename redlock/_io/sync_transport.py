@@ -213,7 +213,7 @@ class SyncTransport:
                 # A group whose reply is still incomplete is read again only when more
                 # of it arrived: it never holds up the other nodes' replies.
                 ready = readable_groups(waiting, min(left, 0.002 if connecting
-                                                    else _CLOSE_NOTICED))
+                                                     else _CLOSE_NOTICED))
             else:
                 first = connecting[0][1]
                 if first is not None:
@@ -257,6 +257,7 @@ class SyncTransport:
             self._failed(group, replies, exc)
 
     def _failed(self, group: Group, replies: Replies, exc: Exception) -> None:
+        """Writing or reading the group's calls failed: they get ``exc``; closed."""
         fill_pending(group.indexes, replies, exc)
         group.done = True
         self._silence.failed(group.node, exc)

@@ -89,8 +89,9 @@ class Silence:
     straggler), so this rule cannot either; it only sends the straggler's connection to
     the late pool sooner, where a hung node's goes anyway. A healthy node answers within
     its round, so it is never silent for long; a slow one is silent only while it
-    answers nothing at all. Races between threads only make a node seem silent for less
-    long (a store of one float per node)."""
+    answers nothing at all. Threads race on it (one float per node, no lock): a node may
+    seem to owe a reply from a moment before its last answer, by as long as a thread is
+    held up between writing a request and noting it, far below 10 graces."""
 
     __slots__ = ("since",)
 
