@@ -48,7 +48,11 @@ class WaitingRoom:
     def watch_releases(self, backoff: Backoff, ticket: Ticket[Any]) -> float:
         """From an acquire call's first wait to its end (:meth:`end_call`), a release on
         the wait's channels wakes it (``ticket.wake``). Returns how long to wait: the
-        patient wait once releases on every channel are heard."""
+        patient wait once releases on every channel are heard from a quorum of nodes,
+        subscribed there before the call's latest attempt went out. A release in
+        between, on a node not yet subscribed, was not heard: it may have handed the
+        lock to this very call, which would then sleep its whole patient wait (0.5 s)
+        holding a reservation nobody else can take (docs/design.md §6.7)."""
         if (ticket.watch is None and ticket.wake is not None and backoff.channels
                 and not self._closing.is_set()):
             ticket.watch = self.wakeups.watch(backoff.channels, backoff.waiter, ticket.wake,
@@ -59,7 +63,8 @@ class WaitingRoom:
                 listener = self.listener
             listener.ensure_running()
         if ticket.watch is not None and backoff.patient is not None and all(
-                self.wakeups.live(channel) for channel in backoff.channels):
+                self.wakeups.heard_since(channel, ticket.sent, self._core.quorum)
+                for channel in backoff.channels):
             return backoff.patient
         return backoff.seconds
 

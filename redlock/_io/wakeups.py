@@ -266,6 +266,15 @@ class WakeRegistry:
                     claimed = True
         return claimed
 
+    def heard_since(self, channel: str, when: float | None, nodes: int) -> bool:
+        """Whether at least ``nodes`` nodes confirmed ``channel`` before ``when``
+        (``time.monotonic``; None: never): their releases since then reach us."""
+        if when is None:
+            return False
+        with self._mutex:
+            return sum(1 for node in self._live.get(channel, ())
+                       if self._live_since.get((channel, node), when) < when) >= nodes
+
     def live(self, channel: str) -> bool:
         """Subscribed on some node (for tests and inspection)."""
         with self._mutex:
