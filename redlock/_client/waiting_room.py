@@ -52,7 +52,8 @@ class WaitingRoom:
         subscribed there before the call's latest attempt went out. A release in
         between, on a node not yet subscribed, was not heard: it may have handed the
         lock to this very call, which would then sleep its whole patient wait (0.5 s)
-        holding a reservation nobody else can take (docs/design.md §6.7)."""
+        holding a reservation nobody else can take (docs/design.md §6.7). Then it
+        waits its backoff instead, no longer than the patient wait, and tries again."""
         if (ticket.watch is None and ticket.wake is not None and backoff.channels
                 and not self._closing.is_set()):
             ticket.watch = self.wakeups.watch(backoff.channels, backoff.waiter, ticket.wake,
@@ -62,10 +63,13 @@ class WaitingRoom:
                     self.listener = self._open_listener(self.wakeups)
                 listener = self.listener
             listener.ensure_running()
-        if ticket.watch is not None and backoff.patient is not None and all(
-                self.wakeups.heard_since(channel, ticket.sent, self._core.quorum)
-                for channel in backoff.channels):
-            return backoff.patient
+        if ticket.watch is not None and backoff.patient is not None:
+            channels = backoff.channels
+            if all(self.wakeups.heard_since(c, ticket.sent, self._core.quorum)
+                   for c in channels):
+                return backoff.patient
+            if all(self.wakeups.live(c) for c in channels):  # heard now, not since then
+                return min(backoff.seconds, backoff.patient)
         return backoff.seconds
 
     def handoffs(self, ticket: Ticket[Any]) -> Handoffs:

@@ -294,6 +294,12 @@ def test_a_waiter_sleeps_its_patient_wait_only_once_releases_since_its_attempt_a
     room.wakeups.node_lost(1)  # one node short of a quorum heard: not patient
     assert room.watch_releases(backoff, ticket) == 0.01
     assert not room.wakeups.heard_since("c", None, 1)
+    # A backoff longer than the patient wait (retry_delay_min of seconds) is cut to it
+    # while the channel is live: the next attempt then counts on the subscriptions.
+    slow = Backoff(2.0, line="c", channels=("c",), waiter="a" * 40, patient=0.5)
+    assert room.watch_releases(slow, ticket) == 0.5
+    room.wakeups.node_lost(0)  # nothing heard at all: it polls as configured
+    assert room.watch_releases(slow, ticket) == 2.0
 
 
 def test_wanted_channels_linger_after_the_last_wait_then_go(monkeypatch: pytest.MonkeyPatch,
