@@ -62,12 +62,12 @@ def client_commands(resource: str, owner: str,
     (a ticket, attempt 1, the manager's route) and the holder's release, with every key
     and argument (benchmarks/script_cost.py)."""
     from redlock._core.kinds import MUTEX, AcquireArgs, with_epoch
+    from redlock._io.wire import render
 
     args = AcquireArgs(owner, int(ttl_s * 1000), 0, "1", 1000, 1, "0badf00d")
     [acquire] = with_epoch(MUTEX.acquire_calls(_KEYS, range(1), (resource,), args), _KEYS, 0)
     release = MUTEX.release_call(_KEYS, 0, resource, (owner, "1"))
-    return (("EVALSHA", scripts.ACQUIRE.sha, len(acquire.keys), *acquire.keys, *acquire.args),
-            ("EVALSHA", scripts.RELEASE.sha, len(release.keys), *release.keys, *release.args))
+    return render(acquire, evalsha=True), render(release, evalsha=True)
 
 
 def script_sources() -> tuple[str, str]:

@@ -40,7 +40,7 @@ class Exchange:
     it in order by the connection (:class:`redlock._io.async_wire.Wire`) as they are
     parsed (``take``), and it tells ``on_done`` once each call has its result."""
 
-    __slots__ = ("answered", "calls", "done", "indexes", "lane", "late", "next", "node",
+    __slots__ = ("calls", "done", "heard", "indexes", "lane", "late", "next", "node",
                  "on_done", "over", "probed", "replies", "results", "sent_at", "started",
                  "unknown", "wire")
 
@@ -62,7 +62,7 @@ class Exchange:
         self.next = 0  # the position of the next reply
         self.unknown: list[int] = []  # answered NOSCRIPT: sent again with the body
         self.done = False
-        self.answered = False  # the node replied, or failed it other than by a timeout
+        self.heard = False  # the node replied, or failed it other than by a timeout
         self.late: Any = None  # its Late entry (a release goes behind its acquires)
         self.on_done: Callable[[Exchange], None] | None = None
 
@@ -73,7 +73,7 @@ class Exchange:
         if not wire.alive and isinstance(reply, BaseException):
             self.fail(reply)
             return
-        self.answered = True
+        self.heard = True
         if self.probed:  # IDENTIFY's reply: among the request's at once (early decision)
             self.probed = False
             wire.identified = True
@@ -109,7 +109,7 @@ class Exchange:
 
     def fail(self, exc: BaseException) -> None:
         """Every call still without a result gets ``exc``; the exchange is done."""
-        self.answered = self.answered or answered(exc)
+        self.heard = self.heard or answered(exc)
         self.results = [exc if r is PENDING else r for r in self.results]
         self.finish()
 
@@ -293,7 +293,7 @@ class Gathering:
 
     def finished(self, exchange: Exchange) -> None:
         self.left -= 1
-        if exchange.answered:
+        if exchange.heard:
             self.silence.heard(exchange.node)
         if self.replies is None:  # the request is over: it copied what it could use
             return

@@ -229,7 +229,7 @@ class AsyncTransport:
                 f"no reply within connect_timeout {self.connect_timeout:g} s"))
 
     def _late_done(self, exchange: Exchange) -> None:
-        if exchange.answered:
+        if exchange.heard:
             self._silence.heard(exchange.node)
         late = exchange.late
         if late is not None:

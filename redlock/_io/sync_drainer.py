@@ -40,8 +40,7 @@ class SyncDrainer:
         self._connect_timeout = connect_timeout  # how long owed replies are waited for
         self._give_back = give_back  # to the pool (after sending any queued releases)
         self._discard = discard  # closed
-        self._heard = silence.heard  # a node answered (redlock._io.wire.Silence)
-        self._failed = silence.failed
+        self._silence = silence  # its transport's: which nodes answer
         self._late: LateConnections[Any] = LateConnections(node_count)
         # Per node, final releases whose request ended before any connection was free:
         # sent on the next connection to that node that is given back (bounded).
@@ -164,10 +163,10 @@ class SyncDrainer:
                     if receive(late.conn) is NOTHING:  # (an error reply counts: read)
                         break
                     late.outstanding -= 1
-                    self._heard(late.node)
+                    self._silence.heard(late.node)
             except Exception as exc:
                 late.outstanding = -1  # broken: close it
-                self._failed(late.node, exc)
+                self._silence.failed(late.node, exc)
             finally:
                 with contextlib.suppress(Exception):
                     late.conn._redlock_readable = False

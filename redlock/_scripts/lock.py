@@ -383,11 +383,10 @@ return released
 """,
 )
 
-# Behind EPOCH_CHECK without its copies of KEYS and ARGV (guarded() makes them): it
-# reads only indexes below the membership key and the epoch, on every renewal.
-EXTEND = Script(
+EXTEND = guarded(
     "extend",
-    EPOCH_CHECK + """
+    copies=False,
+    source="""
 -- KEYS[1] lock key
 -- ARGV[1] owner value, ARGV[2] new ttl in ms
 -- returns 1 when our key was still there and its TTL was reset, else 0 (a reservation

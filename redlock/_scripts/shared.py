@@ -36,11 +36,13 @@ local ARGV = {unpack(ARGV, 1, #ARGV - 1)}
 """
 
 
-def guarded(name: str, source: str, *, usual: str = "") -> Script:
+def guarded(name: str, source: str, *, usual: str = "", copies: bool = True) -> Script:
     """A granting, committing or renewing script, behind :data:`EPOCH_CHECK`. ``usual``:
     its usual case, run after the check on KEYS and ARGV as sent (the membership key and
-    the epoch still last: it may use only indexes below them), before ``source``."""
-    return Script(name, EPOCH_CHECK + usual + WITHOUT_EPOCH + source)
+    the epoch still last: it may use only indexes below them), before ``source``.
+    ``copies=False``: ``source`` too reads only such indexes, and goes without the
+    copies of KEYS and ARGV (a renewal, on every call)."""
+    return Script(name, EPOCH_CHECK + usual + (WITHOUT_EPOCH if copies else "") + source)
 
 
 # -- fence counters (docs/design.md §3) -------------------------------------------------
