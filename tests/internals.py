@@ -46,12 +46,15 @@ from redlock._core.settings import (
 )
 from redlock._core.state import LockState, Status
 from redlock._core.tokens import (
+    CALL_DIGITS,
     COUNTER_BUCKETS,
     TOKEN_LIMIT,
+    attempt_owner,
     bucket,
     choose_token,
     quorum,
     validity_left,
+    waiter_id,
 )
 from redlock._core.waiting import LINE_POLL_MAX
 from redlock._io import sync_idle
@@ -69,6 +72,7 @@ from redlock._scripts.replies import ack_outcome, acquire_outcome
 from redlock.cli import render as cli_render
 
 __all__ = [
+    "CALL_DIGITS",
     "COUNTER_BUCKETS",
     "KEYS",
     "LAST_ROUND",
@@ -112,6 +116,7 @@ __all__ = [
     "ack_outcome",
     "acquire_outcome",
     "as_failure",
+    "attempt_owner",
     "bucket",
     "choose_token",
     "cli_render",
@@ -142,6 +147,7 @@ __all__ = [
     "validate_seconds",
     "validate_timeout",
     "validity_left",
+    "waiter_id",
     "with_epoch",
 ]
 

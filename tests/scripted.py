@@ -23,6 +23,7 @@ import re
 from collections.abc import Callable, Iterable
 
 from tests.internals import (
+    CALL_DIGITS,
     KEYS,
     Broadcast,
     Call,
@@ -36,6 +37,7 @@ from tests.internals import (
     node_scripts,
     real_environment,
     scripts,
+    waiter_id,
 )
 
 MARKER = KEYS.marker
@@ -72,6 +74,17 @@ class FakeClock:
 
 
 PASS = object()  # from an interceptor: answer as the node would
+
+
+def kin(held: str | None, owner: str) -> int:
+    """The scripts' ``kin`` (redlock/_scripts/shared.py, docs/design.md §2.1): 1 when
+    ``held`` is ``owner`` or an earlier attempt's value of its call, -1 a later
+    attempt's, 0 another owner's or nothing."""
+    if held == owner:
+        return 1
+    if held is None or len(held) != len(owner) or held[:CALL_DIGITS] != owner[:CALL_DIGITS]:
+        return 0
+    return 1 if held < owner else -1
 
 
 def as_text(value: object) -> str:
@@ -341,13 +354,17 @@ class ScriptedNodes:
             if not format:
                 return [scripts.ACQUIRE_AMNESIAC, 0]
             holder = get(lock)
-            if holder == owner:
+            ours = kin(holder, owner)
+            if ours == 1:  # ours, or an earlier attempt's of our call (§2.1)
+                db[lock] = owner
                 self.ttl_ms[node][lock] = int(as_text(args[1]))
                 return [scripts.ACQUIRE_ALREADY_OURS, settle(fence, field, legacy, 0, 0, format)]
-            if holder == RESERVED + hashlib.sha1(owner.encode()).hexdigest():
+            if ours == -1:  # a later attempt's: this acquire came late, changes nothing
+                return [scripts.ACQUIRE_REFUSED, 1000]
+            if holder == RESERVED + waiter_id(owner):
                 # A release handed the lock to us (§6.7): granted, first in line, with
                 # the counter as the hand-off raised it.
-                me, line = hashlib.sha1(owner.encode()).hexdigest(), self._line(node, line_key)
+                me, line = waiter_id(owner), self._line(node, line_key)
                 if ticket and me in line:
                     self._keep_until(node, line_key, me, self.now_ms(node) + min(
                         int(as_text(args[4])), int(as_text(args[1]))), line[me][0])
@@ -367,7 +384,7 @@ class ScriptedNodes:
             line = self._line(node, line_key)
             if holder is None and not line:  # free, nobody in line
                 return grant()
-            me = hashlib.sha1(owner.encode()).hexdigest()
+            me = waiter_id(owner)
             patience, now = int(as_text(args[4])), self.now_ms(node)
             self._drop_lapsed(node, line_key, records=bool(handoffs))
 
@@ -410,7 +427,7 @@ class ScriptedNodes:
             format = node_format(marker, legacy_marker)
             if not format:
                 return [scripts.ACQUIRE_AMNESIAC, 0]
-            if any(get(lock) not in (None, owner) for lock in locks):
+            if any(get(lock) is not None and kin(get(lock), owner) != 1 for lock in locks):
                 return [scripts.ACQUIRE_REFUSED, 1000]
             buckets = [as_text(a) for a in args[3:]]
             token = max([int(as_text(args[2])), *(highest(fence, f, lg)
@@ -436,10 +453,12 @@ class ScriptedNodes:
             owner, leave = as_text(args[0]), as_text(args[1])
             kept_for = as_text(args[2]) if len(args) > 2 else ""
             ticket = as_text(args[4]) if len(args) > 4 else ""
-            me = hashlib.sha1(owner.encode()).hexdigest()
+            me = waiter_id(owner)
             records = self.handoff_records[node].setdefault(line_key, {})
             holder = get(lock)
-            released = holder == owner or (leave == "1" and holder == RESERVED + me)
+            # '1' (the call is over): any attempt's value of the call; '0': this one's.
+            released = holder == owner or (leave == "1" and holder is not None and (
+                holder[:CALL_DIGITS] == owner[:CALL_DIGITS] or holder == RESERVED + me))
             if released:
                 del db[lock]
             # As the Lua: the entry left or kept before the lapsed ones are dropped (a
@@ -499,7 +518,7 @@ class ScriptedNodes:
                     int(guard in db),
                     b"" if holder is None else holder[len(RESERVED):][:12].encode()
                     if holder.startswith(RESERVED) else
-                    hashlib.sha1(holder.encode()).hexdigest()[:12].encode(),
+                    waiter_id(holder)[:12].encode(),
                     (get(episode_key) or "").encode(), self.now_ms(node)]
         if script is node_scripts.SEED_COUNTERS:
             guard, fence = keys
@@ -630,7 +649,7 @@ class ScriptedNodes:
         """The key holds ``owner``, or a reservation for it (docs/design.md §6.7)."""
         holder = self.data[node].get(lock)
         return holder is not None and as_text(holder) in (
-            owner, RESERVED + hashlib.sha1(owner.encode()).hexdigest())
+            owner, RESERVED + waiter_id(owner))
 
     def live_records(self, node: int, key: str) -> dict[str, str]:
         """A line's hand-off records of its live entries (what counts)."""

@@ -7,7 +7,6 @@ missed the release, a client that records nothing)."""
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import time
 from collections.abc import Callable
 from typing import Any
@@ -26,6 +25,7 @@ from tests.internals import (
     Call,
     hand_offs_heard,
     route_of,
+    waiter_id,
     with_epoch,
 )
 from tests.peek import write_markers
@@ -86,10 +86,6 @@ def waiter_by_hand(client: redis.Redis, resource: str, owner: str, ticket: int, 
 def leave_by_hand(client: redis.Redis, resource: str, owner: str) -> int:
     """The RELEASE with leave of a waiter that gives up."""
     return int(run(client, MUTEX.release_call(KEYS, 0, resource, (owner, "1"))))
-
-
-def waiter_id(owner: str) -> str:
-    return hashlib.sha1(owner.encode()).hexdigest()
 
 
 def published(subscriber: Any, settle: float = 0.2) -> list[tuple[str, str]]:

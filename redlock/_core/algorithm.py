@@ -29,6 +29,7 @@ from redlock._core.state import AcquireResult, AttemptResult, LockState, RoundTr
 from redlock._core.tokens import (
     TOKEN_LIMIT,
     TokenFloors,
+    attempt_owner,
     choose_token,
     quorum,
     validity_left,
@@ -167,7 +168,7 @@ class RedlockCore(Holding, QuickLane):
         if opening is None:
             opening = self.open_acquire(resources, ttl, blocking=blocking, timeout=timeout,
                                         kind=kind)
-        owner, kind, queued, ticket = opening.owner, opening.kind, opening.queued, opening.ticket
+        call, kind, queued, ticket = opening.owner, opening.kind, opening.queued, opening.ticket
         single, deadline = opening.single, opening.deadline
         outage_limit = self.settings.outage_timeout
         outage_since: float | None = None
@@ -175,6 +176,7 @@ class RedlockCore(Holding, QuickLane):
         attempts = 0
         while True:
             attempts += 1
+            owner = attempt_owner(call, attempts)  # for the releases that end the call
             attempt_started = self.clock()
             try:
                 result = yield from self._attempt(opening, ttl, kind, attempt=attempts)
@@ -227,13 +229,13 @@ class RedlockCore(Holding, QuickLane):
             backoff = Backoff(delay, line=self.line(resources, kind),
                               channels=kind.wait_channels(self.keys, resources,
                                                           self.route if queued else ""),
-                              waiter=waiter_id(owner) if queued else None, patient=patient)
+                              waiter=waiter_id(call) if queued else None, patient=patient)
             try:
                 heard = yield backoff
                 if queued and kind.hands_off:
                     # Releases may have handed us the lock meanwhile (docs/design.md §6.7).
                     handed = yield from handoff.acquired(
-                        self, heard, backoff, resources, owner, ttl, deadline, kind,
+                        self, heard, backoff, resources, call, ttl, deadline, kind,
                         attempts, attempt_started, result.outcomes)
                     if handed is not None:
                         if watch is not None:
@@ -280,10 +282,11 @@ class RedlockCore(Holding, QuickLane):
         return kind.channel(self.keys, resources[0] if len(resources) == 1
                             else "\x00".join(resources))
 
-    def _acquire_calls(self, resources: tuple[str, ...], buckets: tuple[str, ...], owner: str,
+    def _acquire_calls(self, resources: tuple[str, ...], buckets: tuple[str, ...], call: str,
                        ttl: float, ticket: str, kind: Kind, attempt: int,
                        timeout: float) -> tuple[Call, ...]:
-        args = AcquireArgs(owner, max(1, int(ttl * 1000)), self.floors.get(buckets), ticket,
+        args = AcquireArgs(attempt_owner(call, attempt), max(1, int(ttl * 1000)),
+                           self.floors.get(buckets), ticket,
                            int(patience(self.settings, timeout) * 1000), attempt, self.route)
         return with_epoch(kind.acquire_calls(self.keys, range(self.n), resources, args),
                           self.keys, self.rule.epoch)
@@ -314,7 +317,8 @@ class RedlockCore(Holding, QuickLane):
 
     def _attempt(self, opening: Opening, ttl: float, kind: Kind,
                  attempt: int) -> Flow[AttemptResult]:
-        resources, owner, deadline = opening.resources, opening.owner, opening.deadline
+        resources, deadline = opening.resources, opening.deadline
+        owner = attempt_owner(opening.owner, attempt)  # this attempt's value (§2.1)
         settings, keys, name = self.settings, self.keys, label(resources)
         sent, opening.sent = opening.sent, None  # (the quick lane's first attempt, sent)
         if sent is None:
@@ -389,7 +393,8 @@ class RedlockCore(Holding, QuickLane):
             too_big = [r for r in resources if choices[r].token >= TOKEN_LIMIT]
             if not short and not too_big and validity > 0:
                 return AttemptResult(self.held(opening, ttl, started, {
-                    r: c.token for r, c in choices.items()}, held_kind, len(granted)), outcomes)
+                    r: c.token for r, c in choices.items()}, held_kind, len(granted), attempt),
+                    outcomes)
             if too_big:
                 reason = f"fence counter reached {TOKEN_LIMIT}"
             elif short:

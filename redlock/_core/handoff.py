@@ -21,7 +21,13 @@ from redlock._core.members import Rule
 from redlock._core.requests import Backoff, Broadcast, Deadline, Flow
 from redlock._core.settings import Keys, Settings
 from redlock._core.state import AttemptResult, LockState
-from redlock._core.tokens import TOKEN_LIMIT, TokenFloors, choose_token, validity_left
+from redlock._core.tokens import (
+    TOKEN_LIMIT,
+    TokenFloors,
+    attempt_owner,
+    choose_token,
+    validity_left,
+)
 from redlock._observe.log import get_logger
 from redlock._scripts.replies import acked
 from redlock.errors import NodeResult, Outcome
@@ -143,16 +149,21 @@ def wake_at(heard: Handoffs, counters: Mapping[int, int], attempt: int,
 
 
 def acquired(core: Core, heard: Sequence[object], backoff: Backoff,
-             resources: tuple[str, ...], owner: str, ttl: float, deadline: Deadline,
+             resources: tuple[str, ...], call: str, ttl: float, deadline: Deadline,
              kind: Kind, attempt: int, attempt_started: float,
              outcomes: Sequence[NodeResult]) -> Flow[AttemptResult | None]:
     """The lock, if the releases that handed it to us while we waited make an
     acquisition (docs/design.md §6.7): the messages of our latest ``attempt`` from a
     quorum of the nodes we count, the token committed (the ordinary write-back where
     counters differ), validity left from the start of that attempt. None: the next
-    attempt goes as usual (it is granted the reservations)."""
+    attempt goes as usual (it is granted the reservations). ``call``: the acquire call's
+    secret."""
     if not isinstance(heard, Handoffs) or not heard:
         return None
+    # The reservations become a value no attempt sent, so that a late command of the
+    # attempt that queued cannot touch them (§2.1); the next attempt, if this comes to
+    # nothing, is the one that sends it.
+    owner = attempt_owner(call, attempt + 1)
     refused = {i for i, r in enumerate(outcomes) if r.outcome is Outcome.REFUSED}
     counters = counted(heard, attempt, core.rule.epoch, core.amnesia.health.benched(),
                        refused)

@@ -38,7 +38,9 @@ from redlock._scripts.lock import OWNED_PTTL
 from redlock._scripts.replies import owned_outcome
 from redlock.errors import LockLost, Outcome, QuorumUnavailable, describe
 
-_OWNER_RE = re.compile(r"^[0-9a-f]{32}$")
+# An owner value: its call's 32 hex digits, then its attempt's 8 (docs/design.md §2.1);
+# a hand-over exported by an earlier version carries the 32 alone.
+_OWNER_RE = re.compile(r"^[0-9a-f]{32}(?:[0-9a-f]{8})?$")
 FORMAT_VERSION = 1
 
 
@@ -65,7 +67,7 @@ class Handover:
     def __post_init__(self) -> None:
         validate_resource(self.resource)
         if not isinstance(self.owner, str) or not _OWNER_RE.match(self.owner):
-            raise ValueError("owner must be the 32 hex digits of an exported acquisition")
+            raise ValueError("owner must be the 40 hex digits of an exported acquisition")
         if isinstance(self.token, bool) or not isinstance(self.token, int) or self.token < 1:
             raise ValueError(f"token must be a positive int, got {self.token!r}")
         for name in ("ttl", "validity", "exported_at"):

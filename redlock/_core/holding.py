@@ -31,6 +31,7 @@ from redlock._core.requests import (
 )
 from redlock._core.settings import Keys, Settings, label
 from redlock._core.state import LockState, Status
+from redlock._core.tokens import attempt_owner
 from redlock._core.waiting import patience
 from redlock._observe.log import get_logger
 from redlock._observe.outages import NodeOutages
@@ -158,12 +159,14 @@ class Holding:
     # -- the acquisition an attempt won ------------------------------------------
 
     def held(self, opening: Opening, ttl: float, started: float, tokens: dict[str, int],
-             kind: Kind, granted: int) -> LockState:
-        """The acquisition of an attempt that started at ``started`` and won (``tokens``:
-        per resource; ``granted``: by that many nodes); its validity is measured from
-        that start, less the drift (docs/design.md §2.2)."""
+             kind: Kind, granted: int, attempt: int) -> LockState:
+        """The acquisition of the call's ``attempt`` that started at ``started`` and won
+        (``tokens``: per resource; ``granted``: by that many nodes), holding that
+        attempt's owner value (§2.1); its validity is measured from that start, less the
+        drift (docs/design.md §2.2)."""
         name = label(opening.resources)
-        state = LockState(name, opening.owner, ttl, max(tokens.values()),
+        state = LockState(name, attempt_owner(opening.owner, attempt), ttl,
+                          max(tokens.values()),
                           started + ttl - self.settings.drift(ttl), self.clock,
                           self.env.new_mutex(), tokens=tokens, kind=kind)
         if logger.debugging():  # (every acquisition passes here: its fields only when logged)

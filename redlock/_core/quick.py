@@ -57,7 +57,8 @@ class Sent:
 
 @dataclass(slots=True)
 class Opening:
-    """An acquire call's start (:meth:`RedlockCore.open_acquire`): its secret owner value,
+    """An acquire call's start (:meth:`RedlockCore.open_acquire`): its secret (``owner``,
+    32 hex digits; each attempt's owner value starts with it, docs/design.md §2.1),
     what it acquires, its place in the nodes' line (``ticket``, '' when it does not
     queue), when it started and its deadline; ``sent``: its first attempt, when the
     quick lane sent it."""
@@ -111,7 +112,8 @@ class QuickLane:
                             attempt: int) -> Sent: ...
 
         def held(self, opening: Opening, ttl: float, started: float,
-                 tokens: dict[str, int], kind: Kind, granted: int) -> LockState: ...
+                 tokens: dict[str, int], kind: Kind, granted: int,
+                 attempt: int) -> LockState: ...
 
     def open_quickly(self, resource: str, ttl: float, *, blocking: bool,
                      timeout: float | None, kind: Kind) -> Opening | None:
@@ -152,4 +154,4 @@ class QuickLane:
             return None
         self.floors.raise_to(sent.buckets, token)
         return self.held(opening, ttl, sent.started, {opening.resources[0]: token},
-                         opening.kind, len(counters))
+                         opening.kind, len(counters), attempt=1)

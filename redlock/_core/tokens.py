@@ -38,10 +38,25 @@ def bucket(resource: str) -> str:
     return str(zlib.crc32(resource.encode()) % COUNTER_BUCKETS)
 
 
+#: An owner value starts with its acquire call's secret, this many hex digits, drawn once
+#: per call; then comes its attempt's number (docs/design.md §2.1).
+CALL_DIGITS = 32
+
+
+def attempt_owner(call: str, attempt: int) -> str:
+    """The owner value an attempt of the acquire call ``call`` sets (docs/design.md
+    §2.1): the call's secret, then the attempt's number in 8 hex digits, so that two
+    values of one call compare as their attempts do. A command of an earlier attempt
+    that reaches a node late (a reply lost, a connection stalled) then cannot delete or
+    refresh what a later attempt set there."""
+    return f"{call}{attempt:08x}"
+
+
 def waiter_id(owner: str) -> str:
-    """An acquisition's name in the nodes' waiting lines and wake-up messages: SHA1 of
-    its owner value (the scripts compute the same), which does not reveal the owner."""
-    return hashlib.sha1(owner.encode()).hexdigest()
+    """An acquire call's name in the nodes' waiting lines and wake-up messages: SHA1 of
+    its secret, the owner values' first :data:`CALL_DIGITS` (the scripts compute the
+    same; every attempt of the call is the same waiter), which does not reveal it."""
+    return hashlib.sha1(owner[:CALL_DIGITS].encode()).hexdigest()
 
 
 def validity_left(settings: Settings, ttl: float, started: float, now: float) -> float:

@@ -14,7 +14,7 @@ uses (§12.0), so the amnesia, upgrade and token rules are the mutex's.
 from __future__ import annotations
 
 from redlock._scripts.script import Script
-from redlock._scripts.shared import LINE_FUNCTIONS, TOKEN_FUNCTIONS, guarded
+from redlock._scripts.shared import LINE_FUNCTIONS, OWNER_FUNCTIONS, TOKEN_FUNCTIONS, guarded
 
 # A node holds a permit of slot K or above: a client configured with more permits uses
 # the name (SEM_ACQUIRE; second element: this client's K).
@@ -28,13 +28,14 @@ PROCLAIM = guarded(
 -- KEYS[1] the election's leader key, KEYS[2] its term record, KEYS[3] the elected channel
 -- ARGV[1] owner value, ARGV[2] term, ARGV[3] identity
 -- returns 1 when the node still holds our leadership and now records our term, else 0
--- The record (<term> <holder> <identity>, holder = first 12 hex digits of SHA1(owner))
+-- The record (<term> <holder> <identity>, holder = first 12 hex digits of the waiter
+-- id, SHA1 of the owner value's call part, docs/design.md §2.1)
 -- lives as long as the leader key; an observer is woken with the identity.
 local pttl = redis.call('PTTL', KEYS[1])
 if pttl <= 0 or redis.call('GET', KEYS[1]) ~= ARGV[1] then
     return 0
 end
-local holder = string.sub(redis.sha1hex(ARGV[1]), 1, 12)
+local holder = string.sub(redis.sha1hex(string.sub(ARGV[1], 1, 32)), 1, 12)
 redis.call('SET', KEYS[2], ARGV[2] .. ' ' .. holder .. ' ' .. ARGV[3], 'PX', pttl)
 redis.pcall('PUBLISH', KEYS[3], '')
 return 1
@@ -63,14 +64,15 @@ LEADER = Script(
 -- KEYS[4] the previous format's marker
 -- returns {pttl, holder, record, format}; writes nothing
 --   pttl    PTTL of the leader key (-2: nobody holds it)
---   holder  first 12 hex digits of SHA1(owner value), '' when free
+--   holder  first 12 hex digits of its waiter id (SHA1 of the owner value's call part),
+--           '' when free
 --   record  '<term> <holder> <identity>' of the last proclaimed term, '' when none
 --   format  the node's format (0: no marker, it lost its data: not to be believed)
 """ + TOKEN_FUNCTIONS + """
 local owner = redis.call('GET', KEYS[1])
 local holder = ''
 if owner then
-    holder = string.sub(redis.sha1hex(owner), 1, 12)
+    holder = string.sub(redis.sha1hex(string.sub(owner, 1, 32)), 1, 12)
 end
 return {redis.call('PTTL', KEYS[1]), holder, redis.call('GET', KEYS[2]) or '',
         node_format(KEYS[3], KEYS[4])}
@@ -90,14 +92,17 @@ SEM_ACQUIRE = guarded(
 -- single try), ARGV[5] patience in ms, ARGV[6] preferred slot, ARGV[7..K+6] the slots'
 -- buckets (fields of KEYS[3])
 -- returns {1, token, slot}  granted: the preferred slot if free, else the lowest free one
---         {2, counter, slot} that slot already holds our owner value: TTL refreshed
---         {0, pttl}          every slot is held; pttl = the soonest to expire (ms)
+--         {2, counter, slot} that slot already holds our owner value, or an earlier
+--                            attempt's of our call (§2.1): ours now, TTL refreshed
+--         {0, pttl}          every slot is held; pttl = the soonest to expire (ms) (or
+--                            one holds a later attempt's of our call: this acquire came
+--                            late, and changes nothing)
 --         {3, ahead}         free slots, but at least as many waiters are ahead of us
 --         {-2, K}            slot K is held: a client with more permits uses the name
 --         {-1, 0}            no node marker: amnesiac node, refuses
 -- A waiter granted leaves the line (several are served at once, §12.2); if slots are
 -- left, the next in line is woken.
-""" + LINE_FUNCTIONS + TOKEN_FUNCTIONS + """
+""" + LINE_FUNCTIONS + TOKEN_FUNCTIONS + OWNER_FUNCTIONS + """
 local format = node_format(KEYS[1], KEYS[2])
 if format == 0 then
     return {-1, 0}
@@ -110,9 +115,12 @@ local free, soonest = {}, -1
 for i = 0, k - 1 do
     local key = KEYS[7 + i]
     local holder = redis.call('GET', key)
-    if holder == ARGV[1] then
-        redis.call('PEXPIRE', key, ARGV[2])
+    local ours = kin(holder, ARGV[1])
+    if ours == 1 then
+        redis.call('SET', key, ARGV[1], 'PX', ARGV[2])
         return {2, settle(KEYS[3], ARGV[7 + i], KEYS[k + 8 + i], 0, 0, format), i}
+    elseif ours == -1 then
+        return {0, redis.call('PTTL', key)}
     end
     if holder then
         local pttl = redis.call('PTTL', key)
@@ -124,7 +132,7 @@ for i = 0, k - 1 do
     end
 end
 local now = now_ms()
-local me = redis.sha1hex(ARGV[1])
+local me = redis.sha1hex(call_of(ARGV[1]))
 local ahead = 0
 if redis.call('EXISTS', KEYS[4]) == 1 then
     drop_lapsed(KEYS[4], KEYS[5], now)
@@ -170,27 +178,29 @@ SEM_RELEASE = Script(
     """
 -- KEYS[1] the semaphore's release channel, KEYS[2] its line, KEYS[3] line deadlines,
 -- KEYS[4..] slot keys: the one held (or every slot, when which one is not known)
--- ARGV[1] owner value, ARGV[2] '1': also leave the line (the acquire call is over)
+-- ARGV[1] owner value, ARGV[2] '1': also leave the line (the acquire call is over: a slot
+-- goes if any attempt of our call holds it, §2.1; with '0', only if this attempt does)
 -- ARGV[3] patience in ms, ARGV[4] ticket: a failed attempt's give-back (ARGV[2] '0') of
 -- a waiter in line, which gets its place back where the grant took it (absent: none)
 -- returns 1 when a slot holding our owner value was deleted, 0 when none was ours
 -- When a slot became free, publishes the waiter id of the first in line ('' if none).
-""" + LINE_FUNCTIONS + """
+""" + LINE_FUNCTIONS + OWNER_FUNCTIONS + """
 local released = 0
 for i = 4, #KEYS do
-    if redis.call('GET', KEYS[i]) == ARGV[1] then
+    local holder = redis.call('GET', KEYS[i])
+    if holder == ARGV[1] or (ARGV[2] == '1' and holder and call_of(holder) == call_of(ARGV[1])) then
         redis.call('DEL', KEYS[i])
         released = 1
     end
 end
 if ARGV[2] == '1' and redis.call('EXISTS', KEYS[2]) == 1 then
-    local me = redis.sha1hex(ARGV[1])
+    local me = redis.sha1hex(call_of(ARGV[1]))
     redis.call('ZREM', KEYS[2], me)
     redis.call('ZREM', KEYS[3], me)
 end
 if released == 1 then  -- (a give-back's giver: SHA1 only then)
     local now = now_ms()
-    local me = ARGV[2] == '0' and redis.sha1hex(ARGV[1]) or nil
+    local me = ARGV[2] == '0' and redis.sha1hex(call_of(ARGV[1])) or nil
     if me and ARGV[4] and ARGV[4] ~= '' then
         -- The waiter keeps its place in line on every node (docs/design.md §12.2): a
         -- later waiter must not take the slot here while it is ahead elsewhere.
@@ -206,14 +216,14 @@ SEM_INSPECT = Script(
     "sem_inspect",
     """
 -- KEYS[1..K] the slot keys
--- returns per slot {pttl, holder}: PTTL (-2 free) and the first 12 hex digits of
--- SHA1(owner value) ('' free); writes nothing
+-- returns per slot {pttl, holder}: PTTL (-2 free) and the first 12 hex digits of the
+-- holder's waiter id (SHA1 of the owner value's call part; '' free); writes nothing
 local reply = {}
 for i = 1, #KEYS do
     local owner = redis.call('GET', KEYS[i])
     local holder = ''
     if owner then
-        holder = string.sub(redis.sha1hex(owner), 1, 12)
+        holder = string.sub(redis.sha1hex(string.sub(owner, 1, 32)), 1, 12)
     end
     reply[#reply + 1] = redis.call('PTTL', KEYS[i])
     reply[#reply + 1] = holder
@@ -242,7 +252,8 @@ RW_ACQUIRE = guarded(
     "rw_acquire",
     """
 -- KEYS[1] node marker, KEYS[2] the previous format's marker, KEYS[3] node fence counters,
--- KEYS[4] the writer's key, KEYS[5] the readers (zset: reader id -> expiry ms, node clock),
+-- KEYS[4] the writer's key, KEYS[5] the readers (zset: reader id -> expiry ms, node clock;
+-- a reader id is the waiter id, then the attempt's number: one entry per attempt, §2.1),
 -- KEYS[6] the line, KEYS[7] line deadlines, KEYS[8] the release channel,
 -- KEYS[9] the name's counter of the previous format
 -- ARGV[1] 'w' write or 'r' read, ARGV[2] owner value, ARGV[3] ttl in ms, ARGV[4] token
@@ -250,17 +261,20 @@ RW_ACQUIRE = guarded(
 -- ARGV[6] patience in ms, ARGV[7] the name's bucket
 -- returns {1, token}   write granted: token = counter + 1; read granted: the counter as
 --                      it is (the last write token a reader saw), floor included
---         {2, counter} already ours (a retry): lease refreshed
---         {0, pttl}    a writer holds it (or, for a write, readers do): ms to wait
+--         {2, counter} already ours (a retry; a write: or an earlier attempt's of our
+--                      call, §2.1, ours now): lease refreshed
+--         {0, pttl}    a writer holds it (or, for a write, readers do): ms to wait (a
+--                      write: or a later attempt of our call, and this one came late)
 --         {3, ahead}   not our turn: a writer waits ahead (read), or someone (write)
 --         {-1, 0}      no node marker: amnesiac node, refuses
-""" + LINE_FUNCTIONS + TOKEN_FUNCTIONS + _READERS_FUNCTIONS + """
+""" + LINE_FUNCTIONS + TOKEN_FUNCTIONS + OWNER_FUNCTIONS + _READERS_FUNCTIONS + """
 local format = node_format(KEYS[1], KEYS[2])
 if format == 0 then
     return {-1, 0}
 end
 local now = now_ms()
-local me = redis.sha1hex(ARGV[2])
+local me = redis.sha1hex(call_of(ARGV[2]))
+local reader = me .. string.sub(ARGV[2], 33)
 local ttl = tonumber(ARGV[3])
 local writer = redis.call('GET', KEYS[4])
 redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', now)
@@ -274,9 +288,12 @@ local function wait_in_line()
     end
 end
 if ARGV[1] == 'w' then
-    if writer == ARGV[2] then
-        redis.call('PEXPIRE', KEYS[4], ttl)
+    local ours = kin(writer, ARGV[2])
+    if ours == 1 then
+        redis.call('SET', KEYS[4], ARGV[2], 'PX', ttl)
         return {2, settle(KEYS[3], ARGV[7], KEYS[9], 0, 0, format)}
+    elseif ours == -1 then  -- came late: changes nothing (§2.1)
+        return {0, redis.call('PTTL', KEYS[4])}
     end
     if writer then
         wait_in_line()
@@ -300,9 +317,9 @@ if ARGV[1] == 'w' then
     redis.call('SET', KEYS[4], ARGV[2], 'PX', ttl)
     return {1, settle(KEYS[3], ARGV[7], KEYS[9], tonumber(ARGV[4]), 1, format)}
 end
-local mine = redis.call('ZSCORE', KEYS[5], me)
+local mine = redis.call('ZSCORE', KEYS[5], reader)
 if mine then
-    redis.call('ZADD', KEYS[5], now + ttl, me)
+    redis.call('ZADD', KEYS[5], now + ttl, reader)
     keep_readers(KEYS[5], now)
     return {2, settle(KEYS[3], ARGV[7], KEYS[9], 0, 0, format)}
 end
@@ -322,7 +339,7 @@ for i = 2, #ahead, 2 do
         return {3, #ahead / 2}
     end
 end
-redis.call('ZADD', KEYS[5], now + ttl, me)
+redis.call('ZADD', KEYS[5], now + ttl, reader)
 keep_readers(KEYS[5], now)
 if ARGV[5] ~= '' and redis.call('ZREM', KEYS[6], me) == 1 then
     redis.call('ZREM', KEYS[7], me)
@@ -344,12 +361,12 @@ READ_EXTEND = guarded(
 -- returns 1 when our read was still live and its lease was reset, else 0
 """ + LINE_FUNCTIONS + _READERS_FUNCTIONS + """
 local now = now_ms()
-local me = redis.sha1hex(ARGV[1])
-local score = redis.call('ZSCORE', KEYS[1], me)
+local reader = redis.sha1hex(string.sub(ARGV[1], 1, 32)) .. string.sub(ARGV[1], 33)
+local score = redis.call('ZSCORE', KEYS[1], reader)
 if not score or tonumber(score) <= now then
     return 0
 end
-redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), me)
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), reader)
 keep_readers(KEYS[1], now)
 return 1
 """,
@@ -367,7 +384,8 @@ local format = node_format(KEYS[3], KEYS[5])
 if format == 0 then
     return 0
 end
-local score = redis.call('ZSCORE', KEYS[1], redis.sha1hex(ARGV[1]))
+local reader = redis.sha1hex(string.sub(ARGV[1], 1, 32)) .. string.sub(ARGV[1], 33)
+local score = redis.call('ZSCORE', KEYS[1], reader)
 if not score or tonumber(score) <= now_ms() then
     return 0
 end
@@ -380,15 +398,15 @@ READ_RELEASE = Script(
     "read_release",
     """
 -- KEYS[1] the readers, KEYS[2] the release channel, KEYS[3] the line, KEYS[4] deadlines
--- ARGV[1] owner value, ARGV[2] '1': also leave the line
+-- ARGV[1] owner value (its attempt's read goes, §2.1), ARGV[2] '1': also leave the line
 -- ARGV[3] patience in ms, ARGV[4] the reader's score in line: a failed attempt's
 -- give-back (ARGV[2] '0'), which puts its place back where the grant took it
 -- returns 1 when our read was there and is gone, 0 when it was not
 -- When the last reader left, publishes the waiter id of the first in line ('' if none).
 """ + LINE_FUNCTIONS + """
-local me = redis.sha1hex(ARGV[1])
+local me = redis.sha1hex(string.sub(ARGV[1], 1, 32))
 local now = now_ms()
-local released = redis.call('ZREM', KEYS[1], me)
+local released = redis.call('ZREM', KEYS[1], me .. string.sub(ARGV[1], 33))
 if ARGV[2] == '1' and redis.call('EXISTS', KEYS[3]) == 1 then
     redis.call('ZREM', KEYS[3], me)
     redis.call('ZREM', KEYS[4], me)
@@ -410,14 +428,15 @@ RW_INSPECT = Script(
     """
 -- KEYS[1] the writer's key, KEYS[2] the readers
 -- returns {writer pttl, writer holder, reader holder, ms left, ...}: the writer's PTTL
--- (-2 none) and first 12 hex digits of SHA1(owner) ('' none), then each live reader's id
--- (first 12 hex digits) and lease left; writes nothing
+-- (-2 none) and the first 12 hex digits of its waiter id (SHA1 of the owner value's call
+-- part, '' none), then each live reader's (the first 12 hex digits of its id: the same)
+-- and lease left; writes nothing
 """ + LINE_FUNCTIONS + """
 local now = now_ms()
 local owner = redis.call('GET', KEYS[1])
 local reply = {redis.call('PTTL', KEYS[1]), ''}
 if owner then
-    reply[2] = string.sub(redis.sha1hex(owner), 1, 12)
+    reply[2] = string.sub(redis.sha1hex(string.sub(owner, 1, 32)), 1, 12)
 end
 local readers = redis.call('ZRANGEBYSCORE', KEYS[2], '(' .. now, '+inf', 'WITHSCORES')
 for i = 1, #readers, 2 do

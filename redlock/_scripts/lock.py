@@ -23,6 +23,7 @@ from redlock._scripts.script import Script
 # family's scripts (docs/design.md §13, §3, §6), are in redlock/_scripts/shared.py.
 from redlock._scripts.shared import EPOCH_CHECK as EPOCH_CHECK
 from redlock._scripts.shared import LINE_FUNCTIONS as LINE_FUNCTIONS
+from redlock._scripts.shared import OWNER_FUNCTIONS as OWNER_FUNCTIONS
 from redlock._scripts.shared import STALE_EPOCH as STALE_EPOCH
 from redlock._scripts.shared import TOKEN_FUNCTIONS as TOKEN_FUNCTIONS
 from redlock._scripts.shared import guarded as guarded
@@ -34,7 +35,7 @@ from redlock._scripts.tools import INSPECT as INSPECT
 # Reply codes of ACQUIRE (first element of the reply array).
 ACQUIRE_REFUSED = 0  # another owner holds the key; second element: its PTTL in ms
 ACQUIRE_GRANTED = 1  # we set the key; second element: the new fence counter
-ACQUIRE_ALREADY_OURS = 2  # our owner value was already there (a retry); counter as is
+ACQUIRE_ALREADY_OURS = 2  # ours already: an earlier attempt of the call set it; counter as is
 ACQUIRE_AMNESIAC = -1  # the node has no marker: it may have forgotten locks and counters
 ACQUIRE_NOT_YOUR_TURN = 3  # free, but others are first in line; second element: how many
 
@@ -59,9 +60,12 @@ ACQUIRE = guarded(
 --                        max(counters, floor): the hand-off raised it)
 --                        (a waiter granted as first in line keeps its place until its
 --                        call is over: RELEASE with leave '1')
---         {2, token}     the key already holds our owner value: TTL refreshed; token =
+--         {2, token}     the key already holds our owner value, or an earlier attempt's
+--                        of our call (§2.1): it holds ours now, TTL refreshed; token =
 --                        the counter as it is now (no new one)
---         {0, pttl}      held by another owner, pttl ms left (a ticket joins the line)
+--         {0, pttl}      held by another owner, pttl ms left (a ticket joins the line);
+--                        or by a later attempt of our call: this acquire came late, and
+--                        changes nothing
 --         {3, ahead}     free, but `ahead` waiters are before us in line (a ticket joins it)
 --         {-1, 0}        no node marker: amnesiac node, refuses until repaired
 -- The usual case first, before the shared functions are defined (a script defines them
@@ -84,7 +88,7 @@ if usual and redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
     return {1, token}
 end
 """,
-    source=LINE_FUNCTIONS + TOKEN_FUNCTIONS + """
+    source=LINE_FUNCTIONS + TOKEN_FUNCTIONS + OWNER_FUNCTIONS + """
 local format = usual and 2 or node_format(KEYS[3], KEYS[7])
 if format == 0 then
     return {-1, 0}
@@ -96,14 +100,19 @@ if not usual and not queued and redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', 
     return {1, settle(KEYS[2], ARGV[6], KEYS[6], tonumber(ARGV[3]), 1, format)}
 end
 local holder = redis.call('GET', KEYS[1])
-if holder == ARGV[1] then
-    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+local ours = kin(holder, ARGV[1])
+if ours == 1 then
+    redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
     return {2, settle(KEYS[2], ARGV[6], KEYS[6], 0, 0, format)}
+elseif ours == -1 then
+    -- A later attempt of our call set it: this one is over (a reply lost, a connection
+    -- stalled), and must neither take the key back nor touch the line (§2.1).
+    return {0, redis.call('PTTL', KEYS[1])}
 end
 local ttls = KEYS[8]
 local attempt = ARGV[7] or ''
 if holder and string.sub(holder, 1, 8) == 'handoff:' then
-    local me = redis.sha1hex(ARGV[1])
+    local me = redis.sha1hex(call_of(ARGV[1]))
     if holder == reservation(me) then
         -- A release handed the lock to us (docs/design.md §6.7): granted, first in line
         -- (the place is kept as below). The hand-off raised the counter while the
@@ -122,7 +131,7 @@ if holder and string.sub(holder, 1, 8) == 'handoff:' then
     end
 end
 local now = now_ms()
-local me = redis.sha1hex(ARGV[1])
+local me = redis.sha1hex(call_of(ARGV[1]))
 if queued then
     drop_lapsed(KEYS[4], KEYS[5], now, ttls)
 end
@@ -184,13 +193,15 @@ ACQUIRE_MANY = guarded(
 -- ARGV[1] owner value, ARGV[2] ttl in ms, ARGV[3] token floor, ARGV[4..k+3] the
 -- resources' buckets (fields of KEYS[3], same order)
 -- returns {-1, 0}          no node marker: amnesiac node, refuses
---         {0, pttl}        some key is held by another owner: nothing set; pttl = the
---                          longest PTTL among those keys (-1: a key without expiry)
---         {1, t, ..., t}   every key set (or already ours: TTL refreshed); one token t
+--         {0, pttl}        some key is held by another owner (or by a later attempt of
+--                          our call, §2.1): nothing set; pttl = the longest PTTL among
+--                          those keys (-1: a key without expiry)
+--         {1, t, ..., t}   every key set (or already ours, or an earlier attempt's of our
+--                          call: ours now, TTL refreshed); one token t
 --                          for the whole set, one above every counter involved (or, when
 --                          every key was ours already, the highest of them as it is), to
 --                          which every member's bucket is raised
-""" + TOKEN_FUNCTIONS + """
+""" + TOKEN_FUNCTIONS + OWNER_FUNCTIONS + """
 local format = node_format(KEYS[1], KEYS[2])
 if format == 0 then
     return {-1, 0}
@@ -199,7 +210,7 @@ local k = (#KEYS - 3) / 2
 local blocked, longest, fresh = false, -1, false
 for i = 1, k do
     local holder = redis.call('GET', KEYS[3 + i])
-    if holder and holder ~= ARGV[1] then
+    if holder and kin(holder, ARGV[1]) ~= 1 then
         blocked = true
         local pttl = redis.call('PTTL', KEYS[3 + i])
         if pttl < 0 then
@@ -225,12 +236,7 @@ if fresh then
 end
 local reply = {1}
 for i = 1, k do
-    local lock = KEYS[3 + i]
-    if redis.call('GET', lock) == ARGV[1] then
-        redis.call('PEXPIRE', lock, ARGV[2])
-    else
-        redis.call('SET', lock, ARGV[1], 'PX', ARGV[2])
-    end
+    redis.call('SET', KEYS[3 + i], ARGV[1], 'PX', ARGV[2])
     settle(KEYS[3], ARGV[3 + i], KEYS[3 + k + i], token, 0, format)
     reply[#reply + 1] = token
 end
@@ -246,7 +252,7 @@ WRITE_BACK = guarded(
 -- ARGV[1] owner value, ARGV[2] token, ARGV[3] the resource's bucket
 -- returns 1 when the node still holds our lock key and now has counter >= token, else 0
 -- (a reservation for us, docs/design.md §6.7, is our key: it becomes our owner value,
--- with the PTTL it had)
+-- with the PTTL it had; another attempt's value of our call is not this attempt's grant)
 -- The owner check is what makes the write-back safe: counting a node that does not
 -- hold our key could let a stale token overtake a committed one (docs/design.md §3.3).
 """ + TOKEN_FUNCTIONS + """
@@ -256,7 +262,7 @@ if format == 0 then
 end
 local holder = redis.call('GET', KEYS[1])
 if holder ~= ARGV[1] then
-    if holder ~= 'handoff:' .. redis.sha1hex(ARGV[1]) then
+    if holder ~= 'handoff:' .. redis.sha1hex(string.sub(ARGV[1], 1, 32)) then
         return 0
     end
     local pttl = redis.call('PTTL', KEYS[1])
@@ -279,13 +285,15 @@ RELEASE = Script(
 -- KEYS[5] the line's hand-off records, KEYS[6] node fence counters, KEYS[7] node marker,
 -- KEYS[8] the resource's counter and KEYS[9] the marker of the previous format,
 -- KEYS[10] the node's membership record (KEYS[5..10] absent: no hand-off)
--- ARGV[1] owner value, ARGV[2] '1': also leave the line (the acquire call is over),
--- '0': keep our place (a failed attempt that will try again); ARGV[3] (with '0') the
+-- ARGV[1] owner value, ARGV[2] '1': also leave the line (the acquire call is over: the
+-- key goes if any attempt of our call set it, §2.1), '0': keep our place (a failed
+-- attempt that will try again: the key goes only if this attempt set it); ARGV[3] (with
+-- '0') the
 -- patience in ms: our entry, cut to our key's TTL when it was granted, lasts that long
 -- ('' or absent: none); ARGV[4] the resource's bucket (a field of KEYS[6]); ARGV[5]
 -- (with '0' and a patience) the waiter's ticket: its entry is put back where it is not
 -- in the line (a grant on an empty line did not enter it, §6.3) ('' or absent: none)
--- returns 1 when our key was deleted, 0 when the key is absent or another owner's
+-- returns 1 when our key was deleted, 0 when the key is absent or not ours to delete
 -- When the lock became free, hands it to the first in line if that waiter left a
 -- hand-off record (docs/design.md §6.7): SET lock 'handoff:<waiter id>' PX its ttl, its
 -- counter raised as its grant would, and publishes '<waiter id> <counter> <epoch>
@@ -306,16 +314,17 @@ if holder == ARGV[1] and not queued and ticket == '' then
     end
     return 1
 end
-""" + LINE_FUNCTIONS + TOKEN_FUNCTIONS + """
+""" + LINE_FUNCTIONS + TOKEN_FUNCTIONS + OWNER_FUNCTIONS + """
 local ttls = KEYS[5]
 -- Our waiter id, where a line or a reservation needs it (most releases: neither, and
 -- SHA1 is the costliest step of this script without them).
 local me = nil
 if queued or ticket ~= '' or (holder and string.sub(holder, 1, 8) == 'handoff:') then
-    me = redis.sha1hex(ARGV[1])
+    me = redis.sha1hex(call_of(ARGV[1]))
 end
 local released = 0
-if holder == ARGV[1] or (ARGV[2] == '1' and me and holder == reservation(me)) then
+if holder == ARGV[1] or (ARGV[2] == '1' and holder and (call_of(holder) == call_of(ARGV[1])
+                                                      or (me and holder == reservation(me)))) then
     redis.call('DEL', KEYS[1])
     released = 1
 end
@@ -396,7 +405,7 @@ if holder == ARGV[1] then
     redis.call('PEXPIRE', KEYS[1], ARGV[2])
     return 1
 end
-if holder and holder == 'handoff:' .. redis.sha1hex(ARGV[1]) then
+if holder and holder == 'handoff:' .. redis.sha1hex(string.sub(ARGV[1], 1, 32)) then
     redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
     return 1
 end
@@ -414,7 +423,8 @@ OWNED_PTTL = Script(
 -- returns the key's PTTL in ms when it holds this owner value (or a reservation for it,
 -- docs/design.md §6.7), else -2
 local holder = redis.call('GET', KEYS[1])
-if holder == ARGV[1] or (holder and holder == 'handoff:' .. redis.sha1hex(ARGV[1])) then
+if holder == ARGV[1]
+        or (holder and holder == 'handoff:' .. redis.sha1hex(string.sub(ARGV[1], 1, 32))) then
     return redis.call('PTTL', KEYS[1])
 end
 return -2

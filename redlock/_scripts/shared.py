@@ -117,6 +117,27 @@ end
 # of a waiter that died lapses on its own, however long the holder keeps the lock. Both
 # keys expire with their last entry.
 
+OWNER_FUNCTIONS = """
+-- Owner values are '<call><attempt>' (docs/design.md §2.1): the acquire call's secret,
+-- 32 hex digits, then its attempt's number in 8, so two values of one call compare as
+-- their attempts do. A waiter is its call: SHA1(call_of(owner)).
+local function call_of(owner)
+    return string.sub(owner, 1, 32)
+end
+-- Whose `held` is, seen from `owner`: 1 its own or an earlier attempt's of its call (the
+-- later attempt takes it over), -1 a later attempt's (`owner`'s command came late: it
+-- must change nothing), 0 another owner's, or nothing.
+local function kin(held, owner)
+    if held == owner then
+        return 1
+    end
+    if not held or #held ~= #owner or call_of(held) ~= call_of(owner) then
+        return 0
+    end
+    return held < owner and 1 or -1
+end
+"""
+
 LINE_FUNCTIONS = """
 local function now_ms()
     local t = redis.call('TIME')
@@ -170,7 +191,7 @@ local function enter_line(line, deadlines, waiter, ticket, until_ms, now, ttls)
     keep_until(line, deadlines, waiter, until_ms, now, ttls)
 end
 -- A reservation: the value a release's hand-off sets for the first in line
--- (docs/design.md §6.7). Owner values are 32 hex digits: none has this prefix.
+-- (docs/design.md §6.7). Owner values are hex digits: none has this prefix.
 local function reservation(waiter)
     return 'handoff:' .. waiter
 end

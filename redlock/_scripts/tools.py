@@ -21,18 +21,19 @@ INSPECT = Script(
 --              counter, or its own counter of the previous format if that is higher
 --   marker     the node's format: 2 its marker, 1 the previous format's, 0 none
 --   repairing  1 when a repair has claimed the node, else 0
---   holder     the first 12 hex digits of SHA1(owner value), '' when free: tells holders
---              apart without revealing the owner value (which would let anyone release)
+--   holder     the first 12 hex digits of its waiter id, SHA1 of the owner value's call
+--              part (docs/design.md §2.1), '' when free: tells holders apart without
+--              revealing the owner value (which would let anyone release)
 --   episode    the amnesia episode ('<since ms> <run id> <why>'), '' when none
 --   now        this node's clock in ms (the episode's age is measured on it)
 """ + TOKEN_FUNCTIONS + """
 local owner = redis.call('GET', KEYS[1])
 local holder = ''
 if owner and string.sub(owner, 1, 8) == 'handoff:' then
-    -- a reservation (docs/design.md §6.7): its waiter id is SHA1(owner value)
+    -- a reservation (docs/design.md §6.7): for its waiter id
     holder = string.sub(owner, 9, 20)
 elseif owner then
-    holder = string.sub(redis.sha1hex(owner), 1, 12)
+    holder = string.sub(redis.sha1hex(string.sub(owner, 1, 32)), 1, 12)
 end
 local t = redis.call('TIME')
 return {redis.call('PTTL', KEYS[1]), highest(KEYS[2], ARGV[1], KEYS[6], 0),

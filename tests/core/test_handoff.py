@@ -5,7 +5,6 @@ tests/core/test_scripts_contract.py) without an ACQUIRE round, or falling back t
 
 from __future__ import annotations
 
-import hashlib
 import re
 import threading
 from collections.abc import Callable, Sequence
@@ -28,6 +27,7 @@ from tests.internals import (
     drive,
     parse_message,
     scripts,
+    waiter_id,
 )
 from tests.scripted import RESERVED, FakeClock, ScriptedNodes, lock_key, make_core
 
@@ -210,7 +210,7 @@ def test_a_waiter_handed_the_lock_on_every_node_completes_without_an_acquire_rou
     assert result.state is not None
     assert result.state.token == 5
     assert nodes.scripts_sent() == ["acquire"]  # the refused attempt, nothing more
-    waiter = RESERVED + hashlib.sha1(result.state.owner.encode()).hexdigest()
+    waiter = RESERVED + waiter_id(result.state.owner)
     assert [nodes.data[i][lock_key("r")] for i in range(3)] == [waiter] * 3
     assert [e["heard"] for e in events if e["event"] == "redlock.handed_off"] == [3]
     # An ordinary lock: it releases its reservations (and hands off to nobody).

@@ -4,7 +4,6 @@ attempt releases, who leaves the line when, and whom a release message wakes."""
 
 from __future__ import annotations
 
-import hashlib
 import re
 import threading
 
@@ -20,11 +19,14 @@ from tests.internals import (
     drive,
     scripts,
 )
+from tests.internals import (
+    waiter_id as internal_waiter_id,
+)
 from tests.scripted import FakeClock, ScriptedNodes, make_core
 
 
 def waiter_id(owner: object) -> str:
-    return hashlib.sha1(str(owner).encode()).hexdigest()
+    return internal_waiter_id(str(owner))
 
 
 def held_by_another(nodes: ScriptedNodes) -> None:
