@@ -16,10 +16,10 @@ import pytest
 import redis
 
 from redlock import AsyncRedlock, Redlock
-from redlock._io import resp
+from redlock._io import resp, wire
 from redlock.testing import RedisNode, RedisNodes, capture_events, free_port
 from tests.clients import Actor, Flavour
-from tests.internals import KEYS
+from tests.internals import KEYS, MUTEX, AcquireArgs, attempt_owner, with_epoch
 from tests.peek import strictly_increasing
 
 SAMPLES = [
@@ -280,3 +280,19 @@ def test_a_node_that_fails_fast_is_not_silent_one_that_times_out_is() -> None:
         silence.owed(0, long_ago)
         silence.failed(0, exc)
         assert (silence.until(now - 0.0001, now, now, [0]) == now) is silent, exc
+
+
+def test_a_release_goes_behind_an_unanswered_acquire_of_every_resource_of_a_set() -> None:
+    """The (key, owner) pairs a release is matched against (docs/design.md §5.5): every
+    lock key of an ACQUIRE_MANY as it is sent (with the membership key last), and none
+    of its other keys. (The last resource's key was missed, the previous-format marker
+    and the counters taken for lock keys.)"""
+    owner = attempt_owner("0" * 32, 1)
+    [call] = with_epoch(MUTEX.acquire_calls(KEYS, range(1), ("a", "b", "c"), AcquireArgs(
+        owner, 1000, 0, "", 0)), KEYS, 0)
+    assert wire.acquire_keys(call) == [(KEYS.lock(r), owner) for r in ("a", "b", "c")]
+    [single] = with_epoch(MUTEX.acquire_calls(KEYS, range(1), ("a",), AcquireArgs(
+        owner, 1000, 0, "", 0)), KEYS, 0)
+    assert wire.acquire_keys(single) == [(KEYS.lock("a"), owner)]
+    release = MUTEX.release_call(KEYS, 0, "c", (owner, "0", 100, ""))
+    assert wire.release_key(release) in wire.acquire_keys(call)

@@ -169,9 +169,11 @@ def acquire_keys(call: Call) -> list[tuple[object, object]]:
     """What a release must match to go behind an acquire: (lock key, owner) pairs."""
     if call.script is scripts.ACQUIRE:
         return [(call.keys[0], call.args[0])]
-    if call.script is scripts.ACQUIRE_MANY:  # KEYS: the marker, k lock keys, k fence keys
-        k = (len(call.keys) - 1) // 2
-        return [(key, call.args[0]) for key in call.keys[1:1 + k]]
+    if call.script is scripts.ACQUIRE_MANY:
+        # KEYS: 3 of the node's (marker, previous marker, counters), k lock keys, k old
+        # counters, and the membership record (redlock._core.kinds.with_epoch)
+        k = (len(call.keys) - 4) // 2
+        return [(key, call.args[0]) for key in call.keys[3:3 + k]]
     return []
 
 
@@ -180,10 +182,11 @@ def late_sendable(call: Call) -> bool:
     late)? A release that ends an acquire call or a held lock (leave '1'), or an extend:
     they touch only their owner's key, and nothing else would free it before its TTL.
     Never an acquire (nobody would wait for its reply, and its release may have gone),
-    and never the release of a failed attempt (leave '0'): the same acquire call may
-    already have set its key again with the same owner value in a later attempt, which
-    that late release would delete (seen: a held lock found gone on 3 of 5 nodes at its
-    release, 10 ms after it was granted, under a burst on a busy event loop)."""
+    and never the release of a failed attempt (leave '0'): the call's next attempt takes
+    over what it would delete, and the call's final release deletes it (docs/design.md
+    §2.1). When every attempt of a call set the same owner value, such a late release
+    deleted the next attempt's grant (held locks found gone on 3 of 5 nodes at their
+    release, 10 ms after their grant, under a burst on a busy event loop)."""
     if call.script is scripts.RELEASE:
         return len(call.args) > 1 and call.args[1] == "1"
     return call.script is scripts.EXTEND
