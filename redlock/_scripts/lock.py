@@ -288,9 +288,8 @@ RELEASE = Script(
 -- ARGV[1] owner value, ARGV[2] '1': also leave the line (the acquire call is over: the
 -- key goes if any attempt of our call set it, §2.1), '0': keep our place (a failed
 -- attempt that will try again: the key goes only if this attempt set it); ARGV[3] (with
--- '0') the
--- patience in ms: our entry, cut to our key's TTL when it was granted, lasts that long
--- ('' or absent: none); ARGV[4] the resource's bucket (a field of KEYS[6]); ARGV[5]
+-- '0') the patience in ms: our entry, cut to our key's TTL when it was granted, lasts
+-- that long ('' or absent: none); ARGV[4] the resource's bucket (a field of KEYS[6]); ARGV[5]
 -- (with '0' and a patience) the waiter's ticket: its entry is put back where it is not
 -- in the line (a grant on an empty line did not enter it, §6.3) ('' or absent: none)
 -- returns 1 when our key was deleted, 0 when the key is absent or not ours to delete
