@@ -296,3 +296,29 @@ def test_a_release_goes_behind_an_unanswered_acquire_of_every_resource_of_a_set(
     assert wire.acquire_keys(single) == [(KEYS.lock("a"), owner)]
     release = MUTEX.release_call(KEYS, 0, "c", (owner, "0", 100, ""))
     assert wire.release_key(release) in wire.acquire_keys(call)
+
+
+def test_a_node_that_refused_a_connection_is_not_asked_again_until_its_wait_is_over() -> None:
+    """Refusals (docs/design.md §2.4): the wait starts at RETRY_CONNECT_MIN and doubles
+    with each fast failure up to RETRY_CONNECT_MAX; a timeout does not count; a
+    connection made clears it."""
+    refusals = wire.Refusals(2)
+    refused = redis.ConnectionError("Error 111 connecting to 127.0.0.1:1. Connection refused.")
+    assert refusals.refusing(0, 100.0) is None
+    refusals.failed(0, redis.TimeoutError("Timeout connecting"), 100.0)  # (no: a timeout)
+    assert refusals.refusing(0, 100.0) is None
+    waits = []
+    now = 100.0
+    for _ in range(6):
+        refusals.failed(0, refused, now)
+        assert refusals.refusing(0, now) is refused and refusals.refusing(1, now) is None
+        waits.append(round(refusals.retry_at[0] - now, 6))
+        now = refusals.retry_at[0]
+        assert refusals.refusing(0, now) is None  # its wait is over: try again
+    assert waits == [wire.RETRY_CONNECT_MIN * 2 ** i if wire.RETRY_CONNECT_MIN * 2 ** i
+                     < wire.RETRY_CONNECT_MAX else wire.RETRY_CONNECT_MAX for i in range(6)]
+    refusals.failed(0, refused, now)
+    refusals.connected(0)
+    assert refusals.refusing(0, now) is None
+    refusals.failed(0, refused, now)  # (after a connection: from the start again)
+    assert refusals.retry_at[0] - now == pytest.approx(wire.RETRY_CONNECT_MIN)

@@ -41,6 +41,7 @@ from redlock._io.wire import (
     Late,
     LateConnections,
     Packing,
+    Refusals,
     Silence,
     acquire_keys,
     fill_pending,
@@ -94,6 +95,7 @@ class AsyncTransport:
         self.connect_timeout = connect_timeout
         self._late: LateConnections[Any] = LateConnections(len(self.pools))
         self._silence = Silence(len(self.pools))  # the nodes that stopped answering
+        self._refusals = Refusals(len(self.pools))  # the nodes refusing connections
         self._running: set[asyncio.Task[None]] = set()
         self._slots = [Slots() for _ in self.pools]
         # Connected connections taken from the pools and kept here between requests: a
@@ -133,6 +135,7 @@ class AsyncTransport:
         # Nodes with an open connection: written at once, here; the others: a task each
         # opens one (within the connection's budget), then the same.
         wires = self._idle_wires(exchanges.values())
+        refused: list[tuple[Exchange, BaseException]] = []
         for exchange in exchanges.values():
             exchange.results = [PENDING] * len(exchange.calls)
             exchange.started = started
@@ -140,10 +143,16 @@ class AsyncTransport:
             wire = wires.get(exchange.node)
             if wire is not None:
                 self._send(exchange, wire, packing)
-            else:
-                task = loop.create_task(self._exchange(exchange))
-                self._running.add(task)
-                task.add_done_callback(self._running.discard)
+                continue
+            error = self._refusals.refusing(exchange.node, started)
+            if error is not None:  # it failed a moment ago: fails the same way, at once
+                refused.append((exchange, error))  # (after the others are written)
+                continue
+            task = loop.create_task(self._exchange(exchange))
+            self._running.add(task)
+            task.add_done_callback(self._running.discard)
+        for exchange, error in refused:
+            exchange.fail(error)
         last_turns = _LAST_TURNS
         try:
             # Not one wake-up per reply: the exchanges tell the gathering as they
@@ -266,6 +275,7 @@ class AsyncTransport:
         try:
             wire = await within(self._checkout(exchange), self.connect_timeout)
         except Exception as exc:  # asyncio.TimeoutError included: the node is hung
+            self._refusals.failed(exchange.node, exc, time.monotonic())
             exchange.fail(exc)
             return
         if wire is None:  # an acquire whose request ended while it waited for a slot
@@ -274,11 +284,10 @@ class AsyncTransport:
         if exchange.needless():
             # Connected only after the request was over: an acquire sent now would set
             # a key nobody waits for (its release may already have gone), and a failed
-            # attempt's release could delete the key a later attempt of the same call
-            # set (redlock._io.wire.late_sendable). A final release or an extend
-            # still goes: its caller may have been cancelled (asyncio.timeout around
-            # ``async with``) and nothing else would free the key before its TTL. The
-            # connection is warm for the next request either way.
+            # attempt's release is never sent late (redlock._io.wire.late_sendable). A
+            # final release or an extend still goes: its caller may have been cancelled
+            # (asyncio.timeout around ``async with``) and nothing else would free the
+            # key before its TTL. The connection is warm for the next request either way.
             exchange.finish()
             self._give_back(wire, exchange.lane)
             return
@@ -318,6 +327,7 @@ class AsyncTransport:
                 slots.remove(future)
 
     def _wrap(self, node: int, conn: Any) -> Wire:
+        self._refusals.connected(node)
         wire = Wire(conn, node)
         wire.on_free = self._wire_free
         wire.on_broken = self._discard_soon

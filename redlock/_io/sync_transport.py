@@ -47,6 +47,7 @@ from redlock._io.wire import (
     PENDING,
     SENT_LATE,
     Packing,
+    Refusals,
     Silence,
     fill_pending,
     late_sendable,
@@ -86,6 +87,7 @@ class SyncTransport:
         self.connect_timeout = connect_timeout
         # Replies owed on connections nobody waits on any more; queued final releases.
         self._silence = Silence(len(self.pools))  # the nodes that stopped answering
+        self._refusals = Refusals(len(self.pools))  # the nodes refusing connections
         self._drainer = SyncDrainer(len(self.pools), connect_timeout, give_back=self._give_back,
                                     discard=self._discard, silence=self._silence)
         self._connects = [0] * len(self.pools)  # opening now, per node
@@ -348,13 +350,20 @@ class SyncTransport:
         too many are opening already: the node is slow to accept or to handshake;
         ``anyway``: a lane's, which does not wait for a slot)."""
         attempt = Connect(node)
+        refused = self._refusals.refusing(node, time.monotonic())
+        if refused is not None:  # it failed a moment ago: fails the same way, at once
+            attempt.error = refused
+            attempt.ready.set()
+            return attempt
 
         def run() -> None:
             try:
                 attempt.conn = self.pools[node].get_connection()
+                self._refusals.connected(node)
             except Exception as exc:
                 attempt.error = exc
                 self._silence.failed(node, exc)
+                self._refusals.failed(node, exc, time.monotonic())
             finally:
                 with self._mutex:
                     self._connects[node] -= 1

@@ -45,6 +45,11 @@ STRAGGLER_GRACE_MIN = 0.001
 # ... unless every straggler is silent: it owed replies and answered nothing, on any
 # connection, for this many graces (Silence).
 SILENT_AFTER_GRACES = 10
+# After a connection attempt to a node failed fast (refused, reset), the next waits this
+# long, doubling with each failure up to the maximum (Refusals): a node that comes back
+# is asked again within RETRY_CONNECT_MAX.
+RETRY_CONNECT_MIN = 0.005
+RETRY_CONNECT_MAX = 0.05
 # An idle connection given back more recently than this is reused without a look for
 # bytes nobody asked for (a server that closed it, or wrote unasked): its replies were
 # read to the end a moment ago (an acquire's, reused by its release), and the look would
@@ -124,6 +129,44 @@ class Silence:
             if not since or since > cutoff:
                 return decided + grace
         return now
+
+
+class Refusals:
+    """Per node, a connection attempt that failed fast (refused, reset, no such host, a
+    wrong password: any failure but a timeout, :func:`answered`), and when the next may
+    be made. Until then a request fails that node's calls at once with the same error,
+    instead of opening a connection (a thread or a task) that would fail the same way:
+    with 2 of 5 nodes refusing connections, that cost each acquire+release 3.2 times the
+    healthy cycle on the sync client and 2.0 times on the asyncio one (BENCHMARKS.md,
+    "A refusing minority"). The wait starts at RETRY_CONNECT_MIN and doubles with each
+    failure, up to RETRY_CONNECT_MAX, so a node that comes back is asked again within
+    that; any connection made to the node clears it. Failing a call at once changes no
+    decision: the attempt would have failed it a moment later. A timeout does not count:
+    a connection that takes its whole budget is already one at a time per slot."""
+
+    __slots__ = ("errors", "retry_at", "waits")
+
+    def __init__(self, node_count: int) -> None:
+        self.errors: list[BaseException | None] = [None] * node_count
+        self.retry_at = [0.0] * node_count
+        self.waits = [0.0] * node_count
+
+    def failed(self, node: int, exc: BaseException, now: float) -> None:
+        """A connection attempt to ``node`` failed with ``exc`` at ``now``."""
+        if not answered(exc):
+            return
+        wait = min(max(self.waits[node] * 2, RETRY_CONNECT_MIN), RETRY_CONNECT_MAX)
+        self.errors[node], self.waits[node], self.retry_at[node] = exc, wait, now + wait
+        # (Threads race here: the latest failure wins, which is as good as any.)
+
+    def connected(self, node: int) -> None:
+        if self.errors[node] is not None:
+            self.errors[node], self.waits[node], self.retry_at[node] = None, 0.0, 0.0
+
+    def refusing(self, node: int, now: float) -> BaseException | None:
+        """The error to fail ``node``'s calls with now, or None: try to connect."""
+        error = self.errors[node]
+        return error if error is not None and now < self.retry_at[node] else None
 
 
 def answered(exc: BaseException) -> bool:
