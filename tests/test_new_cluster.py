@@ -4,11 +4,13 @@ down, the others are not amnesiac and must not be reported or benched as such.""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import pytest
 
 from redlock import LockNotAcquired, QuorumUnavailable, Redlock
+from redlock._io import wire
 from redlock.testing import RedisNodes, capture_events
 
 
@@ -25,6 +27,8 @@ def test_new_cluster_with_a_node_down_waits_for_it_without_calling_anyone_amnesi
         with pytest.raises(QuorumUnavailable, match="1 did not"):
             lock.acquire(blocking=False)
         nodes[2].start()
+        # Refused a moment ago: asked again once its wait is over (wire.Refusals).
+        time.sleep(wire.RETRY_CONNECT_MAX)
         assert lock.acquire(blocking=False)  # full view now: initialised, then granted
         assert lock.token == 1
         lock.release()
