@@ -46,6 +46,7 @@ class StallingForwarder:
     def __init__(self, target_port: int, target_host: str = "127.0.0.1") -> None:
         self._target = (target_host, target_port)
         self._listener = socket.create_server(("127.0.0.1", 0))
+        self._listener.settimeout(0.05)  # (closing it does not wake accept(): it polls)
         self.port: int = self._listener.getsockname()[1]
         self.url = f"redis://127.0.0.1:{self.port}"
         self._mutex = threading.Lock()
@@ -86,12 +87,12 @@ class StallingForwarder:
         with self._mutex:
             self._closed = True
             links, self._links = self._links, []
-        with contextlib.suppress(OSError):
-            self._listener.close()
         for link in links:
             link.close()
         for thread in self._threads:
             thread.join(_JOIN_SECONDS)
+        with contextlib.suppress(OSError):
+            self._listener.close()
 
     def __enter__(self) -> StallingForwarder:
         return self
@@ -109,11 +110,14 @@ class StallingForwarder:
         thread.start()
 
     def _accept(self) -> None:
-        while True:
+        while not self._closed:
             try:
                 client, _ = self._listener.accept()
+            except TimeoutError:
+                continue
             except OSError:
                 return  # closed
+            client.settimeout(None)
             try:
                 upstream = socket.create_connection(self._target, timeout=5.0)
                 upstream.settimeout(None)
