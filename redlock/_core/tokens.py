@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from redlock._core.environment import Mutex
 from redlock._core.settings import Settings
+from redlock._scripts.shared import CALL_DIGITS as CALL_DIGITS  # (the scripts' too)
 
 #: Tokens are Lua numbers on the nodes, exact integers only below 2**53: an
 #: acquisition whose token would reach it fails instead of issuing an inexact one.
@@ -37,10 +38,6 @@ def bucket(resource: str) -> str:
     """The field of the node's counters hash that ``resource``'s tokens come from."""
     return str(zlib.crc32(resource.encode()) % COUNTER_BUCKETS)
 
-
-#: An owner value starts with its acquire call's secret, this many hex digits, drawn once
-#: per call; then comes its attempt's number (docs/design.md §2.1).
-CALL_DIGITS = 32
 
 
 def attempt_owner(call: str, attempt: int) -> str:

@@ -213,7 +213,8 @@ class AsyncTransport:
                 self._slots[exchange.node].wake_over()
             else:
                 self._late_exchange(exchange)
-            unsent = exchange.wire is None and exchange.needless()  # (never, see Exchange)
+            # Still waiting for a connection, and nothing of it may go late: never sent.
+            unsent = exchange.wire is None and exchange.needless()
             fill_pending(exchange.indexes, replies,
                          NotSent(f"no connection within {waited * 1000:.0f} ms") if unsent
                          else NOT_AWAITED if decided else SENT_LATE if exchange.releases_late()

@@ -31,11 +31,12 @@ PROCLAIM = guarded(
 -- The record (<term> <holder> <identity>, holder = first 12 hex digits of the waiter
 -- id, SHA1 of the owner value's call part, docs/design.md §2.1)
 -- lives as long as the leader key; an observer is woken with the identity.
+""" + OWNER_FUNCTIONS + """
 local pttl = redis.call('PTTL', KEYS[1])
 if pttl <= 0 or redis.call('GET', KEYS[1]) ~= ARGV[1] then
     return 0
 end
-local holder = string.sub(redis.sha1hex(string.sub(ARGV[1], 1, 32)), 1, 12)
+local holder = holder_id(ARGV[1])
 redis.call('SET', KEYS[2], ARGV[2] .. ' ' .. holder .. ' ' .. ARGV[3], 'PX', pttl)
 redis.pcall('PUBLISH', KEYS[3], '')
 return 1
@@ -68,11 +69,11 @@ LEADER = Script(
 --           '' when free
 --   record  '<term> <holder> <identity>' of the last proclaimed term, '' when none
 --   format  the node's format (0: no marker, it lost its data: not to be believed)
-""" + TOKEN_FUNCTIONS + """
+""" + TOKEN_FUNCTIONS + OWNER_FUNCTIONS + """
 local owner = redis.call('GET', KEYS[1])
 local holder = ''
 if owner then
-    holder = string.sub(redis.sha1hex(string.sub(owner, 1, 32)), 1, 12)
+    holder = holder_id(owner)
 end
 return {redis.call('PTTL', KEYS[1]), holder, redis.call('GET', KEYS[2]) or '',
         node_format(KEYS[3], KEYS[4])}
@@ -132,7 +133,7 @@ for i = 0, k - 1 do
     end
 end
 local now = now_ms()
-local me = redis.sha1hex(call_of(ARGV[1]))
+local me = waiter_of(ARGV[1])
 local ahead = 0
 if redis.call('EXISTS', KEYS[4]) == 1 then
     drop_lapsed(KEYS[4], KEYS[5], now)
@@ -194,13 +195,13 @@ for i = 4, #KEYS do
     end
 end
 if ARGV[2] == '1' and redis.call('EXISTS', KEYS[2]) == 1 then
-    local me = redis.sha1hex(call_of(ARGV[1]))
+    local me = waiter_of(ARGV[1])
     redis.call('ZREM', KEYS[2], me)
     redis.call('ZREM', KEYS[3], me)
 end
 if released == 1 then  -- (a give-back's giver: SHA1 only then)
     local now = now_ms()
-    local me = ARGV[2] == '0' and redis.sha1hex(call_of(ARGV[1])) or nil
+    local me = ARGV[2] == '0' and waiter_of(ARGV[1]) or nil
     if me and ARGV[4] and ARGV[4] ~= '' then
         -- The waiter keeps its place in line on every node (docs/design.md §12.2): a
         -- later waiter must not take the slot here while it is ahead elsewhere.
@@ -218,12 +219,13 @@ SEM_INSPECT = Script(
 -- KEYS[1..K] the slot keys
 -- returns per slot {pttl, holder}: PTTL (-2 free) and the first 12 hex digits of the
 -- holder's waiter id (SHA1 of the owner value's call part; '' free); writes nothing
+""" + OWNER_FUNCTIONS + """
 local reply = {}
 for i = 1, #KEYS do
     local owner = redis.call('GET', KEYS[i])
     local holder = ''
     if owner then
-        holder = string.sub(redis.sha1hex(string.sub(owner, 1, 32)), 1, 12)
+        holder = holder_id(owner)
     end
     reply[#reply + 1] = redis.call('PTTL', KEYS[i])
     reply[#reply + 1] = holder
@@ -273,8 +275,8 @@ if format == 0 then
     return {-1, 0}
 end
 local now = now_ms()
-local me = redis.sha1hex(call_of(ARGV[2]))
-local reader = me .. string.sub(ARGV[2], 33)
+local me = waiter_of(ARGV[2])
+local reader = me .. attempt_of(ARGV[2])
 local ttl = tonumber(ARGV[3])
 local writer = redis.call('GET', KEYS[4])
 redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', now)
@@ -359,9 +361,9 @@ READ_EXTEND = guarded(
 -- KEYS[1] the readers
 -- ARGV[1] owner value, ARGV[2] new ttl in ms
 -- returns 1 when our read was still live and its lease was reset, else 0
-""" + LINE_FUNCTIONS + _READERS_FUNCTIONS + """
+""" + LINE_FUNCTIONS + OWNER_FUNCTIONS + _READERS_FUNCTIONS + """
 local now = now_ms()
-local reader = redis.sha1hex(string.sub(ARGV[1], 1, 32)) .. string.sub(ARGV[1], 33)
+local reader = waiter_of(ARGV[1]) .. attempt_of(ARGV[1])
 local score = redis.call('ZSCORE', KEYS[1], reader)
 if not score or tonumber(score) <= now then
     return 0
@@ -379,12 +381,12 @@ READ_WRITE_BACK = guarded(
 -- KEYS[4] the name's counter and KEYS[5] the marker of the previous format
 -- ARGV[1] owner value, ARGV[2] token, ARGV[3] the name's bucket
 -- returns 1 when our read is live on the node and its counter is now >= token, else 0
-""" + LINE_FUNCTIONS + TOKEN_FUNCTIONS + """
+""" + LINE_FUNCTIONS + TOKEN_FUNCTIONS + OWNER_FUNCTIONS + """
 local format = node_format(KEYS[3], KEYS[5])
 if format == 0 then
     return 0
 end
-local reader = redis.sha1hex(string.sub(ARGV[1], 1, 32)) .. string.sub(ARGV[1], 33)
+local reader = waiter_of(ARGV[1]) .. attempt_of(ARGV[1])
 local score = redis.call('ZSCORE', KEYS[1], reader)
 if not score or tonumber(score) <= now_ms() then
     return 0
@@ -403,10 +405,10 @@ READ_RELEASE = Script(
 -- give-back (ARGV[2] '0'), which puts its place back where the grant took it
 -- returns 1 when our read was there and is gone, 0 when it was not
 -- When the last reader left, publishes the waiter id of the first in line ('' if none).
-""" + LINE_FUNCTIONS + """
-local me = redis.sha1hex(string.sub(ARGV[1], 1, 32))
+""" + LINE_FUNCTIONS + OWNER_FUNCTIONS + """
+local me = waiter_of(ARGV[1])
 local now = now_ms()
-local released = redis.call('ZREM', KEYS[1], me .. string.sub(ARGV[1], 33))
+local released = redis.call('ZREM', KEYS[1], me .. attempt_of(ARGV[1]))
 if ARGV[2] == '1' and redis.call('EXISTS', KEYS[3]) == 1 then
     redis.call('ZREM', KEYS[3], me)
     redis.call('ZREM', KEYS[4], me)
@@ -431,12 +433,12 @@ RW_INSPECT = Script(
 -- (-2 none) and the first 12 hex digits of its waiter id (SHA1 of the owner value's call
 -- part, '' none), then each live reader's (the first 12 hex digits of its id: the same)
 -- and lease left; writes nothing
-""" + LINE_FUNCTIONS + """
+""" + LINE_FUNCTIONS + OWNER_FUNCTIONS + """
 local now = now_ms()
 local owner = redis.call('GET', KEYS[1])
 local reply = {redis.call('PTTL', KEYS[1]), ''}
 if owner then
-    reply[2] = string.sub(redis.sha1hex(string.sub(owner, 1, 32)), 1, 12)
+    reply[2] = holder_id(owner)
 end
 local readers = redis.call('ZRANGEBYSCORE', KEYS[2], '(' .. now, '+inf', 'WITHSCORES')
 for i = 1, #readers, 2 do

@@ -112,7 +112,7 @@ end
 local ttls = KEYS[8]
 local attempt = ARGV[7] or ''
 if holder and string.sub(holder, 1, 8) == 'handoff:' then
-    local me = redis.sha1hex(call_of(ARGV[1]))
+    local me = waiter_of(ARGV[1])
     if holder == reservation(me) then
         -- A release handed the lock to us (docs/design.md §6.7): granted, first in line
         -- (the place is kept as below). The hand-off raised the counter while the
@@ -131,7 +131,7 @@ if holder and string.sub(holder, 1, 8) == 'handoff:' then
     end
 end
 local now = now_ms()
-local me = redis.sha1hex(call_of(ARGV[1]))
+local me = waiter_of(ARGV[1])
 if queued then
     drop_lapsed(KEYS[4], KEYS[5], now, ttls)
 end
@@ -255,14 +255,14 @@ WRITE_BACK = guarded(
 -- with the PTTL it had; another attempt's value of our call is not this attempt's grant)
 -- The owner check is what makes the write-back safe: counting a node that does not
 -- hold our key could let a stale token overtake a committed one (docs/design.md §3.3).
-""" + TOKEN_FUNCTIONS + """
+""" + TOKEN_FUNCTIONS + OWNER_FUNCTIONS + """
 local format = node_format(KEYS[3], KEYS[5])
 if format == 0 then
     return 0
 end
 local holder = redis.call('GET', KEYS[1])
 if holder ~= ARGV[1] then
-    if holder ~= 'handoff:' .. redis.sha1hex(string.sub(ARGV[1], 1, 32)) then
+    if holder ~= 'handoff:' .. waiter_of(ARGV[1]) then
         return 0
     end
     local pttl = redis.call('PTTL', KEYS[1])
@@ -319,7 +319,7 @@ local ttls = KEYS[5]
 -- SHA1 is the costliest step of this script without them).
 local me = nil
 if queued or ticket ~= '' or (holder and string.sub(holder, 1, 8) == 'handoff:') then
-    me = redis.sha1hex(call_of(ARGV[1]))
+    me = waiter_of(ARGV[1])
 end
 local released = 0
 if holder == ARGV[1] or (ARGV[2] == '1' and holder and (call_of(holder) == call_of(ARGV[1])
@@ -404,7 +404,9 @@ if holder == ARGV[1] then
     redis.call('PEXPIRE', KEYS[1], ARGV[2])
     return 1
 end
-if holder and holder == 'handoff:' .. redis.sha1hex(string.sub(ARGV[1], 1, 32)) then
+-- (The shared functions only past the usual case: a renewal, on every call.)
+""" + OWNER_FUNCTIONS + """
+if holder and holder == 'handoff:' .. waiter_of(ARGV[1]) then
     redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
     return 1
 end
@@ -421,9 +423,9 @@ OWNED_PTTL = Script(
 -- ARGV[1] owner value
 -- returns the key's PTTL in ms when it holds this owner value (or a reservation for it,
 -- docs/design.md §6.7), else -2
+""" + OWNER_FUNCTIONS + """
 local holder = redis.call('GET', KEYS[1])
-if holder == ARGV[1]
-        or (holder and holder == 'handoff:' .. redis.sha1hex(string.sub(ARGV[1], 1, 32))) then
+if holder == ARGV[1] or (holder and holder == 'handoff:' .. waiter_of(ARGV[1])) then
     return redis.call('PTTL', KEYS[1])
 end
 return -2

@@ -117,12 +117,28 @@ end
 # of a waiter that died lapses on its own, however long the holder keeps the lock. Both
 # keys expire with their last entry.
 
-OWNER_FUNCTIONS = """
+# An owner value starts with its acquire call's secret, this many hex digits, drawn once
+# per call; then comes its attempt's number (docs/design.md §2.1; redlock._core.tokens
+# makes them).
+CALL_DIGITS = 32
+
+OWNER_FUNCTIONS = f"""
 -- Owner values are '<call><attempt>' (docs/design.md §2.1): the acquire call's secret,
--- 32 hex digits, then its attempt's number in 8, so two values of one call compare as
--- their attempts do. A waiter is its call: SHA1(call_of(owner)).
+-- {CALL_DIGITS} hex digits, then its attempt's number in 8, so two values of one call
+-- compare as their attempts do.
 local function call_of(owner)
-    return string.sub(owner, 1, 32)
+    return string.sub(owner, 1, {CALL_DIGITS})
+end
+local function attempt_of(owner)
+    return string.sub(owner, {CALL_DIGITS + 1})
+end
+-- A waiter is its call: SHA1 of the secret, the same for every attempt (the owner value
+-- itself is never shown); a holder is shown by the first 12 hex digits of it.
+local function waiter_of(owner)
+    return redis.sha1hex(call_of(owner))
+end
+local function holder_id(owner)
+    return string.sub(waiter_of(owner), 1, 12)
 end
 -- Whose `held` is, seen from `owner`: 1 its own or an earlier attempt's of its call (the
 -- later attempt takes it over), -1 a later attempt's (`owner`'s command came late: it

@@ -6,7 +6,7 @@ that module re-exports both."""
 from __future__ import annotations
 
 from redlock._scripts.script import Script
-from redlock._scripts.shared import LINE_FUNCTIONS, TOKEN_FUNCTIONS
+from redlock._scripts.shared import LINE_FUNCTIONS, OWNER_FUNCTIONS, TOKEN_FUNCTIONS
 
 INSPECT = Script(
     "inspect",
@@ -26,14 +26,14 @@ INSPECT = Script(
 --              revealing the owner value (which would let anyone release)
 --   episode    the amnesia episode ('<since ms> <run id> <why>'), '' when none
 --   now        this node's clock in ms (the episode's age is measured on it)
-""" + TOKEN_FUNCTIONS + """
+""" + TOKEN_FUNCTIONS + OWNER_FUNCTIONS + """
 local owner = redis.call('GET', KEYS[1])
 local holder = ''
 if owner and string.sub(owner, 1, 8) == 'handoff:' then
     -- a reservation (docs/design.md §6.7): for its waiter id
     holder = string.sub(owner, 9, 20)
 elseif owner then
-    holder = string.sub(redis.sha1hex(string.sub(owner, 1, 32)), 1, 12)
+    holder = holder_id(owner)
 end
 local t = redis.call('TIME')
 return {redis.call('PTTL', KEYS[1]), highest(KEYS[2], ARGV[1], KEYS[6], 0),
