@@ -161,7 +161,8 @@ class AsyncFloor:
         self.urls = urls
 
     async def prepare(self) -> None:
-        initialise(self.urls)  # blocks the loop briefly: set-up, not measured
+        # Set-up, not measured; in a thread, as the blocking client asks of async code.
+        await asyncio.to_thread(initialise, self.urls)
         for pool in self.pools:
             client = redis.asyncio.Redis(connection_pool=pool)
             await client.script_load(scripts.ACQUIRE.source)
