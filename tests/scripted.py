@@ -138,6 +138,10 @@ class ScriptedNodes:
         self.promoted: set[int] = set()
         self.replicas: set[int] = set()
         self.skew: dict[int, float] = {}
+        # Routes (a manager's, in a hand-off record) whose channel nobody subscribes to:
+        # a release does not hand the lock to their waiters (docs/design.md §6.7). Every
+        # other route is heard.
+        self.unheard_routes: set[str] = set()
         self.round_trip = round_trip
         self.scan_page = scan_page
         self.resp3 = resp3
@@ -482,8 +486,10 @@ class ScriptedNodes:
                 _, fence, marker, legacy, legacy_marker, members_key = handoffs
                 record_of = records.get(first)
                 format = node_format(marker, legacy_marker)
-                if record_of and format and record(members_key)[3] != "1":
-                    ttl, _, floor = (int(x) for x in record_of.split(" ")[:3])
+                parts = record_of.split(" ") if record_of else []
+                if (record_of and format and record(members_key)[3] != "1"
+                        and not (len(parts) > 3 and parts[3] in self.unheard_routes)):
+                    ttl, _, floor = (int(x) for x in parts[:3])
                     db[lock] = RESERVED + first
                     self.ttl_ms[node][lock] = ttl
                     settle(fence, as_text(args[3]), legacy, floor, 1, format)

@@ -7,8 +7,11 @@ missed the release, a client that records nothing)."""
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -29,6 +32,8 @@ from tests.internals import (
     with_epoch,
 )
 from tests.peek import write_markers
+
+ROOT = Path(__file__).resolve().parents[1]
 
 # A backoff so slow that only a wake-up (or a hand-off) explains a quick acquisition.
 SLOW_BACKOFF = {"retry_delay_min": 2.0, "retry_delay_max": 3.0}
@@ -284,6 +289,80 @@ async def test_a_waiter_that_died_in_line_blocks_the_lock_for_its_ttl_only(
     assert acquired
     assert 0.8 < acquired_at - released_at < 4.0
     await live.release()
+
+
+def routes_listening(nodes: RedisNodes, resource: str) -> list[int]:
+    """Per node, how many of the routes in the line's hand-off records have a listener
+    (a subscriber of '<channel>:<route>')."""
+    found = []
+    for node in nodes:
+        with node.client() as client:
+            routes = [v.decode().split()[3] for v in client.hvals(KEYS.line(resource) + "-ttls")
+                      if len(v.split()) > 3]
+            found.append(sum(1 for route in routes if client.pubsub_numsub(
+                f"{KEYS.channel(resource)}:{route}")[0][1]))
+    return found
+
+
+async def test_a_waiter_nobody_hears_is_not_handed_the_lock(
+        flavour: Flavour, me: Actor, nodes3: RedisNodes) -> None:
+    """A waiter whose record names a route nobody listens on (its manager died, or has
+    not subscribed there yet) is not handed the lock (docs/design.md §6.7): a
+    reservation would keep everyone out for its TTL (30 s here). The key stays free and
+    the waiter first, until its next attempt or until its entry lapses (1 s here); then
+    the next waiter gets it."""
+    holder = me.on(flavour.manager(nodes3).lock("ho:unheard", ttl=30.0))
+    assert await holder.acquire(blocking=False)
+    for node in nodes3:
+        with node.client() as client:
+            assert waiter_by_hand(client, "ho:unheard", "dead-waiter", 1, ttl_ms=30_000,
+                                  patience_ms=1000, route="deadbeef")[0] == 0
+    live = flavour.actor("live").on(flavour.manager(nodes3).lock("ho:unheard", ttl=5.0))
+    waiter = asyncio.create_task(live.actor.call_all(
+        lambda: live.handle.acquire(timeout=20.0), time.monotonic))
+    assert await eventually(lambda: records(nodes3, "ho:unheard") == [2, 2, 2], 5.0)
+    released_at = time.monotonic()
+    await holder.release()
+    assert values(nodes3, "ho:unheard") == [None] * 3  # free: no reservation
+    acquired, acquired_at = await asyncio.wait_for(waiter, 25)
+    assert acquired
+    assert acquired_at - released_at < 4.0  # (the reservation would have held 30 s)
+    await live.release()
+
+
+async def test_a_waiter_killed_in_line_is_not_handed_the_lock(
+        flavour: Flavour, me: Actor, nodes3: RedisNodes) -> None:
+    """A process killed while it waited in line (as gunicorn kills a worker past its
+    timeout): the kernel closed its connections, so the nodes know nobody listens on its
+    route, and the release does not hand it the lock, which would have kept everyone
+    out for its TTL (30 s). The next caller gets it once the dead entry lapsed (its
+    patience, about a second)."""
+    holder = me.on(flavour.manager(nodes3).lock("ho:killed", ttl=30.0))
+    assert await holder.acquire(blocking=False)
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "tests.workers.line_waiter", "ho:killed", *nodes3.urls],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        # In line on every node, with its record, and its manager listening on its route.
+        assert await eventually(lambda: routes_listening(nodes3, "ho:killed") == [1] * 3,
+                                10.0), worker.stderr.read() if worker.poll() is not None else ""
+    finally:
+        worker.kill()
+        worker.wait(10)
+        assert worker.stderr is not None
+        worker.stderr.close()
+    assert records(nodes3, "ho:killed") == [1, 1, 1]
+    # (The nodes see its connections closed as soon as they next look.)
+    assert await eventually(lambda: routes_listening(nodes3, "ho:killed") == [0] * 3, 5.0)
+    released_at = time.monotonic()
+    await holder.release()
+    assert values(nodes3, "ho:killed") == [None] * 3  # free: no reservation for the dead
+    following = flavour.actor("next").on(flavour.manager(nodes3).lock("ho:killed", ttl=5.0))
+    acquired, acquired_at = await following.actor.call_all(
+        lambda: following.handle.acquire(timeout=10.0), time.monotonic)
+    assert acquired
+    assert acquired_at - released_at < 5.0  # (the reservation would have held 30 s)
+    await following.release()
 
 
 async def test_a_waiter_that_gives_up_hands_its_reservation_to_the_next(

@@ -297,8 +297,9 @@ RELEASE = Script(
 -- hand-off record (docs/design.md §6.7): SET lock 'handoff:<waiter id>' PX its ttl, its
 -- counter raised as its grant would, and publishes '<waiter id> <counter> <epoch>
 -- <attempt>' (on '<KEYS[2]>:<route>' when the record names the waiter's route, else on
--- KEYS[2]); else publishes the waiter id of the first in line ('' when nobody is in
--- line): only that waiter wakes (§6.4). With '1', a reservation for us (§6.7) is our
+-- KEYS[2]; a routed waiter only if that channel has a subscriber here); else publishes
+-- the waiter id of the first in line ('' when nobody is in line): only that waiter
+-- wakes (§6.4). With '1', a reservation for us (§6.7) is our
 -- key; with '0' it is left alone.
 local holder = redis.call('GET', KEYS[1])
 local queued = redis.call('EXISTS', KEYS[3]) == 1
@@ -365,6 +366,17 @@ if first ~= '' and first ~= me and ttls then
     local members = redis.call('HMGET', KEYS[10], 'epoch', 'retired')
     if record and format ~= 0 and members[2] ~= '1' then
         local ttl, attempt, floor, route = string.match(record, '^(%d+) (%d+) (%d+) ?(%x*)$')
+        if ttl and route ~= '' then  -- told to the waiter's manager only (§6.7)...
+            channel = KEYS[2] .. ':' .. route
+            -- ...and handed to it only if it listens here: a manager that died closed
+            -- its connections, and a reservation would keep the lock from everyone for
+            -- the TTL. Unheard (or not yet subscribed here), the waiter stays first,
+            -- and takes the lock with its next attempt or lapses after its patience.
+            local heard = redis.pcall('PUBSUB', 'NUMSUB', channel)
+            if type(heard) == 'table' and heard[2] == 0 then  -- (an error: handed off, as before)
+                ttl, channel = nil, KEYS[2]
+            end
+        end
         if ttl then
             redis.call('SET', KEYS[1], reservation(first), 'PX', ttl)
             local counter = settle(KEYS[6], ARGV[4], KEYS[8], tonumber(floor), 1, format)
@@ -377,9 +389,6 @@ if first ~= '' and first ~= me and ttls then
             redis.call('HDEL', ttls, first)
             message = first .. ' ' .. string.format('%.0f', counter) .. ' ' .. (members[1] or '0')
                 .. ' ' .. attempt
-            if route ~= '' then  -- told to the waiter's manager only (§6.7)
-                channel = KEYS[2] .. ':' .. route
-            end
         end
     end
 end

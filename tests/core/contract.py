@@ -13,9 +13,10 @@ at once, and neither counts them.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -78,15 +79,37 @@ def comparable(call: Call, reply: object) -> object:
     return reply
 
 
+#: Managers' routes the contract's real node has a listener for (their channels on the
+#: resources the sequences use, :func:`listening`), and one it has none for: a release
+#: hands the lock only to a waiter whose route is heard (docs/design.md §6.7).
+HEARD_ROUTES = ("0badf00d", "C0FFEE42")
+UNHEARD_ROUTE = "deadbeef"
+ROUTED_RESOURCES = ("a", "b", "c", "d")
+
+
+@contextlib.contextmanager
+def listening(client: redis.Redis) -> Iterator[None]:
+    """Subscribe what :data:`HEARD_ROUTES` stand for on ``client``'s server: as a waiter's
+    manager does, one connection listening on each routed channel."""
+    subscriber = client.pubsub()
+    try:
+        subscriber.subscribe(*(f"{KEYS.channel(r)}:{route}" for r in ROUTED_RESOURCES
+                               for route in HEARD_ROUTES))
+        yield
+    finally:
+        subscriber.close()
+
+
 class Mirror(ScriptedNodes):
     """One scripted node standing for a real one: its run id, and its clock as last read
-    (:attr:`now`), start empty like a flushed server."""
+    (:attr:`now`), start empty like a flushed server; the routes :func:`listening` hears."""
 
     def __init__(self, run_id: str) -> None:
         self.real_run_id = run_id
         self.now = 0
         super().__init__(1)
         self.data[0].clear()
+        self.unheard_routes = {UNHEARD_ROUTE}
 
     def run_id(self, node: int) -> str:
         return self.real_run_id

@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from redlock.testing import RedisNodes
-from tests.core.contract import Contract, plain, shown
+from tests.core.contract import UNHEARD_ROUTE, Contract, listening, plain, shown
 from tests.internals import (
     CALL_DIGITS,
     KEYS,
@@ -45,7 +45,7 @@ FOREIGN = "0123456789abcdef0123456789abcdef01234567"  # another server run's id
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[redis.Redis]:
-    with RedisNodes(1) as nodes, nodes[0].client() as client:
+    with RedisNodes(1) as nodes, nodes[0].client() as client, listening(client):
         yield client
 
 
@@ -462,6 +462,33 @@ def hand_offs(c: Contract) -> None:
     ])
 
 
+def unheard_hand_offs(c: Contract) -> None:
+    """A waiter whose manager does not listen on the node (its route's channel has no
+    subscriber: it died, or has not subscribed there yet) is not handed the lock
+    (docs/design.md §6.7): the key stays free, the waiter first in line with its record
+    and its deadline; its next attempt is granted as the first in line, or its entry
+    lapses and the next waiter's is."""
+    c.steps([
+        marker(),
+        acquire("a", "alice"),  # granted
+        acquire("a", "bob", ticket="2", attempt=1, ttl=30_000, patience=20_000,
+                route=UNHEARD_ROUTE),  # refused: record, with a route nobody hears
+        acquire("a", "carol", ticket="3", attempt=1, route="0badf00d"),  # behind bob
+        release("a", "alice"),  # bob unheard: no reservation, a plain wake naming bob
+        acquire("a", "carol", ticket="3", attempt=2, route="0badf00d"),  # not her turn
+        acquire("a", "bob", ticket="2", attempt=2, route=UNHEARD_ROUTE),  # first: granted
+        release("a", "bob"),  # leaves; carol is heard: handed off
+        inspect("a"),
+        acquire("b", "dave"),
+        acquire("b", "erin", ticket="1", attempt=1, patience=0,
+                route=UNHEARD_ROUTE),  # lapses at once
+        acquire("b", "frank", ticket="2", attempt=1, route=UNHEARD_ROUTE),
+        release("b", "dave"),  # erin lapsed; frank first, unheard: the key stays free
+        acquire("b", "gina"),  # a single try: not its turn (frank is in line)
+        inspect("b"),
+    ])
+
+
 # One acquire call's attempts (docs/design.md §2.1): its secret, then the attempt's number.
 CALL = "0123456789abcdef" * 2
 FIRST, SECOND, THIRD = (attempt_owner(CALL, n) for n in (1, 2, 3))
@@ -497,7 +524,8 @@ def attempts_of_one_call(c: Contract) -> None:
 
 SEQUENCES: list[Callable[[Contract], None]] = [
     waiting_line, lapsed_places, tokens_and_ownership, previous_format, without_a_marker,
-    judging, episodes_and_repair, membership, hand_offs, attempts_of_one_call]
+    judging, episodes_and_repair, membership, hand_offs, unheard_hand_offs,
+    attempts_of_one_call]
 
 
 @pytest.mark.parametrize("sequence", SEQUENCES, ids=lambda s: s.__name__)
@@ -713,6 +741,11 @@ MUTATIONS = [  # (script, a line of it, that line changed)
      "            if false then"),
     (scripts.RELEASE, "    if record and format ~= 0 and members[2] ~= '1' then",
      "    if record and format ~= 0 then"),
+    # A waiter nobody hears is not handed the lock (§6.7).
+    (scripts.RELEASE, "if type(heard) == 'table' and heard[2] == 0 then",
+     "if false then"),
+    (scripts.RELEASE, "if type(heard) == 'table' and heard[2] == 0 then",
+     "if type(heard) == 'table' and heard[2] <= 1 then"),
     (scripts.RELEASE,
      "if holder == ARGV[1] or (ARGV[2] == '1' and holder and (call_of(holder)",
      "if holder == ARGV[1] or (holder and (call_of(holder)"),
