@@ -269,9 +269,10 @@ async def test_eight_owners_hold_one_at_a_time_with_rising_tokens(
 
 async def test_a_waiter_that_died_in_line_blocks_the_lock_for_its_ttl_only(
         flavour: Flavour, me: Actor, nodes3: RedisNodes) -> None:
-    """A waiter joined the line and died: the release hands it the lock (a reservation
-    with its TTL, 1 s), which nobody else gets until that expires, like a holder that
-    died just after its grant."""
+    """A waiter of an earlier release (its record names no route, so nobody can tell
+    whether it listens) joined the line and died: the release hands it the lock (a
+    reservation with its TTL, 1 s), which nobody else gets until that expires, like a
+    holder that died just after its grant."""
     holder = me.on(flavour.manager(nodes3).lock("ho:dead", ttl=30.0))
     assert await holder.acquire(blocking=False)
     for node in nodes3:

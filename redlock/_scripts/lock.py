@@ -299,8 +299,8 @@ RELEASE = Script(
 -- <attempt>' (on '<KEYS[2]>:<route>' when the record names the waiter's route, else on
 -- KEYS[2]; a routed waiter only if that channel has a subscriber here); else publishes
 -- the waiter id of the first in line ('' when nobody is in line): only that waiter
--- wakes (§6.4). With '1', a reservation for us (§6.7) is our
--- key; with '0' it is left alone.
+-- wakes (§6.4). With '1', a reservation for us (§6.7) is our key; with '0' it is left
+-- alone.
 local holder = redis.call('GET', KEYS[1])
 local queued = redis.call('EXISTS', KEYS[3]) == 1
 local ticket = ARGV[5] or ''
