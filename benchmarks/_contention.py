@@ -311,7 +311,7 @@ def run_section(urls: list[str], node_urls: list[str], control: str, args: Any,
             except Exception as exc:
                 results[key] = {"error": f"{type(exc).__name__}: {exc}"[:400]}
             print(f"   {key} done", flush=True)
-        print(_netreport.contention_table(results, args))
+        print(_netreport.contention_table(results, args, CONTENDERS))
     return {"results": results, "skipped": skipped,
             "labels": {key: label for key, _, _, label in CONTENDERS}}
 

@@ -123,10 +123,11 @@ def nscale_table(labels: dict[str, str], out: dict[str, dict[str, Rounds]],
         table(["library", *[f"N={n}" for n in ns]], ratios)])
 
 
-def contention_table(results: dict[str, Any], args: argparse.Namespace) -> str:
-    from _contention import CONTENDERS
-
-    order = [(k, label, n) for k, _lib, n, label in CONTENDERS]
+def contention_table(results: dict[str, Any], args: argparse.Namespace,
+                     contenders: list[tuple[str, str, int, str]]) -> str:
+    """``contenders``: (key, library, nodes, label), in the order of the table's rows
+    (``_contention.CONTENDERS``)."""
+    order = [(k, label, n) for k, _lib, n, label in contenders]
     for n in (5, 1):
         order += [(f"floor_n{n}", f"(ref) ideal hand-off: cs + 1 round trip, N={n}", n),
                   (f"floor2_n{n}", f"(ref) release, then acquire: cs + 2 rt, N={n}", n)]
