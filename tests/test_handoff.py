@@ -267,29 +267,42 @@ async def test_eight_owners_hold_one_at_a_time_with_rising_tokens(
     assert tokens == sorted(set(tokens))
 
 
+async def released_before_a_dead_waiter(
+        flavour: Flavour, me: Actor, nodes: RedisNodes, resource: str, *, ttl_ms: int,
+        patience_ms: int, route: str = "") -> tuple[list[str | None], float]:
+    """A holder (TTL 30 s), a waiter written by hand first in line on every node that
+    never asks again (``route``: the route its record names), and a live waiter behind
+    it; the holder releases. The lock keys right after the release, and how long after
+    it the live waiter acquired (it has released since)."""
+    holder = me.on(flavour.manager(nodes).lock(resource, ttl=30.0))
+    assert await holder.acquire(blocking=False)
+    for node in nodes:
+        with node.client() as client:
+            assert waiter_by_hand(client, resource, "dead-waiter", 1, ttl_ms=ttl_ms,
+                                  patience_ms=patience_ms, route=route)[0] == 0
+    live = flavour.actor("live").on(flavour.manager(nodes).lock(resource, ttl=5.0))
+    waiter = asyncio.create_task(live.actor.call_all(
+        lambda: live.handle.acquire(timeout=20.0), time.monotonic))
+    assert await eventually(lambda: records(nodes, resource) == [2, 2, 2], 5.0)
+    released_at = time.monotonic()
+    await holder.release()
+    after_release = values(nodes, resource)
+    acquired, acquired_at = await asyncio.wait_for(waiter, 25)
+    assert acquired
+    await live.release()
+    return after_release, acquired_at - released_at
+
+
 async def test_a_waiter_that_died_in_line_blocks_the_lock_for_its_ttl_only(
         flavour: Flavour, me: Actor, nodes3: RedisNodes) -> None:
     """A waiter of an earlier release (its record names no route, so nobody can tell
     whether it listens) joined the line and died: the release hands it the lock (a
     reservation with its TTL, 1 s), which nobody else gets until that expires, like a
     holder that died just after its grant."""
-    holder = me.on(flavour.manager(nodes3).lock("ho:dead", ttl=30.0))
-    assert await holder.acquire(blocking=False)
-    for node in nodes3:
-        with node.client() as client:
-            assert waiter_by_hand(client, "ho:dead", "dead-waiter", 1, ttl_ms=1000,
-                                  patience_ms=5000)[0] == 0
-    live = flavour.actor("live").on(flavour.manager(nodes3).lock("ho:dead", ttl=5.0))
-    waiter = asyncio.create_task(live.actor.call_all(
-        lambda: live.handle.acquire(timeout=20.0), time.monotonic))
-    assert await eventually(lambda: records(nodes3, "ho:dead") == [2, 2, 2], 5.0)
-    released_at = time.monotonic()
-    await holder.release()
-    assert values(nodes3, "ho:dead") == ["handoff:" + waiter_id("dead-waiter")] * 3
-    acquired, acquired_at = await asyncio.wait_for(waiter, 25)
-    assert acquired
-    assert 0.8 < acquired_at - released_at < 4.0
-    await live.release()
+    after_release, waited = await released_before_a_dead_waiter(
+        flavour, me, nodes3, "ho:dead", ttl_ms=1000, patience_ms=5000)
+    assert after_release == ["handoff:" + waiter_id("dead-waiter")] * 3
+    assert 0.8 < waited < 4.0
 
 
 def routes_listening(nodes: RedisNodes, resource: str) -> list[int]:
@@ -312,23 +325,10 @@ async def test_a_waiter_nobody_hears_is_not_handed_the_lock(
     reservation would keep everyone out for its TTL (30 s here). The key stays free and
     the waiter first, until its next attempt or until its entry lapses (1 s here); then
     the next waiter gets it."""
-    holder = me.on(flavour.manager(nodes3).lock("ho:unheard", ttl=30.0))
-    assert await holder.acquire(blocking=False)
-    for node in nodes3:
-        with node.client() as client:
-            assert waiter_by_hand(client, "ho:unheard", "dead-waiter", 1, ttl_ms=30_000,
-                                  patience_ms=1000, route="deadbeef")[0] == 0
-    live = flavour.actor("live").on(flavour.manager(nodes3).lock("ho:unheard", ttl=5.0))
-    waiter = asyncio.create_task(live.actor.call_all(
-        lambda: live.handle.acquire(timeout=20.0), time.monotonic))
-    assert await eventually(lambda: records(nodes3, "ho:unheard") == [2, 2, 2], 5.0)
-    released_at = time.monotonic()
-    await holder.release()
-    assert values(nodes3, "ho:unheard") == [None] * 3  # free: no reservation
-    acquired, acquired_at = await asyncio.wait_for(waiter, 25)
-    assert acquired
-    assert acquired_at - released_at < 4.0  # (the reservation would have held 30 s)
-    await live.release()
+    after_release, waited = await released_before_a_dead_waiter(
+        flavour, me, nodes3, "ho:unheard", ttl_ms=30_000, patience_ms=1000, route="deadbeef")
+    assert after_release == [None] * 3  # free: no reservation
+    assert waited < 4.0  # (the reservation would have held 30 s)
 
 
 async def test_a_waiter_killed_in_line_is_not_handed_the_lock(
