@@ -108,8 +108,8 @@ class RedlockCore(Holding, QuickLane):
             self.round_trips.sample_many(replies.round_trips)
         if replies.identities:
             self.amnesia.identified(replies.identities)
-        for reply in replies:
-            if isinstance(reply, list | tuple) and len(reply) == 5:  # (a refusal's shape)
+        for reply in replies:  # (a constant tuple: `list | tuple` built a union per reply)
+            if isinstance(reply, (list, tuple)) and len(reply) == 5:  # (a refusal's shape)
                 record = epoch_refusal(reply)
                 if record is not None:
                     self.adopt_members(record)

@@ -23,6 +23,13 @@ def commit_enough(write_backs: Sequence[tuple[str, Call]], committed: dict[str, 
     return enough
 
 
+# The usual attempt's decision (no suspect node, one group of grants), per node count,
+# rule and kind of vote: made once, not on every attempt. A few rules are ever in use
+# (a new one per membership epoch); should many be, the oldest are dropped together.
+_USUAL: dict[tuple[int, Rule, Callable[[object], int | None]], Decision] = {}
+_USUAL_KEPT = 32
+
+
 def grant_enough(n: int, suspect: Mapping[int, object], rule: Rule,
                  votes: Callable[[object], int | None],
                  group: Callable[[object], object] | None = None) -> Decision:
@@ -34,6 +41,20 @@ def grant_enough(n: int, suspect: Mapping[int, object], rule: Rule,
     ``group`` of their reply (a permit's slot, §12.2; one group for other kinds): a quorum
     must grant the same one (None: every grant is of the same group). Quorums are the
     membership ``rule``'s (§13.2). Asked after every reply read: kept lean."""
+    if suspect or group is not None:
+        return _grant_enough(n, suspect, rule, votes, group)
+    key = (n, rule, votes)
+    decision = _USUAL.get(key)
+    if decision is None:
+        if len(_USUAL) >= _USUAL_KEPT:
+            _USUAL.clear()
+        decision = _USUAL[key] = _grant_enough(n, suspect, rule, votes)
+    return decision
+
+
+def _grant_enough(n: int, suspect: Mapping[int, object], rule: Rule,
+                  votes: Callable[[object], int | None],
+                  group: Callable[[object], object] | None = None) -> Decision:
     benched = set(suspect)
 
     def enough(replies: Sequence[object], identities: Mapping[int, object]) -> bool:

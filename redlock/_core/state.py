@@ -164,18 +164,20 @@ class RoundTrips:
 
     def sample_many(self, measured: Mapping[int, float]) -> None:
         """Round trips measured by one request: node -> seconds."""
+        srtts, rttvars, estimates = self._srtt, self._rttvar, self._estimates
         with self._mutex:  # (once per request, not per node)
             for node, seconds in measured.items():
-                srtt = self._srtt[node]
+                srtt = srtts[node]
                 if srtt is None:
                     srtt, rttvar = seconds, seconds / 2
                     self._measured += 1
                 else:
-                    rttvar = 0.75 * self._rttvar[node] + 0.25 * abs(srtt - seconds)
+                    rttvar = 0.75 * rttvars[node] + 0.25 * abs(srtt - seconds)
                     srtt = 0.875 * srtt + 0.125 * seconds
-                self._srtt[node], self._rttvar[node] = srtt, rttvar
-                self._estimates[node] = srtt + 4 * rttvar
-            self._ranked = sorted([e for e in self._estimates if e is not None])
+                srtts[node], rttvars[node] = srtt, rttvar
+                estimates[node] = srtt + 4 * rttvar
+            self._ranked = sorted(estimates) if self._measured == len(estimates) else sorted(
+                [e for e in estimates if e is not None])
 
     def measured(self) -> int:
         """How many nodes have a round trip measured."""

@@ -117,7 +117,7 @@ class SyncTransport:
         finally:
             with self._mutex:
                 self._active -= 1
-                if not self._active:
+                if not self._active and self._closed:  # (close() sets it, then waits)
                     self._idle_now.notify_all()
 
     def _broadcast(self, request: Broadcast) -> Replies:
