@@ -45,6 +45,8 @@ from redlock._core.settings import (
     validate_timeout,
 )
 from redlock._core.state import LockState, Status
+from redlock._core.templates import CallTemplates, Marker
+from redlock._core.templates import make as make_template
 from redlock._core.tokens import (
     CALL_DIGITS,
     COUNTER_BUCKETS,
@@ -89,6 +91,7 @@ __all__ = [
     "Backoff",
     "Broadcast",
     "Call",
+    "CallTemplates",
     "Environment",
     "EventLogger",
     "Handoffs",
@@ -97,6 +100,7 @@ __all__ = [
     "Keys",
     "Leadership",
     "LockState",
+    "Marker",
     "NodeOutages",
     "Opening",
     "Pause",
@@ -128,6 +132,7 @@ __all__ = [
     "idle_connections",
     "lines_idle",
     "maintenance",
+    "make_template",
     "map_failures",
     "node_scripts",
     "observe",

@@ -20,12 +20,13 @@ from redlock._core.amnesia.repair import RepairReport, initialise, repair, upgra
 from redlock._core.commit import commit_enough, grant_enough
 from redlock._core.environment import Environment
 from redlock._core.holding import Holding
-from redlock._core.kinds import MUTEX, AcquireArgs, Kind, Leadership, with_epoch
+from redlock._core.kinds import MUTEX, Kind, Leadership, with_epoch
 from redlock._core.members import Members, Rule, stable
 from redlock._core.quick import Opening, QuickLane, Sent
 from redlock._core.requests import Backoff, Broadcast, Call, Deadline, Flow, Replies
 from redlock._core.settings import Keys, Settings, label, validate_node_addresses
 from redlock._core.state import AcquireResult, AttemptResult, LockState, RoundTrips
+from redlock._core.templates import CallTemplates
 from redlock._core.tokens import (
     TOKEN_LIMIT,
     TokenFloors,
@@ -71,6 +72,7 @@ class RedlockCore(Holding, QuickLane):
         self.rule = Rule(self.addresses, stable(self.addresses))
         self._members_mutex = env.new_mutex()
         self.floors = TokenFloors(env.new_mutex())
+        self.templates = CallTemplates(self.keys, self.n)  # the usual calls, filled in
         # Where hand-offs to this manager's waiters are told (docs/design.md §6.7): its
         # listeners subscribe '<release channel>:<route>'; a forked child has its own.
         self.route = env.random_hex(4)
@@ -283,13 +285,12 @@ class RedlockCore(Holding, QuickLane):
                             else "\x00".join(resources))
 
     def _acquire_calls(self, resources: tuple[str, ...], buckets: tuple[str, ...], call: str,
-                       ttl: float, ticket: str, kind: Kind, attempt: int,
-                       timeout: float) -> tuple[Call, ...]:
-        args = AcquireArgs(attempt_owner(call, attempt), max(1, int(ttl * 1000)),
-                           self.floors.get(buckets), ticket,
-                           int(patience(self.settings, timeout) * 1000), attempt, self.route)
-        return with_epoch(kind.acquire_calls(self.keys, range(self.n), resources, args),
-                          self.keys, self.rule.epoch)
+                       ttl: float, ticket: str, kind: Kind, attempt: int, timeout: float
+                       ) -> tuple[Call, ...]:
+        values = (attempt_owner(call, attempt), self.floors.get(buckets), ticket,
+                  int(patience(self.settings, timeout) * 1000), attempt)
+        return self.templates.acquire(kind, resources, max(1, int(ttl * 1000)),
+                                      self.rule.epoch, self.route, values)
 
     def attempt_request(self, opening: Opening, ttl: float, kind: Kind,
                         attempt: int) -> Sent:
@@ -435,10 +436,8 @@ class RedlockCore(Holding, QuickLane):
         return AttemptResult(None, outcomes, unavailable, permanent, retry_now=relearnt,
                              reason=reason, next_kind=kind.next_attempt(replies))
 
-    # -- repair ------------------------------------------------------------------
-
     def repair(self, *, force: bool) -> Flow[list[RepairReport]]:
-        """See :func:`redlock._core.amnesia.repair.repair`."""
+        """See :func:`redlock._core.amnesia.repair.repair` (and the two below)."""
         return (yield from repair(self.amnesia, force=force))
 
     def initialise(self, *, force: bool) -> Flow[list[RepairReport]]:

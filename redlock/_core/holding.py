@@ -31,6 +31,7 @@ from redlock._core.requests import (
 )
 from redlock._core.settings import Keys, Settings, label
 from redlock._core.state import LockState, Status
+from redlock._core.templates import CallTemplates
 from redlock._core.tokens import attempt_owner
 from redlock._core.waiting import patience
 from redlock._observe.log import get_logger
@@ -52,6 +53,7 @@ class Holding:
     addresses: tuple[str, ...]
     settings: Settings
     keys: Keys
+    templates: CallTemplates
     n: int
     quorum: int
     rule: Rule  # the membership rule (docs/design.md §13.2): what a quorum is
@@ -73,18 +75,16 @@ class Holding:
         given back where a grant had taken it (a permit's or a reader's, §12.2). Decided
         once a quorum of the nodes asked answered (see :meth:`_settled`); later answers
         are read in the background."""
-        keys = self.keys
         # A failed attempt keeps its place in line for the patience (the ACQUIRE that
         # granted it cut its entry to the key's TTL).
         timeout = self.timeout(ttl)
         args: tuple[CommandArg, ...] = (owner, "1") if leave else (
             owner, "0", int(patience(self.settings, timeout) * 1000), ticket)
         asked = range(self.n) if nodes is None else nodes
-        # One call per resource, the same for every node but its node: the nodes' calls
-        # share their keys and arguments (the transports pack each command once).
-        made = [kind.release_call(keys, asked[0], r, args) for r in resources] if asked else []
-        calls = tuple([Call(i, call.args, call.script, call.keys)
-                       for i in asked for call in made])
+        if leave and nodes is None and len(resources) == 1:  # a holder's (every release)
+            calls = self.templates.release(kind, resources[0], owner, self._release_made)
+        else:
+            calls = self._release_made(kind, resources, args, asked)
         if patient:
             # A holder's release is decided as soon as a quorum answered; the timeout
             # only bounds it when fewer do. A client thread starved of the GIL (dozens
@@ -93,6 +93,14 @@ class Holding:
             timeout = max(timeout, min(self.settings.request_ceiling(ttl), _RELEASE_FLOOR))
         return Broadcast(calls, timeout, enough=self._settled(calls) if nodes is not None
                          or len(resources) > 1 else self._answered(self.quorum))
+
+    def _release_made(self, kind: Kind, resources: Sequence[str],
+                      args: tuple[CommandArg, ...], nodes: Sequence[int]) -> tuple[Call, ...]:
+        # One call per resource, the same for every node but its node: the nodes' calls
+        # share their keys and arguments (the transports pack each command once).
+        made = [kind.release_call(self.keys, nodes[0], r, args) for r in resources] if nodes else []
+        return tuple([Call(i, call.args, call.script, call.keys)
+                      for i in nodes for call in made])
 
     @staticmethod
     def _answered(needed: int) -> Decision:

@@ -176,8 +176,9 @@ class RoundTrips:
                     srtt = 0.875 * srtt + 0.125 * seconds
                 srtts[node], rttvars[node] = srtt, rttvar
                 estimates[node] = srtt + 4 * rttvar
-            self._ranked = sorted(estimates) if self._measured == len(estimates) else sorted(
-                [e for e in estimates if e is not None])
+            known = estimates if self._measured == len(estimates) else [  # (no None)
+                e for e in estimates if e is not None]
+            self._ranked = sorted(known)  # type: ignore[arg-type]
 
     def measured(self) -> int:
         """How many nodes have a round trip measured."""
