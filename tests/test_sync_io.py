@@ -5,6 +5,7 @@ idle connections a burst of threads opened are closed once they sat unused."""
 
 from __future__ import annotations
 
+import _thread
 import socket
 import threading
 import time
@@ -23,6 +24,7 @@ from tests.internals import (
     SyncDrainer,
     SyncTransport,
     idle_connections,
+    scripts,
     sync_idle,
 )
 
@@ -40,15 +42,21 @@ class FakeConnection:
             self._sock = None
 
 
-@pytest.fixture
-def three_fake_nodes() -> Iterator[tuple[SyncTransport, list[socket.socket]]]:
-    """A transport over 3 nodes, each with one open connection: the server ends."""
+@pytest.fixture(params=["general", "warm"])
+def three_fake_nodes(request: pytest.FixtureRequest
+                     ) -> Iterator[tuple[SyncTransport, list[socket.socket]]]:
+    """A transport over 3 nodes, each with one open connection: the server ends. "warm":
+    connections that met their server before (identified), which the transport's warm
+    path takes (redlock/_io/sync_warm.py); "general": new ones, which it does not."""
     transport = SyncTransport([f"redis://127.0.0.1:{port}" for port in (1, 2, 3)], 2.0)
     servers = []
     for node in range(3):
         ours, theirs = socket.socketpair()
         ours.settimeout(2.0)  # (as redis-py's: the connect budget)
-        transport._idle.put(node, FakeConnection(ours))
+        conn = FakeConnection(ours)
+        if request.param == "warm":
+            conn._redlock_identified = ours  # type: ignore[attr-defined]
+        transport._idle.put(node, conn)
         servers.append(theirs)
     yield transport, servers
     transport.close()
@@ -88,6 +96,78 @@ def test_a_half_received_reply_does_not_hold_up_the_other_nodes(
     while transport._idle.count(0) == 0 and time.monotonic() < until:
         time.sleep(0.01)
     assert transport._idle.count(0) == 1
+
+
+def wait_until_idle(transport: SyncTransport, counts: list[int]) -> list[int]:
+    """The idle connections per node once they are ``counts`` (or after 2 s)."""
+    until = time.monotonic() + 2
+    while time.monotonic() < until:
+        now = [transport._idle.count(node) for node in range(len(counts))]
+        if now == counts:
+            break
+        time.sleep(0.01)
+    return now
+
+
+def test_a_script_the_node_forgot_is_sent_with_its_body(
+        three_fake_nodes: tuple[SyncTransport, list[socket.socket]]) -> None:
+    transport, servers = three_fake_nodes
+    asked: list[list[bytes]] = [[] for _ in servers]
+
+    def serve() -> None:
+        for node, sock in enumerate(servers):
+            asked[node].append(sock.recv(4096))
+            if b"EVALSHA" in asked[node][-1]:  # a server that lost its scripts
+                sock.sendall(b"-NOSCRIPT No matching script. Please use EVAL.\r\n")
+                asked[node].append(sock.recv(4096))
+            sock.sendall(b":1\r\n")
+
+    server = threading.Thread(target=serve)
+    server.start()
+    calls = tuple(Call(node, ("owner", "1"), scripts.EXTEND, ("k",)) for node in range(3))
+    replies = transport.broadcast(Broadcast(calls, timeout=2.0))
+    server.join()
+    assert list(replies) == [1, 1, 1]
+    for sent in asked:  # EVALSHA on a warm connection, the body on a new one at once
+        assert b"EVAL\r\n" in sent[-1] and b"redis.call" in sent[-1]
+    assert wait_until_idle(transport, [1, 1, 1]) == [1, 1, 1]
+
+
+def test_a_node_that_closes_its_connection_fails_alone(
+        three_fake_nodes: tuple[SyncTransport, list[socket.socket]]) -> None:
+    transport, servers = three_fake_nodes
+
+    def serve() -> None:
+        for sock in servers:
+            sock.recv(1024)
+        servers[0].close()  # node 0: gone (a restart)
+        servers[1].sendall(b"+PONG\r\n")
+        servers[2].sendall(b"+PONG\r\n")
+
+    server = threading.Thread(target=serve)
+    server.start()
+    replies = transport.broadcast(Broadcast(
+        tuple(Call(node, ("PING",)) for node in range(3)), timeout=2.0))
+    server.join()
+    assert isinstance(replies[0], Exception) and replies[1] == replies[2] == b"PONG"
+    assert wait_until_idle(transport, [0, 1, 1]) == [0, 1, 1]  # node 0's: closed
+
+
+def test_a_request_interrupted_while_waiting_leaves_no_connection_behind(
+        three_fake_nodes: tuple[SyncTransport, list[socket.socket]]) -> None:
+    transport, servers = three_fake_nodes
+    timer = threading.Timer(0.2, _thread.interrupt_main)  # (Ctrl-C, mid-request)
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            transport.broadcast(Broadcast(
+                tuple(Call(node, ("PING",)) for node in range(3)), timeout=1.5))
+    finally:
+        timer.cancel()
+    for sock in servers:  # the replies come after all: read in the background
+        sock.recv(1024)
+        sock.sendall(b"+PONG\r\n")
+    assert wait_until_idle(transport, [1, 1, 1]) == [1, 1, 1]
 
 
 def test_a_half_received_reply_does_not_hold_up_the_drainer() -> None:

@@ -16,7 +16,8 @@ import redis
 
 from redlock._core.requests import Broadcast, Call
 from redlock._io import resp
-from redlock._io.wire import PENDING
+from redlock._io.wire import PENDING, late_sendable
+from redlock._scripts import lock as scripts
 
 
 class Group:
@@ -207,3 +208,13 @@ class Connect:
         self.abandoned = False
         self.late: list[Call] = []  # releases to send once connected (the request is over)
         self.mutex = threading.Lock()
+
+    def abandon(self, calls: list[Call]) -> bool:
+        """Its request gives up on it: ``calls`` are kept to send once connected if they
+        are all final releases (:func:`~redlock._io.wire.late_sendable`). True when the
+        connection is open already (to be handed back now, not when ready)."""
+        with self.mutex:
+            self.abandoned = True
+            self.late = list(calls) if calls and all(
+                call.script is scripts.RELEASE and late_sendable(call) for call in calls) else []
+            return self.ready.is_set() and self.conn is not None

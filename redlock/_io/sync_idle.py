@@ -61,6 +61,18 @@ class IdleConnections:
         except Exception:
             return None
 
+    def pop(self, node: int) -> Any:
+        """The node's last connection given back, as it is (None if there is none)."""
+        try:
+            return self._stacks[node].pop()
+        except IndexError:
+            return None
+
+    def push_back(self, nodes: list[int], conns: list[Any]) -> None:
+        """Connections popped from ``nodes`` and not used, back as they were."""
+        for node, conn in zip(reversed(nodes), reversed(conns), strict=True):
+            self._stacks[node].append(conn)
+
     def put(self, node: int, conn: Any) -> None:
         """``conn`` waits for the next request; ones unused too long are closed."""
         stack = self._stacks[node]

@@ -42,6 +42,7 @@ from redlock._io.sync_exchange import (
     send,
 )
 from redlock._io.sync_idle import IdleConnections, with_input
+from redlock._io.sync_warm import WarmPath
 from redlock._io.wire import (
     NOT_AWAITED,
     PENDING,
@@ -50,10 +51,8 @@ from redlock._io.wire import (
     Refusals,
     Silence,
     fill_pending,
-    late_sendable,
     render,
 )
-from redlock._scripts import lock as scripts
 
 # Connections opening at once per node: a hung node does not collect threads. A request
 # that needs one beyond this waits (polling every 2 ms) for a slot, or a connection given
@@ -97,6 +96,7 @@ class SyncTransport:
         self._lanes: dict[str, list[list[Any]]] = {}
         # Per node, open connections between requests (checked out of the pool once).
         self._idle = IdleConnections(self.pools, self._discard)
+        self._warm = WarmPath(self._idle, self._silence, self._give_back, self._failed)
         self._mutex = threading.Lock()
         self._closed = False
         self._active = 0  # requests under way (close() waits for them to end)
@@ -123,23 +123,28 @@ class SyncTransport:
     def _broadcast(self, request: Broadcast) -> Replies:
         if self._drainer.any():
             self._drainer.trail_releases(request)
-        deadline = time.monotonic() + request.timeout
+        started = time.monotonic()
+        deadline = started + request.timeout
         replies = Replies([PENDING] * len(request.calls))
-        groups = by_node(request)
         sent: list[Group] = []
         packing = Packing()
         # Nodes without an open connection: opening one in the background, or (None)
         # waiting for a free slot to open one, or for a connection given back.
         connecting: list[tuple[Group, Connect | None]] = []
+        warm = self._warm.take(request)  # the usual request (redlock/_io/sync_warm.py)
         try:
-            # scatter: nodes with an open connection at once
-            for group, conn in self._idle_connections(groups):
-                if conn is not None:
-                    self._send(group, conn, replies, sent, packing)
-                else:
-                    connecting.append((group, self._connect(group.node,
-                                                            anyway=group.lane is not None)))
-            self._gather(request, replies, sent, connecting, deadline, packing)
+            if warm is not None:  # what it leaves unfinished is finished below
+                deadline = self._warm.exchange(request, warm, replies, started, deadline, sent)
+            else:  # scatter: nodes with an open connection at once
+                for group, conn in self._idle_connections(by_node(request)):
+                    if conn is not None:
+                        self._send(group, conn, replies, sent, packing)
+                    else:
+                        connecting.append((group, self._connect(
+                            group.node, anyway=group.lane is not None)))
+                started = time.monotonic()
+            if sent or connecting:
+                self._gather(request, replies, sent, connecting, started, deadline, packing)
         finally:
             decided = request.enough is not None and bool(  # (for the unfinished ones)
                 connecting or any(not group.done for group in sent)) and request.enough(
@@ -165,9 +170,9 @@ class SyncTransport:
         return replies
 
     def _gather(self, request: Broadcast, replies: Replies, sent: list[Group],
-                connecting: list[tuple[Group, Connect | None]], deadline: float,
-                packing: Packing) -> None:
-        started, decided, learning = time.monotonic(), 0.0, bool(request.learn)
+                connecting: list[tuple[Group, Connect | None]], started: float,
+                deadline: float, packing: Packing) -> None:
+        decided, learning = 0.0, bool(request.learn)
         asked_at = 0  # how many replies were in (or failed) when the decision was asked
         while True:
             if learning:  # a first request: its timeout from its own replies
@@ -384,16 +389,10 @@ class SyncTransport:
         thread.start()
         return attempt
 
-    def _abandon(self, attempt: Connect, calls: list[Call] | None = None) -> bool:
+    def _abandon(self, attempt: Connect, calls: list[Call]) -> bool:
         """The request gives up on the connection: to the pool now, or when ready (with
         ``calls`` sent on it first if they are all final releases: True)."""
-        with attempt.mutex:
-            attempt.abandoned = True
-            late = list(calls or ())
-            attempt.late = late if late and all(
-                call.script is scripts.RELEASE and late_sendable(call) for call in late) else []
-            ready = attempt.ready.is_set()
-        if ready and attempt.conn is not None:
+        if attempt.abandon(calls):
             self._hand_back(attempt)
         return bool(attempt.late)
 
