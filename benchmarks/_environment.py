@@ -64,6 +64,29 @@ def version_of(dist: str) -> str:
         return "not installed"
 
 
+def pin(placement: str, node_pids: list[int]) -> str:
+    """Place this process and the nodes on the CPUs (``sched_setaffinity``), and say how.
+
+    On a machine with fewer cores than processes, where the scheduler puts the client
+    and the nodes decides the figures at N >= 3 more than the code does (BENCHMARKS.md,
+    "Issue 21", tenth session). "apart": this process alone on the first CPU, the nodes
+    on the others (as in production, where the nodes are other machines: the client's
+    Python then hides behind the nodes' work); "shared": the nodes spread over every CPU,
+    this process on the first with some of them (the client's Python then delays them).
+    "none": as the scheduler likes."""
+    if placement == "none":
+        return "not pinned"
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        raise SystemExit(f"--pin {placement} needs 2 CPUs or more; this process has {cpus}")
+    os.sched_setaffinity(0, {cpus[0]})
+    for index, pid in enumerate(node_pids):
+        os.sched_setaffinity(pid, {cpus[1 + index % (len(cpus) - 1)]} if placement == "apart"
+                             else {cpus[index % len(cpus)]})
+    return (f"pinned {placement}: this process on CPU {cpus[0]}, the nodes on "
+            + ("the others" if placement == "apart" else "every CPU in turn"))
+
+
 def loadavg_text() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 

@@ -1,7 +1,7 @@
 """Issue 21's hot-path figures: ours against the peers it must not be slower than.
 
     PYTHONPATH=. .venv/bin/python benchmarks/hot_path.py [--ns 1 3 5 7 9] [--rounds 5]
-        [--cycles 1000]
+        [--cycles 1000] [--pin none|apart|shared]
     PYTHONPATH=. .venv/bin/python benchmarks/hot_path.py --profile [--ns 1 3]
 
 Uncontended acquire+release, loopback, the first N of 9 redis-server processes. For each
@@ -30,7 +30,7 @@ import pstats
 import statistics
 import sys
 
-from _environment import configure_logging, loadavg_text, machine_lines
+from _environment import configure_logging, loadavg_text, machine_lines, pin
 from _peers import (
     AsyncPeer,
     Peer,
@@ -193,6 +193,8 @@ def main() -> int:
     parser.add_argument("--only", nargs="*", help="peer keys to measure (default: all)")
     parser.add_argument("--profile", action="store_true",
                         help="cProfile of our two clients per N, per layer")
+    parser.add_argument("--pin", choices=["none", "apart", "shared"], default="none",
+                        help="where this process and the nodes run (see _environment.pin)")
     parser.add_argument("--top", type=int, default=0,
                         help="with --profile: also the top functions by tottime")
     args = parser.parse_args()
@@ -204,6 +206,7 @@ def main() -> int:
         print("  " + line)
     print(f"  N={args.ns} rounds={args.rounds} cycles={args.cycles}; loadavg {loadavg_text()}")
     with RedisNodes(max(args.ns)) as nodes:
+        print("  " + pin(args.pin, [node.pid for node in nodes if node.pid is not None]))
         for n in args.ns:
             if args.profile:
                 profile(nodes.urls[:n], args.cycles, args.top)
