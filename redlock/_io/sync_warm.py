@@ -4,17 +4,18 @@ request, run without the per-node bookkeeping of the general one.
 The usual request has one call per node, and every node has an open connection idle
 that has met its server before (no identity probe, no script bodies to send). The
 general path still makes a group per node, looks up each connection through the lanes
-and the pool, and writes and reads each through several layers: at N=3 that cost about
-a tenth of an acquire+release in the running cycle (BENCHMARKS.md, "Issue 21", tenth
-session). Here the calls are packed once, written to every node, and the replies read
-as they come, in one loop.
+and the pool, and writes and reads each through several layers, which shows in the
+running cycle where the client shares its CPU with nodes (BENCHMARKS.md, "Issue 21",
+tenth session). Here the calls are packed once, written to every node, and the replies
+read as they come, in one loop.
 
 It decides nothing of its own. The early decision is the request's (``enough``) and
 the stragglers' grace is the general path's (:meth:`Silence.until`); whatever is not
-plain (a failure, NOSCRIPT, a reply still incomplete when the deadline or the grace
-ends) is handed to the general gather as the groups it would have made, in the state
-it would have left them in, so that how it ends (read late in the background, a
-timeout, a discarded connection) is decided in one place.
+plain (a failure, NOSCRIPT, a reply still incomplete after a moment of quiet, at the
+deadline or when the grace ends, an interruption) is handed to the general gather as
+the groups it would have made, in the state it would have left them in, so that how it
+ends (read late in the background, a timeout, a discarded connection) is decided in one
+place.
 """
 
 from __future__ import annotations
