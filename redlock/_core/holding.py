@@ -82,7 +82,7 @@ class Holding:
             owner, "0", int(patience(self.settings, timeout) * 1000), ticket)
         asked = range(self.n) if nodes is None else nodes
         if leave and nodes is None and len(resources) == 1:  # a holder's (every release)
-            calls = self.templates.release(kind, resources[0], owner, self._release_made)
+            calls = self.templates.release(kind, resources[0], args, self._release_made)
         else:
             calls = self._release_made(kind, resources, args, asked)
         if patient:

@@ -127,21 +127,21 @@ class CallTemplates:
         return with_epoch(kind.acquire_calls(self.keys, self.nodes, resources, args),
                           self.keys, epoch)
 
-    def release(self, kind: Kind, resource: str, owner: str,
+    def release(self, kind: Kind, resource: str, args: tuple[CommandArg, ...],
                 build: Callable[[Kind, tuple[str, ...], tuple[CommandArg, ...], range],
                                 tuple[Call, ...]]) -> tuple[Call, ...]:
-        """A holder's release of ``resource`` on every node; ``build(kind, resources,
-        args, nodes)`` makes a release's calls (``args``: owner, leave)."""
+        """A release of ``resource`` on every node, ``args`` its arguments (the owner
+        first); ``build(kind, resources, args, nodes)`` makes a release's calls."""
         if kind is MUTEX:
-            key = ("release", resource)
+            key = ("release", resource, args[1:])
             try:
                 template = self._made[key]
             except KeyError:
                 template = self._keep(key, make(lambda: build(
-                    kind, (resource,), (_RELEASE[0], "1"), self.nodes), _RELEASE))  # type: ignore[arg-type]
+                    kind, (resource,), (_RELEASE[0], *args[1:]), self.nodes), _RELEASE))  # type: ignore[arg-type]
             if template is not None:
-                return template.fill((owner,))
-        return build(kind, (resource,), (owner, "1"), self.nodes)
+                return template.fill(args[:1])
+        return build(kind, (resource,), args, self.nodes)
 
     def _keep(self, key: Hashable, template: Template | None) -> Template | None:
         if len(self._made) >= _KEPT:

@@ -16,7 +16,7 @@ import redis
 
 from redlock._core.requests import Broadcast, Call
 from redlock._io import resp
-from redlock._io.wire import PENDING, late_sendable
+from redlock._io.wire import PENDING, late_sendable, render
 from redlock._scripts import lock as scripts
 
 
@@ -39,6 +39,13 @@ class Group:
         self.sampled = False  # its round trip was measured
         self.unknown: list[int] = []  # answered NOSCRIPT: sent again with the body
         self.resent = False
+
+    def send_bodies(self) -> None:
+        """The calls that answered NOSCRIPT (``unknown``: the server lost its scripts,
+        SCRIPT FLUSH or a restart) sent again, with their scripts' bodies (EVAL)."""
+        self.resent = True
+        by_index = dict(zip(self.indexes, self.calls, strict=True))
+        send(self.conn, resp.pack([render(by_index[i], evalsha=False) for i in self.unknown]))
 
 
 def by_node(request: Broadcast) -> list[Group]:

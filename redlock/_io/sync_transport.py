@@ -51,7 +51,6 @@ from redlock._io.wire import (
     Refusals,
     Silence,
     fill_pending,
-    render,
 )
 
 # Connections opening at once per node: a hung node does not collect threads. A request
@@ -300,10 +299,7 @@ class SyncTransport:
                 else:
                     replies[index] = reply
             if group.unknown and not group.resent:
-                group.resent = True
-                by_index = dict(zip(group.indexes, group.calls, strict=True))
-                send(conn, resp.pack([render(by_index[i], evalsha=False)
-                                      for i in group.unknown]))
+                group.send_bodies()
             while group.unknown:
                 reply = receive(conn)
                 if reply is NOTHING:

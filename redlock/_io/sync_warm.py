@@ -144,9 +144,9 @@ class WarmPath:
                 replies.round_trips[call.node] = time.monotonic() - sent_at[index]
                 if isinstance(reply, NoScriptError):  # SCRIPT FLUSH since: send the body
                     group = _group(index, call, conn, sent_at[index])
-                    group.sampled, group.resent, group.unknown = True, True, [index]
+                    group.sampled, group.unknown = True, [index]
                     try:
-                        send(conn, resp.pack_one(render(call, evalsha=False)))
+                        group.send_bodies()
                     except Exception as exc:
                         self._failed(group, replies, exc)
                         continue
