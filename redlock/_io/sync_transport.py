@@ -98,7 +98,7 @@ class SyncTransport:
         self._warm = WarmPath(self._idle, self._silence, self._give_back, self._failed)
         self._mutex = threading.Lock()
         self._closed = False
-        self._active = 0  # requests under way (close() waits for them to end)
+        self._under_way: set[object] = set()  # requests under way (see broadcast)
         self._idle_now = threading.Condition(self._mutex)
 
     # -- a request ---------------------------------------------------------------
@@ -106,17 +106,22 @@ class SyncTransport:
     def broadcast(self, request: Broadcast) -> Replies:
         """Every call's reply or exception (NOT_AWAITED for those the request was
         decided without). Calls for one node share one connection and one write."""
-        with self._mutex:
+        # close() waits for the requests under way. Without a lock (a set's add and
+        # discard are atomic; this runs twice per acquire+release): close() sets _closed,
+        # then waits for the set to empty, so a request added after that look sees
+        # _closed, and one that ends after it wakes close().
+        me = object()
+        under_way = self._under_way
+        under_way.add(me)
+        try:
             if self._closed:  # a thread or background flow racing the manager's close
                 return Replies([as_failure(redis.ConnectionError("the manager is closed"))]
                                * len(request.calls))
-            self._active += 1  # close() waits for the requests under way
-        try:
             return self._broadcast(request)
         finally:
-            with self._mutex:
-                self._active -= 1
-                if not self._active and self._closed:  # (close() sets it, then waits)
+            under_way.discard(me)
+            if self._closed and not under_way:
+                with self._mutex:
                     self._idle_now.notify_all()
 
     def _broadcast(self, request: Broadcast) -> Replies:
@@ -126,47 +131,71 @@ class SyncTransport:
         deadline = started + request.timeout
         replies = Replies([PENDING] * len(request.calls))
         sent: list[Group] = []
-        packing = Packing()
+        warm = self._warm.take(request)  # the usual request (redlock/_io/sync_warm.py)
+        if warm is not None:  # what it leaves unfinished is finished as below
+            try:
+                deadline = self._warm.exchange(request, warm, replies, started, deadline, sent)
+            except BaseException:
+                self._unfinished(request, replies, sent, [])
+                raise
+            if not sent:  # (nearly always: every reply is in)
+                map_failures(replies)
+                return replies
+            return self._finish(request, replies, sent, [], started, deadline, Packing())
         # Nodes without an open connection: opening one in the background, or (None)
         # waiting for a free slot to open one, or for a connection given back.
         connecting: list[tuple[Group, Connect | None]] = []
-        warm = self._warm.take(request)  # the usual request (redlock/_io/sync_warm.py)
+        packing = Packing()
+        try:  # scatter: nodes with an open connection at once
+            for group, conn in self._idle_connections(by_node(request)):
+                if conn is not None:
+                    self._send(group, conn, replies, sent, packing)
+                else:
+                    connecting.append((group, self._connect(
+                        group.node, anyway=group.lane is not None)))
+        except BaseException:
+            self._unfinished(request, replies, sent, connecting)
+            raise
+        return self._finish(request, replies, sent, connecting, time.monotonic(), deadline,
+                            packing)
+
+    def _finish(self, request: Broadcast, replies: Replies, sent: list[Group],
+                connecting: list[tuple[Group, Connect | None]], started: float,
+                deadline: float, packing: Packing) -> Replies:
+        """The gather, then what is still unfinished (see :meth:`_unfinished`)."""
         try:
-            if warm is not None:  # what it leaves unfinished is finished below
-                deadline = self._warm.exchange(request, warm, replies, started, deadline, sent)
-            else:  # scatter: nodes with an open connection at once
-                for group, conn in self._idle_connections(by_node(request)):
-                    if conn is not None:
-                        self._send(group, conn, replies, sent, packing)
-                    else:
-                        connecting.append((group, self._connect(
-                            group.node, anyway=group.lane is not None)))
-                started = time.monotonic()
             if sent or connecting:
                 self._gather(request, replies, sent, connecting, started, deadline, packing)
         finally:
-            decided = request.enough is not None and bool(  # (for the unfinished ones)
-                connecting or any(not group.done for group in sent)) and request.enough(
-                replies, replies.identities)
-            for group, attempt in connecting:  # still connecting: it joins the pool later
-                if attempt is None:
-                    queued = self._drainer.queue(group.node, group.calls)
-                    fill_pending(group.indexes, replies, SENT_LATE if queued else NotSent(
-                        f"no connection: {_CONNECTS_PER_NODE} were still opening"))
-                    continue
-                late = self._abandon(attempt, group.calls)
-                fill_pending(group.indexes, replies, SENT_LATE if late else NotSent(
-                    f"still connecting (connect_timeout {self.connect_timeout:g} s)"))
-            for group in sent:
-                if not group.done:  # decided without it, timed out or interrupted
-                    unread = (sum(1 for i in group.indexes if replies[i] is PENDING)
-                              + (group.probed and group.identity is PENDING)
-                              - (len(group.unknown) if not group.resent else 0))
-                    fill_pending(group.indexes, replies, NOT_AWAITED if decided else
-                               redis.TimeoutError("Timeout reading from socket"))
-                    self._drainer.keep(group.node, group.conn, group.calls, unread)
+            self._unfinished(request, replies, sent, connecting)
         map_failures(replies)  # redis-py errors as the library's (_io/failures.py)
         return replies
+
+    def _unfinished(self, request: Broadcast, replies: Replies, sent: list[Group],
+                    connecting: list[tuple[Group, Connect | None]]) -> None:
+        """A request that ends (its replies in, decided, at its deadline, interrupted):
+        a connection still opening joins the pool when it is ready, one with replies
+        unread goes to the drainer, the calls without a reply get theirs."""
+        decided = request.enough is not None and bool(
+            connecting or any(not group.done for group in sent)) and request.enough(
+            replies, replies.identities)
+        for group, attempt in connecting:  # still connecting: it joins the pool later
+            if attempt is None:
+                queued = self._drainer.queue(group.node, group.calls)
+                fill_pending(group.indexes, replies, SENT_LATE if queued else NotSent(
+                    f"no connection: {_CONNECTS_PER_NODE} were still opening"))
+                continue
+            late = self._abandon(attempt, group.calls)
+            fill_pending(group.indexes, replies, SENT_LATE if late else NotSent(
+                f"still connecting (connect_timeout {self.connect_timeout:g} s)"))
+        for group in sent:
+            if not group.done:  # decided without it, timed out or interrupted
+                unread = (sum(1 for i in group.indexes if replies[i] is PENDING)
+                          + (group.probed and group.identity is PENDING)
+                          - (len(group.unknown) if not group.resent else 0))
+                fill_pending(group.indexes, replies, NOT_AWAITED if decided else
+                             redis.TimeoutError("Timeout reading from socket"))
+                self._drainer.keep(group.node, group.conn, group.calls, unread)
 
     def _gather(self, request: Broadcast, replies: Replies, sent: list[Group],
                 connecting: list[tuple[Group, Connect | None]], started: float,
@@ -431,7 +460,8 @@ class SyncTransport:
             self._closed = True
             # Requests under way notice within _CLOSE_NOTICED and end: their sockets
             # must be closed below, not after this returns.
-            self._idle_now.wait_for(lambda: not self._active, timeout=2 * self.connect_timeout)
+            self._idle_now.wait_for(lambda: not self._under_way,
+                                   timeout=2 * self.connect_timeout)
             threads = list(self._opening)
         self._drainer.close()
         for thread in threads:

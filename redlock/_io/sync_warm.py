@@ -79,88 +79,89 @@ class WarmPath:
         """Write the calls on ``conns`` and read the replies until every one is in, or
         the deadline (moved to the stragglers' grace once the request is decided).
         Returns the deadline; the groups still to finish are added to ``rest`` (for the
-        general gather, or its cleanup if this is interrupted)."""
+        general gather, or its cleanup if this is interrupted). One loop, no helper per
+        node: this runs twice per acquire+release, and its bookkeeping showed (BENCHMARKS.md,
+        "Issue 21", eleventh session)."""
         calls = request.calls
+        silence = self._silence
+        give_back = self._give_back
         waiting: dict[Any, int] = {}  # socket -> the call's index
         sent_at = [started] * len(calls)
         written = 0  # calls[:written] were written (or failed), the others never
         try:
             data, packed = b"", None
-            for index, (call, conn) in enumerate(zip(calls, conns, strict=True)):
+            for conn in conns:
+                call = calls[written]
                 if packed is None or call.args is not packed.args \
                         or call.keys is not packed.keys or call.script is not packed.script:
                     data, packed = resp.pack_one(render(call, evalsha=True)), call
+                index = written
                 try:
                     send(conn, data)  # (the nodes' calls share their command: packed once)
                 except Exception as exc:
+                    written += 1
                     self._failed(_group(index, call, conn, started), replies, exc)
-                    written = index + 1
                     continue
-                written = index + 1
-                sent_at[index] = time.monotonic()
-                self._silence.owed(call.node, sent_at[index])
+                written += 1
+                now = sent_at[index] = time.monotonic()
+                silence.owed(call.node, now)
                 waiting[conn._sock] = index
-            return self._gather(request, conns, replies, started, deadline, waiting,
-                                sent_at, rest)
+            decided, enough = 0.0, request.enough
+            while waiting:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                try:
+                    ready, _, _ = select.select(list(waiting), [], [], min(left, _QUIET))
+                except (OSError, TypeError, ValueError):  # a socket closed under us
+                    break  # (the general gather's reads say why)
+                if not ready:  # nothing for a while: the general gather waits on (and
+                    break  # notices the manager's close)
+                for sock in ready:
+                    index = waiting[sock]
+                    call, conn = calls[index], conns[index]
+                    conn._redlock_readable = True  # (select() just said so: no second look)
+                    try:
+                        reply = receive(conn)
+                    except Exception as exc:
+                        del waiting[sock]
+                        self._failed(_group(index, call, conn, sent_at[index]), replies, exc)
+                        continue
+                    finally:
+                        conn._redlock_readable = False
+                    if reply is NOTHING:  # not whole yet: read again when more arrives
+                        continue
+                    del waiting[sock]
+                    silence.heard(call.node)
+                    replies.round_trips[call.node] = time.monotonic() - sent_at[index]
+                    if isinstance(reply, NoScriptError):  # SCRIPT FLUSH since: send the body
+                        group = _group(index, call, conn, sent_at[index])
+                        group.sampled, group.unknown = True, [index]
+                        try:
+                            group.send_bodies()
+                        except Exception as exc:
+                            self._failed(group, replies, exc)
+                            continue
+                        rest.append(group)  # its reply to that is the general gather's
+                        continue
+                    replies[index] = reply
+                    give_back(call.node, conn)
+                if waiting and enough is not None and (decided or enough(replies,
+                                                                         replies.identities)):
+                    # Decided: the stragglers get the grace, as in the general gather.
+                    now = time.monotonic()
+                    decided = decided or now
+                    deadline = min(deadline, silence.until(
+                        started, decided, now, [calls[i].node for i in waiting.values()]))
+            return deadline
         finally:
             if written < len(calls):  # interrupted while writing: the one being written
                 bad = _group(written, calls[written], conns[written], started)  # is unusable
                 self._failed(bad, replies, redis.ConnectionError("interrupted while writing"))
                 for index in range(written + 1, len(calls)):  # the others were never used
-                    self._give_back(calls[index].node, conns[index])
-            rest.extend(_group(i, calls[i], conns[i], sent_at[i]) for i in waiting.values())
-
-    def _gather(self, request: Broadcast, conns: list[Any], replies: Replies, started: float,
-                deadline: float, waiting: dict[Any, int], sent_at: list[float],
-                rest: list[Group]) -> float:
-        calls = request.calls
-        decided, enough = 0.0, request.enough
-        while waiting:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            try:
-                ready, _, _ = select.select(list(waiting), [], [], min(left, _QUIET))
-            except (OSError, TypeError, ValueError):  # a socket closed under us
-                break  # (the general gather's reads say why)
-            if not ready:  # nothing for a while: the general gather waits on (and
-                break  # notices the manager's close)
-            for sock in ready:
-                index = waiting[sock]
-                call, conn = calls[index], conns[index]
-                conn._redlock_readable = True  # (select() just said so: no second look)
-                try:
-                    reply = receive(conn)
-                except Exception as exc:
-                    del waiting[sock]
-                    self._failed(_group(index, call, conn, sent_at[index]), replies, exc)
-                    continue
-                finally:
-                    conn._redlock_readable = False
-                if reply is NOTHING:  # not whole yet: read again when more arrives
-                    continue
-                del waiting[sock]
-                self._silence.heard(call.node)
-                replies.round_trips[call.node] = time.monotonic() - sent_at[index]
-                if isinstance(reply, NoScriptError):  # SCRIPT FLUSH since: send the body
-                    group = _group(index, call, conn, sent_at[index])
-                    group.sampled, group.unknown = True, [index]
-                    try:
-                        group.send_bodies()
-                    except Exception as exc:
-                        self._failed(group, replies, exc)
-                        continue
-                    rest.append(group)  # its reply to that is the general gather's
-                    continue
-                replies[index] = reply
-                self._give_back(call.node, conn)
-            if waiting and enough is not None and (decided or enough(replies, replies.identities)):
-                # Decided: the stragglers get the grace, as in the general gather.
-                now = time.monotonic()
-                decided = decided or now
-                deadline = min(deadline, self._silence.until(
-                    started, decided, now, [calls[i].node for i in waiting.values()]))
-        return deadline
+                    give_back(calls[index].node, conns[index])
+            if waiting:
+                rest.extend(_group(i, calls[i], conns[i], sent_at[i]) for i in waiting.values())
 
 
 def _group(index: int, call: Call, conn: Any, sent_at: float) -> Group:
