@@ -64,11 +64,13 @@ from redlock._io.failures import as_failure, map_failures
 from redlock._io.sync_drainer import SyncDrainer
 from redlock._io.sync_transport import SyncTransport
 from redlock._io.wakeups import WakeRegistry
+from redlock._io.wire import render as render_call
 from redlock._observe.events import SENTENCES, render
 from redlock._observe.log import RESERVED_FIELDS, EventLogger, event_fields
 from redlock._observe.outages import NodeOutages
 from redlock._scripts import lock as scripts
 from redlock._scripts import node as node_scripts
+from redlock._scripts.command import plain_pack
 from redlock._scripts.node_config import unsafe_config
 from redlock._scripts.replies import ack_outcome, acquire_outcome
 from redlock.cli import render as cli_render
@@ -138,11 +140,13 @@ __all__ = [
     "observe",
     "open_episodes",
     "parse_message",
+    "plain_pack",
     "quorum",
     "read_counters",
     "read_legacy_counters",
     "real_environment",
     "render",
+    "render_call",
     "repair_node",
     "scripts",
     "sync_idle",

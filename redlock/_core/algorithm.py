@@ -286,7 +286,7 @@ class RedlockCore(Holding, QuickLane):
 
     def _acquire_calls(self, resources: tuple[str, ...], buckets: tuple[str, ...], call: str,
                        ttl: float, ticket: str, kind: Kind, attempt: int, timeout: float
-                       ) -> tuple[Call, ...]:
+                       ) -> tuple[tuple[Call, ...], bytes | None]:
         values = (attempt_owner(call, attempt), self.floors.get(buckets), ticket,
                   int(patience(self.settings, timeout) * 1000), attempt)
         return self.templates.acquire(kind, resources, max(1, int(ttl * 1000)),
@@ -307,14 +307,15 @@ class RedlockCore(Holding, QuickLane):
                                 and self.round_trips.measured() < self.quorum) else 0
         timeout = self.timeout(ttl)  # (the attempt's, its line entry's patience from it)
         buckets = kind.buckets(resources)
-        calls = self._acquire_calls(resources, buckets, opening.owner, ttl, opening.ticket,
-                                    kind, attempt, timeout)
+        calls, packed = self._acquire_calls(resources, buckets, opening.owner, ttl,
+                                            opening.ticket, kind, attempt, timeout)
         return Sent(Broadcast(calls + inspect, opening.deadline.bound(timeout),
                               line=self.line(resources, kind), turns=not opening.ticket,
                               enough=grant_enough(self.n, self.amnesia.health.suspect,
                                                   self.rule, kind.vote,
                                                   kind.group if kind.grouped else None),
-                              learn=learn), started, epoch, buckets)
+                              learn=learn, packed=None if inspect else packed),
+                    started, epoch, buckets)
 
     def _attempt(self, opening: Opening, ttl: float, kind: Kind,
                  attempt: int) -> Flow[AttemptResult]:

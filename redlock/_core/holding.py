@@ -81,8 +81,9 @@ class Holding:
         args: tuple[CommandArg, ...] = (owner, "1") if leave else (
             owner, "0", int(patience(self.settings, timeout) * 1000), ticket)
         asked = range(self.n) if nodes is None else nodes
+        packed = None
         if leave and nodes is None and len(resources) == 1:  # a holder's (every release)
-            calls = self.templates.release(kind, resources[0], args, self._release_made)
+            calls, packed = self.templates.release(kind, resources[0], args, self._release_made)
         else:
             calls = self._release_made(kind, resources, args, asked)
         if patient:
@@ -92,7 +93,8 @@ class Holding:
             # late: give them that long before calling them unreachable.
             timeout = max(timeout, min(self.settings.request_ceiling(ttl), _RELEASE_FLOOR))
         return Broadcast(calls, timeout, enough=self._settled(calls) if nodes is not None
-                         or len(resources) > 1 else self._answered(self.quorum))
+                         or len(resources) > 1 else self._answered(self.quorum),
+                         packed=packed)
 
     def _release_made(self, kind: Kind, resources: Sequence[str],
                       args: tuple[CommandArg, ...], nodes: Sequence[int]) -> tuple[Call, ...]:

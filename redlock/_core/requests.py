@@ -108,6 +108,9 @@ class Broadcast:
     lane: str | None = None
     enough: Decision | None = None
     learn: int = 0
+    # The command every call sends, packed (RESP, EVALSHA), when they all send one: a
+    # call template's (redlock._core.templates). None: the transports pack the calls.
+    packed: bytes | None = None
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,11 @@ the patience, the attempt's number). A template is made by that same builder, wi
 :class:`Marker` standing in for each such value, and remembers only where each marker
 landed: what a call is stays defined in one place, and a template that cannot be made
 (a builder that does more with a value than place it) is simply not used.
+
+A template also keeps the command its calls send, packed (RESP, EVALSHA) around the
+markers' places, and fills in the values' bytes: the transports write those bytes to
+every node on a connection that knows the script (:attr:`Broadcast.packed`). Packing the
+command anew took more than any other step of the request outside the socket calls.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from typing import Any
 from redlock._core.kinds import MUTEX, AcquireArgs, Kind, with_epoch
 from redlock._core.requests import Call, CommandArg
 from redlock._core.settings import Keys
+from redlock._scripts.command import bulk
 
 __all__ = ["CallTemplates", "Marker", "Template", "make"]
 
@@ -40,7 +46,7 @@ class Template:
     """Calls that share one script, one tuple of keys and one tuple of arguments (one
     per node, as the builders make them), with markers in some arguments' places."""
 
-    __slots__ = ("args", "keys", "nodes", "places", "script")
+    __slots__ = ("args", "holes", "keys", "nodes", "places", "script", "segments")
 
     def __init__(self, calls: Sequence[Call], markers: Sequence[Marker]) -> None:
         first = calls[0]
@@ -62,15 +68,38 @@ class Template:
         self.script = first.script
         self.nodes = tuple(c.node for c in calls)
         self.places = tuple(places)
+        # The EVALSHA command, packed: the bytes between the values (``segments``, one
+        # more than the values) and, per value in the arguments' order, its marker's index.
+        self.segments: tuple[bytes, ...] = ()
+        self.holes = tuple(index for _, index in sorted(places))
+        if first.script is not None:
+            segments, segment = [], b"".join([
+                b"*%d\r\n" % (3 + len(first.keys) + len(given)), bulk("EVALSHA"),
+                bulk(first.script.sha), bulk(len(first.keys)), *map(bulk, first.keys)])
+            for arg in given:
+                if isinstance(arg, Marker):
+                    segments.append(segment)
+                    segment = b""
+                else:
+                    segment += bulk(arg)
+            self.segments = (*segments, segment)
 
-    def fill(self, values: Sequence[CommandArg]) -> tuple[Call, ...]:
-        """The calls with ``values`` (one per marker, in the markers' order) in place; a
-        value whose marker the builder did not place is not sent."""
+    def fill(self, values: Sequence[CommandArg]) -> tuple[tuple[Call, ...], bytes | None]:
+        """The calls with ``values`` (one per marker, in the markers' order) in place, and
+        the command they send, packed (EVALSHA; None for a plain command); a value whose
+        marker the builder did not place is not sent."""
         args = list(self.args)
         for place, index in self.places:
             args[place] = values[index]
         shared = tuple(args)
-        return tuple([Call(node, shared, self.script, self.keys) for node in self.nodes])
+        calls = tuple([Call(node, shared, self.script, self.keys) for node in self.nodes])
+        segments = self.segments
+        if not segments:
+            return calls, None
+        parts = [segments[0]]
+        for hole, index in enumerate(self.holes, 1):
+            parts += (bulk(values[index]), segments[hole])
+        return calls, b"".join(parts)
 
 
 def make(build: Callable[[], Sequence[Call]], markers: Sequence[Marker]) -> Template | None:
@@ -104,9 +133,11 @@ class CallTemplates:
         self._made: dict[Hashable, Template | None] = {}
 
     def acquire(self, kind: Kind, resources: tuple[str, ...], ttl_ms: int, epoch: int,
-                route: str, values: tuple[str, int, str, int, int]) -> tuple[Call, ...]:
-        """An attempt's calls, one per node; ``values``: (owner, floor, ticket,
-        patience_ms, attempt)."""
+                route: str, values: tuple[str, int, str, int, int]
+                ) -> tuple[tuple[Call, ...], bytes | None]:
+        """An attempt's calls, one per node, and from a template the command they all
+        send, packed (else None); ``values``: (owner, floor, ticket, patience_ms,
+        attempt)."""
         if kind is MUTEX and len(resources) == 1:
             queued = bool(values[2])  # (a ticket: the call waits in line, §6.3)
             key = ("acquire", resources[0], queued, ttl_ms, epoch, route)
@@ -118,7 +149,7 @@ class CallTemplates:
                     kind, resources, ttl_ms, epoch, route, markers), _ACQUIRE))
             if template is not None:
                 return template.fill(values)
-        return self._acquire_calls(kind, resources, ttl_ms, epoch, route, values)
+        return self._acquire_calls(kind, resources, ttl_ms, epoch, route, values), None
 
     def _acquire_calls(self, kind: Kind, resources: tuple[str, ...], ttl_ms: int,
                        epoch: int, route: str, values: Sequence[Any]) -> tuple[Call, ...]:
@@ -129,9 +160,10 @@ class CallTemplates:
 
     def release(self, kind: Kind, resource: str, args: tuple[CommandArg, ...],
                 build: Callable[[Kind, tuple[str, ...], tuple[CommandArg, ...], range],
-                                tuple[Call, ...]]) -> tuple[Call, ...]:
+                                tuple[Call, ...]]) -> tuple[tuple[Call, ...], bytes | None]:
         """A release of ``resource`` on every node, ``args`` its arguments (the owner
-        first); ``build(kind, resources, args, nodes)`` makes a release's calls."""
+        first), and as :meth:`acquire` the command packed; ``build(kind, resources, args,
+        nodes)`` makes a release's calls."""
         if kind is MUTEX:
             key = ("release", resource, args[1:])
             try:
@@ -141,7 +173,7 @@ class CallTemplates:
                     kind, (resource,), (_RELEASE[0], *args[1:]), self.nodes), _RELEASE))  # type: ignore[arg-type]
             if template is not None:
                 return template.fill(args[:1])
-        return build(kind, (resource,), args, self.nodes)
+        return build(kind, (resource,), args, self.nodes), None
 
     def _keep(self, key: Hashable, template: Template | None) -> Template | None:
         if len(self._made) >= _KEPT:

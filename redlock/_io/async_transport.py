@@ -131,7 +131,7 @@ class AsyncTransport:
                               started + request.timeout, deadlines, exchanges, self._silence)
         gathering.learn = request.learn
         gathering.left = len(exchanges)
-        packing = Packing()
+        packing = Packing(request)
         # Nodes with an open connection: written at once, here; the others: a task each
         # opens one (within the connection's budget), then the same.
         wires = self._idle_wires(exchanges.values())

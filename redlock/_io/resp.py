@@ -17,6 +17,11 @@ from typing import Any
 from redis._parsers.base import BaseParser
 from redis.exceptions import InvalidResponse
 
+from redlock._scripts.command import plain_pack
+
+__all__ = ["HAVE_HIREDIS", "PlainReader", "Reader", "ReplyError", "as_result", "pack",
+           "pack_one", "plain_pack"]
+
 _parse_error: Callable[[str], Exception] = BaseParser.parse_error
 
 _hiredis: Any
@@ -29,29 +34,6 @@ except ImportError:  # pragma: no cover - without hiredis installed
     _hiredis = None
 
 HAVE_HIREDIS = _hiredis is not None
-
-
-def _encode(arg: Any) -> bytes:
-    if isinstance(arg, bytes):
-        return arg
-    if isinstance(arg, str):
-        return arg.encode()
-    if isinstance(arg, bool):  # as redis-py refuses them: an int is meant
-        raise TypeError("a bool is not a Redis argument")
-    if isinstance(arg, int | float):
-        return repr(arg).encode()
-    if isinstance(arg, memoryview):
-        return arg.tobytes()
-    raise TypeError(f"invalid Redis argument of type {type(arg).__name__}")
-
-
-def plain_pack(command: Sequence[Any]) -> bytes:
-    """One command's RESP bytes, without hiredis."""
-    parts = [b"*%d\r\n" % len(command)]
-    for arg in command:
-        data = _encode(arg)
-        parts.append(b"$%d\r\n%s\r\n" % (len(data), data))
-    return b"".join(parts)
 
 
 pack_one: Callable[[Sequence[Any]], bytes] = (

@@ -141,11 +141,12 @@ class SyncTransport:
             if not sent:  # (nearly always: every reply is in)
                 map_failures(replies)
                 return replies
-            return self._finish(request, replies, sent, [], started, deadline, Packing())
+            return self._finish(request, replies, sent, [], started, deadline,
+                                Packing(request))
         # Nodes without an open connection: opening one in the background, or (None)
         # waiting for a free slot to open one, or for a connection given back.
         connecting: list[tuple[Group, Connect | None]] = []
-        packing = Packing()
+        packing = Packing(request)
         try:  # scatter: nodes with an open connection at once
             for group, conn in self._idle_connections(by_node(request)):
                 if conn is not None:

@@ -89,7 +89,10 @@ class WarmPath:
         sent_at = [started] * len(calls)
         written = 0  # calls[:written] were written (or failed), the others never
         try:
-            data, packed = b"", None
+            # (A template's calls come packed; else the nodes' calls share their command
+            # nearly always: packed once.)
+            data = request.packed or b""
+            packed = calls[0] if request.packed is not None else None
             for conn in conns:
                 call = calls[written]
                 if packed is None or call.args is not packed.args \
@@ -97,7 +100,7 @@ class WarmPath:
                     data, packed = resp.pack_one(render(call, evalsha=True)), call
                 index = written
                 try:
-                    send(conn, data)  # (the nodes' calls share their command: packed once)
+                    send(conn, data)
                 except Exception as exc:
                     written += 1
                     self._failed(_group(index, call, conn, started), replies, exc)

@@ -25,7 +25,7 @@ from typing import Any, Generic, TypeVar
 
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from redlock._core.requests import NOT_AWAITED, PENDING, SENT_LATE, Call, NotAwaited
+from redlock._core.requests import NOT_AWAITED, PENDING, SENT_LATE, Broadcast, Call, NotAwaited
 from redlock._io import resp
 from redlock._scripts import lock as scripts
 
@@ -61,13 +61,17 @@ FRESH = 0.001
 class Packing:
     """A request's commands packed once: the nodes of a request get the same calls (the
     same keys and arguments), so each distinct command is packed for the first node and
-    its bytes reused for the others."""
+    its bytes reused for the others (a call template's come packed: Broadcast.packed)."""
 
     __slots__ = ("_bytes", "_key")
 
-    def __init__(self) -> None:
+    def __init__(self, request: Broadcast | None = None) -> None:
         self._key: tuple[object, ...] = ()
         self._bytes = b""
+        if request is not None and request.packed is not None:
+            call = request.calls[0]
+            self._key = (call.script, call.keys, call.args, True)
+            self._bytes = request.packed
 
     def calls(self, calls: list[Call], *, evalsha: bool) -> bytes:
         if len(calls) != 1:

@@ -1,11 +1,13 @@
 """Call templates (docs/design.md §2.6), pure logic: a filled template is exactly the call
-the kind's builder makes, value for value; where no exact template can be made, the
-builder's own calls go out."""
+the kind's builder makes, value for value, and its packed command the bytes the transports
+would write for that call (hiredis's and the plain packer's); where no exact template can
+be made, the builder's own calls go out, unpacked."""
 
 from __future__ import annotations
 
 import threading
 
+import hiredis
 import pytest
 
 from tests.internals import (
@@ -19,6 +21,8 @@ from tests.internals import (
     Marker,
     Permit,
     make_template,
+    plain_pack,
+    render_call,
     scripts,
     with_epoch,
 )
@@ -36,6 +40,14 @@ def built(kind: object, n: int, resources: tuple[str, ...], ttl_ms: int, epoch: 
                       KEYS, epoch)
 
 
+def assert_packed(calls: tuple[Call, ...], packed: bytes | None) -> None:
+    """``packed`` is the EVALSHA command every one of ``calls`` sends, as the transports
+    would pack it."""
+    command = render_call(calls[0], evalsha=True)
+    assert packed == hiredis.pack_command(command) == plain_pack(command)
+    assert all(render_call(call, evalsha=True) == command for call in calls)
+
+
 @pytest.mark.parametrize("n", [1, 3, 5])
 @pytest.mark.parametrize("queued", [True, False])
 @pytest.mark.parametrize(("epoch", "route"), [(0, "0badf00d"), (7, "c0ffee42"), (0, "")])
@@ -46,8 +58,9 @@ def test_a_filled_acquire_template_is_the_builders_call(n: int, queued: bool, ep
     for attempt in (1, 2, 9, 300):
         values = (f"{attempt:032x}{attempt:08x}", 17 * attempt, TICKET if queued else "",
                   1100 + attempt, attempt)
-        calls = templates.acquire(MUTEX, ("orders",), 5000, epoch, route, values)
+        calls, packed = templates.acquire(MUTEX, ("orders",), 5000, epoch, route, values)
         assert calls == built(MUTEX, n, ("orders",), 5000, epoch, route, values)
+        assert_packed(calls, packed)
         assert [c.node for c in calls] == list(range(n))
         assert all(c.args is calls[0].args for c in calls)  # packed once per request
         first = first or calls
@@ -60,8 +73,9 @@ def test_templates_are_kept_per_name_ttl_epoch_and_route() -> None:
     for resource, ttl_ms, epoch, route in [("a", 5000, 0, "r1"), ("b", 5000, 0, "r1"),
                                           ("a", 900, 0, "r1"), ("a", 5000, 3, "r1"),
                                           ("a", 5000, 0, "r2"), ("a", 5000, 0, "r1")]:
-        calls = templates.acquire(MUTEX, (resource,), ttl_ms, epoch, route, values)
+        calls, packed = templates.acquire(MUTEX, (resource,), ttl_ms, epoch, route, values)
         assert calls == built(MUTEX, 3, (resource,), ttl_ms, epoch, route, values)
+        assert_packed(calls, packed)
 
 
 def test_other_kinds_and_sets_are_built_each_time() -> None:
@@ -70,8 +84,9 @@ def test_other_kinds_and_sets_are_built_each_time() -> None:
     for kind, resources in [(Permit(permits=3).for_call("f" * 32), ("jobs",)),
                             (Leadership(identity="a"), ("cron",)),
                             (MUTEX, ("a", "b"))]:
-        calls = templates.acquire(kind, resources, 5000, 0, "r", values)
+        calls, packed = templates.acquire(kind, resources, 5000, 0, "r", values)
         assert calls == built(kind, 3, resources, 5000, 0, "r", values)
+        assert packed is None
 
 
 @pytest.mark.parametrize("n", [1, 3])
@@ -83,6 +98,7 @@ def test_a_holders_release_is_the_builders_call(n: int) -> None:
         assert request.calls == tuple(MUTEX.release_call(KEYS, i, "orders", (owner, "1"))
                                       for i in range(n))
         assert request.calls[0].script is scripts.RELEASE
+        assert_packed(request.calls, request.packed)
 
 
 def test_no_template_where_a_builder_uses_a_value() -> None:
@@ -98,7 +114,13 @@ def test_no_template_where_a_builder_uses_a_value() -> None:
     assert make_template(lambda: [Call(0, (owner, floor))], (owner,)) is None
     template = make_template(lambda: [Call(0, (owner, "x", floor))], (owner, floor))
     assert template is not None
-    assert template.fill(("o", 3)) == (Call(0, ("o", "x", 3)),)
+    assert template.fill(("o", 3)) == ((Call(0, ("o", "x", 3)),), None)  # (no script)
+    template = make_template(lambda: [Call(0, (floor, "é", owner), scripts.RELEASE, ("k",))],
+                             (owner, floor))
+    assert template is not None
+    calls, packed = template.fill(("ö" * 3, 12))
+    assert calls == (Call(0, (12, "é", "ö" * 3), scripts.RELEASE, ("k",)),)
+    assert_packed(calls, packed)
 
 
 def test_the_templates_kept_are_bounded() -> None:
