@@ -174,7 +174,9 @@ class LocalLines(Generic[E, L]):
                 first.wake.set()
 
     def idle(self) -> bool:
-        """No line left (for tests: nothing stays behind per resource)."""
+        """No line left: no call of this manager waits, attempts or hands off (nothing
+        stays behind per resource). A look without the lock: a line that comes or goes
+        meanwhile is seen at the next look."""
         return not self._lines
 
     def busy(self, key: str) -> bool:

@@ -111,6 +111,8 @@ class WaitingRoom:
         release's own message does (a subscribed channel: the message wakes the first
         in the nodes' line, wherever it waits; waking the first local waiter as well
         would cost an attempt whenever that is not the same waiter)."""
+        if self.lines.idle():  # nobody of this manager waits (a waiter that comes in
+            return  # after this look tries after the release: it finds the lock free)
         line = self._core.line(state.resources, state.kind)
         if len(state.resources) > 1 or not self.wakeups.live(line):
             self.lines.notify(line)  # a set's local line has no channel of its own

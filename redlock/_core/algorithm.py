@@ -73,6 +73,12 @@ class RedlockCore(Holding, QuickLane):
         self._members_mutex = env.new_mutex()
         self.floors = TokenFloors(env.new_mutex())
         self.templates = CallTemplates(self.keys, self.n)  # the usual calls, filled in
+        # A mutex's local line and counters per name (asked on every acquire and release;
+        # the names used lately, as the templates).
+        self._mutex_names: dict[tuple[str, ...], tuple[str, tuple[str, ...]]] = {}
+        # A holder's release is decided once a quorum answered (the same decision for every
+        # release: made once).
+        self.quorum_answered = self._answered(self.quorum)
         # Where hand-offs to this manager's waiters are told (docs/design.md §6.7): its
         # listeners subscribe '<release channel>:<route>'; a forked child has its own.
         self.route = env.random_hex(4)
@@ -281,8 +287,27 @@ class RedlockCore(Holding, QuickLane):
     def line(self, resources: Sequence[str], kind: Kind = MUTEX) -> str:
         """The local line of an acquisition: a resource's release channel (a set has one
         of its own). Attempts in one line from one manager take turns."""
+        if kind is MUTEX:
+            return self._mutex_name(resources)[0]
         return kind.channel(self.keys, resources[0] if len(resources) == 1
                             else "\x00".join(resources))
+
+    def buckets(self, resources: tuple[str, ...], kind: Kind) -> tuple[str, ...]:
+        """The counters an acquisition's tokens come from (:meth:`Kind.buckets`)."""
+        return self._mutex_name(resources)[1] if kind is MUTEX else kind.buckets(resources)
+
+    def _mutex_name(self, resources: Sequence[str]) -> tuple[str, tuple[str, ...]]:
+        """A mutex's (line, buckets) of ``resources``, kept for the names used lately."""
+        key = tuple(resources)
+        try:
+            return self._mutex_names[key]
+        except KeyError:
+            if len(self._mutex_names) >= 1024:
+                self._mutex_names.clear()
+            made = self._mutex_names[key] = (
+                MUTEX.channel(self.keys, key[0] if len(key) == 1 else "\x00".join(key)),
+                MUTEX.buckets(key))
+            return made
 
     def _acquire_calls(self, resources: tuple[str, ...], buckets: tuple[str, ...], call: str,
                        ttl: float, ticket: str, kind: Kind, attempt: int, timeout: float
@@ -306,7 +331,7 @@ class RedlockCore(Holding, QuickLane):
         learn = self.quorum if (self.settings.node_timeout is None
                                 and self.round_trips.measured() < self.quorum) else 0
         timeout = self.timeout(ttl)  # (the attempt's, its line entry's patience from it)
-        buckets = kind.buckets(resources)
+        buckets = self.buckets(resources, kind)
         calls, packed = self._acquire_calls(resources, buckets, opening.owner, ttl,
                                             opening.ticket, kind, attempt, timeout)
         return Sent(Broadcast(calls + inspect, opening.deadline.bound(timeout),

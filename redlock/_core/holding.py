@@ -59,6 +59,7 @@ class Holding:
     rule: Rule  # the membership rule (docs/design.md §13.2): what a quorum is
     # Every node's outcome when each did it (the usual release, shared: immutable).
     _all_done: tuple[NodeResult, ...]
+    quorum_answered: Decision  # (see _release_calls)
     node_outages: NodeOutages
     clock: Callable[[], float]
 
@@ -93,8 +94,7 @@ class Holding:
             # late: give them that long before calling them unreachable.
             timeout = max(timeout, min(self.settings.request_ceiling(ttl), _RELEASE_FLOOR))
         return Broadcast(calls, timeout, enough=self._settled(calls) if nodes is not None
-                         or len(resources) > 1 else self._answered(self.quorum),
-                         packed=packed)
+                         or len(resources) > 1 else self.quorum_answered, packed=packed)
 
     def _release_made(self, kind: Kind, resources: Sequence[str],
                       args: tuple[CommandArg, ...], nodes: Sequence[int]) -> tuple[Call, ...]:
@@ -145,9 +145,11 @@ class Holding:
         each node's outcome (GRANTED only if it acked every resource) and, per
         resource, the nodes that acked."""
         if resources == 1:  # (the usual case, on every release: one pass)
-            if all(type(reply) is int and reply == 1 for reply in replies):  # every node did
-                outcomes = list(self._all_done)
-                return outcomes, [set(range(self.n))]
+            for reply in replies:
+                if type(reply) is not int or reply != 1:
+                    break
+            else:  # every node did
+                return list(self._all_done), [set(range(self.n))]
             outcomes = [ack_outcome(address, reply, refused=refused)
                         for address, reply in zip(self.addresses, replies, strict=True)]
             return outcomes, [{i for i, result in enumerate(outcomes)

@@ -34,6 +34,10 @@ class LockState:
     what it is called in messages (the resource's name, or the set's label) and
     ``token`` its largest token."""
 
+    __slots__ = ("__weakref__", "_clock", "deadline", "depth", "generation", "holder", "kind",
+                 "lost_outcomes", "lost_reason", "mutex", "owner", "release_called",
+                 "resource", "resources", "status", "token", "tokens", "ttl")
+
     def __init__(self, resource: str, owner: str, ttl: float, token: int, deadline: float,
                  clock: Callable[[], float], mutex: Mutex, *,
                  tokens: Mapping[str, int] | None = None, kind: Kind = MUTEX) -> None:
@@ -165,20 +169,32 @@ class RoundTrips:
     def sample_many(self, measured: Mapping[int, float]) -> None:
         """Round trips measured by one request: node -> seconds."""
         srtts, rttvars, estimates = self._srtt, self._rttvar, self._estimates
-        with self._mutex:  # (once per request, not per node)
+        if self._measured == len(estimates):
+            # Every node measured (nearly always: on every request): without the lock.
+            # Threads that sample one node at once may lose one of their samples, which
+            # an estimate can spare; the ranking is replaced whole.
             for node, seconds in measured.items():
                 srtt = srtts[node]
+                rttvar = 0.75 * rttvars[node] + 0.25 * abs(srtt - seconds)  # type: ignore[operator]
+                srtt = 0.875 * srtt + 0.125 * seconds  # type: ignore[operator]
+                srtts[node], rttvars[node] = srtt, rttvar
+                estimates[node] = srtt + 4 * rttvar
+            self._ranked = sorted(estimates)  # type: ignore[arg-type]
+            return
+        with self._mutex:  # (the nodes not measured yet: counted once each)
+            for node, seconds in measured.items():
+                srtt = srtts[node]
+                first = srtt is None
                 if srtt is None:
                     srtt, rttvar = seconds, seconds / 2
-                    self._measured += 1
                 else:
                     rttvar = 0.75 * rttvars[node] + 0.25 * abs(srtt - seconds)
                     srtt = 0.875 * srtt + 0.125 * seconds
                 srtts[node], rttvars[node] = srtt, rttvar
                 estimates[node] = srtt + 4 * rttvar
-            known = estimates if self._measured == len(estimates) else [  # (no None)
-                e for e in estimates if e is not None]
-            self._ranked = sorted(known)  # type: ignore[arg-type]
+                if first:  # (counted once its estimate is there: see above)
+                    self._measured += 1
+            self._ranked = sorted(e for e in estimates if e is not None)
 
     def measured(self) -> int:
         """How many nodes have a round trip measured."""

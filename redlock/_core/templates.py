@@ -92,7 +92,8 @@ class Template:
         for place, index in self.places:
             args[place] = values[index]
         shared = tuple(args)
-        calls = tuple([Call(node, shared, self.script, self.keys) for node in self.nodes])
+        script, keys = self.script, self.keys  # (tuple.__new__: Call's own __new__, minus a frame)
+        calls = tuple([_new(Call, (node, shared, script, keys)) for node in self.nodes])
         segments = self.segments
         if not segments:
             return calls, None
@@ -111,6 +112,8 @@ def make(build: Callable[[], Sequence[Call]], markers: Sequence[Marker]) -> Temp
     except (TypeError, ValueError, AttributeError):
         return None
 
+
+_new = tuple.__new__
 
 #: An attempt's values, in :meth:`CallTemplates.acquire`'s order; a release's.
 _ACQUIRE = (Marker("owner"), Marker("floor"), Marker("ticket"), Marker("patience"),
