@@ -312,7 +312,8 @@ class ScriptedNodes:
             assert isinstance(found, dict), (key, found)
             return [found.get(f) for f in ("epoch", "members", "joining", "retired")]
 
-        if isinstance(script, scripts.Script) and script.source.startswith(scripts.EPOCH_CHECK):
+        if isinstance(script, scripts.Script) and scripts.EPOCH_CHECK in script.source:
+            # (ACQUIRE's usual case comes before the check, where it would pass.)
             # The membership check (docs/design.md §13.1): last key and argument.
             *key_list, members_key = keys
             *arg_list, client_epoch = args

@@ -19,12 +19,13 @@ command anew took more than any other step of the request outside the socket cal
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
+from operator import itemgetter
 from typing import Any
 
 from redlock._core.kinds import MUTEX, AcquireArgs, Kind, with_epoch
 from redlock._core.requests import Call, CommandArg
 from redlock._core.settings import Keys
-from redlock._scripts.command import bulk
+from redlock._scripts.command import HEADS, bulk, encode
 
 __all__ = ["CallTemplates", "Marker", "Template", "make"]
 
@@ -46,7 +47,7 @@ class Template:
     """Calls that share one script, one tuple of keys and one tuple of arguments (one
     per node, as the builders make them), with markers in some arguments' places."""
 
-    __slots__ = ("args", "holes", "keys", "nodes", "places", "script", "segments")
+    __slots__ = ("_pick", "args", "holes", "keys", "nodes", "places", "script", "segments")
 
     def __init__(self, calls: Sequence[Call], markers: Sequence[Marker]) -> None:
         first = calls[0]
@@ -68,8 +69,14 @@ class Template:
         self.script = first.script
         self.nodes = tuple(c.node for c in calls)
         self.places = tuple(places)
-        # The EVALSHA command, packed: the bytes between the values (``segments``, one
-        # more than the values) and, per value in the arguments' order, its marker's index.
+        # The arguments, made by one C call from ``values + args``: per argument, its
+        # marker's value or the builder's own argument.
+        by_place = dict(places)
+        self._pick = itemgetter(*[by_place[p] if p in by_place else len(markers) + p
+                                  for p in range(len(given))])
+        # The EVALSHA command, packed: the bytes around the values (``segments``, one more
+        # than the values; each after the first starts with the CRLF that ends the value
+        # before it) and, per value in the arguments' order, its marker's index.
         self.segments: tuple[bytes, ...] = ()
         self.holes = tuple(index for _, index in sorted(places))
         if first.script is not None:
@@ -79,19 +86,19 @@ class Template:
             for arg in given:
                 if isinstance(arg, Marker):
                     segments.append(segment)
-                    segment = b""
+                    segment = b"\r\n"
                 else:
                     segment += bulk(arg)
             self.segments = (*segments, segment)
 
-    def fill(self, values: Sequence[CommandArg]) -> tuple[tuple[Call, ...], bytes | None]:
+    def fill(self, values: tuple[CommandArg, ...]) -> tuple[tuple[Call, ...], bytes | None]:
         """The calls with ``values`` (one per marker, in the markers' order) in place, and
         the command they send, packed (EVALSHA; None for a plain command); a value whose
-        marker the builder did not place is not sent."""
-        args = list(self.args)
-        for place, index in self.places:
-            args[place] = values[index]
-        shared = tuple(args)
+        marker the builder did not place is not sent. Twice per acquire+release: every
+        step counts (BENCHMARKS.md, "Issue 21", eleventh session)."""
+        shared = self._pick(values + self.args)
+        if len(self.args) == 1:  # (itemgetter of one index gives the item itself)
+            shared = (shared,)
         script, keys = self.script, self.keys  # (tuple.__new__: Call's own __new__, minus a frame)
         calls = tuple([_new(Call, (node, shared, script, keys)) for node in self.nodes])
         segments = self.segments
@@ -99,7 +106,12 @@ class Template:
             return calls, None
         parts = [segments[0]]
         for hole, index in enumerate(self.holes, 1):
-            parts += (bulk(values[index]), segments[hole])
+            value = values[index]
+            kind = type(value)
+            data = value.encode() if kind is str else b"%d" % value if kind is int else encode(
+                value)
+            size = len(data)
+            parts += (HEADS[size] if size < 256 else b"$%d\r\n" % size, data, segments[hole])
         return calls, b"".join(parts)
 
 

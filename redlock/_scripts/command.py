@@ -24,6 +24,10 @@ def encode(arg: Any) -> bytes:
     raise TypeError(f"invalid Redis argument of type {type(arg).__name__}")
 
 
+#: A bulk string's header for each short length (``HEADS[len(data)]``: no formatting).
+HEADS = tuple(b"$%d\r\n" % size for size in range(256))
+
+
 def bulk(arg: Any) -> bytes:
     """One argument as a RESP bulk string."""
     kind = type(arg)  # (the usual two first: a template fills in a few per request)

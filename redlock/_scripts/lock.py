@@ -68,16 +68,20 @@ ACQUIRE = guarded(
 --                        changes nothing
 --         {3, ahead}     free, but `ahead` waiters are before us in line (a ticket joins it)
 --         {-1, 0}        no node marker: amnesiac node, refuses until repaired
--- The usual case first, before the shared functions are defined (a script defines them
--- anew on every call) and KEYS and ARGV are copied without the epoch's two: this
--- format's marker, and neither the previous format's marker, the resource's old counter
--- nor a line. One EXISTS tells, and whether there is a line: it counts a key once per
--- mention, so the line, named eight times, makes 8 or more, the marker, named four
--- times, adds 4, and the other two add at most 2.
-local marker, line = KEYS[3], KEYS[4]
-local present = redis.call('EXISTS', marker, marker, marker, marker, KEYS[7], KEYS[6],
-                           line, line, line, line, line, line, line, line)
-local usual = present == 4
+-- The usual case first, before the membership check, the shared functions (a script
+-- defines them anew on every call) and the copies of KEYS and ARGV without the epoch's
+-- two: this format's marker, and neither a membership record (a cluster that never
+-- changed its nodes: the check would pass, and costs a command), the previous format's
+-- marker, the resource's old counter nor a line. One EXISTS tells, and whether there is
+-- a line: it counts a key once per mention, so the record, named twelve times, makes 12
+-- or more, the line, named six times, adds 6, the marker, named three times, adds 3,
+-- and the other two add at most 2.
+local marker, line, record = KEYS[3], KEYS[4], KEYS[#KEYS]
+local present = redis.call('EXISTS', marker, marker, marker, KEYS[7], KEYS[6],
+                           line, line, line, line, line, line,
+                           record, record, record, record, record, record,
+                           record, record, record, record, record, record)
+local usual = present == 3
 if usual and redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
     -- Free, and granted: the token as settle(..., 1, 2) makes it without an old counter.
     local raised = redis.call('HINCRBY', KEYS[2], ARGV[6], 1)
@@ -88,12 +92,13 @@ if usual and redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
     return {1, token}
 end
 """,
+    checked_usual=False,
     source=LINE_FUNCTIONS + TOKEN_FUNCTIONS + OWNER_FUNCTIONS + """
 local format = usual and 2 or node_format(KEYS[3], KEYS[7])
 if format == 0 then
     return {-1, 0}
 end
-local queued = present >= 8
+local queued = present % 12 >= 6
 -- Free, and nobody in line: one command checks and sets the key (the usual case tried
 -- it above).
 if not usual and not queued and redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then

@@ -36,12 +36,18 @@ local ARGV = {unpack(ARGV, 1, #ARGV - 1)}
 """
 
 
-def guarded(name: str, source: str, *, usual: str = "", copies: bool = True) -> Script:
+def guarded(name: str, source: str, *, usual: str = "", copies: bool = True,
+            checked_usual: bool = True) -> Script:
     """A granting, committing or renewing script, behind :data:`EPOCH_CHECK`. ``usual``:
     its usual case, run after the check on KEYS and ARGV as sent (the membership key and
     the epoch still last: it may use only indexes below them), before ``source``.
     ``copies=False``: ``source`` too reads only such indexes, and goes without the
-    copies of KEYS and ARGV (a renewal, on every call)."""
+    copies of KEYS and ARGV (a renewal, on every call). ``checked_usual=False``: the
+    usual case runs before the check, which it must then make needless: it may change
+    something only where the node has no membership record (the check passes there for
+    every client, whose epoch is 0 or more, and nothing retired the node)."""
+    if not checked_usual:
+        return Script(name, usual + EPOCH_CHECK + (WITHOUT_EPOCH if copies else "") + source)
     return Script(name, EPOCH_CHECK + usual + (WITHOUT_EPOCH if copies else "") + source)
 
 

@@ -705,14 +705,14 @@ MUTATIONS = [  # (script, a line of it, that line changed)
      "if not usual and redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2])"),
     # The usual case, tried before the rest: a line, an old counter or the previous
     # format's marker must each take an acquire out of it, and its token respects the floor.
-    (scripts.ACQUIRE,
-     "KEYS[6],\n                           line, line, line, line, line, line, line, line)",
-     "KEYS[6])"),
-    (scripts.ACQUIRE, "marker, marker, marker, marker, KEYS[7], KEYS[6],",
-     "marker, marker, marker, marker, KEYS[7],"),
-    (scripts.ACQUIRE, "marker, marker, marker, marker, KEYS[7], KEYS[6],",
-     "marker, marker, marker, marker, KEYS[6],"),
-    (scripts.ACQUIRE, "local queued = present >= 8", "local queued = false"),
+    (scripts.ACQUIRE, "                           line, line, line, line, line, line,\n", ""),
+    (scripts.ACQUIRE, "marker, marker, marker, KEYS[7], KEYS[6],",
+     "marker, marker, marker, KEYS[7],"),
+    (scripts.ACQUIRE, "marker, marker, marker, KEYS[7], KEYS[6],",
+     "marker, marker, marker, KEYS[6],"),
+    (scripts.ACQUIRE, "local queued = present % 12 >= 6", "local queued = false"),
+    # ...and a membership record (the usual case runs before the membership check).
+    (scripts.ACQUIRE, "local usual = present == 3", "local usual = present % 12 == 3"),
     (scripts.ACQUIRE, "    local token = math.max(raised, tonumber(ARGV[3]) + 1)",
      "    local token = raised"),
     (scripts.RELEASE, "if holder == ARGV[1] and not queued and ticket == '' then",
