@@ -7,7 +7,9 @@ I/O of the hot path: packed commands written to the socket, replies parsed from 
 
 from __future__ import annotations
 
+import os
 import select
+import socket
 import ssl
 import threading
 from typing import Any
@@ -120,6 +122,17 @@ def send(conn: Any, data: bytes) -> None:
     if sock is None:
         raise redis.ConnectionError("the connection is closed")
     try:
+        if type(sock) is socket.socket:
+            # One system call: sendall() on a socket with a timeout (ours: the connect
+            # budget) polls before every send, and a command nearly always fits the
+            # socket's buffer at once (what does not is sent by sendall below).
+            try:
+                written = os.write(sock.fileno(), data)
+            except BlockingIOError:
+                written = 0
+            if written == len(data):
+                return
+            data = data[written:]
         sock.sendall(data)
     except TimeoutError as exc:
         conn.disconnect()
@@ -151,6 +164,22 @@ def receive(conn: Any) -> object:
             raise redis.ConnectionError(f"Error while reading from socket: {exc}") from exc
         if not readable:
             return NOTHING
+    return _read_more(parser, sock)
+
+
+def receive_ready(conn: Any) -> object:
+    """:func:`receive` of a connection whose socket ``select()`` just found readable."""
+    parser = reader(conn)
+    reply = parser.gets()
+    if reply is not False:
+        return resp.as_result(reply)
+    sock = conn._sock
+    if sock is None:
+        raise redis.ConnectionError("the connection is closed")
+    return _read_more(parser, sock)
+
+
+def _read_more(parser: Any, sock: Any) -> object:
     data = recv_available(sock)
     if data is None:
         return NOTHING
@@ -165,7 +194,11 @@ def recv_available(sock: Any) -> bytes | None:
     read for the socket's timeout; what the TLS layer decrypted is taken too."""
     data: bytes
     try:
-        if not isinstance(sock, ssl.SSLSocket):
+        if type(sock) is socket.socket:
+            # One system call: recv() on a socket with a timeout polls first, and this
+            # socket was just found readable (or is looked at without waiting).
+            data = os.read(sock.fileno(), 65536)
+        elif not isinstance(sock, ssl.SSLSocket):
             data = sock.recv(65536)
         else:
             timeout = sock.gettimeout()

@@ -30,7 +30,7 @@ from redis.exceptions import NoScriptError
 
 from redlock._core.requests import Broadcast, Call, Replies
 from redlock._io import resp
-from redlock._io.sync_exchange import NOTHING, Group, receive, send
+from redlock._io.sync_exchange import NOTHING, Group, receive_ready, send
 from redlock._io.sync_idle import IdleConnections, with_input
 from redlock._io.wire import Silence, render
 
@@ -123,15 +123,12 @@ class WarmPath:
                 for sock in ready:
                     index = waiting[sock]
                     call, conn = calls[index], conns[index]
-                    conn._redlock_readable = True  # (select() just said so: no second look)
                     try:
-                        reply = receive(conn)
+                        reply = receive_ready(conn)  # (select() just said so: no second look)
                     except Exception as exc:
                         del waiting[sock]
                         self._failed(_group(index, call, conn, sent_at[index]), replies, exc)
                         continue
-                    finally:
-                        conn._redlock_readable = False
                     if reply is NOTHING:  # not whole yet: read again when more arrives
                         continue
                     del waiting[sock]
