@@ -15,12 +15,11 @@ are held weakly: a finished thread or task takes its entries along.
 from __future__ import annotations
 
 import contextvars
-import threading
 import weakref
 from collections.abc import Callable, Hashable, Iterable
 from typing import Any
 
-from redlock import _fork
+from redlock._client.owners import OwnerMap
 from redlock._client.registry import Registry
 from redlock._client.telemetry import AttemptWatch, observe
 from redlock._core.algorithm import RedlockCore
@@ -89,17 +88,7 @@ class HandleBase:
         self.last_failure: LockNotAcquired | None = None
         # Per owner (thread or task, held weakly), its acquisition through this handle;
         # kept after a release so that a second release() is a no-op.
-        self._states: weakref.WeakKeyDictionary[Any, LockState] = weakref.WeakKeyDictionary()
-        self._mutex = threading.Lock()
-        self._generation = _fork.generation
-
-    def _guard(self) -> threading.Lock:
-        """The handle's thread lock, made anew in a forked child: another parent thread
-        may have held it at the fork, and nobody would ever release it there."""
-        if self._generation != _fork.generation:
-            self._mutex = threading.Lock()
-            self._generation = _fork.generation
-        return self._mutex
+        self._states: OwnerMap[LockState] = OwnerMap()
 
     def _owner_key(self) -> Hashable:
         acting_for = ACTING_FOR.get()
@@ -181,8 +170,7 @@ class HandleBase:
             state.check()  # re-entering a lock whose validity ran out must not pass silently
             with state.mutex:
                 state.depth += 1
-            with self._guard():
-                self._states[owner] = state
+            self._states[owner] = state
             if self.ttl > state.ttl:
                 yield from self._core.extend_or_lose(state, self.ttl)
                 self._registry.renewals.rescheduled(state)
@@ -194,8 +182,7 @@ class HandleBase:
 
     def _refuse_nesting(self, owner: Hashable) -> None:
         """:class:`AlreadyHeld` if the owner holds an acquisition through this handle."""
-        with self._guard():
-            current = self._states.get(owner)
+        current = self._states.get(owner)
         if current is not None and current.status == Status.HELD and not current.expired():
             raise AlreadyHeld(
                 f"this owner already holds {self._shown} through this handle: release it"
@@ -233,7 +220,8 @@ class HandleBase:
                 return Releasing(None)
             state.release_called = True
         self._registry.renewals.remove(state)
-        self._registry.forget_reentrant(state, owner)
+        if self.reentrant:  # (only a reentrant handle's acquisitions are registered)
+            self._registry.forget_reentrant(state, owner)
         if state.status == Status.LOST:  # its keys were dropped when it was lost
             state.check()
         return Releasing(state, state.expired(),
@@ -327,8 +315,7 @@ class HandleBase:
 
     def _hold(self, state: LockState, owner: Hashable) -> None:
         state.holder = weakref.ref(owner)
-        with self._guard():
-            self._states[owner] = state
+        self._states[owner] = state
 
     def _entered_failure(self) -> LockNotAcquired:
         return self.last_failure or LockNotAcquired(
@@ -337,12 +324,10 @@ class HandleBase:
     # -- the caller's own acquisition -------------------------------------------
 
     def _current(self) -> LockState | None:
-        with self._guard():
-            return self._states.get(self._owner_key())
+        return self._states.get(self._owner_key())
 
     def _held(self, owner: Hashable | None = None) -> LockState:
-        with self._guard():
-            state = self._states.get(self._owner_key() if owner is None else owner)
+        state = self._states.get(self._owner_key() if owner is None else owner)
         if state is None:
             raise NotHeld(f"{self._shown} is not held by this owner through this handle",
                           resource=self._label)
@@ -421,7 +406,8 @@ class LockBase(HandleBase):
                 state.check()
             state.status = Status.HANDED_OVER
         self._registry.renewals.remove(state)
-        self._registry.forget_reentrant(state, owner)
+        if self.reentrant:  # (only a reentrant handle's acquisitions are registered)
+            self._registry.forget_reentrant(state, owner)
         return value
 
 

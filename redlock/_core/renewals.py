@@ -104,6 +104,8 @@ class Renewals:
             wake.set()
 
     def remove(self, state: LockState) -> None:
+        if state not in self._renewals:  # (every release asks; nearly none is renewed)
+            return  # (only its owner adds it, and that owner is the one releasing it)
         with self._mutex:
             self._renewals.pop(state, None)
 

@@ -107,9 +107,12 @@ class Template:
         parts = [segments[0]]
         for hole, index in enumerate(self.holes, 1):
             value = values[index]
-            kind = type(value)
-            data = value.encode() if kind is str else b"%d" % value if kind is int else encode(
-                value)
+            if type(value) is str:  # (the usual two first)
+                data = value.encode()
+            elif type(value) is int:
+                data = b"%d" % value
+            else:
+                data = encode(value)
             size = len(data)
             parts += (HEADS[size] if size < 256 else b"$%d\r\n" % size, data, segments[hole])
         return calls, b"".join(parts)
