@@ -254,7 +254,7 @@ class HandleBase:
         return True
 
     def _end_release(self, releasing: Releasing, outcomes: tuple[NodeResult, ...]) -> None:
-        taken = sum(1 for r in outcomes if r.outcome is Outcome.REFUSED)
+        taken = [r.outcome for r in outcomes].count(Outcome.REFUSED)
         if releasing.expired or (taken and self._core.key_gone(outcomes)):
             why = ("its validity had run out" if releasing.expired
                    else f"{taken} of {self._core.n} nodes no longer held our key")

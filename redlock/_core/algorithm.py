@@ -83,6 +83,7 @@ class RedlockCore(Holding, QuickLane):
         # listeners subscribe '<release channel>:<route>'; a forked child has its own.
         self.route = env.random_hex(4)
         self._all_done = tuple(NodeResult(a, Outcome.GRANTED) for a in self.addresses)
+        self._every_node = frozenset(range(self.n))
         self.amnesia = AmnesiaGuard(self.addresses, settings, self.keys, env, self.timeout)
         # Failing nodes are logged once per outage.
         self.node_outages = NodeOutages(env.clock, env.wall_clock, env.new_mutex())

@@ -60,6 +60,7 @@ class Holding:
     # Every node's outcome when each did it (the usual release, shared: immutable).
     _all_done: tuple[NodeResult, ...]
     quorum_answered: Decision  # (see _release_calls)
+    _every_node: frozenset[int]
     node_outages: NodeOutages
     clock: Callable[[], float]
 
@@ -149,7 +150,7 @@ class Holding:
                 if type(reply) is not int or reply != 1:
                     break
             else:  # every node did
-                return list(self._all_done), [set(range(self.n))]
+                return list(self._all_done), [set(self._every_node)]
             outcomes = [ack_outcome(address, reply, refused=refused)
                         for address, reply in zip(self.addresses, replies, strict=True)]
             return outcomes, [{i for i, result in enumerate(outcomes)
@@ -251,7 +252,7 @@ class Holding:
                 # The keys on nodes it missed expire by their TTL; say so (once per node
                 # and outage: redlock.release_incomplete) rather than hide it.
                 self.node_outages.release(logger, state.resource, state.ttl, outcomes)
-            if not errors:
+            if not errors and logger.debugging():
                 logger.debug("redlock.released", resource=state.resource, token=state.token)
             results.append(tuple(outcomes))
         return results

@@ -54,6 +54,9 @@ class Rule:
             for s in members.sets)
         # Asked on every attempt: the groups never change, so neither does the answer.
         self._possible = not self.lost(())
+        # Whether every one of the client's nodes together meets the rule (asked on every
+        # grant: the usual one is by all of them).
+        self.met_by_all = self.met(range(len(addresses)))
 
     @property
     def epoch(self) -> int:

@@ -148,8 +148,10 @@ class QuickLane:
                 return None
             counters.append(reply[1])
         token = max(counters)  # the token rule (§3.1): the largest counter...
-        if (token >= TOKEN_LIMIT  # ...returned by a quorum: nothing to write back
-                or not self.rule.met([i for i, c in enumerate(counters) if c == token])
+        rule = self.rule  # ...returned by a quorum: nothing to write back (usually by all)
+        if (token >= TOKEN_LIMIT
+                or not (rule.met_by_all if counters.count(token) == len(counters)
+                        else rule.met([i for i, c in enumerate(counters) if c == token]))
                 or validity_left(self.settings, ttl, sent.started, self.clock()) <= 0):
             return None
         self.floors.raise_to(sent.buckets, token)

@@ -97,6 +97,11 @@ class TokenFloors:
         return max(self._floors[int(b)] for b in buckets)
 
     def raise_to(self, buckets: Sequence[str], counter: int) -> None:
+        if len(buckets) == 1:  # (every grant of one resource) without the lock: threads
+            index = int(buckets[0])  # that raise one floor at once may lose the higher
+            if counter > self._floors[index]:  # raise, which a hint can spare
+                self._floors[index] = counter
+            return
         with self._mutex:
             for b in buckets:
                 if counter > self._floors[int(b)]:
