@@ -310,35 +310,31 @@ class RedlockCore(Holding, QuickLane):
                 MUTEX.buckets(key))
             return made
 
-    def _acquire_calls(self, resources: tuple[str, ...], buckets: tuple[str, ...], call: str,
-                       ttl: float, ticket: str, kind: Kind, attempt: int, timeout: float
-                       ) -> tuple[tuple[Call, ...], bytes | None]:
-        values = (attempt_owner(call, attempt), self.floors.get(buckets), ticket,
-                  int(patience(self.settings, timeout) * 1000), attempt)
-        return self.templates.acquire(kind, resources, max(1, int(ttl * 1000)),
-                                      self.rule.epoch, self.route, values)
-
     def attempt_request(self, opening: Opening, ttl: float, kind: Kind,
                         attempt: int) -> Sent:
-        """An attempt's request (not sent yet), made when it starts."""
-        resources = opening.resources
-        self.rule.check()  # MembershipError: our nodes cannot form a quorum (§13.2)
-        epoch, started = self.rule.epoch, self.clock()
+        """An attempt's request (not sent yet), made when it starts. (On every attempt:
+        what it asks of other objects is asked once.)"""
+        resources, settings, rule, health = opening.resources, self.settings, self.rule, \
+            self.amnesia.health
+        rule.check()  # MembershipError: our nodes cannot form a quorum (§13.2)
+        epoch, started = rule.epoch, self.clock()
         # A manager's first attempt also reads every node's INFO (docs/design.md §4.7),
         # behind the acquire calls on the same connections: no round of its own.
-        inspect = () if self.amnesia.health.inspected else self.amnesia.inspect_calls()
+        inspect = () if health.inspected else self.amnesia.inspect_calls()
         # Before the round trips are known (a new manager), the round learns its timeout
         # from its own replies, as later ones have it from RoundTrips (docs/design.md §2.4).
-        learn = self.quorum if (self.settings.node_timeout is None
+        learn = self.quorum if (settings.node_timeout is None
                                 and self.round_trips.measured() < self.quorum) else 0
         timeout = self.timeout(ttl)  # (the attempt's, its line entry's patience from it)
-        buckets = self.buckets(resources, kind)
-        calls, packed = self._acquire_calls(resources, buckets, opening.owner, ttl,
-                                            opening.ticket, kind, attempt, timeout)
-        return Sent(Broadcast(calls + inspect, opening.deadline.bound(timeout),
-                              line=self.line(resources, kind), turns=not opening.ticket,
-                              enough=grant_enough(self.n, self.amnesia.health.suspect,
-                                                  self.rule, kind.vote,
+        line, buckets = (self._mutex_name(resources) if kind is MUTEX
+                         else (self.line(resources, kind), kind.buckets(resources)))
+        values = (attempt_owner(opening.owner, attempt), self.floors.get(buckets),
+                  opening.ticket, int(patience(settings, timeout) * 1000), attempt)
+        calls, packed = self.templates.acquire(kind, resources, max(1, int(ttl * 1000)),
+                                               epoch, self.route, values)
+        return Sent(Broadcast(calls + inspect, opening.deadline.bound(timeout), line=line,
+                              turns=not opening.ticket,
+                              enough=grant_enough(self.n, health.suspect, rule, kind.vote,
                                                   kind.group if kind.grouped else None),
                               learn=learn, packed=None if inspect else packed),
                     started, epoch, buckets)
