@@ -17,13 +17,14 @@ from typing import cast
 from redlock._core import handoff
 from redlock._core.amnesia.guard import AmnesiaGuard
 from redlock._core.amnesia.repair import RepairReport, initialise, repair, upgrade
-from redlock._core.commit import commit_enough, grant_enough
+from redlock._core.attempts import Attempts
+from redlock._core.commit import commit_enough
 from redlock._core.environment import Environment
 from redlock._core.holding import Holding
 from redlock._core.kinds import MUTEX, Kind, Leadership, with_epoch
 from redlock._core.members import Members, Rule, stable
-from redlock._core.quick import Opening, QuickLane, Sent
-from redlock._core.requests import Backoff, Broadcast, Call, Deadline, Flow, Replies
+from redlock._core.quick import Opening, QuickLane
+from redlock._core.requests import Backoff, Broadcast, Deadline, Flow, Replies
 from redlock._core.settings import Keys, Settings, label, validate_node_addresses
 from redlock._core.state import AcquireResult, AttemptResult, LockState, RoundTrips
 from redlock._core.templates import CallTemplates
@@ -36,7 +37,7 @@ from redlock._core.tokens import (
     validity_left,
     waiter_id,
 )
-from redlock._core.waiting import Waits, patience
+from redlock._core.waiting import Waits
 from redlock._observe.log import get_logger
 from redlock._observe.outages import NodeOutages
 from redlock._scripts.replies import (
@@ -52,10 +53,11 @@ from redlock.errors import NodeResult, Outcome, describe
 logger = get_logger("redlock.locks")
 nodes_logger = get_logger("redlock.nodes")
 
-class RedlockCore(Holding, QuickLane):
+class RedlockCore(Holding, QuickLane, Attempts):
     """Quorum acquire with fencing for N nodes; release, extend and loss come from
     :class:`~redlock._core.holding.Holding`, the quick lane from
-    :class:`~redlock._core.quick.QuickLane`."""
+    :class:`~redlock._core.quick.QuickLane`, a call's opening and its attempts' requests
+    from :class:`~redlock._core.attempts.Attempts`."""
 
     def __init__(self, addresses: Sequence[str], settings: Settings, env: Environment) -> None:
         validate_node_addresses(addresses)
@@ -139,28 +141,6 @@ class RedlockCore(Holding, QuickLane):
         return True
 
     # -- acquire ---------------------------------------------------------------
-
-    def open_acquire(self, resources: tuple[str, ...], ttl: float, *, blocking: bool,
-                     timeout: float | None, kind: Kind = MUTEX) -> Opening:
-        """An acquire call's start, made once whichever way it goes (the flow below, or
-        the quick lane first, :mod:`redlock._core.quick`).
-
-        Every round and wait ends by the caller's deadline: ``timeout`` after the start
-        for a blocking acquire, one request ceiling for a single try
-        (:meth:`Settings.single_try`); docs/design.md §2.5."""
-        owner = self.env.random_hex(16)  # 128 bits, secret: only we can release our key
-        # A blocking acquire of one resource waits in the nodes' line for it; its ticket
-        # (wall-clock microseconds: comparable across hosts, see docs/design.md §6) is
-        # its place, the same on every node and every attempt. A single try, or a set,
-        # does not queue.
-        queued = blocking and timeout != 0 and len(resources) == 1
-        ticket = str(int(self.env.wall_clock() * 1_000_000)) if queued else ""
-        started = self.clock()
-        single = not blocking or timeout == 0
-        deadline = Deadline(self.clock, started + self.settings.single_try(ttl) if single
-                            else None if timeout is None else started + timeout)
-        return Opening(resources, owner, kind.for_call(owner), ticket, started, single,
-                       deadline)
 
     def acquire(self, resources: str | tuple[str, ...], ttl: float, *, blocking: bool,
                 timeout: float | None,
@@ -284,60 +264,6 @@ class RedlockCore(Holding, QuickLane):
         if ticket:
             yield deadline.cap(self._release_calls(resources, owner, ttl, leave=True,
                                                    kind=kind))
-
-    def line(self, resources: Sequence[str], kind: Kind = MUTEX) -> str:
-        """The local line of an acquisition: a resource's release channel (a set has one
-        of its own). Attempts in one line from one manager take turns."""
-        if kind is MUTEX:
-            return self._mutex_name(resources)[0]
-        return kind.channel(self.keys, resources[0] if len(resources) == 1
-                            else "\x00".join(resources))
-
-    def buckets(self, resources: tuple[str, ...], kind: Kind) -> tuple[str, ...]:
-        """The counters an acquisition's tokens come from (:meth:`Kind.buckets`)."""
-        return self._mutex_name(resources)[1] if kind is MUTEX else kind.buckets(resources)
-
-    def _mutex_name(self, resources: Sequence[str]) -> tuple[str, tuple[str, ...]]:
-        """A mutex's (line, buckets) of ``resources``, kept for the names used lately."""
-        key = tuple(resources)
-        try:
-            return self._mutex_names[key]
-        except KeyError:
-            if len(self._mutex_names) >= 1024:
-                self._mutex_names.clear()
-            made = self._mutex_names[key] = (
-                MUTEX.channel(self.keys, key[0] if len(key) == 1 else "\x00".join(key)),
-                MUTEX.buckets(key))
-            return made
-
-    def attempt_request(self, opening: Opening, ttl: float, kind: Kind,
-                        attempt: int) -> Sent:
-        """An attempt's request (not sent yet), made when it starts. (On every attempt:
-        what it asks of other objects is asked once.)"""
-        resources, settings, rule, health = opening.resources, self.settings, self.rule, \
-            self.amnesia.health
-        rule.check()  # MembershipError: our nodes cannot form a quorum (§13.2)
-        epoch, started = rule.epoch, self.clock()
-        # A manager's first attempt also reads every node's INFO (docs/design.md §4.7),
-        # behind the acquire calls on the same connections: no round of its own.
-        inspect = () if health.inspected else self.amnesia.inspect_calls()
-        # Before the round trips are known (a new manager), the round learns its timeout
-        # from its own replies, as later ones have it from RoundTrips (docs/design.md §2.4).
-        learn = self.quorum if (settings.node_timeout is None
-                                and self.round_trips.measured() < self.quorum) else 0
-        timeout = self.timeout(ttl)  # (the attempt's, its line entry's patience from it)
-        line, buckets = (self._mutex_name(resources) if kind is MUTEX
-                         else (self.line(resources, kind), kind.buckets(resources)))
-        values = (attempt_owner(opening.owner, attempt), self.floors.get(buckets),
-                  opening.ticket, int(patience(settings, timeout) * 1000), attempt)
-        calls, packed = self.templates.acquire(kind, resources, max(1, int(ttl * 1000)),
-                                               epoch, self.route, values)
-        return Sent(Broadcast(calls + inspect, opening.deadline.bound(timeout), line=line,
-                              turns=not opening.ticket,
-                              enough=grant_enough(self.n, health.suspect, rule, kind.vote,
-                                                  kind.group if kind.grouped else None),
-                              learn=learn, packed=None if inspect else packed),
-                    started, epoch, buckets)
 
     def _attempt(self, opening: Opening, ttl: float, kind: Kind,
                  attempt: int) -> Flow[AttemptResult]:

@@ -1,8 +1,9 @@
 """What the sync transport keeps per request and node (see :mod:`redlock._io.sync_transport`):
 a request's calls for one node (a :class:`Group`, sent on one connection, pipelined),
-a connection being opened for it in the background (:class:`Connect`), and the socket
-I/O of the hot path: packed commands written to the socket, replies parsed from it with
-:mod:`redlock._io.resp` (redis-py built the connection; its command layer is bypassed).
+and the socket I/O of the hot path (a connection opened in the background for a request
+is :mod:`redlock._io.sync_connect`'s): packed commands written to the socket, replies
+parsed from it with :mod:`redlock._io.resp` (redis-py built the connection; its command
+layer is bypassed).
 """
 
 from __future__ import annotations
@@ -11,15 +12,13 @@ import os
 import select
 import socket
 import ssl
-import threading
 from typing import Any
 
 import redis
 
 from redlock._core.requests import Broadcast, Call
 from redlock._io import resp
-from redlock._io.wire import PENDING, late_sendable, render
-from redlock._scripts import lock as scripts
+from redlock._io.wire import PENDING, render
 
 
 class Group:
@@ -223,38 +222,3 @@ def is_new(conn: Any) -> bool:
     """A connection (re)opened since the server was last identified on it: redis-py
     reconnects under us, so the socket itself is what was identified."""
     return getattr(conn, "_redlock_identified", None) is not conn._sock
-
-
-def given(node: int, conn: Any) -> Connect:
-    """A connection found idle while waiting for a slot: as if opened for this request."""
-    attempt = Connect(node)
-    attempt.conn = conn
-    attempt.ready.set()
-    return attempt
-
-
-class Connect:
-    """A connection one request is opening in the background, with its own budget. If
-    the request stops waiting, the connection joins the pool when it is ready: the
-    next request finds it warm. A request of releases that stopped waiting still has
-    them sent on it then (``late``): nothing else would free those keys before their TTL,
-    and a release touches only its owner's key (the asyncio transport does the same)."""
-
-    def __init__(self, node: int) -> None:
-        self.node = node
-        self.ready = threading.Event()
-        self.conn: Any = None
-        self.error: BaseException | None = None
-        self.abandoned = False
-        self.late: list[Call] = []  # releases to send once connected (the request is over)
-        self.mutex = threading.Lock()
-
-    def abandon(self, calls: list[Call]) -> bool:
-        """Its request gives up on it: ``calls`` are kept to send once connected if they
-        are all final releases (:func:`~redlock._io.wire.late_sendable`). True when the
-        connection is open already (to be handed back now, not when ready)."""
-        with self.mutex:
-            self.abandoned = True
-            self.late = list(calls) if calls and all(
-                call.script is scripts.RELEASE and late_sendable(call) for call in calls) else []
-            return self.ready.is_set() and self.conn is not None

@@ -24,17 +24,16 @@ from redis.connection import parse_url
 from redis.exceptions import NoScriptError
 from redis.retry import Retry
 
-from redlock._core.requests import Broadcast, Call, CommandArg, Replies, learnt_deadline
+from redlock._core.requests import Broadcast, CommandArg, Replies, learnt_deadline
 from redlock._io import resp
 from redlock._io.failures import NotSent, as_failure, map_failures
 from redlock._io.nodes import build_pool, check_node_list, node_labels, pool_overrides
+from redlock._io.sync_connect import CONNECTS_PER_NODE, Connect, Connector, given
 from redlock._io.sync_drainer import SyncDrainer
 from redlock._io.sync_exchange import (
     NOTHING,
-    Connect,
     Group,
     by_node,
-    given,
     has_input,
     is_new,
     readable_groups,
@@ -48,16 +47,10 @@ from redlock._io.wire import (
     PENDING,
     SENT_LATE,
     Packing,
-    Refusals,
     Silence,
     fill_pending,
 )
 
-# Connections opening at once per node: a hung node does not collect threads. A request
-# that needs one beyond this waits (polling every 2 ms) for a slot, or a connection given
-# back, until its deadline: it never fails at once, so a burst of threads on healthy
-# nodes (64 threads' first requests, or after a restart) is served.
-_CONNECTS_PER_NODE = 16
 # A request under way notices close() within this (it ends, and close() waits for it).
 _CLOSE_NOTICED = 0.05
 # At the deadline, how long reading the replies that are already arriving may take: a
@@ -85,11 +78,9 @@ class SyncTransport:
         self.connect_timeout = connect_timeout
         # Replies owed on connections nobody waits on any more; queued final releases.
         self._silence = Silence(len(self.pools))  # the nodes that stopped answering
-        self._refusals = Refusals(len(self.pools))  # the nodes refusing connections
         self._drainer = SyncDrainer(len(self.pools), connect_timeout, give_back=self._give_back,
                                     discard=self._discard, silence=self._silence)
-        self._connects = [0] * len(self.pools)  # opening now, per node
-        self._opening: set[threading.Thread] = set()  # their threads (close() joins them)
+        self._connector = Connector(self.pools, self._silence, self._hand_back)
         # Lanes (redlock._core.requests.Broadcast.lane): per lane and node, its connections,
         # checked out of the pool and kept aside.
         self._lanes: dict[str, list[list[Any]]] = {}
@@ -152,7 +143,7 @@ class SyncTransport:
                 if conn is not None:
                     self._send(group, conn, replies, sent, packing)
                 else:
-                    connecting.append((group, self._connect(
+                    connecting.append((group, self._connector.connect(
                         group.node, anyway=group.lane is not None)))
         except BaseException:
             self._unfinished(request, replies, sent, connecting)
@@ -184,9 +175,9 @@ class SyncTransport:
             if attempt is None:
                 queued = self._drainer.queue(group.node, group.calls)
                 fill_pending(group.indexes, replies, SENT_LATE if queued else NotSent(
-                    f"no connection: {_CONNECTS_PER_NODE} were still opening"))
+                    f"no connection: {CONNECTS_PER_NODE} were still opening"))
                 continue
-            late = self._abandon(attempt, group.calls)
+            late = self._connector.abandon(attempt, group.calls)
             fill_pending(group.indexes, replies, SENT_LATE if late else NotSent(
                 f"still connecting (connect_timeout {self.connect_timeout:g} s)"))
         for group in sent:
@@ -215,7 +206,7 @@ class SyncTransport:
                     if conn is not None:
                         connecting[position] = (group, given(group.node, conn))
                     else:
-                        connecting[position] = (group, self._connect(group.node))
+                        connecting[position] = (group, self._connector.connect(group.node))
             for item in [c for c in connecting if c[1] is not None and c[1].ready.is_set()]:
                 connecting.remove(item)
                 group, attempt = item
@@ -376,52 +367,6 @@ class SyncTransport:
                         return conn
         return self._idle.take(node, check=check)
 
-    def _connect(self, node: int, *, anyway: bool = False) -> Connect | None:
-        """A connection to ``node`` opening in the background for one request (None when
-        too many are opening already: the node is slow to accept or to handshake;
-        ``anyway``: a lane's, which does not wait for a slot)."""
-        attempt = Connect(node)
-        refused = self._refusals.refusing(node, time.monotonic())
-        if refused is not None:  # it failed a moment ago: fails the same way, at once
-            attempt.error = refused
-            attempt.ready.set()
-            return attempt
-
-        def run() -> None:
-            try:
-                attempt.conn = self.pools[node].get_connection()
-                self._refusals.connected(node)
-            except Exception as exc:
-                attempt.error = exc
-                self._silence.failed(node, exc)
-                self._refusals.failed(node, exc, time.monotonic())
-            finally:
-                with self._mutex:
-                    self._connects[node] -= 1
-            with attempt.mutex:
-                attempt.ready.set()
-                abandoned = attempt.abandoned
-            if abandoned and attempt.conn is not None:
-                self._hand_back(attempt)  # warm, for the next request
-            with self._mutex:
-                self._opening.discard(threading.current_thread())
-
-        thread = threading.Thread(target=run, name="redlock-connect", daemon=True)
-        with self._mutex:
-            if self._closed or (self._connects[node] >= _CONNECTS_PER_NODE and not anyway):
-                return None  # (closed: close() has collected the threads it waits for)
-            self._connects[node] += 1
-            self._opening.add(thread)
-        thread.start()
-        return attempt
-
-    def _abandon(self, attempt: Connect, calls: list[Call]) -> bool:
-        """The request gives up on the connection: to the pool now, or when ready (with
-        ``calls`` sent on it first if they are all final releases: True)."""
-        if attempt.abandon(calls):
-            self._hand_back(attempt)
-        return bool(attempt.late)
-
     def _hand_back(self, attempt: Connect) -> None:
         """A connection its request gave up on: its late releases go out on it (read by
         the drainer, which then gives it back), else it joins the pool at once."""
@@ -457,13 +402,13 @@ class SyncTransport:
     def close(self) -> None:
         """Close every connection; the drainer and the threads still opening connections
         end before this returns (each within its budget: a close leaves no thread)."""
-        with self._mutex:  # against _connect starting threads
+        with self._mutex:
             self._closed = True
             # Requests under way notice within _CLOSE_NOTICED and end: their sockets
             # must be closed below, not after this returns.
             self._idle_now.wait_for(lambda: not self._under_way,
                                    timeout=2 * self.connect_timeout)
-            threads = list(self._opening)
+        threads = self._connector.close()  # (a request that ended meanwhile: its too)
         self._drainer.close()
         for thread in threads:
             if thread is not threading.current_thread():

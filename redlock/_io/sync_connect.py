@@ -1,0 +1,130 @@
+"""The sync transport's new connections (see :mod:`redlock._io.sync_transport`): each
+opened in a thread of its own, with its own budget (``connect_timeout``), so that a
+request waits for it only until its own deadline and a hung node that accepts TCP but
+never answers the handshake costs one node timeout, not the connect budget. At most
+:data:`CONNECTS_PER_NODE` open at once per node; a node that refused a moment ago fails
+at once (:class:`~redlock._io.wire.Refusals`).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import redis
+
+from redlock._core.requests import Call
+from redlock._io.wire import Refusals, Silence, late_sendable
+from redlock._scripts import lock as scripts
+
+# Connections opening at once per node: a hung node does not collect threads. A request
+# that needs one beyond this waits (polling every 2 ms) for a slot, or a connection given
+# back, until its deadline: it never fails at once, so a burst of threads on healthy
+# nodes (64 threads' first requests, or after a restart) is served.
+CONNECTS_PER_NODE = 16
+
+
+def given(node: int, conn: Any) -> Connect:
+    """A connection found idle while waiting for a slot: as if opened for this request."""
+    attempt = Connect(node)
+    attempt.conn = conn
+    attempt.ready.set()
+    return attempt
+
+
+class Connect:
+    """A connection one request is opening in the background, with its own budget. If
+    the request stops waiting, the connection joins the pool when it is ready: the
+    next request finds it warm. A request of releases that stopped waiting still has
+    them sent on it then (``late``): nothing else would free those keys before their TTL,
+    and a release touches only its owner's key (the asyncio transport does the same)."""
+
+    def __init__(self, node: int) -> None:
+        self.node = node
+        self.ready = threading.Event()
+        self.conn: Any = None
+        self.error: BaseException | None = None
+        self.abandoned = False
+        self.late: list[Call] = []  # releases to send once connected (the request is over)
+        self.mutex = threading.Lock()
+
+    def abandon(self, calls: list[Call]) -> bool:
+        """Its request gives up on it: ``calls`` are kept to send once connected if they
+        are all final releases (:func:`~redlock._io.wire.late_sendable`). True when the
+        connection is open already (to be handed back now, not when ready)."""
+        with self.mutex:
+            self.abandoned = True
+            self.late = list(calls) if calls and all(
+                call.script is scripts.RELEASE and late_sendable(call) for call in calls) else []
+            return self.ready.is_set() and self.conn is not None
+
+
+class Connector:
+    """Opens one transport's new connections, each in a thread of its own (see the
+    module's doc); ``hand_back(attempt)`` takes a connection whose request gave up on
+    it once it is open."""
+
+    def __init__(self, pools: list[redis.ConnectionPool], silence: Silence,
+                 hand_back: Callable[[Connect], None]) -> None:
+        self._pools = pools
+        self._silence = silence  # its transport's: which nodes answer
+        self.refusals = Refusals(len(pools))  # the nodes refusing connections
+        self._hand_back = hand_back
+        self._connects = [0] * len(pools)  # opening now, per node
+        self._opening: set[threading.Thread] = set()  # their threads (close() joins them)
+        self._mutex = threading.Lock()
+        self._closed = False
+
+    def connect(self, node: int, *, anyway: bool = False) -> Connect | None:
+        """A connection to ``node`` opening in the background for one request (None when
+        too many are opening already: the node is slow to accept or to handshake;
+        ``anyway``: a lane's, which does not wait for a slot; or once closed)."""
+        attempt = Connect(node)
+        refused = self.refusals.refusing(node, time.monotonic())
+        if refused is not None:  # it failed a moment ago: fails the same way, at once
+            attempt.error = refused
+            attempt.ready.set()
+            return attempt
+
+        def run() -> None:
+            try:
+                attempt.conn = self._pools[node].get_connection()
+                self.refusals.connected(node)
+            except Exception as exc:
+                attempt.error = exc
+                self._silence.failed(node, exc)
+                self.refusals.failed(node, exc, time.monotonic())
+            finally:
+                with self._mutex:
+                    self._connects[node] -= 1
+            with attempt.mutex:
+                attempt.ready.set()
+                abandoned = attempt.abandoned
+            if abandoned and attempt.conn is not None:
+                self._hand_back(attempt)  # warm, for the next request
+            with self._mutex:
+                self._opening.discard(threading.current_thread())
+
+        thread = threading.Thread(target=run, name="redlock-connect", daemon=True)
+        with self._mutex:
+            if self._closed or (self._connects[node] >= CONNECTS_PER_NODE and not anyway):
+                return None  # (closed: close() has collected the threads it waits for)
+            self._connects[node] += 1
+            self._opening.add(thread)
+        thread.start()
+        return attempt
+
+    def abandon(self, attempt: Connect, calls: list[Call]) -> bool:
+        """The request gives up on the connection: to the pool now, or when ready (with
+        ``calls`` sent on it first if they are all final releases: True)."""
+        if attempt.abandon(calls):
+            self._hand_back(attempt)
+        return bool(attempt.late)
+
+    def close(self) -> list[threading.Thread]:
+        """No new connection from now on; the threads still opening one (to join)."""
+        with self._mutex:
+            self._closed = True
+            return list(self._opening)
