@@ -238,7 +238,7 @@ class AsyncRedlock(ManagerBase[AsyncLock, AsyncMultiLock]):
         sent.at = time.monotonic()
         try:
             replies = await self._transport.broadcast(sent.request)
-            self._core.absorb(replies)
+            self._absorb_quickly(replies)
         except BaseException as exc:  # cancelled, or the core's
             sent.outcome = exc
         else:

@@ -325,7 +325,7 @@ class Redlock(ManagerBase[Lock, MultiLock]):
         sent.at = time.monotonic()
         try:
             replies = self._transport.broadcast(sent.request)
-            self._core.absorb(replies)
+            self._absorb_quickly(replies)
         except BaseException as exc:  # interrupted (KeyboardInterrupt), or the core's
             sent.outcome = exc
         else:

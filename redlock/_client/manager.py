@@ -32,7 +32,7 @@ from redlock._core.handover import Handover, as_handover
 from redlock._core.handover import adopt as adopt_handover
 from redlock._core.quick import Sent
 from redlock._core.renewals import Renewals
-from redlock._core.requests import Flow
+from redlock._core.requests import Flow, Replies
 from redlock._core.settings import Keys, Settings, validate_resource
 from redlock._core.state import LockState
 from redlock._io.wakeups import WakeRegistry
@@ -196,6 +196,15 @@ class ManagerBase(Generic[H, MH]):
         interrupted it, or that the core raised on them. Never raises (asyncio: an
         awaitable). The flavour's own (the transport blocks or awaits)."""
         raise NotImplementedError
+
+    def _absorb_quickly(self, replies: Replies) -> None:
+        """What a quick lane's request learnt, absorbed by the core as the executor does;
+        a node that a new connection found restarted is seen to at once, as at the end of
+        a driven call: a quick release ends no driven call, and the node would wait for
+        the next one that is (tests/faults/test_restarts.py)."""
+        self._core.absorb(replies)
+        if replies.identities:
+            self._maintain()
 
     def _spawn_flow(self, flow: Flow[None], name: str) -> Any:
         """Run a flow in the background, in a thread or task; returns it."""

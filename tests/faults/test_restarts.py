@@ -62,7 +62,7 @@ from redlock.testing import RedisNode, RedisNodes, ToxiproxyServer
 from redlock.testing.history import ACCEPTED, ERROR, REJECTED, History, Hold, Write
 from tests.faults.conftest import DLM_OPTIONS, MakeDlm, fenced_write
 from tests.faults.fault_figures import Figures, scenario
-from tests.internals import KEYS
+from tests.internals import KEYS, idle_connections
 from tests.peek import (
     fence_counters,
     get,
@@ -745,6 +745,33 @@ def test_restart_with_appendfsync_everysec_is_an_amnesia_episode(
         figures.recovery_s = time.monotonic() - restarted
         assert figures.recovery_s >= MAX_TTL * 0.95
         figures.extra.update(everysec_episode=why.split(" ", 2)[2])
+
+
+def test_a_restart_learnt_by_a_release_is_seen_to_at_once(
+    durable3: RedisNodes, make_dlm: MakeDlm,
+) -> None:
+    """A release that meets a restarted node on a new connection (the quick lane's: it
+    ends no driven call) starts the judging at once, as the end of a driven call does:
+    node 1 is demoted with no further call. It used to wait for the next driven call, and
+    the test above failed on a loaded machine whenever its acquire was decided before node
+    1's new connection was up, which left the release to learn of the restart."""
+    dlm = make_dlm(durable3)
+    first, second = (dlm.lock(f"restarts:learnt-{i}", ttl=MAX_TTL) for i in range(2))
+    assert first.acquire() and second.acquire()
+    durable3[1].appendfsync = "everysec"
+    durable3[1].restart(keep_data=True)
+    # Node 1's idle connection was closed by the restart: the first release is decided by
+    # nodes 0 and 2, and a new connection opens in the background (nothing asks who its
+    # server is: its release goes out on it late). The second release finds it open and
+    # identifies the server first.
+    with contextlib.suppress(LockLost):  # (a slow restart: the validity ran out)
+        first.release()
+    wait_for(lambda: idle_connections(dlm, 1) > 0, 5.0, "node 1's new connection open")
+    with contextlib.suppress(LockLost):
+        second.release()
+    wait_for(lambda: get(durable3[1], KEYS.marker) is None, 5.0, "node 1 demoted")
+    why = episode(durable3[1])
+    assert why is not None and "appendfsync everysec" in why, why
 
 
 # ---------------------------------------------------------------------------
