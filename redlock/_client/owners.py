@@ -1,5 +1,5 @@
 """Values per owner (the thread or task that acquired), held weakly: a finished thread or
-task takes its entry along (docs/design.md §4.5)."""
+task takes its entry along (docs/design.md §2.6, §3.6)."""
 
 from __future__ import annotations
 

@@ -49,8 +49,8 @@ class Attempts:
 
     def open_acquire(self, resources: tuple[str, ...], ttl: float, *, blocking: bool,
                      timeout: float | None, kind: Kind = MUTEX) -> Opening:
-        """An acquire call's start, made once whichever way it goes (the flow below, or
-        the quick lane first, :mod:`redlock._core.quick`).
+        """An acquire call's start, made once whichever way it goes (the flow,
+        :meth:`RedlockCore.acquire`, or the quick lane first, :mod:`redlock._core.quick`).
 
         Every round and wait ends by the caller's deadline: ``timeout`` after the start
         for a blocking acquire, one request ceiling for a single try
@@ -68,7 +68,6 @@ class Attempts:
                             else None if timeout is None else started + timeout)
         return Opening(resources, owner, kind.for_call(owner), ticket, started, single,
                        deadline)
-
 
     def line(self, resources: Sequence[str], kind: Kind = MUTEX) -> str:
         """The local line of an acquisition: a resource's release channel (a set has one
