@@ -30,7 +30,8 @@ from redlock._client.family import (
 )
 from redlock._client.handles import HandleBase, LockBase, MultiLockBase
 from redlock._client.manager import ManagerBase
-from redlock._client.renewal_thread import RenewalThread
+from redlock._client.renewal_thread import RenewalThread, ended
+from redlock._client.renewer import Renewer
 from redlock._core import membership
 from redlock._core.amnesia.repair import RepairReport
 from redlock._core.handover import Handover
@@ -47,6 +48,24 @@ from redlock._io.async_transport import AsyncTransport
 from redlock.errors import LockLost
 
 _H = TypeVar("_H", bound="_AsyncHandle")
+
+
+class AsyncRenewer(Renewer):
+    """The renewer (docs/design.md §5.2) as the asyncio client uses it: a loss is told on
+    the event loop its lock was acquired on (``on_lost`` runs as a task there)."""
+
+    _loop: asyncio.AbstractEventLoop | None = None
+
+    def add(self, state: LockState, handle: Any) -> None:
+        self._loop = asyncio.get_running_loop()
+        super().add(state, handle)
+
+    def _tell(self, function: Callable[..., None], *args: Any) -> None:
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return  # the application's loop is gone: nobody is left to tell
+        with contextlib.suppress(RuntimeError):  # closed between the check and the call
+            loop.call_soon_threadsafe(function, *args)
 
 
 class _AsyncHandle(HandleBase):
@@ -245,6 +264,8 @@ class AsyncRedlock(ManagerBase[AsyncLock, AsyncMultiLock]):
             sent.outcome = replies
     _send_quickly.__doc__ = ManagerBase._send_quickly.__doc__
 
+    _renewer_class = AsyncRenewer
+
     def _renewal_runner(self) -> tuple[Callable[[], Any], Callable[[Flow[None]], Any],
                                        Callable[[LockState, list[Any]], None]]:
         """The renewals run in a thread of their own, not as a task: a busy loop wakes a
@@ -265,8 +286,8 @@ class AsyncRedlock(ManagerBase[AsyncLock, AsyncMultiLock]):
         """See :meth:`redlock.Redlock.close` (no task or thread of the manager is left
         running)."""
         for runner in self._stop_background():
-            if isinstance(runner, threading.Thread) and self._renewal_thread is not None:
-                await self._renewal_thread.join(self._close_grace())  # ends after its round
+            if isinstance(runner, threading.Thread):  # the renewals' thread: after its round
+                await ended(runner, self._close_grace())
             elif (runner is not None and not runner.done()
                     and runner is not asyncio.current_task()
                     and runner.get_loop() is asyncio.get_running_loop()):
@@ -278,8 +299,9 @@ class AsyncRedlock(ManagerBase[AsyncLock, AsyncMultiLock]):
                         await runner
         if self._room.listener is not None:
             await self._room.listener.close()
-        if self._renewal_thread is not None:
-            await self._renewal_thread.close()
+        renewal_thread: RenewalThread | None = getattr(self, "_renewal_thread", None)
+        if renewal_thread is not None:
+            await renewal_thread.close()
         await self._transport.close()
 
     async def __aenter__(self) -> AsyncRedlock:

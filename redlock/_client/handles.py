@@ -172,8 +172,7 @@ class HandleBase:
                 state.depth += 1
             self._states[owner] = state
             if self.ttl > state.ttl:
-                yield from self._core.extend_or_lose(state, self.ttl)
-                self._registry.renewals.rescheduled(state)
+                yield from self._extended(state, self.ttl)
             if self.auto_extend:
                 self._registry.renewals.add(state, self)
             return True
@@ -272,8 +271,18 @@ class HandleBase:
     def _extend_flow(self, ttl: float | None) -> Flow[None]:
         state = self._held(self._owner_key())
         ttl = self.ttl if ttl is None else self._core.settings.check_ttl(ttl)
-        yield from self._core.extend_or_lose(state, ttl)
-        self._registry.renewals.rescheduled(state)
+        yield from self._extended(state, ttl)
+
+    def _extended(self, state: LockState, ttl: float) -> Flow[None]:
+        """An explicit extend: while the renewals have it, a round of theirs may still land
+        with the old TTL after ours (docs/design.md §5.2); after it, they renew it from
+        its new validity and TTL."""
+        renewals = self._registry.renewals
+        racing = renewals.withdraw(state)
+        try:
+            yield from self._core.extend_or_lose(state, ttl, racing)
+        finally:
+            renewals.rescheduled(state)
 
     def _lost_flow(self, state: LockState) -> Flow[None]:
         """Tell this handle's on_lost that ``state`` was lost while renewed."""

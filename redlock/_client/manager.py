@@ -23,6 +23,8 @@ from redlock._client import environment
 from redlock._client.decorator import F, make_decorator
 from redlock._client.handles import LockBase, MultiLockBase
 from redlock._client.registry import Registry
+from redlock._client.renewer import Renewer
+from redlock._client.renewer import unavailable as renewer_unavailable
 from redlock._client.telemetry import Telemetry, record_renewal
 from redlock._client.waiting_room import WaitingRoom
 from redlock._core import inspect as _inspect
@@ -35,6 +37,7 @@ from redlock._core.renewals import Renewals
 from redlock._core.requests import Flow, Replies
 from redlock._core.settings import Keys, Settings, validate_resource
 from redlock._core.state import LockState
+from redlock._io.nodes import portable
 from redlock._io.wakeups import WakeRegistry
 from redlock._observe.log import get_logger
 
@@ -108,6 +111,7 @@ class ManagerBase(Generic[H, MH]):
     _transport_class: ClassVar[Any]
     _listener_class: ClassVar[Any]
     _executor_class: ClassVar[Any]
+    _renewer_class: ClassVar[type[Renewer]] = Renewer
 
     def __init__(
         self,
@@ -167,12 +171,47 @@ class ManagerBase(Generic[H, MH]):
         self._maintenance_mutex = threading.Lock()
         self._executor = self._executor_class(self._transport, self._room, self._core.absorb,
                                               self._maintain, self._sleep)
-        new_event, start_loop, lost = self._renewal_runner()
-        renewals = Renewals(self._core, new_event, start_loop, lost,
-                            functools.partial(record_renewal, self._telemetry),
-                            closing=self._closing)
-        self._registry.start_process(renewals, self._room.released, self._room.watch_every,
-                                     backend.new_event, self._room.lines.busy)
+        self._registry.start_process(self._open_renewals(), self._room.released,
+                                     self._room.watch_every, backend.new_event,
+                                     self._room.lines.busy)
+
+    def _open_renewals(self) -> Renewer | Renewals:
+        """Where the renewal loop runs (docs/design.md §5.2): in the renewer, a process
+        of the manager's own (bridged by the loop in this process while it starts);
+        where that cannot run, in this process (and the first auto-extended lock says
+        why)."""
+        observe = functools.partial(record_renewal, self._telemetry)
+        why = renewer_unavailable(self._core.clock)
+        nodes = [portable(node) for node in self._transport.items]
+        if why is None and None in nodes:
+            why = ("a node's settings cannot be sent to another process (a connection class"
+                   " or credential provider of the application's own, or settings that do"
+                   " not pickle)")
+        if why is not None:
+            new_event, start_loop, lost = self._renewal_runner()
+            return Renewals(self._core, new_event, start_loop, lost, observe,
+                            closing=self._closing, in_process=why)
+
+        def bridge(elsewhere: Callable[[LockState], bool],
+                   dropped: Callable[[LockState], None]) -> Renewals:
+            new_event, start_loop, lost = self._renewal_runner()
+
+            def bridge_lost(state: LockState, handles: list[Any]) -> None:
+                dropped(state)
+                lost(state, handles)
+            return Renewals(self._core, new_event, start_loop, bridge_lost, observe,
+                            closing=self._closing, elsewhere=elsewhere)
+
+        telemetry = self._telemetry
+        return self._renewer_class(
+            nodes, self._core.settings, self._renewal_lost, observe,
+            lambda: telemetry is not None and telemetry.instruments() is not None, bridge,
+            functools.partial(self._core.adopt_members, learnt=False))
+
+    def _renewal_lost(self, state: LockState, handles: list[Any]) -> None:
+        """The renewer lost ``state`` (told from its message thread): its handles are
+        told as the flavour tells them."""
+        self._registry.lost(state, handles)
 
     def _renewal_runner(self) -> tuple[Callable[[], Any], Callable[[Flow[None]], Any],
                                        Callable[[LockState, list[Any]], None]]:

@@ -98,7 +98,7 @@ class RenewalThread:
     async def join(self, timeout: float) -> bool:
         """Wait, without blocking the loop, until the thread has ended (True) or
         ``timeout`` seconds have passed (False)."""
-        return await _ended(self.thread, timeout)
+        return await ended(self.thread, timeout)
 
     async def close(self) -> None:
         """Close the connections (in a helper thread: closing may wait for a late reply
@@ -108,14 +108,14 @@ class RenewalThread:
         closer = threading.Thread(target=self._transport.close,
                                   name="redlock-renewals-close", daemon=True)
         closer.start()
-        await _ended(closer, self._close_timeout)
+        await ended(closer, self._close_timeout)
 
     def forget(self) -> SyncTransport:
         """In a forked child: the parent's connections, never to be touched here."""
         return self._transport
 
 
-async def _ended(thread: threading.Thread | None, timeout: float) -> bool:
+async def ended(thread: threading.Thread | None, timeout: float) -> bool:
     """Whether ``thread`` (None: none was started) ended within ``timeout`` seconds,
     polled from the loop, which stays free meanwhile."""
     until = time.monotonic() + timeout

@@ -267,13 +267,16 @@ class Holding:
                          enough=self._settled(calls))
 
     def extend_many(self, items: Sequence[tuple[LockState, float]], *, lane: str | None = None,
-                    until: float | None = None) -> Flow[list[tuple[NodeResult, ...] | None]]:
+                    until: float | None = None, racing_ttl: float | None = None,
+                    ) -> Flow[list[tuple[NodeResult, ...] | None]]:
         """One extend round for several acquisitions (one request: each node gets its
         calls pipelined). Per acquisition: None on success, else the per-node outcomes.
         Success needs a quorum of acks for every resource before the old validity ran
         out; the new validity is measured from this round's start. ``until``: when the
         validity of another acquisition that waits for this round runs out (the renewal
-        loop's others)."""
+        loop's others). ``racing_ttl``: the TTL a renewal still in flight may set after
+        this round (an explicit extend of an auto-extended lock, docs/design.md §5.2): a
+        node keeps the PEXPIRE that came last, so the new validity counts the shorter."""
         started = self.clock()
         live = [(state, ttl) for state, ttl in items
                 if state.status == Status.HELD and started < state.deadline]
@@ -316,8 +319,9 @@ class Holding:
                 offset += size
                 if self.node_outages:
                     self.node_outages.answers(logger, outcomes)
+                lasts = ttl if racing_ttl is None else min(ttl, racing_ttl)
                 if all(rule.met(a) for a in acks) and finished < state.deadline and (
-                        state.renewed(started + ttl - self.settings.drift(ttl), ttl)):
+                        state.renewed(started + lasts - self.settings.drift(lasts), ttl)):
                     logger.debug("redlock.extended", resource=state.resource,
                                  token=state.token, acks=min(len(a) for a in acks), ttl_s=ttl)
                     results[state] = None
@@ -325,12 +329,14 @@ class Holding:
                     results[state] = tuple(outcomes)
         return [results.get(state, ()) for state, _ in items]
 
-    def extend(self, state: LockState, ttl: float) -> Flow[tuple[NodeResult, ...] | None]:
+    def extend(self, state: LockState, ttl: float, racing_ttl: float | None = None,
+               ) -> Flow[tuple[NodeResult, ...] | None]:
         """One extend round for one acquisition (see :meth:`extend_many`)."""
-        [failure] = yield from self.extend_many([(state, ttl)])
+        [failure] = yield from self.extend_many([(state, ttl)], racing_ttl=racing_ttl)
         return failure
 
-    def extend_or_lose(self, state: LockState, ttl: float) -> Flow[None]:
+    def extend_or_lose(self, state: LockState, ttl: float,
+                       racing_ttl: float | None = None) -> Flow[None]:
         """Explicit extend(): renewed on a quorum, or the lock is lost (marked, what is left
         of its keys released, LockLost raised with the nodes' answers).
 
@@ -342,7 +348,7 @@ class Holding:
         delay = 0.0
         answers: tuple[NodeResult, ...] = ()  # the last round's, for the loss report
         while True:
-            failure = yield from self.extend(state, ttl)
+            failure = yield from self.extend(state, ttl, racing_ttl)
             if failure is None:
                 return
             answers = failure or answers  # () : no round was sent (the validity ran out)

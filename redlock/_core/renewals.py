@@ -31,6 +31,8 @@ logger = get_logger("redlock.locks")
 RENEWALS_LANE = "renewals"
 # Renewals due within this many seconds of the first one go out with it (early is fine).
 _BATCH_WINDOW = 0.01
+# While the holder's process is stopped, how often the renewer looks again (§5.2).
+_STOPPED_POLL = 0.01
 
 
 class Renewal:
@@ -62,13 +64,26 @@ class Renewals:
                  start_loop: Callable[[Flow[None]], Any],
                  lost: Callable[[LockState, list[Any]], None],
                  observe: Callable[[LockState, str, int], None] = lambda *_: None,
-                 *, closing: Wakeable | None = None) -> None:
+                 *, closing: Wakeable | None = None,
+                 holder_running: Callable[[], bool] = lambda: True,
+                 abandoned: Callable[[LockState], None] = lambda _: None,
+                 elsewhere: Callable[[LockState], bool] = lambda _: False,
+                 in_process: str | None = None) -> None:
         self._core = core
         self._new_event = new_event
         self._start_loop = start_loop
         self._lost = lost
         self._observe = observe  # (state, "extended" | "failed" | "lost", round start ns)
         self._closing = closing  # set by the manager's close(): the loop stops
+        # The renewer's (docs/design.md §5.2): whether the holder's process runs (a
+        # stopped one gets no renewal), and who is told of what nobody held any more
+        # (released here). The holder's bridge: which acquisitions the renewer renews now.
+        self._holder_running = holder_running
+        self._abandoned_told = abandoned
+        self._elsewhere = elsewhere
+        self._stopped_since: float | None = None  # when the holder was seen stopped
+        # Why the loop runs in the holder's process, not the renewer (said once).
+        self._in_process = in_process
         self._renewals: dict[LockState, Renewal] = {}
         self._mutex = core.env.new_mutex()
         self._wake: Wakeable | None = None  # made by the first loop (an asyncio.Event binds late)
@@ -92,6 +107,9 @@ class Renewals:
                 self._wake = self._new_event()
             wake = self._wake
         if start:
+            if self._in_process is not None:
+                logger.warning("redlock.renewals_in_process", reason=self._in_process)
+                self._in_process = None
             self.runner = self._start_loop(self._loop(wake))
         else:
             wake.set()  # the new renewal may be due before the loop's next wake-up
@@ -108,6 +126,12 @@ class Renewals:
             return  # (only its owner adds it, and that owner is the one releasing it)
         with self._mutex:
             self._renewals.pop(state, None)
+
+    def withdraw(self, state: LockState) -> float | None:
+        """An explicit extend() of ``state`` begins: the TTL a round of this loop still in
+        flight may set after it (None: not renewed here)."""
+        with self._mutex:
+            return state.ttl if state in self._renewals else None
 
     def rescheduled(self, state: LockState) -> None:
         """An explicit extend() renewed ``state``: the next renewal moves accordingly."""
@@ -135,7 +159,12 @@ class Renewals:
                     if first > now:
                         yield PauseUntilWoken(first - now, wake)
                         continue
-                    yield from self._renew(due)
+                    if not self._holder_running():  # stopped (SIGSTOP): nothing renewed
+                        if self._stopped_since is None:
+                            self._stopped_since = now
+                        yield PauseUntilWoken(_STOPPED_POLL, wake)
+                        continue
+                    yield from self._renew(due, now)
                 except Exception:
                     # A bug in here: the holders must not go on believing they hold.
                     logger.exception("redlock.renewals_crashed", locks=len(self._renewals))
@@ -170,10 +199,15 @@ class Renewals:
             if renewal.state.mark_lost("the auto-extend loop crashed"):
                 self._lost(renewal.state, list(renewal.handles))
 
-    def _renew(self, due: list[Renewal]) -> Flow[None]:
+    def _renew(self, due: list[Renewal], now: float) -> Flow[None]:
+        if logger.debugging():  # how late each renewal goes out (RELIABILITY.md)
+            for renewal in due:
+                logger.debug("redlock.renewed", resource=renewal.state.resource,
+                             late_ms=round(max(0.0, now - renewal.due) * 1000, 3),
+                             validity_ms=round(max(0.0, renewal.state.deadline - now) * 1000, 3))
         live, abandoned = [], []
         for renewal in due:
-            if renewal.state.status != Status.HELD:
+            if renewal.state.status != Status.HELD or self._elsewhere(renewal.state):
                 self.remove(renewal.state)
             elif not renewal.handles:  # (out of the loop now: no round waits for it)
                 self.remove(renewal.state)
@@ -205,6 +239,7 @@ class Renewals:
                 losing.append(renewal)
             else:
                 self._observe(renewal.state, "failed", started_ns)
+        stopped, self._stopped_since = self._stopped_since, None
         if not losing:
             return
         # All in one request, then their holders are told: a lost lock's keys dropped
@@ -212,11 +247,17 @@ class Renewals:
         # majority, made the loop tell each next holder that much later.
         core = self._core
         firsts = yield from core.lose_many([
-            (r.state, core.loss_reason(r.answers), r.answers) for r in losing])
+            (r.state, self._loss_reason(r, stopped), r.answers) for r in losing])
         for renewal, first in zip(losing, firsts, strict=True):
-            if first:
+            self._observe(renewal.state, "lost", started_ns)  # (first: the renewer's
+            if first:                                          # holder forgets it when told)
                 self._lost(renewal.state, list(renewal.handles))
-            self._observe(renewal.state, "lost", started_ns)
+
+    def _loss_reason(self, renewal: Renewal, stopped: float | None) -> str:
+        if stopped is not None and not renewal.answers and stopped < renewal.state.deadline:
+            return ("its process was stopped (SIGSTOP, a debugger) until its validity ran"
+                    " out: a stopped holder is not renewed")
+        return self._core.loss_reason(renewal.answers)
 
     def _failed(self, renewal: Renewal, failure: tuple[NodeResult, ...], now: float) -> bool:
         """Retry later (False), or the lock is to be lost (True; removed already)."""
@@ -249,3 +290,5 @@ class Renewals:
                            token=renewal.state.token,
                            reason="auto-extended lock's handle was garbage-collected unreleased")
         yield from self._core.release_many([renewal.state for renewal in renewals])
+        for renewal in renewals:
+            self._abandoned_told(renewal.state)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from redlock import _fork
 from redlock._core.environment import Mutex
@@ -28,15 +29,35 @@ class Status(str, enum.Enum):
     HANDED_OVER = "handed over"  # exported: another handle (maybe elsewhere) owns it now
 
 
+class Lease(Protocol):
+    """An acquisition's deadline as two processes share it (the holder and its renewer,
+    docs/design.md §5.2): each writes its own renewals' deadline, and the acquisition is
+    valid until the later of the two, unless the renewer lost it."""
+
+    def read(self, own: float) -> float:
+        """The deadline: ``own`` (this process's latest), the other's if later; 0 once
+        the renewer lost the acquisition."""
+        ...
+
+    def write(self, deadline: float) -> None:
+        """This process renewed it until ``deadline``."""
+        ...
+
+    def lose(self) -> None:
+        """This process lost it (the renewer's word counts; the holder's changes
+        nothing there)."""
+        ...
+
+
 class LockState:
     """One acquisition (of one resource, or of a set: ``tokens`` has one per resource):
     shared by the handles that re-entered it and by the renewal loop. ``resource`` is
     what it is called in messages (the resource's name, or the set's label) and
     ``token`` its largest token."""
 
-    __slots__ = ("__weakref__", "_clock", "deadline", "depth", "generation", "holder", "kind",
-                 "lost_outcomes", "lost_reason", "mutex", "owner", "release_called",
-                 "resource", "resources", "status", "token", "tokens", "ttl")
+    __slots__ = ("__weakref__", "_clock", "_deadline", "depth", "generation", "holder",
+                 "kind", "lease", "lost_outcomes", "lost_reason", "mutex", "owner",
+                 "release_called", "resource", "resources", "status", "token", "tokens", "ttl")
 
     def __init__(self, resource: str, owner: str, ttl: float, token: int, deadline: float,
                  clock: Callable[[], float], mutex: Mutex, *,
@@ -48,7 +69,9 @@ class LockState:
         self.tokens: dict[str, int] = dict(tokens) if tokens else {resource: token}
         self.resources = tuple(self.tokens)
         self.token = token
-        self.deadline = deadline  # monotonic time when validity runs out
+        self._deadline = deadline  # monotonic time when validity runs out
+        # Renewed by the renewer too: the later of its deadline and ours counts (§5.2).
+        self.lease: Lease | None = None
         self.depth = 1  # re-entries by the same owner (reentrant locks)
         self.status = Status.HELD
         self.lost_reason = ""
@@ -58,6 +81,13 @@ class LockState:
         self.mutex = mutex
         self._clock = clock
         self.generation = _fork.generation  # made in this process, not an ancestor
+
+    @property
+    def deadline(self) -> float:
+        """When validity runs out (monotonic); while the renewer renews it too, the later
+        of its renewals and ours (§5.2)."""
+        lease = self.lease
+        return self._deadline if lease is None else lease.read(self._deadline)
 
     @property
     def inherited(self) -> bool:
@@ -102,8 +132,11 @@ class LockState:
         with self.mutex:
             if self.status != Status.HELD:
                 return False
-            self.deadline = deadline
+            self._deadline = deadline
             self.ttl = ttl
+            lease = self.lease
+            if lease is not None:
+                lease.write(deadline)
             return True
 
     def mark_released(self) -> None:
@@ -119,6 +152,9 @@ class LockState:
             self.status = Status.LOST
             self.lost_reason = reason
             self.lost_outcomes = tuple(outcomes)
+            lease = self.lease
+            if lease is not None:
+                lease.lose()
             return True
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import pickle
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
@@ -194,3 +195,42 @@ def blocking_twin(node: Any) -> str | redis.Redis | None:
                 if key in _SETTINGS or key.startswith("ssl_")}
     return redis.Redis(connection_pool=redis.ConnectionPool(connection_class=twin_class,
                                                             **settings))
+
+
+def portable(node: Any) -> object | None:
+    """The node as another process can rebuild it (:func:`rebuilt`): the renewer
+    (docs/design.md §5.2) connects to the same servers with the same settings. A URL as
+    it is; a client (either flavour) as its server, credentials and TLS settings; a
+    Sentinel-managed one as its sentinels and service. None when that cannot be sent to
+    another process (a connection class of the application's own, settings that do not
+    pickle: a credential provider or an SSL context object of the application's)."""
+    if isinstance(node, str):
+        return node
+    pool = _sentinel.sentinel_pool(node)
+    if pool is not None:
+        spec: object = ("sentinel", *_sentinel.portable(pool))
+    else:
+        source = node.connection_pool
+        twin_class = getattr(redis.connection, source.connection_class.__name__, None)
+        if twin_class not in (redis.connection.Connection, redis.connection.SSLConnection,
+                              redis.connection.UnixDomainSocketConnection):
+            return None
+        settings = {key: value for key, value in source.connection_kwargs.items()
+                    if key in _SETTINGS or key.startswith("ssl_")}
+        spec = ("client", twin_class.__name__, settings)
+    try:
+        pickle.dumps(spec)
+    except Exception:  # noqa: BLE001 (whatever the object's pickling raises)
+        return None
+    return spec
+
+
+def rebuilt(spec: Any) -> str | redis.Redis:
+    """A blocking node from :func:`portable`'s ``spec``."""
+    if isinstance(spec, str):
+        return spec
+    if spec[0] == "sentinel":
+        return _sentinel.rebuilt(*spec[1:])
+    _, class_name, settings = spec
+    return redis.Redis(connection_pool=redis.ConnectionPool(
+        connection_class=getattr(redis.connection, class_name), **settings))

@@ -23,6 +23,7 @@ import contextlib
 from collections.abc import Mapping
 from typing import Any
 
+import redis
 import redis.asyncio.sentinel
 import redis.sentinel
 
@@ -118,6 +119,35 @@ class _OwnedAsyncSentinelPool(redis.asyncio.sentinel.SentinelConnectionPool):
             for sentinel in self.sentinel_manager.sentinels:
                 with contextlib.suppress(Exception):
                     await sentinel.aclose()
+
+
+def portable(pool: Any) -> tuple[Any, ...]:
+    """A Sentinel-managed master as another process rebuilds it (:func:`rebuilt`): the
+    sentinels' addresses and settings, the service, and the master connections' settings."""
+    manager = pool.sentinel_manager
+    hosts = []
+    for sentinel in manager.sentinels:
+        kwargs = sentinel.connection_pool.connection_kwargs
+        hosts.append((kwargs.get("host", "localhost"), kwargs.get("port", 26379)))
+    sentinel_kwargs = {key: value for key, value in manager.sentinel_kwargs.items()
+                       if key in _SENTINEL_SETTINGS or key.startswith("ssl_")}
+    kwargs = {key: value for key, value in pool.connection_kwargs.items()
+              if key in _SENTINEL_SETTINGS or key.startswith("ssl_")}
+    return hosts, pool.service_name, sentinel_kwargs, kwargs, manager.min_other_sentinels
+
+
+def rebuilt(hosts: list[tuple[str, int]], service: str, sentinel_kwargs: dict[str, Any],
+            kwargs: dict[str, Any], min_other_sentinels: int) -> redis.Redis:
+    """A blocking ``master_for`` client from :func:`portable`'s parts."""
+    manager = redis.sentinel.Sentinel(hosts, min_other_sentinels=min_other_sentinels,
+                                      sentinel_kwargs=sentinel_kwargs)
+    return manager.master_for(service, **kwargs)
+
+
+# The settings a Sentinel node's connections carry across to the renewer (§5.2).
+_SENTINEL_SETTINGS = frozenset({"db", "username", "password", "credential_provider",
+                                "client_name", "protocol", "socket_keepalive",
+                                "socket_keepalive_options"})
 
 
 def build_sentinel_pool(source: Any, overrides: Mapping[str, Any]) -> Any:

@@ -38,6 +38,9 @@ SENTENCES: Mapping[str, str] = {
         "released {resource} (token {token}) on every node",
     "redlock.extended":
         "extended {resource} (token {token}) by {ttl_s} s on {acks} nodes",
+    "redlock.renewed":
+        "renewal of {resource} goes out {late_ms} ms after it was due, with {validity_ms} ms"
+        " of validity left",
 
     # -- rare and expected (INFO) ----------------------------------------------------------
     "redlock.token_write_back":
@@ -133,6 +136,17 @@ SENTENCES: Mapping[str, str] = {
         "auto-extended lock {resource} (token {token}) released by the renewal loop instead"
         " of renewed for ever ({reason}); release locks explicitly or hold them in a with"
         " block",
+    "redlock.renewals_in_process":
+        "auto-extended locks are renewed by a thread of this process, not by a renewer"
+        " process, because {reason}: while this process is busy (CPU work between short"
+        " system calls, an event loop that keeps yielding) the renewals may run late and"
+        " healthy locks may be lost; give the nodes as URLs or plain clients, and run on"
+        " Linux with the real clock, to renew from a process of their own",
+    "redlock.renewer_died":
+        "the renewer process of this manager exited unexpectedly (exit code {exit_code},"
+        " {error}: killed by the OOM killer or by hand?) while it renewed {locks} locks: they are"
+        " marked lost and their on_lost callbacks called; the next auto-extended lock"
+        " starts a new renewer",
     "redlock.force_released":
         "lock {resource} force-released by an operator: key deleted on {deleted} of {nodes}"
         " nodes (not reached: {failed}); a holder still at work is protected only by its"
