@@ -199,6 +199,12 @@ def wake(future: asyncio.Future[None]) -> None:
         future.set_result(None)
 
 
+# A loop that ran this late is running late (below: scheduling noise).
+LAG_NOTICED = 0.005
+# How fast a loop's lateness is forgotten once it runs on time again.
+LAG_HALF_LIFE = 1.0
+
+
 class Deadlines:
     """The deadlines of one transport's requests waiting on one event loop, behind one
     timer: armed for the earliest, it wakes the requests whose deadline passed and is
@@ -211,6 +217,24 @@ class Deadlines:
         self.waiting: set[Gathering] = set()
         self.timer: asyncio.TimerHandle | None = None
         self.at = float("inf")  # when the timer fires (time.monotonic())
+        # How late the loop has run lately (its own work delays every callback): the
+        # largest lateness seen, halving every LAG_HALF_LIFE seconds (docs/design.md §2.4).
+        self._lag = 0.0
+        self._lag_at = 0.0
+
+    def lag(self, now: float) -> float:
+        """How late this loop has been running lately, in seconds."""
+        lag = self._lag
+        if lag:
+            lag *= 0.5 ** ((now - self._lag_at) / LAG_HALF_LIFE)
+            if lag < LAG_NOTICED:
+                lag = self._lag = 0.0
+        return lag
+
+    def late(self, seconds: float, now: float) -> None:
+        """A callback of this loop ran ``seconds`` after it was due."""
+        if seconds >= LAG_NOTICED and seconds > self.lag(now):
+            self._lag, self._lag_at = seconds, now
 
     def add(self, gathering: Gathering) -> None:
         """Wake ``gathering`` at its deadline (again: after its deadline moved earlier)."""
@@ -229,8 +253,9 @@ class Deadlines:
         self.timer = self.loop.call_later(max(at - time.monotonic(), 0.0), self._fire)
 
     def _fire(self) -> None:
-        self.timer, self.at = None, float("inf")
         now, earliest = time.monotonic(), float("inf")
+        self.late(now - self.at, now)
+        self.timer, self.at = None, float("inf")
         for gathering in list(self.waiting):
             if gathering.deadline <= now:
                 self.waiting.discard(gathering)

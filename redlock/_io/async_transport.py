@@ -29,7 +29,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from redlock._core.requests import Broadcast, CommandArg, Replies, learnt_deadline
 from redlock._io import resp
-from redlock._io.async_exchange import Deadlines, Exchange, Gathering, Slots
+from redlock._io.async_exchange import LAG_NOTICED, Deadlines, Exchange, Gathering, Slots
 from redlock._io.async_wire import IGNORE, Wire, readable_wires
 from redlock._io.failures import NotSent, as_failure, map_failures
 from redlock._io.nodes import build_pool, check_node_list, node_labels, pool_overrides
@@ -127,8 +127,12 @@ class AsyncTransport:
         deadlines = self._deadlines
         if deadlines is None or deadlines.loop is not loop:
             deadlines = self._deadlines = Deadlines(loop)
+        # A loop that runs late gives the request less of its own time: that much more
+        # (docs/design.md §2.4, "a late event loop is not a slow node").
+        lag = deadlines.lag(started)
         gathering = Gathering(loop, replies, request.enough, started,
-                              started + request.timeout, deadlines, exchanges, self._silence)
+                              started + request.timeout + lag, deadlines, exchanges,
+                              self._silence)
         gathering.learn = request.learn
         gathering.left = len(exchanges)
         packing = Packing(request)
@@ -154,6 +158,7 @@ class AsyncTransport:
         for exchange, error in refused:
             exchange.fail(error)
         last_turns = _LAST_TURNS
+        owed = True  # a request woken late at its deadline gets that time again, once
         try:
             # Not one wake-up per reply: the exchanges tell the gathering as they
             # finish, which wakes this task when every exchange is done or (its timer)
@@ -170,13 +175,23 @@ class AsyncTransport:
                     if learnt is not None:
                         gathering.learn = 0
                         gathering.deadline = min(gathering.deadline, learnt)
-                left = gathering.deadline - time.monotonic()
+                now = time.monotonic()
+                left = gathering.deadline - now
                 if left <= 0:
                     # A reply already here but not yet read (a busy loop) came in time.
                     if last_turns and any(exchange.reply_waiting() for exchange
                                           in exchanges.values() if not exchange.done):
                         last_turns -= 1
                         await asyncio.sleep(0)
+                        continue
+                    # Woken this late by the loop's own work: the exchanges (replies on
+                    # their way, connections being opened) had that much less of its
+                    # time; they get it again, once.
+                    if owed and -left >= LAG_NOTICED and not gathering.decided:
+                        owed = False
+                        deadlines.late(-left, now)
+                        lag = max(lag, -left)
+                        gathering.deadline = now - left
                         continue
                     break
                 if gathering.wake.done():
@@ -186,12 +201,12 @@ class AsyncTransport:
                 await gathering.wake
         finally:
             gathering.disarm()
-            self._end(request, exchanges, replies, gathering.deadline - started)
+            self._end(request, exchanges, replies, gathering.deadline - started, lag)
         map_failures(replies)  # redis-py errors as the library's (_io/failures.py)
         return replies
 
     def _end(self, request: Broadcast, exchanges: dict[int, Exchange], replies: Replies,
-             waited: float) -> None:
+             waited: float, lag: float) -> None:
         """The request is over: what was read counts; the rest goes on in the background."""
         # Every reply an exchange has read counts, whether or not the gathering has
         # copied it yet: a reply that was read is never lost, and one that was not is
@@ -215,10 +230,14 @@ class AsyncTransport:
                 self._late_exchange(exchange)
             # Still waiting for a connection, and nothing of it may go late: never sent.
             unsent = exchange.wire is None and exchange.needless()
+            # On a loop that ran late, the wait was not all the node's: said so.
+            late = (f" (this event loop ran {lag * 1000:.0f} ms late: its own work delayed"
+                    " the replies, not necessarily the node)") if lag else ""
             fill_pending(exchange.indexes, replies,
-                         NotSent(f"no connection within {waited * 1000:.0f} ms") if unsent
-                         else NOT_AWAITED if decided else SENT_LATE if exchange.releases_late()
-                         else RedisTimeoutError(f"no reply within {waited * 1000:.0f} ms"))
+                         NotSent(f"no connection within {waited * 1000:.0f} ms{late}")
+                         if unsent else NOT_AWAITED if decided
+                         else SENT_LATE if exchange.releases_late()
+                         else RedisTimeoutError(f"no reply within {waited * 1000:.0f} ms{late}"))
 
     def _late_exchange(self, exchange: Exchange) -> None:
         """An exchange whose request stopped waiting: a release of the same owner goes
