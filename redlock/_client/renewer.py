@@ -160,9 +160,16 @@ class Link:
         self._sending = threading.Lock()
 
     def send(self, message: object) -> None:
-        data = pickle.dumps(message, pickle.HIGHEST_PROTOCOL)
+        self.send_all([message])
+
+    def send_all(self, messages: list[object]) -> None:
+        """Write ``messages`` in one go."""
+        frames = []
+        for message in messages:
+            data = pickle.dumps(message, pickle.HIGHEST_PROTOCOL)
+            frames += (_HEADER.pack(len(data)), data)
         with self._sending:
-            self.sock.sendall(_HEADER.pack(len(data)) + data)
+            self.sock.sendall(b"".join(frames))
 
     def receive(self, timeout: float | None) -> list[Any] | None:
         """The messages that came within ``timeout`` seconds ([] if none); None once the
@@ -421,8 +428,7 @@ class Renewer:
         """Write to the renewer; one that cannot take them within ``connect_timeout``
         (stopped, hung) is ended: its locks are told lost by the message thread."""
         try:
-            for message in messages:
-                process.link.send(message)
+            process.link.send_all(messages)
         except OSError:
             with contextlib.suppress(OSError):
                 process.popen.kill()

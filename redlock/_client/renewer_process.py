@@ -13,6 +13,7 @@ a service manager sends to the whole group: the holder, still shutting down, dec
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import queue
@@ -40,6 +41,9 @@ _WATCH = 0.1
 # Log records and telemetry outcomes waiting for a holder that does not read (starved):
 # beyond this many, such messages are dropped (losses and freed slots never are).
 _BACKLOG = 1 << 16
+# The outbox writes at most this many messages at once, then rests this long.
+_BATCH = 512
+_REST = 0.01
 
 
 class _Holder:
@@ -59,7 +63,9 @@ class _Holder:
 
 class _Outbox:
     """Messages to the holder, written by a thread of their own: the renewals never wait
-    for a holder that reads late."""
+    for a holder that reads late. It writes what has gathered in one go, then rests
+    (_REST): a thread that takes and drops the interpreter's lock at every message would
+    starve this process's own renewal loop, as the holder's threads are starved."""
 
     def __init__(self, link: Link) -> None:
         self._link = link
@@ -75,11 +81,15 @@ class _Outbox:
 
     def _write(self) -> None:
         while True:
-            message = self._queue.get()
+            batch = [self._queue.get()]
+            with contextlib.suppress(queue.Empty):
+                while len(batch) < _BATCH:
+                    batch.append(self._queue.get_nowait())
             try:
-                self._link.send(message)
+                self._link.send_all(batch)
             except OSError:
                 return  # the holder is gone: the main thread sees it too
+            time.sleep(_REST)
 
     def flush(self, timeout: float) -> None:
         """Wait (at most ``timeout`` s) until what was put is written."""
