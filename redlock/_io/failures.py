@@ -22,6 +22,11 @@ from redlock._scripts.replies import (
 _CLUSTER_ERRORS = (redis.exceptions.ClusterCrossSlotError, redis.exceptions.MovedError,
                    redis.exceptions.AskError, redis.exceptions.ClusterDownError)
 _CLUSTER_CODES = ("CROSSSLOT", "MOVED", "ASK ", "CLUSTERDOWN")
+# What a node that wants a password answers a client that gave none, to a command of more
+# than 10 arguments (our scripts' calls: not NOAUTH), before it closes the connection.
+# redis-py 8 sends HELLO on connect and is refused there (an AuthenticationError);
+# earlier ones connect with no handshake and meet this reply on the first call.
+_UNAUTHENTICATED = "Protocol error: unauthenticated"
 
 
 class NotSent(redis.exceptions.TimeoutError):
@@ -36,7 +41,7 @@ def kind_of(error: BaseException) -> FailureKind:
     if isinstance(error, _CLUSTER_ERRORS) or text.startswith(_CLUSTER_CODES):
         return FailureKind.CLUSTER
     if isinstance(error, redis.exceptions.AuthenticationError) or text.startswith(
-            ("WRONGPASS", "NOAUTH")):
+            ("WRONGPASS", "NOAUTH", _UNAUTHENTICATED)):
         return FailureKind.AUTHENTICATION
     if isinstance(error, redis.exceptions.NoPermissionError) or text.startswith("NOPERM"):
         return FailureKind.PERMISSION

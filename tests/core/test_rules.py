@@ -293,6 +293,9 @@ def test_permanent_errors_are_credentials_permissions_and_the_wrong_kind_of_node
     assert permanent(redis.exceptions.NoPermissionError("this user has no permissions"))
     assert permanent(redis.exceptions.ResponseError("NOPERM this user has no permissions"))
     assert permanent(redis.exceptions.ResponseError("NOAUTH Authentication required."))
+    # A call of more than 10 arguments without a password (redis-py < 8: no HELLO).
+    assert permanent(redis.exceptions.ResponseError(
+        "Protocol error: unauthenticated multibulk length"))
     assert permanent(redis.exceptions.ReadOnlyError("You can't write against a read only replica."))
     assert permanent(redis.exceptions.ClusterCrossSlotError("Keys in request don't hash"))
     assert not permanent(redis.exceptions.TimeoutError("timed out"))
