@@ -10,6 +10,7 @@ from collections.abc import Callable, Generator, Sequence
 from typing import Any
 
 from redlock._client.environment import real as real_environment
+from redlock._client.renewer import Renewer
 from redlock._client.telemetry import RECHECK_S, Telemetry, observe
 from redlock._core.algorithm import RedlockCore
 from redlock._core.amnesia.episodes import open_episodes
@@ -236,3 +237,9 @@ def read_legacy_counters(core: RedlockCore,
                          node: int) -> Generator[Any, Any, dict[str, int] | None]:
     """The protocol that reads the previous format's counters of one node."""
     return _read_legacy_counters(core.amnesia, node)
+
+
+def renewed_by_a_renewer(manager: Any) -> bool:
+    """Whether ``manager``'s auto-extended locks are renewed by a renewer process
+    (docs/design.md §5.2), not by a thread or task of this one."""
+    return isinstance(manager._registry.renewals, Renewer)

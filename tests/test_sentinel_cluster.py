@@ -4,6 +4,8 @@ cluster-mode redis-server; both clients."""
 
 from __future__ import annotations
 
+import asyncio
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -18,6 +20,7 @@ import redis.cluster
 
 from redlock import AsyncRedlock, QuorumUnavailable, Redlock
 from redlock.testing import RedisNodes, RedisSentinel, capture_events, free_port
+from tests.internals import renewed_by_a_renewer
 from tests.peek import lock_values
 
 SERVICES = ("s0", "s1", "s2")
@@ -235,3 +238,72 @@ async def test_a_cluster_mode_node_by_url_fails_at_once_saying_why(
     assert "cannot be a Redlock node" in str(failure.value)
     warned = [e for e in events if e["event"] == "redlock.node_unsafe_config"]
     assert len(warned) == 1 and "cluster mode" in str(warned[0]["problem"])
+
+
+def test_sentinel_nodes_are_renewed_by_the_renewer(
+        one_sentinel: tuple[RedisNodes, RedisSentinel]) -> None:
+    """The renewer rebuilds Sentinel-managed nodes from their sentinels and service: an
+    auto-extended lock of TTL 1 s held 2.5 s stays held, renewed from the process."""
+    masters, sentinel = one_sentinel
+    with _master_clients(sentinel, socket_timeout=1.0) as clients, \
+            Redlock(clients, node_timeout=0.5) as dlm, capture_events() as events:
+        assert renewed_by_a_renewer(dlm)
+        with dlm.lock("sent:renewed", ttl=1.0, timeout=5.0, auto_extend=True) as held:
+            time.sleep(2.5)
+            held.check()
+            assert None not in lock_values(masters, "sent:renewed")
+        renewed = [e for e in events if e["event"] == "redlock.extended"]
+        assert renewed, "no renewal was logged"
+        assert "redlock.renewals_in_process" not in [e["event"] for e in events]
+
+
+async def test_async_sentinel_nodes_are_renewed_by_the_renewer(
+        one_sentinel: tuple[RedisNodes, RedisSentinel]) -> None:
+    masters, sentinel = one_sentinel
+    sentinels = redis.asyncio.sentinel.Sentinel([sentinel.address], socket_timeout=1.0)
+    clients = [sentinels.master_for(name, socket_timeout=1.0) for name in SERVICES]
+    try:
+        async with AsyncRedlock(clients, node_timeout=0.5) as dlm:
+            assert renewed_by_a_renewer(dlm)
+            async with dlm.lock("sent:arenewed", ttl=1.0, timeout=5.0,
+                                auto_extend=True) as held:
+                await asyncio.sleep(2.5)
+                held.check()
+                assert None not in lock_values(masters, "sent:arenewed")
+    finally:
+        for client in clients:
+            await client.aclose()
+        for client in sentinels.sentinels:
+            await client.aclose()
+
+
+class _OwnCredentials(redis.CredentialProvider):
+    """A credential provider of the application's own that cannot be pickled (it holds a
+    lock): the renewer cannot rebuild such a node in another process."""
+
+    def __init__(self) -> None:
+        self.guard = threading.Lock()
+
+    def get_credentials(self) -> tuple[str]:
+        return ("",)
+
+
+def test_nodes_that_cannot_cross_to_a_process_renew_in_this_one_and_say_why(
+        fresh_nodes: Callable[..., RedisNodes]) -> None:
+    nodes = fresh_nodes(3)
+    plain = [node.client() for node in nodes]
+    own = [redis.Redis(host=node.host, port=node.port,
+                       credential_provider=_OwnCredentials()) for node in nodes]
+    try:
+        with Redlock(plain) as dlm:
+            assert renewed_by_a_renewer(dlm)  # plain clients cross as their settings
+        with Redlock(own) as dlm, capture_events() as events:
+            assert not renewed_by_a_renewer(dlm)
+            with dlm.lock("own:creds", ttl=1.0, auto_extend=True) as held:
+                time.sleep(1.2)
+                held.check()
+        said = [e for e in events if e["event"] == "redlock.renewals_in_process"]
+        assert len(said) == 1 and "cannot be sent to another process" in said[0]["reason"]
+    finally:
+        for client in plain + own:
+            client.close()

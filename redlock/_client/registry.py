@@ -15,7 +15,7 @@ from typing import Any, Protocol
 from redlock._client.telemetry import Telemetry
 from redlock._core.algorithm import RedlockCore
 from redlock._core.quick import Sent
-from redlock._core.renewals import Renewals
+from redlock._core.renewals import Renewing
 from redlock._core.requests import Flow
 from redlock._core.state import LockState, Status
 
@@ -48,7 +48,7 @@ class Registry:
         self.send = send
         self._spawn = spawn
 
-    def start_process(self, renewals: Renewals, released: Callable[[LockState], None],
+    def start_process(self, renewals: Renewing, released: Callable[[LockState], None],
                       watch_every: Callable[[tuple[str, ...], Any], Callable[[], None]],
                       new_event: Callable[[], Any], line_busy: Callable[[str], bool]) -> None:
         """What lives in one process only (called again in a forked child).

@@ -89,6 +89,10 @@ def unavailable(clock: Callable[[], float]) -> str | None:
     return None
 
 
+# A memoryview of doubles (typeshed types a memoryview's items as ints).
+Doubles = Any
+
+
 class Deadlines:
     """The memory both processes map (``memfd``): doubles, two per slot from slot 1 on:
     ``[2 s]`` the renewer's latest deadline for the acquisition in slot ``s`` (0: none
@@ -98,7 +102,7 @@ class Deadlines:
 
     def __init__(self, fd: int, slots: int) -> None:
         self._map = mmap.mmap(fd, (slots + 1) * 16)
-        self.view = memoryview(self._map).cast("d")
+        self.view: Doubles = memoryview(self._map).cast("d")
 
     @classmethod
     def create(cls, slots: int = SLOTS) -> tuple[Deadlines, int]:
@@ -122,7 +126,7 @@ class Lease:
 
     __slots__ = ("mine", "renewals", "renewer", "theirs", "view")
 
-    def __init__(self, view: memoryview, slot: int, *, renewer: bool) -> None:
+    def __init__(self, view: Doubles, slot: int, *, renewer: bool) -> None:
         self.view = view
         self.renewer = renewer
         self.renewals = 2 * slot  # the renewer's deadline, or -1 once it lost it
@@ -164,7 +168,7 @@ class Link:
 
     def send_all(self, messages: list[object]) -> None:
         """Write ``messages`` in one go."""
-        frames = []
+        frames: list[bytes] = []
         for message in messages:
             data = pickle.dumps(message, pickle.HIGHEST_PROTOCOL)
             frames += (_HEADER.pack(len(data)), data)
@@ -323,7 +327,7 @@ class Renewer:
     def _renewed_by_renewer(self, state: LockState) -> bool:
         """Whether the renewer renewed ``state`` already (the bridge lets it go then)."""
         lease = state.lease
-        return lease is None or lease.view[lease.renewals] != 0.0
+        return not isinstance(lease, Lease) or lease.view[lease.renewals] != 0.0
 
     def _lost_by_bridge(self, state: LockState) -> None:
         """The bridge lost ``state`` (and tells its handles): the renewer lets it go."""

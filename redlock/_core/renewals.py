@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from redlock._core.algorithm import RedlockCore
 from redlock._core.requests import Flow, PauseUntilWoken, Wakeable
@@ -51,6 +51,20 @@ class Renewal:
 def next_renewal(state: LockState, now: float) -> float:
     """When to renew: after a third of the validity left (never later than half)."""
     return now + max(0.0, state.deadline - now) / 3.0
+
+
+class Renewing(Protocol):
+    """What the handles ask of a manager's renewals, wherever the loop runs: here
+    (:class:`Renewals`) or in the renewer (:class:`redlock._client.renewer.Renewer`)."""
+
+    runner: Any  # what close() waits for (a thread or task; None: nothing runs)
+
+    def __len__(self) -> int: ...
+    def add(self, state: LockState, handle: Any) -> None: ...
+    def remove(self, state: LockState) -> None: ...
+    def withdraw(self, state: LockState) -> float | None: ...
+    def rescheduled(self, state: LockState) -> None: ...
+    def stop(self) -> None: ...
 
 
 class Renewals:

@@ -220,7 +220,7 @@ def portable(node: Any) -> object | None:
         spec = ("client", twin_class.__name__, settings)
     try:
         pickle.dumps(spec)
-    except Exception:  # noqa: BLE001 (whatever the object's pickling raises)
+    except Exception:  # (whatever the object's pickling raises)
         return None
     return spec
 

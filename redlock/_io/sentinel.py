@@ -141,7 +141,8 @@ def rebuilt(hosts: list[tuple[str, int]], service: str, sentinel_kwargs: dict[st
     """A blocking ``master_for`` client from :func:`portable`'s parts."""
     manager = redis.sentinel.Sentinel(hosts, min_other_sentinels=min_other_sentinels,
                                       sentinel_kwargs=sentinel_kwargs)
-    return manager.master_for(service, **kwargs)
+    client: redis.Redis = manager.master_for(service, **kwargs)
+    return client
 
 
 # The settings a Sentinel node's connections carry across to the renewer (§5.2).

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
 import threading
 import time
 from collections import Counter
 from collections.abc import Awaitable, Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -42,13 +44,32 @@ def library_threads() -> list[str]:
     return [t.name for t in threading.enumerate() if t.name.startswith("redlock")]
 
 
+def library_processes() -> list[int]:
+    """This process's renewer processes still alive (docs/design.md §5.2), from
+    ``/proc``: children whose command line runs the renewer."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+            command = Path(f"/proc/{entry}/cmdline").read_bytes()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        if (int(fields[1]) == os.getpid() and fields[0] != "Z"
+                and b"redlock._client.renewer_process" in command):
+            found.append(int(entry))
+    return found
+
+
 def wait_no_library_threads(timeout: float = 5.0) -> list[str]:
     """The library's threads still alive after ``timeout`` seconds (daemon threads may
     take a moment to notice a close; a hang is not waited out)."""
     deadline = time.monotonic() + timeout
-    while library_threads() and time.monotonic() < deadline:
+    while (library_threads() or library_processes()) and time.monotonic() < deadline:
         time.sleep(0.02)
-    return library_threads()
+    return library_threads() + [f"renewer process {pid}" for pid in library_processes()]
 
 
 async def wait_no_other_tasks(baseline: set[asyncio.Task[object]],
