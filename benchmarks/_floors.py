@@ -44,9 +44,8 @@ def _acquire_command(resource: str, owner: str, ttl_s: float) -> tuple[Any, ...]
     """A single try (no ticket: it does not join the waiting line)."""
     # The last key and argument: the node's membership record and the client's epoch
     # (0: a cluster that never changed its nodes), as every granting script takes them.
-    return ("EVALSHA", scripts.ACQUIRE.sha, 8, _KEYS.lock(resource), _KEYS.counter,
-            MARKER, _KEYS.line(resource), _KEYS.line_deadlines(resource),
-            _KEYS.legacy_fence(resource), _KEYS.legacy_marker, _KEYS.members, owner,
+    return ("EVALSHA", scripts.ACQUIRE.sha, 6, _KEYS.lock(resource), _KEYS.counter,
+            MARKER, _KEYS.line(resource), _KEYS.line_deadlines(resource), _KEYS.members, owner,
             int(ttl_s * 1000), 0, "", 1000, bucket(resource), 0)
 
 

@@ -217,10 +217,6 @@ class AsyncRedlock(ManagerBase[AsyncLock, AsyncMultiLock]):
         """See :meth:`redlock.Redlock.initialise`."""
         return await self._drive(self._core.initialise(force=force))
 
-    async def upgrade(self) -> list[RepairReport]:
-        """See :meth:`redlock.Redlock.upgrade`."""
-        return await self._drive(self._core.upgrade())
-
     async def members(self) -> Members:
         """See :meth:`redlock.Redlock.members`."""
         return await self._drive(membership.current_members(self._core))

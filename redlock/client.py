@@ -245,15 +245,6 @@ class Redlock(ManagerBase[Lock, MultiLock]):
         """
         return self._drive(self._core.initialise(force=force))
 
-    def upgrade(self) -> list[RepairReport]:
-        """Move every node from the previous format (a fence counter per resource) to
-        this one (a fixed set of counters per node; docs/design.md §3.8): status ``upgraded``, or
-        ``healthy`` when it was done already. Run it once every client of the cluster
-        runs this release: clients of the previous one are refused on upgraded nodes.
-        Until then, this release keeps the previous format's counters up to date too,
-        so both releases can share the cluster while it is rolled out."""
-        return self._drive(self._core.upgrade())
-
     def members(self) -> Members:
         """The cluster's membership as the nodes hold it (docs/design.md §13): the
         configuration of the highest epoch (``joining`` set during a change), or epoch 0

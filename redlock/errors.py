@@ -5,7 +5,9 @@ The tree::
     RedlockError                     root: catch this to catch everything below
     ├── LockNotAcquired              no quorum before the deadline (lock held elsewhere)
     │   └── QuorumUnavailable        too few nodes answered healthily for any quorum
-    │                                (down, timed out, wrong password, amnesiac)
+    │       │                        (down, timed out, wrong password, amnesiac)
+    │       └── NodeFormatError      ...because nodes were initialised by a newer
+    │                                release of redlock-fenced: upgrade this client
     ├── LockLost                     a lock we held can no longer be trusted
     │                                (extend failed, watchdog gave up, validity ran out)
     ├── NotHeld                      release/extend/token on a lock that is not held
@@ -36,6 +38,9 @@ class Outcome(enum.Enum):
     REFUSED = "refused"  # the key is held by another owner (or ours is gone)
     ERROR = "error"  # connection refused, timeout, auth failure, script error...
     AMNESIAC = "amnesiac"  # the node lost its marker: it may have forgotten locks
+    # The node's marker names another format than this client's (a newer release
+    # initialised it): this client must not use it (docs/design.md §4.1).
+    INCOMPATIBLE = "incompatible"
     NOT_AWAITED = "not awaited"  # decided without this node's reply (read in the background)
 
 
@@ -108,6 +113,14 @@ class LockNotAcquired(RedlockError):
 
 class QuorumUnavailable(LockNotAcquired):
     """Fewer than a quorum of nodes could answer at all: an outage, not contention."""
+
+
+class NodeFormatError(QuorumUnavailable):
+    """Too few nodes are left for a quorum because some were initialised by a newer
+    format of redlock-fenced than this client reads (their node marker names it,
+    docs/design.md §4.1): this client must not use them, and retrying cannot help.
+    Upgrade this client (docs/operations.md, "Upgrading: the node format"). Their
+    ``outcomes`` are ``Outcome.INCOMPATIBLE``, the detail naming the format found."""
 
 
 class LockLost(RedlockError):

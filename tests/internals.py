@@ -17,7 +17,6 @@ from redlock._core.amnesia.episodes import open_episodes
 from redlock._core.amnesia.maintenance import maintenance
 from redlock._core.amnesia.repair import RepairReport
 from redlock._core.amnesia.repair import read_counters as _read_counters
-from redlock._core.amnesia.repair import read_legacy_counters as _read_legacy_counters
 from redlock._core.amnesia.repair import repair_node as _repair_node
 from redlock._core.environment import Environment
 from redlock._core.handoff import Handoffs, Heard, counted, parse_message
@@ -73,7 +72,7 @@ from redlock._scripts import lock as scripts
 from redlock._scripts import node as node_scripts
 from redlock._scripts.command import plain_pack
 from redlock._scripts.node_config import unsafe_config
-from redlock._scripts.replies import ack_outcome, acquire_outcome
+from redlock._scripts.replies import ack_outcome, acquire_outcome, marker_format, ours
 from redlock.cli import render as cli_render
 
 __all__ = [
@@ -137,14 +136,15 @@ __all__ = [
     "maintenance",
     "make_template",
     "map_failures",
+    "marker_format",
     "node_scripts",
     "observe",
     "open_episodes",
+    "ours",
     "parse_message",
     "plain_pack",
     "quorum",
     "read_counters",
-    "read_legacy_counters",
     "real_environment",
     "render",
     "render_call",
@@ -228,15 +228,11 @@ def repair_node(core: RedlockCore, node: int, *, force: bool = False,
     return _repair_node(core.amnesia, node, force=force, sources=sources)
 
 
-def read_counters(core: RedlockCore, node: int) -> Generator[Any, Any, int | None]:
-    """The protocol that reads the highest fence counter of one node (None: it could not)."""
+def read_counters(core: RedlockCore,
+                  node: int) -> Generator[Any, Any, dict[str, int] | None]:
+    """The protocol that reads the fence counters of one node, per bucket (None: it
+    could not)."""
     return _read_counters(core.amnesia, node)
-
-
-def read_legacy_counters(core: RedlockCore,
-                         node: int) -> Generator[Any, Any, dict[str, int] | None]:
-    """The protocol that reads the previous format's counters of one node."""
-    return _read_legacy_counters(core.amnesia, node)
 
 
 def renewed_by_a_renewer(manager: Any) -> bool:

@@ -64,15 +64,12 @@ def delete_lock_keys(nodes: Sequence[RedisNode], resource: str) -> None:
 
 
 def fence_counters(nodes: Sequence[RedisNode], resource: str) -> list[int]:
-    """Per node, the counter the token rule counts for ``resource``: its bucket's, or
-    the resource's own counter of the previous format if that is higher (docs/design.md
-    §3.8), as INSPECT shows it."""
+    """Per node, the counter the token rule counts for ``resource``: its bucket's, as
+    INSPECT shows it."""
     found = []
     for node in nodes:
         with node.client() as client:
-            own = client.hget(KEYS.counter, bucket(resource))
-            legacy = client.get(KEYS.legacy_fence(resource))
-        found.append(max(int(own or 0), int(legacy or 0)))
+            found.append(int(client.hget(KEYS.counter, bucket(resource)) or 0))
     return found
 
 
@@ -96,7 +93,7 @@ def write_markers(nodes: Sequence[RedisNode], text: str = "initialised by a test
     for node in nodes:
         with node.client() as client:
             run_id = client.info("server")["run_id"]
-            client.set(KEYS.marker, f"run_id={run_id} {text}")
+            client.set(KEYS.marker, f"format=1 run_id={run_id} {text}")
 
 
 def resume_and_settle(nodes: Sequence[RedisNode], resource: str | None = None) -> None:

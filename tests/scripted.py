@@ -55,11 +55,6 @@ def lock_key(resource: str) -> str:
     return f"redlock:{{{resource}}}:lock"
 
 
-def legacy_fence_key(resource: str) -> str:
-    """A resource's own counter, as the previous format kept it (docs/design.md §3.8)."""
-    return KEYS.legacy_fence(resource)
-
-
 class FakeClock:
     """A monotonic clock the test moves by hand."""
 
@@ -157,8 +152,8 @@ class ScriptedNodes:
         return hashlib.sha1(f"node {node} run {self.runs[node]}".encode()).hexdigest()
 
     def stamp(self, node: int, text: str) -> str:
-        """A marker value as the node's current server run writes it."""
-        return f"run_id={self.run_id(node)} {text}"
+        """A marker value as the node's current server run writes it (this format)."""
+        return f"{node_scripts.FORMAT_PREFIX}run_id={self.run_id(node)} {text}"
 
     def now_ms(self, node: int) -> int:
         """The node's clock (Redis TIME) in ms."""
@@ -200,8 +195,7 @@ class ScriptedNodes:
     def healthy(self, node: int) -> bool:
         """The node holds a marker stamped by the server run that answers."""
         marker = self.data[node].get(MARKER)
-        return marker is not None and as_text(marker).startswith(
-            f"run_id={self.run_id(node)} ")
+        return marker is not None and as_text(marker).startswith(self.stamp(node, ""))
 
     def attach(self, core: RedlockCore) -> None:
         """Identify nodes as the transports do from now on: IDENTIFY ahead of the first
@@ -270,53 +264,47 @@ class ScriptedNodes:
             value = db.get(key)
             return None if value is None else as_text(value)
 
-        def counter(key: str) -> int:
-            return int(get(key) or 0)
+        def ours(value: str) -> bool:
+            return value.startswith(node_scripts.FORMAT_PREFIX)
 
-        def node_format(marker: str, legacy_marker: str) -> int:
-            return 1 if legacy_marker in db else 2 if marker in db else 0
+        def node_format(marker: str) -> int:
+            """0 no marker, 1 this format, else the other format it names (-1: none)."""
+            value = get(marker)
+            if value is None:
+                return 0
+            if ours(value):
+                return 1
+            found = re.match(r"format=([0-9]+) ", value)
+            return int(found[1]) if found and int(found[1]) > node_scripts.FORMAT else -1
 
         def fields(key: str) -> dict[str, int]:
             found = db.get(key)
             assert found is None or isinstance(found, dict), (key, found)
             return {} if found is None else found
 
-        def highest(fence: str, field: str, legacy: str, floor: int = 0) -> int:
-            return max(fields(fence).get(field, 0), counter(legacy), floor)
+        def highest(fence: str, field: str, floor: int = 0) -> int:
+            return max(fields(fence).get(field, 0), floor)
 
-        def settle(fence: str, field: str, legacy: str, floor: int, step: int,
-                   format: int) -> int:
-            """max(bucket, old counter, floor) + step; HINCRBY only when it goes up (a
-            counter at 0 is no field)."""
-            value = max(fields(fence).get(field, 0), counter(legacy), floor) + step
+        def settle(fence: str, field: str, floor: int, step: int) -> int:
+            """max(bucket, floor) + step; HINCRBY only when it goes up (a counter at 0 is
+            no field)."""
+            value = max(fields(fence).get(field, 0), floor) + step
             if value > fields(fence).get(field, 0):
                 db[fence] = {**fields(fence), field: value}
-            if format == 1:
-                if value > counter(legacy):
-                    db[legacy] = value
-            else:
-                db.pop(legacy, None)
             return value
-
-        def marker_of(marker: str, legacy_marker: str) -> str | None:
-            return get(marker) or get(legacy_marker)
-
-        def bar_previous_format(episode_key: str, claim: str) -> None:
-            db[episode_key] = node_scripts.BARRIER_EPISODE
-            db[claim] = node_scripts.BARRIER_CLAIM
-            self.ttl_ms[node].pop(episode_key, None)
-            self.ttl_ms[node].pop(claim, None)
 
         def record(key: str) -> list[object]:  # HMGET epoch members joining retired
             found = db.get(key) or {}
             assert isinstance(found, dict), (key, found)
             return [found.get(f) for f in ("epoch", "members", "joining", "retired")]
 
+        had_record = False
         if isinstance(script, scripts.Script) and scripts.EPOCH_CHECK in script.source:
             # (ACQUIRE's usual case comes before the check, where it would pass.)
             # The membership check (docs/design.md §13.1): last key and argument.
             *key_list, members_key = keys
             *arg_list, client_epoch = args
+            had_record = members_key in db
             epoch, members, joining, retired = record(members_key)
             if int(str(epoch or 0)) > int(as_text(client_epoch)) or retired == "1":
                 return [scripts.STALE_EPOCH, int(str(epoch or 0)), members or "",
@@ -337,33 +325,39 @@ class ScriptedNodes:
                                                      wanted, strict=True) if v}
             return [node_scripts.MEMBERS_WRITTEN]
         if script is node_scripts.SEED_MEMBER:
-            fence, marker, episode_key, guard, *barrier, members_key, legacy_marker = keys
+            fence, marker, episode_key, guard, members_key = keys
             text, joint_epoch, *pairs = args
             if record(members_key)[0] != as_text(joint_epoch):
                 return 0
+            if marker in db and not ours(as_text(db[marker])):
+                return -1
             for field, seed in zip(pairs[::2], pairs[1::2], strict=True):
                 if int(as_text(seed)) > fields(fence).get(as_text(field), 0):
                     db[fence] = {**fields(fence), as_text(field): int(as_text(seed))}
-            if marker not in db and legacy_marker not in db:
+            if marker not in db:
                 db[marker] = self.stamp(node, as_text(text))
-                bar_previous_format(*barrier)
                 db.pop(episode_key, None)
                 db.pop(guard, None)
             return 1
         if script is scripts.ACQUIRE:
-            lock, fence, marker, line_key, _, legacy, legacy_marker, *handoffs = keys
+            lock, fence, marker, line_key, _, *handoffs = keys
             owner, ticket, field = as_text(args[0]), as_text(args[3]), as_text(args[5])
             attempt = as_text(args[6]) if len(args) > 6 and handoffs else ""
             records = self.handoff_records[node].setdefault(line_key, {})
-            format = node_format(marker, legacy_marker)
+            # The usual case (a marker, no line, no membership record) reads only that the
+            # marker exists; the rest of the script reads its format.
+            usual = marker in db and not self._line(node, line_key) and not had_record
+            format = 1 if usual else node_format(marker)
             if not format:
                 return [scripts.ACQUIRE_AMNESIAC, 0]
+            if format != 1:
+                return [scripts.ACQUIRE_OTHER_FORMAT, format]
             holder = get(lock)
             ours = kin(holder, owner)
             if ours == 1:  # ours, or an earlier attempt's of our call (§2.1)
                 db[lock] = owner
                 self.ttl_ms[node][lock] = int(as_text(args[1]))
-                return [scripts.ACQUIRE_ALREADY_OURS, settle(fence, field, legacy, 0, 0, format)]
+                return [scripts.ACQUIRE_ALREADY_OURS, settle(fence, field, 0, 0)]
             if ours == -1:  # a later attempt's: this acquire came late, changes nothing
                 return [scripts.ACQUIRE_REFUSED, 1000]
             if holder == RESERVED + waiter_id(owner):
@@ -378,13 +372,13 @@ class ScriptedNodes:
                 db[lock] = owner
                 self.ttl_ms[node][lock] = int(as_text(args[1]))
                 return [scripts.ACQUIRE_GRANTED,
-                        settle(fence, field, legacy, int(as_text(args[2])), 0, format)]
+                        settle(fence, field, int(as_text(args[2])), 0)]
 
             def grant() -> list[object]:
                 db[lock] = owner
                 self.ttl_ms[node][lock] = int(as_text(args[1]))
                 return [scripts.ACQUIRE_GRANTED,
-                        settle(fence, field, legacy, int(as_text(args[2])), 1, format)]
+                        settle(fence, field, int(as_text(args[2])), 1)]
 
             line = self._line(node, line_key)
             if holder is None and not line:  # free, nobody in line
@@ -425,33 +419,30 @@ class ScriptedNodes:
                     records.pop(me, None)
             return grant()
         if script is scripts.ACQUIRE_MANY:
-            marker, legacy_marker, fence, *rest = keys
-            k = len(rest) // 2
-            locks, legacies = rest[:k], rest[k:]
+            marker, fence, *locks = keys
             owner = as_text(args[0])
-            format = node_format(marker, legacy_marker)
+            format = node_format(marker)
             if not format:
                 return [scripts.ACQUIRE_AMNESIAC, 0]
+            if format != 1:
+                return [scripts.ACQUIRE_OTHER_FORMAT, format]
             if any(get(lock) is not None and kin(get(lock), owner) != 1 for lock in locks):
                 return [scripts.ACQUIRE_REFUSED, 1000]
             buckets = [as_text(a) for a in args[3:]]
-            token = max([int(as_text(args[2])), *(highest(fence, f, lg)
-                                                  for f, lg in zip(buckets, legacies,
-                                                                   strict=True))])
+            token = max([int(as_text(args[2])), *(highest(fence, f) for f in buckets)])
             token += any(get(lock) is None for lock in locks)
             reply: list[object] = [scripts.ACQUIRE_GRANTED]
-            for lock, field, legacy in zip(locks, buckets, legacies, strict=True):
+            for lock, field in zip(locks, buckets, strict=True):
                 self.ttl_ms[node][lock] = int(as_text(args[1]))
                 db[lock] = owner
-                reply.append(settle(fence, field, legacy, token, 0, format))
+                reply.append(settle(fence, field, token, 0))
             return reply
         if script is scripts.WRITE_BACK:
-            lock, fence, marker, legacy, legacy_marker = keys
-            format = node_format(marker, legacy_marker)
-            if not format or not self._ours(node, lock, as_text(args[0])):
+            lock, fence, marker = keys
+            if node_format(marker) != 1 or not self._ours(node, lock, as_text(args[0])):
                 return 0
             db[lock] = as_text(args[0])  # a reservation for us becomes our key (§6.7)
-            settle(fence, as_text(args[2]), legacy, int(as_text(args[1])), 0, format)
+            settle(fence, as_text(args[2]), int(as_text(args[1])), 0)
             return 1
         if script is scripts.RELEASE:
             lock, _, line_key, _, *handoffs = keys
@@ -484,16 +475,15 @@ class ScriptedNodes:
             line = self._line(node, line_key)
             first = min(line, key=lambda w: (line[w][0], w)) if line else ""
             if first and first != me and handoffs:
-                _, fence, marker, legacy, legacy_marker, members_key = handoffs
+                _, fence, marker, members_key = handoffs
                 record_of = records.get(first)
-                format = node_format(marker, legacy_marker)
                 parts = record_of.split(" ") if record_of else []
-                if (record_of and format and record(members_key)[3] != "1"
+                if (record_of and node_format(marker) == 1 and record(members_key)[3] != "1"
                         and not (len(parts) > 3 and parts[3] in self.unheard_routes)):
                     ttl, _, floor = (int(x) for x in parts[:3])
                     db[lock] = RESERVED + first
                     self.ttl_ms[node][lock] = ttl
-                    settle(fence, as_text(args[3]), legacy, floor, 1, format)
+                    settle(fence, as_text(args[3]), floor, 1)
                     place, deadline = line[first]
                     self._keep_until(node, line_key, first,
                                      min(deadline, self.now_ms(node) + ttl), place)
@@ -518,10 +508,10 @@ class ScriptedNodes:
             self._drop_lapsed(node, line_key)  # (and publishes the first)
             return 1
         if script is scripts.INSPECT:
-            lock, fence, marker, guard, episode_key, legacy, legacy_marker = keys
+            lock, fence, marker, guard, episode_key = keys
             holder = get(lock)
             return [-2 if holder is None else self.ttl_ms[node].get(lock, -1),
-                    highest(fence, as_text(args[0]), legacy), node_format(marker, legacy_marker),
+                    highest(fence, as_text(args[0])), node_format(marker),
                     int(guard in db),
                     b"" if holder is None else holder[len(RESERVED):][:12].encode()
                     if holder.startswith(RESERVED) else
@@ -537,7 +527,7 @@ class ScriptedNodes:
                     db[fence] = {**fields(fence), as_text(field): int(as_text(seed))}
             return 1
         if script is node_scripts.FINISH_REPAIR:
-            guard, marker, episode_key, *barrier = keys
+            guard, marker, episode_key = keys
             repair_id, text, delay = args
             if get(guard) != as_text(repair_id):
                 return 0
@@ -550,65 +540,40 @@ class ScriptedNodes:
                         self.now_ms(node) - int(since or 0) < int(as_text(delay))):
                     return -1
             db[marker] = self.stamp(node, as_text(text))
-            bar_previous_format(*barrier)
             db.pop(guard, None)
             self.ttl_ms[node].pop(guard, None)
             db.pop(episode_key, None)
             return 1
         if script is node_scripts.INIT_MARKER:
-            marker, episode_key, legacy_marker, *barrier = keys
-            if marker in db or legacy_marker in db:
+            marker, episode_key = keys
+            if marker in db:
                 return 0
-            if episode_key in db or get(barrier[0]) not in (None, node_scripts.BARRIER_EPISODE):
+            if episode_key in db:
                 return -1
             db[marker] = self.stamp(node, as_text(args[0]))
-            bar_previous_format(*barrier)
             return 1
         if script is node_scripts.RESTAMP:
-            marker, legacy_marker = keys
+            [marker] = keys
             judged, text, judged_run = args
-            key = marker if marker in db else legacy_marker
-            if get(key) != as_text(judged) or as_text(judged_run) != self.run_id(node):
+            found = get(marker)
+            if (found != as_text(judged) or not ours(found)
+                    or as_text(judged_run) != self.run_id(node)):
                 return 0
-            db[key] = self.stamp(node, as_text(text))
+            db[marker] = self.stamp(node, as_text(text))
             return 1
         if script is node_scripts.DEMOTE:
-            marker, episode_key, legacy_marker = keys
+            marker, episode_key = keys
             judged, why = args
-            if marker_of(marker, legacy_marker) != as_text(judged):
+            found = get(marker)
+            if found != as_text(judged) or not ours(found):
                 return 0
             db.pop(marker, None)
-            db.pop(legacy_marker, None)
             db[episode_key] = f"{self.now_ms(node)} {self.run_id(node)} {as_text(why)}"
             return 1
-        if script is node_scripts.UPGRADE_NODE:
-            marker, legacy_marker, *barrier = keys
-            previous = get(legacy_marker)
-            if previous is not None:
-                db.setdefault(marker, previous)
-                del db[legacy_marker]
-                bar_previous_format(*barrier)
-                return 1
-            if marker in db:
-                bar_previous_format(*barrier)
-                return 2
-            return 0
-        if script is node_scripts.FOLD_COUNTERS:
-            fence, legacy_marker, *legacies = keys
-            if legacy_marker in db:
-                return -1
-            folded = 0
-            for key, field in zip(legacies, (as_text(a) for a in args), strict=True):
-                if key in db:
-                    if counter(key) > fields(fence).get(field, 0):
-                        db[fence] = {**fields(fence), field: counter(key)}
-                    del db[key]
-                    folded += 1
-            return folded
         if script is node_scripts.OPEN_EPISODE:
-            marker, episode_key, legacy_marker = keys
-            if marker in db or legacy_marker in db:
-                return [0]
+            marker, episode_key = keys
+            if marker in db:
+                return [0, get(marker)]
             now = self.now_ms(node)
             episode = get(episode_key)
             if episode is not None:
@@ -686,8 +651,8 @@ class ScriptedNodes:
         db = self.data[node]
         name, *rest = args
         if name == "EVAL" and rest[0] == node_scripts.IDENTIFY.source:
-            assert rest[1] == 2, rest
-            marker = db.get(as_text(rest[2])) or db.get(as_text(rest[3]))
+            assert rest[1] == 1, rest
+            marker = db.get(as_text(rest[2]))
             return [self.run_id(node).encode(),
                     None if marker is None else as_text(marker).encode()]
         if name == "INFO":

@@ -254,7 +254,7 @@ def test_nodes_json_shape_and_a_clean_cluster(nodes3: RedisNodes) -> None:
     assert shape["quorum"] == 2
     for node, url in zip(shape["nodes"], nodes3.urls, strict=True):
         assert set(node) == {"node", "reachable", "rtt_ms", "marker", "marker_value",
-                             "previous_format", "fence_counter", "repairing", "run_id",
+                             "format", "fence_counter", "repairing", "run_id",
                              "version", "role", "appendonly",
                              "appendfsync", "save", "maxmemory", "maxmemory_policy",
                              "warnings", "notes", "error"}
@@ -262,7 +262,7 @@ def test_nodes_json_shape_and_a_clean_cluster(nodes3: RedisNodes) -> None:
         assert node["reachable"] is True and node["error"] is None
         assert node["rtt_ms"] > 0 and node["marker"] is True
         # Stamped with the run id of the server that answers (restart detection).
-        assert node["marker_value"].startswith(f"run_id={node['run_id']} initialised ")
+        assert node["marker_value"].startswith(f"format=1 run_id={node['run_id']} initialised ")
         assert node["role"] == "master" and node["maxmemory_policy"] == "noeviction"
         assert node["appendonly"] is False and node["save"] == ""  # the harness's nodes
         assert node["warnings"] == [] and len(node["notes"]) == 1  # no persistence: a note

@@ -113,7 +113,7 @@ async def test_a_user_who_may_not_run_info_still_locks_and_is_warned(
         first = await me.cycle(dlm.lock("acl:noinfo", timeout=5.0))
         second = await me.cycle(flavour.manager(urls).lock("acl:noinfo", timeout=5.0))
     assert second > first
-    assert all(str(marker).startswith("b'run_id=unknown ") for marker in markers(nodes))
+    assert all(str(marker).startswith("b'format=1 run_id=unknown ") for marker in markers(nodes))
     warned = {e["node"] for e in events if e["event"] == "redlock.node_unidentifiable"}
     assert warned == {f"{node.host}:{node.port}" for node in nodes}
     assert "allow +info" in next(e["problem"] for e in events

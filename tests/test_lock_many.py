@@ -93,7 +93,7 @@ def test_diverged_counters_are_committed_per_resource(dlm: Redlock,
     write_markers(nodes3)
     with nodes3[0].client() as client:
         client.hset(KEYS.counter, bucket("d1"), 10)  # node 0 is ahead on d1's bucket
-        client.set(KEYS.legacy_fence("d2"), 20)  # and d2 has an old counter there
+        client.hset(KEYS.counter, bucket("d2"), 20)  # and further on d2's
     with dlm.lock_many(["d1", "d2"]) as many:
         assert many.tokens == {"d1": 21, "d2": 21}
         counters = fence_counters(nodes3, "d1")

@@ -107,7 +107,7 @@ def test_waiters_woken_together_do_not_split_the_nodes(nodes5: RedisNodes) -> No
     clients = [node.client() for node in nodes5]
     try:
         for client in clients:
-            client.set(KEYS.marker, "run_id=unknown test")
+            client.set(KEYS.marker, "format=1 run_id=unknown test")
             client.set(KEYS.lock("line:split"), "the-holder", px=30_000)
             for ticket, waiter in enumerate(waiters, start=1):
                 assert acquire_by_hand(client, "line:split", waiter, ticket)[0] == \
@@ -136,7 +136,7 @@ def test_a_failed_attempt_keeps_its_place_where_it_was_granted(nodes5: RedisNode
     up = [node.client() for node in list(nodes5)[:4]]  # node 4 is down: never asked
     try:
         for client in up:
-            client.set(KEYS.marker, "run_id=unknown test")
+            client.set(KEYS.marker, "format=1 run_id=unknown test")
             client.set(KEYS.lock("line:keep"), "the-holder", px=30_000)
             for ticket, waiter in enumerate(["W", "X"], start=1):
                 assert acquire_by_hand(client, "line:keep", waiter, ticket)[0] == \
@@ -172,7 +172,7 @@ def test_a_holder_that_died_blocks_the_line_no_longer_than_its_key(
     """The place a granted waiter keeps lapses with its key: a holder that died (or is
     frozen) without releasing must not keep the next in line out for its patience."""
     with nodes3[0].client() as client:
-        client.set(KEYS.marker, "run_id=unknown test")
+        client.set(KEYS.marker, "format=1 run_id=unknown test")
         client.set(KEYS.lock("line:dead-holder"), "the-holder", px=30_000)
         for ticket, waiter in enumerate(["W", "X"], start=1):
             assert acquire_by_hand(client, "line:dead-holder", waiter, ticket)[0] == \
@@ -450,7 +450,7 @@ def acquire_by_hand(client: redis.Redis, resource: str, owner: str,
                     ) -> list[int]:
     """One node's ACQUIRE as a blocking acquire sends it (with a ticket)."""
     keys = (KEYS.lock(resource), KEYS.counter, KEYS.marker, KEYS.line(resource),
-            KEYS.line_deadlines(resource), KEYS.legacy_fence(resource), KEYS.legacy_marker,
+            KEYS.line_deadlines(resource),
             KEYS.members)  # the membership record and epoch 0 last (docs/design.md §13.1)
     return [int(v) for v in client.eval(scripts.ACQUIRE.source, len(keys), *keys, owner,
                                         ttl_ms, 0, ticket, patience_ms, bucket(resource), 0)]

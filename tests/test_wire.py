@@ -285,8 +285,8 @@ def test_a_node_that_fails_fast_is_not_silent_one_that_times_out_is() -> None:
 def test_a_release_goes_behind_an_unanswered_acquire_of_every_resource_of_a_set() -> None:
     """The (key, owner) pairs a release is matched against (docs/design.md §5.5): every
     lock key of an ACQUIRE_MANY as it is sent (with the membership key last), and none
-    of its other keys. (The last resource's key was missed, the previous-format marker
-    and the counters taken for lock keys.)"""
+    of its other keys. (The last resource's key was missed once, and the node's keys
+    taken for lock keys.)"""
     owner = attempt_owner("0" * 32, 1)
     [call] = with_epoch(MUTEX.acquire_calls(KEYS, range(1), ("a", "b", "c"), AcquireArgs(
         owner, 1000, 0, "", 0)), KEYS, 0)

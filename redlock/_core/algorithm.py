@@ -16,7 +16,7 @@ from typing import cast
 
 from redlock._core import handoff
 from redlock._core.amnesia.guard import AmnesiaGuard
-from redlock._core.amnesia.repair import RepairReport, initialise, repair, upgrade
+from redlock._core.amnesia.repair import RepairReport, initialise, repair
 from redlock._core.attempts import Attempts
 from redlock._core.commit import commit_enough
 from redlock._core.environment import Environment
@@ -377,6 +377,10 @@ class RedlockCore(Holding, QuickLane, Attempts):
                           if self.settings.node_timeout is not None else
                           " check the network, and connect_timeout if new connections"
                           " are slow"))
+        if unavailable and any(r.outcome is Outcome.INCOMPATIBLE for r in outcomes):
+            # Nodes a newer release initialised (§4.1) kept the quorum out of reach: no
+            # retry can help (acquire() releases the call and leaves its lines).
+            raise self.amnesia.incompatible_error(kind.describe(resources), name, outcomes)
         permanent = unavailable and any(
             isinstance(reply, NodeFailure) and reply.permanent for reply in replies)
         logger.debug("redlock.quorum_failed", resource=name, reason=reason,
@@ -386,13 +390,9 @@ class RedlockCore(Holding, QuickLane, Attempts):
                              reason=reason, next_kind=kind.next_attempt(replies))
 
     def repair(self, *, force: bool) -> Flow[list[RepairReport]]:
-        """See :func:`redlock._core.amnesia.repair.repair` (and the two below)."""
+        """See :func:`redlock._core.amnesia.repair.repair` (and the one below)."""
         return (yield from repair(self.amnesia, force=force))
 
     def initialise(self, *, force: bool) -> Flow[list[RepairReport]]:
         """See :func:`redlock._core.amnesia.repair.initialise`."""
         return (yield from initialise(self.amnesia, force=force))
-
-    def upgrade(self) -> Flow[list[RepairReport]]:
-        """See :func:`redlock._core.amnesia.repair.upgrade`."""
-        return (yield from upgrade(self.amnesia))

@@ -112,9 +112,13 @@ class Attempts:
                   opening.ticket, int(patience(settings, timeout) * 1000), attempt)
         calls, packed = self.templates.acquire(kind, resources, max(1, int(ttl * 1000)),
                                                epoch, self.route, values)
+        # Whose grants do not count: restarted nodes being judged (§4.4), nodes of
+        # another format (§4.1).
+        uncounted = (health.suspect if not health.incompatible
+                     else {**health.suspect, **health.incompatible})
         return Sent(Broadcast(calls + inspect, opening.deadline.bound(timeout), line=line,
                               turns=not opening.ticket,
-                              enough=grant_enough(self.n, health.suspect, rule, kind.vote,
+                              enough=grant_enough(self.n, uncounted, rule, kind.vote,
                                                   kind.group if kind.grouped else None),
                               learn=learn, packed=None if inspect else packed),
                     started, epoch, buckets)

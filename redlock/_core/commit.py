@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from redlock._core.members import Rule
 from redlock._core.requests import Call, Decision
-from redlock._scripts.replies import acked, restarted
+from redlock._scripts.replies import acked, foreign, restarted
 
 
 def commit_enough(write_backs: Sequence[tuple[str, Call]], committed: dict[str, set[int]],
@@ -36,8 +36,8 @@ def grant_enough(n: int, suspect: Mapping[int, object], rule: Rule,
     """An early decision on an attempt's replies (one call per node): ``votes(reply)`` is
     1 (yes), 0 (no), None (unknown: an error, or not read yet). Decided once a quorum said
     yes, or more nodes said no than a quorum can spare. A node whose grants do not count
-    yet (``suspect``: restarted, being judged; or found restarted by this very request's
-    new connection, docs/design.md §4.4) never votes yes. The yes votes count per
+    (``suspect``: restarted, being judged, or of another format, §4.1; or found so by this
+    very request's new connection, docs/design.md §4.4) never votes yes. The yes votes count per
     ``group`` of their reply (a permit's slot, §12.2; one group for other kinds): a quorum
     must grant the same one (None: every grant is of the same group). Quorums are the
     membership ``rule``'s (§13.2). Asked after every reply read: kept lean."""
@@ -65,7 +65,8 @@ def _grant_enough(n: int, suspect: Mapping[int, object], rule: Rule,
             vote = votes(reply)
             if vote == 1:
                 if node in benched or (identities and node in identities
-                                       and restarted(identities[node])):
+                                       and (restarted(identities[node])
+                                            or foreign(identities[node]))):
                     continue
                 yes.setdefault(None if group is None else group(reply), []).append(node)
             elif vote == 0:

@@ -39,12 +39,13 @@ class NodeLockStatus:
     ``held``: a lock key exists on the node (someone, maybe us, holds it there);
     ``pttl_ms``: milliseconds left on that key (0 when free, -1 for a key without
     expiry, which no Redlock client writes); ``fence``: the node's fence counter, from
-    which every resource's tokens come (0 before the first lock; the resource's own
-    counter of the previous format where that is higher, docs/design.md §3.8);
+    which every resource's tokens come (0 before the first lock);
     ``marker``: the node marker is present (absent: a new node, or one that lost its
-    data); ``previous_format``: the marker is the previous format's (``redlock upgrade``
-    moves the node to this one); ``repairing``: a repair has claimed the
-    node; ``holder``: a fingerprint of the holder's owner value (never the value);
+    data); ``format``: the node format its marker names (this client's is
+    ``redlock._scripts.node.FORMAT``, 1; a higher one: a newer release initialised the
+    node, and this client does not use it, docs/design.md §4.1; None: no marker, or one
+    naming no format); ``repairing``: a repair has claimed the node; ``holder``: a
+    fingerprint of the holder's owner value (never the value);
     ``benched``: the node lost its data (or restarted without durable persistence) and
     is kept out of quorums: it rejoins once repaired, ``rejoins_in_s`` from now at the
     earliest (read from its amnesia episode, by its own clock; None while unknown).
@@ -60,7 +61,7 @@ class NodeLockStatus:
     marker: bool | None = None
     repairing: bool | None = None
     holder: str | None = None
-    previous_format: bool | None = None
+    format: int | None = None
     benched: bool = False
     rejoins_in_s: float | None = None
     error: str | None = None
@@ -133,15 +134,14 @@ def _node_status(core: RedlockCore, index: int, reply: object) -> NodeLockStatus
     return NodeLockStatus(address, True, held=held, pttl_ms=seen.pttl_ms if held else 0,
                           fence=seen.fence, marker=seen.marker, repairing=seen.repairing,
                           holder=seen.holder if held else None,
-                          previous_format=seen.previous_format, benched=benched,
+                          format=seen.format, benched=benched,
                           rejoins_in_s=rejoins)
 
 
 def inspect_lock(core: RedlockCore, resource: str) -> Flow[LockStatus]:
     """Every node's view of ``resource`` in one parallel round of read-only scripts."""
     keys = (core.keys.lock(resource), core.keys.counter, core.keys.marker,
-            core.keys.repair_guard, core.keys.episode, core.keys.legacy_fence(resource),
-            core.keys.legacy_marker)
+            core.keys.repair_guard, core.keys.episode)
     replies = yield _lock_calls(core, scripts.INSPECT, keys, (bucket(resource),))
     return LockStatus(resource, core.quorum,
                       tuple(_node_status(core, i, reply) for i, reply in enumerate(replies)))

@@ -75,7 +75,6 @@ class ResourceKeys(NamedTuple):
     line: str
     deadlines: str
     line_ttls: str
-    legacy_fence: str
     bucket: str
 
 
@@ -95,8 +94,7 @@ def _resource_keys(kind: Kind, namespace: str, resource: str) -> ResourceKeys:
     line, deadlines = kind.line(keys, resource)
     name = kind.token_name(resource)
     return ResourceKeys(kind.lock_key(keys, resource), kind.channel(keys, resource), line,
-                        deadlines, kind.line_ttls(keys, resource), keys.legacy_fence(name),
-                        bucket(name))
+                        deadlines, kind.line_ttls(keys, resource), bucket(name))
 
 
 class Kind:
@@ -160,14 +158,12 @@ class Kind:
                 args.owner, args.ttl_ms, args.floor, args.ticket, args.patience_ms,
                 named.bucket, attempt, *((args.route,) if attempt and args.route else ()))
             call_keys = (named.lock, keys.counter, keys.marker, named.line, named.deadlines,
-                         named.legacy_fence, keys.legacy_marker, named.line_ttls)
+                         named.line_ttls)
             return tuple([Call(i, call_args, scripts.ACQUIRE, call_keys) for i in nodes])
         return tuple(Call(i, (args.owner, args.ttl_ms, args.floor,
                               *(bucket(r) for r in resources)),
                           scripts.ACQUIRE_MANY,
-                          (keys.marker, keys.legacy_marker, keys.counter,
-                           *(keys.lock(r) for r in resources),
-                           *(keys.legacy_fence(r) for r in resources)))
+                          (keys.marker, keys.counter, *(keys.lock(r) for r in resources)))
                      for i in nodes)
 
     vote: Vote = staticmethod(acquire_vote)
@@ -204,10 +200,8 @@ class Kind:
                         token: int) -> Call:
         """Raise a granting node's counter to the token, if it still holds our grant
         (§3.2)."""
-        name = self.token_name(resource)
-        return Call(node, (owner, token, bucket(name)), scripts.WRITE_BACK,
-                    (self.lock_key(keys, resource), keys.counter, keys.marker,
-                     keys.legacy_fence(name), keys.legacy_marker))
+        return Call(node, (owner, token, bucket(self.token_name(resource))), scripts.WRITE_BACK,
+                    (self.lock_key(keys, resource), keys.counter, keys.marker))
 
     def release_call(self, keys: Keys, node: int, resource: str,
                      args: tuple[CommandArg, ...]) -> Call:
@@ -221,8 +215,7 @@ class Kind:
                     else (owner, leave, rest[0] if rest else "", named.bucket),
                     scripts.RELEASE,
                     (named.lock, named.channel, named.line, named.deadlines,
-                     named.line_ttls, keys.counter, keys.marker, named.legacy_fence,
-                     keys.legacy_marker, keys.members))
+                     named.line_ttls, keys.counter, keys.marker, keys.members))
 
     def extend_call(self, keys: Keys, node: int, resource: str, owner: str,
                     ttl_ms: int) -> Call:
@@ -323,10 +316,9 @@ class Permit(Kind):
         [r] = resources
         slots = range(self.permits)
         line, deadlines = self.line(keys, r)
-        call_keys = (keys.marker, keys.legacy_marker, keys.counter, line, deadlines,
-                     self.channel(keys, r), *(self.slot_key(keys, r, s) for s in slots),
-                     self.slot_key(keys, r, self.permits),
-                     *(keys.legacy_fence(self.slot_name(r, s)) for s in slots))
+        call_keys = (keys.marker, keys.counter, line, deadlines, self.channel(keys, r),
+                     *(self.slot_key(keys, r, s) for s in slots),
+                     self.slot_key(keys, r, self.permits))
         call_args: tuple[CommandArg, ...] = (
             args.owner, args.ttl_ms, args.floor, args.ticket, args.patience_ms, self.preferred,
             *(bucket(self.slot_name(r, s)) for s in slots))
@@ -409,9 +401,8 @@ class ReadWrite(Kind):
         # The line's score: the ticket's order, its parity the mode (§12.3); made here,
         # where integers are exact.
         score = "" if not args.ticket else str(2 * int(args.ticket) + (self.mode == "w"))
-        call_keys = (keys.marker, keys.legacy_marker, keys.counter, keys.part(r, "write"),
-                     keys.part(r, "read"), line, deadlines, self.channel(keys, r),
-                     keys.legacy_fence(r))
+        call_keys = (keys.marker, keys.counter, keys.part(r, "write"), keys.part(r, "read"),
+                     line, deadlines, self.channel(keys, r))
         call_args = (self.mode, args.owner, args.ttl_ms, args.floor, score,
                      args.patience_ms, bucket(r))
         return tuple(Call(i, call_args, family.RW_ACQUIRE, call_keys) for i in nodes)
@@ -421,8 +412,7 @@ class ReadWrite(Kind):
         if self.mode == "w":
             return super().write_back_call(keys, node, resource, owner, token)
         return Call(node, (owner, token, bucket(resource)), family.READ_WRITE_BACK,
-                    (keys.part(resource, "read"), keys.counter, keys.marker,
-                     keys.legacy_fence(resource), keys.legacy_marker))
+                    (keys.part(resource, "read"), keys.counter, keys.marker))
 
     def release_call(self, keys: Keys, node: int, resource: str,
                      args: tuple[CommandArg, ...]) -> Call:

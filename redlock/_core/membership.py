@@ -24,7 +24,14 @@ from redlock._core.tokens import quorum
 from redlock._observe.log import get_logger
 from redlock._scripts import node as node_scripts
 from redlock._scripts.record import members_record, members_written
-from redlock._scripts.replies import acked, failure_detail, identity
+from redlock._scripts.replies import (
+    acked,
+    failure_detail,
+    foreign,
+    identity,
+    marker_format,
+    other_format,
+)
 from redlock.errors import MembershipError
 
 if TYPE_CHECKING:
@@ -114,6 +121,12 @@ def change_members(core: RedlockCore, new: Sequence[str], *, current: Sequence[s
     found = yield from read_members(core)
     probe = yield Broadcast(tuple(core.amnesia.identify_call(i) for i in range(core.n)),
                             timeout)
+    other = [i for i, reply in enumerate(probe) if foreign(reply)]
+    if other:
+        found_format = marker_format((identity(probe[other[0]]) or ("", b""))[1] or b"")
+        raise MembershipError(f"node {addresses[other[0]]} was"
+                              f" {other_format(found_format)}: upgrade this client; nothing"
+                              " was changed")
     if current is None and not any(r is not None for r in found.values()):
         silent = [addresses[i] for i, reply in enumerate(probe) if identity(reply) is None]
         if silent:
@@ -241,7 +254,7 @@ def _seed(core: RedlockCore, joint: Members, sources: Sequence[int],
     calls = tuple(Call(i, (f"joined at={int(core.env.wall_clock())} epoch={joint.epoch}",
                            joint.epoch, *pairs), node_scripts.SEED_MEMBER,
                        (keys.counter, keys.marker, keys.episode, keys.repair_guard,
-                        *keys.barrier, keys.members, keys.legacy_marker))
+                        keys.members))
                   for i in targets)
     replies = yield Broadcast(calls, core.settings.repair_timeout)
     seeded = {call.node for call, reply in zip(calls, replies, strict=True) if acked(reply)}

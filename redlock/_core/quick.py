@@ -120,9 +120,11 @@ class QuickLane:
         """An acquire call of ``resource`` opened with its first attempt's request in
         ``sent`` (not sent yet), or None when this call should take the flow at once:
         the manager has not seen its nodes' configuration, round trips or markers yet,
-        or a node is suspected of a restart (the flow asks and judges those)."""
+        or a node is suspected of a restart (the flow asks and judges those), or is of
+        another format (docs/design.md §4.1: the flow does not count it)."""
         health = self.amnesia.health
-        if health.suspect or not health.inspected or not health.marker_seen:
+        if (health.suspect or health.incompatible or not health.inspected
+                or not health.marker_seen):
             return None
         if self.settings.node_timeout is None and self.round_trips.measured() < self.quorum:
             return None

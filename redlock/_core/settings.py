@@ -159,13 +159,10 @@ class Settings:
 
 @dataclass(frozen=True)
 class Keys:
-    """Key names (docs/design.md §3.8). A resource's keys share a hash tag
-    (``{resource}``): one slot. A node keeps a fixed set of keys of its own
-    (``ns:node:*``): its marker, its fence counters (one hash), its amnesia episode and
-    repair claim; the resources' lock keys and lines expire. The ``legacy_*`` names are
-    those of the previous format (a fence counter per resource, ``node-*`` node
-    keys): read to keep tokens rising across an upgrade, and set as a barrier
-    against clients of that format."""
+    """Key names (the table at the top of docs/design.md). A resource's keys share a
+    hash tag (``{resource}``): one slot. A node keeps a fixed set of keys of its own
+    (``ns:node:*``): its marker, its fence counters (one hash), its membership record,
+    its amnesia episode and repair claim; the resources' lock keys and lines expire."""
 
     namespace: str
 
@@ -176,11 +173,6 @@ class Keys:
         """A key of ``resource`` for one kind of the lock family (docs/design.md §12.0):
         ``ns:{R}:leader``, ``ns:{R}:permit:0``, ``ns:{R}:write``..."""
         return f"{self.namespace}:{{{resource}}}:{suffix}"
-
-    def legacy_fence(self, resource: str) -> str:
-        """The previous format's fence counter of one resource: read (tokens stay above
-        it) and removed by the first acquisition after the node's upgrade."""
-        return f"{self.namespace}:{{{resource}}}:fence"
 
     def channel(self, resource: str) -> str:
         """Where a release publishes; also the key of the resource's local line."""
@@ -207,18 +199,14 @@ class Keys:
 
     @cached_property  # (read on every call: made once)
     def marker(self) -> str:
+        """The node marker: the node's format and the server run that stamped it
+        (docs/design.md §4.1)."""
         return f"{self.namespace}:node:marker"
-
-    @cached_property  # (read on every call: made once)
-    def legacy_marker(self) -> str:
-        """The previous format's marker: a node that has it still serves clients of
-        that format, so the scripts keep its per-resource counters too (§3.8)."""
-        return f"{self.namespace}:node-marker"
 
     def identify_command(self) -> tuple[str | int, ...]:
         """IDENTIFY, as the transports send it first on every new connection: an EVAL
         with the body (it never meets NOSCRIPT, and it is rare; docs/design.md §4.4)."""
-        return ("EVAL", node_scripts.IDENTIFY.source, 2, self.marker, self.legacy_marker)
+        return ("EVAL", node_scripts.IDENTIFY.source, 1, self.marker)
 
     @property
     def episode(self) -> str:
@@ -228,17 +216,3 @@ class Keys:
     @property
     def repair_guard(self) -> str:
         return f"{self.namespace}:node:repair"
-
-    @property
-    def barrier(self) -> tuple[str, str]:
-        """The previous format's episode and repair-claim keys, set on every node of
-        this format: its clients then neither initialise nor repair the node (§3.8)."""
-        return (f"{self.namespace}:node-amnesia", f"{self.namespace}:node-repair")
-
-    @property
-    def legacy_fence_pattern(self) -> str:
-        return f"{self.namespace}:{{*}}:fence"
-
-    def legacy_resource(self, key: str) -> str:
-        """The resource of a per-resource counter of the previous format (its key)."""
-        return key[len(self.namespace) + 2:-len("}:fence")]

@@ -42,11 +42,12 @@ class Leader:
 
 
 def _believed(core: RedlockCore, replies: Sequence[object]) -> list[tuple[int, object]]:
-    """The replies of nodes whose word counts (not being judged after a restart, §4.4),
-    with their node."""
-    suspect = set(core.amnesia.health.suspect)
+    """The replies of nodes whose word counts (not being judged after a restart, §4.4;
+    not of another format, §4.1), with their node."""
+    health = core.amnesia.health
+    doubted = set(health.suspect) | set(health.incompatible)
     return [(node, reply) for node, reply in enumerate(replies[:core.n])
-            if node not in suspect]
+            if node not in doubted]
 
 
 #: Per holder, the nodes that name it and the ms its grant has left on each.
@@ -69,8 +70,8 @@ def _lasting(core: RedlockCore, named: list[tuple[int, int]], elapsed: float) ->
 
 def leader_calls(keys: Keys, name: str, n: int) -> tuple[Call, ...]:
     return tuple(Call(i, (), family.LEADER,
-                      (LEADERSHIP.lock_key(keys, name), keys.part(name, "term"), keys.marker,
-                       keys.legacy_marker)) for i in range(n))
+                      (LEADERSHIP.lock_key(keys, name), keys.part(name, "term"), keys.marker))
+                 for i in range(n))
 
 
 def read_leader(core: RedlockCore, name: str) -> Flow[Leader | None]:

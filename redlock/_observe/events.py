@@ -89,6 +89,8 @@ SENTENCES: Mapping[str, str] = {
     "redlock.members_changed":
         "membership changed: epoch {epoch}, members {members}; retired {retired}; not"
         " reached: {unreached} (give every client the new list)",
+    "redlock.node_incompatible":
+        "node {node} is not used by this client: it was {why}; upgrade this client",
     "redlock.node_unidentifiable":
         "node {node} may not run INFO (ACL -@dangerous): its restarts and rollbacks cannot"
         " be detected; allow +info for the lock user",
@@ -107,10 +109,6 @@ SENTENCES: Mapping[str, str] = {
     "redlock.node_repaired":
         "node {node} repaired: {counters} fence counters re-seeded (highest {highest}) from"
         " {sources} healthy nodes, marker written back; it counts in quorums again",
-    "redlock.cluster_upgraded":
-        "upgrade() moved {upgraded} of {nodes} nodes to a fixed set of fence counters per node"
-        " ({failed} failed: run it again once they answer); clients of the previous"
-        " release are refused on them from now on",
     "redlock.release_incomplete":
         "release of {resource} did not reach node {node} ({error}): the key left there"
         " expires by its TTL within {expires_within_s} s; check that node and the network"

@@ -6,9 +6,10 @@ write grant and a permit (with that kind's keys). The scripts here do the rest.
 
 Every script that grants, commits or renews starts with the membership check
 (``guarded``, docs/design.md §13.1), and every granting script then with the node's
-marker check (no marker: ``{-1, 0}``, the node refuses, §4) and takes tokens with
-``settle`` of the mutex's scripts, from the bucket of the name whose counter the kind
-uses (§12.0), so the amnesia, upgrade and token rules are the mutex's.
+marker check (no marker: ``{-1, 0}``, the node refuses, §4; a marker of another format:
+``{-4, format}``, §4.1) and takes tokens with ``settle`` of the mutex's scripts, from
+the bucket of the name whose counter the kind uses (§12.0), so the amnesia, format and
+token rules are the mutex's.
 """
 
 from __future__ import annotations
@@ -61,14 +62,14 @@ return 0
 LEADER = Script(
     "leader",
     """
--- KEYS[1] the election's leader key, KEYS[2] its term record, KEYS[3] node marker,
--- KEYS[4] the previous format's marker
+-- KEYS[1] the election's leader key, KEYS[2] its term record, KEYS[3] node marker
 -- returns {pttl, holder, record, format}; writes nothing
 --   pttl    PTTL of the leader key (-2: nobody holds it)
 --   holder  first 12 hex digits of its waiter id (SHA1 of the owner value's call part),
 --           '' when free
 --   record  '<term> <holder> <identity>' of the last proclaimed term, '' when none
---   format  the node's format (0: no marker, it lost its data: not to be believed)
+--   format  the node's format: 1 this client's; 0 no marker, it lost its data, or
+--           another (a newer release's, -1 none this client reads): not to be believed
 """ + TOKEN_FUNCTIONS + OWNER_FUNCTIONS + """
 local owner = redis.call('GET', KEYS[1])
 local holder = ''
@@ -76,7 +77,7 @@ if owner then
     holder = holder_id(owner)
 end
 return {redis.call('PTTL', KEYS[1]), holder, redis.call('GET', KEYS[2]) or '',
-        node_format(KEYS[3], KEYS[4])}
+        node_format(KEYS[3])}
 """,
 )
 
@@ -85,13 +86,12 @@ return {redis.call('PTTL', KEYS[1]), holder, redis.call('GET', KEYS[2]) or '',
 SEM_ACQUIRE = guarded(
     "sem_acquire",
     """
--- KEYS[1] node marker, KEYS[2] the previous format's marker, KEYS[3] node fence counters,
--- KEYS[4] the semaphore's line, KEYS[5] line deadlines, KEYS[6] its release channel,
--- KEYS[7..K+6] the slot keys 0..K-1, KEYS[K+7] slot K's key,
--- KEYS[K+8..2K+7] the slots' counters of the previous format
+-- KEYS[1] node marker, KEYS[2] node fence counters, KEYS[3] the semaphore's line,
+-- KEYS[4] line deadlines, KEYS[5] its release channel, KEYS[6..K+5] the slot keys
+-- 0..K-1, KEYS[K+6] slot K's key
 -- ARGV[1] owner value, ARGV[2] ttl in ms, ARGV[3] token floor, ARGV[4] ticket ('' for a
 -- single try), ARGV[5] patience in ms, ARGV[6] preferred slot, ARGV[7..K+6] the slots'
--- buckets (fields of KEYS[3])
+-- buckets (fields of KEYS[2])
 -- returns {1, token, slot}  granted: the preferred slot if free, else the lowest free one
 --         {2, counter, slot} that slot already holds our owner value, or an earlier
 --                            attempt's of our call (§2.1): ours now, TTL refreshed
@@ -101,25 +101,28 @@ SEM_ACQUIRE = guarded(
 --         {3, ahead}         free slots, but at least as many waiters are ahead of us
 --         {-2, K}            slot K is held: a client with more permits uses the name
 --         {-1, 0}            no node marker: amnesiac node, refuses
+--         {-4, format}       the marker names another format (see ACQUIRE): refuses
 -- A waiter granted leaves the line (several are served at once, §12.2); if slots are
 -- left, the next in line is woken.
 """ + LINE_FUNCTIONS + TOKEN_FUNCTIONS + OWNER_FUNCTIONS + """
-local format = node_format(KEYS[1], KEYS[2])
+local format = node_format(KEYS[1])
 if format == 0 then
     return {-1, 0}
+elseif format ~= 1 then
+    return {-4, format}
 end
-local k = (#KEYS - 7) / 2
-if redis.call('EXISTS', KEYS[k + 7]) == 1 then
+local k = #KEYS - 6
+if redis.call('EXISTS', KEYS[k + 6]) == 1 then
     return {-2, k}
 end
 local free, soonest = {}, -1
 for i = 0, k - 1 do
-    local key = KEYS[7 + i]
+    local key = KEYS[6 + i]
     local holder = redis.call('GET', key)
     local ours = kin(holder, ARGV[1])
     if ours == 1 then
         redis.call('SET', key, ARGV[1], 'PX', ARGV[2])
-        return {2, settle(KEYS[3], ARGV[7 + i], KEYS[k + 8 + i], 0, 0, format), i}
+        return {2, settle(KEYS[2], ARGV[7 + i], 0, 0), i}
     elseif ours == -1 then
         return {0, redis.call('PTTL', key)}
     end
@@ -135,12 +138,12 @@ end
 local now = now_ms()
 local me = waiter_of(ARGV[1])
 local ahead = 0
-if redis.call('EXISTS', KEYS[4]) == 1 then
-    drop_lapsed(KEYS[4], KEYS[5], now)
+if redis.call('EXISTS', KEYS[3]) == 1 then
+    drop_lapsed(KEYS[3], KEYS[4], now)
     if ARGV[4] == '' then
-        ahead = redis.call('ZCARD', KEYS[4])
+        ahead = redis.call('ZCARD', KEYS[3])
     else
-        ahead = redis.call('ZCOUNT', KEYS[4], '-inf', '(' .. ARGV[4])
+        ahead = redis.call('ZCOUNT', KEYS[3], '-inf', '(' .. ARGV[4])
     end
 end
 if #free > ahead then
@@ -151,21 +154,20 @@ if #free > ahead then
             slot = i
         end
     end
-    redis.call('SET', KEYS[7 + slot], ARGV[1], 'PX', ARGV[2])
-    if ARGV[4] ~= '' and redis.call('ZREM', KEYS[4], me) == 1 then
-        redis.call('ZREM', KEYS[5], me)
+    redis.call('SET', KEYS[6 + slot], ARGV[1], 'PX', ARGV[2])
+    if ARGV[4] ~= '' and redis.call('ZREM', KEYS[3], me) == 1 then
+        redis.call('ZREM', KEYS[4], me)
         if #free > 1 then
-            local next_waiter = redis.call('ZRANGE', KEYS[4], 0, 0)[1]
+            local next_waiter = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
             if next_waiter then
-                redis.pcall('PUBLISH', KEYS[6], next_waiter)
+                redis.pcall('PUBLISH', KEYS[5], next_waiter)
             end
         end
     end
-    return {1, settle(KEYS[3], ARGV[7 + slot], KEYS[k + 8 + slot], tonumber(ARGV[3]), 1,
-                      format), slot}
+    return {1, settle(KEYS[2], ARGV[7 + slot], tonumber(ARGV[3]), 1), slot}
 end
 if ARGV[4] ~= '' then
-    enter_line(KEYS[4], KEYS[5], me, ARGV[4], now + tonumber(ARGV[5]), now)
+    enter_line(KEYS[3], KEYS[4], me, ARGV[4], now + tonumber(ARGV[5]), now)
 end
 if #free == 0 then
     return {0, soonest}
@@ -253,11 +255,10 @@ end
 RW_ACQUIRE = guarded(
     "rw_acquire",
     """
--- KEYS[1] node marker, KEYS[2] the previous format's marker, KEYS[3] node fence counters,
--- KEYS[4] the writer's key, KEYS[5] the readers (zset: reader id -> expiry ms, node clock;
--- a reader id is the waiter id, then the attempt's number: one entry per attempt, §2.1),
--- KEYS[6] the line, KEYS[7] line deadlines, KEYS[8] the release channel,
--- KEYS[9] the name's counter of the previous format
+-- KEYS[1] node marker, KEYS[2] node fence counters, KEYS[3] the writer's key,
+-- KEYS[4] the readers (zset: reader id -> expiry ms, node clock; a reader id is the
+-- waiter id, then the attempt's number: one entry per attempt, §2.1), KEYS[5] the line,
+-- KEYS[6] line deadlines, KEYS[7] the release channel
 -- ARGV[1] 'w' write or 'r' read, ARGV[2] owner value, ARGV[3] ttl in ms, ARGV[4] token
 -- floor, ARGV[5] line score (2 * ticket + 1 writer, 2 * ticket reader; '' a single try),
 -- ARGV[6] patience in ms, ARGV[7] the name's bucket
@@ -269,89 +270,92 @@ RW_ACQUIRE = guarded(
 --                      write: or a later attempt of our call, and this one came late)
 --         {3, ahead}   not our turn: a writer waits ahead (read), or someone (write)
 --         {-1, 0}      no node marker: amnesiac node, refuses
+--         {-4, format} the marker names another format (see ACQUIRE): refuses
 """ + LINE_FUNCTIONS + TOKEN_FUNCTIONS + OWNER_FUNCTIONS + _READERS_FUNCTIONS + """
-local format = node_format(KEYS[1], KEYS[2])
+local format = node_format(KEYS[1])
 if format == 0 then
     return {-1, 0}
+elseif format ~= 1 then
+    return {-4, format}
 end
 local now = now_ms()
 local me = waiter_of(ARGV[2])
 local reader = me .. attempt_of(ARGV[2])
 local ttl = tonumber(ARGV[3])
-local writer = redis.call('GET', KEYS[4])
-redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', now)
-local queued = redis.call('EXISTS', KEYS[6]) == 1
+local writer = redis.call('GET', KEYS[3])
+redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
+local queued = redis.call('EXISTS', KEYS[5]) == 1
 if queued then
-    drop_lapsed(KEYS[6], KEYS[7], now)
+    drop_lapsed(KEYS[5], KEYS[6], now)
 end
 local function wait_in_line()
     if ARGV[5] ~= '' then
-        enter_line(KEYS[6], KEYS[7], me, ARGV[5], now + tonumber(ARGV[6]), now)
+        enter_line(KEYS[5], KEYS[6], me, ARGV[5], now + tonumber(ARGV[6]), now)
     end
 end
 if ARGV[1] == 'w' then
     local ours = kin(writer, ARGV[2])
     if ours == 1 then
-        redis.call('SET', KEYS[4], ARGV[2], 'PX', ttl)
-        return {2, settle(KEYS[3], ARGV[7], KEYS[9], 0, 0, format)}
+        redis.call('SET', KEYS[3], ARGV[2], 'PX', ttl)
+        return {2, settle(KEYS[2], ARGV[7], 0, 0)}
     elseif ours == -1 then  -- came late: changes nothing (§2.1)
-        return {0, redis.call('PTTL', KEYS[4])}
+        return {0, redis.call('PTTL', KEYS[3])}
     end
     if writer then
         wait_in_line()
-        return {0, redis.call('PTTL', KEYS[4])}
+        return {0, redis.call('PTTL', KEYS[3])}
     end
-    local last = redis.call('ZRANGE', KEYS[5], -1, -1, 'WITHSCORES')[2]
+    local last = redis.call('ZRANGE', KEYS[4], -1, -1, 'WITHSCORES')[2]
     if last then
         wait_in_line()
         return {0, tonumber(last) - now}
     end
-    local first = redis.call('ZRANGE', KEYS[6], 0, 0)[1]
+    local first = redis.call('ZRANGE', KEYS[5], 0, 0)[1]
     if first and first ~= me then
         wait_in_line()
-        return {3, redis.call('ZRANK', KEYS[6], me) or redis.call('ZCARD', KEYS[6])}
+        return {3, redis.call('ZRANK', KEYS[5], me) or redis.call('ZCARD', KEYS[5])}
     end
     if first then
         -- First in line, granted: keep the place until the release, as a mutex waiter
         -- does (§6.3), cut to the key's TTL.
-        keep_until(KEYS[6], KEYS[7], me, now + math.min(tonumber(ARGV[6]), ttl), now)
+        keep_until(KEYS[5], KEYS[6], me, now + math.min(tonumber(ARGV[6]), ttl), now)
     end
-    redis.call('SET', KEYS[4], ARGV[2], 'PX', ttl)
-    return {1, settle(KEYS[3], ARGV[7], KEYS[9], tonumber(ARGV[4]), 1, format)}
+    redis.call('SET', KEYS[3], ARGV[2], 'PX', ttl)
+    return {1, settle(KEYS[2], ARGV[7], tonumber(ARGV[4]), 1)}
 end
-local mine = redis.call('ZSCORE', KEYS[5], reader)
+local mine = redis.call('ZSCORE', KEYS[4], reader)
 if mine then
-    redis.call('ZADD', KEYS[5], now + ttl, reader)
-    keep_readers(KEYS[5], now)
-    return {2, settle(KEYS[3], ARGV[7], KEYS[9], 0, 0, format)}
+    redis.call('ZADD', KEYS[4], now + ttl, reader)
+    keep_readers(KEYS[4], now)
+    return {2, settle(KEYS[2], ARGV[7], 0, 0)}
 end
 if writer then
     wait_in_line()
-    return {0, redis.call('PTTL', KEYS[4])}
+    return {0, redis.call('PTTL', KEYS[3])}
 end
 -- A writer waiting ahead of us (any writer, for a single try) goes first.
 local bound = '+inf'
 if ARGV[5] ~= '' then
     bound = '(' .. ARGV[5]
 end
-local ahead = redis.call('ZRANGEBYSCORE', KEYS[6], '-inf', bound, 'WITHSCORES')
+local ahead = redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', bound, 'WITHSCORES')
 for i = 2, #ahead, 2 do
     if tonumber(ahead[i]) % 2 == 1 then
         wait_in_line()
         return {3, #ahead / 2}
     end
 end
-redis.call('ZADD', KEYS[5], now + ttl, reader)
-keep_readers(KEYS[5], now)
-if ARGV[5] ~= '' and redis.call('ZREM', KEYS[6], me) == 1 then
-    redis.call('ZREM', KEYS[7], me)
+redis.call('ZADD', KEYS[4], now + ttl, reader)
+keep_readers(KEYS[4], now)
+if ARGV[5] ~= '' and redis.call('ZREM', KEYS[5], me) == 1 then
+    redis.call('ZREM', KEYS[6], me)
     -- The next in line, if a reader, may go too: wake it.
-    local following = redis.call('ZRANGE', KEYS[6], 0, 0, 'WITHSCORES')
+    local following = redis.call('ZRANGE', KEYS[5], 0, 0, 'WITHSCORES')
     if following[1] and tonumber(following[2]) % 2 == 0 then
-        redis.pcall('PUBLISH', KEYS[8], following[1])
+        redis.pcall('PUBLISH', KEYS[7], following[1])
     end
 end
-return {1, settle(KEYS[3], ARGV[7], KEYS[9], tonumber(ARGV[4]), 0, format)}
+return {1, settle(KEYS[2], ARGV[7], tonumber(ARGV[4]), 0)}
 """,
 )
 
@@ -377,13 +381,12 @@ return 1
 READ_WRITE_BACK = guarded(
     "read_write_back",
     """
--- KEYS[1] the readers, KEYS[2] node fence counters, KEYS[3] node marker,
--- KEYS[4] the name's counter and KEYS[5] the marker of the previous format
+-- KEYS[1] the readers, KEYS[2] node fence counters, KEYS[3] node marker
 -- ARGV[1] owner value, ARGV[2] token, ARGV[3] the name's bucket
 -- returns 1 when our read is live on the node and its counter is now >= token, else 0
+-- (also where the marker is missing or of another format: not counted)
 """ + LINE_FUNCTIONS + TOKEN_FUNCTIONS + OWNER_FUNCTIONS + """
-local format = node_format(KEYS[3], KEYS[5])
-if format == 0 then
+if node_format(KEYS[3]) ~= 1 then
     return 0
 end
 local reader = waiter_of(ARGV[1]) .. attempt_of(ARGV[1])
@@ -391,7 +394,7 @@ local score = redis.call('ZSCORE', KEYS[1], reader)
 if not score or tonumber(score) <= now_ms() then
     return 0
 end
-settle(KEYS[2], ARGV[3], KEYS[4], tonumber(ARGV[2]), 0, format)
+settle(KEYS[2], ARGV[3], tonumber(ARGV[2]), 0)
 return 1
 """,
 )

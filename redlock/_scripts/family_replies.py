@@ -48,12 +48,13 @@ def _answer(reply: object) -> list[object] | None:
 
 def leader_seen(reply: object) -> tuple[Seen, str] | None:
     """LEADER's reply: the leader key's (PTTL, holder) and the term record, or None when
-    the node did not answer, has no marker, or nobody holds the key."""
+    the node did not answer, has no marker (or one of another format, docs/design.md
+    §4.1), or nobody holds the key."""
     answer = _answer(reply)
     if answer is None or len(answer) != 4:
         return None
     pttl, holder, record, node_format = answer
-    if not int(node_format) or int(pttl) <= 0 or not text(holder):  # type: ignore[call-overload]
+    if int(node_format) != 1 or int(pttl) <= 0 or not text(holder):  # type: ignore[call-overload]
         return None
     return (int(pttl), text(holder)), text(record)  # type: ignore[call-overload]
 

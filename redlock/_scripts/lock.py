@@ -9,10 +9,8 @@ they live in one slot, and all of them expire. A node keeps a fixed set of keys 
 own: its fence counters (``ns:node:fence``, a hash of 1024 counters; a resource's tokens
 come from the one its name hashes to, docs/design.md §3), and its marker
 (``ns:node:marker``), which tells a node that still remembers its counters from one that
-lost its data (amnesia, docs/design.md §4). The previous format kept a counter per
-resource (``ns:{resource}:fence``) and its marker at ``ns:node-marker``: the scripts
-read both, so tokens keep rising across an upgrade, and keep them up to date while that
-marker is there (§3.8).
+lost its data (amnesia, docs/design.md §4) and names the node's format (§4.1): a node of
+another format refuses this client's grants.
 """
 
 from __future__ import annotations
@@ -23,6 +21,7 @@ from redlock._scripts.script import Script
 # family's scripts (docs/design.md §13, §3, §6), are in redlock/_scripts/shared.py.
 from redlock._scripts.shared import EPOCH_CHECK as EPOCH_CHECK
 from redlock._scripts.shared import LINE_FUNCTIONS as LINE_FUNCTIONS
+from redlock._scripts.shared import OTHER_FORMAT as OTHER_FORMAT
 from redlock._scripts.shared import OWNER_FUNCTIONS as OWNER_FUNCTIONS
 from redlock._scripts.shared import STALE_EPOCH as STALE_EPOCH
 from redlock._scripts.shared import TOKEN_FUNCTIONS as TOKEN_FUNCTIONS
@@ -38,19 +37,19 @@ ACQUIRE_GRANTED = 1  # we set the key; second element: the new fence counter
 ACQUIRE_ALREADY_OURS = 2  # ours already: an earlier attempt of the call set it; counter as is
 ACQUIRE_AMNESIAC = -1  # the node has no marker: it may have forgotten locks and counters
 ACQUIRE_NOT_YOUR_TURN = 3  # free, but others are first in line; second element: how many
+ACQUIRE_OTHER_FORMAT = OTHER_FORMAT  # the marker names another format; second element: it
 
 ACQUIRE = guarded(
     "acquire",
     usual="""
 -- KEYS[1] lock key, KEYS[2] node fence counters (hash), KEYS[3] node marker key,
 -- KEYS[4] waiting line (zset: waiter id by ticket), KEYS[5] line deadlines (zset: by ms),
--- KEYS[6] the resource's counter and KEYS[7] the marker of the previous format
+-- KEYS[6] the line's hand-off records (hash: waiter id -> '<ttl_ms> <attempt> <floor>[
+-- <route>]')
 -- ARGV[1] owner value, ARGV[2] ttl in ms, ARGV[3] token floor (highest counter the client saw)
 -- ARGV[4] ticket: the waiter's place in line ('' for a single try, which does not queue)
 -- ARGV[5] patience in ms: how long the entry stays without a new attempt from its waiter
 -- ARGV[6] the resource's bucket: its field in KEYS[2]
--- KEYS[8] the line's hand-off records (hash: waiter id -> '<ttl_ms> <attempt> <floor>[
--- <route>]')
 -- ARGV[7] the attempt's number ('' or absent: no record, so no hand-off to this waiter;
 -- docs/design.md §6.7), ARGV[8] the waiter's route, 8 hex digits: a hand-off to it is
 -- published on '<release channel>:<route>', heard by its manager only (absent or
@@ -68,22 +67,22 @@ ACQUIRE = guarded(
 --                        changes nothing
 --         {3, ahead}     free, but `ahead` waiters are before us in line (a ticket joins it)
 --         {-1, 0}        no node marker: amnesiac node, refuses until repaired
+--         {-4, format}   the marker names another format than this client's (-1: none
+--                        it reads): a newer release's node, which this client must not
+--                        use (docs/design.md §4.1); nothing changed
 -- The usual case first, before the membership check, the shared functions (a script
 -- defines them anew on every call) and the copies of KEYS and ARGV without the epoch's
--- two: this format's marker, and neither a membership record (a cluster that never
--- changed its nodes: the check would pass, and costs a command), the previous format's
--- marker, the resource's old counter nor a line. One EXISTS tells, and whether there is
--- a line: it counts a key once per mention, so the record, named twelve times, makes 12
--- or more, the line, named six times, adds 6, the marker, named three times, adds 3,
--- and the other two add at most 2.
+-- two: a marker, and neither a membership record (a cluster that never changed its
+-- nodes: the check would pass, and costs a command) nor a line. One EXISTS tells, and
+-- whether there is a line: it counts a key once per mention, so the record, named four
+-- times, makes 4 or more, the line, named twice, adds 2, the marker 1. The usual case
+-- reads only that the marker exists: its format is checked on every new connection
+-- (IDENTIFY, docs/design.md §4.4), and by the rest of this script.
 local marker, line, record = KEYS[3], KEYS[4], KEYS[#KEYS]
-local present = redis.call('EXISTS', marker, marker, marker, KEYS[7], KEYS[6],
-                           line, line, line, line, line, line,
-                           record, record, record, record, record, record,
-                           record, record, record, record, record, record)
-local usual = present == 3
+local present = redis.call('EXISTS', marker, line, line, record, record, record, record)
+local usual = present == 1
 if usual and redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-    -- Free, and granted: the token as settle(..., 1, 2) makes it without an old counter.
+    -- Free, and granted: the token as settle(..., 1) makes it.
     local raised = redis.call('HINCRBY', KEYS[2], ARGV[6], 1)
     local token = math.max(raised, tonumber(ARGV[3]) + 1)
     if token > raised then
@@ -94,27 +93,29 @@ end
 """,
     checked_usual=False,
     source=LINE_FUNCTIONS + TOKEN_FUNCTIONS + OWNER_FUNCTIONS + """
-local format = usual and 2 or node_format(KEYS[3], KEYS[7])
+local format = usual and 1 or node_format(KEYS[3])
 if format == 0 then
     return {-1, 0}
+elseif format ~= 1 then
+    return {-4, format}
 end
-local queued = present % 12 >= 6
+local queued = present % 4 >= 2
 -- Free, and nobody in line: one command checks and sets the key (the usual case tried
 -- it above).
 if not usual and not queued and redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-    return {1, settle(KEYS[2], ARGV[6], KEYS[6], tonumber(ARGV[3]), 1, format)}
+    return {1, settle(KEYS[2], ARGV[6], tonumber(ARGV[3]), 1)}
 end
 local holder = redis.call('GET', KEYS[1])
 local ours = kin(holder, ARGV[1])
 if ours == 1 then
     redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-    return {2, settle(KEYS[2], ARGV[6], KEYS[6], 0, 0, format)}
+    return {2, settle(KEYS[2], ARGV[6], 0, 0)}
 elseif ours == -1 then
     -- A later attempt of our call set it: this one is over (a reply lost, a connection
     -- stalled), and must neither take the key back nor touch the line (§2.1).
     return {0, redis.call('PTTL', KEYS[1])}
 end
-local ttls = KEYS[8]
+local ttls = KEYS[6]
 local attempt = ARGV[7] or ''
 if holder and string.sub(holder, 1, 8) == 'handoff:' then
     local me = waiter_of(ARGV[1])
@@ -132,7 +133,7 @@ if holder and string.sub(holder, 1, 8) == 'handoff:' then
             redis.call('HDEL', ttls, me)
         end
         redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-        return {1, settle(KEYS[2], ARGV[6], KEYS[6], tonumber(ARGV[3]), 0, format)}
+        return {1, settle(KEYS[2], ARGV[6], tonumber(ARGV[3]), 0)}
     end
 end
 local now = now_ms()
@@ -183,7 +184,7 @@ if first then
     end
 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-return {1, settle(KEYS[2], ARGV[6], KEYS[6], tonumber(ARGV[3]), 1, format)}
+return {1, settle(KEYS[2], ARGV[6], tonumber(ARGV[3]), 1)}
 """,
 )
 
@@ -193,11 +194,11 @@ return {1, settle(KEYS[2], ARGV[6], KEYS[6], tonumber(ARGV[3]), 1, format)}
 ACQUIRE_MANY = guarded(
     "acquire_many",
     """
--- KEYS[1] node marker, KEYS[2] the previous format's marker, KEYS[3] node fence counters;
--- KEYS[4..k+3] lock keys; KEYS[k+4..2k+3] the resources' counters of the previous format
+-- KEYS[1] node marker, KEYS[2] node fence counters, KEYS[3..k+2] lock keys
 -- ARGV[1] owner value, ARGV[2] ttl in ms, ARGV[3] token floor, ARGV[4..k+3] the
--- resources' buckets (fields of KEYS[3], same order)
+-- resources' buckets (fields of KEYS[2], same order)
 -- returns {-1, 0}          no node marker: amnesiac node, refuses
+--         {-4, format}     the marker names another format (see ACQUIRE): refuses
 --         {0, pttl}        some key is held by another owner (or by a later attempt of
 --                          our call, §2.1): nothing set; pttl = the longest PTTL among
 --                          those keys (-1: a key without expiry)
@@ -207,17 +208,19 @@ ACQUIRE_MANY = guarded(
 --                          every key was ours already, the highest of them as it is), to
 --                          which every member's bucket is raised
 """ + TOKEN_FUNCTIONS + OWNER_FUNCTIONS + """
-local format = node_format(KEYS[1], KEYS[2])
+local format = node_format(KEYS[1])
 if format == 0 then
     return {-1, 0}
+elseif format ~= 1 then
+    return {-4, format}
 end
-local k = (#KEYS - 3) / 2
+local k = #KEYS - 2
 local blocked, longest, fresh = false, -1, false
 for i = 1, k do
-    local holder = redis.call('GET', KEYS[3 + i])
+    local holder = redis.call('GET', KEYS[2 + i])
     if holder and kin(holder, ARGV[1]) ~= 1 then
         blocked = true
-        local pttl = redis.call('PTTL', KEYS[3 + i])
+        local pttl = redis.call('PTTL', KEYS[2 + i])
         if pttl < 0 then
             longest = -1
             break
@@ -234,15 +237,15 @@ if blocked then
 end
 local token = tonumber(ARGV[3])
 for i = 1, k do
-    token = highest(KEYS[3], ARGV[3 + i], KEYS[3 + k + i], token)
+    token = highest(KEYS[2], ARGV[3 + i], token)
 end
 if fresh then
     token = token + 1
 end
 local reply = {1}
 for i = 1, k do
-    redis.call('SET', KEYS[3 + i], ARGV[1], 'PX', ARGV[2])
-    settle(KEYS[3], ARGV[3 + i], KEYS[3 + k + i], token, 0, format)
+    redis.call('SET', KEYS[2 + i], ARGV[1], 'PX', ARGV[2])
+    settle(KEYS[2], ARGV[3 + i], token, 0)
     reply[#reply + 1] = token
 end
 return reply
@@ -252,17 +255,16 @@ return reply
 WRITE_BACK = guarded(
     "write_back",
     """
--- KEYS[1] lock key, KEYS[2] node fence counters, KEYS[3] node marker key,
--- KEYS[4] the resource's counter and KEYS[5] the marker of the previous format
+-- KEYS[1] lock key, KEYS[2] node fence counters, KEYS[3] node marker key
 -- ARGV[1] owner value, ARGV[2] token, ARGV[3] the resource's bucket
 -- returns 1 when the node still holds our lock key and now has counter >= token, else 0
+-- (also where the marker is missing or of another format: not counted)
 -- (a reservation for us, docs/design.md §6.7, is our key: it becomes our owner value,
 -- with the PTTL it had; another attempt's value of our call is not this attempt's grant)
 -- The owner check is what makes the write-back safe: counting a node that does not
 -- hold our key could let a stale token overtake a committed one (docs/design.md §3.3).
 """ + TOKEN_FUNCTIONS + OWNER_FUNCTIONS + """
-local format = node_format(KEYS[3], KEYS[5])
-if format == 0 then
+if node_format(KEYS[3]) ~= 1 then
     return 0
 end
 local holder = redis.call('GET', KEYS[1])
@@ -277,7 +279,7 @@ if holder ~= ARGV[1] then
         redis.call('SET', KEYS[1], ARGV[1])
     end
 end
-settle(KEYS[2], ARGV[3], KEYS[4], tonumber(ARGV[2]), 0, format)
+settle(KEYS[2], ARGV[3], tonumber(ARGV[2]), 0)
 return 1
 """,
 )
@@ -288,8 +290,7 @@ RELEASE = Script(
 -- KEYS[1] lock key, KEYS[2] release notification channel,
 -- KEYS[3] waiting line, KEYS[4] line deadlines (see ACQUIRE)
 -- KEYS[5] the line's hand-off records, KEYS[6] node fence counters, KEYS[7] node marker,
--- KEYS[8] the resource's counter and KEYS[9] the marker of the previous format,
--- KEYS[10] the node's membership record (KEYS[5..10] absent: no hand-off)
+-- KEYS[8] the node's membership record (KEYS[5..8] absent: no hand-off)
 -- ARGV[1] owner value, ARGV[2] '1': also leave the line (the acquire call is over: the
 -- key goes if any attempt of our call set it, §2.1), '0': keep our place (a failed
 -- attempt that will try again: the key goes only if this attempt set it); ARGV[3] (with
@@ -304,8 +305,9 @@ RELEASE = Script(
 -- <attempt>' (on '<KEYS[2]>:<route>' when the record names the waiter's route, else on
 -- KEYS[2]; a routed waiter only if that channel has a subscriber here); else publishes
 -- the waiter id of the first in line ('' when nobody is in line): only that waiter
--- wakes (§6.4). With '1', a reservation for us (§6.7) is our key; with '0' it is left
--- alone.
+-- wakes (§6.4); no hand-off on a node whose marker is missing or of another format, or
+-- that a membership change retired. With '1', a reservation for us (§6.7) is our key;
+-- with '0' it is left alone.
 local holder = redis.call('GET', KEYS[1])
 local queued = redis.call('EXISTS', KEYS[3]) == 1
 local ticket = ARGV[5] or ''
@@ -367,9 +369,8 @@ local message = first
 local channel = KEYS[2]
 if first ~= '' and first ~= me and ttls then
     local record = redis.call('HGET', ttls, first)
-    local format = node_format(KEYS[7], KEYS[9])
-    local members = redis.call('HMGET', KEYS[10], 'epoch', 'retired')
-    if record and format ~= 0 and members[2] ~= '1' then
+    local members = redis.call('HMGET', KEYS[8], 'epoch', 'retired')
+    if record and node_format(KEYS[7]) == 1 and members[2] ~= '1' then
         local ttl, attempt, floor, route = string.match(record, '^(%d+) (%d+) (%d+) ?(%x*)$')
         if ttl and route ~= '' then  -- told to the waiter's manager only (§6.7)...
             channel = KEYS[2] .. ':' .. route
@@ -384,7 +385,7 @@ if first ~= '' and first ~= me and ttls then
         end
         if ttl then
             redis.call('SET', KEYS[1], reservation(first), 'PX', ttl)
-            local counter = settle(KEYS[6], ARGV[4], KEYS[8], tonumber(floor), 1, format)
+            local counter = settle(KEYS[6], ARGV[4], tonumber(floor), 1)
             local deadline = tonumber(redis.call('ZSCORE', KEYS[4], first))
             local cut = now + tonumber(ttl)
             if deadline and deadline < cut then

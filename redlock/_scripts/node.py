@@ -1,42 +1,39 @@
 """Lua scripts of node identity and repair (docs/design.md §4): the node marker, its
-run-id stamp, amnesia episodes, re-seeding, and the upgrade from the previous format
-(§3.8). The lock scripts are in :mod:`redlock._scripts.lock`; the same conventions hold
-(a header per script naming its KEYS, ARGV and replies).
+format and run-id stamp, amnesia episodes, re-seeding. The lock scripts are in
+:mod:`redlock._scripts.lock`; the same conventions hold (a header per script naming its
+KEYS, ARGV and replies).
 
-A node has this format's marker (``ns:node:marker``) or the previous format's
-(``ns:node-marker``, whose clients still use the node); the scripts accept either as
-"the marker". Wherever this format's marker is written, the previous format's episode
-and repair-claim keys are set too, for good (the *barrier*): a client of that format
-then takes the node for one that lost its data and can neither initialise nor repair
-it, so it never again counts on the per-resource counters this format removes.
+Every marker this release writes begins with the node format it reads and writes,
+``format=1`` (:data:`FORMAT`): ``format=1 run_id=<server run> <what wrote it>``. A
+marker that names another format (a newer release's, docs/operations.md "Upgrading: the
+node format") is not this client's: the scripts here neither re-stamp nor remove it,
+and the granting scripts refuse on such a node (``node_format``,
+:mod:`redlock._scripts.shared`).
 """
 
 from __future__ import annotations
 
 from redlock._scripts.script import Script
 
-# The barrier's values: the previous format's episode key (its clients read "since 0,
-# another server run": a lost node, never repairable by them; its INIT_MARKER refuses)
-# and its repair claim (held for good: their repair never starts).
-BARRIER_EPISODE = ("0 format-2 this node keeps a fixed set of fence counters: clients of"
-                   " the previous format (a counter per resource) are refused here")
-BARRIER_CLAIM = "format-2: clients of the previous format may not repair this node"
+#: The node format this release reads and writes (docs/design.md §4.1). A release that
+#: changes what a node holds (its keys, the counters' layout, the marker) bumps it.
+FORMAT = 1
+#: How every marker of this format begins.
+FORMAT_PREFIX = f"format={FORMAT} "
 
-# Marker lookups and the barrier, shared by the scripts below.
-_MARKER_FUNCTIONS = """
-local function marker_of(marker, legacy_marker)
-    return redis.call('GET', marker) or redis.call('GET', legacy_marker)
-end
-local function marked(marker, legacy_marker)
-    return redis.call('EXISTS', marker, legacy_marker) > 0
-end
-local function bar_previous_format(episode, claim)
-    redis.call('SET', episode, '""" + BARRIER_EPISODE + """')
-    redis.call('SET', claim, '""" + BARRIER_CLAIM + """')
-end
+# Marker lookups and stamps, shared by the scripts below.
+_MARKER_FUNCTIONS = f"""
 local function server_run()
     local info = redis.pcall('INFO', 'server')
     return type(info) == 'string' and string.match(info, 'run_id:(%x+)') or 'unknown'
+end
+-- A marker of this format (a newer release's is not this client's to change).
+local function ours(value)
+    return string.sub(value, 1, {len(FORMAT_PREFIX)}) == '{FORMAT_PREFIX}'
+end
+-- The marker this server writes: this format, stamped with its run id.
+local function stamped(run_id, text)
+    return '{FORMAT_PREFIX}run_id=' .. run_id .. ' ' .. text
 end
 """
 
@@ -74,10 +71,10 @@ return 1
 FINISH_REPAIR = Script(
     "finish_repair",
     """
--- KEYS[1] repair guard key, KEYS[2] node marker key, KEYS[3] amnesia episode key,
--- KEYS[4] KEYS[5] the barrier: the previous format's episode and repair-claim keys
+-- KEYS[1] repair guard key, KEYS[2] node marker key, KEYS[3] amnesia episode key
 -- ARGV[1] repair id, ARGV[2] marker text, ARGV[3] rejoin delay in ms (0: forced)
--- returns 1   the marker was written (stamped with this server's run id), the episode closed
+-- returns 1   the marker was written (this format, stamped with this server's run id),
+--             the episode closed
 --         0   the guard is gone (the node lost its data again, or restarted, mid-repair)
 --         -1  not yet: no episode of this server run, or it began less than the delay ago
 --             by this node's clock (a new data loss restarts the wait)
@@ -99,8 +96,7 @@ if delay > 0 then
         return -1
     end
 end
-redis.call('SET', KEYS[2], 'run_id=' .. run_id .. ' ' .. ARGV[2])
-bar_previous_format(KEYS[4], KEYS[5])
+redis.call('SET', KEYS[2], stamped(run_id, ARGV[2]))
 redis.call('DEL', KEYS[1], KEYS[3])
 return 1
 """,
@@ -121,38 +117,32 @@ return 1
 IDENTIFY = Script(
     "identify",
     """
--- KEYS[1] node marker key, KEYS[2] the previous format's marker
--- returns {run_id, marker value or nil}: the running server, and what stamped the marker
--- (this format's marker, else the previous format's)
+-- KEYS[1] node marker key
+-- returns {run_id, marker value or nil}: the running server, and the marker (its format,
+-- and the server run that stamped it)
 """ + _MARKER_FUNCTIONS + """
-return {server_run(), marker_of(KEYS[1], KEYS[2])}
+return {server_run(), redis.call('GET', KEYS[1])}
 """,
 )
 
 INIT_MARKER = Script(
     "init_marker",
     """
--- KEYS[1] node marker key, KEYS[2] amnesia episode key, KEYS[3] the previous
--- format's marker, KEYS[4] KEYS[5] the barrier (the previous format's episode and
--- repair-claim keys)
+-- KEYS[1] node marker key, KEYS[2] amnesia episode key
 -- ARGV[1] marker text
--- returns 1   the marker was written (and the barrier)
---         0   the node has one already (another client initialised it meanwhile)
---         -1  the node has an amnesia episode (of either format; the barrier is none): it
---             lost data, only a repair may give its marker back
+-- returns 1   the marker was written (this format, stamped with this server's run id)
+--         0   the node has one already (another client initialised it meanwhile; its
+--             format is IDENTIFY's to tell)
+--         -1  the node has an amnesia episode: it lost data, only a repair may give its
+--             marker back
 """ + _MARKER_FUNCTIONS + """
-if marked(KEYS[1], KEYS[3]) then
+if redis.call('EXISTS', KEYS[1]) == 1 then
     return 0
 end
 if redis.call('EXISTS', KEYS[2]) == 1 then
     return -1
 end
-local previous = redis.call('GET', KEYS[4])
-if previous and previous ~= '""" + BARRIER_EPISODE + """' then
-    return -1
-end
-redis.call('SET', KEYS[1], 'run_id=' .. server_run() .. ' ' .. ARGV[1])
-bar_previous_format(KEYS[4], KEYS[5])
+redis.call('SET', KEYS[1], stamped(server_run(), ARGV[1]))
 return 1
 """,
 )
@@ -160,25 +150,22 @@ return 1
 RESTAMP = Script(
     "restamp",
     """
--- KEYS[1] node marker key, KEYS[2] the previous format's marker
+-- KEYS[1] node marker key
 -- ARGV[1] the marker value the client judged, ARGV[2] marker text, ARGV[3] the run id of
 -- the server the client judged
--- returns 1 when re-stamped with this server's run id (in the key it was found in), 0
--- when the marker changed meanwhile or another server answers now (a restart or a
--- failover since it was judged)
+-- returns 1 when re-stamped with this server's run id, 0 when the marker changed
+-- meanwhile, is of another format (not this client's to change), or another server
+-- answers now (a restart or a failover since it was judged)
 """ + _MARKER_FUNCTIONS + """
-local key = KEYS[1]
-if redis.call('EXISTS', key) == 0 then
-    key = KEYS[2]
-end
-if redis.call('GET', key) ~= ARGV[1] then
+local found = redis.call('GET', KEYS[1])
+if found ~= ARGV[1] or not ours(found) then
     return 0
 end
 local run_id = server_run()
 if run_id ~= ARGV[3] then
     return 0
 end
-redis.call('SET', key, 'run_id=' .. run_id .. ' ' .. ARGV[2])
+redis.call('SET', KEYS[1], stamped(run_id, ARGV[2]))
 return 1
 """,
 )
@@ -186,20 +173,20 @@ return 1
 DEMOTE = Script(
     "demote",
     """
--- KEYS[1] node marker key, KEYS[2] amnesia episode key, KEYS[3] the previous format's
--- marker
+-- KEYS[1] node marker key, KEYS[2] amnesia episode key
 -- ARGV[1] the marker value the client judged, ARGV[2] why
--- returns 1 when the marker was removed (of either format) and an episode begun now, 0
--- when the marker changed meanwhile. A node without its marker refuses every acquire
--- until repaired; it comes back in this format.
+-- returns 1 when the marker was removed and an episode begun now, 0 when the marker
+-- changed meanwhile or is of another format (not this client's to remove). A node
+-- without its marker refuses every acquire until repaired.
 """ + _MARKER_FUNCTIONS + """
-if marker_of(KEYS[1], KEYS[3]) ~= ARGV[1] then
+local found = redis.call('GET', KEYS[1])
+if found ~= ARGV[1] or not ours(found) then
     return 0
 end
 local run_id = server_run()
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('DEL', KEYS[1], KEYS[3])
+redis.call('DEL', KEYS[1])
 redis.call('SET', KEYS[2], now .. ' ' .. run_id .. ' ' .. ARGV[2])
 return 1
 """,
@@ -208,16 +195,17 @@ return 1
 OPEN_EPISODE = Script(
     "open_episode",
     """
--- KEYS[1] node marker key, KEYS[2] amnesia episode key, KEYS[3] the previous format's
--- marker
+-- KEYS[1] node marker key, KEYS[2] amnesia episode key
 -- ARGV[1] why
--- returns {0}             the node has its marker (of either format): nothing to do
+-- returns {0, marker}     the node has its marker again (another client repaired it):
+--                         nothing to do; the marker says in which format
 --         {1, since, now} its episode (ms by this node's clock): kept if it began in this
 --                         server run, else begun now (restarted since: its data may be
 --                         older than the episode says)
 """ + _MARKER_FUNCTIONS + """
-if marked(KEYS[1], KEYS[3]) then
-    return {0}
+local marker = redis.call('GET', KEYS[1])
+if marker then
+    return {0, marker}
 end
 local run_id = server_run()
 local t = redis.call('TIME')
@@ -231,62 +219,6 @@ if episode then
 end
 redis.call('SET', KEYS[2], now .. ' ' .. run_id .. ' ' .. ARGV[1])
 return {1, now, now}
-""",
-)
-
-# -- the upgrade from the previous format (docs/design.md §3.8) -------------------------
-
-UPGRADE_NODE = Script(
-    "upgrade_node",
-    """
--- KEYS[1] node marker key, KEYS[2] the previous format's marker, KEYS[3] KEYS[4] the
--- barrier (the previous format's episode and repair-claim keys)
--- returns 1 upgraded now: its marker moved to this format's key, the barrier set
---         2 in this format already (the barrier is set again)
---         0 no marker at all: it lost its data; it comes back in this format by repair
-""" + _MARKER_FUNCTIONS + """
-local previous = redis.call('GET', KEYS[2])
-if previous then
-    if redis.call('EXISTS', KEYS[1]) == 0 then
-        redis.call('SET', KEYS[1], previous)
-    end
-    redis.call('DEL', KEYS[2])
-    bar_previous_format(KEYS[3], KEYS[4])
-    return 1
-end
-if redis.call('EXISTS', KEYS[1]) == 1 then
-    bar_previous_format(KEYS[3], KEYS[4])
-    return 2
-end
-return 0
-""",
-)
-
-FOLD_COUNTERS = Script(
-    "fold_counters",
-    """
--- KEYS[1] the node's fence counters (hash), KEYS[2] the previous format's marker,
--- KEYS[3..n] per-resource counters of the previous format
--- ARGV[1..n-2] each one's bucket (its resource's field in KEYS[1], same order)
--- returns the number of counters folded into their buckets and removed, or -1 when the
--- previous format's marker is there (its clients still read them: nothing changes)
-if redis.call('EXISTS', KEYS[2]) == 1 then
-    return -1
-end
-local folded = 0
-for i = 3, #KEYS do
-    local value = redis.call('GET', KEYS[i])
-    if value then
-        local bucket = ARGV[i - 2]
-        local counter = tonumber(redis.call('HGET', KEYS[1], bucket) or '0')
-        if tonumber(value) > counter then
-            redis.call('HINCRBY', KEYS[1], bucket, tonumber(value) - counter)
-        end
-        redis.call('DEL', KEYS[i])
-        folded = folded + 1
-    end
-end
-return folded
 """,
 )
 
@@ -332,17 +264,21 @@ SEED_MEMBER = Script(
     "seed_member",
     """
 -- KEYS[1] the node's fence counters (hash), KEYS[2] node marker key, KEYS[3] amnesia
--- episode key, KEYS[4] repair claim key, KEYS[5] KEYS[6] the barrier (the previous
--- format's episode and repair-claim keys), KEYS[7] the node's membership record,
--- KEYS[8] the previous format's marker
+-- episode key, KEYS[4] repair claim key, KEYS[5] the node's membership record
 -- ARGV[1] marker text, ARGV[2] the change's joint epoch, ARGV[3..] bucket, seed, ...
 -- returns 1   seeded: counters = max(counter, seed); the marker written if it had none
---             (stamped with this server's run id; its episode and repair claim then go)
+--             (this format, stamped with this server's run id; its episode and repair
+--             claim then go)
 --         0   the node's record is not the change's (it is not being added by it)
+--         -1  the node's marker is of another format: nothing changed
 -- A node being added holds nothing any configuration counts (docs/design.md §13.3).
 """ + _MARKER_FUNCTIONS + """
-if redis.call('HGET', KEYS[7], 'epoch') ~= ARGV[2] then
+if redis.call('HGET', KEYS[5], 'epoch') ~= ARGV[2] then
     return 0
+end
+local marker = redis.call('GET', KEYS[2])
+if marker and not ours(marker) then
+    return -1
 end
 for i = 3, #ARGV, 2 do
     local current = tonumber(redis.call('HGET', KEYS[1], ARGV[i]) or '0')
@@ -351,9 +287,8 @@ for i = 3, #ARGV, 2 do
         redis.call('HINCRBY', KEYS[1], ARGV[i], seed - current)
     end
 end
-if not marked(KEYS[2], KEYS[8]) then
-    redis.call('SET', KEYS[2], 'run_id=' .. server_run() .. ' ' .. ARGV[1])
-    bar_previous_format(KEYS[5], KEYS[6])
+if not marker then
+    redis.call('SET', KEYS[2], stamped(server_run(), ARGV[1]))
     redis.call('DEL', KEYS[3], KEYS[4])
 end
 return 1

@@ -188,6 +188,9 @@ def acquire_outcome(node: str, reply: object, resources: int = 1) -> NodeResult:
         return NodeResult(node, Outcome.REFUSED, f"free, but {waiters} first in line")
     if code == scripts.ACQUIRE_AMNESIAC:
         return NodeResult(node, Outcome.AMNESIAC, "no node marker: new, or lost its data")
+    if code == scripts.ACQUIRE_OTHER_FORMAT:
+        return NodeResult(node, Outcome.INCOMPATIBLE,
+                          other_format(values[0] if values[0] > 0 else None))
     return NodeResult(node, Outcome.ERROR, f"unexpected reply code {code}")
 
 
@@ -209,14 +212,14 @@ def acquire_vote(reply: object) -> int | None:
 
 
 def acquire_set_nothing(reply: object) -> bool:
-    """An ACQUIRE / ACQUIRE_MANY reply that set nothing on its node (refused, or no
-    marker), or a call that never reached it (unsent): a failed attempt need not
-    release there."""
+    """An ACQUIRE / ACQUIRE_MANY reply that set nothing on its node (refused, no marker,
+    or one of another format), or a call that never reached it (unsent): a failed
+    attempt need not release there."""
     if isinstance(reply, NodeFailure):
         return reply.unsent
     return isinstance(reply, list | tuple) and bool(reply) and reply[0] in (
         scripts.ACQUIRE_REFUSED, scripts.ACQUIRE_NOT_YOUR_TURN, scripts.ACQUIRE_AMNESIAC,
-        scripts.STALE_EPOCH)
+        scripts.ACQUIRE_OTHER_FORMAT, scripts.STALE_EPOCH)
 
 
 # -- the owner-checked scripts: EXTEND, WRITE_BACK, RELEASE ------------------------------
@@ -271,7 +274,7 @@ class Inspected:
     pttl_ms: int  # -2 free, -1 a key without expiry, else ms left
     fence: int  # the highest token the node can have given the resource
     marker: bool
-    previous_format: bool  # the marker is the previous format's (docs/design.md §3.8)
+    format: int | None  # the format the marker names (None: no marker, or none readable)
     repairing: bool
     holder: str  # a fingerprint of the owner value, '' when free
     episode: str  # the amnesia episode, '' when none
@@ -283,9 +286,10 @@ def inspected(reply: object) -> Inspected | None:
     if not isinstance(reply, list | tuple) or len(reply) != 7:
         return None
     try:
-        return Inspected(int(reply[0]), int(text(reply[1])), reply[2] in (1, 2), reply[2] == 1,
-                         reply[3] == 1,
-                         text(reply[4]), text(reply[5]), int(reply[6]))
+        found = int(reply[2])  # 1 this client's format, 0 no marker, else another (-1: ?)
+        return Inspected(int(reply[0]), int(text(reply[1])), found != 0,
+                         node_scripts.FORMAT if found == 1 else found if found > 0 else None,
+                         reply[3] == 1, text(reply[4]), text(reply[5]), int(reply[6]))
     except (TypeError, ValueError):  # a proxy or a foreign script answering: not ours
         return None
 
@@ -312,6 +316,32 @@ def force_released(reply: object) -> tuple[ReleaseStatus, str]:
 # -- node identity, initialisation, episodes ----------------------------------------------
 
 
+def marker_format(marker: object) -> int | None:
+    """The node format a marker value names (its first word, ``format=<n>``,
+    docs/design.md §4.1), or None when it names none."""
+    word = text(marker).split(" ", 1)[0]
+    number = word[len("format="):]
+    if word.startswith("format=") and number.isdigit() and number.isascii():
+        return int(number)
+    return None
+
+
+def ours(marker: object) -> bool:
+    """A marker of this client's format (:data:`redlock._scripts.node.FORMAT`): a node
+    this client may use."""
+    return marker_format(marker) == node_scripts.FORMAT
+
+
+def other_format(found: int | None) -> str:
+    """Why a node whose marker names ``found`` (None: no format this client reads) is
+    not used by this client: the detail of its ``INCOMPATIBLE`` outcome, for people."""
+    if found is not None and found > node_scripts.FORMAT:
+        return (f"initialised by a newer format {found} of redlock-fenced (this client reads"
+                f" format {node_scripts.FORMAT})")
+    return (f"initialised by another release of redlock-fenced: its node marker names no"
+            f" format this client reads (format {node_scripts.FORMAT})")
+
+
 def stamped_run(marker: object) -> str | None:
     """The server run id a marker value was stamped with (None: an unstamped marker)."""
     for word in text(marker).split():
@@ -329,10 +359,18 @@ def identity(reply: object) -> tuple[str, bytes | None] | None:
 
 
 def is_healthy(reply: object) -> bool:
-    """An IDENTIFY reply of a node whose marker was stamped by the server run that
-    answers."""
+    """An IDENTIFY reply of a node whose marker is of this client's format and was
+    stamped by the server run that answers."""
     found = identity(reply)
-    return found is not None and found[1] is not None and stamped_run(found[1]) == found[0]
+    return (found is not None and found[1] is not None and ours(found[1])
+            and stamped_run(found[1]) == found[0])
+
+
+def foreign(reply: object) -> bool:
+    """An IDENTIFY reply of a node whose marker is of another format than this client's
+    (docs/design.md §4.1): this client must not use it."""
+    found = identity(reply)
+    return found is not None and found[1] is not None and not ours(found[1])
 
 
 def restarted(reply: object) -> bool:
@@ -386,7 +424,7 @@ def repair_finished(reply: object) -> RepairFinished:
 
 
 def marker_exists(reply: object) -> bool | None:
-    """An ``EXISTS marker legacy-marker`` probe: True, False, or None (no answer)."""
+    """An ``EXISTS marker`` probe: True, False, or None (no answer)."""
     if isinstance(reply, int) and not isinstance(reply, bool):
         return reply > 0
     return None
@@ -394,12 +432,14 @@ def marker_exists(reply: object) -> bool | None:
 
 @dataclass(frozen=True)
 class Episode:
-    """OPEN_EPISODE's reply: the node has its marker again (``marked``), or its amnesia
-    episode began ``since_ms`` by its clock, which reads ``now_ms``."""
+    """OPEN_EPISODE's reply: the node has its marker again (``marked``: ``marker``, its
+    value), or its amnesia episode began ``since_ms`` by its clock, which reads
+    ``now_ms``."""
 
     marked: bool
     since_ms: int = 0
     now_ms: int = 0
+    marker: str = ""
 
     @property
     def age(self) -> float:
@@ -412,7 +452,7 @@ def episode(reply: object) -> Episode | None:
         return None
     try:
         if int(reply[0]) == 0:
-            return Episode(marked=True)
+            return Episode(marked=True, marker=text(reply[1]))
         return Episode(False, int(reply[1]), int(reply[2]))
     except (TypeError, ValueError, IndexError):
         return None

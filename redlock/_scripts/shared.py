@@ -1,9 +1,10 @@
 """Lua shared by the lock scripts (:mod:`redlock._scripts.lock`) and the lock family's
-(:mod:`redlock._scripts.family`): the membership check, the fence counters, the waiting
-line. Each is source text that a script prepends to its own."""
+(:mod:`redlock._scripts.family`): the membership check, the node's format, the fence
+counters, the waiting line. Each is source text that a script prepends to its own."""
 
 from __future__ import annotations
 
+from redlock._scripts.node import FORMAT, FORMAT_PREFIX
 from redlock._scripts.script import Script
 
 # -- membership (docs/design.md §13) ---------------------------------------------------
@@ -51,63 +52,56 @@ def guarded(name: str, source: str, *, usual: str = "", copies: bool = True,
     return Script(name, EPOCH_CHECK + usual + (WITHOUT_EPOCH if copies else "") + source)
 
 
-# -- fence counters (docs/design.md §3) -------------------------------------------------
+# -- the node's format and fence counters (docs/design.md §3, §4.1) ---------------------
 #
-# A resource's counter is one field (its bucket, from a hash of its name) of the node's
-# hash of counters. A node's format: 0 no marker (it lost its data, or is new: it refuses
-# to grant), 1 the previous format's marker is there (clients of that release may count
-# on this node, and they read each resource's own counter: it is raised along with the
-# bucket), 2 this format's marker only (a resource's old counter is read one last time
-# and removed). Per resource and node, max(its bucket's counter, its own old counter)
-# never falls: that is the counter of the token rule.
+# A node's format is the one its marker names (``format=<n>`` first, written by the node
+# scripts, :mod:`redlock._scripts.node`). ``node_format`` answers 0 for no marker (it lost
+# its data, or is new: it refuses to grant), 1 for this client's format, else the other
+# format the marker names (a newer release's; -1 when it names none this client reads): a
+# node this client must not use. A resource's counter is one field (its bucket, from a
+# hash of its name) of the node's hash of counters.
 
-TOKEN_FUNCTIONS = """
-local function node_format(marker, legacy_marker)
-    if redis.call('EXISTS', legacy_marker) == 1 then
+#: A granting script's refusal on a node whose marker names another format than this
+#: client's: ``{-4, format}`` (-1: it names none this client reads), nothing changed.
+OTHER_FORMAT = -4
+
+TOKEN_FUNCTIONS = f"""
+local function node_format(marker)
+    local value = redis.call('GET', marker)
+    if not value then
+        return 0
+    end
+    if string.sub(value, 1, {len(FORMAT_PREFIX)}) == '{FORMAT_PREFIX}' then
         return 1
     end
-    if redis.call('EXISTS', marker) == 1 then
-        return 2
-    end
-    return 0
+    local other = tonumber(string.match(value, '^format=(%d+) '))
+    return (other and other > {FORMAT}) and other or -1
 end
 -- The highest value this node's counters hold for the resource (and the floor).
-local function highest(counters, bucket, legacy_key, floor)
-    return math.max(tonumber(redis.call('HGET', counters, bucket) or '0'),
-                    tonumber(redis.call('GET', legacy_key) or '0'), floor)
+local function highest(counters, bucket, floor)
+    return math.max(tonumber(redis.call('HGET', counters, bucket) or '0'), floor)
 end
--- The resource's counter on this node becomes max(its bucket, its old counter, floor) +
--- step, returned: a grant (step 1), a refresh of our own key (step 0, floor 0), a
--- write-back or a set's token (step 0, floor = that token). The bucket is raised to it;
--- the resource's old counter too where the previous format's clients read it, else it
--- goes. HINCRBY and INCRBY keep the stored values integer strings (no Lua float
--- formatting). A grant raises the bucket first and reads what it was from the reply:
--- one command where the bucket holds the highest value (nearly always), not two.
-local function settle(counters, bucket, legacy_key, floor, step, format)
-    local legacy = redis.call('GET', legacy_key)
-    local old = tonumber(legacy or '0')
-    local value
+-- The resource's counter on this node becomes max(its bucket, floor) + step, returned:
+-- a grant (step 1), a refresh of our own key (step 0, floor 0), a write-back or a set's
+-- token (step 0, floor = that token). HINCRBY keeps the stored value an integer string
+-- (no Lua float formatting). A grant raises the bucket first and reads what it was from
+-- the reply: one command where the bucket holds the highest value (nearly always), not
+-- two.
+local function settle(counters, bucket, floor, step)
     if step == 1 then
         local raised = redis.call('HINCRBY', counters, bucket, 1)
-        value = math.max(raised, old + 1, floor + 1)
-        if value > raised then
-            redis.call('HINCRBY', counters, bucket, value - raised)
+        if floor + 1 > raised then
+            redis.call('HINCRBY', counters, bucket, floor + 1 - raised)
+            return floor + 1
         end
-    else
-        local counter = tonumber(redis.call('HGET', counters, bucket) or '0')
-        value = math.max(counter, old, floor)
-        if value > counter then
-            redis.call('HINCRBY', counters, bucket, value - counter)
-        end
+        return raised
     end
-    if format == 1 then
-        if value > old then
-            redis.call('INCRBY', legacy_key, value - old)
-        end
-    elseif legacy then
-        redis.call('DEL', legacy_key)
+    local counter = tonumber(redis.call('HGET', counters, bucket) or '0')
+    if floor > counter then
+        redis.call('HINCRBY', counters, bucket, floor - counter)
+        return floor
     end
-    return value
+    return counter
 end
 """
 

@@ -12,14 +12,14 @@ INSPECT = Script(
     "inspect",
     """
 -- KEYS[1] lock key, KEYS[2] node fence counters, KEYS[3] node marker key,
--- KEYS[4] repair claim key, KEYS[5] amnesia episode key,
--- KEYS[6] the resource's counter and KEYS[7] the marker of the previous format
+-- KEYS[4] repair claim key, KEYS[5] amnesia episode key
 -- ARGV[1] the resource's bucket
 -- returns {pttl, fence, marker, repairing, holder, episode, now}; writes nothing
 --   pttl       PTTL of the lock key: -2 free, -1 a key without expiry, else ms left
 --   fence      the highest token this node can have given the resource: its bucket's
---              counter, or its own counter of the previous format if that is higher
---   marker     the node's format: 2 its marker, 1 the previous format's, 0 none
+--              counter
+--   marker     the node's format: 1 this client's, 0 no marker, else the other format
+--              its marker names (-1: none this client reads)
 --   repairing  1 when a repair has claimed the node, else 0
 --   holder     the first 12 hex digits of its waiter id, SHA1 of the owner value's call
 --              part (docs/design.md §2.1), '' when free: tells holders apart without
@@ -36,8 +36,8 @@ elseif owner then
     holder = holder_id(owner)
 end
 local t = redis.call('TIME')
-return {redis.call('PTTL', KEYS[1]), highest(KEYS[2], ARGV[1], KEYS[6], 0),
-        node_format(KEYS[3], KEYS[7]), redis.call('EXISTS', KEYS[4]), holder,
+return {redis.call('PTTL', KEYS[1]), highest(KEYS[2], ARGV[1], 0),
+        node_format(KEYS[3]), redis.call('EXISTS', KEYS[4]), holder,
         redis.call('GET', KEYS[5]) or '',
         tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)}
 """,

@@ -7,8 +7,6 @@ and the operator's tools. docs/operations.md has the whole story.
     redlock release RESOURCE --force --nodes ...    delete the lock whoever holds it
     redlock repair --nodes ... [--force]            nodes that lost their data: report, re-seed
     redlock initialise --nodes ... [--force]        mark a new or partially initialised cluster
-    redlock upgrade --nodes ...                     move nodes from the previous format (a
-                                                    fence counter per resource) to this one
     redlock members --nodes ...                     the cluster's membership (epoch, members)
     redlock members --nodes ... --change URL ...    make URL ... the members, online (§13)
     redlock demo [--count 3 | --nodes URL ...]      workers contending on local redis-servers
@@ -239,16 +237,6 @@ def cmd_initialise(args: argparse.Namespace) -> int:
     return _admin_step(args, "initialise")
 
 
-def cmd_upgrade(args: argparse.Namespace) -> int:
-    confirm(args, "upgrade the nodes",
-            "Move every node to a fixed set of fence counters? Clients of the previous release"
-            " are refused on upgraded nodes from then on: run this only once every client"
-            " runs this release (docs/operations.md, \"Upgrading\").")
-    with open_manager(args) as dlm:
-        reports = dlm.upgrade()
-    return _repair_reports(args, reports)
-
-
 def _named(dlm: Redlock, urls: Sequence[str], given: Sequence[str], option: str) -> list[str]:
     """Nodes given to ``option`` as URLs among --nodes (or as addresses), as addresses."""
     named = []
@@ -370,9 +358,6 @@ def build_parser() -> argparse.ArgumentParser:
                          confirmable)
     initialise.add_argument("--force", action="store_true",
                             help="also when some nodes have markers (asks; --yes)")
-    command("upgrade", cmd_upgrade, "move the nodes from the previous format (a fence counter"
-            " per resource) to a fixed set per node, once every client runs this release"
-            " (asks; --yes)", confirmable)
     members = command("members", cmd_members,
                       "the cluster's membership (epoch, members); with --change, add and"
                       " remove nodes online (asks; --yes)", confirmable)

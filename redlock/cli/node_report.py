@@ -24,7 +24,9 @@ from redis.retry import Retry
 
 from redlock._core.settings import Keys
 from redlock._io.failures import as_failure
+from redlock._scripts.node import FORMAT
 from redlock._scripts.node_config import unsafe_config
+from redlock._scripts.replies import marker_format, other_format
 
 
 @dataclass
@@ -36,7 +38,7 @@ class NodeReport:
     rtt_ms: float | None = None
     marker: bool | None = None
     marker_value: str | None = None
-    previous_format: bool | None = None  # the marker is the previous format's (§3.8)
+    format: int | None = None  # the node format its marker names (this release's: 1, §4.1)
     fence_counter: int | None = None  # the highest of the node's fence counters
     repairing: bool | None = None
     run_id: str | None = None
@@ -121,11 +123,10 @@ def read_node(url: str, address: str, keys: Keys, timeout: float) -> NodeReport:
         report.maxmemory_policy = info.get("maxmemory_policy")
         report.appendfsync = _config(client, "appendfsync")
         report.save = _config(client, "save")
-        marker, previous = client.mget(keys.marker, keys.legacy_marker)
+        marker = client.get(keys.marker)
         counters = client.hvals(keys.counter)
-        report.previous_format = marker is None and previous is not None
-        marker = marker if marker is not None else previous
         report.marker = marker is not None
+        report.format = None if marker is None else marker_format(marker)
         report.marker_value = None if marker is None else _text(marker)
         report.fence_counter = max((int(c) for c in counters), default=0)
         report.repairing = bool(client.exists(keys.repair_guard))
@@ -151,11 +152,10 @@ def read_nodes(urls: Sequence[str], addresses: Sequence[str], keys: Keys,
             others = [r.node for r in reports if r.run_id == report.run_id and r is not report]
             report.warnings.append(f"same run_id as {', '.join(others)}: one Redis server"
                                    " listed twice (a failure domain counted as two nodes)")
-        if report.previous_format:
-            report.notes.append("it keeps the previous format (a fence counter per resource,"
-                                " for clients of the earlier release): once every client"
-                                " runs this release, `redlock upgrade` moves it to one"
-                                " counter per node (docs/operations.md)")
+        if report.marker and report.format != FORMAT:
+            report.warnings.append(f"{other_format(report.format)}: clients of this release"
+                                   " do not use it (docs/operations.md, \"Upgrading: the"
+                                   " node format\")")
         if report.reachable and not report.marker and marked:
             report.warnings.append(f"no node marker while {marked} other node(s) have one:"
                                    " it lost its data, or was added empty; clients keep it"
@@ -164,10 +164,10 @@ def read_nodes(urls: Sequence[str], addresses: Sequence[str], keys: Keys,
 
 
 def namespaces_on(urls: Sequence[str], timeout: float, pages: int = 20) -> list[str]:
-    """The namespaces whose node markers a node holds (``NS:node:marker``, or the previous
-    format's ``NS:node-marker``), from the first node that answers; a bounded look (at
-    most ``pages`` SCAN pages per node), for a hint, not an inventory."""
-    suffixes = (":node:marker", ":node-marker")
+    """The namespaces whose node markers a node holds (``NS:node:marker``), from the first
+    node that answers; a bounded look (at most ``pages`` SCAN pages per node), for a
+    hint, not an inventory."""
+    suffix = ":node:marker"
     for url in urls:
         client = redis.Redis.from_url(url, socket_timeout=timeout,
                                       socket_connect_timeout=timeout,
@@ -176,10 +176,8 @@ def namespaces_on(urls: Sequence[str], timeout: float, pages: int = 20) -> list[
         try:
             cursor = 0
             for _ in range(pages):
-                cursor, keys = client.scan(cursor, match="*:node*marker", count=1000)
-                for key in keys:
-                    name = _text(key)
-                    found.update(name[:-len(s)] for s in suffixes if name.endswith(s))
+                cursor, keys = client.scan(cursor, match="*" + suffix, count=1000)
+                found.update(_text(key)[:-len(suffix)] for key in keys)
                 if cursor == 0:
                     break
         except (redis.RedisError, OSError):

@@ -19,6 +19,7 @@ from typing import Any
 from redlock._core.amnesia.repair import RepairReport, RepairStatus
 from redlock._core.inspect import LockStatus, ReleaseReport
 from redlock._core.membership import MembersChange
+from redlock._scripts.node import FORMAT
 from redlock._scripts.record import Members
 from redlock._scripts.replies import ReleaseStatus
 from redlock.cli.node_report import NodeReport
@@ -115,8 +116,8 @@ def _node_state(node: Any, cluster_marked: bool) -> str:
     states = []
     if not node.marker:  # alone: lost its data; everywhere: a cluster never used yet
         states.append("no marker" if cluster_marked else "new cluster")
-    if node.previous_format:
-        states.append("previous format: run `redlock upgrade`")
+    if node.marker and node.format != FORMAT:
+        states.append("another format: not used by this client (upgrade it)")
     if node.repairing:
         states.append("repair in progress")
     if node.benched:
@@ -252,8 +253,8 @@ def _memory(report: NodeReport) -> str:
 
 
 def _marker(report: NodeReport) -> str:
-    if report.marker and report.previous_format:
-        return "previous format"
+    if report.marker and report.format != FORMAT:
+        return "?" if report.format is None else f"format {report.format}"
     return _yes_no(report.marker)
 
 

@@ -17,7 +17,6 @@ from tests.internals import (
 from tests.scripted import (
     FakeClock,
     ScriptedNodes,
-    legacy_fence_key,
     lock_key,
     make_core,
 )
@@ -66,17 +65,15 @@ def maintain(core: RedlockCore, nodes: ScriptedNodes, *, sleeps: int | None = 1,
 
 
 def amnesiac_cluster(n: int = 5, **options: object) -> ScriptedNodes:
-    """Node 0 restarted empty; the others hold diverged counters of a's bucket (7, 9, 5,
-    12), and nodes 2 and 3 also a per-resource counter of the previous format not folded
-    yet (a: 10, b: 6), which counts in its resource's bucket."""
+    """Node 0 restarted empty; the others hold diverged counters of a's bucket (7, 10, 5,
+    12), and node 3 also one of b's (6)."""
     nodes = ScriptedNodes(n, **options)  # type: ignore[arg-type]
     nodes.restart(0, keep_data=False)
-    for i, value in enumerate([7, 9, 5, 12], start=1):
+    for i, value in enumerate([7, 10, 5, 12], start=1):
         if i < n:
             nodes.set_counter(i, value, "a")
-    for i, (resource, value) in ((2, ("a", 10)), (3, ("b", 6))):
-        if i < n:
-            nodes.data[i][legacy_fence_key(resource)] = value
+    if n > 3:
+        nodes.set_counter(3, 6, "b")
     nodes.data[1][lock_key("a")] = "a holder"  # not a counter: never read
     return nodes
 

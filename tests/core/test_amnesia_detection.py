@@ -24,11 +24,9 @@ from tests.internals import (
 )
 from tests.scripted import (
     EPISODE,
-    KEYS,
     MARKER,
     PASS,
     ScriptedNodes,
-    legacy_fence_key,
     lock_key,
     make_core,
 )
@@ -47,7 +45,7 @@ def test_a_new_cluster_is_initialised_by_a_full_view_then_the_acquire_retries() 
     assert nodes.commands_sent() == ["acquire", "init_marker", "release", "acquire"]
     initialise = nodes.broadcasts()[1]
     assert [(c.node, c.keys) for c in initialise.calls] == [
-        (i, (MARKER, EPISODE, KEYS.legacy_marker, *KEYS.barrier)) for i in range(3)]
+        (i, (MARKER, EPISODE)) for i in range(3)]
     assert len({c.args for c in initialise.calls}) == 1  # one marker text for the cluster
     assert all(nodes.healthy(i) for i in range(3))  # each stamped with its own run id
     assert [e["nodes"] for e in events if e["event"] == "redlock.cluster_initialised"] == [3]
@@ -80,7 +78,7 @@ def test_a_missing_marker_is_looked_at_again_before_it_counts_as_amnesia() -> No
     def initialised_meanwhile(call: Call) -> object:
         if call.args[:1] == ("EXISTS",):  # the other client's INIT_MARKER landed
             nodes.run_script(2, node_scripts.INIT_MARKER,
-                             (MARKER, EPISODE, KEYS.legacy_marker, *KEYS.barrier),
+                             (MARKER, EPISODE),
                              ("by another client",))
         return PASS
 
@@ -91,7 +89,7 @@ def test_a_missing_marker_is_looked_at_again_before_it_counts_as_amnesia() -> No
     sleep = nodes.requests[1]
     assert isinstance(sleep, Wait) and sleep.seconds == core.timeout()
     assert [(c.node, c.args) for c in nodes.broadcasts()[1].calls] == [
-        (2, ("EXISTS", MARKER, KEYS.legacy_marker))]  # only the missing one
+        (2, ("EXISTS", MARKER))]  # only the missing one
     assert core.amnesia.health.benched() == set()
     assert all(lock_key("r") in db for db in nodes.data)
 
@@ -168,8 +166,7 @@ def test_a_restarted_node_is_a_suspect_whose_replies_do_not_count() -> None:
 
 
 @pytest.mark.parametrize("marker", [
-    "initialised 1700000000.000 by 0123456789abcdef",  # a release before run ids
-    "run_id=unknown initialised by a user who may not run INFO",
+    "format=1 run_id=unknown initialised by a user who may not run INFO",
 ])
 def test_a_marker_without_a_known_run_is_adopted_not_judged(marker: str) -> None:
     """Its writer could not tell restarts apart: what it promised holds (the node counts
@@ -186,8 +183,8 @@ def test_a_marker_without_a_known_run_is_adopted_not_judged(marker: str) -> None
     assert result.state is not None
     with capture_events() as events:
         maintain(core, nodes, sleeps=None)
-    assert [str(db[MARKER]).split()[0] for db in nodes.data] == [
-        f"run_id={nodes.run_id(i)}" for i in range(3)]
+    assert [str(db[MARKER]).split()[:2] for db in nodes.data] == [
+        ["format=1", f"run_id={nodes.run_id(i)}"] for i in range(3)]
     assert not core.amnesia.needs_maintenance()
     assert sorted(e["node"] for e in events if e["event"] == "redlock.node_marker_adopted") \
         == ["n0:6379", "n1:6379", "n2:6379"]
@@ -208,7 +205,7 @@ def test_a_suspects_counters_take_no_part_in_the_tokens_of_a_set() -> None:
     nodes = ScriptedNodes(3)
     for i, value in enumerate([5, 5, 9]):
         nodes.set_counter(i, value, "a")
-    nodes.data[0][legacy_fence_key("b")] = 1  # the previous format's counter: below
+    nodes.set_counter(0, 1, "b")  # b's bucket: below
     core = make_core(3)
     nodes.attach(core)
     nodes.restart(2, keep_data=True)

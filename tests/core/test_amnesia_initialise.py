@@ -16,7 +16,6 @@ from tests.scripted import (
     GUARD,
     MARKER,
     ScriptedNodes,
-    legacy_fence_key,
     lock_key,
     make_core,
 )
@@ -38,10 +37,9 @@ def test_initialise_completes_an_interrupted_initialisation() -> None:
         (i, call) for i in (1, 2) for call in (
             ("EXISTS", EPISODE), ("SCAN", 0, "MATCH", "redlock:*", "COUNT", 1000))]
     assert nodes.commands_sent() == ["identify"] + ["EXISTS", "SCAN"] * 2 + [
-        "SET", "HGETALL", "SCAN", "seed_counters", "finish_repair"] * 2
+        "SET", "HGETALL", "seed_counters", "finish_repair"] * 2
     assert [c.node for b in nodes.broadcasts() for c in b.calls
-            if c.args[:1] == ("SCAN",) and c.args[2:4] == ("MATCH", "redlock:{*}:fence")] == [
-        0, 0]  # the counters read from the marked node only
+            if c.args[:1] == ("HGETALL",)] == [0, 0]  # the counters read from the marked node only
     assert all(nodes.healthy(i) for i in range(3))
     assert [nodes.counter(i) for i in range(3)] == [2, 2, 2]
     assert not any(GUARD in db or EPISODE in db for db in nodes.data)
@@ -54,9 +52,8 @@ def test_initialise_completes_an_interrupted_initialisation() -> None:
 
 def test_initialise_refuses_nodes_that_lost_data_unless_forced() -> None:
     nodes = ScriptedNodes(5)
-    nodes.set_counter(0, 7)
-    nodes.set_counter(1, 5)
-    nodes.data[1][legacy_fence_key("r")] = 8  # of the previous format, not folded yet
+    nodes.set_counter(0, 5)
+    nodes.set_counter(1, 8)
     for i in (2, 3, 4):
         nodes.restart(i, keep_data=False)
     nodes.begin_episode(2)  # an amnesia episode
@@ -78,7 +75,7 @@ def test_initialise_refuses_nodes_that_lost_data_unless_forced() -> None:
     assert [r.status for r in forced] == ["healthy", "healthy"] + ["initialised"] * 3
     assert all(nodes.healthy(i) for i in range(5))
     # Seeded from every marked node (the max), never lowered.
-    assert [nodes.counter(i) for i in range(5)] == [7, 5, 8, 8, 8]
+    assert [nodes.counter(i) for i in range(5)] == [5, 8, 8, 8, 8]
     assert not any(GUARD in db or EPISODE in db for db in nodes.data)
     [event] = [e for e in events if e["event"] == "redlock.cluster_initialised_by_hand"]
     assert (event["initialised"], event["forced"]) == (3, True)

@@ -22,7 +22,6 @@ from tests.internals import (
 )
 from tests.scripted import (
     EPISODE,
-    KEYS,
     MARKER,
     PASS,
     FakeClock,
@@ -75,10 +74,10 @@ def test_judging_restamps_a_node_restarted_with_durable_persistence(resp3: bool)
         (2, ("INFO", "replication"))]
     assert config.timeout == restamp.timeout == Settings().repair_timeout
     [call] = restamp.calls
-    assert (call.node, call.keys, call.args[0]) == (2, (MARKER, KEYS.legacy_marker),
+    assert (call.node, call.keys, call.args[0]) == (2, (MARKER,),
                                                     judged.encode())
     assert nodes.healthy(2)
-    assert str(nodes.data[2][MARKER]).startswith(f"run_id={nodes.run_id(2)} restamped at=")
+    assert str(nodes.data[2][MARKER]).startswith(nodes.stamp(2, "restamped at="))
     assert core.amnesia.health.benched() == set()
     assert [e["node"] for e in events if e["event"] == "redlock.node_restamped"] == ["n2:6379"]
     assert nodes.sleeps() == []
@@ -104,7 +103,7 @@ def test_judging_demotes_a_node_that_may_have_come_back_older(
         maintain(core, nodes, sleeps=1)
     assert nodes.commands_sent() == ["CONFIG", "demote", "open_episode"]
     [demote] = nodes.broadcasts()[1].calls
-    assert (demote.keys, demote.args) == ((MARKER, EPISODE, KEYS.legacy_marker),
+    assert (demote.keys, demote.args) == ((MARKER, EPISODE),
                                           (judged.encode(), why))
     assert MARKER not in nodes.data[2]
     assert nodes.episode(2) == (nodes.now_ms(2), nodes.run_id(2), why)
@@ -130,7 +129,7 @@ def test_judging_identifies_the_node_again_when_its_marker_changed_meanwhile() -
 
     def restamped_by_another_client(call: Call) -> object:
         if call.script is node_scripts.RESTAMP:
-            nodes.run_script(2, node_scripts.RESTAMP, (MARKER, KEYS.legacy_marker),
+            nodes.run_script(2, node_scripts.RESTAMP, (MARKER,),
                              (nodes.data[2][MARKER], "by another client", nodes.run_id(2)))
         return PASS
 
@@ -149,7 +148,7 @@ def test_judging_a_node_demoted_meanwhile_leaves_it_to_the_acquire_path() -> Non
 
     def demoted_by_another_client(call: Call) -> object:
         if call.script is node_scripts.DEMOTE:
-            nodes.run_script(2, node_scripts.DEMOTE, (MARKER, EPISODE, KEYS.legacy_marker),
+            nodes.run_script(2, node_scripts.DEMOTE, (MARKER, EPISODE),
                              (nodes.data[2][MARKER], "by another client"))
         return PASS
 
@@ -195,7 +194,7 @@ def test_an_episode_of_the_same_server_run_is_kept_one_from_another_run_begins_a
     assert health.rejoins_in(2, clock()) is None  # not known before its episode is read
     drive(open_episodes(core.amnesia, [2]), nodes.execute)
     [call] = nodes.broadcasts()[0].calls
-    assert (call.node, call.keys) == (2, (MARKER, EPISODE, KEYS.legacy_marker))
+    assert (call.node, call.keys) == (2, (MARKER, EPISODE))
     assert nodes.data[2][EPISODE] == begun  # kept: the same server run
     assert health.rejoins_in(2, clock()) == pytest.approx(15.0)  # by the node's clock
     # Restarted with its data (the episode key too): the run that began it is gone,
@@ -263,8 +262,8 @@ def test_maintenance_repairs_a_node_once_its_episode_is_max_ttl_old_then_ends() 
     with capture_events() as events:
         maintain(core, nodes, sleeps=None)
     assert nodes.sleeps() == [5.0] * 12  # 60 s, looked at every repair_interval
-    assert nodes.commands_sent() == ["open_episode", "SET", "identify", "HGETALL", "SCAN"] + [
-        "HGETALL", "SCAN", "MGET"] * 2 + ["HGETALL", "SCAN", "seed_counters", "finish_repair"]
+    assert nodes.commands_sent() == ["open_episode", "SET", "identify"] + ["HGETALL"] * 4 + [
+        "seed_counters", "finish_repair"]
     assert nodes.healthy(0) and EPISODE not in nodes.data[0]
     assert core.amnesia.health.benched() == set()
     assert [(e["node"], e["counters"], e["highest"], e["sources"]) for e in events
@@ -302,7 +301,7 @@ def test_maintenance_retries_a_failed_repair_only_after_repair_interval() -> Non
     def reads_fail_twice(call: Call) -> object:
         if call.args[:1] == ("SET",):
             claims.append(clock())
-        if len(claims) <= 2 and call.args[:1] == ("SCAN",):
+        if len(claims) <= 2 and call.args[:1] == ("HGETALL",):
             return ConnectionError("reset")
         return PASS
 

@@ -1,9 +1,8 @@
 """Repair (redlock/_core/amnesia/repair.py, docs/design.md §4.5) on scripted nodes:
-``repair_node`` claims the node, reads every healthy node's counter and any per-resource
-counters of the previous format it still holds (``read_counters``: page by page), seeds
-the maximum and gives the marker back once the episode is one max_ttl old by the
+``repair_node`` claims the node, reads every healthy node's counters (``read_counters``),
+seeds the maximum and gives the marker back once the episode is one max_ttl old by the
 node's clock; what makes it fail or wait; and the admin step ``repair()`` over every
-node (judging restarted ones first)."""
+node (judging restarted ones first, leaving nodes of another format alone)."""
 
 from __future__ import annotations
 
@@ -17,20 +16,16 @@ from tests.internals import (
     node_scripts,
     open_episodes,
     read_counters,
-    read_legacy_counters,
     repair_node,
 )
 from tests.scripted import (
     COUNTER,
     EPISODE,
     GUARD,
-    KEYS,
     MARKER,
     PASS,
     FakeClock,
     ScriptedNodes,
-    legacy_fence_key,
-    lock_key,
     make_core,
 )
 
@@ -41,24 +36,21 @@ def test_repair_claims_the_node_reads_every_healthy_node_seeds_the_max_and_marks
     report = drive(repair_node(core, 0), nodes.execute)
     assert (report.node, report.status) == ("n0:6379", "repaired")
     assert report.detail == "2 fence counters re-seeded (highest 12)"
-    assert {k: v for k, v in nodes.data[0].items() if k not in (MARKER, *KEYS.barrier)} == {
-        COUNTER: {bucket("a"): 12, bucket("b"): 6}}  # a's bucket, and b's old counter
-    assert [nodes.data[0][k] for k in KEYS.barrier] == [
-        node_scripts.BARRIER_EPISODE, node_scripts.BARRIER_CLAIM]
-    assert str(nodes.data[0][MARKER]).startswith(f"run_id={nodes.run_id(0)} repaired at=")
+    assert {k: v for k, v in nodes.data[0].items() if k != MARKER} == {
+        COUNTER: {bucket("a"): 12, bucket("b"): 6}}  # the highest of each bucket
+    assert str(nodes.data[0][MARKER]).startswith(
+        f"format=1 run_id={nodes.run_id(0)} repaired at=")
     assert core.amnesia.health.benched() == set()
     claim = nodes.broadcasts()[0].calls[0]
     assert claim.node == 0
     assert claim.args[:2] == ("SET", GUARD) and claim.args[3:] == ("NX", "PX", 60_000)
     probe = nodes.broadcasts()[1]
     assert [(c.node, c.args) for c in probe.calls] == [
-        (i, ("EVAL", node_scripts.IDENTIFY.source, 2, MARKER, KEYS.legacy_marker))
-        for i in (1, 2, 3, 4)]
-    # Each source: its counter, then the previous format's (MGET only where SCAN found some).
-    assert nodes.commands_sent() == ["SET", "identify", "HGETALL", "SCAN"] + [
-        "HGETALL", "SCAN", "MGET"] * 2 + ["HGETALL", "SCAN", "seed_counters", "finish_repair"]
+        (i, ("EVAL", node_scripts.IDENTIFY.source, 1, MARKER)) for i in (1, 2, 3, 4)]
+    assert nodes.commands_sent() == ["SET", "identify"] + ["HGETALL"] * 4 + [
+        "seed_counters", "finish_repair"]
     [finish] = nodes.broadcasts()[-1].calls
-    assert finish.keys == (GUARD, MARKER, EPISODE, *KEYS.barrier)
+    assert finish.keys == (GUARD, MARKER, EPISODE)
     assert (finish.args[0], finish.args[2]) == (claim.args[2], 60_000)  # checked node-side
 
 
@@ -68,9 +60,35 @@ def test_repair_reads_only_nodes_stamped_by_their_running_server() -> None:
     core = make_core(5)
     report = drive(repair_node(core, 0, force=True), nodes.execute)
     assert report.status == "repaired"
-    scanned = [b.calls[0].node for b in nodes.broadcasts() if b.calls[0].args[:1] == ("SCAN",)]
-    assert scanned == [1, 2, 3]
-    assert nodes.counter(0, "a") == 10  # node 2's old counter of a; only the suspect had 12
+    read = [b.calls[0].node for b in nodes.broadcasts()
+            if b.calls[0].args[:1] == ("HGETALL",)]
+    assert read == [1, 2, 3]
+    assert nodes.counter(0, "a") == 10  # node 2's counter of a; only the suspect had 12
+
+
+def test_repair_neither_reads_nor_repairs_a_node_of_another_format() -> None:
+    """A node a newer release initialised (its marker names format 2, docs/design.md
+    §4.1) is no source for this client's repair, and ``repair()`` reports it failed,
+    naming the format, without touching it."""
+    nodes = amnesiac_cluster()
+    newer = f"format=2 run_id={nodes.run_id(4)} initialised by a newer release"
+    nodes.data[4][MARKER] = newer
+    core = make_core(5)
+    report = drive(repair_node(core, 0, force=True), nodes.execute)
+    assert report.status == "repaired"
+    read = [b.calls[0].node for b in nodes.broadcasts()
+            if b.calls[0].args[:1] == ("HGETALL",)]
+    assert read == [1, 2, 3]
+    assert nodes.counter(0, "a") == 10  # node 4's 12 was not read
+    nodes.data[0].clear()
+    reports = drive(core.repair(force=True), nodes.execute)
+    assert [(r.status, r.detail) for r in reports][4] == (
+        "failed", "initialised by a newer format 2 of redlock-fenced (this client reads"
+        " format 1): upgrade this client")
+    assert [r.status for r in reports][:4] == ["repaired", "healthy", "healthy", "healthy"]
+    assert nodes.data[4][MARKER] == newer
+    assert core.amnesia.health.incompatible == {4: reports[4].detail.removesuffix(
+        ": upgrade this client")}
 
 
 def test_repair_fails_cleanly_when_fewer_than_a_quorum_of_healthy_nodes_answer() -> None:
@@ -98,7 +116,7 @@ def test_repair_with_a_majority_lost_names_the_way_out() -> None:
         " --force` (docs/design.md §4.8)")
 
 
-@pytest.mark.parametrize("broken", ["HGETALL", "SCAN", "MGET"])
+@pytest.mark.parametrize("broken", ["HGETALL"])
 def test_repair_does_not_count_a_source_whose_counters_could_not_be_read(broken: str) -> None:
     nodes = amnesiac_cluster()
     core = make_core(5)
@@ -147,62 +165,16 @@ def test_repair_interrupted_by_the_node_losing_its_data_writes_no_marker(
     assert core.amnesia.health.benched() == {0}
 
 
-def test_repair_reads_the_previous_formats_counters_page_by_page_and_seeds_the_max() -> None:
-    nodes = ScriptedNodes(3, scan_page=100)
-    nodes.restart(0, keep_data=False)
-    for i in range(1200):
-        for source in (1, 2):
-            nodes.data[source][legacy_fence_key(f"r{i}")] = i + source
+def test_read_counters_reads_the_nodes_counters_or_gives_up() -> None:
+    nodes = ScriptedNodes(3)
     core = make_core(3)
-    report = drive(repair_node(core, 0, force=True), nodes.execute)
-    buckets = {bucket(f"r{i}") for i in range(1200)}
-    assert report.status == "repaired"
-    assert report.detail == f"{len(buckets)} fence counters re-seeded (highest 1201)"
-    # Each name's bucket holds at least its old counter (the highest of those sharing it).
-    assert all(nodes.counter(0, f"r{i}") >= i + 2 for i in range(1200))
-    assert not any(k.endswith(":fence") and k != COUNTER for k in nodes.data[0])
-    seeds = [b for b in nodes.broadcasts() if b.calls[0].script is node_scripts.SEED_COUNTERS]
-    assert [len(b.calls[0].args) for b in seeds] == [1 + 2 * len(buckets)]  # one call
-    scans = [b.calls[0] for b in nodes.broadcasts() if b.calls[0].args[:1] == ("SCAN",)]
-    assert len(scans) == 2 * 13  # 1201 keys on each source (the marker too): 13 pages
-
-
-def test_read_counters_skips_keys_that_vanished_and_gives_up_on_a_malformed_page() -> None:
-    nodes = ScriptedNodes(3, scan_page=3)
-    for i, resource in enumerate("abc", start=1):
-        nodes.data[1][legacy_fence_key(resource)] = i
-    nodes.data[1][lock_key("a")] = "holder"
-    core = make_core(3)
-    nodes.intercept = lambda call: ([b"7"] + [None] * (len(call.args) - 2)
-                                    if call.args[:1] == ("MGET",) else PASS)
-    # Pages of three keys: (the marker, a, a's lock key), then (b, c); MATCH leaves the
-    # counters. On each page MGET answers for the first key only: the others vanished.
-    assert drive(read_legacy_counters(core, 1), nodes.execute) == {
-        legacy_fence_key("a"): 7, legacy_fence_key("b"): 7}
-    assert nodes.commands_sent() == ["SCAN", "MGET", "SCAN", "MGET"]
-    assert [b.calls[0].args for b in nodes.broadcasts()][::2] == [
-        ("SCAN", 0, "MATCH", "redlock:{*}:fence", "COUNT", 1000),
-        ("SCAN", b"3", "MATCH", "redlock:{*}:fence", "COUNT", 1000)]  # cursor followed
-    nodes.intercept = lambda call: b"garbage" if call.args[:1] == ("SCAN",) else PASS
-    assert drive(read_legacy_counters(core, 1), nodes.execute) is None
-    assert drive(read_counters(core, 1), nodes.execute) is None
-    nodes.intercept = lambda call: TimeoutError() if call.args[:1] == ("MGET",) else PASS
-    assert drive(read_legacy_counters(core, 1), nodes.execute) is None
-    nodes.intercept = None
-    nodes.scan_page = 1
-    nodes.requests.clear()
-    # A page that MATCH leaves empty is no reason to stop, nor to ask MGET.
-    assert drive(read_legacy_counters(core, 1), nodes.execute) == {
-        legacy_fence_key("a"): 1, legacy_fence_key("b"): 2, legacy_fence_key("c"): 3}
-    assert nodes.commands_sent() == ["SCAN", "SCAN", "MGET", "SCAN", "SCAN", "MGET",
-                                     "SCAN", "MGET"]
-    assert drive(read_legacy_counters(core, 2), nodes.execute) == {}  # no counter at all
-    # read_counters: per bucket, the highest of the node's own counters and those.
-    assert drive(read_counters(core, 1), nodes.execute) == {
-        bucket("a"): 1, bucket("b"): 2, bucket("c"): 3}
-    nodes.set_counter(1, 9, "a")
-    assert drive(read_counters(core, 1), nodes.execute)[bucket("a")] == 9  # type: ignore[index]
     assert drive(read_counters(core, 2), nodes.execute) == {}  # nothing yet
+    nodes.set_counter(1, 9, "a")
+    nodes.set_counter(1, 3, "b")
+    assert drive(read_counters(core, 1), nodes.execute) == {bucket("a"): 9, bucket("b"): 3}
+    assert nodes.commands_sent() == ["HGETALL"] * 2
+    nodes.intercept = lambda call: TimeoutError() if call.args[:1] == ("HGETALL",) else PASS
+    assert drive(read_counters(core, 1), nodes.execute) is None
 
 
 def test_a_repair_waits_for_max_ttl_by_the_nodes_clock_not_the_clients() -> None:

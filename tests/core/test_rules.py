@@ -34,6 +34,8 @@ from tests.internals import (
     as_failure,
     bucket,
     choose_token,
+    marker_format,
+    ours,
     quorum,
     real_environment,
     scripts,
@@ -144,67 +146,38 @@ def test_choose_token_properties(counters: dict[int, int]) -> None:
 def test_committed_tokens_never_go_backwards_in_a_random_history(n: int,
                                                                  data: st.DataObject) -> None:
     """A model of the token rule (docs/design.md §3) over three resources sharing each
-    node's one counter, through an upgrade from the previous format (§3.8).
+    node's one counter (as names of one bucket do).
 
     Each step, one resource changes hands (sequential holders per resource; resources
-    interleave). A holder of this release wins a random quorum; on each granting node the
-    acquire script takes max(node counter, the resource's old counter, floor) + 1, raises
-    the node counter to it, and the old counter too while the node has the previous
-    format's marker (else removes it). A holder of the previous release can only win a
-    quorum of nodes that still have that marker, and reads and raises only the old
-    counter. Either takes choose_token's max and writes it back (owner-checked, so as its
-    own acquire did) to the lower granting nodes; a random subset of write-backs is lost;
-    it commits only with >= q nodes at >= token. Meanwhile nodes are upgraded (the old
-    marker goes) and their old counters folded into the node counter. The floor is any
-    value some node reported. Committed tokens must rise strictly per resource.
+    interleave). A holder wins a random quorum; on each granting node the acquire script
+    takes max(node counter, floor) + 1 and raises the node counter to it. It takes
+    choose_token's max and writes it back (owner-checked, so as its own acquire did) to
+    the lower granting nodes; a random subset of write-backs is lost; it commits only
+    with >= q nodes at >= token. The floor is any value some node reported. Committed
+    tokens must rise strictly per resource.
     """
     q = quorum(n)
     resources = ("a", "b", "c")
     node_counter = data.draw(st.lists(st.integers(0, 20), min_size=n, max_size=n))
-    old = [{r: data.draw(st.integers(0, 30)) for r in resources} for _ in range(n)]
-    previous_format = [True] * n  # every node starts with the previous format's marker
     seen = [0]
     committed: dict[str, list[int]] = {r: [] for r in resources}
 
-    def reply(i: int, r: str, floor: int, this_release: bool) -> int:
-        if this_release:
-            value = max(node_counter[i], old[i].get(r, 0), floor) + 1
-        else:
-            value = max(old[i].get(r, 0), floor) + 1
-        raise_to(i, r, value, this_release)
+    def reply(i: int, floor: int) -> int:
+        value = max(node_counter[i], floor) + 1
+        node_counter[i] = value
         return value
 
-    def raise_to(i: int, r: str, value: int, this_release: bool) -> None:
-        if this_release:
-            node_counter[i] = max(node_counter[i], value)
-        if previous_format[i] or not this_release:
-            old[i][r] = max(old[i].get(r, 0), value)
-        else:
-            old[i].pop(r, None)
-
     for _ in range(data.draw(st.integers(1, 16))):
-        step = data.draw(st.sampled_from(["this", "this", "this", "previous", "upgrade"]))
-        if step == "upgrade":
-            i = data.draw(st.integers(0, n - 1))
-            previous_format[i] = False
-            if data.draw(st.booleans()):  # fold its old counters
-                node_counter[i] = max([node_counter[i], *old[i].values()])
-                old[i].clear()
-            continue
-        this_release = step == "this"
-        eligible = [i for i in range(n) if this_release or previous_format[i]]
-        if len(eligible) < q:
-            continue  # the barrier: the previous release can win no quorum any more
         r = data.draw(st.sampled_from(resources))
-        granting = data.draw(st.sets(st.sampled_from(eligible), min_size=q))
+        granting = data.draw(st.sets(st.integers(0, n - 1), min_size=q))
         floor = data.draw(st.sampled_from([0, *seen]))
-        replies = {i: reply(i, r, floor, this_release) for i in granting}
+        replies = {i: reply(i, floor) for i in granting}
         seen.extend(replies.values())
         choice = choose_token(replies)
         acked = 0
         for i in choice.write_back:
             if data.draw(st.booleans()):  # this write-back reached the node
-                raise_to(i, r, choice.token, this_release)
+                node_counter[i] = max(node_counter[i], choice.token)
                 acked += 1
         if len(choice.committed) + acked >= q:
             committed[r].append(choice.token)
@@ -225,6 +198,8 @@ def test_committed_tokens_never_go_backwards_in_a_random_history(n: int,
         ([scripts.ACQUIRE_ALREADY_OURS, 9], Outcome.GRANTED, 9, None),
         ([scripts.ACQUIRE_REFUSED, 1234], Outcome.REFUSED, None, 1234),
         ([scripts.ACQUIRE_AMNESIAC, 0], Outcome.AMNESIAC, None, None),
+        ([scripts.ACQUIRE_OTHER_FORMAT, 2], Outcome.INCOMPATIBLE, None, None),
+        ([scripts.ACQUIRE_OTHER_FORMAT, -1], Outcome.INCOMPATIBLE, None, None),
         ([b"1", b"17"], Outcome.GRANTED, 17, None),  # RESP bulk strings are fine too
         ([7, 1], Outcome.ERROR, None, None),  # unknown code
         ([1], Outcome.ERROR, None, None),  # wrong length
@@ -253,6 +228,23 @@ def test_acquire_outcome_refused_and_amnesiac_say_why() -> None:
     amnesiac = acquire_outcome("a", [scripts.ACQUIRE_AMNESIAC, 0])
     assert "marker" in amnesiac.detail
     assert str(refused).startswith("a refused (")
+
+
+def test_a_marker_of_another_format_is_named_in_the_outcome() -> None:
+    """A node whose marker names another format than this client's (docs/design.md
+    §4.1): its refusal says which, and what to do; a marker that names none is told
+    apart from a newer one. What readers take a marker's format to be."""
+    newer = acquire_outcome("a", [scripts.ACQUIRE_OTHER_FORMAT, 3])
+    assert str(newer) == ("a incompatible (initialised by a newer format 3 of redlock-fenced"
+                          " (this client reads format 1))")
+    unreadable = acquire_outcome("a", [scripts.ACQUIRE_OTHER_FORMAT, -1])
+    assert unreadable.detail == ("initialised by another release of redlock-fenced: its node"
+                                 " marker names no format this client reads (format 1)")
+    assert [marker_format(m) for m in (b"format=1 run_id=ab initialised", "format=12 x",
+                                       "run_id=ab initialised", "format=x y", "format=٣ z",
+                                       "")] == [1, 12, None, None, None, None]
+    assert ours(b"format=1 run_id=ab") and not ours("format=2 run_id=ab")
+    assert not ours("format=10 run_id=ab") and not ours("run_id=ab initialised")
 
 
 @pytest.mark.parametrize("exc", [ConnectionRefusedError("refused"), TimeoutError(),
@@ -470,9 +462,6 @@ def test_keys_share_one_hash_tag_per_resource_and_a_node_keeps_a_fixed_set() -> 
     assert keys.lock("orders:42") == "app:{orders:42}:lock"
     assert keys.channel("orders:42") == "app:{orders:42}:released"
     assert keys.line("orders:42") == "app:{orders:42}:line"
-    assert keys.legacy_fence("orders:42") == "app:{orders:42}:fence"  # the previous format
-    assert (keys.counter, keys.marker, keys.episode, keys.repair_guard) == (
-        "app:node:fence", "app:node:marker", "app:node:amnesia", "app:node:repair")
-    # The previous format's node keys: its marker is read, the other two are the barrier.
-    assert (keys.legacy_marker, *keys.barrier) == (
-        "app:node-marker", "app:node-amnesia", "app:node-repair")
+    assert (keys.counter, keys.marker, keys.episode, keys.repair_guard, keys.members) == (
+        "app:node:fence", "app:node:marker", "app:node:amnesia", "app:node:repair",
+        "app:node:members")

@@ -5,9 +5,9 @@ must give the same replies and hold the same keys (values, TTL or none) after ea
 
 Random sequences over two resources, three owners and two repair claims (Hypothesis),
 and written-out sequences for the cases a random one rarely reaches: lapsed entries of
-the waiting line, a node without its marker, episodes of this and other server runs,
-repairs too early or forced. A one-line change to any script that the model does not
-follow fails the contract (the last test makes sure of it).
+the waiting line, a node without its marker or with one of another format, episodes of
+this and other server runs, repairs too early or forced. A one-line change to any script
+that the model does not follow fails the contract (the last test makes sure of it).
 
 In the calls, ``<run>`` stands for the real server's run id and ``<marker>`` for the
 marker's current value (see :meth:`Contract.step`).
@@ -41,6 +41,7 @@ from tests.scripted import RESERVED, ScriptedNodes, as_text
 K = KEYS
 TTL = 60_000
 FOREIGN = "0123456789abcdef0123456789abcdef01234567"  # another server run's id
+NEWER = "format=2 run_id=<run> initialised by a newer release"  # a marker of another format
 
 
 @pytest.fixture(scope="module")
@@ -69,21 +70,19 @@ def acquire(r: str, owner: str, *, ticket: str = "", patience: int = TTL, floor:
     return guarded(Call(0, (owner, ttl, floor, ticket, patience, bucket(r), attempt, *routed),
                         scripts.ACQUIRE,
                         (K.lock(r), K.counter, K.marker, K.line(r), K.line_deadlines(r),
-                         K.legacy_fence(r), K.legacy_marker, K.line(r) + "-ttls")), epoch)
+                         K.line(r) + "-ttls")), epoch)
 
 
 def acquire_many(resources: list[str], owner: str, floor: int | None = None,
                  ttl: int = TTL, epoch: int = 0) -> Call:
     return guarded(Call(0, (owner, ttl, floor or 0, *map(bucket, resources)),
                         scripts.ACQUIRE_MANY,
-                        (K.marker, K.legacy_marker, K.counter, *map(K.lock, resources),
-                         *map(K.legacy_fence, resources))), epoch)
+                        (K.marker, K.counter, *map(K.lock, resources))), epoch)
 
 
 def write_back(r: str, owner: str, token: int, epoch: int = 0) -> Call:
     return guarded(Call(0, (owner, token, bucket(r)), scripts.WRITE_BACK,
-                        (K.lock(r), K.counter, K.marker, K.legacy_fence(r), K.legacy_marker)),
-                   epoch)
+                        (K.lock(r), K.counter, K.marker)), epoch)
 
 
 def release(r: str, owner: str, *, leave: bool = True, patience: int | None = None,
@@ -100,7 +99,7 @@ def release(r: str, owner: str, *, leave: bool = True, patience: int | None = No
             bucket(r))
     return Call(0, (*args, ticket) if ticket else args, scripts.RELEASE,
                 (K.lock(r), K.channel(r), K.line(r), K.line_deadlines(r), K.line(r) + "-ttls",
-                 K.counter, K.marker, K.legacy_fence(r), K.legacy_marker, K.members))
+                 K.counter, K.marker, K.members))
 
 
 def extend(r: str, owner: str, ttl: int = 2 * TTL, epoch: int = 0) -> Call:
@@ -115,8 +114,7 @@ def write_members(epoch: int, members: str, joining: str = "", retired: str = ""
 def seed_member(joint_epoch: int, counters: dict[str, int]) -> Call:
     pairs = [a for r, value in counters.items() for a in (bucket(r), value)]
     return Call(0, ("joined at=1", joint_epoch, *pairs), node_scripts.SEED_MEMBER,
-                (K.counter, K.marker, K.episode, K.repair_guard, *K.barrier, K.members,
-                 K.legacy_marker))
+                (K.counter, K.marker, K.episode, K.repair_guard, K.members))
 
 
 def owned_pttl(r: str, owner: str) -> Call:
@@ -130,8 +128,7 @@ def force_release(r: str) -> Call:
 
 def inspect(r: str) -> Call:
     return Call(0, (bucket(r),), scripts.INSPECT,
-                (K.lock(r), K.counter, K.marker, K.repair_guard, K.episode, K.legacy_fence(r),
-                 K.legacy_marker))
+                (K.lock(r), K.counter, K.marker, K.repair_guard, K.episode))
 
 
 def identify() -> Call:
@@ -139,32 +136,19 @@ def identify() -> Call:
 
 
 def init_marker() -> Call:
-    return Call(0, ("initialised at=1",), node_scripts.INIT_MARKER,
-                (K.marker, K.episode, K.legacy_marker, *K.barrier))
+    return Call(0, ("initialised at=1",), node_scripts.INIT_MARKER, (K.marker, K.episode))
 
 
 def restamp(judged: str = "<marker>", run: str = "<run>") -> Call:
-    return Call(0, (judged, "restamped", run), node_scripts.RESTAMP,
-                (K.marker, K.legacy_marker))
+    return Call(0, (judged, "restamped", run), node_scripts.RESTAMP, (K.marker,))
 
 
 def demote(judged: str = "<marker>") -> Call:
-    return Call(0, (judged, "restarted"), node_scripts.DEMOTE,
-                (K.marker, K.episode, K.legacy_marker))
+    return Call(0, (judged, "restarted"), node_scripts.DEMOTE, (K.marker, K.episode))
 
 
 def open_episode() -> Call:
-    return Call(0, ("lost its node marker",), node_scripts.OPEN_EPISODE,
-                (K.marker, K.episode, K.legacy_marker))
-
-
-def upgrade_node() -> Call:
-    return Call(0, (), node_scripts.UPGRADE_NODE, (K.marker, K.legacy_marker, *K.barrier))
-
-
-def fold(resources: list[str]) -> Call:
-    return Call(0, tuple(map(bucket, resources)), node_scripts.FOLD_COUNTERS,
-                (K.counter, K.legacy_marker, *map(K.legacy_fence, resources)))
+    return Call(0, ("lost its node marker",), node_scripts.OPEN_EPISODE, (K.marker, K.episode))
 
 
 def claim(repair_id: str) -> Call:
@@ -179,25 +163,15 @@ def seed(repair_id: str, counters: dict[str, int]) -> Call:
 
 def finish(repair_id: str, delay: int) -> Call:
     return Call(0, (repair_id, "repaired", delay), node_scripts.FINISH_REPAIR,
-                (K.repair_guard, K.marker, K.episode, *K.barrier))
+                (K.repair_guard, K.marker, K.episode))
 
 
 def command(*args: object) -> Call:
     return Call(0, args)  # type: ignore[arg-type]
 
 
-def marker(value: str = "run_id=<run> initialised") -> Call:
+def marker(value: str = "format=1 run_id=<run> initialised") -> Call:
     return command("SET", K.marker, value)
-
-
-def legacy_marker(value: str = "run_id=<run> initialised") -> Call:
-    """The previous format's marker: a node its clients still use."""
-    return command("SET", K.legacy_marker, value)
-
-
-def legacy_counter(r: str, value: int) -> Call:
-    """A per-resource counter as the previous format left it."""
-    return command("SET", K.legacy_fence(r), value)
 
 
 def episode(since: int, run: str = "<run>") -> Call:
@@ -288,41 +262,37 @@ def tokens_and_ownership(c: Contract) -> None:
         acquire_many(["a", "b"], "alice", 30, ttl=30_000),
         command("DEL", K.lock("c")),  # c's key expired
         acquire_many(["c", "a"], "bob"),
-        command("HGETALL", K.counter), command("MGET", K.legacy_fence("a"), K.legacy_fence("z")),
+        command("HGETALL", K.counter),
         command("EXISTS", K.lock("a"), K.lock("c"), K.marker),
     ])
 
 
-def previous_format(c: Contract) -> None:
-    """A node of the previous format (its marker, a counter per resource): tokens go
-    above the resource's old counter, which is kept in step while that marker is there
-    and removed once the node is upgraded; the barrier then stops its clients."""
+def other_formats(c: Contract) -> None:
+    """A node whose marker names another format (a newer release's, or none: docs/design.md
+    §4.1): every script that reads the marker refuses it, changes nothing of it, and says
+    which format it found; ACQUIRE's usual case reads only that a marker exists (the
+    client checked its format on the connection: IDENTIFY)."""
     c.steps([
-        legacy_marker(), legacy_counter("a", 7), legacy_counter("b", 3),
+        marker(NEWER),
         identify(), inspect("a"),
-        acquire("a", "alice"),  # 8: above a's old counter; both counters now 8
-        acquire("b", "bob", floor=2),  # 9: the node's counter; b's old one raised too
-        acquire("a", "alice"),  # ours already: both as they are
-        write_back("b", "bob", 12), acquire_many(["a", "c"], "alice"),
-        command("SET", K.legacy_fence("a"), 40),  # a client of the previous release
-        acquire("a", "alice"),  # ours already: 40, the old counter, and the bucket raised
-        release("a", "alice"), acquire("a", "carol"),  # 41
-        inspect("a"), inspect("b"), open_episode(), init_marker(),  # marked: nothing
-        restamp(judged="run_id=<run> initialised"), identify(),
-        fold(["a", "b"]),  # refused: the previous format's clients still read them
-        upgrade_node(),  # marker moved, barrier set
-        identify(), inspect("b"),
-        release("b", "bob"), acquire("b", "dave"),  # above b's old counter, which goes
-        fold(["a", "b", "z"]),  # a's folded and removed
-        upgrade_node(),  # in this format already
-        command("HGETALL", K.counter),
-        command("MGET", K.legacy_fence("a"), K.legacy_fence("b"), *K.barrier),
-        legacy_marker(), acquire("z", "erin"),  # the previous marker back: kept in step
-        demote(), init_marker(),  # both markers gone, an episode begun: refused
-        command("DEL", K.episode), init_marker(),  # only the barrier left: written
-        command("SET", K.barrier[0], "1000 abc lost its node marker"), command("DEL", K.marker),
-        init_marker(),  # a real episode of the previous format: refused
-        upgrade_node(),  # no marker: nothing
+        acquire("a", "alice"),  # the usual case (no line, no record): granted
+        acquire("a", "bob", ticket="1", attempt=1),  # held: refused, joins the line
+        acquire("a", "alice"),  # a line now: the marker is read, refused with format 2
+        acquire("a", "carol", ticket="2"),  # refused with format 2, not in line
+        acquire_many(["c"], "alice"), write_back("a", "alice", 9),  # refused, not counted
+        release("a", "alice"),  # no hand-off on such a node: a plain wake
+        command("HGETALL", K.counter), inspect("a"),
+        restamp(judged=NEWER), demote(judged=NEWER),  # not this client's marker to change
+        open_episode(), init_marker(),  # marked: nothing
+        write_members(1, "a:1", "a:1\nb:1"), seed_member(1, {"a": 5}),  # refused: -1
+        marker("run_id=<run> a marker naming no format"),
+        write_members(2, "a:1"),
+        acquire("a", "dave", epoch=2), inspect("a"),  # -1: none this client reads
+        marker("format=01 run_id=<run> x"), acquire("a", "dave", epoch=2),
+        marker("format=0 run_id=<run> x"), acquire("a", "dave", epoch=2),
+        marker("format=12 run_id=<run> x"), acquire_many(["a"], "dave", epoch=2),
+        marker(), acquire("a", "dave", epoch=2),  # this format's: granted
+        seed_member(1, {"a": 5}),  # this format's marker: not the change's epoch any more
     ])
 
 
@@ -342,13 +312,13 @@ def without_a_marker(c: Contract) -> None:
 
 def judging(c: Contract) -> None:
     c.steps([
-        marker(f"run_id={FOREIGN} initialised"),
+        marker(f"format=1 run_id={FOREIGN} initialised"),
         restamp(run=FOREIGN),  # another server answers now
-        restamp(judged="run_id=unknown x"),  # the marker changed meanwhile
+        restamp(judged="format=1 run_id=unknown x"),  # the marker changed meanwhile
         restamp(), identify(), restamp(),
         demote(judged="something else"), demote(),  # marker gone, episode begun
         demote(), restamp(), identify(),
-        marker("run_id=unknown initialised by a user who may not run INFO"),
+        marker("format=1 run_id=unknown initialised by a user who may not run INFO"),
         restamp(), demote(), open_episode(),
     ])
 
@@ -393,7 +363,7 @@ def membership(c: Contract) -> None:
     c.step(write_back("r", "o1", 9, epoch=3))
     c.step(acquire_many(["r", "s"], "o2", epoch=1))
     c.step(seed_member(2, {"r": 3, "s": 7}))  # marked already: counters only rise
-    c.step(marker("run_id=<run> initialised"))
+    c.step(marker())
     c.step(seed_member(2, {"s": 8}))
     c.step(write_members(1, "a:1"))  # lower: refused
     c.step(write_members(3, "a:1\nb:1", "", "1"))  # retired
@@ -431,7 +401,8 @@ def hand_offs(c: Contract) -> None:
         acquire("a", "frank", ticket="5", attempt=1, ttl=20_000, patience=10_000,
                 route="C0FFEE42"),  # record, the route in capitals
         release("a", "dave"),  # hands off to frank
-        acquire("a", "frank", ticket="5", attempt=2),  # frank's reservation: granted
+        acquire("a", "frank", ticket="5", attempt=2,
+                floor=50),  # frank's reservation: granted, the counter raised to its floor
         acquire("b", "gina"),
         acquire("b", "hugo", ticket="1", attempt=1, patience=0),  # lapses at once
         acquire("b", "ivan", ticket="2", attempt=1),
@@ -523,7 +494,7 @@ def attempts_of_one_call(c: Contract) -> None:
 
 
 SEQUENCES: list[Callable[[Contract], None]] = [
-    waiting_line, lapsed_places, tokens_and_ownership, previous_format, without_a_marker,
+    waiting_line, lapsed_places, tokens_and_ownership, other_formats, without_a_marker,
     judging, episodes_and_repair, membership, hand_offs, unheard_hand_offs,
     attempts_of_one_call]
 
@@ -557,10 +528,9 @@ def test_plain_commands_agree(server: redis.Redis) -> None:
     c.steps([marker(), claim("g1"), claim("g1"), command("DEL", K.repair_guard),
              claim("g2")])
     c.steps(acquire(f"r{i}", "alice", floor=i) for i in range(30))
-    c.steps(legacy_counter(f"r{i}", i) for i in range(10))
     c.steps([command("SET", "app:1", "theirs"),
-             command("MGET", K.legacy_fence("r3"), "app:1"), command("HGETALL", K.counter)])
-    for pattern in (K.legacy_fence_pattern, "redlock:*", "*"):
+             command("MGET", K.lock("r3"), "app:1"), command("HGETALL", K.counter)])
+    for pattern in ("redlock:*", "*"):
         found: list[set[str]] = []
         for reply in (c.model.reply, c.real_reply):
             keys, cursor = set(), b"0"
@@ -628,10 +598,7 @@ def lock_calls(tickets: Tickets, owner: str) -> st.SearchStrategy[Call]:
         st.builds(force_release, RESOURCES),
         st.builds(inspect, RESOURCES),
         st.builds(lambda r: command("DEL", K.lock(r)), RESOURCES),  # its key expired
-        st.builds(legacy_counter, RESOURCES, st.integers(0, 12)),
-        st.builds(fold, st.lists(RESOURCES, min_size=1, max_size=2, unique=True)),
-        st.sampled_from([command("DEL", K.marker), marker(), legacy_marker(),
-                         command("DEL", K.legacy_marker), upgrade_node()]))
+        st.sampled_from([command("DEL", K.marker), marker(), marker(NEWER)]))
 
 
 @functools.cache
@@ -644,11 +611,10 @@ def node_calls(tickets: Tickets, owner: str) -> st.SearchStrategy[Call]:
         st.builds(inspect, RESOURCES),
         st.sampled_from([identify(), init_marker(), open_episode(), command("DEL", K.marker),
                          restamp(), restamp(run=FOREIGN), demote(), demote("other"),
-                         command("DEL", K.repair_guard), command("DEL", K.episode),
-                         legacy_marker(), command("DEL", K.legacy_marker), upgrade_node(),
-                         command("DEL", K.barrier[0])]),
-        st.builds(marker, st.sampled_from(["run_id=<run> initialised",
-                                           f"run_id={FOREIGN} initialised"])),
+                         command("DEL", K.repair_guard), command("DEL", K.episode)]),
+        st.builds(marker, st.sampled_from(["format=1 run_id=<run> initialised",
+                                           f"format=1 run_id={FOREIGN} initialised",
+                                           NEWER])),
         st.builds(episode, st.sampled_from([ANCIENT, FUTURE]), RUNS),
         st.builds(claim, REPAIRS),
         st.builds(seed, REPAIRS, st.dictionaries(RESOURCES, st.integers(0, 12), min_size=1)),
@@ -695,31 +661,32 @@ MUTATIONS = [  # (script, a line of it, that line changed)
     (scripts.EXTEND, "    if epoch > CLIENT_EPOCH or record[4] == '1' then",
      "    if epoch > CLIENT_EPOCH then"),
     (node_scripts.WRITE_MEMBERS, "if epoch >= wanted then", "if epoch > wanted then"),
-    (node_scripts.SEED_MEMBER, "if not marked(KEYS[2], KEYS[8]) then", "if true then"),
-    (scripts.ACQUIRE, "        value = math.max(raised, old + 1, floor + 1)",
-     "        value = math.max(raised, floor + 1)"),
-    (scripts.ACQUIRE, "        value = math.max(counter, old, floor)\n",
-     "        value = math.max(counter, floor)\n"),
+    (node_scripts.SEED_MEMBER, "if not marker then", "if true then"),
+    (node_scripts.SEED_MEMBER, "if marker and not ours(marker) then", "if false then"),
+    (scripts.ACQUIRE, "        if floor + 1 > raised then", "        if false then"),
+    (scripts.ACQUIRE, "    if floor > counter then\n", "    if false then\n"),
     (scripts.ACQUIRE,
      "if not usual and not queued and redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2])",
      "if not usual and redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2])"),
-    # The usual case, tried before the rest: a line, an old counter or the previous
-    # format's marker must each take an acquire out of it, and its token respects the floor.
-    (scripts.ACQUIRE, "                           line, line, line, line, line, line,\n", ""),
-    (scripts.ACQUIRE, "marker, marker, marker, KEYS[7], KEYS[6],",
-     "marker, marker, marker, KEYS[7],"),
-    (scripts.ACQUIRE, "marker, marker, marker, KEYS[7], KEYS[6],",
-     "marker, marker, marker, KEYS[6],"),
-    (scripts.ACQUIRE, "local queued = present % 12 >= 6", "local queued = false"),
+    # The usual case, tried before the rest: a line must take an acquire out of it, and
+    # its token respects the floor.
+    (scripts.ACQUIRE, "'EXISTS', marker, line, line, record,", "'EXISTS', marker, record,"),
+    (scripts.ACQUIRE, "local usual = present == 1", "local usual = present % 2 == 1"),
+    (scripts.ACQUIRE, "local queued = present % 4 >= 2", "local queued = false"),
     # ...and a membership record (the usual case runs before the membership check).
-    (scripts.ACQUIRE, "local usual = present == 3", "local usual = present % 12 == 3"),
+    (scripts.ACQUIRE, "local usual = present == 1", "local usual = present % 4 == 1"),
+    # A marker of another format (docs/design.md §4.1), outside the usual case.
+    (scripts.ACQUIRE, "elseif format ~= 1 then", "elseif false then"),
+    (scripts.ACQUIRE, "    return (other and other > 1) and other or -1",
+     "    return other or -1"),
+    (scripts.ACQUIRE_MANY, "elseif format ~= 1 then", "elseif false then"),
+    (scripts.WRITE_BACK, "if node_format(KEYS[3]) ~= 1 then", "if node_format(KEYS[3]) == 0 then"),
     (scripts.ACQUIRE, "    local token = math.max(raised, tonumber(ARGV[3]) + 1)",
      "    local token = raised"),
     (scripts.RELEASE, "if holder == ARGV[1] and not queued and ticket == '' then",
      "if holder == ARGV[1] and ticket == '' then"),
     (scripts.RELEASE, "if holder == ARGV[1] and not queued and ticket == '' then",
      "if holder == ARGV[1] and not queued then"),
-    (scripts.ACQUIRE, "    elseif legacy then", "    elseif false then"),
     (scripts.ACQUIRE, "    wait_in_line(now + tonumber(ARGV[5]))",
      "    wait_in_line(now + 1000 + tonumber(ARGV[5]))"),
     (scripts.ACQUIRE_MANY, "    token = token + 1", "    token = token + 2"),
@@ -735,12 +702,14 @@ MUTATIONS = [  # (script, a line of it, that line changed)
      "string.match(record, '^(%d+) (%d+) (%d+)$')"),
     (scripts.ACQUIRE, "    if holder == reservation(me) then", "    if false then"),
     (scripts.ACQUIRE,
-     "        return {1, settle(KEYS[2], ARGV[6], KEYS[6], tonumber(ARGV[3]), 0, format)}",
-     "        return {1, settle(KEYS[2], ARGV[6], KEYS[6], tonumber(ARGV[3]), 1, format)}"),
+     "        return {1, settle(KEYS[2], ARGV[6], tonumber(ARGV[3]), 0)}",
+     "        return {1, settle(KEYS[2], ARGV[6], tonumber(ARGV[3]), 1)}"),
     (scripts.RELEASE, "            if deadline and deadline < cut then",
      "            if false then"),
-    (scripts.RELEASE, "    if record and format ~= 0 and members[2] ~= '1' then",
-     "    if record and format ~= 0 then"),
+    (scripts.RELEASE, "    if record and node_format(KEYS[7]) == 1 and members[2] ~= '1' then",
+     "    if record and node_format(KEYS[7]) == 1 then"),
+    (scripts.RELEASE, "    if record and node_format(KEYS[7]) == 1 and members[2] ~= '1' then",
+     "    if record and members[2] ~= '1' then"),
     # A waiter nobody hears is not handed the lock (§6.7).
     (scripts.RELEASE, "if type(heard) == 'table' and heard[2] == 0 then",
      "if false then"),
@@ -765,22 +734,21 @@ MUTATIONS = [  # (script, a line of it, that line changed)
      "    redis.call('PERSIST', KEYS[1])"),
     (scripts.OWNED_PTTL, "return -2", "return -1"),
     (scripts.FORCE_RELEASE, "return 0", "return 1"),
-    (scripts.INSPECT, "highest(KEYS[2], ARGV[1], KEYS[6], 0)",
-     "highest(KEYS[2], ARGV[1], KEYS[6], 0) + 1"),
-    (node_scripts.IDENTIFY, "return {server_run(), marker_of(KEYS[1], KEYS[2])}",
-     "return {server_run(), redis.call('GET', KEYS[1])}"),
+    (scripts.INSPECT, "highest(KEYS[2], ARGV[1], 0)", "highest(KEYS[2], ARGV[1], 0) + 1"),
+    (node_scripts.IDENTIFY, "return {server_run(), redis.call('GET', KEYS[1])}",
+     "return {'unknown', redis.call('GET', KEYS[1])}"),
     (node_scripts.INIT_MARKER, "if redis.call('EXISTS', KEYS[2]) == 1 then",
      "if redis.call('EXISTS', KEYS[2]) == 2 then"),
     (node_scripts.RESTAMP, "if run_id ~= ARGV[3] then", "if false then"),
-    (node_scripts.DEMOTE, "redis.call('DEL', KEYS[1], KEYS[3])", "redis.call('DEL', KEYS[1])"),
+    (node_scripts.RESTAMP, "if found ~= ARGV[1] or not ours(found) then",
+     "if found ~= ARGV[1] then"),
+    (node_scripts.DEMOTE, "redis.call('DEL', KEYS[1])", "redis.call('EXISTS', KEYS[1])"),
+    (node_scripts.DEMOTE, "if found ~= ARGV[1] or not ours(found) then",
+     "if found ~= ARGV[1] then"),
     (node_scripts.OPEN_EPISODE, "    if rid == run_id then", "    if rid then"),
     (node_scripts.SEED_COUNTERS, "if seed > current then", "if seed < current then"),
     (node_scripts.FINISH_REPAIR, "if rid ~= run_id or now - tonumber(since) < delay then",
      "if now - tonumber(since) < delay then"),
-    (node_scripts.UPGRADE_NODE, "    redis.call('DEL', KEYS[2])",
-     "    redis.call('EXISTS', KEYS[2])"),
-    (node_scripts.FOLD_COUNTERS, "        redis.call('DEL', KEYS[i])",
-     "        redis.call('EXISTS', KEYS[i])"),
 ]
 
 

@@ -28,8 +28,7 @@ accept every write of a committed holder.
    and the operator's way out (delete the node marker before clients reach the node).
 8. Bugs found in the issue-10 code, kept as regression tests: a blocking acquire gets
    a restarted node judged; a new suspect wakes a running maintenance; a new client
-   facing a fully demoted cluster raises ClusterAmnesiaError; markers of the previous
-   release (no run id) are adopted.
+   facing a fully demoted cluster raises ClusterAmnesiaError.
 
 Rerun: ``bash scripts/faults -k restarts -s``.
 """
@@ -941,18 +940,3 @@ def test_a_new_client_facing_a_demoted_cluster_raises_cluster_amnesia_error(
         assert all(episode(node) is not None for node in nodes3)
         assert run.cycle(make_dlm(nodes3), "B", resource, timeout=2.0) is None
         assert isinstance(run.last_failure, ClusterAmnesiaError), run.last_failure
-
-
-def test_markers_of_the_previous_release_are_adopted(
-    nodes3: RedisNodes, make_dlm: MakeDlm, store: RedisFencedStore,
-) -> None:
-    resource = "restarts:upgrade"
-    with recorded("upgrade-from-unstamped-markers", store) as (_, run):
-        for node in nodes3:  # a cluster initialised and used by the code before issue 10
-            with node.client() as admin:
-                admin.set(KEYS.marker, f"initialised {time.time():.3f} by 0123456789abcdef")
-                admin.set(KEYS.legacy_fence(resource), 41)  # the format before issue 19
-        dlm = make_dlm(nodes3)
-        tokens = [run.until_acquired(dlm, "A", resource, within=2.0) for _ in range(3)]
-        assert None not in tokens and strictly_increasing([41, *tokens]), (  # type: ignore[list-item]
-            tokens, run.last_failure)

@@ -13,7 +13,14 @@ from redlock._core.requests import Broadcast, Call, Flow, ask_one
 from redlock._observe.log import get_logger
 from redlock._scripts import node as node_scripts
 from redlock._scripts.node_config import not_durable
-from redlock._scripts.replies import acked, episode, identity
+from redlock._scripts.replies import (
+    acked,
+    episode,
+    identity,
+    marker_format,
+    other_format,
+    ours,
+)
 
 logger = get_logger("redlock.nodes")
 
@@ -21,7 +28,7 @@ logger = get_logger("redlock.nodes")
 def adopt_markers(guard: AmnesiaGuard, markers: dict[int, tuple[bytes, str]]) -> Flow[None]:
     """Stamp unstamped markers (see NodeHealth.identified) with the run id found."""
     calls = tuple(Call(node, (marker, f"adopted at={guard.env.wall_clock():.3f}", run_id),
-                       node_scripts.RESTAMP, (guard.keys.marker, guard.keys.legacy_marker))
+                       node_scripts.RESTAMP, (guard.keys.marker,))
                   for node, (marker, run_id) in markers.items())
     replies = yield Broadcast(calls, guard.settings.repair_timeout)
     for (node, found), reply in zip(markers.items(), replies, strict=True):
@@ -49,7 +56,7 @@ def judge(guard: AmnesiaGuard, suspects: dict[int, tuple[bytes, str]]) -> Flow[N
         if why is None and not isinstance(replication, BaseException):
             done = yield from ask_one(Call(
                 node, (marker, f"restamped at={guard.env.wall_clock():.3f}", run_id),
-                node_scripts.RESTAMP, (guard.keys.marker, guard.keys.legacy_marker)), timeout)
+                node_scripts.RESTAMP, (guard.keys.marker,)), timeout)
             if acked(done):
                 guard.health.healthy(node)
                 logger.info("redlock.node_restamped", node=guard.addresses[node])
@@ -57,7 +64,7 @@ def judge(guard: AmnesiaGuard, suspects: dict[int, tuple[bytes, str]]) -> Flow[N
         elif why is not None:
             done = yield from ask_one(Call(
                 node, (marker, why), node_scripts.DEMOTE,
-                (guard.keys.marker, guard.keys.episode, guard.keys.legacy_marker)), timeout)
+                (guard.keys.marker, guard.keys.episode)), timeout)
             if acked(done):
                 guard.health.lost_data(node)
                 logger.warning("redlock.node_amnesiac", node=guard.addresses[node],
@@ -76,7 +83,7 @@ def open_episodes(guard: AmnesiaGuard, nodes: Sequence[int]) -> Flow[None]:
         return
     replies = yield Broadcast(tuple(
         Call(i, ("lost its node marker",), node_scripts.OPEN_EPISODE,
-             (guard.keys.marker, guard.keys.episode, guard.keys.legacy_marker)) for i in nodes),
+             (guard.keys.marker, guard.keys.episode)) for i in nodes),
         guard.settings.repair_timeout)
     now = guard.clock()
     for node, reply in zip(nodes, replies, strict=True):
@@ -84,6 +91,8 @@ def open_episodes(guard: AmnesiaGuard, nodes: Sequence[int]) -> Flow[None]:
         if found is None:
             continue  # unreachable: try again later
         if found.marked:
-            guard.health.marked(node)  # repaired meanwhile (by another client)
+            guard.health.marked(node)  # repaired meanwhile (by another client)...
+            if not ours(found.marker):  # ...of a newer release (docs/design.md §4.1)
+                guard.of_other_format(node, other_format(marker_format(found.marker)))
             continue
         guard.health.rejoins_at(node, now + max(0.0, guard.settings.max_ttl - found.age))

@@ -12,6 +12,11 @@ and fence counters (letting tokens go backwards). Two things betray it:
   ``appendfsync always``, not a promoted replica) is re-stamped; anything else becomes
   a total loss: the marker is removed and an episode begins.
 
+A node whose marker names another format than this client's (a newer release
+initialised it, docs/design.md §4.1) is not used at all: its replies count for nothing,
+it is neither judged nor repaired, and an acquire it leaves without a quorum raises
+:class:`NodeFormatError`.
+
 An episode key records on the node itself, by its own clock and with its run id, when
 it was first seen without its marker. A repair (re-seed every fence counter from a
 majority of healthy nodes, then give the marker back) succeeds only once the episode is
@@ -38,9 +43,12 @@ from redlock._scripts.replies import (
     identity,
     initialised,
     marker_exists,
+    marker_format,
+    other_format,
+    ours,
     stamped_run,
 )
-from redlock.errors import ClusterAmnesiaError, NodeResult, Outcome
+from redlock.errors import ClusterAmnesiaError, NodeFormatError, NodeResult, Outcome
 
 logger = get_logger("redlock.nodes")
 
@@ -74,6 +82,9 @@ class AmnesiaGuard:
             found = identity(reply)
             if found is not None:
                 run_id, marker = found
+                if marker is not None and not ours(marker):
+                    self.of_other_format(node, other_format(marker_format(marker)))
+                    continue
                 if run_id == "unknown" and node not in self.health.unidentifiable:
                     self.health.unidentifiable.add(node)
                     logger.warning("redlock.node_unidentifiable", node=self.addresses[node],
@@ -83,6 +94,12 @@ class AmnesiaGuard:
                 if self.health.identified(node, run_id, marker):
                     logger.info("redlock.node_restarted", node=self.addresses[node],
                                 run_id=run_id, stamped=stamped_run(marker) or "")
+
+    def of_other_format(self, node: int, why: str) -> None:
+        """``node``'s marker names another format than this client's (``why`` says which,
+        docs/design.md §4.1): it is not used from now on; logged the first time."""
+        if self.health.of_other_format(node, why):
+            logger.warning("redlock.node_incompatible", node=self.addresses[node], why=why)
 
     def needs_maintenance(self) -> bool:
         return self.health.pending()
@@ -109,21 +126,30 @@ class AmnesiaGuard:
 
     def screen(self, outcomes: Sequence[NodeResult]) -> tuple[NodeResult, ...]:
         """A restarted node's grant does not count until it is judged: its data may be an
-        older copy (its counters behind committed tokens, its lock keys missing)."""
-        suspect = self.health.suspect
-        if not suspect:  # hot path
+        older copy (its counters behind committed tokens, its lock keys missing). A node
+        of another format never counts (its connection's IDENTIFY said so: the usual
+        case of ACQUIRE reads only that its marker exists)."""
+        suspect, incompatible = self.health.suspect, self.health.incompatible
+        if not suspect and not incompatible:  # hot path
             return tuple(outcomes)
-        return tuple(NodeResult(r.node, Outcome.AMNESIAC,
-                                "restarted since its marker was written: checking its"
-                                " persistence") if i in suspect and r.outcome in
-                     (Outcome.GRANTED, Outcome.REFUSED) else r
-                     for i, r in enumerate(outcomes))
+        screened = []
+        for i, r in enumerate(outcomes):
+            if r.outcome in (Outcome.GRANTED, Outcome.REFUSED):
+                if i in incompatible:
+                    r = NodeResult(r.node, Outcome.INCOMPATIBLE, incompatible[i])
+                elif i in suspect:
+                    r = NodeResult(r.node, Outcome.AMNESIAC, "restarted since its marker was"
+                                   " written: checking its persistence")
+            screened.append(r)
+        return tuple(screened)
 
     def clear(self, outcomes: Sequence[NodeResult]) -> bool:
-        """Nothing for :meth:`check` to do: no amnesiac reply, and a marker seen before
-        (the usual attempt: asked first, it spares the attempt a flow of its own)."""
+        """Nothing for :meth:`check` to do: no amnesiac or incompatible reply, and a
+        marker seen before (the usual attempt: asked first, it spares the attempt a flow
+        of its own)."""
         return self.health.marker_seen and all(
-            r.outcome is not Outcome.AMNESIAC for r in outcomes)
+            r.outcome is not Outcome.AMNESIAC and r.outcome is not Outcome.INCOMPATIBLE
+            for r in outcomes)
 
     def check(self, outcomes: Sequence[NodeResult],
               deadline: Deadline) -> Flow[AttemptResult | None]:
@@ -132,8 +158,11 @@ class AmnesiaGuard:
         :class:`ClusterAmnesiaError` (a majority lost its data). Every round and wait in
         here ends by the caller's ``deadline`` (docs/design.md §4.2)."""
         amnesiac = [i for i, r in enumerate(outcomes) if r.outcome is Outcome.AMNESIAC]
+        for i, r in enumerate(outcomes):
+            if r.outcome is Outcome.INCOMPATIBLE:  # a newer release's node (§4.1)
+                self.of_other_format(i, r.detail)
         with_marker = [i for i, r in enumerate(outcomes)
-                       if r.outcome in (Outcome.GRANTED, Outcome.REFUSED)]
+                       if r.outcome in (Outcome.GRANTED, Outcome.REFUSED, Outcome.INCOMPATIBLE)]
         if with_marker:
             self.health.marker_seen = True
         if not amnesiac:
@@ -201,7 +230,7 @@ class AmnesiaGuard:
             wait = deadline.pause(self.timeout())
             if wait > 0:
                 yield Pause(wait)
-            markers = ("EXISTS", self.keys.marker, self.keys.legacy_marker)
+            markers = ("EXISTS", self.keys.marker)
             probe = yield Broadcast(tuple(Call(i, markers) for i in newly_missing),
                                     deadline.bound(self.timeout()))
             if any(marker_exists(reply) for reply in probe):
@@ -233,11 +262,22 @@ class AmnesiaGuard:
             " than a quorum of nodes ever had a marker, needs only `redlock initialise`.",
             outcomes=outcomes)
 
+    def incompatible_error(self, what: str, resource: str,
+                           outcomes: Sequence[NodeResult]) -> NodeFormatError:
+        """An acquire that too few nodes are left for because some are of another
+        format (docs/design.md §4.1): retrying cannot help, upgrading this client does."""
+        found = [r for r in outcomes if r.outcome is Outcome.INCOMPATIBLE]
+        nodes = "; ".join(f"node {r.node} was {r.detail}" for r in found)
+        return NodeFormatError(
+            f"could not acquire {what}: {nodes}; upgrade this client: it must not use such a"
+            f" node, and too few others are left for a quorum (docs/operations.md,"
+            f" \"Upgrading: the node format\"). Per node: {'; '.join(map(str, outcomes))}",
+            resource=resource, outcomes=outcomes)
+
     def _init_markers(self, nodes: Sequence[int] | range, deadline: Deadline) -> Broadcast:
         text = f"initialised at={self.env.wall_clock():.3f} by={self.env.random_hex(8)}"
         return Broadcast(tuple(Call(i, (text,), node_scripts.INIT_MARKER,
-                                    (self.keys.marker, self.keys.episode,
-                                     self.keys.legacy_marker, *self.keys.barrier)) for i in nodes),
+                                    (self.keys.marker, self.keys.episode)) for i in nodes),
                          deadline.bound(self.timeout()))
 
     # -- background maintenance ---------------------------------------------------

@@ -1,8 +1,9 @@
 """What one manager knows about its nodes' data (docs/design.md §4): which nodes
 restarted and wait to be judged, which lost their data and when they may rejoin, which
-markers carry no known server run. Health is only bookkeeping: the guard
-(:mod:`redlock._core.amnesia.guard`) and the background work
-(:mod:`redlock._core.amnesia.episodes`, ``repair``, ``maintenance``) act on it."""
+markers carry no known server run, which nodes a newer release initialised (§4.1).
+Health is only bookkeeping: the guard (:mod:`redlock._core.amnesia.guard`) and the
+background work (:mod:`redlock._core.amnesia.episodes`, ``repair``, ``maintenance``) act
+on it."""
 
 from __future__ import annotations
 
@@ -19,6 +20,9 @@ class NodeHealth:
         # Restarted: the marker value to judge, and the run id of the server judged.
         self.suspect: dict[int, tuple[bytes, str]] = {}
         self.unidentifiable: set[int] = set()  # may not run INFO: restarts go unseen
+        # Marked in another format than this client's (a newer release's, §4.1): not used
+        # at all (never counted, judged nor repaired); why, for the outcomes.
+        self.incompatible: dict[int, str] = {}
         self.unmarked: dict[int, float | None] = {}  # lost data: when it may rejoin
         self.last_try: dict[int, float] = {}  # last repair attempt (rate limit)
         # Markers without a known run (written by a release before run ids, or by a user
@@ -39,8 +43,10 @@ class NodeHealth:
         self._mutex = mutex  # a parent thread may have held the old one at the fork
 
     def identified(self, node: int, run_id: str, marker: bytes | None) -> bool:
-        """Record what a new connection found; True if the node became a suspect."""
+        """Record what a new connection found (a marker of this client's format, or
+        none: see :meth:`of_other_format`); True if the node became a suspect."""
         with self._mutex:
+            self.incompatible.pop(node, None)
             if marker is None:
                 # No marker: the acquire script refuses there by itself, and the acquire
                 # tells a new cluster from a node that lost its data.
@@ -65,6 +71,19 @@ class NodeHealth:
             self.suspect[node] = (marker, run_id)
             self.news |= not known
             return not known
+
+    def of_other_format(self, node: int, why: str) -> bool:
+        """The node's marker names another format than this client's (a newer release
+        initialised it, ``why`` says which): it is not used from now on (until a new
+        connection finds a marker of this format, or none). True the first time."""
+        with self._mutex:
+            self.marker_seen = True  # (a cluster somebody initialised)
+            self.suspect.pop(node, None)
+            self.unmarked.pop(node, None)
+            self.adopt.pop(node, None)
+            new = node not in self.incompatible
+            self.incompatible[node] = why
+            return new
 
     def benched(self) -> set[int]:
         with self._mutex:

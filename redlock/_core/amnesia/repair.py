@@ -1,11 +1,12 @@
 """Repairing nodes that lost their data, and the admin steps around it
 (docs/design.md §4.5, §4.8).
 
-A repair re-seeds the node's fence counters from a majority of healthy nodes (their
-counters, and any per-resource counters of the previous format they still hold: no
+A repair re-seeds the node's fence counters from a majority of healthy nodes (no
 committed token is above what the node will count from), then gives the node its marker
-back, in this format; the script that writes the marker refuses unless the
-node's amnesia episode is one ``max_ttl`` old by the node's own clock. ``repair()``
+back; the script that writes the marker refuses unless the node's amnesia episode is one
+``max_ttl`` old by the node's own clock. A node of another format (a newer release's,
+docs/design.md §4.1) is neither repaired nor read: this client reports it, and leaves
+it alone. ``repair()``
 reports every node; ``initialise()`` is the way out of an interrupted initialisation
 and, forced, of a majority that lost its data.
 """
@@ -19,16 +20,18 @@ from dataclasses import dataclass
 from redlock._core.amnesia.episodes import judge, open_episodes
 from redlock._core.amnesia.guard import AmnesiaGuard
 from redlock._core.requests import Broadcast, Call, CommandArg, Flow, ask_one
-from redlock._core.tokens import bucket
 from redlock._observe.log import get_logger
 from redlock._scripts import node as node_scripts
 from redlock._scripts.replies import (
     RepairFinished,
     acked,
     failure_detail,
+    foreign,
     hash_fields,
     identity,
     is_healthy,
+    marker_format,
+    other_format,
     repair_finished,
     text,
 )
@@ -42,11 +45,9 @@ class RepairStatus(str, enum.Enum):
 
     __str__ = str.__str__
 
-    HEALTHY = "healthy"  # it has its marker (or the cluster was never initialised); for
-    # upgrade(): in this format already, nothing left of the previous one
+    HEALTHY = "healthy"  # it has its marker (or the cluster was never initialised)
     REPAIRED = "repaired"  # its counters re-seeded, its marker given back
     INITIALISED = "initialised"  # given its first marker by initialise()
-    UPGRADED = "upgraded"  # moved from the previous format by upgrade() (§3.8)
     WAITING = "waiting"  # lost its data; rejoins once its episode is max_ttl old
     FAILED = "failed"  # unreachable, or the step refused (``detail`` says why)
 
@@ -60,6 +61,13 @@ class RepairReport:
 
 def _why(reply: object) -> str:
     return failure_detail(reply)
+
+
+def _of_other_format(reply: object) -> str:
+    """Why a node whose IDENTIFY reply shows a marker of another format is left alone."""
+    found = identity(reply)
+    found_format = marker_format(found[1]) if found and found[1] is not None else None
+    return f"{other_format(found_format)}: upgrade this client"
 
 
 def repair_node(guard: AmnesiaGuard, target: int, *, force: bool,
@@ -120,8 +128,7 @@ def repair_node(guard: AmnesiaGuard, target: int, *, force: bool,
     delay_ms = 0 if force else int(guard.settings.max_ttl * 1000)
     done = yield from ask_one(Call(
         target, (repair_id, f"repaired at={guard.env.wall_clock():.3f} by={repair_id}", delay_ms),
-        node_scripts.FINISH_REPAIR, (claim, guard.keys.marker, guard.keys.episode,
-                                     *guard.keys.barrier)), timeout)
+        node_scripts.FINISH_REPAIR, (claim, guard.keys.marker, guard.keys.episode)), timeout)
     finished = repair_finished(done)
     if finished is RepairFinished.TOO_YOUNG:
         yield from ask_one(Call(target, ("DEL", claim)), timeout)
@@ -142,21 +149,12 @@ def repair_node(guard: AmnesiaGuard, target: int, *, force: bool,
 
 
 def read_counters(guard: AmnesiaGuard, node: int) -> Flow[dict[str, int] | None]:
-    """Per bucket, the highest fence counter on one node: its own (HGETALL), and every
-    per-resource counter of the previous format it still holds, in its resource's bucket
-    (SCAN + MGET; none once upgraded); or None."""
-    timeout = guard.settings.repair_timeout
-    own = yield from ask_one(Call(node, ("HGETALL", guard.keys.counter)), timeout)
+    """Per bucket, the fence counter on one node (HGETALL); or None."""
+    own = yield from ask_one(Call(node, ("HGETALL", guard.keys.counter)),
+                             guard.settings.repair_timeout)
     if isinstance(own, BaseException):
         return None
-    counters = {field: int(value) for field, value in hash_fields(own).items()}
-    legacy = yield from read_legacy_counters(guard, node)
-    if legacy is None:
-        return None
-    for key, value in legacy.items():
-        field = bucket(guard.keys.legacy_resource(key))
-        counters[field] = max(value, counters.get(field, 0))
-    return counters
+    return {field: int(value) for field, value in hash_fields(own).items()}
 
 
 _SCAN_PAGES = 1_000_000  # bounded: SCAN terminates, this only guards a bug
@@ -173,28 +171,6 @@ def _scan_page(guard: AmnesiaGuard, node: int, cursor: CommandArg, pattern: str,
     return page[0], [text(k) for k in page[1]]
 
 
-def read_legacy_counters(guard: AmnesiaGuard, node: int) -> Flow[dict[str, int] | None]:
-    """The per-resource counters of the previous format on one node, or None."""
-    cursor: CommandArg = 0
-    values: dict[str, int] = {}
-    timeout = guard.settings.repair_timeout
-    for _ in range(_SCAN_PAGES):
-        page = yield from _scan_page(guard, node, cursor, guard.keys.legacy_fence_pattern)
-        if page is None:
-            return None
-        cursor, keys = page
-        if keys:
-            got = yield from ask_one(Call(node, ("MGET", *keys)), timeout)
-            if isinstance(got, BaseException) or not isinstance(got, list | tuple):
-                return None
-            for key, value in zip(keys, got, strict=True):
-                if value is not None:
-                    values[key] = int(value)
-        if int(cursor) == 0:
-            return values
-    return None
-
-
 def repair(guard: AmnesiaGuard, *, force: bool) -> Flow[list[RepairReport]]:
     """Look at every node; judge restarted ones, and repair those that lost their data
     once their episode is one ``max_ttl`` old by their own clock (or at once: ``force``,
@@ -209,6 +185,9 @@ def repair(guard: AmnesiaGuard, *, force: bool) -> Flow[list[RepairReport]]:
     for i, reply in enumerate(probe):
         if identity(reply) is None:
             reports[i] = RepairReport(guard.addresses[i], RepairStatus.FAILED, _why(reply))
+        elif foreign(reply):  # a newer release's node (docs/design.md §4.1): not ours
+            reports[i] = RepairReport(guard.addresses[i], RepairStatus.FAILED,
+                                      _of_other_format(reply))
     if not guard.health.marker_seen:
         for i in range(guard.n):
             reports.setdefault(i, RepairReport(guard.addresses[i], RepairStatus.HEALTHY,
@@ -273,6 +252,13 @@ def initialise(guard: AmnesiaGuard, *, force: bool) -> Flow[list[RepairReport]]:
                 else RepairReport(guard.addresses[i], RepairStatus.HEALTHY,
                                   "not changed: every node must answer")
                 for i in range(guard.n)]
+    other = [i for i, reply in enumerate(probe) if foreign(reply)]
+    if other:  # a newer release's nodes (docs/design.md §4.1): neither read nor marked
+        return [RepairReport(guard.addresses[i], RepairStatus.FAILED, _of_other_format(probe[i]))
+                if i in other else
+                RepairReport(guard.addresses[i], RepairStatus.HEALTHY,
+                             "not changed: some node is of another format")
+                for i in range(guard.n)]
     marked = [i for i, reply in enumerate(probe) if (identity(reply) or ("", None))[1] is not None]
     unmarked = [i for i in range(guard.n) if i not in marked]
     reports = {i: RepairReport(guard.addresses[i], RepairStatus.HEALTHY) for i in marked}
@@ -305,66 +291,3 @@ def initialise(guard: AmnesiaGuard, *, force: bool) -> Flow[list[RepairReport]]:
         logger.warning("redlock.cluster_initialised_by_hand", nodes=guard.n,
                        initialised=len(unmarked), forced=force)
     return [reports[i] for i in range(guard.n)]
-
-
-_FOLD_BATCH = 500  # per-resource counters per FOLD_COUNTERS call
-
-
-def upgrade(guard: AmnesiaGuard) -> Flow[list[RepairReport]]:
-    """Move every node from the previous format (a fence counter per resource, marker
-    ``ns:node-marker``) to this one (a fixed set of counters per node, docs/design.md
-    §3.8): its marker moves, the barrier against the previous format's clients is set,
-    and its per-resource counters are folded into their buckets and removed. Only once
-    every client runs this release: the previous one is refused on upgraded nodes."""
-    keys, timeout = guard.keys, guard.settings.repair_timeout
-    moved = yield Broadcast(tuple(
-        Call(i, (), node_scripts.UPGRADE_NODE, (keys.marker, keys.legacy_marker, *keys.barrier))
-        for i in range(guard.n)), timeout)
-    reports = []
-    for i, reply in enumerate(moved):
-        address = guard.addresses[i]
-        if isinstance(reply, BaseException) or reply not in (0, 1, 2):
-            reports.append(RepairReport(address, RepairStatus.FAILED, _why(reply)))
-            continue
-        if reply == 0:
-            reports.append(RepairReport(address, RepairStatus.FAILED, "no node marker: it lost"
-                                        " its data; repair brings it back in this format"))
-            continue
-        folded = yield from _fold_counters(guard, i)
-        if folded is None:
-            reports.append(RepairReport(address, RepairStatus.FAILED, "marker moved, but the"
-                                        " per-resource counters could not all be folded: run"
-                                        " upgrade again"))
-        elif reply == 1 or folded:
-            reports.append(RepairReport(address, RepairStatus.UPGRADED,
-                                        f"{folded} per-resource counters folded"))
-        else:
-            reports.append(RepairReport(address, RepairStatus.HEALTHY, "in this format already"))
-    upgraded = sum(1 for r in reports if r.status is RepairStatus.UPGRADED)
-    if upgraded:
-        logger.warning("redlock.cluster_upgraded", nodes=guard.n, upgraded=upgraded,
-                       failed=sum(1 for r in reports if r.status is RepairStatus.FAILED))
-    return reports
-
-
-def _fold_counters(guard: AmnesiaGuard, node: int) -> Flow[int | None]:
-    """Fold one node's per-resource counters into their buckets, a batch at a time, each
-    batch in one script (SCAN may return a key twice: the script skips one it removed)."""
-    keys, timeout = guard.keys, guard.settings.repair_timeout
-    cursor: CommandArg = 0
-    folded = 0
-    for _ in range(_SCAN_PAGES):
-        page = yield from _scan_page(guard, node, cursor, keys.legacy_fence_pattern, _FOLD_BATCH)
-        if page is None:
-            return None
-        cursor, found = page
-        if found:
-            buckets = tuple(bucket(keys.legacy_resource(key)) for key in found)
-            done = yield from ask_one(Call(node, buckets, node_scripts.FOLD_COUNTERS,
-                                           (keys.counter, keys.legacy_marker, *found)), timeout)
-            if not isinstance(done, int) or done < 0:
-                return None
-            folded += done
-        if int(cursor) == 0:
-            return folded
-    return None
