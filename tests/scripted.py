@@ -43,6 +43,7 @@ from tests.internals import (
 MARKER = KEYS.marker
 GUARD = KEYS.repair_guard
 EPISODE = KEYS.episode
+HORIZON = KEYS.horizon  # the node's lease horizon (docs/design.md §4.3.1)
 COUNTER = KEYS.counter  # the node's fence counters: a hash, one field per bucket
 EPOCH_MS = 1_700_000_000_000  # what a node's clock reads when the FakeClock reads 0
 
@@ -176,21 +177,31 @@ class ScriptedNodes:
             (self.durable.add if durable else self.durable.discard)(node)
         (self.promoted.add if promoted else self.promoted.discard)(node)
 
-    def begin_episode(self, node: int, ago: float = 0.0,
+    def begin_episode(self, node: int, ago: float = 0.0, lasts: float = 60.0,
                       why: str = "lost its node marker") -> str:
         """An amnesia episode, as DEMOTE or OPEN_EPISODE writes it, begun ``ago`` seconds
-        ago by the node's clock in its current server run (another client opened it)."""
-        value = f"{self.now_ms(node) - round(ago * 1000)} {self.run_id(node)} {why}"
+        ago by the node's clock in its current server run (another client opened it),
+        ``lasts`` seconds from its beginning."""
+        since = self.now_ms(node) - round(ago * 1000)
+        value = f"{since} {self.run_id(node)} {since + round(lasts * 1000)} {why}"
         self.data[node][EPISODE] = value
         return value
 
-    def episode(self, node: int) -> tuple[int, str, str] | None:
-        """The node's episode: (since ms by its clock, run id, why), or None."""
+    def episode(self, node: int) -> tuple[int, str, int, str] | None:
+        """The node's episode: (since ms by its clock, run id, until ms, why), or None."""
         value = self.data[node].get(EPISODE)
         if value is None:
             return None
-        since, run_id, why = as_text(value).split(" ", 2)
-        return int(since), run_id, why
+        since, run_id, until, why = as_text(value).split(" ", 3)
+        return int(since), run_id, int(until), why
+
+    def lease_horizon(self, seconds: float, nodes: Iterable[int] | None = None) -> None:
+        """Each of ``nodes`` (default: all) granted leases that run out within ``seconds``
+        by its HORIZON (docs/design.md §4.3.1): its horizon key set for that, less the
+        slack HORIZON adds."""
+        for node in range(len(self.data)) if nodes is None else nodes:
+            self.data[node][HORIZON] = "1"
+            self.ttl_ms[node][HORIZON] = round(seconds * 1000) - node_scripts.HORIZON_SLACK_MS
 
     def healthy(self, node: int) -> bool:
         """The node holds a marker stamped by the server run that answers."""
@@ -293,6 +304,15 @@ class ScriptedNodes:
                 db[fence] = {**fields(fence), field: value}
             return value
 
+        def raise_horizon(ttl: object) -> None:
+            """The node's lease horizon (docs/design.md §4.3.1): a key SET with a lease's
+            TTL when the lease ends past it by more than the slack (its TTL here is the
+            one it was set with: keys never expire)."""
+            left = self.ttl_ms[node].get(HORIZON, -2) if HORIZON in db else -2
+            if left < int(as_text(ttl)) - node_scripts.HORIZON_SLACK_MS:
+                db[HORIZON] = "1"
+                self.ttl_ms[node][HORIZON] = int(as_text(ttl))
+
         def record(key: str) -> list[object]:  # HMGET epoch members joining retired
             found = db.get(key) or {}
             assert isinstance(found, dict), (key, found)
@@ -357,6 +377,7 @@ class ScriptedNodes:
             if ours == 1:  # ours, or an earlier attempt's of our call (§2.1)
                 db[lock] = owner
                 self.ttl_ms[node][lock] = int(as_text(args[1]))
+                raise_horizon(args[1])
                 return [scripts.ACQUIRE_ALREADY_OURS, settle(fence, field, 0, 0)]
             if ours == -1:  # a later attempt's: this acquire came late, changes nothing
                 return [scripts.ACQUIRE_REFUSED, 1000]
@@ -371,12 +392,14 @@ class ScriptedNodes:
                     records.pop(me, None)
                 db[lock] = owner
                 self.ttl_ms[node][lock] = int(as_text(args[1]))
+                raise_horizon(args[1])
                 return [scripts.ACQUIRE_GRANTED,
                         settle(fence, field, int(as_text(args[2])), 0)]
 
             def grant() -> list[object]:
                 db[lock] = owner
                 self.ttl_ms[node][lock] = int(as_text(args[1]))
+                raise_horizon(args[1])
                 return [scripts.ACQUIRE_GRANTED,
                         settle(fence, field, int(as_text(args[2])), 1)]
 
@@ -436,6 +459,7 @@ class ScriptedNodes:
                 self.ttl_ms[node][lock] = int(as_text(args[1]))
                 db[lock] = owner
                 reply.append(settle(fence, field, token, 0))
+            raise_horizon(args[1])
             return reply
         if script is scripts.WRITE_BACK:
             lock, fence, marker = keys
@@ -483,6 +507,7 @@ class ScriptedNodes:
                     ttl, _, floor = (int(x) for x in parts[:3])
                     db[lock] = RESERVED + first
                     self.ttl_ms[node][lock] = ttl
+                    raise_horizon(ttl)
                     settle(fence, as_text(args[3]), floor, 1)
                     place, deadline = line[first]
                     self._keep_until(node, line_key, first,
@@ -495,6 +520,7 @@ class ScriptedNodes:
                 return 0
             db[lock] = as_text(args[0])  # a reservation for us becomes our key (§6.7)
             self.ttl_ms[node][lock] = int(as_text(args[1]))
+            raise_horizon(args[1])
             return 1
         if script is scripts.OWNED_PTTL:
             lock = keys[0]
@@ -528,16 +554,15 @@ class ScriptedNodes:
             return 1
         if script is node_scripts.FINISH_REPAIR:
             guard, marker, episode_key = keys
-            repair_id, text, delay = args
+            repair_id, text, waits = args
             if get(guard) != as_text(repair_id):
                 return 0
-            if int(as_text(delay)) > 0:
+            if as_text(waits) != "0":
                 episode = get(episode_key)
                 if episode is None:
                     return -1
-                since, run_id = _episode_start(episode)
-                if run_id != self.run_id(node) or (
-                        self.now_ms(node) - int(since or 0) < int(as_text(delay))):
+                _, run_id, until = _episode(episode)
+                if run_id != self.run_id(node) or self.now_ms(node) < int(until or 0):
                     return -1
             db[marker] = self.stamp(node, as_text(text))
             db.pop(guard, None)
@@ -563,25 +588,44 @@ class ScriptedNodes:
             return 1
         if script is node_scripts.DEMOTE:
             marker, episode_key = keys
-            judged, why = args
+            judged, why, wait = args
             found = get(marker)
             if found != as_text(judged) or not ours(found):
-                return 0
+                return [0]
+            now = self.now_ms(node)
+            until = now + int(as_text(wait))
             db.pop(marker, None)
-            db[episode_key] = f"{self.now_ms(node)} {self.run_id(node)} {as_text(why)}"
-            return 1
+            db[episode_key] = f"{now} {self.run_id(node)} {until} {as_text(why)}"
+            return [1, now, until]
         if script is node_scripts.OPEN_EPISODE:
             marker, episode_key = keys
+            why, wait = as_text(args[0]), int(as_text(args[1]))
             if marker in db:
                 return [0, get(marker)]
             now = self.now_ms(node)
+            until = now + wait
             episode = get(episode_key)
             if episode is not None:
-                since, run_id = _episode_start(episode)
+                since, run_id, was = _episode(episode)
                 if run_id == self.run_id(node):
-                    return [1, int(since or 0), now]
-            db[episode_key] = f"{now} {self.run_id(node)} {as_text(args[0])}"
-            return [1, now, now]
+                    if int(was or 0) <= until:
+                        return [1, int(since or 0), now, int(was or 0)]
+                    rest = episode.split(" ", 3)[3]
+                    db[episode_key] = f"{since} {run_id} {until} {rest}"
+                    return [1, int(since or 0), now, until]
+            db[episode_key] = f"{now} {self.run_id(node)} {until} {why}"
+            return [1, now, now, until]
+        if script is node_scripts.HORIZON:
+            marker, episode_key, horizon_key = keys
+            left = self.ttl_ms[node].get(horizon_key, -2) if horizon_key in db else -2
+            rejoin = -1
+            episode = get(episode_key)
+            if episode is not None:
+                _, run_id, until = _episode(episode)
+                if run_id == self.run_id(node):
+                    rejoin = max(0, int(until or 0) - self.now_ms(node))
+            return [self.run_id(node), get(marker), max(left, 0) + node_scripts.HORIZON_SLACK_MS,
+                    rejoin]
         raise AssertionError(f"unexpected script {script!r} on node {node}")
 
     def counter(self, node: int, resource: str = "r") -> int:
@@ -740,13 +784,13 @@ def describe(call: Call) -> str:
     return str(call.args[0])
 
 
-_EPISODE_START = re.compile(r"([0-9]+) (\S+)")
+_EPISODE = re.compile(r"([0-9]+) (\S+) ([0-9]+)")
 
 
-def _episode_start(episode: str) -> tuple[str | None, str | None]:
-    """``string.match(episode, '^(%d+) (%S+)')``: (since, run id), or (None, None)."""
-    found = _EPISODE_START.match(episode)
-    return (found[1], found[2]) if found else (None, None)
+def _episode(episode: str) -> tuple[str | None, str | None, str | None]:
+    """``string.match(episode, '^(%d+) (%S+) (%d+)')``: (since, run id, until), or Nones."""
+    found = _EPISODE.match(episode)
+    return (found[1], found[2], found[3]) if found else (None, None, None)
 
 
 def make_core(n: int, clock: FakeClock | None = None, **settings: object) -> RedlockCore:

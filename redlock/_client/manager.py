@@ -35,7 +35,7 @@ from redlock._core.handover import adopt as adopt_handover
 from redlock._core.quick import Sent
 from redlock._core.renewals import Renewals
 from redlock._core.requests import Flow, Replies
-from redlock._core.settings import Keys, Settings, validate_resource
+from redlock._core.settings import DEFAULT_MAX_TTL, Keys, Settings, validate_resource
 from redlock._core.state import LockState
 from redlock._io.nodes import portable
 from redlock._io.wakeups import WakeRegistry
@@ -91,8 +91,9 @@ class ManagerBase(Generic[H, MH]):
             exponential backoff).
         retry_delay_max: the longest wait between attempts (a release by a handle of
             this manager wakes a waiter early).
-        max_ttl: the largest TTL accepted, and how long an amnesiac node stays out
-            before it is re-seeded and rejoins (every old lock has expired by then).
+        max_ttl: the largest TTL accepted (default 60 s: hold longer with
+            ``auto_extend``), and how long a node that lost its data stays out where
+            its peers' lease horizons cannot bound it (docs/design.md §4.3.1).
         outage_timeout: a blocking acquire raises :class:`QuorumUnavailable` once the
             cluster has been unavailable (too few nodes answering, not contention) for
             this long, whatever its own timeout; None waits through outages.
@@ -123,7 +124,7 @@ class ManagerBase(Generic[H, MH]):
         drift_factor: float = 0.01,
         retry_delay_min: float = 0.005,
         retry_delay_max: float = 0.25,
-        max_ttl: float = 3600.0,
+        max_ttl: float = DEFAULT_MAX_TTL,
         outage_timeout: float | None = 5.0,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Any] | None = None,

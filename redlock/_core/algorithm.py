@@ -86,7 +86,8 @@ class RedlockCore(Holding, QuickLane, Attempts):
         self.route = env.random_hex(4)
         self._all_done = tuple(NodeResult(a, Outcome.GRANTED) for a in self.addresses)
         self._every_node = frozenset(range(self.n))
-        self.amnesia = AmnesiaGuard(self.addresses, settings, self.keys, env, self.timeout)
+        self.amnesia = AmnesiaGuard(self.addresses, settings, self.keys, env, self.timeout,
+                                    lambda: self.rule)
         # Failing nodes are logged once per outage.
         self.node_outages = NodeOutages(env.clock, env.wall_clock, env.new_mutex())
         if self.n % 2 == 0:

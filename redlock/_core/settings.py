@@ -12,7 +12,10 @@ from functools import cached_property
 from redlock._observe.warn import check_units, milliseconds_hint
 from redlock._scripts import node as node_scripts
 
-DEFAULT_MAX_TTL = 3600.0
+# The longest TTL a lock may ask for by default, and how long a node that lost data stays
+# out where nothing that survived bounds its leases (docs/design.md §4.3.1). Auto-extend
+# holds a lock as long as its holder lives with a short TTL.
+DEFAULT_MAX_TTL = 60.0
 _NAMESPACE_RE = re.compile(r"^[A-Za-z0-9_.:\-]+$")
 
 
@@ -210,8 +213,16 @@ class Keys:
 
     @property
     def episode(self) -> str:
-        """When (by the node's clock) and in which server run it lost its data."""
+        """When (by the node's clock) and in which server run it lost its data, and from
+        when it may rejoin."""
         return f"{self.namespace}:node:amnesia"
+
+    @property
+    def horizon(self) -> str:
+        """The node's lease horizon (docs/design.md §4.3.1): a key whose expiry is the
+        latest of the leases it granted or extended. The scripts name it from
+        :attr:`members` (``members`` replaced by ``horizon``)."""
+        return f"{self.namespace}:node:horizon"
 
     @property
     def repair_guard(self) -> str:

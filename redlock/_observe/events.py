@@ -104,8 +104,12 @@ SENTENCES: Mapping[str, str] = {
     "redlock.node_amnesiac":
         "node {node} lost its data (no node marker, or a restart without durable"
         " persistence): it may have forgotten locks and fence counters, so it is kept out"
-        " of quorums and repaired {rejoins_after_s} s after the loss; run Redis with"
-        " appendonly yes and appendfsync always to avoid this",
+        " of quorums until every lock it may have granted has expired, then repaired (the"
+        " next event, redlock.node_out, says when); run Redis with appendonly yes and"
+        " appendfsync always to avoid this",
+    "redlock.node_out":
+        "node {node} stays out of quorums for {rejoins_after_s} s (bounded by {bounded_by}),"
+        " then its fence counters are re-seeded and it rejoins; nothing to do",
     "redlock.node_repaired":
         "node {node} repaired: {counters} fence counters re-seeded (highest {highest}) from"
         " {sources} healthy nodes, marker written back; it counts in quorums again",

@@ -26,6 +26,7 @@ from redlock._scripts.shared import OWNER_FUNCTIONS as OWNER_FUNCTIONS
 from redlock._scripts.shared import STALE_EPOCH as STALE_EPOCH
 from redlock._scripts.shared import TOKEN_FUNCTIONS as TOKEN_FUNCTIONS
 from redlock._scripts.shared import guarded as guarded
+from redlock._scripts.shared import raise_horizon
 
 # The operator tools' scripts (INSPECT, FORCE_RELEASE) are in redlock/_scripts/tools.py.
 from redlock._scripts.tools import FORCE_RELEASE as FORCE_RELEASE
@@ -82,7 +83,9 @@ local marker, line, record = KEYS[3], KEYS[4], KEYS[#KEYS]
 local present = redis.call('EXISTS', marker, line, line, record, record, record, record)
 local usual = present == 1
 if usual and redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-    -- Free, and granted: the token as settle(..., 1) makes it.
+    -- Free, and granted: the node's lease horizon (docs/design.md §4.3.1), and the
+    -- token as settle(..., 1) makes it.
+""" + raise_horizon("record", "ARGV[2]") + """
     local raised = redis.call('HINCRBY', KEYS[2], ARGV[6], 1)
     local token = math.max(raised, tonumber(ARGV[3]) + 1)
     if token > raised then
@@ -103,12 +106,14 @@ local queued = present % 4 >= 2
 -- Free, and nobody in line: one command checks and sets the key (the usual case tried
 -- it above).
 if not usual and not queued and redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+""" + raise_horizon("MEMBERS_KEY", "ARGV[2]") + """
     return {1, settle(KEYS[2], ARGV[6], tonumber(ARGV[3]), 1)}
 end
 local holder = redis.call('GET', KEYS[1])
 local ours = kin(holder, ARGV[1])
 if ours == 1 then
     redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+""" + raise_horizon("MEMBERS_KEY", "ARGV[2]") + """
     return {2, settle(KEYS[2], ARGV[6], 0, 0)}
 elseif ours == -1 then
     -- A later attempt of our call set it: this one is over (a reply lost, a connection
@@ -133,6 +138,7 @@ if holder and string.sub(holder, 1, 8) == 'handoff:' then
             redis.call('HDEL', ttls, me)
         end
         redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+""" + raise_horizon("MEMBERS_KEY", "ARGV[2]") + """
         return {1, settle(KEYS[2], ARGV[6], tonumber(ARGV[3]), 0)}
     end
 end
@@ -184,6 +190,7 @@ if first then
     end
 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+""" + raise_horizon("MEMBERS_KEY", "ARGV[2]") + """
 return {1, settle(KEYS[2], ARGV[6], tonumber(ARGV[3]), 1)}
 """,
 )
@@ -248,6 +255,7 @@ for i = 1, k do
     settle(KEYS[2], ARGV[3 + i], token, 0)
     reply[#reply + 1] = token
 end
+""" + raise_horizon("MEMBERS_KEY", "ARGV[2]") + """
 return reply
 """,
 )
@@ -385,6 +393,7 @@ if first ~= '' and first ~= me and ttls then
         end
         if ttl then
             redis.call('SET', KEYS[1], reservation(first), 'PX', ttl)
+""" + raise_horizon("KEYS[8]", "ttl") + """
             local counter = settle(KEYS[6], ARGV[4], tonumber(floor), 1)
             local deadline = tonumber(redis.call('ZSCORE', KEYS[4], first))
             local cut = now + tonumber(ttl)
@@ -417,12 +426,14 @@ EXTEND = guarded(
 local holder = redis.call('GET', KEYS[1])
 if holder == ARGV[1] then
     redis.call('PEXPIRE', KEYS[1], ARGV[2])
+""" + raise_horizon("MEMBERS_KEY", "ARGV[2]") + """
     return 1
 end
 -- (The shared functions only past the usual case: a renewal, on every call.)
 """ + OWNER_FUNCTIONS + """
 if holder and holder == 'handoff:' .. waiter_of(ARGV[1]) then
     redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+""" + raise_horizon("MEMBERS_KEY", "ARGV[2]") + """
     return 1
 end
 return 0

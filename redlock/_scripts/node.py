@@ -15,6 +15,11 @@ from __future__ import annotations
 
 from redlock._scripts.script import Script
 
+#: The slack of a node's lease horizon (docs/design.md §4.3.1), ms: the horizon key moves
+#: only when a lease's expiry passes it by more, so every live lease expires within
+#: ``PTTL(horizon) + HORIZON_SLACK_MS`` (no key: within the slack).
+HORIZON_SLACK_MS = 250
+
 #: The node format this release reads and writes (docs/design.md §4.1). A release that
 #: changes what a node holds (its keys, the counters' layout, the marker) bumps it.
 FORMAT = 1
@@ -72,27 +77,27 @@ FINISH_REPAIR = Script(
     "finish_repair",
     """
 -- KEYS[1] repair guard key, KEYS[2] node marker key, KEYS[3] amnesia episode key
--- ARGV[1] repair id, ARGV[2] marker text, ARGV[3] rejoin delay in ms (0: forced)
+-- ARGV[1] repair id, ARGV[2] marker text, ARGV[3] '1': only once the episode's rejoin
+-- time has come, '0': forced (no episode needed)
 -- returns 1   the marker was written (this format, stamped with this server's run id),
 --             the episode closed
 --         0   the guard is gone (the node lost its data again, or restarted, mid-repair)
---         -1  not yet: no episode of this server run, or it began less than the delay ago
---             by this node's clock (a new data loss restarts the wait)
+--         -1  not yet: no episode of this server run, or its rejoin time (docs/design.md
+--             §4.3.1) has not come by this node's clock (a new data loss restarts it)
 """ + _MARKER_FUNCTIONS + """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
     return 0
 end
 local run_id = server_run()
-local delay = tonumber(ARGV[3])
-if delay > 0 then
+if ARGV[3] ~= '0' then
     local episode = redis.call('GET', KEYS[3])
     if not episode then
         return -1
     end
-    local since, rid = string.match(episode, '^(%d+) (%S+)')
+    local _, rid, until_ms = string.match(episode, '^(%d+) (%S+) (%d+)')
     local t = redis.call('TIME')
     local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-    if rid ~= run_id or now - tonumber(since) < delay then
+    if rid ~= run_id or now < tonumber(until_ms) then
         return -1
     end
 end
@@ -174,21 +179,24 @@ DEMOTE = Script(
     "demote",
     """
 -- KEYS[1] node marker key, KEYS[2] amnesia episode key
--- ARGV[1] the marker value the client judged, ARGV[2] why
--- returns 1 when the marker was removed and an episode begun now, 0 when the marker
--- changed meanwhile or is of another format (not this client's to remove). A node
--- without its marker refuses every acquire until repaired.
+-- ARGV[1] the marker value the client judged, ARGV[2] why, ARGV[3] how long the node
+-- stays out, ms from now (docs/design.md §4.3.1)
+-- returns {1, now, until} when the marker was removed and an episode begun now (ms by
+-- this node's clock), {0} when the marker changed meanwhile or is of another format
+-- (not this client's to remove). A node without its marker refuses every acquire until
+-- repaired.
 """ + _MARKER_FUNCTIONS + """
 local found = redis.call('GET', KEYS[1])
 if found ~= ARGV[1] or not ours(found) then
-    return 0
+    return {0}
 end
 local run_id = server_run()
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local until_ms = now + tonumber(ARGV[3])
 redis.call('DEL', KEYS[1])
-redis.call('SET', KEYS[2], now .. ' ' .. run_id .. ' ' .. ARGV[2])
-return 1
+redis.call('SET', KEYS[2], now .. ' ' .. run_id .. ' ' .. until_ms .. ' ' .. ARGV[2])
+return {1, now, until_ms}
 """,
 )
 
@@ -196,12 +204,14 @@ OPEN_EPISODE = Script(
     "open_episode",
     """
 -- KEYS[1] node marker key, KEYS[2] amnesia episode key
--- ARGV[1] why
--- returns {0, marker}     the node has its marker again (another client repaired it):
---                         nothing to do; the marker says in which format
---         {1, since, now} its episode (ms by this node's clock): kept if it began in this
---                         server run, else begun now (restarted since: its data may be
---                         older than the episode says)
+-- ARGV[1] why, ARGV[2] how long the node stays out, ms from now (docs/design.md
+-- §4.3.1): an episode of this server run keeps the earlier of its rejoin time and this
+-- returns {0, marker}            the node has its marker again (another client repaired
+--                                it): nothing to do; the marker says in which format
+--         {1, since, now, until} its episode (ms by this node's clock): kept if it began
+--                                in this server run, else begun now (restarted since:
+--                                its data may be older than the episode says); it may
+--                                rejoin from `until` on
 """ + _MARKER_FUNCTIONS + """
 local marker = redis.call('GET', KEYS[1])
 if marker then
@@ -210,15 +220,49 @@ end
 local run_id = server_run()
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local until_ms = now + tonumber(ARGV[2])
 local episode = redis.call('GET', KEYS[2])
 if episode then
-    local since, rid = string.match(episode, '^(%d+) (%S+)')
+    local since, rid, was, why = string.match(episode, '^(%d+) (%S+) (%d+) (.*)$')
     if rid == run_id then
-        return {1, tonumber(since), now}
+        if tonumber(was) <= until_ms then
+            return {1, tonumber(since), now, tonumber(was)}
+        end
+        redis.call('SET', KEYS[2], since .. ' ' .. rid .. ' ' .. until_ms .. ' ' .. why)
+        return {1, tonumber(since), now, until_ms}
     end
 end
-redis.call('SET', KEYS[2], now .. ' ' .. run_id .. ' ' .. ARGV[1])
-return {1, now, now}
+redis.call('SET', KEYS[2], now .. ' ' .. run_id .. ' ' .. until_ms .. ' ' .. ARGV[1])
+return {1, now, now, until_ms}
+""",
+)
+
+HORIZON = Script(
+    "horizon",
+    """
+-- KEYS[1] node marker key, KEYS[2] amnesia episode key, KEYS[3] the node's lease horizon
+-- returns {run_id, marker or nil, horizon, episode}: the running server and its marker
+-- (is it healthy: this format, stamped by this run?), how long until every lease it
+-- granted or extended has expired (ms by its clock: its horizon key's PTTL plus the
+-- slack, docs/design.md §4.3.1), and, if it is itself in an amnesia episode of this
+-- run, how long until it may rejoin (ms; -1: no such episode)
+""" + _MARKER_FUNCTIONS + """
+local run_id = server_run()
+local left = redis.call('PTTL', KEYS[3])
+if left < 0 then
+    left = 0
+end
+local episode = redis.call('GET', KEYS[2])
+local rejoin = -1
+if episode then
+    local _, rid, until_ms = string.match(episode, '^(%d+) (%S+) (%d+)')
+    if rid == run_id then
+        local t = redis.call('TIME')
+        local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+        rejoin = math.max(0, tonumber(until_ms) - now)
+    end
+end
+return {run_id, redis.call('GET', KEYS[1]), left + """ + str(HORIZON_SLACK_MS) + """, rejoin}
 """,
 )
 

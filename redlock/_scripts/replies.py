@@ -432,18 +432,20 @@ def marker_exists(reply: object) -> bool | None:
 
 @dataclass(frozen=True)
 class Episode:
-    """OPEN_EPISODE's reply: the node has its marker again (``marked``: ``marker``, its
-    value), or its amnesia episode began ``since_ms`` by its clock, which reads
-    ``now_ms``."""
+    """OPEN_EPISODE's (or DEMOTE's) reply: the node has its marker again (``marked``:
+    ``marker``, its value), or its amnesia episode began ``since_ms`` by its clock, which
+    reads ``now_ms``, and it may rejoin from ``until_ms`` on (docs/design.md §4.3.1)."""
 
     marked: bool
     since_ms: int = 0
     now_ms: int = 0
+    until_ms: int = 0
     marker: str = ""
 
     @property
-    def age(self) -> float:
-        return (self.now_ms - self.since_ms) / 1000.0
+    def left(self) -> float:
+        """Seconds until it may rejoin, by the node's clock."""
+        return max(0, self.until_ms - self.now_ms) / 1000.0
 
 
 def episode(reply: object) -> Episode | None:
@@ -453,6 +455,45 @@ def episode(reply: object) -> Episode | None:
     try:
         if int(reply[0]) == 0:
             return Episode(marked=True, marker=text(reply[1]))
-        return Episode(False, int(reply[1]), int(reply[2]))
+        return Episode(False, int(reply[1]), int(reply[2]), int(reply[3]))
     except (TypeError, ValueError, IndexError):
+        return None
+
+
+def demoted(reply: object) -> Episode | None:
+    """DEMOTE's reply: the episode it began, or None (the marker changed meanwhile, or
+    no answer)."""
+    if not isinstance(reply, list | tuple) or len(reply) != 3:
+        return None
+    try:
+        if int(reply[0]) != 1:
+            return None
+        return Episode(False, int(reply[1]), int(reply[1]), int(reply[2]))
+    except (TypeError, ValueError):
+        return None
+
+
+@dataclass(frozen=True)
+class Horizon:
+    """What HORIZON says of a node (docs/design.md §4.3.1): whether it is healthy (its
+    marker of this format, stamped by the run that answers), every lease it granted or
+    extended runs out within ``leases`` seconds, and, in an amnesia episode of its own,
+    it may rejoin in ``rejoins`` seconds (None: it is in none)."""
+
+    healthy: bool
+    leases: float
+    rejoins: float | None
+
+
+def horizon(reply: object) -> Horizon | None:
+    """HORIZON's reply, or None (no answer)."""
+    if not isinstance(reply, list | tuple) or len(reply) != 4 or not reply[0]:
+        return None
+    try:
+        run_id, marker = text(reply[0]), reply[1]
+        healthy = marker is not None and ours(marker) and stamped_run(marker) == run_id
+        rejoins = int(reply[3])
+        return Horizon(healthy, int(reply[2]) / 1000.0,
+                       None if rejoins < 0 else rejoins / 1000.0)
+    except (TypeError, ValueError):
         return None

@@ -4,7 +4,7 @@ counters, the waiting line. Each is source text that a script prepends to its ow
 
 from __future__ import annotations
 
-from redlock._scripts.node import FORMAT, FORMAT_PREFIX
+from redlock._scripts.node import FORMAT, FORMAT_PREFIX, HORIZON_SLACK_MS
 from redlock._scripts.script import Script
 
 # -- membership (docs/design.md §13) ---------------------------------------------------
@@ -104,6 +104,23 @@ local function settle(counters, bucket, floor, step)
     return counter
 end
 """
+
+
+# -- the node's lease horizon (docs/design.md §4.3.1) ----------------------------------
+#
+# ``ns:node:horizon``: a key whose own expiry is, within HORIZON_SLACK_MS, the latest
+# expiry of any lease the node granted or extended. Every script that sets or extends a
+# lease's TTL raises it; a node that lost data is kept out of quorums until the horizons
+# of the nodes that could have granted with it have passed. Its name is the membership
+# record's (the last key of every granting script) with ``members`` replaced.
+
+def raise_horizon(record: str, ttl: str) -> str:
+    """Lua (a block) that raises the node's lease horizon to a lease of ``ttl`` ms from
+    now; ``record`` and ``ttl`` are Lua expressions: the membership record's key name,
+    the TTL. One PTTL, and a SET only when the lease ends past the key by the slack."""
+    return (f"do local hk = string.sub({record}, 1, -8) .. 'horizon'\n"
+            f"if redis.call('PTTL', hk) < tonumber({ttl}) - {HORIZON_SLACK_MS} then\n"
+            f"redis.call('SET', hk, '1', 'PX', {ttl}) end end\n")
 
 
 # -- the waiting line (docs/design.md §6) ----------------------------------------------

@@ -34,7 +34,7 @@ from redis.connection import parse_url
 
 from redlock import __version__
 from redlock._core.amnesia.repair import RepairReport, RepairStatus
-from redlock._core.settings import Keys
+from redlock._core.settings import DEFAULT_MAX_TTL, Keys
 from redlock._observe.log import EventFormatter
 from redlock._scripts.replies import ReleaseStatus
 from redlock.cli.node_report import namespaces_on, read_nodes
@@ -367,9 +367,10 @@ def build_parser() -> argparse.ArgumentParser:
     members.add_argument("--current", nargs="+", metavar="URL",
                          help="the members now, for a cluster that never changed (default:"
                               " the nodes of --nodes that have their marker)")
-    members.add_argument("--wait", type=_positive_seconds, default=3600.0, metavar="SECONDS",
+    members.add_argument("--wait", type=_positive_seconds, default=DEFAULT_MAX_TTL,
+                         metavar="SECONDS",
                          help="the largest max_ttl of any client: locks granted before the"
-                              " change live at most this long (default: 3600)")
+                              f" change live at most this long (default: {DEFAULT_MAX_TTL:g})")
     commands.add_parser("demo", help="workers contending for one lock on local redis-server"
                                      " nodes, or on --nodes URL ... (redlock demo --help)",
                         add_help=False)

@@ -75,7 +75,12 @@ def comparable(call: Call, reply: object) -> object:
     if name == "owned_pttl" and isinstance(reply, int) and reply > 0:
         return Near(reply, TTL_SLACK)  # the model: the TTL last set
     if name == "open_episode" and isinstance(reply, list) and reply[0] == 1:
+        return [1, Near(reply[1]), Near(reply[2]), Near(reply[3])]
+    if name == "demote" and isinstance(reply, list) and reply[0] == 1:
         return [1, Near(reply[1]), Near(reply[2])]
+    if name == "horizon" and isinstance(reply, list):
+        run_id, marker, left, rejoin = reply
+        return [run_id, marker, Near(left, TTL_SLACK), rejoin if rejoin < 0 else Near(rejoin)]
     return reply
 
 
@@ -118,13 +123,14 @@ class Mirror(ScriptedNodes):
         return self.now
 
 
-EPISODE_VALUE = re.compile(r"([0-9]+) (.*)", re.DOTALL)
+EPISODE_VALUE = re.compile(r"([0-9]+) (\S+) ([0-9]+) (.*)")
 
 
 def string_value(key: str, text: str) -> object:
-    """A string key's value; an episode's start compared as a time."""
+    """A string key's value; an episode's start and rejoin time compared as times."""
     found = EPISODE_VALUE.fullmatch(text) if key == KEYS.episode else None
-    return (Near(int(found[1])), found[2]) if found else text
+    return ((Near(int(found[1])), found[2], Near(int(found[3])), found[4]) if found
+            else text)
 
 
 class Contract:

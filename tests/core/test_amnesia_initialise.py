@@ -81,7 +81,7 @@ def test_initialise_refuses_nodes_that_lost_data_unless_forced() -> None:
     assert (event["initialised"], event["forced"]) == (3, True)
     finishes = [b.calls[0] for b in nodes.broadcasts()
                 if b.calls[0].script is node_scripts.FINISH_REPAIR]
-    assert [c.args[2] for c in finishes] == [0, 0, 0]  # no rejoin delay
+    assert [c.args[2] for c in finishes] == ["0", "0", "0"]  # forced: no rejoin time
 
 
 def test_initialise_looks_through_every_page_of_a_shared_database() -> None:

@@ -51,7 +51,8 @@ def test_repair_claims_the_node_reads_every_healthy_node_seeds_the_max_and_marks
         "seed_counters", "finish_repair"]
     [finish] = nodes.broadcasts()[-1].calls
     assert finish.keys == (GUARD, MARKER, EPISODE)
-    assert (finish.args[0], finish.args[2]) == (claim.args[2], 60_000)  # checked node-side
+    assert (finish.args[0], finish.args[2]) == (claim.args[2], "1")  # its rejoin time:
+    # checked node-side
 
 
 def test_repair_reads_only_nodes_stamped_by_their_running_server() -> None:
@@ -111,9 +112,10 @@ def test_repair_with_a_majority_lost_names_the_way_out() -> None:
     assert report.status == "failed"
     assert report.detail == (
         "read counters from 2 healthy nodes, need 3; a majority of the nodes lost their"
-        " data or are not trusted, so no repair can succeed: restore their data, or once"
-        " every lock held before the loss has expired (max_ttl) run `redlock initialise"
-        " --force` (docs/design.md §4.8)")
+        " data or are not trusted, so no repair can succeed and no lock can be granted:"
+        " restore their data, or once every lock held before the loss has expired run"
+        " `redlock initialise --force` (tokens may then restart below earlier ones, which"
+        " fenced stores refuse; docs/design.md §4.8)")
 
 
 @pytest.mark.parametrize("broken", ["HGETALL"])
@@ -177,38 +179,42 @@ def test_read_counters_reads_the_nodes_counters_or_gives_up() -> None:
     assert drive(read_counters(core, 1), nodes.execute) is None
 
 
-def test_a_repair_waits_for_max_ttl_by_the_nodes_clock_not_the_clients() -> None:
+def test_a_repair_waits_for_the_rejoin_time_by_the_nodes_clock_not_the_clients() -> None:
     clock, nodes, core = amnesiac_core(max_ttl=60.0)
+    nodes.lease_horizon(60.0, [1, 2, 3, 4])
+    out = 60.0 + core.settings.drift(60.0)
     drive(open_episodes(core.amnesia, [0]), nodes.execute)  # begins now, by node 0's clock
     begun = nodes.data[0][EPISODE]
-    clock.advance(60.0)
+    clock.advance(out)
     nodes.skew[0] = -10.0  # node 0's clock was set back 10 s meanwhile
     nodes.requests.clear()
     report = drive(repair_node(core, 0), nodes.execute)
     assert report.status == "waiting"
-    assert nodes.commands_sent()[-4:] == ["seed_counters", "finish_repair", "DEL",
-                                          "open_episode"]
+    assert nodes.commands_sent()[-5:] == ["seed_counters", "finish_repair", "DEL",
+                                          "horizon", "open_episode"]
     assert MARKER not in nodes.data[0] and GUARD not in nodes.data[0]
-    assert nodes.data[0][EPISODE] == begun
-    assert core.amnesia.health.rejoins_in(0, clock()) == 10.0  # read again: its clock says
-    clock.advance(10.0)  # one max_ttl by its clock now
+    assert nodes.data[0][EPISODE] == begun  # (kept: earlier than a new bound from now)
+    assert core.amnesia.health.rejoins_in(0, clock()) == pytest.approx(10.0)  # its clock
+    clock.advance(10.0)  # its rejoin time by its clock now
     assert drive(repair_node(core, 0), nodes.execute).status == "repaired"
     assert nodes.healthy(0) and EPISODE not in nodes.data[0]
 
 
-def test_repair_reports_every_node_and_repairs_only_after_one_max_ttl_unless_forced() -> None:
+def test_repair_reports_every_node_and_repairs_only_at_its_rejoin_time_unless_forced() -> None:
     clock = FakeClock()
     nodes = amnesiac_cluster(down={4}, clock=clock)
+    nodes.lease_horizon(60.0, [1, 2, 3])  # node 4 is silent: the other three cover it
     core = make_core(5, clock, max_ttl=60.0)
     statuses = drive(core.repair(force=False), nodes.execute)
-    assert nodes.commands_sent() == ["identify", "open_episode"]
+    assert nodes.commands_sent() == ["identify", "horizon", "open_episode"]
     assert [(r.status, r.detail[:12]) for r in statuses] == [
         ("waiting", "rejoins in 6"), ("healthy", ""), ("healthy", ""), ("healthy", ""),
         ("failed", "TimeoutError")]
-    assert statuses[0].detail.startswith("rejoins in 60.0 s")
+    assert statuses[0].detail == ("rejoins in 60.6 s, once every lock it may have granted"
+                                  " before it lost its data has expired")
     clock.advance(30.0)
     assert drive(core.repair(force=False), nodes.execute)[0].detail.startswith(
-        "rejoins in 30.0 s")
+        "rejoins in 30.6 s")
     assert MARKER not in nodes.data[0]
     forced = drive(core.repair(force=True), nodes.execute)
     assert forced[0].status == "repaired"
@@ -253,10 +259,11 @@ def test_repair_reports_a_node_it_demoted_as_waiting_for_its_episode() -> None:
     clock = FakeClock()
     nodes = ScriptedNodes(5, clock=clock)
     nodes.restart(2, keep_data=True, durable=False)
+    nodes.lease_horizon(60.0, [0, 1, 3, 4])
     core = make_core(5, clock, max_ttl=60.0)
     reports = drive(core.repair(force=False), nodes.execute)
     assert MARKER not in nodes.data[2] and nodes.episode(2) is not None  # demoted
-    assert (reports[2].status, reports[2].detail[:16]) == ("waiting", "rejoins in 60.0 ")
+    assert (reports[2].status, reports[2].detail[:16]) == ("waiting", "rejoins in 60.6 ")
 
 
 def test_repair_of_an_uninitialised_cluster_reports_it_healthy_and_writes_nothing() -> None:

@@ -111,7 +111,7 @@ def test_a_node_repaired_by_a_newer_release_is_left_out_not_counted_again() -> N
     newer_marker(nodes, 2)
     with capture_events() as events:
         maintain(core, nodes, sleeps=None)  # ends by itself: nothing left to do
-    assert nodes.commands_sent() == ["open_episode"]
+    assert nodes.commands_sent() == ["horizon", "open_episode"]
     assert core.amnesia.health.incompatible == {2: NEWER}
     assert core.amnesia.health.benched() == set()
     assert [e["node"] for e in events if e["event"] == "redlock.node_incompatible"] == [

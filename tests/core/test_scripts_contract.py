@@ -143,12 +143,17 @@ def restamp(judged: str = "<marker>", run: str = "<run>") -> Call:
     return Call(0, (judged, "restamped", run), node_scripts.RESTAMP, (K.marker,))
 
 
-def demote(judged: str = "<marker>") -> Call:
-    return Call(0, (judged, "restarted"), node_scripts.DEMOTE, (K.marker, K.episode))
+def demote(judged: str = "<marker>", wait: int = 5_000) -> Call:
+    return Call(0, (judged, "restarted", wait), node_scripts.DEMOTE, (K.marker, K.episode))
 
 
-def open_episode() -> Call:
-    return Call(0, ("lost its node marker",), node_scripts.OPEN_EPISODE, (K.marker, K.episode))
+def open_episode(wait: int = 5_000) -> Call:
+    return Call(0, ("lost its node marker", wait), node_scripts.OPEN_EPISODE,
+                (K.marker, K.episode))
+
+
+def horizon() -> Call:
+    return Call(0, (), node_scripts.HORIZON, (K.marker, K.episode, K.horizon))
 
 
 def claim(repair_id: str) -> Call:
@@ -161,8 +166,9 @@ def seed(repair_id: str, counters: dict[str, int]) -> Call:
     return Call(0, (repair_id, *pairs), node_scripts.SEED_COUNTERS, (K.repair_guard, K.counter))
 
 
-def finish(repair_id: str, delay: int) -> Call:
-    return Call(0, (repair_id, "repaired", delay), node_scripts.FINISH_REPAIR,
+def finish(repair_id: str, waits: bool) -> Call:
+    """FINISH_REPAIR: only once the episode's rejoin time has come (``waits``), or forced."""
+    return Call(0, (repair_id, "repaired", "1" if waits else "0"), node_scripts.FINISH_REPAIR,
                 (K.repair_guard, K.marker, K.episode))
 
 
@@ -174,11 +180,13 @@ def marker(value: str = "format=1 run_id=<run> initialised") -> Call:
     return command("SET", K.marker, value)
 
 
-def episode(since: int, run: str = "<run>") -> Call:
-    return command("SET", K.episode, f"{since} {run} lost its node marker")
+def episode(since: int, run: str = "<run>", until: int | None = None) -> Call:
+    """An amnesia episode that began ``since`` and may end at ``until`` (default: at once)."""
+    return command("SET", K.episode,
+                   f"{since} {run} {since if until is None else until} lost its node marker")
 
 
-ANCIENT, FUTURE = 1000, 9_999_999_999_999  # episode starts, in ms by the node's clock
+ANCIENT, FUTURE = 1000, 9_999_999_999_999  # episode times, in ms by the node's clock
 
 
 # -- written-out sequences ---------------------------------------------------------------
@@ -329,19 +337,38 @@ def episodes_and_repair(c: Contract) -> None:
         episode(ANCIENT, FOREIGN), open_episode(),  # another run's: begun anew
         episode(ANCIENT, "<run>zz"), open_episode(),  # not this run either
         episode(ANCIENT, "unknown"), open_episode(),
-        episode(ANCIENT), open_episode(),  # this run's: kept
+        episode(ANCIENT), open_episode(),  # this run's: kept (its rejoin time is earlier)
+        episode(ANCIENT, until=FUTURE), open_episode(),  # this run's: its rejoin time lowered
+        open_episode(wait=60_000),  # kept: the earlier rejoin time stays
+        horizon(),  # in an episode: how long until it may rejoin
+        episode(ANCIENT, FOREIGN, until=FUTURE), horizon(),  # another run's: not its own
         claim("g1"), claim("g2"),  # taken
         seed("g2", {"a": 5}), seed("g1", {"a": 5, "b": 3}), seed("g1", {"a": 2, "c": 1}),
-        finish("g2", 0),  # not its claim
-        episode(FUTURE), finish("g1", 3_600_000),  # too young
-        episode(ANCIENT, FOREIGN), finish("g1", 3_600_000),  # another run's
-        episode(ANCIENT, "<run>zz"), finish("g1", 3_600_000),
-        command("DEL", K.episode), finish("g1", 3_600_000),  # none
-        episode(ANCIENT), finish("g1", 3_600_000),  # old enough: marker back
-        finish("g1", 0), open_episode(), identify(),
-        command("DEL", K.marker), claim("g1"), finish("g1", 0),  # forced: no episode needed
+        finish("g2", False),  # not its claim
+        episode(ANCIENT, until=FUTURE), finish("g1", True),  # its rejoin time has not come
+        episode(ANCIENT, FOREIGN), finish("g1", True),  # another run's
+        episode(ANCIENT, "<run>zz"), finish("g1", True),
+        command("DEL", K.episode), finish("g1", True),  # none
+        episode(ANCIENT), finish("g1", True),  # its rejoin time has come: marker back
+        finish("g1", False), open_episode(), identify(), horizon(),
+        command("DEL", K.marker), claim("g1"), finish("g1", False),  # forced: no episode
         claim("g2"), command("DEL", K.repair_guard), seed("g2", {"a": 9}),  # claim gone
         inspect("a"), inspect("b"),
+    ])
+
+
+def lease_horizons(c: Contract) -> None:
+    """Every grant and renewal of a lease raises the node's lease horizon to its end; a
+    shorter lease leaves it, and HORIZON reads it (docs/design.md §4.3.1)."""
+    c.steps([
+        marker(), horizon(),  # no lease yet: within the slack
+        acquire("a", "alice", ttl=200), horizon(),  # within the slack: no key
+        acquire("b", "bob"), horizon(),  # the horizon is b's lease
+        acquire("c", "carol", ttl=1_000),  # shorter: left as it is
+        extend("b", "bob", ttl=3 * TTL), horizon(),  # a renewal moves it
+        acquire_many(["d", "e"], "dave", ttl=4 * TTL), horizon(),
+        acquire("b", "bob", ttl=5 * TTL), horizon(),  # our own key refreshed
+        inspect("b"),
     ])
 
 
@@ -495,7 +522,7 @@ def attempts_of_one_call(c: Contract) -> None:
 
 SEQUENCES: list[Callable[[Contract], None]] = [
     waiting_line, lapsed_places, tokens_and_ownership, other_formats, without_a_marker,
-    judging, episodes_and_repair, membership, hand_offs, unheard_hand_offs,
+    judging, episodes_and_repair, lease_horizons, membership, hand_offs, unheard_hand_offs,
     attempts_of_one_call]
 
 
@@ -746,9 +773,16 @@ MUTATIONS = [  # (script, a line of it, that line changed)
     (node_scripts.DEMOTE, "if found ~= ARGV[1] or not ours(found) then",
      "if found ~= ARGV[1] then"),
     (node_scripts.OPEN_EPISODE, "    if rid == run_id then", "    if rid then"),
+    (node_scripts.OPEN_EPISODE, "        if tonumber(was) <= until_ms then", "        if true then"),
+    (node_scripts.HORIZON, "local left = redis.call('PTTL', KEYS[3])", "local left = 0"),
+    (scripts.EXTEND, "redis.call('SET', hk, '1', 'PX', ARGV[2])", "redis.call('GET', hk)"),
+    (scripts.ACQUIRE_MANY, "redis.call('SET', hk, '1', 'PX', ARGV[2])", "redis.call('GET', hk)"),
+    (node_scripts.HORIZON, "    if rid == run_id then", "    if rid then"),
     (node_scripts.SEED_COUNTERS, "if seed > current then", "if seed < current then"),
-    (node_scripts.FINISH_REPAIR, "if rid ~= run_id or now - tonumber(since) < delay then",
-     "if now - tonumber(since) < delay then"),
+    (node_scripts.FINISH_REPAIR, "if rid ~= run_id or now < tonumber(until_ms) then",
+     "if now < tonumber(until_ms) then"),
+    (node_scripts.FINISH_REPAIR, "if rid ~= run_id or now < tonumber(until_ms) then",
+     "if rid ~= run_id then"),
 ]
 
 

@@ -6,6 +6,7 @@ these, and ``repair()`` too."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from redlock._core.amnesia.guard import AmnesiaGuard
@@ -15,7 +16,9 @@ from redlock._scripts import node as node_scripts
 from redlock._scripts.node_config import not_durable
 from redlock._scripts.replies import (
     acked,
+    demoted,
     episode,
+    horizon,
     identity,
     marker_format,
     other_format,
@@ -40,6 +43,37 @@ def adopt_markers(guard: AmnesiaGuard, markers: dict[int, tuple[bytes, str]]) ->
         # identifies it again (a node that did not answer is looked at then, too).
 
 
+def lease_bound(guard: AmnesiaGuard, node: int) -> Flow[tuple[float, str]]:
+    """How long ``node``, which lost data, must stay out so that every lease it may have
+    granted before the loss has expired (docs/design.md §4.3.1), and what bounds it: the
+    lease horizons of its peers, read now, if they cover every quorum it could have been
+    part of; else ``max_ttl`` (and the node is noted, to be bounded again later)."""
+    settings = guard.settings
+    others = [i for i in range(guard.n) if i != node]
+    replies = yield Broadcast(tuple(
+        Call(i, (), node_scripts.HORIZON,
+             (guard.keys.marker, guard.keys.episode, guard.keys.horizon)) for i in others),
+        settings.repair_timeout)
+    bounds, unknown = [], {node}
+    for i, reply in zip(others, replies, strict=True):
+        found = horizon(reply)
+        if found is not None and found.healthy:
+            bounds.append(found.leases)  # its leases end within its horizon
+        elif found is not None and found.rejoins is not None:
+            bounds.append(max(found.leases, found.rejoins))  # out itself until then
+        else:
+            unknown.add(i)  # silent, suspected of a restart, or lost data unbounded
+    if guard.rule().met(unknown):
+        guard.health.unbounded.add(node)
+        silent = ", ".join(guard.addresses[i] for i in sorted(unknown - {node}))
+        return settings.max_ttl, (f"max_ttl: what {silent} granted could not be read, and a"
+                                  " quorum could have granted with it there")
+    guard.health.unbounded.discard(node)
+    longest = max(bounds, default=0.0)
+    return (longest + settings.drift(longest),
+            f"the longest lease its peers granted or extended: {longest:.3f} s")
+
+
 def judge(guard: AmnesiaGuard, suspects: dict[int, tuple[bytes, str]]) -> Flow[None]:
     """A restarted node: re-stamp it if nothing it acknowledged can have been lost,
     else turn the restart into an amnesia episode."""
@@ -62,13 +96,16 @@ def judge(guard: AmnesiaGuard, suspects: dict[int, tuple[bytes, str]]) -> Flow[N
                 logger.info("redlock.node_restamped", node=guard.addresses[node])
                 continue
         elif why is not None:
-            done = yield from ask_one(Call(
-                node, (marker, why), node_scripts.DEMOTE,
-                (guard.keys.marker, guard.keys.episode)), timeout)
-            if acked(done):
+            wait, bound = yield from lease_bound(guard, node)
+            done = demoted((yield from ask_one(Call(
+                node, (marker, why, max(1, math.ceil(wait * 1000))), node_scripts.DEMOTE,
+                (guard.keys.marker, guard.keys.episode)), timeout)))
+            if done is not None:
                 guard.health.lost_data(node)
-                logger.warning("redlock.node_amnesiac", node=guard.addresses[node],
-                               rejoins_after_s=guard.settings.max_ttl)
+                guard.health.rejoins_at(node, guard.clock() + done.left)
+                logger.warning("redlock.node_amnesiac", node=guard.addresses[node])
+                logger.info("redlock.node_out", node=guard.addresses[node],
+                            rejoins_after_s=round(done.left, 3), bounded_by=bound)
                 continue
         # Unreachable, or the marker changed meanwhile: look at the node again.
         again = identity((yield from ask_one(guard.identify_call(node), timeout)))
@@ -77,16 +114,16 @@ def judge(guard: AmnesiaGuard, suspects: dict[int, tuple[bytes, str]]) -> Flow[N
 
 
 def open_episodes(guard: AmnesiaGuard, nodes: Sequence[int]) -> Flow[None]:
-    """Begin (or read) the amnesia episode of nodes without their marker, and from it
-    when each may rejoin."""
-    if not nodes:
-        return
-    replies = yield Broadcast(tuple(
-        Call(i, ("lost its node marker",), node_scripts.OPEN_EPISODE,
-             (guard.keys.marker, guard.keys.episode)) for i in nodes),
-        guard.settings.repair_timeout)
-    now = guard.clock()
-    for node, reply in zip(nodes, replies, strict=True):
+    """Begin (or read) the amnesia episode of nodes without their marker, each bounded
+    by its peers' lease horizons (:func:`lease_bound`; an episode already open keeps the
+    earlier of its rejoin time and this one), and from it when each may rejoin."""
+    for node in nodes:
+        wait, bound = yield from lease_bound(guard, node)
+        reply = yield from ask_one(Call(
+            node, ("lost its node marker", max(1, math.ceil(wait * 1000))),
+            node_scripts.OPEN_EPISODE, (guard.keys.marker, guard.keys.episode)),
+            guard.settings.repair_timeout)
+        now = guard.clock()
         found = episode(reply)
         if found is None:
             continue  # unreachable: try again later
@@ -95,4 +132,8 @@ def open_episodes(guard: AmnesiaGuard, nodes: Sequence[int]) -> Flow[None]:
             if not ours(found.marker):  # ...of a newer release (docs/design.md §4.1)
                 guard.of_other_format(node, other_format(marker_format(found.marker)))
             continue
-        guard.health.rejoins_at(node, now + max(0.0, guard.settings.max_ttl - found.age))
+        first = guard.health.unmarked.get(node) is None
+        guard.health.rejoins_at(node, now + found.left)
+        if first:
+            logger.info("redlock.node_out", node=guard.addresses[node],
+                        rejoins_after_s=round(found.left, 3), bounded_by=bound)

@@ -31,6 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from redlock._core.amnesia.health import NodeHealth
 from redlock._core.environment import Environment
+from redlock._core.members import Rule
 from redlock._core.requests import Broadcast, Call, Deadline, Flow, Pause
 from redlock._core.settings import Keys, Settings
 from redlock._core.state import AttemptResult
@@ -60,8 +61,10 @@ class AmnesiaGuard:
     """Amnesia decisions, judging and repair for one manager's nodes."""
 
     def __init__(self, addresses: Sequence[str], settings: Settings, keys: Keys,
-                 env: Environment, timeout: Callable[[], float]) -> None:
+                 env: Environment, timeout: Callable[[], float],
+                 rule: Callable[[], Rule]) -> None:
         self.addresses = tuple(addresses)
+        self.rule = rule  # the membership rule in force (what a quorum is, §13.2)
         self.settings = settings
         self.keys = keys
         self.env = env
@@ -247,8 +250,7 @@ class AmnesiaGuard:
             raise self._majority_lost(len(missing), outcomes)
         for i in missing:
             if self.health.lost_data(i):
-                logger.warning("redlock.node_amnesiac", node=self.addresses[i],
-                               rejoins_after_s=self.settings.max_ttl)
+                logger.warning("redlock.node_amnesiac", node=self.addresses[i])
         return None
 
     def _majority_lost(self, missing: int, outcomes: Sequence[NodeResult]) -> ClusterAmnesiaError:
@@ -256,10 +258,12 @@ class AmnesiaGuard:
             f"{missing} of {self.n} nodes have no node marker (they lost their data: restart"
             " without persistence, FLUSHALL, failover to an empty replica; or a new"
             " cluster's initialisation was interrupted): fence tokens could go backwards,"
-            " so redlock refuses. Restore the nodes' data if you can; else, once every lock"
-            " held before has expired (max_ttl), run `redlock initialise --force`"
-            " (Redlock.initialise(force=True)). An interrupted initialisation, where fewer"
-            " than a quorum of nodes ever had a marker, needs only `redlock initialise`.",
+            " so no lock can be granted. Restore the nodes' data if you can; else, once every"
+            " lock held before has expired (at most max_ttl; `redlock repair` says when),"
+            " run `redlock initialise --force` (Redlock.initialise(force=True)): tokens may"
+            " then restart below earlier ones, which fenced stores refuse until the"
+            " counters pass them. An interrupted initialisation, where fewer than a quorum"
+            " of nodes ever had a marker, needs only `redlock initialise`.",
             outcomes=outcomes)
 
     def incompatible_error(self, what: str, resource: str,

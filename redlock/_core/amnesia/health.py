@@ -24,6 +24,9 @@ class NodeHealth:
         # at all (never counted, judged nor repaired); why, for the outcomes.
         self.incompatible: dict[int, str] = {}
         self.unmarked: dict[int, float | None] = {}  # lost data: when it may rejoin
+        # Lost data, and bounded by max_ttl (its peers could not all be read): bounded
+        # again later, which may bring its rejoin time down (docs/design.md §4.3.1).
+        self.unbounded: set[int] = set()
         self.last_try: dict[int, float] = {}  # last repair attempt (rate limit)
         # Markers without a known run (written by a release before run ids, or by a user
         # who may not run INFO): to be stamped with the server's run id, as found.

@@ -18,6 +18,7 @@ def maintenance(guard: AmnesiaGuard, stop: Wakeable, news: Wakeable) -> Flow[Non
     repair due, or ``news`` (set when a node newly needs it, and on close).
     Rate-limited; each step is bounded by ``repair_timeout``."""
     health, settings = guard.health, guard.settings
+    bounded: dict[int, float] = {}  # when each benched node's rejoin time was last bounded
     while health.pending() and not stop.is_set():
         news.clear()
         health.news = False
@@ -25,9 +26,17 @@ def maintenance(guard: AmnesiaGuard, stop: Wakeable, news: Wakeable) -> Flow[Non
             yield from adopt_markers(guard, dict(health.adopt))
         if health.suspect:
             yield from judge(guard, dict(health.suspect))
-        unknown = [i for i, due in list(health.unmarked.items()) if due is None]
-        if unknown:
-            yield from open_episodes(guard, unknown)
+        now = guard.clock()
+        # Episodes to open, and rejoin times to bound again: one set to max_ttl while some
+        # peers could not be read comes down once they answer (docs/design.md §4.3.1).
+        every = settings.repair_interval
+        again = [i for i, due in list(health.unmarked.items())
+                 if due is None or (i in health.unbounded and due - now > every
+                                    and now - bounded.get(i, now - 1e9) >= every)]
+        if again:
+            for i in again:
+                bounded[i] = now
+            yield from open_episodes(guard, again)
         now = guard.clock()
         for node, due in list(health.unmarked.items()):
             tried = health.last_try.get(node)

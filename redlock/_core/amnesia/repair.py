@@ -3,8 +3,9 @@
 
 A repair re-seeds the node's fence counters from a majority of healthy nodes (no
 committed token is above what the node will count from), then gives the node its marker
-back; the script that writes the marker refuses unless the node's amnesia episode is one
-``max_ttl`` old by the node's own clock. A node of another format (a newer release's,
+back; the script that writes the marker refuses unless the node's amnesia episode has
+reached its rejoin time by the node's own clock (every lease it may have granted before
+the loss has expired then: docs/design.md §4.3.1). A node of another format (a newer release's,
 docs/design.md §4.1) is neither repaired nor read: this client reports it, and leaves
 it alone. ``repair()``
 reports every node; ``initialise()`` is the way out of an interrupted initialisation
@@ -48,7 +49,7 @@ class RepairStatus(str, enum.Enum):
     HEALTHY = "healthy"  # it has its marker (or the cluster was never initialised)
     REPAIRED = "repaired"  # its counters re-seeded, its marker given back
     INITIALISED = "initialised"  # given its first marker by initialise()
-    WAITING = "waiting"  # lost its data; rejoins once its episode is max_ttl old
+    WAITING = "waiting"  # lost its data; rejoins at its episode's rejoin time
     FAILED = "failed"  # unreachable, or the step refused (``detail`` says why)
 
 
@@ -112,9 +113,10 @@ def repair_node(guard: AmnesiaGuard, target: int, *, force: bool,
         hint = ""
         if sources is None and unhealthy >= guard.quorum:
             hint = ("; a majority of the nodes lost their data or are not trusted, so no"
-                    " repair can succeed: restore their data, or once every lock held"
-                    " before the loss has expired (max_ttl) run `redlock initialise"
-                    " --force` (docs/design.md §4.8)")
+                    " repair can succeed and no lock can be granted: restore their data, or"
+                    " once every lock held before the loss has expired run `redlock"
+                    " initialise --force` (tokens may then restart below earlier ones,"
+                    " which fenced stores refuse; docs/design.md §4.8)")
         elif sources is None:
             hint = "; the others could not be read now: repair tries again"
         return RepairReport(address, RepairStatus.FAILED,
@@ -125,9 +127,9 @@ def repair_node(guard: AmnesiaGuard, target: int, *, force: bool,
     if not acked(seeded):
         return RepairReport(address, RepairStatus.FAILED, f"seeding interrupted: {seeded!r}")
     highest = max(seed.values(), default=0)
-    delay_ms = 0 if force else int(guard.settings.max_ttl * 1000)
     done = yield from ask_one(Call(
-        target, (repair_id, f"repaired at={guard.env.wall_clock():.3f} by={repair_id}", delay_ms),
+        target, (repair_id, f"repaired at={guard.env.wall_clock():.3f} by={repair_id}",
+                 "0" if force else "1"),
         node_scripts.FINISH_REPAIR, (claim, guard.keys.marker, guard.keys.episode)), timeout)
     finished = repair_finished(done)
     if finished is RepairFinished.TOO_YOUNG:
@@ -137,8 +139,8 @@ def repair_node(guard: AmnesiaGuard, target: int, *, force: bool,
         guard.health.episode_unknown(target)
         guard.health.last_try.pop(target, None)
         yield from open_episodes(guard, [target])
-        return RepairReport(address, RepairStatus.WAITING, "its amnesia episode is younger than"
-                            " max_ttl by its clock (it lost data again, or restarted)")
+        return RepairReport(address, RepairStatus.WAITING, "its rejoin time has not come by its"
+                            " clock (it lost data again, or restarted)")
     if finished is not RepairFinished.WRITTEN:
         return RepairReport(address, RepairStatus.FAILED, f"marker not written: {done!r}")
     guard.health.healthy(target)
@@ -173,7 +175,7 @@ def _scan_page(guard: AmnesiaGuard, node: int, cursor: CommandArg, pattern: str,
 
 def repair(guard: AmnesiaGuard, *, force: bool) -> Flow[list[RepairReport]]:
     """Look at every node; judge restarted ones, and repair those that lost their data
-    once their episode is one ``max_ttl`` old by their own clock (or at once: ``force``,
+    once their episode's rejoin time has come by their own clock (or at once: ``force``,
     when every lock held before the loss has certainly expired)."""
     timeout = guard.settings.repair_timeout
     probe = yield Broadcast(tuple(guard.identify_call(i) for i in range(guard.n)), timeout)
@@ -211,13 +213,35 @@ def repair(guard: AmnesiaGuard, *, force: bool) -> Flow[list[RepairReport]]:
             reports[i] = yield from repair_node(guard, i, force=force)
         elif wait is not None:
             reports[i] = RepairReport(guard.addresses[i], RepairStatus.WAITING,
-                                      f"rejoins in {wait:.1f} s (one max_ttl after it lost"
-                                      " its data, by its own clock)")
+                                      f"rejoins in {wait:.1f} s, once every lock it may have"
+                                      f" granted before it lost its data has expired"
+                                      f"{_meanwhile(guard, reports, now)}")
         else:
             reports[i] = RepairReport(guard.addresses[i], RepairStatus.FAILED, "episode unreadable")
     for i in range(guard.n):
         reports.setdefault(i, RepairReport(guard.addresses[i], RepairStatus.HEALTHY))
     return [reports[i] for i in range(guard.n)]
+
+
+def _meanwhile(guard: AmnesiaGuard, reports: dict[int, RepairReport], now: float) -> str:
+    """What a waiting node's absence means for the cluster: nothing, or, when fewer than
+    a quorum of nodes are healthy now, that no lock can be granted and what to do."""
+    out = guard.health.benched() | set(reports)
+    healthy = [i for i in range(guard.n) if i not in out]
+    if guard.rule().met(healthy):
+        return ""
+    waits = [w for i in guard.health.benched() if (w := guard.health.rejoins_in(i, now))]
+    lost = len(guard.health.unmarked)
+    if lost >= guard.quorum:
+        return (f"; {lost} of {guard.n} nodes lost their data, a majority: no lock can be"
+                " granted, and their fence counters cannot be re-seeded from a quorum."
+                " Restore their data if you can; else, once every lock held before has"
+                f" expired (in {max(waits, default=0.0):.1f} s), run `redlock initialise"
+                " --force`: tokens may then restart below earlier ones, which fenced stores"
+                " refuse until the counters pass them")
+    return (f"; only {len(healthy)} of {guard.n} nodes are healthy meanwhile, fewer than a"
+            f" quorum: no lock can be granted for {min(waits, default=0.0):.1f} s, until the"
+            " first of them rejoins (nothing to do: repair runs by itself)")
 
 
 def _is_blank(guard: AmnesiaGuard, node: int) -> Flow[bool]:
