@@ -225,11 +225,12 @@ class Redlock(ManagerBase[Lock, MultiLock]):
 
     def repair(self, *, force: bool = False) -> list[RepairReport]:
         """Look at every node now: judge restarted ones, and re-seed those that lost their
-        data once their rejoin delay (one max_ttl after the loss, by the node's own
-        clock) has passed; the manager also does this in the background by itself.
+        data once their rejoin time has come (every lease they may have granted before
+        the loss has expired then, by the node's own clock: docs/design.md §4.3.1); the
+        manager also does this in the background by itself.
 
-        ``force=True`` skips the delay: only when you know every lock held before the
-        node lost its data has expired (one max_ttl has passed).
+        ``force=True`` skips the wait: only when you know every lock held before the
+        node lost its data has expired.
         """
         return self._drive(self._core.repair(force=force))
 
@@ -240,7 +241,8 @@ class Redlock(ManagerBase[Lock, MultiLock]):
         (nodes that never held anything); nodes that lost data are refused (``failed``).
         With ``force``, the way out of a majority that lost its data: those too, their
         fence counters seeded from the nodes that kept theirs. Only once every lock held
-        before has expired (one max_ttl); tokens may then restart below earlier ones,
+        before has expired (``repair()`` says when); tokens may then restart below
+        earlier ones,
         which the fenced stores reject until they catch up (docs/design.md §4.8).
         """
         return self._drive(self._core.initialise(force=force))

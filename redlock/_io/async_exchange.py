@@ -76,7 +76,9 @@ class Exchange:
         self.heard = True
         if self.probed:  # IDENTIFY's reply: among the request's at once (early decision)
             self.probed = False
-            wire.identified = True
+            # An error (a server still loading its data: LOADING) identifies nothing: the
+            # connection is asked again on its next request (docs/design.md §4.4).
+            wire.identified = not isinstance(reply, BaseException)
             if self.replies is not None:
                 self.replies.identities[self.node] = reply
             return

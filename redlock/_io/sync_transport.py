@@ -301,7 +301,8 @@ class SyncTransport:
                 if identity is NOTHING:
                     return
                 group.identity = identity
-                conn._redlock_identified = conn._sock  # this connection is known now
+                if not isinstance(identity, BaseException):  # known now (an error, a
+                    conn._redlock_identified = conn._sock  # server still LOADING: asked again)
                 # Among the replies at once: this request's own early decision must not
                 # count a restarted node's grant.
                 replies.identities[group.node] = group.identity

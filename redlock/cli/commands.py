@@ -210,12 +210,13 @@ def _repair_reports(args: argparse.Namespace, reports: Sequence[RepairReport]) -
 _FORCED = {
     "repair": ("force a repair",
                "Re-seed and readmit every node without its marker now? Safe only once every"
-               " lock held before those nodes lost their data has expired (one max_ttl"
-               " after the loss)."),
+               " lock held before those nodes lost their data has expired (the time"
+               " 'waiting' shows)."),
     "initialise": ("force the initialisation",
                    "Write node markers on the nodes that lack one, although some nodes"
-                   " already have one? Safe only once every lock has expired (one max_ttl"
-                   " after the nodes lost their data)."),
+                   " already have one? Safe only once every lock held before the nodes"
+                   " lost their data has expired (`redlock repair` shows when); tokens may"
+                   " then restart below earlier ones, which fenced stores refuse."),
 }
 
 

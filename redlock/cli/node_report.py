@@ -82,19 +82,19 @@ def _persistence_findings(report: NodeReport) -> tuple[list[str], list[str]]:
         if report.appendfsync not in (None, "always"):
             return [f"appendfsync {report.appendfsync}: a crash can lose the last writes and"
                     " come back with older keys and fence counters; a restart is therefore"
-                    " taken as data loss (the node is out of quorums for max_ttl, then"
-                    " repaired), and missed if the lock user may not run INFO (use"
+                    " taken as data loss (the node is out of quorums until its leases have"
+                    " expired, then repaired), and missed if the lock user may not run INFO (use"
                     " appendfsync always)"], []
         return [], []
     if report.save:
         return [f"appendonly no with save '{report.save}': a restart reloads an older"
                 " snapshot; it is therefore taken as data loss (the node is out of quorums"
-                " for max_ttl, then repaired), and missed if the lock user may not run INFO"
-                " (use appendonly yes with appendfsync always)"], []
+                " until its leases have expired, then repaired), and missed if the lock user"
+                " may not run INFO (use appendonly yes with appendfsync always)"], []
     if report.save == "":
         return [], ["no persistence: a restart comes back empty, is detected as amnesia and"
-                " kept out of quorums for max_ttl (appendonly yes + appendfsync always"
-                " avoids it)"]
+                " kept out of quorums until its leases have expired, about the longest TTL"
+                " in use (appendonly yes + appendfsync always avoids it)"]
     return [], []
 
 

@@ -111,6 +111,13 @@ def highest_accepted_before(accepted: Sequence[Write]) -> Callable[[Write], Top]
     return before
 
 
+def _holds_by_resource(holds: Iterable[Hold]) -> dict[str, list[Hold]]:
+    grouped: dict[str, list[Hold]] = defaultdict(list)
+    for hold in holds:
+        grouped[hold.resource].append(hold)
+    return grouped
+
+
 def _by_resource(writes: Iterable[Write]) -> dict[str, list[Write]]:
     grouped: dict[str, list[Write]] = defaultdict(list)
     for write in writes:
@@ -154,14 +161,22 @@ class History:
         return problems
 
     def tokens_out_of_order(self) -> list[str]:
+        """Holds whose token is not above every token of the same resource acquired
+        before the hold's acquire was invoked (per resource, by start: O(n log n))."""
         problems = []
-        for later in self.holds:
-            invoked = later.start if later.invoked is None else later.invoked
-            for earlier in self.holds:
-                if (earlier.resource == later.resource and earlier.start < invoked
-                        and earlier.token >= later.token):
+        for holds in _holds_by_resource(self.holds).values():
+            ordered = sorted(holds, key=lambda h: h.start)
+            starts = [h.start for h in ordered]
+            highest: list[Hold] = []  # highest[i]: the hold of the top token in ordered[:i+1]
+            for hold in ordered:
+                highest.append(hold if not highest or hold.token > highest[-1].token
+                               else highest[-1])
+            for later in ordered:
+                invoked = later.start if later.invoked is None else later.invoked
+                index = bisect.bisect_left(starts, invoked)
+                if index and highest[index - 1].token >= later.token:
                     problems.append(f"{later.resource}: token {later.token} acquired after "
-                                    f"token {earlier.token} was")
+                                    f"token {highest[index - 1].token} was")
         return problems
 
     def writes_out_of_order(self) -> list[str]:
@@ -178,14 +193,17 @@ class History:
         return problems
 
     def overlaps(self) -> list[tuple[Hold, Hold]]:
+        """Holds of one resource that overlap in time: each hold with the one that ends
+        last among those that started before it, when that one ends after it starts
+        (per resource, by start: O(n log n))."""
         pairs = []
-        ordered = sorted(self.holds, key=lambda h: h.start)
-        for i, first in enumerate(ordered):
-            for second in ordered[i + 1:]:
-                if second.start >= first.end:
-                    continue
-                if second.resource == first.resource:
-                    pairs.append((first, second))
+        for holds in _holds_by_resource(self.holds).values():
+            latest: Hold | None = None  # of the holds so far, the one that ends last
+            for hold in sorted(holds, key=lambda h: h.start):
+                if latest is not None and hold.start < latest.end:
+                    pairs.append((latest, hold))
+                if latest is None or hold.end > latest.end:
+                    latest = hold
         return pairs
 
     def most_at_once(self, prefix: str = "") -> int:

@@ -70,6 +70,9 @@ class Workload:
         self.managers = [Redlock(nodes.urls) for _ in range(THREADS)]
         self.successes: list[float] = []
         self.increments = 0
+        # Every accepted increment: (resource, token, value read, time written), so a lost
+        # update can be shown where it happened.
+        self.accepted: list[tuple[str, int, int, float]] = []
         self.failures: dict[str, int] = {}
         self.examples: dict[str, str] = {}
         self.errors: list[BaseException] = []
@@ -125,6 +128,7 @@ class Workload:
         if outcome == ACCEPTED:
             with self._mutex:
                 self.increments += 1
+                self.accepted.append((resource, token, value - 1, time.monotonic()))
         self.run.history.wrote(Write(client, resource, token, invoked, time.monotonic(),
                                      outcome))
 
@@ -152,6 +156,18 @@ class Workload:
         total = sum(int(self.store.read(name) or b"0") for name in self.names)
         return self.increments - total
 
+    def where_lost(self) -> list[str]:
+        """Accepted increments that read the value another accepted increment read (by
+        token order per resource): the lost updates, with their tokens."""
+        found = []
+        for name in self.names:
+            mine = sorted((t, v, at) for r, t, v, at in self.accepted if r == name)
+            for (t1, v1, at1), (t2, v2, at2) in itertools.pairwise(mine):
+                if v2 != v1 + 1:
+                    found.append(f"{name}: token {t1} read {v1} at {at1:.3f}, token {t2}"
+                                 f" read {v2} at {at2:.3f}")
+        return found[:5]
+
 
 def roll(nodes: RedisNodes, *, keep_data: bool, spacing: float,
          order: list[int] | None = None) -> Iterator[tuple[int, float]]:
@@ -162,16 +178,17 @@ def roll(nodes: RedisNodes, *, keep_data: bool, spacing: float,
         yield index, time.monotonic()
 
 
-def checked(workload: Workload, run: Run, figures: Any, started: float,
+def checked(workload: Workload, figures: Any, started: float, ended: float,
             rejoins: list[float]) -> None:
-    ended = time.monotonic()
+    """Once the clients stopped: the longest stretch without a lock, the lost updates
+    and the rejoin times, into the figures and checked."""
     gap = workload.longest_gap(started, ended)
     lost = workload.lost_updates()
     figures.extra.update(
         longest_gap_s=round(gap, 3), lost_updates=lost, increments=workload.increments,
         rejoin_s=[round(r, 2) for r in rejoins], failures=workload.failures,
         cluster_amnesia=workload.failures.get("ClusterAmnesiaError", 0))
-    assert lost == 0, figures.extra
+    assert lost == 0, (figures.extra, workload.where_lost())
     assert gap <= MAX_GAP, (gap, workload.failures, workload.examples)
     assert all(r <= REJOIN for r in rejoins), rejoins
 
@@ -181,15 +198,17 @@ def test_a_rolling_restart_without_persistence_keeps_locking(
         n: int, fresh_nodes: Callable[..., RedisNodes], store: RedisFencedStore) -> None:
     """Every node restarted empty in turn, SPACING apart, under load, default settings."""
     nodes = fresh_nodes(n)
-    with recorded(f"rolling-restart-N{n}", store) as (figures, run), \
-            Workload(nodes, run, store, f"roll{n}") as workload:
-        started = time.monotonic()
-        rejoins = []
-        for index, when in roll(nodes, keep_data=False, spacing=SPACING):
-            wait_for(lambda i=index: healthy(nodes[i]), REJOIN + 5.0, f"node {index} back")
-            rejoins.append(time.monotonic() - when)
-        time.sleep(3.0)
-        checked(workload, run, figures, started, rejoins)
+    with recorded(f"rolling-restart-N{n}", store) as (figures, run):
+        with Workload(nodes, run, store, f"roll{n}") as workload:
+            started = time.monotonic()
+            rejoins = []
+            for index, when in roll(nodes, keep_data=False, spacing=SPACING):
+                wait_for(lambda i=index: healthy(nodes[i]), REJOIN + 5.0,
+                         f"node {index} back")
+                rejoins.append(time.monotonic() - when)
+            time.sleep(3.0)
+            ended = time.monotonic()
+        checked(workload, figures, started, ended, rejoins)
 
 
 def test_a_second_restart_before_the_first_node_is_back(
@@ -198,22 +217,23 @@ def test_a_second_restart_before_the_first_node_is_back(
     Three healthy nodes keep a quorum; node 1's wait is bounded by its healthy peers'
     horizons and node 0's own rejoin time, so both are back within REJOIN."""
     nodes = fresh_nodes(5)
-    with recorded("second-restart-before-the-first-is-back", store) as (figures, run), \
-            Workload(nodes, run, store, "second") as workload:
-        started = time.monotonic()
-        time.sleep(3.0)
-        nodes[0].restart(keep_data=False)
-        first = time.monotonic()
-        time.sleep(1.0)
-        nodes[1].restart(keep_data=False)
-        second = time.monotonic()
-        assert not healthy(nodes[0]), "node 0 was back within a second: no overlap"
-        wait_for(lambda: healthy(nodes[0]), REJOIN + 5.0, "node 0 back")
-        rejoins = [time.monotonic() - first]
-        wait_for(lambda: healthy(nodes[1]), REJOIN + 5.0, "node 1 back")
-        rejoins.append(time.monotonic() - second)
-        time.sleep(2.0)
-        checked(workload, run, figures, started, rejoins)
+    with recorded("second-restart-before-the-first-is-back", store) as (figures, run):
+        with Workload(nodes, run, store, "second") as workload:
+            started = time.monotonic()
+            time.sleep(3.0)
+            nodes[0].restart(keep_data=False)
+            first = time.monotonic()
+            time.sleep(1.0)
+            nodes[1].restart(keep_data=False)
+            second = time.monotonic()
+            assert not healthy(nodes[0]), "node 0 was back within a second: no overlap"
+            wait_for(lambda: healthy(nodes[0]), REJOIN + 5.0, "node 0 back")
+            rejoins = [time.monotonic() - first]
+            wait_for(lambda: healthy(nodes[1]), REJOIN + 5.0, "node 1 back")
+            rejoins.append(time.monotonic() - second)
+            time.sleep(2.0)
+            ended = time.monotonic()
+        checked(workload, figures, started, ended, rejoins)
 
 
 def test_a_rolling_restart_with_appendfsync_everysec(
@@ -222,17 +242,19 @@ def test_a_rolling_restart_with_appendfsync_everysec(
     last second, so the node is judged not durable and kept out until its leases have
     expired, like an empty one (docs/design.md §4.4). 10 s apart."""
     nodes = fresh_nodes(3, appendonly=True, appendfsync="everysec")
-    with recorded("rolling-restart-everysec", store) as (figures, run), \
-            Workload(nodes, run, store, "everysec") as workload:
-        started = time.monotonic()
-        rejoins = []
-        for index, when in roll(nodes, keep_data=True, spacing=10.0):
-            wait_for(lambda i=index: get(nodes[i], KEYS.marker) is None
-                     or not healthy(nodes[i]), 5.0, f"node {index} judged")
-            wait_for(lambda i=index: healthy(nodes[i]), REJOIN + 5.0, f"node {index} back")
-            rejoins.append(time.monotonic() - when)
-        time.sleep(2.0)
-        checked(workload, run, figures, started, rejoins)
+    with recorded("rolling-restart-everysec", store) as (figures, run):
+        with Workload(nodes, run, store, "everysec") as workload:
+            started = time.monotonic()
+            rejoins = []
+            for index, when in roll(nodes, keep_data=True, spacing=10.0):
+                wait_for(lambda i=index: get(nodes[i], KEYS.marker) is None, 5.0,
+                         f"node {index} demoted (not durable)")
+                wait_for(lambda i=index: healthy(nodes[i]), REJOIN + 5.0,
+                         f"node {index} back")
+                rejoins.append(time.monotonic() - when)
+            time.sleep(2.0)
+            ended = time.monotonic()
+        checked(workload, figures, started, ended, rejoins)
 
 
 def test_the_lock_family_through_a_rolling_restart(
@@ -255,9 +277,9 @@ def test_the_lock_family_through_a_rolling_restart(
                 if kind == "semaphore":
                     handle: Any = dlm.semaphore("roll:sem", permits=2, ttl=TTL)
                 elif kind == "write":
-                    handle = dlm.rwlock("roll:rw", ttl=TTL).write
+                    handle = dlm.rwlock("roll:rw", ttl=TTL).write()
                 else:
-                    handle = dlm.election("roll:leader", ttl=TTL)
+                    handle = dlm.election("roll:leader", ttl=TTL).campaign()
                 try:
                     got = handle.acquire(timeout=1.0)
                 except LockNotAcquired:

@@ -18,11 +18,13 @@ it is neither judged nor repaired, and an acquire it leaves without a quorum rai
 :class:`NodeFormatError`.
 
 An episode key records on the node itself, by its own clock and with its run id, when
-it was first seen without its marker. A repair (re-seed every fence counter from a
-majority of healthy nodes, then give the marker back) succeeds only once the episode is
-one ``max_ttl`` old, checked by the node in the script that writes the marker: every
-client measures the same delay, and a new loss restarts it. Judging and repairing run
-in the manager's background maintenance, never on an acquire's path.
+it was first seen without its marker and from when it may rejoin: once every lease it may
+have granted before has expired (bounded by its peers' lease horizons, docs/design.md
+§4.3.1). A repair (re-seed every fence counter from a majority of healthy nodes, then
+give the marker back) succeeds only from then on, checked by the node in the script that
+writes the marker: every client reads the same time, and a new loss restarts it.
+Judging and repairing run in the manager's background maintenance, never on an
+acquire's path.
 """
 
 from __future__ import annotations
