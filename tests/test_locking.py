@@ -128,7 +128,8 @@ async def test_namespace_changes_key_names(flavour: Flavour, me: Actor,
     for node in nodes3:
         with node.client() as client:
             keys = sorted(k.decode() for k in client.keys("*"))
-        assert keys == ["billing:node:fence", "billing:node:marker", "billing:{invoice:7}:lock"]
+        assert keys == ["billing:node:fence", "billing:node:horizon", "billing:node:marker",
+                        "billing:{invoice:7}:lock"]
     # Another namespace is another set of locks: no contention.
     theirs = me.on(flavour.manager(nodes3).lock("invoice:7"))
     assert await theirs.acquire(blocking=False)
