@@ -53,7 +53,8 @@ def test_warning_classes_are_exported() -> None:
 
 
 def test_a_ttl_in_milliseconds_warns_at_the_callers_line() -> None:
-    dlm = Redlock([f"redis://127.0.0.1:{free_port()}"])  # nothing is sent
+    # (Under the default max_ttl, 60 s, such a ttl is a ValueError saying the same.)
+    dlm = Redlock([f"redis://127.0.0.1:{free_port()}"], max_ttl=3600.0)  # nothing is sent
     try:
         with pytest.warns(DurationWarning) as caught:
             dlm.lock("orders:42", ttl=1000)
@@ -79,7 +80,7 @@ def test_a_timeout_in_milliseconds_warns_and_a_ttl_above_max_ttl_says_the_unit()
         with pytest.raises(ValueError) as refused:
             dlm.lock("orders:42", ttl=30000)
         assert str(refused.value) == (
-            "ttl=30000 s is larger than the maximum max_ttl=3600 s: ttl is in seconds"
+            "ttl=30000 s is larger than the maximum max_ttl=60 s: ttl is in seconds"
             " (30000 s = 8.3 hours); pass ttl=30.0 for 30 s, or raise the manager's max_ttl"
             " (Redlock(..., max_ttl=...)) for locks held that long")
     finally:
@@ -87,7 +88,7 @@ def test_a_timeout_in_milliseconds_warns_and_a_ttl_above_max_ttl_says_the_unit()
 
 
 def test_the_duration_warning_is_told_once_per_call_site() -> None:
-    dlm = Redlock([f"redis://127.0.0.1:{free_port()}"])
+    dlm = Redlock([f"redis://127.0.0.1:{free_port()}"], max_ttl=3600.0)
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("default")  # Python's own: once per call site
@@ -99,7 +100,7 @@ def test_the_duration_warning_is_told_once_per_call_site() -> None:
 
 
 def test_extend_and_acquire_in_milliseconds_warn_too(nodes3: RedisNodes) -> None:
-    with Redlock(nodes3.urls, node_timeout=NODE_TIMEOUT) as dlm:
+    with Redlock(nodes3.urls, node_timeout=NODE_TIMEOUT, max_ttl=3600.0) as dlm:
         lock = dlm.lock("day1:extend", ttl=5.0)
         with pytest.warns(DurationWarning, match="timeout=3000 is 50.0 minutes") as caught:
             assert lock.acquire(timeout=3000)
@@ -113,7 +114,7 @@ def test_extend_and_acquire_in_milliseconds_warn_too(nodes3: RedisNodes) -> None
 
 
 async def test_the_asyncio_client_warns_the_same(nodes3: RedisNodes) -> None:
-    async with AsyncRedlock(nodes3.urls, node_timeout=NODE_TIMEOUT) as dlm:
+    async with AsyncRedlock(nodes3.urls, node_timeout=NODE_TIMEOUT, max_ttl=3600.0) as dlm:
         with pytest.warns(DurationWarning, match="ttl=1500 is 25.0 minutes") as caught:
             lock = dlm.lock("day1:async", ttl=1500)
         assert caught[0].filename == __file__
