@@ -270,12 +270,10 @@ class AsyncRedlock(ManagerBase[AsyncLock, AsyncMultiLock]):
         if previous is not None:  # a forked child: the parent's connections stay unused
             _fork.keep_forever(previous.forget())
         settings = self._core.settings
-        self._renewal_thread = RenewalThread.for_nodes(
-            self._transport.items, settings.connect_timeout,
+        self._renewal_thread = RenewalThread(
+            self._endpoints, self._addresses, settings.connect_timeout,
             Keys(settings.namespace).identify_command(), self._room, self._core.absorb,
             self._registry.lost, self._maintain)
-        if self._renewal_thread is None:  # Sentinel-managed nodes: a task on the loop
-            return super()._renewal_runner()
         return threading.Event, self._renewal_thread.start, self._renewal_thread.lost
 
     async def close(self) -> None:

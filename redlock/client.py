@@ -307,13 +307,13 @@ class Redlock(ManagerBase[Lock, MultiLock]):
         return self._drive(self._adopt_flow(handover, auto_extend, on_lost))
 
     def _drive(self, flow: Flow[T], sent_at: float | None = None) -> T:
-        if not self._told_of_loop and asyncio._get_running_loop() is not None:
+        if not self._told_of_loop and _in_event_loop():
             self._blocks_a_loop()
         return cast(T, super()._drive(flow, sent_at))
 
     def _send_quickly(self, sent: Sent) -> None:
         self._in_this_process()
-        if not self._told_of_loop and asyncio._get_running_loop() is not None:
+        if not self._told_of_loop and _in_event_loop():
             self._blocks_a_loop()
         sent.at = time.monotonic()
         try:
@@ -326,7 +326,7 @@ class Redlock(ManagerBase[Lock, MultiLock]):
     _send_quickly.__doc__ = ManagerBase._send_quickly.__doc__
 
     # Whether this manager warned that it was called in a running event loop (once per
-    # manager; until then every driven call asks the thread, a C call of a few 10 ns).
+    # manager; until then every driven call asks).
     _told_of_loop = False
 
     def _blocks_a_loop(self) -> None:
@@ -354,3 +354,12 @@ class Redlock(ManagerBase[Lock, MultiLock]):
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def _in_event_loop() -> bool:
+    """Whether this thread is running an asyncio event loop."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True

@@ -25,9 +25,9 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 import redis
-from redis.connection import parse_url
 
 from redlock import EventFormatter, Redlock
+from redlock._io.endpoint import from_url
 
 
 def run(urls: Sequence[str], workers: int, rounds: int, ttl: float) -> int:
@@ -85,7 +85,7 @@ def _node_urls(parser: argparse.ArgumentParser, urls: list[str] | None) -> list[
                      f" {' '.join(urls)}")
     for url in urls:
         try:
-            parse_url(url)
+            from_url(url)
         except ValueError as exc:
             shown = re.sub(r"(://[^:@/]*:)[^@/]*@", r"\1***@", url)  # no password
             parser.error(f"bad node URL {shown!r}: {exc}")

@@ -17,7 +17,6 @@ import redis.asyncio
 import redis.connection
 
 from redlock import AsyncRedlock, LockLost
-from redlock._io.nodes import blocking_twin
 from redlock.testing import RedisNodes
 from tests.internals import lines_idle
 from tests.peek import (
@@ -193,31 +192,3 @@ async def test_renewals_of_a_manager_over_asyncio_clients_use_their_settings(
     finally:
         for client in clients:
             await client.aclose()
-
-
-def test_blocking_twins_of_asyncio_clients() -> None:
-    """What the renewal thread connects with: URLs as they are, asyncio clients as
-    blocking clients of the same server and credentials (TCP, TLS, unix socket), and no
-    twin for connection classes it does not know."""
-    assert blocking_twin("redis://h:1/2") == "redis://h:1/2"
-    tcp = blocking_twin(redis.asyncio.Redis(host="h", port=1, db=2, username="u",
-                                            password="p"))
-    assert isinstance(tcp, redis.Redis)
-    kwargs = tcp.connection_pool.connection_kwargs
-    assert tcp.connection_pool.connection_class is redis.connection.Connection
-    assert {k: kwargs[k] for k in ("host", "port", "db", "username", "password")} == {
-        "host": "h", "port": 1, "db": 2, "username": "u", "password": "p"}
-    tls = blocking_twin(redis.asyncio.Redis(host="h", ssl=True, ssl_ca_certs="/ca.pem"))
-    assert isinstance(tls, redis.Redis)
-    assert tls.connection_pool.connection_class is redis.connection.SSLConnection
-    assert tls.connection_pool.connection_kwargs["ssl_ca_certs"] == "/ca.pem"
-    unix = blocking_twin(redis.asyncio.Redis(unix_socket_path="/tmp/r.sock"))
-    assert isinstance(unix, redis.Redis)
-    assert unix.connection_pool.connection_class is redis.connection.UnixDomainSocketConnection
-
-    class Custom(redis.asyncio.connection.Connection):
-        pass
-
-    own = redis.asyncio.Redis(connection_pool=redis.asyncio.ConnectionPool(
-        connection_class=Custom))
-    assert blocking_twin(own) is None  # such nodes are renewed by a task on the loop

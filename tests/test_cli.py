@@ -178,8 +178,8 @@ def test_status_with_most_nodes_down_fails(nodes3: RedisNodes) -> None:
 def test_bad_urls_and_arguments_are_usage_errors() -> None:
     bad = run("status", "r", "--nodes", "redis://:s3cret@127.0.0.1:6379", "localhost:6379")
     assert bad.returncode == cli.EXIT_USAGE
-    assert bad.stderr == ("redlock: bad node URL 'localhost:6379': Redis URL must specify one"
-                          " of the following schemes (redis://, rediss://, unix://)\n")
+    assert bad.stderr == ("redlock: bad node URL 'localhost:6379': a Redis URL starts with"
+                          " redis://, rediss:// or unix://\n")
     port = run("nodes", "--nodes", "redis://:s3cret@host:notaport")
     assert port.returncode == cli.EXIT_USAGE
     assert port.stderr == ("redlock: bad node URL 'redis://:***@host:notaport': Port could not"

@@ -417,7 +417,8 @@ async def test_a_node_that_missed_the_release_makes_the_waiter_ask_the_nodes(
     assert not any(e["event"] == "redlock.handed_off" for e in events)
     assert await live.token() > 0
     await live.release()
-    assert values(nodes3, "ho:miss") == [None] * 3
+    # Ours are gone (the other owner's keys, set above for 1.5 s, may outlive them by ms).
+    assert all(value in (None, "someone-else") for value in values(nodes3, "ho:miss"))
 
 
 async def test_a_waiter_that_records_nothing_gets_a_plain_wake(

@@ -1,4 +1,4 @@
-"""The sync transport's own I/O on redis-py's sockets (docs/design.md §2.4): a reply half
+"""The sync transport's own I/O on its own sockets (docs/design.md §2.4): a reply half
 received on one node holds up neither the other nodes' replies nor the drainer's other
 connections, the drainer waits instead of spinning when it has nothing to read, and the
 idle connections a burst of threads opened are closed once they sat unused."""
@@ -15,6 +15,8 @@ from typing import Any
 import pytest
 
 from redlock import Redlock
+from redlock._io.connection import Connection
+from redlock._io.endpoint import from_url, labels
 from redlock._io.wire import Silence
 from redlock.testing import RedisNodes
 from tests.internals import (
@@ -29,33 +31,20 @@ from tests.internals import (
 )
 
 
-class FakeConnection:
-    """A redis-py connection as the transport uses it: a socket (one end of a pair; the
-    test is the server at the other end) and disconnect()."""
-
-    def __init__(self, sock: socket.socket) -> None:
-        self._sock: socket.socket | None = sock
-
-    def disconnect(self) -> None:
-        if self._sock is not None:
-            self._sock.close()
-            self._sock = None
-
-
 @pytest.fixture(params=["general", "warm"])
 def three_fake_nodes(request: pytest.FixtureRequest
                      ) -> Iterator[tuple[SyncTransport, list[socket.socket]]]:
     """A transport over 3 nodes, each with one open connection: the server ends. "warm":
     connections that met their server before (identified), which the transport's warm
     path takes (redlock/_io/sync_warm.py); "general": new ones, which it does not."""
-    transport = SyncTransport([f"redis://127.0.0.1:{port}" for port in (1, 2, 3)], 2.0)
+    found = [from_url(f"redis://127.0.0.1:{port}") for port in (1, 2, 3)]
+    transport = SyncTransport(found, labels(found), 2.0)
     servers = []
     for node in range(3):
         ours, theirs = socket.socketpair()
-        ours.settimeout(2.0)  # (as redis-py's: the connect budget)
-        conn = FakeConnection(ours)
-        if request.param == "warm":
-            conn._redlock_identified = ours  # type: ignore[attr-defined]
+        ours.settimeout(2.0)  # (as open_connection's: the connect budget)
+        conn = Connection(ours)
+        conn.identified = request.param == "warm"
         transport._idle.put(node, conn)
         servers.append(theirs)
     yield transport, servers
@@ -172,22 +161,22 @@ def test_a_request_interrupted_while_waiting_leaves_no_connection_behind(
 
 def test_a_half_received_reply_does_not_hold_up_the_drainer() -> None:
     given_back: list[int] = []
-    conns: list[FakeConnection] = []
+    conns: list[Connection] = []
 
     def give_back(node: int, conn: Any) -> None:
         given_back.append(node)
-        conn.disconnect()
+        conn.close()
 
     silence = Silence(2)
     silence.owed(0, 1.0)
     silence.owed(1, 1.0)
     drainer = SyncDrainer(2, 5.0, give_back=give_back,
-                          discard=lambda node, conn: conn.disconnect(), silence=silence)
+                          discard=lambda node, conn: conn.close(), silence=silence)
     pairs = [socket.socketpair() for _ in range(2)]
     try:
         for node, (ours, _) in enumerate(pairs):
             ours.settimeout(5.0)
-            conns.append(FakeConnection(ours))
+            conns.append(Connection(ours))
             drainer.keep(node, conns[-1], [Call(node, ("PING",))], 1)
         pairs[0][1].sendall(b"$10\r\nhal")  # node 0: half a reply, and no more
         time.sleep(0.1)  # (the drainer is on node 0's socket by now)
@@ -201,14 +190,14 @@ def test_a_half_received_reply_does_not_hold_up_the_drainer() -> None:
     finally:
         drainer.close()
         for conn in conns:
-            conn.disconnect()
+            conn.close()
         for _, theirs in pairs:
             theirs.close()
 
 
 def test_the_drainer_waits_instead_of_spinning_when_nothing_is_live() -> None:
     drainer = SyncDrainer(1, 5.0, give_back=lambda node, conn: None,
-                          discard=lambda node, conn: conn.disconnect(), silence=Silence(1))
+                          discard=lambda node, conn: conn.close(), silence=Silence(1))
     ours, theirs = socket.socketpair()
     looks = 0
     entries = drainer._late.entries
@@ -223,7 +212,7 @@ def test_the_drainer_waits_instead_of_spinning_when_nothing_is_live() -> None:
 
     drainer._late.entries = counted  # type: ignore[method-assign]
     try:
-        drainer.keep(0, FakeConnection(ours), [Call(0, ("PING",))], 1)
+        drainer.keep(0, Connection(ours), [Call(0, ("PING",))], 1)
         time.sleep(0.5)
         # A look every 50 ms at most (a spin looked hundreds of thousands of times).
         assert 1 <= looks <= 20, looks

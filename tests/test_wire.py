@@ -17,6 +17,7 @@ import redis
 
 from redlock import AsyncRedlock, Redlock
 from redlock._io import resp, wire
+from redlock._io.failures import NoReply, Unreachable, is_noscript
 from redlock.testing import RedisNode, RedisNodes, capture_events, free_port
 from tests.clients import Actor, Flavour
 from tests.internals import KEYS, MUTEX, AcquireArgs, attempt_owner, with_epoch
@@ -53,13 +54,13 @@ def test_plain_reader_reads_what_hiredis_reads_even_byte_by_byte(data: bytes) ->
     assert not plain.has_data()
 
 
-def test_error_replies_become_redis_py_exceptions() -> None:
+def test_error_replies_are_returned_not_raised() -> None:
     plain = resp.PlainReader()
     plain.feed(b"-NOSCRIPT No matching script\r\n-ERR boom\r\n")
-    noscript, other = resp.as_result(plain.gets()), resp.as_result(plain.gets())
-    assert isinstance(noscript, redis.exceptions.NoScriptError)
-    assert type(other) is redis.exceptions.ResponseError
-    assert str(other) == "boom"  # (redis-py drops the ERR code, as for its own replies)
+    noscript, other = plain.gets(), plain.gets()
+    assert isinstance(noscript, resp.ReplyError) and is_noscript(noscript)
+    assert isinstance(other, resp.ReplyError) and not is_noscript(other)
+    assert str(other) == "ERR boom"
 
 
 def test_plain_pack_is_hiredis_pack() -> None:
@@ -266,16 +267,14 @@ def test_a_silent_straggler_is_not_waited_for_until_it_answers_again() -> None:
 def test_a_node_that_fails_fast_is_not_silent_one_that_times_out_is() -> None:
     import asyncio
 
-    import redis.exceptions
-
     from redlock._io.wire import SILENT_AFTER_GRACES, STRAGGLER_GRACE_MIN, Silence
 
     now = 100.0
     long_ago = now - (SILENT_AFTER_GRACES + 1) * STRAGGLER_GRACE_MIN
-    for exc, silent in ((redis.exceptions.TimeoutError("Timeout reading from socket"), True),
+    for exc, silent in ((NoReply("Timeout reading from socket"), True),
                         (asyncio.TimeoutError(), True), (TimeoutError(), True),
-                        (redis.exceptions.ConnectionError("Error 111 connecting"), False),
-                        (ConnectionResetError(), False), (redis.exceptions.ResponseError(), False)):
+                        (Unreachable("Error 111 connecting"), False),
+                        (ConnectionResetError(), False), (resp.ReplyError("ERR x"), False)):
         silence = Silence(1)
         silence.owed(0, long_ago)
         silence.failed(0, exc)
@@ -303,9 +302,9 @@ def test_a_node_that_refused_a_connection_is_not_asked_again_until_its_wait_is_o
     with each fast failure up to RETRY_CONNECT_MAX; a timeout does not count; a
     connection made clears it."""
     refusals = wire.Refusals(2)
-    refused = redis.ConnectionError("Error 111 connecting to 127.0.0.1:1. Connection refused.")
+    refused = Unreachable("Error 111 connecting to 127.0.0.1:1. Connection refused.")
     assert refusals.refusing(0, 100.0) is None
-    refusals.failed(0, redis.TimeoutError("Timeout connecting"), 100.0)  # (no: a timeout)
+    refusals.failed(0, NoReply("Timeout connecting"), 100.0)  # (no: a timeout)
     assert refusals.refusing(0, 100.0) is None
     waits = []
     now = 100.0

@@ -202,12 +202,15 @@ class AsyncExecutor(_Executor):
             turn = True
             # Another attempt has the turn, or one it was handed to has yet to run: wait,
             # within the round.
-            if line.turn.locked() or getattr(line.turn, "_waiters", None):
+            if line.turn.locked() or line.turn_waiters:
+                line.turn_waiters += 1
                 try:
                     await within(line.turn.acquire(),
                                  max(0.0, started + request.timeout - time.monotonic()))
                 except asyncio.TimeoutError:
                     turn = False
+                finally:
+                    line.turn_waiters -= 1
             else:  # free: taken at once (no suspension), without a timeout's timer
                 await line.turn.acquire()
         except BaseException:

@@ -55,10 +55,12 @@ class Ticket(Generic[E]):
 class Line(Generic[E, L]):
     """One resource's line."""
 
-    __slots__ = ("handoff_done", "handoff_to", "handoff_until", "turn", "users", "waiting")
+    __slots__ = ("handoff_done", "handoff_to", "handoff_until", "turn", "turn_waiters",
+                 "users", "waiting")
 
     def __init__(self, turn: L) -> None:
         self.turn = turn
+        self.turn_waiters = 0  # (asyncio) tasks waiting for the turn: it goes to them first
         self.waiting: list[Ticket[E]] = []
         self.handoff_to: Ticket[E] | None = None
         self.handoff_done: E | None = None  # made by a handoff only

@@ -18,6 +18,9 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, ClassVar, Generic, TypeVar
 
+import redis
+import redis.asyncio
+
 from redlock import _fork
 from redlock._client import environment
 from redlock._client.decorator import F, make_decorator
@@ -37,7 +40,7 @@ from redlock._core.renewals import Renewals
 from redlock._core.requests import Flow, Replies
 from redlock._core.settings import DEFAULT_MAX_TTL, Keys, Settings, validate_resource
 from redlock._core.state import LockState
-from redlock._io.nodes import portable
+from redlock._io.endpoint import endpoints, labels, portable
 from redlock._io.wakeups import WakeRegistry
 from redlock._observe.log import get_logger
 
@@ -57,6 +60,10 @@ class _Rebuilding:
 
 
 _rebuilding = _Rebuilding()
+
+# What a node may be given as, besides a URL: a redis-py client of either flavour (only
+# its settings are read: the library opens its own connections, docs/design.md §2.4).
+_CLIENTS = (redis.Redis, redis.asyncio.Redis)
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_rebuilding.after_fork)
 
@@ -137,11 +144,13 @@ class ManagerBase(Generic[H, MH]):
                             retry_delay_max=retry_delay_max, max_ttl=max_ttl,
                             outage_timeout=outage_timeout)
         self._backend = self._backend_class()
-        # The transport checks the node list; it opens no connection before first use,
-        # so nothing leaks if anything below raises.
-        self._transport = self._open_transport(nodes, settings)
-        self._core = RedlockCore(self._transport.addresses, settings,
-                                 environment.real(clock))
+        # The nodes, checked at the call site: where each is and how to log in (docs/
+        # design.md §2.4). The transport opens no connection before first use, so nothing
+        # leaks if anything below raises.
+        self._endpoints = endpoints(nodes, _CLIENTS, "redis-py")
+        self._addresses = labels(self._endpoints)
+        self._transport = self._open_transport(settings)
+        self._core = RedlockCore(self._addresses, settings, environment.real(clock))
         self._telemetry = Telemetry.create(settings.namespace, self._core.n, self._core.quorum,
                                            tracer_provider, meter_provider)
         self._sleep = sleep
@@ -151,12 +160,13 @@ class ManagerBase(Generic[H, MH]):
         self._start_process_state()
         self._generation = _fork.generation  # a forked child rebuilds on first use
 
-    def _open_transport(self, nodes: Iterable[Any], settings: Settings) -> Any:
+    def _open_transport(self, settings: Settings) -> Any:
         identify = Keys(settings.namespace).identify_command()
-        return self._transport_class(nodes, settings.connect_timeout, identify)
+        return self._transport_class(self._endpoints, self._addresses,
+                                     settings.connect_timeout, identify)
 
     def _open_listener(self, wakeups: WakeRegistry) -> Any:
-        return self._listener_class(self._transport.pools, self._transport.addresses,
+        return self._listener_class(self._endpoints, self._addresses,
                                     self._core.settings.connect_timeout, wakeups)
 
     def _start_process_state(self) -> None:
@@ -183,11 +193,9 @@ class ManagerBase(Generic[H, MH]):
         why)."""
         observe = functools.partial(record_renewal, self._telemetry)
         why = renewer_unavailable(self._core.clock)
-        nodes = [portable(node) for node in self._transport.items]
-        if why is None and None in nodes:
-            why = ("a node's settings cannot be sent to another process (a connection class"
-                   " or credential provider of the application's own, or settings that do"
-                   " not pickle)")
+        if why is None and not portable(self._endpoints):
+            why = ("a node's settings cannot be sent to another process (a credential"
+                   " provider of the application's own that does not pickle)")
         if why is not None:
             new_event, start_loop, lost = self._renewal_runner()
             return Renewals(self._core, new_event, start_loop, lost, observe,
@@ -205,7 +213,7 @@ class ManagerBase(Generic[H, MH]):
 
         telemetry = self._telemetry
         return self._renewer_class(
-            nodes, self._core.settings, self._renewal_lost, observe,
+            self._endpoints, self._core.settings, self._renewal_lost, observe,
             lambda: telemetry is not None and telemetry.instruments() is not None, bridge,
             functools.partial(self._core.adopt_members, learnt=False))
 
@@ -270,7 +278,7 @@ class ManagerBase(Generic[H, MH]):
             self._closing.set()
         else:  # the parent's transport is the parent's: the child never touches its sockets
             _fork.keep_forever(self._transport)
-            self._transport = self._open_transport(self._transport.items, self._core.settings)
+            self._transport = self._open_transport(self._core.settings)
         self._core.after_fork()
         self._registry.current_owner = self._backend.current_owner
         self._start_process_state()

@@ -12,12 +12,11 @@ interval (5 ms) whatever the loop is doing, so a busy loop, a coroutine doing CP
 or a loaded machine no longer decides whether a healthy lock is renewed in time.
 
 The renewal flow is the same one the sync client runs (redlock/_core/renewals.py),
-driven here by the sync executor over a :class:`SyncTransport` of its own, built from
-the manager's nodes (URLs, or the blocking twin of each ``redis.asyncio`` client: the
-same server, credentials and TLS settings). What must happen on the loop is handed to
-it: a loss is told to the handles there (their ``on_lost`` runs as a task), and so is a
-node found restarted (the maintenance is a task). Nodes behind Sentinel have no
-blocking twin here: the renewals then stay a task on the loop.
+driven here by the sync executor over a :class:`SyncTransport` of its own to the
+manager's nodes (their endpoints: the same servers, credentials and TLS). What must
+happen on the loop is handed to it: a loss is told to the handles there (their
+``on_lost`` runs as a task), and so is a node found restarted (the maintenance is a
+task).
 """
 
 from __future__ import annotations
@@ -26,16 +25,14 @@ import asyncio
 import contextlib
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
-
-import redis
 
 from redlock._client.executors import SyncExecutor
 from redlock._client.waiting_room import WaitingRoom
 from redlock._core.requests import Absorb, Flow
 from redlock._core.state import LockState
-from redlock._io.nodes import blocking_twin
+from redlock._io.endpoint import Endpoint
 from redlock._io.sync_transport import SyncTransport
 
 
@@ -48,25 +45,17 @@ class RenewalThread:
     the loop has ended) closes the connections.
     """
 
-    def __init__(self, nodes: Iterable[str | redis.Redis], connect_timeout: float,
-                 identify: Any, room: WaitingRoom, absorb: Absorb,
+    def __init__(self, endpoints: list[Endpoint], addresses: list[str],
+                 connect_timeout: float, identify: Any, room: WaitingRoom, absorb: Absorb,
                  lost: Callable[[LockState, list[Any]], None],
                  maintain: Callable[[], None]) -> None:
-        self._transport = SyncTransport(nodes, connect_timeout, identify)
+        self._transport = SyncTransport(endpoints, addresses, connect_timeout, identify)
         self._close_timeout = 2 * connect_timeout + 1.0
         self._executor = SyncExecutor(self._transport, room, absorb, self._maintain, None)
         self._lost = lost
         self._maintain_on_loop = maintain
         self._loop: asyncio.AbstractEventLoop | None = None
         self.thread: threading.Thread | None = None
-
-    @classmethod
-    def for_nodes(cls, nodes: Iterable[Any], *args: Any) -> RenewalThread | None:
-        """One over the blocking twins of ``nodes``; None if a node has none."""
-        twins = [blocking_twin(node) for node in nodes]
-        if any(twin is None for twin in twins):
-            return None
-        return cls([twin for twin in twins if twin is not None], *args)
 
     def start(self, flow: Flow[None]) -> threading.Thread:
         """Run the renewal loop's ``flow`` in a new daemon thread (called on the loop)."""

@@ -37,6 +37,7 @@ from redlock import _fork
 from redlock._core.renewals import Renewals
 from redlock._core.settings import Settings
 from redlock._core.state import LockState, Status
+from redlock._io.endpoint import Endpoint
 from redlock._observe.log import get_logger
 
 logger = get_logger("redlock.locks")
@@ -247,7 +248,7 @@ class Renewer:
     ``add``. Until that process runs, a *bridge* (``bridge()``: the renewal loop in this
     process) renews too, each acquisition until the renewer has renewed it once.
 
-    ``nodes``: :func:`redlock._io.nodes.portable` specs of the manager's nodes;
+    ``nodes``: the manager's nodes' endpoints (:mod:`redlock._io.endpoint`);
     ``adopt(members)`` takes a membership record the renewals learnt from the nodes;
     ``bridge(elsewhere, lost)`` makes the bridge (told which acquisitions the renewer
     renews now, and calling ``lost`` for those it loses itself);
@@ -256,7 +257,7 @@ class Renewer:
     started_ns)`` of each renewal's outcome (telemetry) while ``observing()`` says so.
     """
 
-    def __init__(self, nodes: list[object], settings: Settings,
+    def __init__(self, nodes: list[Endpoint], settings: Settings,
                  lost: Callable[[LockState, list[Any]], None],
                  observe: Callable[[LockState, str, int], None],
                  observing: Callable[[], bool],

@@ -32,7 +32,7 @@ from redlock._core.renewals import Renewals
 from redlock._core.requests import Flow
 from redlock._core.settings import Keys, Settings
 from redlock._core.state import LockState
-from redlock._io.nodes import rebuilt
+from redlock._io.endpoint import labels
 from redlock._io.sync_transport import SyncTransport
 from redlock._observe.log import event_fields
 
@@ -136,8 +136,9 @@ class _Renewer:
         self.observing = False
         self.epoch = 0  # the membership epoch the holder was told of (§13.1)
         settings: Settings = config["settings"]
+        endpoints = config["nodes"]
         transport = self.transport = SyncTransport(
-            [rebuilt(spec) for spec in config["nodes"]], settings.connect_timeout,
+            endpoints, labels(endpoints), settings.connect_timeout,
             Keys(settings.namespace).identify_command())
         core = self.core = RedlockCore(transport.addresses, settings, environment.real())
         self.closing = threading.Event()

@@ -12,15 +12,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from redis.exceptions import NoScriptError
-
 from redlock._core.requests import Call, Decision, Replies
 from redlock._io import resp
+from redlock._io.failures import answered, is_noscript
 from redlock._io.wire import (
     PENDING,
     Silence,
     acquire_keys,
-    answered,
     late_sendable,
     render,
 )
@@ -86,7 +84,7 @@ class Exchange:
         self.next = position + 1
         if position == 0 and self.replies is not None:
             self.replies.round_trips[self.node] = time.monotonic() - self.sent_at
-        if isinstance(reply, NoScriptError):
+        if is_noscript(reply):
             self.unknown.append(position)
         else:
             self.results[position] = reply

@@ -1,8 +1,8 @@
-"""The asyncio client's release listener: per node, one subscription connection with a
-task that reads it and one that keeps its subscriptions, started when a blocking
-acquire first waits and stopped after a while with nothing to listen to
-(docs/design.md §6; what to subscribe to and whom a message wakes is decided in
-:mod:`redlock._io.wakeups`).
+"""The asyncio client's release listener: per node, one subscription connection (its
+messages parsed as they arrive, :class:`~redlock._io.async_wire.Wire`) and a task that
+keeps its subscriptions, started when a blocking acquire first waits and stopped after
+a while with nothing to listen to (docs/design.md §6; what to subscribe to and whom a
+message wakes is decided in :mod:`redlock._io.wakeups`).
 """
 
 from __future__ import annotations
@@ -10,15 +10,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Sequence
-from typing import Any
 
-import redis.asyncio
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
-from redis.exceptions import ResponseError
-
-from redlock._io import wakeups
+from redlock._io import resp, wakeups
 from redlock._io.async_transport import wait_event, within
+from redlock._io.async_wire import IGNORE, Wire, open_wire
+from redlock._io.endpoint import Endpoint
 
 # The longest a node's task waits for news: it sends a due ping and drops lingering
 # channels at least this often.
@@ -28,14 +24,14 @@ _TICK = 1.0
 class AsyncReleaseListener:
     """Subscription connections to every node, for one manager, on one event loop."""
 
-    def __init__(self, pools: Sequence[redis.asyncio.ConnectionPool], addresses: Sequence[str],
+    def __init__(self, endpoints: Sequence[Endpoint], addresses: Sequence[str],
                  connect_timeout: float, registry: wakeups.WakeRegistry) -> None:
-        self._pools = pools
+        self._endpoints = endpoints
         self._addresses = addresses
         self._connect_timeout = connect_timeout
         self._registry = registry
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._tasks: list[asyncio.Task[None] | None] = [None] * len(pools)
+        self._tasks: list[asyncio.Task[None] | None] = [None] * len(endpoints)
         self._changed: list[asyncio.Event] = []
         self._refused: set[int] = set()  # nodes whose ACL refuses SUBSCRIBE
         self._closed = False
@@ -48,8 +44,8 @@ class AsyncReleaseListener:
         loop = asyncio.get_running_loop()
         if loop is not self._loop:  # the old loop's tasks went with it
             self._loop = loop
-            self._tasks = [None] * len(self._pools)
-            self._changed = [asyncio.Event() for _ in self._pools]
+            self._tasks = [None] * len(self._endpoints)
+            self._changed = [asyncio.Event() for _ in self._endpoints]
         for node, task in enumerate(self._tasks):
             if (task is None or task.done()) and node not in self._refused:
                 self._tasks[node] = loop.create_task(self._run(node),
@@ -75,65 +71,54 @@ class AsyncReleaseListener:
 
     async def _run(self, node: int) -> None:
         subscription = wakeups.NodeSubscription(node, self._registry)
+        changed = self._changed[node]
         delay = wakeups.RECONNECT_MIN
         while not self._closed:
             if subscription.idle() and not self._registry.wanted():
                 return  # nothing to listen to; the next wait starts a new task
-            conn = wakeups.subscription_connection(self._registry, node, self._addresses[node],
-                                           self._pools[node], self._connect_timeout, None,
-                                           Retry(NoBackoff(), 0))
-            if conn is None:
-                self._refused.add(node)
-                return
             try:
-                await within(conn.connect(), self._connect_timeout)
+                wire = await within(open_wire(self._endpoints[node], node,
+                                              self._connect_timeout), self._connect_timeout)
             except Exception:
-                await _disconnect(conn)
                 subscription.check_idle()
                 await asyncio.sleep(delay)
                 delay = min(2 * delay, wakeups.RECONNECT_MAX)
                 continue
             delay = wakeups.RECONNECT_MIN
-            reader = asyncio.get_running_loop().create_task(self._read(conn, subscription))
+            refusal: list[BaseException] = []
+
+            def heard(message: object, wire: Wire = wire,
+                      refusal: list[BaseException] = refusal) -> None:
+                if isinstance(message, resp.ReplyError):  # SUBSCRIBE refused: an ACL
+                    refusal.append(message)
+                    wire.close()
+                else:
+                    subscription.heard(message)
+
+            wire.messages = heard
+            wire.on_broken = lambda _wire: changed.set()
             try:
-                await self._keep(conn, subscription, reader, self._changed[node])
+                await self._keep(wire, subscription, changed)
             finally:
-                reader.cancel()
-                with contextlib.suppress(BaseException):
-                    await reader
                 subscription.lost()
-                await _disconnect(conn)
-            if isinstance(_error(reader), ResponseError):  # SUBSCRIBE refused: an ACL
-                self._registry.refused(node, self._addresses[node], _error(reader))
+                wire.on_broken = None
+                wire.close()
+            if refusal:
+                self._registry.refused(node, self._addresses[node], refusal[0])
                 self._refused.add(node)
                 return
 
-    async def _keep(self, conn: Any, subscription: wakeups.NodeSubscription,
-                    reader: asyncio.Task[None], changed: asyncio.Event) -> None:
-        """Send what the subscription needs until the reader ends (the connection broke),
-        the connection goes silent, or there is nothing left to listen to."""
-        while not reader.done():
+    async def _keep(self, wire: Wire, subscription: wakeups.NodeSubscription,
+                    changed: asyncio.Event) -> None:
+        """Send what the subscription needs until the connection breaks or goes silent,
+        or there is nothing left to listen to."""
+        while wire.alive:
             changed.clear()
-            for command in subscription.commands():
-                await conn.send_command(*command, check_health=False)
+            commands = subscription.commands()
+            if commands:
+                wire.send(resp.pack(commands), IGNORE, 0)
             if subscription.idle() and not self._registry.wanted():
                 return
             if subscription.silent():
                 return
             await wait_event(changed, _TICK)
-
-    @staticmethod
-    async def _read(conn: Any, subscription: wakeups.NodeSubscription) -> None:
-        while True:
-            subscription.heard(await conn.read_response(disconnect_on_error=False))
-
-
-def _error(task: asyncio.Task[None]) -> BaseException:
-    if task.cancelled() or not task.done():
-        return asyncio.CancelledError()
-    return task.exception() or asyncio.CancelledError()
-
-
-async def _disconnect(conn: Any) -> None:
-    with contextlib.suppress(Exception):
-        await conn.disconnect()

@@ -1,14 +1,14 @@
 """The asyncio transport: a request's nodes are asked concurrently. A node with an open
 connection gets its commands written at once, in the caller's task, and its replies
 are parsed as they arrive by the connection's protocol (:mod:`redlock._io.async_wire`);
-a node without one gets a task that opens one (redis-py: TCP or TLS, the handshake)
-and then does the same. The request returns as soon as its replies decide it (early
-quorum) or at its deadline; the exchanges it did not wait for go on in the background
-within the connection's own budget (``connect_timeout``), so a new connection finishes
-its handshake and a late reply is read: the connection goes back to the pool. An
-acquire still unanswered on such a connection gets its owner's release written behind
-it (see :mod:`redlock._io.wire`). Cancelling a request leaves its exchanges running the
-same way.
+a node without one gets a task that opens one (TCP or TLS, the handshake:
+:func:`~redlock._io.async_wire.open_wire`) and then does the same. The request returns
+as soon as its replies decide it (early quorum) or at its deadline; the exchanges it
+did not wait for go on in the background within the connection's own budget
+(``connect_timeout``), so a new connection finishes its handshake and a late reply is
+read: the connection is kept for the next request. An acquire still unanswered on such
+a connection gets its owner's release written behind it (see :mod:`redlock._io.wire`).
+Cancelling a request leaves its exchanges running the same way.
 """
 
 from __future__ import annotations
@@ -20,19 +20,12 @@ import time
 from collections.abc import Awaitable, Iterable
 from typing import Any, TypeVar
 
-import redis.asyncio
-from redis.asyncio.connection import parse_url
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
-
 from redlock._core.requests import Broadcast, CommandArg, Replies, learnt_deadline
 from redlock._io import resp
 from redlock._io.async_exchange import LAG_NOTICED, Deadlines, Exchange, Gathering, Slots
-from redlock._io.async_wire import IGNORE, Wire, readable_wires
-from redlock._io.failures import NotSent, as_failure, map_failures
-from redlock._io.nodes import build_pool, check_node_list, node_labels, pool_overrides
+from redlock._io.async_wire import IGNORE, Wire, open_wire, readable_wires
+from redlock._io.endpoint import Endpoint
+from redlock._io.failures import CLOSED, NoReply, NotSent, Unreachable, as_failure, map_failures
 from redlock._io.wire import (
     FRESH,
     NOT_AWAITED,
@@ -76,33 +69,26 @@ async def wait_event(event: asyncio.Event, seconds: float) -> None:
 
 
 class AsyncTransport:
-    """One connection pool per node; each request's nodes asked concurrently."""
+    """The nodes' connections; each request's nodes asked concurrently."""
 
-    def __init__(self, nodes: Iterable[str | redis.asyncio.Redis], connect_timeout: float,
+    def __init__(self, endpoints: list[Endpoint], addresses: list[str],
+                 connect_timeout: float,
                  identify: tuple[CommandArg, ...] | None = None) -> None:
         # ``identify``: the command sent first on every new connection (IDENTIFY, docs/
         # design.md §4.4); its reply is returned with the request's (Replies.identities).
         self.identify = identify
-        # Our reads carry their own timeouts: the pools' socket timeout bounds only the
-        # connection's handshake (and a send that cannot proceed), like connecting.
-        overrides = pool_overrides(connect_timeout, Retry(NoBackoff(), 0))
-        items = check_node_list(nodes, redis.asyncio.Redis, "redis.asyncio.Redis")
-        self.pools: list[redis.asyncio.ConnectionPool] = [
-            build_pool(node, redis.asyncio.ConnectionPool, parse_url, overrides)
-            for node in items]
-        self.addresses = node_labels(items)
-        self.items = items  # the nodes as given (a forked child builds its own pools)
-        self.connect_timeout = connect_timeout
-        self._late: LateConnections[Any] = LateConnections(len(self.pools))
-        self._silence = Silence(len(self.pools))  # the nodes that stopped answering
-        self._refusals = Refusals(len(self.pools))  # the nodes refusing connections
+        self.endpoints = list(endpoints)
+        self.addresses = list(addresses)
+        self.connect_timeout = connect_timeout  # a connection's budget: open, log in
+        count = len(self.endpoints)
+        self._late: LateConnections[Any] = LateConnections(count)
+        self._silence = Silence(count)  # the nodes that stopped answering
+        self._refusals = Refusals(count)  # the nodes refusing connections
         self._running: set[asyncio.Task[None]] = set()
-        self._slots = [Slots() for _ in self.pools]
-        # Connected connections taken from the pools and kept here between requests: a
-        # pool's checkout and return cost more than the request's own I/O (they stay
-        # "in use" for the pool, which closes them all on disconnect()).
-        self._idle: list[list[Any]] = [[] for _ in self.pools]
-        self._lanes: dict[str, list[list[Any]]] = {}  # lane -> per node, its connections
+        self._slots = [Slots() for _ in range(count)]
+        self._idle: list[list[Wire]] = [[] for _ in range(count)]  # per node, open and free
+        self._lanes: dict[str, list[list[Wire]]] = {}  # lane -> per node, its connections
+        self._wires: set[Wire] = set()  # every open connection (close() closes them)
         self._closed = False
         self._deadlines: Deadlines | None = None  # the requests' timer (on their loop)
 
@@ -110,7 +96,7 @@ class AsyncTransport:
         """Every call's reply or exception (NOT_AWAITED for those the request was
         decided without). Calls for one node share one connection and one write."""
         if self._closed:  # a background flow (maintenance) racing the manager's close
-            return Replies([as_failure(RedisConnectionError("the manager is closed"))]
+            return Replies([as_failure(Unreachable(CLOSED))]
                            * len(request.calls))
         replies = Replies([PENDING] * len(request.calls))
         exchanges: dict[int, Exchange] = {}
@@ -237,7 +223,7 @@ class AsyncTransport:
                          NotSent(f"no connection within {waited * 1000:.0f} ms{late}")
                          if unsent else NOT_AWAITED if decided
                          else SENT_LATE if exchange.releases_late()
-                         else RedisTimeoutError(f"no reply within {waited * 1000:.0f} ms{late}"))
+                         else NoReply(f"no reply within {waited * 1000:.0f} ms{late}"))
 
     def _late_exchange(self, exchange: Exchange) -> None:
         """An exchange whose request stopped waiting: a release of the same owner goes
@@ -254,7 +240,7 @@ class AsyncTransport:
         """Its budget is over: a node that has not answered by now is hung; closed (a late
         reply must never be read as the next command's)."""
         if not exchange.done and exchange.wire is not None:
-            exchange.wire.abort(RedisTimeoutError(
+            exchange.wire.abort(NoReply(
                 f"no reply within connect_timeout {self.connect_timeout:g} s"))
 
     def _late_done(self, exchange: Exchange) -> None:
@@ -294,7 +280,10 @@ class AsyncTransport:
         request may stop waiting long before)."""
         try:
             wire = await within(self._checkout(exchange), self.connect_timeout)
-        except Exception as exc:  # asyncio.TimeoutError included: the node is hung
+        except Exception as exc:
+            if isinstance(exc, asyncio.TimeoutError):  # the node is hung
+                exc = NoReply(f"no connection within connect_timeout"
+                              f" {self.connect_timeout:g} s")
             self._refusals.failed(exchange.node, exc, time.monotonic())
             exchange.fail(exc)
             return
@@ -334,8 +323,8 @@ class AsyncTransport:
             if slots.free > 0:
                 slots.free -= 1
                 try:
-                    conn = await self.pools[node].get_connection()
-                    return self._wrap(node, conn)
+                    wire = await open_wire(self.endpoints[node], node, self.connect_timeout)
+                    return self._wrap(wire)
                 finally:
                     slots.free += 1
                     slots.wake_one()
@@ -346,9 +335,9 @@ class AsyncTransport:
             finally:
                 slots.remove(future)
 
-    def _wrap(self, node: int, conn: Any) -> Wire:
-        self._refusals.connected(node)
-        wire = Wire(conn, node)
+    def _wrap(self, wire: Wire) -> Wire:
+        self._refusals.connected(wire.node)
+        self._wires.add(wire)
         wire.on_free = self._wire_free
         wire.on_broken = self._discard_soon
         return wire
@@ -384,7 +373,7 @@ class AsyncTransport:
         """A connection for the next request (of its lane); an exchange waiting for one
         takes it."""
         if lane is not None:
-            self._lanes.setdefault(lane, [[] for _ in self.pools])[wire.node].append(wire)
+            self._lane(lane)[wire.node].append(wire)
             return
         wire.freed_at = time.monotonic()
         self._idle[wire.node].append(wire)
@@ -394,8 +383,7 @@ class AsyncTransport:
               checked: bool = False) -> Wire | None:
         """An idle connection (of the lane), alive as far as the loop knows; ``checked``:
         and nothing to read in its socket (see _idle_wires, which checks in bulk)."""
-        idle = self._idle[node] if lane is None else self._lanes.setdefault(
-            lane, [[] for _ in self.pools])[node]
+        idle = self._idle[node] if lane is None else self._lane(lane)[node]
         while idle:
             wire: Wire = idle.pop()
             if wire.alive and not (checked and wire.readable()):
@@ -403,23 +391,29 @@ class AsyncTransport:
             self._discard_soon(wire)
         return None
 
-    def _discard_soon(self, wire: Wire) -> None:
-        """Close a connection and hand it back to its pool, from a callback."""
-        wire.on_free = wire.on_broken = None
-        task = asyncio.get_running_loop().create_task(self._discard(wire.node, wire))
-        self._running.add(task)
-        task.add_done_callback(self._running.discard)
+    def _lane(self, lane: str) -> list[list[Wire]]:
+        found = self._lanes.get(lane)
+        if found is None:
+            found = self._lanes[lane] = [[] for _ in self.endpoints]
+        return found
 
-    async def _discard(self, node: int, wire: Wire, *, wait: bool = False) -> None:
-        """Close a connection (pending writes are flushed first) and hand it back;
-        ``wait``: until it is closed (a TLS shutdown included; at most connect_timeout,
-        redis-py's bound), as the manager's close does."""
+    def _discard_soon(self, wire: Wire) -> None:
+        """Close a connection (what is written still goes out first)."""
         wire.on_free = wire.on_broken = None
-        wire.hand_back()
-        with contextlib.suppress(Exception):
-            await wire.conn.disconnect(nowait=not wait)
-        with contextlib.suppress(Exception):
-            await self.pools[node].release(wire.conn)
+        self._wires.discard(wire)
+        wire.close()
+
+    async def _discard(self, wire: Wire) -> None:
+        """Close a connection and wait until it is closed (a TLS shutdown included; at
+        most connect_timeout), as the manager's close does."""
+        wire.on_free = wire.on_broken = None
+        self._wires.discard(wire)
+        wire.close()
+        if wire.closed is not None:
+            try:
+                await within(asyncio.shield(wire.closed), self.connect_timeout)
+            except asyncio.TimeoutError:
+                wire.abort(Unreachable("Connection closed by the client."))
 
     def write_behind(self, request: Broadcast) -> None:  # (see redlock._io.wire)
         """Write each release behind the unanswered acquires of the same owner."""
@@ -439,12 +433,9 @@ class AsyncTransport:
                 await task
         # Every connection at once, each until it is closed (TLS: its shutdown; an event
         # loop that ends right after would otherwise leave the socket open).
-        closing = [self._discard(late.node, late.conn, wait=True)
-                   for late in self._late.drain()]
+        self._late.drain()
         for stacks in (self._idle, *self._lanes.values()):
-            for node, idle in enumerate(stacks):
-                while idle:
-                    closing.append(self._discard(node, idle.pop(), wait=True))
-        await asyncio.gather(*closing, return_exceptions=True)
-        for pool in self.pools:
-            await pool.disconnect()
+            for idle in stacks:
+                idle.clear()
+        await asyncio.gather(*[self._discard(wire) for wire in list(self._wires)],
+                             return_exceptions=True)

@@ -1,27 +1,27 @@
-"""The asyncio transport's connections at the protocol level (docs/design.md §2.4).
+"""The asyncio client's connections: the library's own (docs/design.md §2.4).
 
-redis-py opens a connection (TCP or TLS, AUTH/HELLO, SELECT, client name); then
-:class:`Wire` takes its transport over (``set_protocol``): a request's commands are
-written with one ``transport.write`` per node, and replies are parsed in
-``data_received`` as the bytes arrive and handed, in order, to whoever is owed the next
-one (``Sink``: an exchange's calls, a release written behind an acquire). No task, no
-stream read and no await per command: a request is one future and one timer however
-many nodes it asks. redis-py's own stream protocol is still told when the connection is
-lost, so that its ``disconnect()`` finds it closed.
+:func:`open_wire` connects to an :class:`~redlock._io.endpoint.Endpoint` with the event
+loop's public API (``create_connection``, ``create_unix_connection``; TLS by the loop)
+and logs in (AUTH, SELECT, CLIENT SETNAME). A :class:`Wire` is the connection's
+protocol: a request's commands are written with one ``transport.write`` per node, and
+replies are parsed in ``data_received`` as the bytes arrive and handed, in order, to
+whoever is owed the next one (``Sink``: an exchange's calls, a release written behind
+an acquire). No task, no stream read and no await per command: a request is one future
+and one timer however many nodes it asks.
 """
 
 from __future__ import annotations
 
 import asyncio
 import select
+import socket
 from collections import deque
 from collections.abc import Callable
-from typing import Any
-
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import InvalidResponse
 
 from redlock._io import resp
+from redlock._io.connection import handshake, master_of, where
+from redlock._io.endpoint import Endpoint
+from redlock._io.failures import LoginRefused, NoReply, ProtocolError, Unreachable
 
 Sink = Callable[[object], None]  # given one reply (or the error that ended the wire)
 
@@ -34,16 +34,13 @@ IGNORE: Sink = _ignore
 
 
 class Wire(asyncio.Protocol):
-    """A redis-py asyncio connection whose socket the transport reads and writes."""
+    """One connection to a node, read and written by the transport."""
 
-    def __init__(self, conn: Any, node: int) -> None:
-        self.conn = conn
+    def __init__(self, node: int) -> None:
         self.node = node
         self.lane: str | None = None  # the lane it goes back to when free
-        transport = conn._writer.transport
-        self.transport = transport
-        self.sock = transport.get_extra_info("socket")
-        self._stream_protocol = transport.get_protocol()
+        self.transport: asyncio.Transport | None = None
+        self.sock: socket.socket | None = None
         self.reader = resp.Reader()
         self.sinks: deque[Sink] = deque()
         self.alive = True
@@ -52,25 +49,17 @@ class Wire(asyncio.Protocol):
         # Called once no reply is owed any more (the wire is free) or when it broke.
         self.on_free: Callable[[Wire], None] | None = None
         self.on_broken: Callable[[Wire], None] | None = None
-        buffered = getattr(conn._reader, "_buffer", None)
-        if buffered:  # (none after a handshake; kept if there were)
-            self.reader.feed(bytes(buffered))
-            buffered.clear()
-        transport.set_protocol(self)
+        # A subscription's: what arrives without being asked for (its messages).
+        self.messages: Sink | None = None
+        self.closed: asyncio.Future[None] | None = None  # done once the transport closed
 
-    # -- writing ---------------------------------------------------------------------
+    # -- asyncio.Protocol --------------------------------------------------------------
 
-    def send(self, data: bytes, sink: Sink, count: int) -> None:
-        """Write ``data``, whose ``count`` replies go to ``sink`` in order."""
-        if not self.alive or self.transport.is_closing():
-            raise RedisConnectionError("Connection closed by server.")
-        self.transport.write(data)
-        if count == 1:
-            self.sinks.append(sink)
-        else:
-            self.sinks.extend([sink] * count)
-
-    # -- reading (asyncio.Protocol) --------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        self.sock = transport.get_extra_info("socket")
+        self.closed = asyncio.get_running_loop().create_future()
 
     def data_received(self, data: bytes) -> None:
         reader, sinks = self.reader, self.sinks
@@ -78,30 +67,30 @@ class Wire(asyncio.Protocol):
         while True:
             try:
                 reply = reader.gets()
-            except Exception as exc:  # a protocol error: the stream cannot be trusted
-                self.abort(exc)
+            except Exception as exc:  # bytes that are no reply: the stream cannot be trusted
+                self.abort(ProtocolError(str(exc)))
                 return
             if reply is False:
                 break
-            if not sinks:  # a reply nobody asked for: the stream cannot be trusted
-                self.abort(InvalidResponse("a reply nobody asked for"))
+            if sinks:
+                sinks.popleft()(reply)
+            elif self.messages is not None:
+                self.messages(reply)
+            else:  # a reply nobody asked for: the stream cannot be trusted
+                self.abort(ProtocolError("a reply nobody asked for"))
                 return
-            sinks.popleft()(resp.as_result(reply) if isinstance(reply, resp.ReplyError)
-                            else reply)
         if not sinks and self.alive and self.on_free is not None:
             self.on_free(self)
 
     def eof_received(self) -> bool:
-        self._broken(RedisConnectionError("Connection closed by server."))
+        self._broken(Unreachable("Connection closed by server."))
         return False  # the transport closes itself
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._broken(RedisConnectionError(
+        self._broken(Unreachable(
             f"Connection lost: {exc}" if exc else "Connection closed by server."))
-        protocol = self._stream_protocol
-        if protocol is not None:  # redis-py's disconnect() waits for its stream to close
-            self._stream_protocol = None
-            protocol.connection_lost(exc)
+        if self.closed is not None and not self.closed.done():
+            self.closed.set_result(None)
 
     def pause_writing(self) -> None:  # the commands are small; the buffer takes them
         pass
@@ -109,22 +98,33 @@ class Wire(asyncio.Protocol):
     def resume_writing(self) -> None:
         pass
 
+    # -- writing -----------------------------------------------------------------------
+
+    def send(self, data: bytes, sink: Sink, count: int) -> None:
+        """Write ``data``, whose ``count`` replies go to ``sink`` in order."""
+        transport = self.transport
+        if not self.alive or transport is None or transport.is_closing():
+            raise Unreachable("Connection closed by server.")
+        transport.write(data)
+        if count == 1:
+            self.sinks.append(sink)
+        else:
+            self.sinks.extend([sink] * count)
+
     # -- the end -----------------------------------------------------------------------
 
-    def hand_back(self) -> None:
-        """Give the connection back to redis-py's stream protocol (before redis-py closes
-        it: its close then runs as on any connection of its own, TLS shutdown included).
-        Whoever is still owed a reply gets a ConnectionError."""
-        self._broken(RedisConnectionError("Connection closed by the client."))
-        protocol = self._stream_protocol
-        if protocol is not None and not self.transport.is_closing():
-            self._stream_protocol = None
-            self.transport.set_protocol(protocol)
+    def close(self) -> None:
+        """Close after what is written went out (a TLS connection with its shutdown);
+        whoever is still owed a reply gets a ConnectionError."""
+        self._broken(Unreachable("Connection closed by the client."))
+        if self.transport is not None:
+            self.transport.close()
 
     def abort(self, error: BaseException) -> None:
         """Close at once; whoever is owed a reply gets ``error``."""
         self._broken(error)
-        self.transport.abort()
+        if self.transport is not None:
+            self.transport.abort()
 
     def _broken(self, error: BaseException) -> None:
         if not self.alive:
@@ -149,6 +149,55 @@ class Wire(asyncio.Protocol):
         except (OSError, ValueError):
             return True
         return bool(readable)
+
+
+async def open_wire(endpoint: Endpoint, node: int, timeout: float) -> Wire:
+    """A new connection to ``endpoint``, logged in. The caller bounds the wait by
+    ``timeout`` (the connect budget); cancelled, it leaves nothing open. Raises
+    :class:`Unreachable` or :class:`LoginRefused` (the node's words)."""
+    loop = asyncio.get_running_loop()
+    host, port = endpoint.host, endpoint.port
+    if endpoint.sentinels is not None:
+        # (redis-py's public Sentinel API is blocking: a thread, within the budget)
+        host, port = await asyncio.to_thread(master_of, endpoint, timeout)
+    context = endpoint.tls.context() if endpoint.tls is not None else None
+    try:
+        if endpoint.path:
+            _, wire = await loop.create_unix_connection(
+                lambda: Wire(node), endpoint.path, ssl=context,
+                server_hostname="" if context is not None else None)
+        else:
+            _, wire = await loop.create_connection(
+                lambda: Wire(node), host, port, ssl=context)
+            if endpoint.keepalive and wire.sock is not None:
+                wire.sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    except OSError as exc:
+        if isinstance(exc, TimeoutError):
+            raise NoReply(f"Timeout connecting to {where(endpoint, host, port)}") from exc
+        raise Unreachable(f"Error {exc.errno} connecting to {where(endpoint, host, port)}."
+                          f" {exc.strerror or exc}") from exc
+    try:
+        commands = handshake(endpoint)
+        if commands:
+            replies: list[object] = []
+            done = loop.create_future()
+
+            def take(reply: object) -> None:
+                replies.append(reply)
+                if len(replies) == len(commands) and not done.done():
+                    done.set_result(None)
+
+            wire.send(resp.pack(commands), take, len(commands))
+            await done
+            for command, reply in zip(commands, replies, strict=True):
+                if isinstance(reply, BaseException) and not isinstance(reply, resp.ReplyError):
+                    raise reply
+                if isinstance(reply, resp.ReplyError):
+                    raise LoginRefused(f"{reply} (to {command[0]})")
+    except BaseException:
+        wire.abort(Unreachable("the handshake did not complete"))
+        raise
+    return wire
 
 
 def readable_wires(wires: list[Wire]) -> set[Wire]:

@@ -1,14 +1,18 @@
-"""redis-py's errors in the library's own terms, mapped once, at the I/O boundary:
+"""What goes wrong with a node, in the library's own terms, at the I/O boundary:
 everything above sees a :class:`~redlock._scripts.replies.NodeFailure` with a kind
 (timeout, unreachable, authentication, permission, read-only, cluster, error reply,
-closed) and the original error's type and text for people."""
+closed) and the error's type and text for people.
+
+The transports raise the exceptions defined here (the sockets are the library's own,
+:mod:`redlock._io.connection`); an error *reply* is the parser's
+:data:`redlock._io.resp.ReplyError`, classified by the code it starts with."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import MutableSequence
 
-import redis.exceptions
-
+from redlock._io.resp import ReplyError
 from redlock._scripts.replies import (
     AUTHENTICATION_HINT,
     CLUSTER_MODE_HINT,
@@ -17,42 +21,60 @@ from redlock._scripts.replies import (
     NotAwaited,
 )
 
-# redis-py turns a cluster-mode node's CROSSSLOT/MOVED/ASK/CLUSTERDOWN replies into
-# these (without the code in the message): the node is in cluster mode, not a lock node.
-_CLUSTER_ERRORS = (redis.exceptions.ClusterCrossSlotError, redis.exceptions.MovedError,
-                   redis.exceptions.AskError, redis.exceptions.ClusterDownError)
-_CLUSTER_CODES = ("CROSSSLOT", "MOVED", "ASK ", "CLUSTERDOWN")
-# What a node that wants a password answers a client that gave none, to a command of more
-# than 10 arguments (our scripts' calls: not NOAUTH), before it closes the connection.
-# redis-py 8 sends HELLO on connect and is refused there (an AuthenticationError);
-# earlier ones connect with no handshake and meet this reply on the first call.
-_UNAUTHENTICATED = "Protocol error: unauthenticated"
+
+class NodeError(Exception):
+    """An I/O failure with one node."""
 
 
-class NotSent(redis.exceptions.TimeoutError):
+class Unreachable(NodeError, ConnectionError):
+    """The node could not be reached, or the connection broke (refused, reset, closed)."""
+
+
+class NoReply(NodeError, TimeoutError):
+    """The node did not answer in time."""
+
+
+class LoginRefused(NodeError):
+    """The node refused the handshake (AUTH, SELECT, CLIENT SETNAME): its reply says why."""
+
+
+class ProtocolError(NodeError):
+    """The node's bytes were no reply this client can read: the stream cannot be trusted."""
+
+
+class NotSent(NoReply):
     """A call its request stopped waiting for before its connection was open (still
     opening, or waiting for a slot to open one), and that will not be sent later: it
     ran nowhere (a failed attempt need not release there, docs/design.md §2.3)."""
 
 
+CLOSED = "the manager is closed"
+
+# A cluster-mode node's replies: the node is in cluster mode, not a lock node.
+_CLUSTER_CODES = ("CROSSSLOT", "MOVED", "ASK ", "CLUSTERDOWN", "TRYAGAIN")
+# What a node that wants a password answers a client that gave none: NOAUTH, or, to a
+# command of more than 10 arguments (our scripts' calls), a protocol error before it
+# closes the connection.
+_AUTHENTICATION_CODES = ("WRONGPASS", "NOAUTH", "ERR Protocol error: unauthenticated",
+                         "ERR invalid password", "ERR AUTH", "ERR Client sent AUTH")
+
+
 def kind_of(error: BaseException) -> FailureKind:
-    """What kind of failure a redis-py (or socket, or asyncio) error is."""
+    """What kind of failure an error (or an error reply) is."""
     text = str(error)
-    if isinstance(error, _CLUSTER_ERRORS) or text.startswith(_CLUSTER_CODES):
+    if text.startswith(_CLUSTER_CODES):
         return FailureKind.CLUSTER
-    if isinstance(error, redis.exceptions.AuthenticationError) or text.startswith(
-            ("WRONGPASS", "NOAUTH", _UNAUTHENTICATED)):
+    if text.startswith(_AUTHENTICATION_CODES):
         return FailureKind.AUTHENTICATION
-    if isinstance(error, redis.exceptions.NoPermissionError) or text.startswith("NOPERM"):
+    if text.startswith("NOPERM"):
         return FailureKind.PERMISSION
-    if isinstance(error, redis.exceptions.ReadOnlyError) or text.startswith("READONLY"):
+    if text.startswith("READONLY"):
         return FailureKind.READ_ONLY
-    if isinstance(error, redis.exceptions.TimeoutError | TimeoutError):
+    if isinstance(error, TimeoutError | asyncio.TimeoutError):
         return FailureKind.TIMEOUT
-    if isinstance(error, redis.exceptions.ConnectionError | ConnectionError | OSError):
-        return (FailureKind.CLOSED if text == "the manager is closed"
-                else FailureKind.UNREACHABLE)
-    if isinstance(error, redis.exceptions.ResponseError):
+    if isinstance(error, ConnectionError | OSError | ProtocolError):
+        return FailureKind.CLOSED if text == CLOSED else FailureKind.UNREACHABLE
+    if isinstance(error, ReplyError | LoginRefused):
         return FailureKind.ERROR_REPLY
     return FailureKind.OTHER
 
@@ -62,11 +84,12 @@ def as_failure(error: BaseException) -> NodeFailure:
     if isinstance(error, NodeFailure):
         return error
     kind = kind_of(error)
-    detail = f"{type(error).__name__}: {error or type(error).__name__}"
+    name = "ReplyError" if isinstance(error, ReplyError) else type(error).__name__
+    detail = f"{name}: {error or name}"
     if kind is FailureKind.CLUSTER:
         detail += f" ({CLUSTER_MODE_HINT})"
-    elif kind is FailureKind.AUTHENTICATION:  # the server's text ("HELLO must be called
-        detail += f" ({AUTHENTICATION_HINT})"  # with the client already authenticated")
+    elif kind is FailureKind.AUTHENTICATION:
+        detail += f" ({AUTHENTICATION_HINT})"
     failure = NodeFailure(kind, detail, unsent=isinstance(error, NotSent))
     failure.__cause__ = error
     return failure
@@ -78,3 +101,20 @@ def map_failures(replies: MutableSequence[object]) -> None:
     for index, reply in enumerate(replies):
         if isinstance(reply, BaseException) and not isinstance(reply, NodeFailure | NotAwaited):
             replies[index] = as_failure(reply)
+
+
+def answered(exc: BaseException) -> bool:
+    """Whether a failure came from the node (or its host: refused, reset, closed) rather
+    than from waiting for it (a timeout): a node that fails fast is not silent, and
+    waiting for it costs nothing (a killed node's connections fail at once)."""
+    return not isinstance(exc, TimeoutError | asyncio.TimeoutError)
+
+
+def is_noscript(reply: object) -> bool:
+    """A NOSCRIPT error reply: the server lost its scripts (SCRIPT FLUSH, a restart)."""
+    return isinstance(reply, ReplyError) and str(reply).startswith("NOSCRIPT")
+
+
+def is_loading(reply: object) -> bool:
+    """A LOADING error reply: the server is still reading its data back after a start."""
+    return isinstance(reply, ReplyError) and str(reply).startswith("LOADING")

@@ -1,12 +1,10 @@
-"""The hot path's own RESP: commands packed once per request, replies parsed from the
-socket's bytes (docs/design.md §2.4, BENCHMARKS.md "Issue 21").
+"""RESP, the nodes' protocol: commands packed, replies parsed from the socket's bytes
+(docs/design.md §2.4).
 
-redis-py builds the connections (TLS, AUTH/HELLO, SELECT, client name, Sentinel); the
-transports then write packed commands to the socket themselves and parse the replies
-with :class:`Reader`: hiredis's reader where hiredis is installed (redis-py's optional
-speed-up), else :class:`PlainReader`, a small RESP2/RESP3 parser in Python. Error
-replies become redis-py's exception classes (redis-py's own ``parse_error``), returned,
-not raised: an error reply is that call's result.
+Replies are parsed with :func:`Reader`: hiredis's reader where hiredis is installed
+(its public ``Reader``), else :class:`PlainReader`, a small RESP2 parser in Python. An
+error reply is an instance of :data:`ReplyError`, returned, not raised: it is that
+call's result.
 """
 
 from __future__ import annotations
@@ -14,15 +12,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from redis._parsers.base import BaseParser
-from redis.exceptions import InvalidResponse
-
 from redlock._scripts.command import plain_pack
 
-__all__ = ["HAVE_HIREDIS", "PlainReader", "Reader", "ReplyError", "as_result", "pack",
+__all__ = ["HAVE_HIREDIS", "InvalidReply", "PlainReader", "Reader", "ReplyError", "pack",
            "pack_one", "plain_pack"]
-
-_parse_error: Callable[[str], Exception] = BaseParser.parse_error
 
 _hiredis: Any
 try:
@@ -49,6 +42,10 @@ def pack(commands: Sequence[Sequence[Any]]) -> bytes:
 
 class _Incomplete(Exception):
     pass
+
+
+class InvalidReply(Exception):
+    """Bytes that are no RESP reply: the stream cannot be trusted."""
 
 
 class PlainReader:
@@ -132,7 +129,7 @@ class PlainReader:
             if kind == b"!":
                 return ReplyError((data or b"").decode(errors="replace")), pos
             return (data or b"")[4:], pos  # verbatim: past "txt:"
-        raise InvalidResponse(f"Protocol error, got {bytes(kind)!r} as reply type byte")
+        raise InvalidReply(f"Protocol error, got {bytes(kind)!r} as reply type byte")
 
 
 class _PlainReplyError(Exception):
@@ -144,12 +141,7 @@ ReplyError: type[Exception] = (
 
 
 def Reader() -> Any:
-    """A new reply parser: hiredis's where installed, else :class:`PlainReader`."""
+    """A new reply parser: hiredis's where installed, else :class:`PlainReader`. Both
+    raise on bytes that are no reply (hiredis's ``ProtocolError``, our
+    :class:`InvalidReply`)."""
     return _hiredis.Reader() if _hiredis is not None else PlainReader()
-
-
-def as_result(reply: object) -> object:
-    """A reply as the transports hand it up: an error reply as redis-py's exception."""
-    if isinstance(reply, ReplyError):
-        return _parse_error(str(reply))
-    return reply

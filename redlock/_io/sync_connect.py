@@ -11,11 +11,10 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
-
-import redis
 
 from redlock._core.requests import Call
+from redlock._io.connection import Connection, open_connection
+from redlock._io.endpoint import Endpoint
 from redlock._io.wire import Refusals, Silence, late_sendable
 from redlock._scripts import lock as scripts
 
@@ -26,7 +25,7 @@ from redlock._scripts import lock as scripts
 CONNECTS_PER_NODE = 16
 
 
-def given(node: int, conn: Any) -> Connect:
+def given(node: int, conn: Connection) -> Connect:
     """A connection found idle while waiting for a slot: as if opened for this request."""
     attempt = Connect(node)
     attempt.conn = conn
@@ -44,7 +43,7 @@ class Connect:
     def __init__(self, node: int) -> None:
         self.node = node
         self.ready = threading.Event()
-        self.conn: Any = None
+        self.conn: Connection | None = None
         self.error: BaseException | None = None
         self.abandoned = False
         self.late: list[Call] = []  # releases to send once connected (the request is over)
@@ -66,13 +65,14 @@ class Connector:
     module's doc); ``hand_back(attempt)`` takes a connection whose request gave up on
     it once it is open."""
 
-    def __init__(self, pools: list[redis.ConnectionPool], silence: Silence,
+    def __init__(self, endpoints: list[Endpoint], connect_timeout: float, silence: Silence,
                  hand_back: Callable[[Connect], None]) -> None:
-        self._pools = pools
+        self._endpoints = endpoints
+        self._connect_timeout = connect_timeout
         self._silence = silence  # its transport's: which nodes answer
-        self.refusals = Refusals(len(pools))  # the nodes refusing connections
+        self.refusals = Refusals(len(endpoints))  # the nodes refusing connections
         self._hand_back = hand_back
-        self._connects = [0] * len(pools)  # opening now, per node
+        self._connects = [0] * len(endpoints)  # opening now, per node
         self._opening: set[threading.Thread] = set()  # their threads (close() joins them)
         self._mutex = threading.Lock()
         self._closed = False
@@ -90,7 +90,7 @@ class Connector:
 
         def run() -> None:
             try:
-                attempt.conn = self._pools[node].get_connection()
+                attempt.conn = open_connection(self._endpoints[node], self._connect_timeout)
                 self.refusals.connected(node)
             except Exception as exc:
                 attempt.error = exc

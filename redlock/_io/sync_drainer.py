@@ -19,8 +19,8 @@ from typing import Any
 
 from redlock._core.requests import Broadcast, Call
 from redlock._io import resp
-from redlock._io.sync_exchange import NOTHING, receive
-from redlock._io.sync_exchange import send as send_bytes
+from redlock._io.connection import NOTHING, Connection, receive
+from redlock._io.connection import send as send_bytes
 from redlock._io.wire import Late, LateConnections, Silence, late_sendable, render
 from redlock._scripts import lock as scripts
 
@@ -29,7 +29,7 @@ _QUEUED_PER_NODE = 1024
 # The drainer's longest wait: in select() for replies, or for a late connection to come.
 _IDLE_WAIT = 0.05
 
-ConnHandler = Callable[[int, Any], None]  # (node, connection)
+ConnHandler = Callable[[int, Connection], None]  # (node, connection)
 
 
 class SyncDrainer:
@@ -41,7 +41,7 @@ class SyncDrainer:
         self._give_back = give_back  # to the pool (after sending any queued releases)
         self._discard = discard  # closed
         self._silence = silence  # its transport's: which nodes answer
-        self._late: LateConnections[Any] = LateConnections(node_count)
+        self._late: LateConnections[Connection] = LateConnections(node_count)
         # Per node, final releases whose request ended before any connection was free:
         # sent on the next connection to that node that is given back (bounded).
         self._queued: list[list[Call]] = [[] for _ in range(node_count)]
@@ -74,7 +74,7 @@ class SyncDrainer:
             calls, self._queued[node] = self._queued[node], []
         return calls
 
-    def send(self, node: int, conn: Any, calls: list[Call]) -> None:
+    def send(self, node: int, conn: Connection, calls: list[Call]) -> None:
         """Send calls nobody waits for on ``conn``: the drainer reads the replies, then
         gives the connection back."""
         try:
@@ -86,9 +86,9 @@ class SyncDrainer:
 
     # -- connections with replies owed -----------------------------------------------
 
-    def keep(self, node: int, conn: Any, calls: list[Call], unread: int) -> None:
+    def keep(self, node: int, conn: Connection, calls: list[Call], unread: int) -> None:
         """``conn`` owes ``unread`` replies to ``calls``: read them in the background."""
-        if getattr(conn, "_sock", None) is None or self._closed:
+        if conn.sock is None or self._closed:
             self._discard(node, conn)
             return
         evicted = self._late.add(Late(conn, node, calls, unread,
@@ -133,31 +133,32 @@ class SyncDrainer:
                 self._work.wait(_IDLE_WAIT)  # one being added: it sets _work
                 continue
             now = time.monotonic()
-            for late in [e for e in entries if e.deadline <= now or e.conn._sock is None]:
+            for late in [e for e in entries if e.deadline <= now or e.conn.sock is None]:
                 self._dispose(late, give_back=False)  # past its deadline (hung), or broken
             live = [e for e in entries if not e.closed and e.deadline > now
-                    and e.conn._sock is not None]
+                    and e.conn.sock is not None]
             if not live:  # all disposed of (or being so by another thread): look again
                 self._work.wait(_IDLE_WAIT)
                 continue
             wait = min(_IDLE_WAIT, max(0.0, min(e.deadline for e in live) - now))
             try:
-                readable, _, _ = select.select([e.conn._sock for e in live], [], [], wait)
+                socks: list[Any] = [e.conn.sock for e in live]
+                readable, _, _ = select.select(socks, [], [], wait)
             except (OSError, TypeError, ValueError):  # a socket closed under us: each
                 for late in live:                     # is read, and its read says why
                     self._drain_one(late, readable=False)
                 continue
-            for late in [e for e in live if e.conn._sock in readable]:
+            for late in [e for e in live if e.conn.sock in readable]:
                 self._drain_one(late, readable=True)
 
-    def _drain_one(self, late: Late[Any], *, readable: bool) -> None:
+    def _drain_one(self, late: Late[Connection], *, readable: bool) -> None:
         """Read what has come of a late connection's replies, without waiting (a reply
         half received must not hold up the other late connections); ``readable``:
         select() just found its socket readable."""
         with late.mutex:
             if late.closed:  # evicted, or past its deadline: no longer ours to read
                 return
-            late.conn._redlock_readable = readable
+            late.conn.readable = readable
             try:
                 while late.outstanding > 0:
                     if receive(late.conn) is NOTHING:  # (an error reply counts: read)
@@ -168,13 +169,12 @@ class SyncDrainer:
                 late.outstanding = -1  # broken: close it
                 self._silence.failed(late.node, exc)
             finally:
-                with contextlib.suppress(Exception):
-                    late.conn._redlock_readable = False
+                late.conn.readable = False
             if late.outstanding > 0:
                 return
         self._dispose(late, give_back=late.outstanding == 0)
 
-    def _dispose(self, late: Late[Any], *, give_back: bool) -> None:
+    def _dispose(self, late: Late[Connection], *, give_back: bool) -> None:
         """Done with a late connection: back to the pool (everything read) or closed.
         Whoever marks it closed, under its lock, disposes of it, exactly once: given
         back twice, a connection could be handed to two requests at once, and one would

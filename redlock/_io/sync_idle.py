@@ -1,7 +1,5 @@
 """The sync transport's open connections between requests (see
-:mod:`redlock._io.sync_transport`): per node, a stack of connections checked out of the
-node's pool once and kept here (they stay "in use" for the pool, whose disconnect()
-closes them): the pool's checkout and return cost more than the request's own I/O.
+:mod:`redlock._io.sync_transport`): per node, a stack of connections.
 
 The stacks shrink: a connection that sat on its stack longer than :data:`IDLE_KEPT_FOR`
 (a burst of threads opened it, and it is over) is closed when a request gives another
@@ -11,15 +9,12 @@ stay at its bottom, where the shrink looks.
 
 from __future__ import annotations
 
-import select
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
-import redis
-
-from redlock._io.sync_exchange import buffered, has_input
+from redlock._io.connection import Connection, has_input
+from redlock._io.connection import with_input as _with_input
 from redlock._io.wire import FRESH
 
 #: Seconds a connection may wait on its node's stack unused before it is closed.
@@ -30,17 +25,15 @@ class IdleConnections:
     """Per node, the open connections waiting for the next request (thread-safe: a
     push and a pop at the top are single list operations; a shrink takes a lock)."""
 
-    def __init__(self, pools: list[redis.ConnectionPool],
-                 discard: Callable[[int, Any], None]) -> None:
-        self._pools = pools
-        self._discard = discard  # (node, connection): closed, back to its pool
-        self._stacks: list[list[Any]] = [[] for _ in pools]
+    def __init__(self, node_count: int, discard: Callable[[int, Connection], None]) -> None:
+        self._discard = discard  # (node, connection): closed
+        self._stacks: list[list[Connection]] = [[] for _ in range(node_count)]
         self._shrinking = threading.Lock()
 
     def count(self, node: int) -> int:
         return len(self._stacks[node])
 
-    def take(self, node: int, *, check: bool = True) -> Any:
+    def take(self, node: int, *, check: bool = True) -> Connection | None:
         """An open connection (None if there is none: never connects). ``check``: and
         nothing to read in it (one the server closed while it sat idle, or that has
         bytes nobody asked for, is closed and the next one tried)."""
@@ -50,39 +43,33 @@ class IdleConnections:
                 conn = stack.pop()
             except IndexError:  # another thread took the last one
                 break
-            if conn._sock is not None and not (check and has_input(conn)):
+            if conn.sock is not None and not (check and has_input(conn)):
                 return conn
             self._discard(node, conn)
-        pool = self._pools[node]
-        if not _has_idle(pool):
-            return None
-        try:
-            return pool.get_connection()  # may still reconnect if it raced: rare, bounded
-        except Exception:
-            return None
+        return None
 
-    def pop(self, node: int) -> Any:
+    def pop(self, node: int) -> Connection | None:
         """The node's last connection given back, as it is (None if there is none)."""
         try:
             return self._stacks[node].pop()
         except IndexError:
             return None
 
-    def push_back(self, nodes: list[int], conns: list[Any]) -> None:
+    def push_back(self, nodes: list[int], conns: list[Connection]) -> None:
         """Connections popped from ``nodes`` and not used, back as they were."""
         for node, conn in zip(reversed(nodes), reversed(conns), strict=True):
             self._stacks[node].append(conn)
 
-    def put(self, node: int, conn: Any) -> None:
+    def put(self, node: int, conn: Connection) -> None:
         """``conn`` waits for the next request; ones unused too long are closed."""
         stack = self._stacks[node]
-        now = conn._redlock_idle_since = time.monotonic()
+        now = conn.idle_since = time.monotonic()
         stack.append(conn)
         try:
             oldest = stack[0]
         except IndexError:  # taken meanwhile
             return
-        if now - oldest._redlock_idle_since > IDLE_KEPT_FOR:
+        if now - oldest.idle_since > IDLE_KEPT_FOR:
             self._shrink(node, now)
 
     def _shrink(self, node: int, now: float) -> None:
@@ -91,7 +78,7 @@ class IdleConnections:
         with self._shrinking:  # one at a time; requests push and pop the top meanwhile
             while True:
                 try:
-                    if now - stack[0]._redlock_idle_since <= IDLE_KEPT_FOR:
+                    if now - stack[0].idle_since <= IDLE_KEPT_FOR:
                         break
                     # (Should another thread take the last one between the look and
                     # the pop, and put one back, that idle one is closed: it is unused.)
@@ -108,27 +95,10 @@ class IdleConnections:
                 self._discard(node, stack.pop())
 
 
-def with_input(conns: list[Any]) -> list[Any]:
+def with_input(conns: list[Connection]) -> list[Connection]:
     """Of idle connections about to be reused, those with something to read: the server
     closed it while it sat idle (it restarted), or sent what nobody asked for. One
     ``select`` for all; not for one given back less than
     :data:`~redlock._io.wire.FRESH` ago."""
     now = time.monotonic()
-    stale = [conn for conn in conns
-             if now - getattr(conn, "_redlock_idle_since", 0.0) >= FRESH]
-    if not stale:
-        return []
-    try:
-        readable, _, _ = select.select([conn._sock for conn in stale], [], [], 0)
-    except (OSError, TypeError, ValueError):  # closed under us: reading it says why
-        return stale
-    return [conn for conn in stale if conn._sock in readable or buffered(conn)]
-
-
-def _has_idle(pool: redis.ConnectionPool) -> bool:
-    idle = getattr(pool, "_available_connections", None)
-    try:
-        newest = idle[-1] if idle else None  # the one get_connection() pops next
-    except IndexError:  # another thread took it meanwhile
-        return False
-    return getattr(newest, "_sock", None) is not None
+    return _with_input([conn for conn in conns if now - conn.idle_since >= FRESH])

@@ -3,7 +3,8 @@ by one thread (a release's messages from N nodes arrive together: one wake-up re
 them all), started when a blocking acquire first waits and stopped after a while with
 nothing to listen to (docs/design.md §6; what to subscribe to and whom a message wakes
 is decided in :mod:`redlock._io.wakeups`). Connections are opened by short-lived helper
-threads, so a node that is slow to answer holds up no other node's messages.
+threads (:func:`~redlock._io.connection.open_connection`), so a node that is slow to
+answer holds up no other node's messages.
 """
 
 from __future__ import annotations
@@ -16,12 +17,10 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-import redis
-from redis.backoff import NoBackoff
-from redis.retry import Retry
-
-from redlock._io import resp, wakeups
-from redlock._io.sync_exchange import recv_available, tls_pending
+from redlock._io import connection, resp, wakeups
+from redlock._io.connection import NOTHING, Connection
+from redlock._io.endpoint import Endpoint
+from redlock._io.failures import NoReply
 
 # The longest the thread sleeps in select: it notices close(), a ping to send and
 # lingering channels to drop at least this often.
@@ -31,14 +30,11 @@ _TICK = 1.0
 class _Node:
     """One node's subscription connection, as the listener thread sees it."""
 
-    __slots__ = ("conn", "connecting", "delay", "reader", "refused", "retry_at",
-                 "subscription")
+    __slots__ = ("conn", "connecting", "delay", "refused", "retry_at", "subscription")
 
     def __init__(self, subscription: wakeups.NodeSubscription) -> None:
         self.subscription = subscription
-        self.conn: Any = None
-        # Its replies, parsed from the socket's bytes (redis-py reads only the handshake).
-        self.reader: Any = None
+        self.conn: Connection | None = None
         self.connecting = False  # a helper thread is opening the connection
         self.retry_at = 0.0
         self.delay = wakeups.RECONNECT_MIN
@@ -48,13 +44,14 @@ class _Node:
 class SyncReleaseListener:
     """Subscription connections to every node, for one manager, read by one thread."""
 
-    def __init__(self, pools: Sequence[redis.ConnectionPool], addresses: Sequence[str],
+    def __init__(self, endpoints: Sequence[Endpoint], addresses: Sequence[str],
                  connect_timeout: float, registry: wakeups.WakeRegistry) -> None:
-        self._pools = pools
+        self._endpoints = endpoints
         self._addresses = addresses
         self._connect_timeout = connect_timeout
         self._registry = registry
-        self._nodes = [_Node(wakeups.NodeSubscription(i, registry)) for i in range(len(pools))]
+        self._nodes = [_Node(wakeups.NodeSubscription(i, registry))
+                       for i in range(len(endpoints))]
         self._mutex = threading.Lock()
         self._thread: threading.Thread | None = None
         self._poke_r, self._poke_w = socket.socketpair()  # a byte here wakes the thread
@@ -122,15 +119,16 @@ class SyncReleaseListener:
                     self._open(node)
                 continue
             try:
-                for command in node.subscription.commands(wanted):
-                    node.conn.send_command(*command, check_health=False)
+                commands = node.subscription.commands(wanted)
+                if commands:
+                    connection.send(node.conn, resp.pack(commands))
             except Exception:
                 self._lost(node)
         live = [n for n in self._nodes if n.conn is not None]
         readable: list[Any] = []
         with contextlib.suppress(OSError, TypeError, ValueError):  # closed under us: next round
-            readable, _, _ = select.select([self._poke_r, *(n.conn._sock for n in live)],
-                                           [], [], _TICK)
+            socks: list[Any] = [self._poke_r, *(n.conn.sock for n in live if n.conn)]
+            readable, _, _ = select.select(socks, [], [], _TICK)
             if self._poke_r in readable:
                 with contextlib.suppress(OSError):
                     self._poke_r.recv(4096)
@@ -144,54 +142,42 @@ class SyncReleaseListener:
 
     def _read(self, node: _Node, wake: list[Any], readable: Sequence[Any]) -> None:
         """What came on the node's connection: read from its socket only when select
-        found it readable (or TLS holds decrypted bytes above it), and parsed here:
-        everything buffered was parsed in the round that read it."""
+        found it readable (or bytes wait above it), and parsed here."""
+        conn = node.conn
+        assert conn is not None
         try:
-            sock = node.conn._sock
-            while sock in readable or tls_pending(sock):
-                data = recv_available(sock)  # (raises once the node closed it)
-                if data is None:  # half a TLS record: the rest comes with a later round
-                    break
-                node.reader.feed(data)
-                while (message := node.reader.gets()) is not False:
-                    if isinstance(message, resp.ReplyError):
-                        raise redis.ResponseError(str(message))
+            if conn.sock in readable or connection.buffered(conn):
+                conn.readable = conn.sock in readable
+                while (message := connection.receive(conn)) is not NOTHING:
+                    if isinstance(message, resp.ReplyError):  # SUBSCRIBE refused: an ACL
+                        self._registry.refused(node.subscription.node,
+                                               self._addresses[node.subscription.node],
+                                               message)
+                        node.refused = True
+                        self._lost(node)
+                        return
                     node.subscription.heard(message, wake)
-                readable = ()
             if node.subscription.silent():
-                raise redis.TimeoutError("the subscription connection stopped answering")
-        except redis.ResponseError as exc:  # SUBSCRIBE refused: an ACL
-            self._registry.refused(node.subscription.node,
-                                   self._addresses[node.subscription.node], exc)
-            node.refused = True
-            self._lost(node)
+                raise NoReply("the subscription connection stopped answering")
         except Exception:  # broken or silent: reconnect, subscribe again
             self._lost(node)
 
     def _open(self, node: _Node) -> None:
         """Open the node's connection in a helper thread; the listener picks it up."""
-        index = node.subscription.node
-        conn = wakeups.subscription_connection(self._registry, index, self._addresses[index],
-                                       self._pools[index], self._connect_timeout,
-                                       self._connect_timeout, Retry(NoBackoff(), 0))
-        if conn is None:
-            node.refused = True
-            return
+        endpoint = self._endpoints[node.subscription.node]
         node.connecting = True
 
         def connect() -> None:
             try:
-                conn.connect()
+                conn = connection.open_connection(endpoint, self._connect_timeout)
             except Exception:
-                _disconnect(conn)
                 node.retry_at = time.monotonic() + node.delay
                 node.delay = min(2 * node.delay, wakeups.RECONNECT_MAX)
             else:
                 node.delay = wakeups.RECONNECT_MIN
                 if self._closed:
-                    _disconnect(conn)
+                    conn.close()
                 else:
-                    node.reader = resp.Reader()
                     node.conn = conn
             finally:
                 node.connecting = False
@@ -203,10 +189,5 @@ class SyncReleaseListener:
     def _lost(node: _Node) -> None:
         node.subscription.lost()
         if node.conn is not None:
-            _disconnect(node.conn)
+            node.conn.close()
             node.conn = None
-
-
-def _disconnect(conn: Any) -> None:
-    with contextlib.suppress(Exception):
-        conn.disconnect()

@@ -12,34 +12,33 @@ TCP but never answers the handshake costs one node timeout, not the connect budg
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
-from collections.abc import Iterable
-from typing import Any
-
-import redis
-from redis.backoff import NoBackoff
-from redis.connection import parse_url
-from redis.exceptions import NoScriptError
-from redis.retry import Retry
+from collections.abc import Sequence
 
 from redlock._core.requests import Broadcast, CommandArg, Replies, learnt_deadline
 from redlock._io import resp
-from redlock._io.failures import NotSent, as_failure, map_failures
-from redlock._io.nodes import build_pool, check_node_list, node_labels, pool_overrides
-from redlock._io.sync_connect import CONNECTS_PER_NODE, Connect, Connector, given
-from redlock._io.sync_drainer import SyncDrainer
-from redlock._io.sync_exchange import (
+from redlock._io.connection import (
     NOTHING,
-    Group,
-    by_node,
+    Connection,
     has_input,
-    is_new,
-    readable_groups,
     receive,
     send,
+    wait_readable,
 )
+from redlock._io.endpoint import Endpoint
+from redlock._io.failures import (
+    CLOSED,
+    NoReply,
+    NotSent,
+    Unreachable,
+    as_failure,
+    is_noscript,
+    map_failures,
+)
+from redlock._io.sync_connect import CONNECTS_PER_NODE, Connect, Connector, given
+from redlock._io.sync_drainer import SyncDrainer
+from redlock._io.sync_exchange import Group, by_node
 from redlock._io.sync_idle import IdleConnections, with_input
 from redlock._io.sync_warm import WarmPath
 from redlock._io.wire import (
@@ -60,32 +59,31 @@ _LAST_READ = 0.05
 
 
 class SyncTransport:
-    """One connection pool per node, and scatter/gather over raw connections."""
+    """Connections to each node, and scatter/gather over them."""
 
-    def __init__(self, nodes: Iterable[str | redis.Redis], connect_timeout: float,
+    def __init__(self, endpoints: Sequence[Endpoint], addresses: Sequence[str],
+                 connect_timeout: float,
                  identify: tuple[CommandArg, ...] | None = None) -> None:
         # ``identify``: the command sent first on every new connection (IDENTIFY, docs/
         # design.md §4.4); its reply is returned with the request's (Replies.identities).
         self.identify = identify
-        # Our reads carry their own timeouts: the pools' socket timeout bounds only the
-        # connection's handshake (and a send that cannot proceed), like connecting.
-        overrides = pool_overrides(connect_timeout, Retry(NoBackoff(), 0))
-        items = check_node_list(nodes, redis.Redis, "redis.Redis")
-        self.pools: list[redis.ConnectionPool] = [
-            build_pool(node, redis.ConnectionPool, parse_url, overrides) for node in items]
-        self.addresses = node_labels(items)
-        self.items = items  # the nodes as given (a forked child builds its own pools)
+        self.endpoints = list(endpoints)
+        self.addresses = list(addresses)
+        # Connecting and logging in are bounded by this (and so is a send that cannot
+        # proceed); reads carry each request's own deadline.
         self.connect_timeout = connect_timeout
+        n = len(self.endpoints)
         # Replies owed on connections nobody waits on any more; queued final releases.
-        self._silence = Silence(len(self.pools))  # the nodes that stopped answering
-        self._drainer = SyncDrainer(len(self.pools), connect_timeout, give_back=self._give_back,
+        self._silence = Silence(n)  # the nodes that stopped answering
+        self._drainer = SyncDrainer(n, connect_timeout, give_back=self._give_back,
                                     discard=self._discard, silence=self._silence)
-        self._connector = Connector(self.pools, self._silence, self._hand_back)
+        self._connector = Connector(self.endpoints, connect_timeout, self._silence,
+                                    self._hand_back)
         # Lanes (redlock._core.requests.Broadcast.lane): per lane and node, its connections,
-        # checked out of the pool and kept aside.
-        self._lanes: dict[str, list[list[Any]]] = {}
-        # Per node, open connections between requests (checked out of the pool once).
-        self._idle = IdleConnections(self.pools, self._discard)
+        # kept aside.
+        self._lanes: dict[str, list[list[Connection]]] = {}
+        # Per node, open connections between requests.
+        self._idle = IdleConnections(n, self._discard)
         self._warm = WarmPath(self._idle, self._silence, self._give_back, self._failed)
         self._mutex = threading.Lock()
         self._closed = False
@@ -106,8 +104,7 @@ class SyncTransport:
         under_way.add(me)
         try:
             if self._closed:  # a thread or background flow racing the manager's close
-                return Replies([as_failure(redis.ConnectionError("the manager is closed"))]
-                               * len(request.calls))
+                return Replies([as_failure(Unreachable(CLOSED))] * len(request.calls))
             return self._broadcast(request)
         finally:
             under_way.discard(me)
@@ -157,14 +154,16 @@ class SyncTransport:
         """The gather, then what is still unfinished (see :meth:`_unfinished`)."""
         try:
             if sent or connecting:
-                self._gather(request, replies, sent, connecting, started, deadline, packing)
+                deadline = self._gather(request, replies, sent, connecting, started, deadline,
+                                        packing)
         finally:
-            self._unfinished(request, replies, sent, connecting)
+            self._unfinished(request, replies, sent, connecting, deadline - started)
         map_failures(replies)  # redis-py errors as the library's (_io/failures.py)
         return replies
 
     def _unfinished(self, request: Broadcast, replies: Replies, sent: list[Group],
-                    connecting: list[tuple[Group, Connect | None]]) -> None:
+                    connecting: list[tuple[Group, Connect | None]],
+                    waited: float | None = None) -> None:
         """A request that ends (its replies in, decided, at its deadline, interrupted):
         a connection still opening joins the pool when it is ready, one with replies
         unread goes to the drainer, the calls without a reply get theirs."""
@@ -185,13 +184,15 @@ class SyncTransport:
                 unread = (sum(1 for i in group.indexes if replies[i] is PENDING)
                           + (group.probed and group.identity is PENDING)
                           - (len(group.unknown) if not group.resent else 0))
-                fill_pending(group.indexes, replies, NOT_AWAITED if decided else
-                             redis.TimeoutError("Timeout reading from socket"))
+                fill_pending(group.indexes, replies, NOT_AWAITED if decided else NoReply(
+                    f"no reply within {(waited or request.timeout) * 1000:.0f} ms"))
                 self._drainer.keep(group.node, group.conn, group.calls, unread)
 
     def _gather(self, request: Broadcast, replies: Replies, sent: list[Group],
                 connecting: list[tuple[Group, Connect | None]], started: float,
-                deadline: float, packing: Packing) -> None:
+                deadline: float, packing: Packing) -> float:
+        """Read the replies until they are in, decide the request, or its deadline; returns
+        the deadline it came to (a first request learns it, a decision moves it)."""
         decided, learning = 0.0, bool(request.learn)
         asked_at = 0  # how many replies were in (or failed) when the decision was asked
         while True:
@@ -213,13 +214,13 @@ class SyncTransport:
                 assert attempt is not None
                 conn = attempt.conn
                 if conn is None:
-                    fill_pending(group.indexes, replies, attempt.error or redis.ConnectionError(
+                    fill_pending(group.indexes, replies, attempt.error or Unreachable(
                         "connection failed"))
                 else:
                     self._send(group, conn, replies, sent, packing)
             waiting = [g for g in sent if not g.done]
             if (not waiting and not connecting) or self._closed:
-                return  # (closed: close() waits for this request; what is unread is lost)
+                return deadline  # (closed: close() waits for it; what is unread is lost)
             answered = len(replies) - replies.count(PENDING)  # (read, or failed)
             if answered != asked_at and request.enough is not None:
                 asked_at = answered  # decided: the stragglers get a grace (Silence.until)
@@ -233,13 +234,13 @@ class SyncTransport:
                 # A reply already in a socket came in time, even if this thread (many
                 # threads, one GIL) is only now looking: read what is there, then stop.
                 self._last_reads([g for g in waiting if has_input(g.conn)], replies)
-                return
+                return deadline
             ready: list[Group] = []
             if waiting:
                 # Wake for a reply, or every few ms while a connection is still opening.
                 # A group whose reply is still incomplete is read again only when more
                 # of it arrived: it never holds up the other nodes' replies.
-                ready = readable_groups(waiting, min(left, 0.002 if connecting
+                ready = _readable(waiting, min(left, 0.002 if connecting
                                                      else _CLOSE_NOTICED))
             else:
                 first = connecting[0][1]
@@ -262,16 +263,16 @@ class SyncTransport:
             left = until - time.monotonic()
             if not groups or left <= 0 or self._closed:
                 return
-            if not readable_groups(groups, left):
+            if not _readable(groups, left):
                 return
 
-    def _send(self, group: Group, conn: Any, replies: Replies, sent: list[Group],
+    def _send(self, group: Group, conn: Connection, replies: Replies, sent: list[Group],
               packing: Packing) -> None:
         group.conn = conn
         try:
             # A new connection: identify the server first, and send script bodies (the
             # server may be new, or restarted: EVALSHA would cost a NOSCRIPT round trip).
-            new = is_new(conn)
+            new = not conn.identified
             data = packing.calls(group.calls, evalsha=not new)
             if new and self.identify is not None:
                 group.probed = True
@@ -301,8 +302,8 @@ class SyncTransport:
                 if identity is NOTHING:
                     return
                 group.identity = identity
-                if not isinstance(identity, BaseException):  # known now (an error, a
-                    conn._redlock_identified = conn._sock  # server still LOADING: asked again)
+                # Known now (an error, a server still LOADING: asked again).
+                conn.identified = not isinstance(identity, BaseException)
                 # Among the replies at once: this request's own early decision must not
                 # count a restarted node's grant.
                 replies.identities[group.node] = group.identity
@@ -316,7 +317,7 @@ class SyncTransport:
                     group.sampled = True
                     self._silence.heard(group.node)
                     replies.round_trips[group.node] = time.monotonic() - group.sent_at
-                if isinstance(reply, NoScriptError):  # SCRIPT FLUSH since: send the body
+                if is_noscript(reply):  # SCRIPT FLUSH since: send the body
                     group.unknown.append(index)
                 else:
                     replies[index] = reply
@@ -331,13 +332,13 @@ class SyncTransport:
             self._failed(group, replies, exc)
             return
         finally:
-            conn._redlock_readable = False  # (select()'s word is good for one recv())
+            conn.readable = False  # (select()'s word is good for one recv())
         group.done = True
         self._give_back(group.node, conn, group.lane)
 
     # -- connections ---------------------------------------------------------------
 
-    def _idle_connections(self, groups: list[Group]) -> list[tuple[Group, Any]]:
+    def _idle_connections(self, groups: list[Group]) -> list[tuple[Group, Connection | None]]:
         """An open connection (or None) for each group's node, as _idle_connection, with
         one readability check for all of them (one system call, not one per node)."""
         picked = [(group, self._idle_connection(group.node, group.lane, check=False))
@@ -356,15 +357,15 @@ class SyncTransport:
         return checked
 
     def _idle_connection(self, node: int, lane: str | None = None, *,
-                         check: bool = True) -> Any:
+                         check: bool = True) -> Connection | None:
         """An open connection from the pool (or the lane), without connecting (None if
         there is none)."""
         if lane is not None:  # the lane's own; the first time, one from the pool
             with self._mutex:
-                kept = self._lanes.setdefault(lane, [[] for _ in self.pools])[node]
+                kept = self._lanes.setdefault(lane, [[] for _ in self.endpoints])[node]
                 while kept:
                     conn = kept.pop()
-                    if getattr(conn, "_sock", None) is not None:
+                    if conn.sock is not None:
                         return conn
         return self._idle.take(node, check=check)
 
@@ -372,18 +373,19 @@ class SyncTransport:
         """A connection its request gave up on: its late releases go out on it (read by
         the drainer, which then gives it back), else it joins the pool at once."""
         conn, node = attempt.conn, attempt.node
+        assert conn is not None  # (told only of an attempt that connected)
         if not attempt.late or self._closed:
             self._give_back(node, conn)
             return
         self._drainer.send(node, conn, attempt.late)
 
-    def _give_back(self, node: int, conn: Any, lane: str | None = None) -> None:
+    def _give_back(self, node: int, conn: Connection, lane: str | None = None) -> None:
         """A connection back to its pool (first carrying the node's queued releases, if
         any), or to its lane; once the manager is closed, closed instead (a request that
         was under way when close() ran must not leave it open)."""
         if lane is not None and not self._closed:
             with self._mutex:
-                self._lanes.setdefault(lane, [[] for _ in self.pools])[node].append(conn)
+                self._lanes.setdefault(lane, [[] for _ in self.endpoints])[node].append(conn)
             return
         calls = [] if self._closed else self._drainer.take_queued(node)
         if calls:
@@ -394,11 +396,10 @@ class SyncTransport:
             return
         self._idle.put(node, conn)
 
-    def _discard(self, node: int, conn: Any) -> None:
-        with contextlib.suppress(Exception):
-            conn.disconnect()
-        with contextlib.suppress(Exception):
-            self.pools[node].release(conn)
+    @staticmethod
+    def _discard(node: int, conn: Connection | None) -> None:
+        if conn is not None:
+            conn.close()
 
     def close(self) -> None:
         """Close every connection; the drainer and the threads still opening connections
@@ -415,5 +416,16 @@ class SyncTransport:
             if thread is not threading.current_thread():
                 thread.join(self.connect_timeout + 0.1)
         self._idle.close()
-        for pool in self.pools:
-            pool.disconnect()
+        with self._mutex:
+            lanes, self._lanes = self._lanes, {}
+        for stacks in lanes.values():
+            for stack in stacks:
+                while stack:
+                    stack.pop().close()
+
+
+def _readable(groups: list[Group], wait: float) -> list[Group]:
+    """The groups whose connections have bytes to read, waiting up to ``wait`` for one
+    (their next recv needs no select() first)."""
+    ready = {id(conn) for conn in wait_readable([g.conn for g in groups], wait)}
+    return [g for g in groups if id(g.conn) in ready]

@@ -25,12 +25,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import redis
-from redis.exceptions import NoScriptError
-
 from redlock._core.requests import Broadcast, Call, Replies
 from redlock._io import resp
-from redlock._io.sync_exchange import NOTHING, Group, receive_ready, send
+from redlock._io.connection import NOTHING, Connection, receive_ready, send
+from redlock._io.failures import Unreachable, is_noscript
+from redlock._io.sync_exchange import Group
 from redlock._io.sync_idle import IdleConnections, with_input
 from redlock._io.wire import Silence, render
 
@@ -45,20 +44,20 @@ class WarmPath:
     """Runs a request the warm way when it can (see the module's doc)."""
 
     def __init__(self, idle: IdleConnections, silence: Silence,
-                 give_back: Callable[[int, Any], None],
+                 give_back: Callable[[int, Connection], None],
                  failed: Callable[[Group, Replies, Exception], None]) -> None:
         self._idle = idle
         self._silence = silence
         self._give_back = give_back  # (node, connection): for the next request
         self._failed = failed  # (group, replies, error): the general path's own
 
-    def take(self, request: Broadcast) -> list[Any] | None:
+    def take(self, request: Broadcast) -> list[Connection] | None:
         """Each call's connection, when the request is one call per node (in the nodes'
         order, no lane, no timeout to learn) and every node has an identified connection
         idle with nothing to read in it; None: nothing taken, the general path runs it."""
         if request.lane is not None or request.learn:
             return None
-        taken: list[Any] = []
+        taken: list[Connection] = []
         node = -1
         for call in request.calls:
             conn = self._idle.pop(call.node) if call.node > node else None
@@ -66,7 +65,7 @@ class WarmPath:
             if conn is None:
                 break
             taken.append(conn)
-            if conn._sock is None or getattr(conn, "_redlock_identified", None) is not conn._sock:
+            if conn.sock is None or not conn.identified:
                 break
         else:
             if not with_input(taken):  # (a server that closed one while it sat idle)
@@ -74,7 +73,7 @@ class WarmPath:
         self._idle.push_back([c.node for c in request.calls[:len(taken)]], taken)
         return None
 
-    def exchange(self, request: Broadcast, conns: list[Any], replies: Replies,
+    def exchange(self, request: Broadcast, conns: list[Connection], replies: Replies,
                  started: float, deadline: float, rest: list[Group]) -> float:
         """Write the calls on ``conns`` and read the replies until every one is in, or
         the deadline (moved to the stragglers' grace once the request is decided).
@@ -108,7 +107,7 @@ class WarmPath:
                 written += 1
                 now = sent_at[index] = time.monotonic()
                 silence.owed(call.node, now)
-                waiting[conn._sock] = index
+                waiting[conn.sock] = index
             decided, enough = 0.0, request.enough
             while waiting:
                 left = deadline - time.monotonic()
@@ -134,7 +133,7 @@ class WarmPath:
                     del waiting[sock]
                     silence.heard(call.node)
                     replies.round_trips[call.node] = time.monotonic() - sent_at[index]
-                    if isinstance(reply, NoScriptError):  # SCRIPT FLUSH since: send the body
+                    if is_noscript(reply):  # SCRIPT FLUSH since: send the body
                         group = _group(index, call, conn, sent_at[index])
                         group.sampled, group.unknown = True, [index]
                         try:
@@ -157,14 +156,14 @@ class WarmPath:
         finally:
             if written < len(calls):  # interrupted while writing: the one being written
                 bad = _group(written, calls[written], conns[written], started)  # is unusable
-                self._failed(bad, replies, redis.ConnectionError("interrupted while writing"))
+                self._failed(bad, replies, Unreachable("interrupted while writing"))
                 for index in range(written + 1, len(calls)):  # the others were never used
                     give_back(calls[index].node, conns[index])
             if waiting:
                 rest.extend(_group(i, calls[i], conns[i], sent_at[i]) for i in waiting.values())
 
 
-def _group(index: int, call: Call, conn: Any, sent_at: float) -> Group:
+def _group(index: int, call: Call, conn: Connection, sent_at: float) -> Group:
     """The general path's group for one call written on ``conn`` at ``sent_at``."""
     group = Group(call.node)
     group.indexes.append(index)

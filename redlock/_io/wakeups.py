@@ -327,6 +327,8 @@ class NodeSubscription:
         :meth:`WakeRegistry.deliver`)."""
         self.last_heard = time.monotonic()
         if not isinstance(message, list) or not message:
+            if message in (b"PONG", "PONG"):  # (a PING before any SUBSCRIBE)
+                self.ping_sent = None
             return
         kind = _text(message[0])
         if kind == "message" and len(message) == 3:
@@ -357,36 +359,3 @@ class NodeSubscription:
 
 def _text(value: object) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
-
-
-def subscription_connection(registry: WakeRegistry, node: int, address: str, pool: Any,
-                            connect_timeout: float, read_timeout: float | None,
-                            retry: Any) -> Any | None:
-    """:func:`listener_connection` for ``node``, or None when its settings make none
-    (told once as ``redlock.release_feed_refused``: its waiters poll)."""
-    try:
-        return listener_connection(pool, connect_timeout, read_timeout, retry)
-    except Exception as exc:
-        registry.refused(node, address, exc,
-                         hint="no subscription connection can be made with this node's"
-                              " settings")
-        return None
-
-
-def listener_connection(pool: Any, connect_timeout: float, read_timeout: float | None,
-                        retry: Any) -> Any:
-    """A subscription connection to a pool's node (not taken from the pool: it lives as
-    long as the listener): the node's settings, speaking RESP2 (messages are plain
-    arrays), with no hidden retries (``retry``: a no-retry policy of the flavour) and
-    our own timeouts."""
-    kwargs = {**pool.connection_kwargs, "protocol": 2, "socket_timeout": read_timeout,
-              "socket_connect_timeout": connect_timeout, "retry": retry,
-              "health_check_interval": 0, "decode_responses": False}
-    if "maint_notifications_config" in kwargs:
-        # redis-py 7+ turns maintenance notifications on for RESP3 pools; they need RESP3
-        # or hiredis, and without hiredis a RESP2 connection that carries the pool's
-        # setting raises in its constructor. A subscription needs none of it.
-        kwargs["maint_notifications_config"] = None
-        kwargs.pop("maint_notifications_pool_handler", None)
-        kwargs.pop("oss_cluster_maint_notifications_handler", None)
-    return pool.connection_class(**kwargs)

@@ -18,15 +18,13 @@
 
 from __future__ import annotations
 
-import asyncio
 import threading
 from collections.abc import Iterable, Sequence
 from typing import Any, Generic, TypeVar
 
-from redis.exceptions import TimeoutError as RedisTimeoutError
-
 from redlock._core.requests import NOT_AWAITED, PENDING, SENT_LATE, Broadcast, Call, NotAwaited
 from redlock._io import resp
+from redlock._io.failures import answered
 from redlock._scripts import lock as scripts
 
 __all__ = ["NOT_AWAITED", "PENDING", "SENT_LATE", "Late", "LateConnections", "NotAwaited",
@@ -171,13 +169,6 @@ class Refusals:
         """The error to fail ``node``'s calls with now, or None: try to connect."""
         error = self.errors[node]
         return error if error is not None and now < self.retry_at[node] else None
-
-
-def answered(exc: BaseException) -> bool:
-    """Whether a failure came from the node (or its host: refused, reset, closed) rather
-    than from waiting for it (a timeout): a node that fails fast is not silent, and
-    waiting for it costs nothing (a killed node's connections fail at once)."""
-    return not isinstance(exc, (TimeoutError, asyncio.TimeoutError, RedisTimeoutError))
 
 
 def fill_pending(indexes: Sequence[int], replies: list[object], exc: BaseException) -> None:

@@ -30,11 +30,10 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
-from redis.connection import parse_url
-
 from redlock import __version__
 from redlock._core.amnesia.repair import RepairReport, RepairStatus
 from redlock._core.settings import DEFAULT_MAX_TTL, Keys
+from redlock._io.endpoint import from_url
 from redlock._observe.log import EventFormatter
 from redlock._scripts.replies import ReleaseStatus
 from redlock.cli.node_report import namespaces_on, read_nodes
@@ -99,7 +98,7 @@ def node_urls(args: argparse.Namespace) -> list[str]:
                        EXIT_USAGE)
     for url in urls:
         try:
-            parse_url(url)
+            from_url(url)
         except ValueError as exc:
             raise CliError(f"bad node URL {_masked(url)!r}: {exc}", EXIT_USAGE) from None
     return urls

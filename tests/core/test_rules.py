@@ -15,11 +15,12 @@ from collections.abc import Callable
 from itertools import combinations
 
 import pytest
-import redis.exceptions
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from redlock import LockLost, NodeResult, NotHeld, Outcome, RedlockError
+from redlock._io.failures import LoginRefused, NoReply, NotSent
+from redlock._io.resp import ReplyError
 from tests.internals import (
     COUNTER_BUCKETS,
     PENDING,
@@ -276,40 +277,39 @@ def test_ack_outcome() -> None:
 
 
 def test_permanent_errors_are_credentials_permissions_and_the_wrong_kind_of_node() -> None:
-    """redis-py's errors, mapped once at the I/O boundary (redlock/_io/failures.py)."""
+    """The I/O's errors and error replies, mapped once at its boundary
+    (redlock/_io/failures.py)."""
     def permanent(error: Exception) -> bool:
         return as_failure(error).permanent
 
-    assert permanent(redis.exceptions.AuthenticationError("invalid"))
-    assert permanent(redis.exceptions.ResponseError("WRONGPASS invalid username-password pair"))
-    assert permanent(redis.exceptions.NoPermissionError("this user has no permissions"))
-    assert permanent(redis.exceptions.ResponseError("NOPERM this user has no permissions"))
-    assert permanent(redis.exceptions.ResponseError("NOAUTH Authentication required."))
-    # A call of more than 10 arguments without a password (redis-py < 8: no HELLO).
-    assert permanent(redis.exceptions.ResponseError(
-        "Protocol error: unauthenticated multibulk length"))
-    assert permanent(redis.exceptions.ReadOnlyError("You can't write against a read only replica."))
-    assert permanent(redis.exceptions.ClusterCrossSlotError("Keys in request don't hash"))
-    assert not permanent(redis.exceptions.TimeoutError("timed out"))
+    assert permanent(LoginRefused("WRONGPASS invalid username-password pair (to AUTH)"))
+    assert permanent(ReplyError("WRONGPASS invalid username-password pair"))
+    assert permanent(ReplyError("NOPERM this user has no permissions"))
+    assert permanent(ReplyError("NOAUTH Authentication required."))
+    # A call of more than 10 arguments without a password.
+    assert permanent(ReplyError("ERR Protocol error: unauthenticated multibulk length"))
+    assert permanent(ReplyError("READONLY You can't write against a read only replica."))
+    assert permanent(ReplyError("CROSSSLOT Keys in request don't hash to the same slot"))
+    assert not permanent(NoReply("timed out"))
     assert not permanent(ConnectionRefusedError("refused"))
-    assert not permanent(redis.exceptions.ResponseError("BUSY Redis is busy running a script"))
-    failure = as_failure(redis.exceptions.AuthenticationError("invalid password"))
-    assert failure.detail.startswith("AuthenticationError: invalid password (the node"
-                                     " refused the credentials: give the user and password")
+    assert not permanent(ReplyError("BUSY Redis is busy running a script"))
+    failure = as_failure(LoginRefused("WRONGPASS invalid password (to AUTH)"))
+    assert failure.detail.startswith("LoginRefused: WRONGPASS invalid password (to AUTH)"
+                                     " (the node refused the credentials: give the user and"
+                                     " password")
 
 
 def test_a_failed_attempt_releases_wherever_its_acquire_may_have_run() -> None:
     """Not where a node refused (it set nothing), nor where the acquire was never
     written (NotSent: its connection was still opening); everywhere else, a reply not
     read included (docs/design.md §2.4)."""
-    from redlock._io.failures import NotSent
     from redlock._scripts.replies import NOT_AWAITED, FailureKind, acquire_set_nothing
 
     unsent = as_failure(NotSent("still connecting (connect_timeout 1 s)"))
     assert unsent.kind is FailureKind.TIMEOUT and unsent.unsent
     assert acquire_set_nothing(unsent)
     assert acquire_set_nothing([scripts.ACQUIRE_REFUSED, 1500])
-    assert not acquire_set_nothing(as_failure(redis.exceptions.TimeoutError("no reply")))
+    assert not acquire_set_nothing(as_failure(NoReply("no reply")))
     assert not acquire_set_nothing(as_failure(ConnectionResetError("reset")))
     assert not acquire_set_nothing(NOT_AWAITED)
     assert not acquire_set_nothing([scripts.ACQUIRE_GRANTED, 7])
