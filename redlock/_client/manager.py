@@ -27,7 +27,6 @@ from redlock._client.renewer import Renewer
 from redlock._client.renewer import unavailable as renewer_unavailable
 from redlock._client.telemetry import Telemetry, record_renewal
 from redlock._client.waiting_room import WaitingRoom
-from redlock._core import inspect as _inspect
 from redlock._core.algorithm import RedlockCore
 from redlock._core.amnesia.maintenance import maintenance
 from redlock._core.handover import Handover, as_handover
@@ -35,7 +34,7 @@ from redlock._core.handover import adopt as adopt_handover
 from redlock._core.quick import Sent
 from redlock._core.renewals import Renewals
 from redlock._core.requests import Flow, Replies
-from redlock._core.settings import DEFAULT_MAX_TTL, Keys, Settings, validate_resource
+from redlock._core.settings import DEFAULT_MAX_TTL, Keys, Settings
 from redlock._core.state import LockState
 from redlock._io.nodes import portable
 from redlock._io.wakeups import WakeRegistry
@@ -328,21 +327,6 @@ class ManagerBase(Generic[H, MH]):
         return self._multi_handle_class(self._registry, resources, ttl, blocking=blocking,
                                         timeout=timeout, auto_extend=auto_extend,
                                         on_lost=on_lost)
-
-    # -- operator views and tools (redlock/_core/inspect.py), driven by the shells
-
-    def _inspect_flow(self, resource: str) -> Flow[_inspect.LockStatus]:
-        return _inspect.inspect_lock(self._core, validate_resource(resource))
-
-    def _is_locked_flow(self, resource: str) -> Flow[bool]:
-        return _inspect.is_locked(self._core, validate_resource(resource))
-
-    def _force_release_flow(self, resource: str) -> Flow[list[_inspect.ReleaseReport]]:
-        resource = validate_resource(resource)
-        try:
-            return (yield from _inspect.force_release(self._core, resource))
-        finally:
-            self._room.lines.notify(self._core.keys.channel(resource))  # local waiters: go
 
     def locked(
         self,
