@@ -176,8 +176,7 @@ class AsyncElection(ElectionBase[AsyncLeadership]):
 
 
 class AsyncRedlock(ManagerBase[AsyncLock, AsyncMultiLock]):
-    """The asyncio twin of :class:`redlock.Redlock`; see there for the arguments
-    (``sleep``, if given, is a coroutine function)."""
+    """The asyncio twin of :class:`redlock.Redlock`; see there for the arguments."""
 
     _handle_class = AsyncLock
     _multi_handle_class = AsyncMultiLock
