@@ -112,9 +112,10 @@ def test_same_public_instance_attributes() -> None:
         assert instance_names(sync_dlm) == instance_names(async_dlm)
         sync_lock = sync_dlm.lock("r", ttl=5.0)
         async_lock = async_dlm.lock("r", ttl=5.0)
-        assert instance_names(sync_lock) == instance_names(async_lock)
+        # A handle's options are read-only properties, not attributes (below).
+        assert instance_names(sync_lock) == instance_names(async_lock) == set()
         assert {"resource", "ttl", "timeout", "blocking", "auto_extend", "reentrant",
-                "on_lost"} <= instance_names(sync_lock)
+                "on_lost", "last_failure"} <= public_names(Lock)
         assert isinstance(sync_lock, Lock) and isinstance(async_lock, AsyncLock)
     finally:
         sync_dlm.close()
@@ -122,6 +123,41 @@ def test_same_public_instance_attributes() -> None:
     async_store = AsyncRedisFencedStore(redis.asyncio.Redis(port=1), ttl=30)
     assert instance_names(sync_store) == instance_names(async_store) == {
         "client", "namespace", "ttl"}
+
+
+def _handles(dlm: Redlock | AsyncRedlock) -> list[object]:
+    """One of every kind of handle (and maker of handles) ``dlm`` makes; nothing is sent."""
+    rwlock, election = dlm.rwlock("rw", ttl=5.0), dlm.election("e", ttl=5.0, identity="me")
+    return [dlm.lock("r", ttl=5.0, timeout=1.0, reentrant=True), dlm.lock_many(["a", "b"]),
+            dlm.semaphore("s", permits=2), rwlock, rwlock.read(), rwlock.write(), election,
+            election.campaign(), Admin(dlm) if isinstance(dlm, Redlock) else AsyncAdmin(dlm)]
+
+
+@pytest.mark.parametrize("manager", [Redlock, AsyncRedlock])
+def test_handle_options_are_read_only(manager: type[Redlock] | type[AsyncRedlock]) -> None:
+    """Options are checked once, when the handle is made (``dlm.lock(...)``): none can be
+    changed afterwards behind that check (issue 41). Nor can the manager's views."""
+    dlm = manager(["redis://127.0.0.1:1"])
+    try:
+        for obj in [dlm, *_handles(dlm)]:
+            assert instance_names(obj) == set(), obj
+            for name in public_names(type(obj)):
+                attr = inspect.getattr_static(type(obj), name)
+                if isinstance(attr, property):
+                    assert attr.fset is None, f"{type(obj).__name__}.{name}"
+                    with pytest.raises(AttributeError):
+                        setattr(obj, name, None)
+    finally:
+        if isinstance(dlm, Redlock):
+            dlm.close()
+
+
+def test_bad_options_are_refused_when_the_handle_is_made() -> None:
+    with Redlock(["redis://127.0.0.1:1"]) as dlm:
+        with pytest.raises(TypeError, match="on_lost must be a callable"):
+            dlm.lock("r", on_lost="print")  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="blocking=False"):
+            dlm.lock("r", blocking=False, timeout=1.0)
 
 
 @pytest.mark.parametrize(("sync_cls", "async_cls"), PAIRS, ids=PAIR_IDS)
