@@ -398,7 +398,8 @@ class HandleBase:
 
     def locked(self) -> bool:
         """True while the caller holds the lock and its validity has not run out (no
-        I/O). Whether anyone holds the resource: the manager's ``is_locked(resource)``."""
+        I/O). Whether anyone holds the resource, asked of the nodes:
+        ``redlock.admin.Admin(dlm).is_locked(resource)``."""
         return self.validity > 0
 
     def check(self) -> None:

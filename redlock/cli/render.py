@@ -16,12 +16,16 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from redlock._core.amnesia.repair import RepairReport, RepairStatus
-from redlock._core.inspect import LockStatus, ReleaseReport
-from redlock._core.membership import MembersChange
 from redlock._scripts.node import FORMAT
-from redlock._scripts.record import Members
-from redlock._scripts.replies import ReleaseStatus
+from redlock.admin import (
+    LockStatus,
+    Members,
+    MembersChange,
+    ReleaseReport,
+    ReleaseStatus,
+    RepairReport,
+    RepairStatus,
+)
 from redlock.cli.node_report import NodeReport
 
 PROG = "redlock"
