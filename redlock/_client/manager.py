@@ -67,7 +67,7 @@ MH = TypeVar("MH", bound=MultiLockBase)
 
 @dataclass(frozen=True)
 class Hooks:
-    """A test's clock and sleep (docs/design.md §10; given by
+    """A test's clock and sleep (docs/design.md §11.6; given by
     :func:`redlock.testing.manager`, never by the public constructor).
 
     ``clock``: a monotonic clock in seconds, read for every validity, deadline and
