@@ -79,6 +79,7 @@ def initialise(urls: list[str]) -> None:
     node without one; a marker written by hand is not stamped with the server's run id,
     and the client would then judge the node restarted and bench it)."""
     from redlock import Redlock
+    from redlock.admin import Admin
 
     quiet = logging.getLogger("redlock")
     level = quiet.level
@@ -90,7 +91,7 @@ def initialise(urls: list[str]) -> None:
         # members of a cluster that has markers count as nodes that lost their data.
         # Nothing here is protected by the locks.
         with Redlock(urls, node_timeout=5.0) as dlm:
-            failed = [r for r in dlm.initialise(force=True) if r.status == "failed"]
+            failed = [r for r in Admin(dlm).initialise(force=True) if r.status == "failed"]
     finally:
         quiet.setLevel(level)
     if failed:

@@ -44,6 +44,7 @@ from typing import Any
 
 from fencing import AsyncRedisFencedStore, StaleTokenError
 from redlock import AsyncLock, AsyncRedlock, LockLost
+from redlock.admin import AsyncAdmin
 
 if __package__:
     from examples import _common as common
@@ -137,8 +138,8 @@ class Stall:
 
     async def take_lock_away(self, resource: str) -> None:
         """What an operator's ``redlock release --force`` does (docs/operations.md)."""
-        async with AsyncRedlock(self.lock_urls) as operator:
-            await operator.force_release(resource)
+        async with AsyncRedlock(self.lock_urls) as dlm:
+            await AsyncAdmin(dlm).force_release(resource)
 
     async def rival_has_taken_over(self) -> None:
         while not self.rival_building.is_set():  # the loop stays free meanwhile

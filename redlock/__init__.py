@@ -5,6 +5,12 @@
     with dlm.lock("orders:42", ttl=10.0, timeout=5.0) as held:
         store.write("orders:42", held.token, b"...")   # the resource rejects stale tokens
 
+What applications use is here: the managers, their handles (the lock family's too),
+the errors, the warnings and :class:`EventFormatter`. The operator's tools (inspect a
+lock on every node, force a release, repair, initialise, change the nodes) and their
+reports are in :mod:`redlock.admin`; a manager with a test's clock and sleep, real
+servers and the pytest plugin in :mod:`redlock.testing`.
+
 See :mod:`redlock.errors` for the exception tree and docs/design.md for the
 algorithm (it lives in :mod:`redlock._core.algorithm`; both clients are thin I/O shells
 over :mod:`redlock._client.manager` and :mod:`redlock._client.handles`).
@@ -12,15 +18,10 @@ over :mod:`redlock._client.manager` and :mod:`redlock._client.handles`).
 
 __version__ = "0.1.0"  # the single source: pyproject.toml reads it, CHANGELOG.md names it
 
-from redlock._core.amnesia.repair import RepairReport, RepairStatus
 from redlock._core.handover import Handover
-from redlock._core.inspect import LockStatus, NodeLockStatus, ReleaseReport
-from redlock._core.membership import MembersChange
 from redlock._core.views import Holder, Leader, ReadWriteStatus, SemaphoreStatus
 from redlock._observe.log import EventFormatter
 from redlock._observe.warn import BlockingInEventLoopWarning, DurationWarning, RedlockWarning
-from redlock._scripts.record import Members
-from redlock._scripts.replies import ReleaseStatus
 from redlock.aio import (
     AsyncElection,
     AsyncLeadership,
@@ -80,13 +81,9 @@ __all__ = [
     "Lock",
     "LockLost",
     "LockNotAcquired",
-    "LockStatus",
-    "Members",
-    "MembersChange",
     "MembershipError",
     "MultiLock",
     "NodeFormatError",
-    "NodeLockStatus",
     "NodeResult",
     "NotHeld",
     "Outcome",
@@ -97,10 +94,6 @@ __all__ = [
     "Redlock",
     "RedlockError",
     "RedlockWarning",
-    "ReleaseReport",
-    "ReleaseStatus",
-    "RepairReport",
-    "RepairStatus",
     "Semaphore",
     "SemaphoreStatus",
     "WriteLock",

@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from types import TracebackType
 from typing import Any, TypeVar, cast
 
@@ -32,12 +32,7 @@ from redlock._client.handles import HandleBase, LockBase, MultiLockBase
 from redlock._client.manager import ManagerBase
 from redlock._client.renewal_thread import RenewalThread, ended
 from redlock._client.renewer import Renewer
-from redlock._core import membership
-from redlock._core.amnesia.repair import RepairReport
 from redlock._core.handover import Handover
-from redlock._core.inspect import LockStatus, ReleaseReport
-from redlock._core.members import Members
-from redlock._core.membership import MembersChange
 from redlock._core.quick import Sent
 from redlock._core.requests import Flow, T
 from redlock._core.settings import Keys
@@ -181,8 +176,7 @@ class AsyncElection(ElectionBase[AsyncLeadership]):
 
 
 class AsyncRedlock(ManagerBase[AsyncLock, AsyncMultiLock]):
-    """The asyncio twin of :class:`redlock.Redlock`; see there for the arguments
-    (``sleep``, if given, is a coroutine function)."""
+    """The asyncio twin of :class:`redlock.Redlock`; see there for the arguments."""
 
     _handle_class = AsyncLock
     _multi_handle_class = AsyncMultiLock
@@ -208,36 +202,6 @@ class AsyncRedlock(ManagerBase[AsyncLock, AsyncMultiLock]):
     def rwlock(self, name: str, ttl: float = 10.0) -> AsyncReadWriteLock:
         """See :meth:`redlock.Redlock.rwlock`."""
         return AsyncReadWriteLock(self._registry, name, ttl)
-
-    async def repair(self, *, force: bool = False) -> list[RepairReport]:
-        """See :meth:`redlock.Redlock.repair`."""
-        return await self._drive(self._core.repair(force=force))
-
-    async def initialise(self, *, force: bool = False) -> list[RepairReport]:
-        """See :meth:`redlock.Redlock.initialise`."""
-        return await self._drive(self._core.initialise(force=force))
-
-    async def members(self) -> Members:
-        """See :meth:`redlock.Redlock.members`."""
-        return await self._drive(membership.current_members(self._core))
-
-    async def change_members(self, new: Sequence[str], *, current: Sequence[str] | None = None,
-                             wait: float | None = None) -> MembersChange:
-        """See :meth:`redlock.Redlock.change_members` (the task waits about ``wait``)."""
-        return await self._drive(membership.change_members(
-            self._core, new, current=current, wait=wait))
-
-    async def inspect(self, resource: str) -> LockStatus:
-        """See :meth:`redlock.Redlock.inspect`."""
-        return await self._drive(self._inspect_flow(resource))
-
-    async def is_locked(self, resource: str) -> bool:
-        """See :meth:`redlock.Redlock.is_locked` (anyone holds it; ``lock.locked()``: I do)."""
-        return await self._drive(self._is_locked_flow(resource))
-
-    async def force_release(self, resource: str) -> list[ReleaseReport]:
-        """See :meth:`redlock.Redlock.force_release`."""
-        return await self._drive(self._force_release_flow(resource))
 
     async def adopt(self, handover: Handover | Mapping[str, Any] | str | bytes, *,
                     auto_extend: bool = False,

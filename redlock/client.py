@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from types import TracebackType
 from typing import Any, TypeVar, cast
 
@@ -27,12 +27,7 @@ from redlock._client.family import (
 )
 from redlock._client.handles import HandleBase, LockBase, MultiLockBase
 from redlock._client.manager import ManagerBase
-from redlock._core import membership
-from redlock._core.amnesia.repair import RepairReport
 from redlock._core.handover import Handover
-from redlock._core.inspect import LockStatus, ReleaseReport
-from redlock._core.members import Members
-from redlock._core.membership import MembersChange
 from redlock._core.quick import Sent
 from redlock._core.requests import Flow, T
 from redlock._core.views import Leader, ReadWriteStatus, SemaphoreStatus
@@ -222,77 +217,6 @@ class Redlock(ManagerBase[Lock, MultiLock]):
         """A read-write lock named ``name`` (docs/design.md §12.3): ``.read()`` and
         ``.write()`` make its handles."""
         return ReadWriteLock(self._registry, name, ttl)
-
-    def repair(self, *, force: bool = False) -> list[RepairReport]:
-        """Look at every node now: judge restarted ones, and re-seed those that lost their
-        data once their rejoin time has come (every lease they may have granted before
-        the loss has expired then, by the node's own clock: docs/design.md §4.3.1); the
-        manager also does this in the background by itself.
-
-        ``force=True`` skips the wait: only when you know every lock held before the
-        node lost its data has expired.
-        """
-        return self._drive(self._core.repair(force=force))
-
-    def initialise(self, *, force: bool = False) -> list[RepairReport]:
-        """Give every node without its node marker one (every node must answer).
-
-        Without ``force``: a new cluster, or the rest of an interrupted initialisation
-        (nodes that never held anything); nodes that lost data are refused (``failed``).
-        With ``force``, the way out of a majority that lost its data: those too, their
-        fence counters seeded from the nodes that kept theirs. Only once every lock held
-        before has expired (``repair()`` says when); tokens may then restart below
-        earlier ones,
-        which the fenced stores reject until they catch up (docs/design.md §4.8).
-        """
-        return self._drive(self._core.initialise(force=force))
-
-    def members(self) -> Members:
-        """The cluster's membership as the nodes hold it (docs/design.md §13): the
-        configuration of the highest epoch (``joining`` set during a change), or epoch 0
-        and this manager's nodes for a cluster that never changed. Raises
-        :class:`MembershipError` when too few nodes answer to be sure."""
-        return self._drive(membership.current_members(self._core))
-
-    def change_members(self, new: Sequence[str], *, current: Sequence[str] | None = None,
-                       wait: float | None = None) -> MembersChange:
-        """Make ``new`` (node addresses, as every client names them) the cluster's
-        members, online, without two holders (docs/design.md §13.3, docs/operations.md):
-        a joint configuration first, the new nodes seeded (they serve at once), a wait
-        until every lock granted before has expired, then the new configuration.
-
-        The manager must be configured with every node of the current and the new set.
-        ``current``: the members now, needed only for a cluster that never changed (by
-        default its nodes that have their marker). ``wait``: the longest a lock granted
-        before the change may live (default this manager's ``max_ttl`` and its drift;
-        never less than any client's ``max_ttl``). Blocks for about ``wait``. Run it
-        again with the same ``new`` to complete a change that stopped. Raises
-        ``ValueError`` for a bad set, :class:`MembershipError` when the change cannot
-        proceed (nothing is ever undone: what was written is safe).
-        """
-        return self._drive(membership.change_members(
-            self._core, new, current=current, wait=wait))
-
-    def inspect(self, resource: str) -> LockStatus:
-        """Every node's view of ``resource``: held or not, PTTL left, fence counter,
-        marker, repair and amnesia state (never the holder's secret owner value). One
-        parallel round of read-only scripts; unreachable nodes are reported, not raised."""
-        return self._drive(self._inspect_flow(resource))
-
-    def is_locked(self, resource: str) -> bool:
-        """Whether *anyone* holds ``resource`` (one holder's key on a quorum of nodes),
-        asked of the nodes. Not to be confused with a handle's ``locked()``, which says
-        whether *the caller* holds it, without I/O. Raises :class:`QuorumUnavailable`
-        when the nodes that did not answer could change the answer."""
-        return self._drive(self._is_locked_flow(resource))
-
-    def force_release(self, resource: str) -> list[ReleaseReport]:
-        """Operator tool: delete ``resource``'s lock key on every node, whoever holds it.
-
-        The holder is not told: it keeps working until its next ``extend()`` or
-        ``check()`` fails, so protect the resource with fencing (the next holder's token
-        is larger, fence counters are kept). Logs ``redlock.force_released``."""
-        return self._drive(self._force_release_flow(resource))
 
     def adopt(self, handover: Handover | Mapping[str, Any] | str | bytes, *,
               auto_extend: bool = False, on_lost: Callable[[Lock], object] | None = None

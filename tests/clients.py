@@ -35,6 +35,7 @@ import redis
 import redis.asyncio
 
 from redlock import AsyncLock, AsyncRedlock, Lock, LockNotAcquired, Redlock
+from redlock.admin import Admin, AsyncAdmin
 from redlock.testing import RedisNode, RedisNodes
 
 # Far above any figure a test expects: a hang, not a slow shared machine, trips it.
@@ -46,6 +47,12 @@ RETRY_DELAY_MAX = 0.05  # waiters poll often: tests that contend finish sooner
 
 Manager = Redlock | AsyncRedlock
 Handle = Lock | AsyncLock
+
+
+def admin(dlm: Manager) -> Admin | AsyncAdmin:
+    """The operator's tools over ``dlm`` (:mod:`redlock.admin`), of its flavour: call
+    them through :func:`resolve` for one line for both."""
+    return AsyncAdmin(dlm) if isinstance(dlm, AsyncRedlock) else Admin(dlm)
 
 
 async def resolve(value: Any) -> Any:

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 import redlock
+import redlock.admin
 from redlock import (
     AsyncRedlock,
     BlockingInEventLoopWarning,
@@ -27,11 +28,15 @@ from redlock import (
     RedlockWarning,
     cli,
 )
+from redlock.admin import Admin
 from redlock.testing import RedisNodes
 from redlock.testing.redis_nodes import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 NODE_TIMEOUT = 0.25
+# A max_ttl above the durations that look like milliseconds (the default, 60 s, refuses
+# them with a ValueError that says the unit instead of warning).
+HOUR = 3600.0
 
 
 def cli_run(*args: str) -> subprocess.CompletedProcess[str]:
@@ -53,8 +58,7 @@ def test_warning_classes_are_exported() -> None:
 
 
 def test_a_ttl_in_milliseconds_warns_at_the_callers_line() -> None:
-    # (Under the default max_ttl, 60 s, such a ttl is a ValueError saying the same.)
-    dlm = Redlock([f"redis://127.0.0.1:{free_port()}"], max_ttl=3600.0)  # nothing is sent
+    dlm = Redlock([f"redis://127.0.0.1:{free_port()}"], max_ttl=HOUR)  # nothing is sent
     try:
         with pytest.warns(DurationWarning) as caught:
             dlm.lock("orders:42", ttl=1000)
@@ -72,7 +76,7 @@ def test_a_ttl_in_milliseconds_warns_at_the_callers_line() -> None:
 
 
 def test_a_timeout_in_milliseconds_warns_and_a_ttl_above_max_ttl_says_the_unit() -> None:
-    dlm = Redlock([f"redis://127.0.0.1:{free_port()}"])
+    dlm = Redlock([f"redis://127.0.0.1:{free_port()}"], max_ttl=HOUR)
     try:
         with pytest.warns(DurationWarning, match=r"^timeout is in seconds: timeout=5000 is"
                                                  r" 83\.3 minutes; pass timeout=5\.0 for 5 s\."):
@@ -80,7 +84,7 @@ def test_a_timeout_in_milliseconds_warns_and_a_ttl_above_max_ttl_says_the_unit()
         with pytest.raises(ValueError) as refused:
             dlm.lock("orders:42", ttl=30000)
         assert str(refused.value) == (
-            "ttl=30000 s is larger than the maximum max_ttl=60 s: ttl is in seconds"
+            "ttl=30000 s is larger than the maximum max_ttl=3600 s: ttl is in seconds"
             " (30000 s = 8.3 hours); pass ttl=30.0 for 30 s, or raise the manager's max_ttl"
             " (Redlock(..., max_ttl=...)) for locks held that long")
     finally:
@@ -88,7 +92,7 @@ def test_a_timeout_in_milliseconds_warns_and_a_ttl_above_max_ttl_says_the_unit()
 
 
 def test_the_duration_warning_is_told_once_per_call_site() -> None:
-    dlm = Redlock([f"redis://127.0.0.1:{free_port()}"], max_ttl=3600.0)
+    dlm = Redlock([f"redis://127.0.0.1:{free_port()}"], max_ttl=HOUR)
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("default")  # Python's own: once per call site
@@ -100,7 +104,7 @@ def test_the_duration_warning_is_told_once_per_call_site() -> None:
 
 
 def test_extend_and_acquire_in_milliseconds_warn_too(nodes3: RedisNodes) -> None:
-    with Redlock(nodes3.urls, node_timeout=NODE_TIMEOUT, max_ttl=3600.0) as dlm:
+    with Redlock(nodes3.urls, node_timeout=NODE_TIMEOUT, max_ttl=HOUR) as dlm:
         lock = dlm.lock("day1:extend", ttl=5.0)
         with pytest.warns(DurationWarning, match="timeout=3000 is 50.0 minutes") as caught:
             assert lock.acquire(timeout=3000)
@@ -114,7 +118,7 @@ def test_extend_and_acquire_in_milliseconds_warn_too(nodes3: RedisNodes) -> None
 
 
 async def test_the_asyncio_client_warns_the_same(nodes3: RedisNodes) -> None:
-    async with AsyncRedlock(nodes3.urls, node_timeout=NODE_TIMEOUT, max_ttl=3600.0) as dlm:
+    async with AsyncRedlock(nodes3.urls, node_timeout=NODE_TIMEOUT, max_ttl=HOUR) as dlm:
         with pytest.warns(DurationWarning, match="ttl=1500 is 25.0 minutes") as caught:
             lock = dlm.lock("day1:async", ttl=1500)
         assert caught[0].filename == __file__
@@ -143,8 +147,8 @@ async def test_a_sync_redlock_in_async_code_warns_once_per_manager(nodes3: Redis
         with pytest.warns(BlockingInEventLoopWarning) as caught:
             with first.lock("day1:loop", ttl=5.0):  # on the event loop's thread
                 pass
-            first.is_locked("day1:loop")
-            first.inspect("day1:loop")
+            Admin(first).is_locked("day1:loop")
+            Admin(first).inspect("day1:loop")
         (warning,) = caught  # once for this manager, whatever it is asked next
         assert warning.filename == __file__
         message = str(warning.message)
@@ -152,7 +156,7 @@ async def test_a_sync_redlock_in_async_code_warns_once_per_manager(nodes3: Redis
                                   " running an asyncio event loop (in async def code)")
         assert "Use AsyncRedlock there" in message and "asyncio.to_thread" in message
         with pytest.warns(BlockingInEventLoopWarning):
-            second.is_locked("day1:loop")  # another manager: told again
+            Admin(second).is_locked("day1:loop")  # another manager: told again
     finally:
         first.close()
         second.close()
@@ -271,12 +275,14 @@ def test_the_api_reference_covers_every_export() -> None:
     for reference in documented:  # each resolves and has a docstring to show
         assert _resolve(reference).__doc__, reference
     assert {"redlock.MultiLock", "redlock.AsyncMultiLock", "redlock.Handover",
-            "redlock.RepairReport", "redlock.RepairStatus"} <= set(documented)
+            "redlock.admin.Admin", "redlock.admin.RepairReport", "redlock.admin.RepairStatus",
+            "redlock.testing.manager"} <= set(documented)
     modules = {reference for reference in documented
                if not hasattr(_resolve(reference), "__mro__")}
     text = (ROOT / "docs" / "api.md").read_text(encoding="utf-8")
-    for name in redlock.__all__:
-        obj = getattr(redlock, name)
-        # An entry of its own, its module's, or named in the text (an asyncio twin).
-        assert (f"redlock.{name}" in documented or obj.__module__ in modules
-                or f"`{name}`" in text), name
+    for package in (redlock, redlock.admin):
+        for name in package.__all__:
+            obj = getattr(package, name)
+            # An entry of its own, its module's, or named in the text (an asyncio twin).
+            assert (f"{package.__name__}.{name}" in documented or obj.__module__ in modules
+                    or f"`{name}`" in text), name

@@ -20,7 +20,7 @@ import redis
 from redlock import LockLost
 from redlock.testing import RedisNodes, capture_events
 from redlock.testing.history import History, Hold
-from tests.clients import Actor, Flavour, eventually, resolve
+from tests.clients import Actor, Flavour, admin, eventually, resolve
 from tests.internals import (
     KEYS,
     MUTEX,
@@ -165,7 +165,7 @@ async def test_a_release_hands_the_lock_to_the_waiter_without_an_acquire_round(
     assert all(v is not None and v.startswith("handoff:") for v in reserved)
     # The status views show the reservation's waiter as the holder: the same prefix as
     # its owner value will show.
-    status = await resolve(waiter_dlm.inspect("ho:one"))
+    status = await resolve(admin(waiter_dlm).inspect("ho:one"))
     assert status.locked
     assert {n.holder for n in status.nodes} == {reserved[0].removeprefix("handoff:")[:12]}
     await waiting.extend()

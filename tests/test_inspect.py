@@ -1,4 +1,5 @@
-"""dlm.inspect / is_locked / force_release on real redis-server nodes, both clients."""
+"""Admin(dlm).inspect / is_locked / force_release (redlock.admin) on real redis-server
+nodes, both clients."""
 
 from __future__ import annotations
 
@@ -11,15 +12,10 @@ from typing import Any
 
 import pytest
 
-from redlock import (
-    AsyncRedlock,
-    LockLost,
-    LockStatus,
-    QuorumUnavailable,
-    Redlock,
-    ReleaseReport,
-)
+from redlock import AsyncRedlock, LockLost, QuorumUnavailable, Redlock
+from redlock.admin import Admin, AsyncAdmin, LockStatus, ReleaseReport
 from redlock.testing import RedisNodes, capture_events
+from tests.clients import admin
 from tests.internals import KEYS
 
 
@@ -67,7 +63,7 @@ def raw_owner_values(nodes: RedisNodes, resource: str) -> list[bytes]:
 
 async def test_free_resource_on_a_new_cluster(nodes3: RedisNodes, make: Clients) -> None:
     dlm = make(nodes3.urls)
-    status = await run(dlm.inspect("ins:free"))
+    status = await run(admin(dlm).inspect("ins:free"))
     assert isinstance(status, LockStatus)
     assert status.resource == "ins:free" and status.quorum == 2
     assert [n.node for n in status.nodes] == list(dlm.nodes)
@@ -77,7 +73,7 @@ async def test_free_resource_on_a_new_cluster(nodes3: RedisNodes, make: Clients)
         assert node.marker is False  # nobody has locked anything on these nodes yet
         assert node.holder is None and not node.benched
     assert status.locked is False
-    assert await run(dlm.is_locked("ins:free")) is False
+    assert await run(admin(dlm).is_locked("ins:free")) is False
 
 
 async def test_held_resource_shows_holder_fence_and_pttl_but_not_the_owner_value(
@@ -87,7 +83,7 @@ async def test_held_resource_shows_holder_fence_and_pttl_but_not_the_owner_value
         lock = await acquire(holder_dlm, "ins:held")
         await run(lock.release())
     lock = await acquire(holder_dlm, "ins:held", ttl=10.0)
-    status = await run(other_dlm.inspect("ins:held"))
+    status = await run(admin(other_dlm).inspect("ins:held"))
     assert status.locked is True
     assert {n.fence for n in status.nodes} == {lock.token} == {4}
     assert all(n.held and n.marker and 0 < n.pttl_ms <= 10_000 for n in status.nodes)
@@ -99,18 +95,18 @@ async def test_held_resource_shows_holder_fence_and_pttl_but_not_the_owner_value
     shown = repr(status) + repr(status.as_dict())
     assert all(owner.decode() not in shown for owner in owners)
     # Anyone holds it (the nodes say), but only the holder's handle says "I hold it".
-    assert await run(other_dlm.is_locked("ins:held")) is True
+    assert await run(admin(other_dlm).is_locked("ins:held")) is True
     assert lock.locked() and not other_dlm.lock("ins:held").locked()
     await run(lock.release())
-    assert await run(other_dlm.is_locked("ins:held")) is False
+    assert await run(admin(other_dlm).is_locked("ins:held")) is False
     assert all(n.held is False and n.fence == 4 for n in (await run(
-        other_dlm.inspect("ins:held"))).nodes)
+        admin(other_dlm).inspect("ins:held"))).nodes)
 
 
 async def test_status_json_shape(nodes3: RedisNodes, make: Clients) -> None:
     dlm = make(nodes3.urls)
     lock = await acquire(dlm, "ins:json")
-    shape = (await run(dlm.inspect("ins:json"))).as_dict()
+    shape = (await run(admin(dlm).inspect("ins:json"))).as_dict()
     assert set(shape) == {"resource", "quorum", "locked", "nodes"}
     assert shape["resource"] == "ins:json" and shape["locked"] is True
     for entry, address in zip(shape["nodes"], dlm.nodes, strict=True):
@@ -128,19 +124,19 @@ async def test_unreachable_nodes_are_reported_and_can_leave_is_locked_undecided(
     dlm = make(nodes.urls, node_timeout=0.5)
     lock = await acquire(dlm, "ins:down")
     nodes[2].stop()
-    status = await run(dlm.inspect("ins:down"))
+    status = await run(admin(dlm).inspect("ins:down"))
     down = status.nodes[2]
     assert not down.reachable and down.held is None and down.fence is None
     assert "Unreachable" in (down.error or "")
     assert status.locked is True  # the holder's key is still on the two others
     with nodes[0].client() as client:  # the key vanishes from one of them
         client.delete(KEYS.lock("ins:down"))
-    assert (await run(dlm.inspect("ins:down"))).locked is None
+    assert (await run(admin(dlm).inspect("ins:down"))).locked is None
     with pytest.raises(QuorumUnavailable, match="cannot tell") as failure:
-        await run(dlm.is_locked("ins:down"))
+        await run(admin(dlm).is_locked("ins:down"))
     assert [r.node for r in failure.value.outcomes] == [dlm.nodes[2]]
     await run(lock.release())
-    assert await run(dlm.is_locked("ins:down")) is False  # 0 held + 1 unknown < quorum
+    assert await run(admin(dlm).is_locked("ins:down")) is False  # 0 held + 1 unknown < quorum
 
 
 async def test_an_amnesiac_node_shows_as_benched(fresh_nodes: Callable[..., RedisNodes],
@@ -155,7 +151,7 @@ async def test_an_amnesiac_node_shows_as_benched(fresh_nodes: Callable[..., Redi
         # early quorum it can be decided on nodes 0 and 2 before node 1 (reconnecting
         # after its restart) answers, so keep acquiring until the episode shows.
         await run((await acquire(dlm, "ins:amnesia")).release())
-        status = await run(dlm.inspect("ins:amnesia"))
+        status = await run(admin(dlm).inspect("ins:amnesia"))
         if status.nodes[1].rejoins_in_s is not None:
             break
         await asyncio.sleep(0.05)
@@ -173,7 +169,7 @@ async def test_force_release_evicts_any_holder_and_keeps_the_fence(
     holder_dlm, operator = make(nodes3.urls), make(nodes3.urls)
     held = await acquire(holder_dlm, "ins:force")
     with capture_events() as events:
-        reports = await run(operator.force_release("ins:force"))
+        reports = await run(admin(operator).force_release("ins:force"))
     assert reports == [ReleaseReport(node, "deleted") for node in operator.nodes]
     warned = [e for e in events if e["event"] == "redlock.force_released"]
     assert len(warned) == 1 and warned[0]["log_level"] == "warning"
@@ -184,7 +180,7 @@ async def test_force_release_evicts_any_holder_and_keeps_the_fence(
     with pytest.raises(LockLost):
         await run(held.extend())  # the evicted holder learns it at its next extend
     await run(successor.release())
-    assert await run(operator.force_release("ins:force")) == [
+    assert await run(admin(operator).force_release("ins:force")) == [
         ReleaseReport(node, "absent") for node in operator.nodes]
 
 
@@ -195,7 +191,7 @@ async def test_force_release_reports_nodes_it_could_not_reach(
     await acquire(dlm, "ins:force-down")
     nodes[0].stop()
     with capture_events() as events:
-        reports = await run(dlm.force_release("ins:force-down"))
+        reports = await run(admin(dlm).force_release("ins:force-down"))
     assert [r.status for r in reports] == ["failed", "deleted", "deleted"]
     assert "Unreachable" in reports[0].detail
     warned = [e for e in events if e["event"] == "redlock.force_released"]
@@ -218,7 +214,7 @@ def test_force_release_wakes_a_waiter_of_the_same_manager(nodes3: RedisNodes) ->
         thread.start()
         time.sleep(0.3)  # the waiter made its first attempt and sleeps in its line
         released_at = time.monotonic()
-        dlm.force_release("ins:wake")
+        Admin(dlm).force_release("ins:wake")
         thread.join(30.0)
         assert got and got[0] - released_at < 4.0  # woken, not at its next 5 s attempt
 
@@ -237,7 +233,7 @@ async def test_force_release_wakes_a_waiting_task_of_the_same_manager(
         task = asyncio.create_task(waiter())
         await asyncio.sleep(0.3)
         released_at = time.monotonic()
-        await dlm.force_release("ins:wake-a")
+        await AsyncAdmin(dlm).force_release("ins:wake-a")
         got = await asyncio.wait_for(task, 30.0)
         assert got - released_at < 4.0
 
@@ -245,8 +241,25 @@ async def test_force_release_wakes_a_waiting_task_of_the_same_manager(
 async def test_bad_resource_names_are_refused_at_the_call_site(nodes3: RedisNodes,
                                                               make: Clients) -> None:
     dlm = make(nodes3.urls)
-    for method in (dlm.inspect, dlm.is_locked, dlm.force_release):
+    tools = admin(dlm)
+    for method in (tools.inspect, tools.is_locked, tools.force_release):
         with pytest.raises(TypeError):
             await run(method(42))
         with pytest.raises(ValueError):
             await run(method(""))
+
+
+async def test_an_admin_takes_a_manager_of_its_own_flavour() -> None:
+    # Constructing sends nothing, so an address nobody listens on is fine here.
+    url = "redis://127.0.0.1:1"
+    with Redlock([url]) as dlm:
+        assert Admin(dlm).manager is dlm
+        with pytest.raises(TypeError, match="AsyncAdmin takes an AsyncRedlock, not a"
+                           " Redlock: use Admin"):
+            AsyncAdmin(dlm)  # type: ignore[arg-type]
+    async with AsyncRedlock([url]) as adlm:
+        assert AsyncAdmin(adlm).manager is adlm
+        with pytest.raises(TypeError, match=r"^Admin takes a Redlock, not an AsyncRedlock"):
+            Admin(adlm)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"^Admin takes a Redlock, not list$"):
+        Admin([url])  # type: ignore[arg-type]

@@ -12,14 +12,10 @@ import time
 from collections.abc import Callable
 
 import pytest
+import redis
 
-from redlock import (
-    AsyncRedlock,
-    LockNotAcquired,
-    Members,
-    MembershipError,
-    Redlock,
-)
+from redlock import AsyncRedlock, LockNotAcquired, MembershipError, Redlock
+from redlock.admin import Admin, AsyncAdmin, Members
 from redlock.testing import RedisNodes, capture_events
 from tests.internals import KEYS, node_scripts
 
@@ -40,21 +36,22 @@ def epoch_of(dlm: Redlock) -> int:
 def test_grow_three_to_five_new_nodes_serve_at_once(
         fresh_nodes: Callable[..., RedisNodes]) -> None:
     nodes = fresh_nodes(5)
-    with Redlock(nodes.urls[:3], **FAST) as old, Redlock(nodes.urls, **FAST) as admin:
+    with Redlock(nodes.urls[:3], **FAST) as old, Redlock(nodes.urls, **FAST) as dlm:
+        admin = Admin(dlm)
         with old.lock("grow", ttl=1.0) as held:
             before = held.token
-        assert admin.members() == Members(0, admin.nodes)
-        with capture_events() as events:
-            change = admin.change_members(admin.nodes, current=admin.nodes[:3])
-        assert change.epoch == 2 and change.members == admin.nodes
-        assert change.previous == admin.nodes[:3]
-        assert change.seeded == admin.nodes[3:] and change.unreached == ()
+        assert admin.members() == Members(0, dlm.nodes)
+        with capture_events() as events:  # the nodes named as the manager was given them
+            change = admin.change_members(nodes.urls, current=nodes.urls[:3])
+        assert change.epoch == 2 and change.members == dlm.nodes
+        assert change.previous == dlm.nodes[:3]
+        assert change.seeded == dlm.nodes[3:] and change.unreached == ()
         assert 0.9 < change.waited <= 1.1
         assert [e["event"] for e in events if e["event"].startswith("redlock.members_")] == [
             "redlock.members_change_started", "redlock.members_joint",
             "redlock.members_seeded", "redlock.members_waiting", "redlock.members_seeded",
             "redlock.members_changed"]
-        assert admin.members() == Members(2, admin.nodes)
+        assert admin.members() == Members(2, dlm.nodes)
         # The new nodes serve at once: with two of the old nodes hung, C, D, E grant.
         nodes[0].pause()
         nodes[1].pause()
@@ -75,16 +72,16 @@ def test_grow_three_to_five_new_nodes_serve_at_once(
 def test_a_stale_client_is_refused_and_follows_the_joint_configuration(
         fresh_nodes: Callable[..., RedisNodes]) -> None:
     nodes = fresh_nodes(5)
-    with Redlock(nodes.urls[:3], **FAST) as old, Redlock(nodes.urls, **FAST) as admin:
+    with Redlock(nodes.urls[:3], **FAST) as old, Redlock(nodes.urls, **FAST) as dlm:
         with old.lock("stale", ttl=1.0):
             pass
-        joint = Members(1, admin.nodes[:3], admin.nodes)
+        joint = Members(1, dlm.nodes[:3], dlm.nodes)
         write_record(nodes, [0], joint)  # A alone knows: B and C would be the old quorum
         with capture_events() as events, old.lock("stale", ttl=1.0) as held:
             assert held.token > 0
         assert epoch_of(old) == 1
         [adopted] = [e for e in events if e["event"] == "redlock.members_adopted"]
-        assert adopted["epoch"] == 1 and adopted["joining"] == list(admin.nodes)
+        assert adopted["epoch"] == 1 and adopted["joining"] == list(dlm.nodes)
         # Under the joint rule a client of A, B, C needs 3 of the new 5: all it knows.
         nodes[2].pause()
         try:
@@ -98,12 +95,12 @@ def test_a_stale_client_is_refused_and_follows_the_joint_configuration(
 def test_shrink_five_to_three_a_removed_node_is_refused(
         fresh_nodes: Callable[..., RedisNodes]) -> None:
     nodes = fresh_nodes(5)
-    with Redlock(nodes.urls, **FAST) as admin:
-        with admin.lock("shrink", ttl=1.0) as held:
+    with Redlock(nodes.urls, **FAST) as dlm:
+        with dlm.lock("shrink", ttl=1.0) as held:
             before = held.token
-        change = admin.change_members(admin.nodes[:3])
-        assert change.members == admin.nodes[:3] and change.seeded == ()
-        assert change.retired == admin.nodes[3:]
+        change = Admin(dlm).change_members(dlm.nodes[:3])
+        assert change.members == dlm.nodes[:3] and change.seeded == ()
+        assert change.retired == dlm.nodes[3:]
         with Redlock(nodes.urls, **FAST) as everyone:
             lock = everyone.lock("shrink", ttl=1.0)
             assert lock.acquire(blocking=False) or lock.acquire(blocking=False)
@@ -129,17 +126,18 @@ def test_shrink_five_to_three_a_removed_node_is_refused(
 def test_the_change_is_resumable_and_idempotent(
         fresh_nodes: Callable[..., RedisNodes]) -> None:
     nodes = fresh_nodes(5)
-    with Redlock(nodes.urls, **FAST) as admin:
+    with Redlock(nodes.urls, **FAST) as dlm:
+        admin = Admin(dlm)
         with Redlock(nodes.urls[:3], **FAST) as old, old.lock("resume", ttl=1.0):
             pass
         # A change that stopped after its joint record (on a majority of both sets).
-        write_record(nodes, [0, 1, 3], Members(1, admin.nodes[:3], admin.nodes))
+        write_record(nodes, [0, 1, 3], Members(1, dlm.nodes[:3], dlm.nodes))
         with pytest.raises(MembershipError, match="another change is in progress"):
-            admin.change_members(admin.nodes[:4])
-        change = admin.change_members(admin.nodes)
-        assert change.epoch == 2 and change.seeded == admin.nodes[3:]
-        again = admin.change_members(admin.nodes)  # done already: nothing changes
-        assert again.epoch == 2 and again.members == admin.nodes
+            admin.change_members(dlm.nodes[:4])
+        change = admin.change_members(dlm.nodes)
+        assert change.epoch == 2 and change.seeded == dlm.nodes[3:]
+        again = admin.change_members(dlm.nodes)  # done already: nothing changes
+        assert again.epoch == 2 and again.members == dlm.nodes
         with Redlock(nodes.urls, **FAST) as new, new.lock("resume", ttl=1.0) as held:
             assert held.token >= 1
 
@@ -149,19 +147,56 @@ def test_bad_input_is_refused_before_anything_is_written(
     nodes = fresh_nodes(4)
     with Redlock(nodes.urls[:3], **FAST) as old, old.lock("bad", ttl=1.0):
         pass
-    with Redlock(nodes.urls, **FAST) as admin:
+    with Redlock(nodes.urls, **FAST) as dlm:
+        admin = Admin(dlm)
         with pytest.raises(ValueError, match="empty"):
             admin.change_members([])
         with pytest.raises(ValueError, match="twice"):
-            admin.change_members([admin.nodes[0], admin.nodes[0]])
-        with pytest.raises(ValueError, match="not among its nodes"):
-            admin.change_members([*admin.nodes, "elsewhere:6379"])
+            admin.change_members([dlm.nodes[0], dlm.nodes[0]])
+        with pytest.raises(ValueError, match="not one of this manager's nodes"):
+            admin.change_members([*dlm.nodes, "elsewhere:6379"])
         with pytest.raises(MembershipError, match="nothing to change"):
-            admin.change_members(admin.nodes[:3])
+            admin.change_members(dlm.nodes[:3])
         nodes[3].stop()
         with pytest.raises(MembershipError, match="did not answer"):
-            admin.change_members(admin.nodes, current=admin.nodes[:3])
-        assert admin.members() == Members(0, admin.nodes)
+            admin.change_members(dlm.nodes, current=dlm.nodes[:3])
+        assert admin.members() == Members(0, dlm.nodes)
+
+
+def test_nodes_are_named_the_way_the_manager_was_given_them(
+        fresh_nodes: Callable[..., RedisNodes]) -> None:
+    """URLs, clients, the addresses ``dlm.nodes`` shows, or another spelling of the same
+    server: ``change_members`` maps each to the manager's node, and refuses, naming it,
+    only what is none of them (issue 41: ``Redlock(urls).change_members(urls)``)."""
+    nodes = fresh_nodes(4)
+    with Redlock(nodes.urls[:3], **FAST) as old, old.lock("names", ttl=1.0):
+        pass
+    clients = [redis.Redis.from_url(url) for url in nodes.urls]
+    given = [nodes.urls[0], clients[1], nodes.urls[2], clients[3]]  # as a manager may be
+    try:
+        with Redlock(given, **FAST) as dlm:
+            admin = Admin(dlm)
+            with pytest.raises(ValueError) as refused:
+                admin.change_members([*given, "redis://:secret@10.255.255.1:6379"])
+            assert str(refused.value).startswith(
+                "new names 'redis://:***@10.255.255.1:6379', which is not one of this"
+                f" manager's nodes ({', '.join(dlm.nodes)})")
+            with pytest.raises(ValueError, match=r"current names redis\.Redis\(localhost:1\)"):
+                admin.change_members(given, current=[redis.Redis(port=1)])
+            with pytest.raises(ValueError, match=f"new names node {dlm.nodes[0]} twice"):
+                admin.change_members([nodes.urls[0], dlm.nodes[0]])
+            with pytest.raises(TypeError, match="collection of nodes"):
+                admin.change_members(nodes.urls[0])
+            assert admin.members() == Members(0, dlm.nodes)  # nothing was written
+            localhost = nodes.urls[1].replace("127.0.0.1", "localhost")
+            change = admin.change_members(
+                [nodes.urls[0], localhost, clients[2], dlm.nodes[3]],
+                current=[clients[0], dlm.nodes[1], nodes.urls[2]])
+            assert change.members == dlm.nodes and change.previous == dlm.nodes[:3]
+            assert change.seeded == dlm.nodes[3:]
+    finally:
+        for client in clients:
+            client.close()
 
 
 def test_asyncio_change(fresh_nodes: Callable[..., RedisNodes]) -> None:
@@ -170,11 +205,12 @@ def test_asyncio_change(fresh_nodes: Callable[..., RedisNodes]) -> None:
     async def main() -> None:
         async with AsyncRedlock(nodes.urls[:3], **FAST) as old, old.lock("aio", ttl=1.0):
             pass
-        async with AsyncRedlock(nodes.urls, **FAST) as admin:
-            change = await admin.change_members(admin.nodes[1:])
-            assert change.epoch == 2 and change.seeded == admin.nodes[3:]
-            assert await admin.members() == Members(2, admin.nodes[1:])
-            async with admin.lock("aio", ttl=1.0) as held:
+        async with AsyncRedlock(nodes.urls, **FAST) as dlm:
+            admin = AsyncAdmin(dlm)
+            change = await admin.change_members(nodes.urls[1:])
+            assert change.epoch == 2 and change.seeded == dlm.nodes[3:]
+            assert await admin.members() == Members(2, dlm.nodes[1:])
+            async with dlm.lock("aio", ttl=1.0) as held:
                 assert held.token > 1
 
     asyncio.run(main())
@@ -209,11 +245,11 @@ def test_a_lock_renewed_across_the_change_stays_held(
     """Its renewals are refused once for the old epoch, then counted under the joint and
     the new configuration: its key is on all of A, B, C, a majority of both sets."""
     nodes = fresh_nodes(5)
-    with Redlock(nodes.urls[:3], **FAST) as old, Redlock(nodes.urls, **FAST) as admin, \
+    with Redlock(nodes.urls[:3], **FAST) as old, Redlock(nodes.urls, **FAST) as dlm, \
             old.lock("renewed", ttl=1.0, auto_extend=True) as held:
         token = held.token
         with capture_events() as events:
-            admin.change_members(admin.nodes, current=admin.nodes[:3])
+            Admin(dlm).change_members(dlm.nodes, current=dlm.nodes[:3])
             time.sleep(0.5)  # a renewal or two under the new configuration
         assert held.token == token  # check(): not lost
         assert epoch_of(old) == 2

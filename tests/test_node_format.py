@@ -17,8 +17,9 @@ from typing import Any
 import pytest
 
 from redlock import NodeFormatError, Outcome, QuorumUnavailable, Redlock
+from redlock.admin import Admin
 from redlock.testing import RedisNode, RedisNodes, capture_events
-from tests.clients import Actor, Flavour, resolve
+from tests.clients import Actor, Flavour, admin, resolve
 from tests.internals import KEYS
 
 NEWER = "initialised by a newer format 2 of redlock-fenced (this client reads format 1)"
@@ -90,13 +91,13 @@ async def test_a_node_of_a_newer_format_is_left_out_and_the_others_decide(
     with capture_events() as events:
         assert await lock.acquire(blocking=False)
         assert await lock.token() == 2
-        status = await resolve(late.inspect("format:mixed"))
+        status = await resolve(admin(late).inspect("format:mixed"))
         await lock.release()
     assert [(n.marker, n.format) for n in status.nodes] == [(True, 1), (True, 1), (True, 2)]
     assert [e["why"] for e in events if e["event"] == "redlock.node_incompatible"] == [NEWER]
     assert "redlock.node_amnesiac" not in [e["event"] for e in events]
     assert status.nodes[2].benched is False  # not amnesiac: another release's node
-    reports = await resolve(late.repair())
+    reports = await resolve(admin(late).repair())
     assert [(r.status, r.detail) for r in reports] == [("healthy", ""), ("healthy", ""), (
         "failed", f"{NEWER}: upgrade this client")]
 
@@ -153,9 +154,9 @@ def test_a_membership_change_is_refused_on_a_cluster_with_a_newer_node(
     with Redlock(nodes.urls[:3], max_ttl=1.0) as old, old.lock("format:members", ttl=1.0):
         pass
     newer_markers(nodes, [2])
-    with Redlock(nodes.urls, max_ttl=1.0) as admin:
+    with Redlock(nodes.urls, max_ttl=1.0) as dlm:
         with pytest.raises(Exception, match="newer format 2") as refused:
-            admin.change_members(admin.nodes, current=admin.nodes[:3])
+            Admin(dlm).change_members(nodes.urls, current=nodes.urls[:3])
         assert type(refused.value).__name__ == "MembershipError"
         assert "nothing was changed" in str(refused.value)
         with nodes[3].client() as client:

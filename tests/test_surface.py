@@ -1,10 +1,13 @@
 """The sync and asyncio public surfaces are the same, apart from sync vs async.
 
-Redlock/AsyncRedlock, Lock/AsyncLock, MultiLock/AsyncMultiLock and the fenced stores
+Redlock/AsyncRedlock, Lock/AsyncLock, MultiLock/AsyncMultiLock, the lock family's
+handles, the operator's tools Admin/AsyncAdmin and the fenced stores
 RedisFencedStore/AsyncRedisFencedStore must offer the same public names, and each
 method the same parameters (names, kinds, defaults). Only I/O methods differ, by being
-coroutine functions in the asyncio client. Also: the package's exports, the exception
-tree and the py.typed marker.
+coroutine functions in the asyncio client. Also: the package's exports (what
+applications use at ``redlock``, the operator's tools at ``redlock.admin``), handle
+options that cannot be changed behind validation, the exception tree and the py.typed
+marker.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import redis
 import redis.asyncio
 
 import redlock
+import redlock.admin
 import redlock.errors
 from fencing import AsyncRedisFencedStore, RedisFencedStore
 from redlock import (
@@ -49,11 +53,11 @@ from redlock import (
     Semaphore,
     WriteLock,
 )
+from redlock.admin import Admin, AsyncAdmin
 
 # Methods that talk to Redis: plain in the sync client, coroutines in the asyncio one.
 IO_METHODS = {
-    (Redlock, AsyncRedlock): {"repair", "initialise", "close", "inspect", "is_locked",
-                              "force_release", "adopt", "members", "change_members"},
+    (Redlock, AsyncRedlock): {"close", "adopt"},
     (Lock, AsyncLock): {"acquire", "release", "extend"},
     (MultiLock, AsyncMultiLock): {"acquire", "release", "extend"},
     (Semaphore, AsyncSemaphore): {"acquire", "release", "extend", "status"},
@@ -63,6 +67,8 @@ IO_METHODS = {
     (RedisFencedStore, AsyncRedisFencedStore): {"write", "fence", "read", "highest"},
     (ReadWriteLock, AsyncReadWriteLock): {"status"},
     (Election, AsyncElection): {"leader"},
+    (Admin, AsyncAdmin): {"inspect", "is_locked", "force_release", "repair", "initialise",
+                          "members", "change_members"},
 }
 # Methods that yield results from Redis: generators in the sync client, async generators
 # in the asyncio one.
@@ -70,7 +76,7 @@ ITERATORS = {(Election, AsyncElection): {"observe"}}
 # Context-manager protocol: the same role under sync and async names.
 CONTEXT = {"__enter__": "__aenter__", "__exit__": "__aexit__"}
 # Injected defaults that are by nature different between the two worlds. None today:
-# both constructors are the one in redlock._client.manager (sleep=None means "the shell's own").
+# both constructors are the one in redlock._client.manager.
 ALLOWED_DEFAULT_DIFFERENCES: dict[tuple[str, str], tuple[Any, Any]] = {}
 
 PAIRS = list(IO_METHODS)
@@ -106,9 +112,10 @@ def test_same_public_instance_attributes() -> None:
         assert instance_names(sync_dlm) == instance_names(async_dlm)
         sync_lock = sync_dlm.lock("r", ttl=5.0)
         async_lock = async_dlm.lock("r", ttl=5.0)
-        assert instance_names(sync_lock) == instance_names(async_lock)
+        # A handle's options are read-only properties, not attributes (below).
+        assert instance_names(sync_lock) == instance_names(async_lock) == set()
         assert {"resource", "ttl", "timeout", "blocking", "auto_extend", "reentrant",
-                "on_lost"} <= instance_names(sync_lock)
+                "on_lost", "last_failure"} <= public_names(Lock)
         assert isinstance(sync_lock, Lock) and isinstance(async_lock, AsyncLock)
     finally:
         sync_dlm.close()
@@ -116,6 +123,41 @@ def test_same_public_instance_attributes() -> None:
     async_store = AsyncRedisFencedStore(redis.asyncio.Redis(port=1), ttl=30)
     assert instance_names(sync_store) == instance_names(async_store) == {
         "client", "namespace", "ttl"}
+
+
+def _handles(dlm: Redlock | AsyncRedlock) -> list[object]:
+    """One of every kind of handle (and maker of handles) ``dlm`` makes; nothing is sent."""
+    rwlock, election = dlm.rwlock("rw", ttl=5.0), dlm.election("e", ttl=5.0, identity="me")
+    return [dlm.lock("r", ttl=5.0, timeout=1.0, reentrant=True), dlm.lock_many(["a", "b"]),
+            dlm.semaphore("s", permits=2), rwlock, rwlock.read(), rwlock.write(), election,
+            election.campaign(), Admin(dlm) if isinstance(dlm, Redlock) else AsyncAdmin(dlm)]
+
+
+@pytest.mark.parametrize("manager", [Redlock, AsyncRedlock])
+def test_handle_options_are_read_only(manager: type[Redlock] | type[AsyncRedlock]) -> None:
+    """Options are checked once, when the handle is made (``dlm.lock(...)``): none can be
+    changed afterwards behind that check (issue 41). Nor can the manager's views."""
+    dlm = manager(["redis://127.0.0.1:1"])
+    try:
+        for obj in [dlm, *_handles(dlm)]:
+            assert instance_names(obj) == set(), obj
+            for name in public_names(type(obj)):
+                attr = inspect.getattr_static(type(obj), name)
+                if isinstance(attr, property):
+                    assert attr.fset is None, f"{type(obj).__name__}.{name}"
+                    with pytest.raises(AttributeError):
+                        setattr(obj, name, None)
+    finally:
+        if isinstance(dlm, Redlock):
+            dlm.close()
+
+
+def test_bad_options_are_refused_when_the_handle_is_made() -> None:
+    with Redlock(["redis://127.0.0.1:1"]) as dlm:
+        with pytest.raises(TypeError, match="on_lost must be a callable"):
+            dlm.lock("r", on_lost="print")  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="blocking=False"):
+            dlm.lock("r", blocking=False, timeout=1.0)
 
 
 @pytest.mark.parametrize(("sync_cls", "async_cls"), PAIRS, ids=PAIR_IDS)
@@ -172,6 +214,20 @@ def test_factory_defaults_match_the_handle_constructor(factory_name: str, sync_h
         ctor = {p.name: p.default for p in inspect.signature(handle.__init__).parameters
                 .values() if p.name not in ("self", "registry")}
         assert factory == ctor
+
+
+# The operator's tools and what they return: at redlock.admin only (issue 41).
+ADMIN_EXPORTS = {"Admin", "AsyncAdmin", "LockStatus", "NodeLockStatus", "ReleaseReport",
+                 "ReleaseStatus", "RepairReport", "RepairStatus", "Members", "MembersChange"}
+
+
+def test_the_operator_tools_live_in_redlock_admin() -> None:
+    assert set(redlock.admin.__all__) == ADMIN_EXPORTS
+    for name in ADMIN_EXPORTS:
+        assert getattr(redlock.admin, name) is not None, name
+        assert name not in redlock.__all__ and not hasattr(redlock, name), name
+    for tool in IO_METHODS[(Admin, AsyncAdmin)]:  # on the admin, not on the managers
+        assert not hasattr(Redlock, tool) and not hasattr(AsyncRedlock, tool), tool
 
 
 def test_exports_cover_the_contract() -> None:

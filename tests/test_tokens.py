@@ -15,7 +15,7 @@ import pytest
 
 from redlock import ClusterAmnesiaError, Outcome, RedlockError
 from redlock.testing import RedisNodes
-from tests.clients import Actor, Flavour, resolve
+from tests.clients import Actor, Flavour, admin, resolve
 from tests.peek import (
     any_lock_keys,
     decided_as,
@@ -145,7 +145,7 @@ async def test_minority_amnesia_is_excluded_then_repaired_and_tokens_keep_increa
     busy_seen.append(await lock.token())
     assert lock_keys(nodes5, busy) == [False, False, True, True, True]
     await lock.release()
-    reports = {r.node: r for r in await resolve(dlm.repair())}
+    reports = {r.node: r for r in await resolve(admin(dlm).repair())}
     for node in amnesiac:
         report = reports[node_address(node)]
         assert report.status == "waiting", report
@@ -177,9 +177,9 @@ async def test_explicit_repair_force_reseeds_an_empty_node(
     dlm = flavour.manager(nodes3)
     seen = [await me.cycle(dlm.lock(resource, timeout=5.0)) for _ in range(3)]
     nodes3[2].restart(keep_data=False)
-    statuses = [report.status for report in await resolve(dlm.repair())]
+    statuses = [report.status for report in await resolve(admin(dlm).repair())]
     assert statuses == ["healthy", "healthy", "waiting"]
-    statuses = [report.status for report in await resolve(dlm.repair(force=True))]
+    statuses = [report.status for report in await resolve(admin(dlm).repair(force=True))]
     assert statuses == ["healthy", "healthy", "repaired"]
     assert markers([nodes3[2]]) != [None]
     assert fence_counters(nodes3, resource)[2] == seen[-1]
@@ -219,7 +219,7 @@ async def test_durable_nodes_restarted_with_their_data_are_not_amnesiac(
         assert markers([node]) != [None]
         seen.append(await me.cycle(dlm.lock("aof:x", timeout=5.0)))
     assert strictly_increasing(seen)
-    assert all(report.status == "healthy" for report in await resolve(dlm.repair()))
+    assert all(report.status == "healthy" for report in await resolve(admin(dlm).repair()))
 
 
 async def test_majority_amnesia_raises_cluster_amnesia_error(

@@ -84,7 +84,7 @@ async def test_bad_timeout(flavour: Flavour, me: Actor, timeout: object,
 
 
 async def test_good_arguments_are_accepted(flavour: Flavour) -> None:
-    dlm = flavour.bare_manager([dead_url()])
+    dlm = flavour.bare_manager([dead_url()], max_ttl=3600.0)  # (the default is 60 s)
     lock = dlm.lock("orders:42", ttl=2, timeout=0)
     assert (lock.resource, lock.ttl, lock.timeout) == ("orders:42", 2.0, 0.0)
     assert dlm.lock("r", ttl=0.5, timeout=None).timeout is None

@@ -65,12 +65,15 @@ def default_identity() -> str:
 class _FamilyHandle(HandleBase):
     """A handle of one name, of one kind of the family; not reentrant."""
 
-    name: str
+    @property
+    def name(self) -> str:
+        """The name it was made with."""
+        return self._resources[0]
 
     @property
     def resource(self) -> str:
         """The name (telemetry and events call it the resource)."""
-        return self.name
+        return self._resources[0]
 
     @property
     def kind_name(self) -> str:
@@ -84,7 +87,7 @@ class _FamilyHandle(HandleBase):
         return state.token
 
     def __repr__(self) -> str:
-        return f"<{type(self).__name__} {self.name!r} ttl={self.ttl:g}s {self._status_text()}>"
+        return f"<{type(self).__name__} {self.name!r} ttl={self._ttl:g}s {self._status_text()}>"
 
 
 class SemaphoreBase(_FamilyHandle):
@@ -97,11 +100,16 @@ class SemaphoreBase(_FamilyHandle):
                  blocking: bool = True, timeout: float | None = None,
                  auto_extend: bool = False,
                  on_lost: Callable[[Any], object] | None = None) -> None:
-        self.name = validate_resource(name)
-        self.permits = validate_permits(permits)
-        super().__init__(registry, (self.name,), ttl, blocking=blocking, timeout=timeout,
-                         auto_extend=auto_extend, on_lost=on_lost, reentrant=False,
-                         kind=Permit(permits=self.permits))
+        self._permits = validate_permits(permits)
+        super().__init__(registry, (validate_resource(name),), ttl, blocking=blocking,
+                         timeout=timeout, auto_extend=auto_extend, on_lost=on_lost,
+                         reentrant=False, kind=Permit(permits=self._permits))
+
+    @property
+    def permits(self) -> int:
+        """How many holders the semaphore admits at once (every client of the name must
+        make it with the same number)."""
+        return self._permits
 
     @property
     def slot(self) -> int:
@@ -115,10 +123,10 @@ class SemaphoreBase(_FamilyHandle):
     def slot_name(self) -> str:
         """The name a fenced store keeps this permit's mark under, ``"<name>:permit:<slot>"``:
         one mark per slot, since K holders hold at once (docs/design.md §12.2)."""
-        return Permit(permits=self.permits).slot_name(self.name, self.slot)
+        return Permit(permits=self._permits).slot_name(self.name, self.slot)
 
     def _status_flow(self) -> Flow[SemaphoreStatus]:
-        return semaphore_status(self._core, self.name, self.permits)
+        return semaphore_status(self._core, self.name, self._permits)
 
 
 class ReadLockBase(_FamilyHandle):
@@ -130,10 +138,9 @@ class ReadLockBase(_FamilyHandle):
                  blocking: bool = True, timeout: float | None = None,
                  auto_extend: bool = False,
                  on_lost: Callable[[Any], object] | None = None) -> None:
-        self.name = validate_resource(name)
-        super().__init__(registry, (self.name,), ttl, blocking=blocking, timeout=timeout,
-                         auto_extend=auto_extend, on_lost=on_lost, reentrant=False,
-                         kind=self._mode)
+        super().__init__(registry, (validate_resource(name),), ttl, blocking=blocking,
+                         timeout=timeout, auto_extend=auto_extend, on_lost=on_lost,
+                         reentrant=False, kind=self._mode)
 
     _mode: ClassVar[Any] = READ
 
@@ -159,14 +166,24 @@ class ReadWriteLockBase(Generic[R, W]):
 
     def __init__(self, registry: Registry, name: str, ttl: float = 10.0) -> None:
         self._registry = registry
-        self.name = validate_resource(name)
-        self.ttl = registry.core.settings.check_ttl(ttl)
+        self._name = validate_resource(name)
+        self._ttl = registry.core.settings.check_ttl(ttl)
+
+    @property
+    def name(self) -> str:
+        """The read-write lock's name, shared by its read and write handles."""
+        return self._name
+
+    @property
+    def ttl(self) -> float:
+        """The TTL of the handles it makes, unless given another."""
+        return self._ttl
 
     def read(self, ttl: float | None = None, *, blocking: bool = True,
              timeout: float | None = None, auto_extend: bool = False,
              on_lost: Callable[[R], object] | None = None) -> R:
         """A read handle (readers share); the options are ``lock()``'s."""
-        return self._read_class(self._registry, self.name, self.ttl if ttl is None else ttl,
+        return self._read_class(self._registry, self._name, self._ttl if ttl is None else ttl,
                                 blocking=blocking, timeout=timeout, auto_extend=auto_extend,
                                 on_lost=on_lost)
 
@@ -174,15 +191,15 @@ class ReadWriteLockBase(Generic[R, W]):
               timeout: float | None = None, auto_extend: bool = False,
               on_lost: Callable[[W], object] | None = None) -> W:
         """A write handle (excludes everyone); the options are ``lock()``'s."""
-        return self._write_class(self._registry, self.name, self.ttl if ttl is None else ttl,
+        return self._write_class(self._registry, self._name, self._ttl if ttl is None else ttl,
                                  blocking=blocking, timeout=timeout, auto_extend=auto_extend,
                                  on_lost=on_lost)
 
     def _status_flow(self) -> Flow[ReadWriteStatus]:
-        return rwlock_status(self._registry.core, self.name)
+        return rwlock_status(self._registry.core, self._name)
 
     def __repr__(self) -> str:
-        return f"<{type(self).__name__} {self.name!r} ttl={self.ttl:g}s>"
+        return f"<{type(self).__name__} {self._name!r} ttl={self._ttl:g}s>"
 
 
 class LeadershipBase(_FamilyHandle):
@@ -192,11 +209,15 @@ class LeadershipBase(_FamilyHandle):
 
     def __init__(self, registry: Registry, name: str, ttl: float, identity: str, *,
                  timeout: float | None, on_lost: Callable[[Any], object] | None) -> None:
-        self.name = validate_resource(name)
-        self.identity = identity
-        super().__init__(registry, (self.name,), ttl, blocking=True, timeout=timeout,
-                         auto_extend=True, on_lost=on_lost, reentrant=False,
+        self._identity = identity
+        super().__init__(registry, (validate_resource(name),), ttl, blocking=True,
+                         timeout=timeout, auto_extend=True, on_lost=on_lost, reentrant=False,
                          kind=Leadership(identity=identity))
+
+    @property
+    def identity(self) -> str:
+        """Who campaigns: what ``leader()`` reports while this leadership is held."""
+        return self._identity
 
     @property
     def term(self) -> int:
@@ -216,9 +237,25 @@ class ElectionBase(Generic[L]):
     def __init__(self, registry: Registry, name: str, ttl: float = 10.0,
                  identity: str | None = None) -> None:
         self._registry = registry
-        self.name = validate_resource(name)
-        self.ttl = registry.core.settings.check_ttl(ttl)
-        self.identity = default_identity() if identity is None else validate_identity(identity)
+        self._name = validate_resource(name)
+        self._ttl = registry.core.settings.check_ttl(ttl)
+        self._identity = (default_identity() if identity is None
+                          else validate_identity(identity))
+
+    @property
+    def name(self) -> str:
+        """The election's name."""
+        return self._name
+
+    @property
+    def ttl(self) -> float:
+        """How long a term lasts unless renewed (leaderships are renewed while held)."""
+        return self._ttl
+
+    @property
+    def identity(self) -> str:
+        """This candidate's identity (default ``host:pid``), what ``leader()`` reports."""
+        return self._identity
 
     def campaign(self, timeout: float | None = None, *,
                  on_lost: Callable[[L], object] | None = None) -> L:
@@ -226,18 +263,18 @@ class ElectionBase(Generic[L]):
         election's line until elected (or ``timeout`` seconds: then
         :class:`LockNotAcquired`); the block's value is the leadership, renewed while
         held (``on_lost`` is told if it is lost anyway); leaving the block resigns."""
-        return self._leadership_class(self._registry, self.name, self.ttl, self.identity,
+        return self._leadership_class(self._registry, self._name, self._ttl, self._identity,
                                       timeout=timeout, on_lost=on_lost)
 
     def _leader_flow(self) -> Flow[Leader | None]:
-        return read_leader(self._registry.core, self.name)
+        return read_leader(self._registry.core, self._name)
 
     def _next_flow(self, last: Leader | None, first: bool, wake: Any) -> Flow[Leader | None]:
-        return next_leader(self._registry.core, self.name, last, first, self.ttl, wake)
+        return next_leader(self._registry.core, self._name, last, first, self._ttl, wake)
 
     def _channels(self) -> tuple[str, ...]:
-        return election_channels(self._registry.core.keys, self.name)
+        return election_channels(self._registry.core.keys, self._name)
 
     def __repr__(self) -> str:
-        return (f"<{type(self).__name__} {self.name!r} ttl={self.ttl:g}s"
-                f" identity={self.identity!r}>")
+        return (f"<{type(self).__name__} {self._name!r} ttl={self._ttl:g}s"
+                f" identity={self._identity!r}>")

@@ -78,17 +78,59 @@ class HandleBase:
         self._label = label(resources)
         # In messages: 'orders' for a lock, "permit of 'jobs'" for the other kinds.
         self._shown = shown(resources) if kind is MUTEX else kind.describe(resources)
-        self.ttl = self._core.settings.check_ttl(ttl)
-        self.blocking = bool(blocking)
-        self.timeout = validate_timeout(timeout)
-        check_mode(self.blocking, self.timeout)
-        self.auto_extend = bool(auto_extend)
-        self.on_lost = on_lost
-        self.reentrant = bool(reentrant)
-        self.last_failure: LockNotAcquired | None = None
+        # The options, checked here once: read-only afterwards (the properties below).
+        self._ttl = self._core.settings.check_ttl(ttl)
+        self._blocking = bool(blocking)
+        self._timeout = validate_timeout(timeout)
+        check_mode(self._blocking, self._timeout)
+        self._auto_extend = bool(auto_extend)
+        if on_lost is not None and not callable(on_lost):
+            raise TypeError(f"on_lost must be a callable (or None), not {type(on_lost).__name__}")
+        self._on_lost = on_lost
+        self._reentrant = bool(reentrant)
+        self._last_failure: LockNotAcquired | None = None
         # Per owner (thread or task, held weakly), its acquisition through this handle;
         # kept after a release so that a second release() is a no-op.
         self._states: OwnerMap[LockState] = OwnerMap()
+
+    # -- the options (read-only: a handle is made with them, dlm.lock(...) checks them) --
+
+    @property
+    def ttl(self) -> float:
+        """Seconds the lock lives on the nodes unless extended (``extend(ttl)`` may give
+        one acquisition another)."""
+        return self._ttl
+
+    @property
+    def blocking(self) -> bool:
+        """Whether ``acquire()`` waits (up to :attr:`timeout`) unless told otherwise."""
+        return self._blocking
+
+    @property
+    def timeout(self) -> float | None:
+        """The overall deadline of a blocking ``acquire()``, in seconds (None: none)."""
+        return self._timeout
+
+    @property
+    def auto_extend(self) -> bool:
+        """Whether the manager renews the lock in the background while it is held."""
+        return self._auto_extend
+
+    @property
+    def on_lost(self) -> Callable[[Any], object] | None:
+        """Called once, with this handle, when a renewed lock is lost anyway."""
+        return self._on_lost
+
+    @property
+    def reentrant(self) -> bool:
+        """Whether the same thread (asyncio task) may nest acquisitions through it."""
+        return self._reentrant
+
+    @property
+    def last_failure(self) -> LockNotAcquired | None:
+        """Why the last acquire through this handle that failed did (None: none has):
+        its message and per-node ``outcomes``."""
+        return self._last_failure
 
     def _owner_key(self) -> Hashable:
         acting_for = ACTING_FOR.get()
@@ -114,7 +156,7 @@ class HandleBase:
         blocking, timeout = self._call_options(blocking, timeout)
         if quick is None and (yield from self._reenter_flow(owner)):
             return True
-        result = yield from self._core.acquire(self._resources, self.ttl, blocking=blocking,
+        result = yield from self._core.acquire(self._resources, self._ttl, blocking=blocking,
                                                timeout=timeout, watch=watch, kind=self._kind,
                                                opening=None if quick is None else quick[1])
         state = self._finish_acquire(result, owner)
@@ -133,12 +175,12 @@ class HandleBase:
             return None
         blocking, timeout = self._call_options(blocking, timeout)
         owner = registry.current_owner()
-        if self.reentrant and registry.reentered(self._label, owner) is not None:
+        if self._reentrant and registry.reentered(self._label, owner) is not None:
             return None
         self._refuse_nesting(owner)
         if registry.line_busy(self._core.line(self._resources)):
             return None
-        opening = self._core.open_quickly(self._resources[0], self.ttl, blocking=blocking,
+        opening = self._core.open_quickly(self._resources[0], self._ttl, blocking=blocking,
                                           timeout=timeout, kind=self._kind)
         return None if opening is None else (owner, opening)
 
@@ -147,14 +189,14 @@ class HandleBase:
         """An acquire call's mode and timeout: as given (checked), else the handle's."""
         if blocking is not None and timeout is not None:
             check_mode(bool(blocking), validate_timeout(timeout))
-        return (self.blocking if blocking is None else bool(blocking),
-                self.timeout if timeout is None else validate_timeout(timeout))
+        return (self._blocking if blocking is None else bool(blocking),
+                self._timeout if timeout is None else validate_timeout(timeout))
 
     def _quickly_held(self, quick: tuple[Hashable, Opening]) -> bool:
         """Whether the quick lane's first attempt won outright (then the caller holds
         it); else the flow goes on from its replies."""
         owner, opening = quick
-        state = self._core.clean_grant(opening, self.ttl)
+        state = self._core.clean_grant(opening, self._ttl)
         if state is None:
             return False
         self._took(state, owner)
@@ -165,15 +207,15 @@ class HandleBase:
         raises :class:`AlreadyHeld` if it holds one through this handle and may not nest.
         Re-entry through another handle honours that handle's options: a longer TTL is
         extended to, and auto_extend starts renewing."""
-        state = self._registry.reentered(self._label, owner) if self.reentrant else None
+        state = self._registry.reentered(self._label, owner) if self._reentrant else None
         if state is not None:
             state.check()  # re-entering a lock whose validity ran out must not pass silently
             with state.mutex:
                 state.depth += 1
             self._states[owner] = state
-            if self.ttl > state.ttl:
-                yield from self._extended(state, self.ttl)
-            if self.auto_extend:
+            if self._ttl > state.ttl:
+                yield from self._extended(state, self._ttl)
+            if self._auto_extend:
                 self._registry.renewals.add(state, self)
             return True
         self._refuse_nesting(owner)
@@ -219,7 +261,7 @@ class HandleBase:
                 return Releasing(None)
             state.release_called = True
         self._registry.renewals.remove(state)
-        if self.reentrant:  # (only a reentrant handle's acquisitions are registered)
+        if self._reentrant:  # (only a reentrant handle's acquisitions are registered)
             self._registry.forget_reentrant(state, owner)
         if state.status == Status.LOST:  # its keys were dropped when it was lost
             state.check()
@@ -270,7 +312,7 @@ class HandleBase:
 
     def _extend_flow(self, ttl: float | None) -> Flow[None]:
         state = self._held(self._owner_key())
-        ttl = self.ttl if ttl is None else self._core.settings.check_ttl(ttl)
+        ttl = self._ttl if ttl is None else self._core.settings.check_ttl(ttl)
         yield from self._extended(state, ttl)
 
     def _extended(self, state: LockState, ttl: float) -> Flow[None]:
@@ -286,13 +328,13 @@ class HandleBase:
 
     def _lost_flow(self, state: LockState) -> Flow[None]:
         """Tell this handle's on_lost that ``state`` was lost while renewed."""
-        if self.on_lost is None:
+        if self._on_lost is None:
             return
         # The callback runs in a thread or task of its own, not in the owner's: let the
         # handle's token/lost/check() answer for the owner's acquisition in there.
         acting = ACTING_FOR.set(state.holder())
         try:
-            yield Invoke(self.on_lost, (self,))
+            yield Invoke(self._on_lost, (self,))
         except Exception:
             logger.exception("redlock.on_lost_failed", resource=self._label)
         finally:
@@ -304,12 +346,12 @@ class HandleBase:
         """Record a success, or build (and for outages raise) the failure."""
         if result.state is None:
             failure_type = QuorumUnavailable if result.unavailable else LockNotAcquired
-            self.last_failure = failure_type(
+            self._last_failure = failure_type(
                 f"could not acquire {self._shown} after {result.attempts} attempt(s):"
                 f" {result.reason}; {describe(result.outcomes)}",
                 resource=self._label, outcomes=result.outcomes)
             if result.unavailable:
-                raise self.last_failure
+                raise self._last_failure
             return None
         self._took(result.state, owner)
         return result.state
@@ -317,9 +359,9 @@ class HandleBase:
     def _took(self, state: LockState, owner: Hashable) -> None:
         """The owner holds ``state`` now: recorded, re-entrant, renewed as asked."""
         self._hold(state, owner)
-        if self.reentrant:
+        if self._reentrant:
             self._registry.register_reentrant(state, owner)
-        if self.auto_extend:
+        if self._auto_extend:
             self._registry.renewals.add(state, self)
 
     def _hold(self, state: LockState, owner: Hashable) -> None:
@@ -327,7 +369,7 @@ class HandleBase:
         self._states[owner] = state
 
     def _entered_failure(self) -> LockNotAcquired:
-        return self.last_failure or LockNotAcquired(
+        return self._last_failure or LockNotAcquired(
             f"could not acquire {self._shown}", resource=self._label)
 
     # -- the caller's own acquisition -------------------------------------------
@@ -356,7 +398,8 @@ class HandleBase:
 
     def locked(self) -> bool:
         """True while the caller holds the lock and its validity has not run out (no
-        I/O). Whether anyone holds the resource: the manager's ``is_locked(resource)``."""
+        I/O). Whether anyone holds the resource, asked of the nodes:
+        ``redlock.admin.Admin(dlm).is_locked(resource)``."""
         return self.validity > 0
 
     def check(self) -> None:
@@ -371,7 +414,7 @@ class HandleBase:
         return "unlocked" if state is None else str(state.status)
 
     def __repr__(self) -> str:
-        return f"<{type(self).__name__} {self._label} ttl={self.ttl:g}s {self._status_text()}>"
+        return f"<{type(self).__name__} {self._label} ttl={self._ttl:g}s {self._status_text()}>"
 
 
 class LockBase(HandleBase):
@@ -381,9 +424,14 @@ class LockBase(HandleBase):
                  blocking: bool = True, timeout: float | None = None, auto_extend: bool = False,
                  on_lost: Callable[[Any], object] | None = None,
                  reentrant: bool = False) -> None:
-        self.resource = validate_resource(resource)
-        super().__init__(registry, (self.resource,), ttl, blocking=blocking, timeout=timeout,
+        name = validate_resource(resource)
+        super().__init__(registry, (name,), ttl, blocking=blocking, timeout=timeout,
                          auto_extend=auto_extend, on_lost=on_lost, reentrant=reentrant)
+
+    @property
+    def resource(self) -> str:
+        """The resource's name, as the lock was made with it."""
+        return self._resources[0]
 
     @property
     def token(self) -> int:
@@ -407,15 +455,15 @@ class LockBase(HandleBase):
         with state.mutex:
             if state.depth > 1:
                 raise RedlockError(
-                    f"{self.resource!r} is re-entered ({state.depth} levels): export it"
-                    " from the outermost level only", resource=self.resource)
+                    f"{self._label!r} is re-entered ({state.depth} levels): export it"
+                    " from the outermost level only", resource=self._label)
         value = export_state(state, self._core.keys.namespace, self._core.env.wall_clock)
         with state.mutex:
             if state.status != Status.HELD:  # lost meanwhile (the renewals)
                 state.check()
             state.status = Status.HANDED_OVER
         self._registry.renewals.remove(state)
-        if self.reentrant:  # (only a reentrant handle's acquisitions are registered)
+        if self._reentrant:  # (only a reentrant handle's acquisitions are registered)
             self._registry.forget_reentrant(state, owner)
         return value
 
@@ -429,9 +477,14 @@ class MultiLockBase(HandleBase):
                  blocking: bool = True, timeout: float | None = None,
                  auto_extend: bool = False,
                  on_lost: Callable[[Any], object] | None = None) -> None:
-        self.resources = validate_resources(resources)
-        super().__init__(registry, self.resources, ttl, blocking=blocking, timeout=timeout,
-                         auto_extend=auto_extend, on_lost=on_lost, reentrant=False)
+        super().__init__(registry, validate_resources(resources), ttl, blocking=blocking,
+                         timeout=timeout, auto_extend=auto_extend, on_lost=on_lost,
+                         reentrant=False)
+
+    @property
+    def resources(self) -> tuple[str, ...]:
+        """The resources, sorted and without duplicates."""
+        return self._resources
 
     @property
     def tokens(self) -> dict[str, int]:

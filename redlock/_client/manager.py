@@ -16,6 +16,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, TypeVar
 
 import redis
@@ -30,7 +31,6 @@ from redlock._client.renewer import Renewer
 from redlock._client.renewer import unavailable as renewer_unavailable
 from redlock._client.telemetry import Telemetry, record_renewal
 from redlock._client.waiting_room import WaitingRoom
-from redlock._core import inspect as _inspect
 from redlock._core.algorithm import RedlockCore
 from redlock._core.amnesia.maintenance import maintenance
 from redlock._core.handover import Handover, as_handover
@@ -38,7 +38,7 @@ from redlock._core.handover import adopt as adopt_handover
 from redlock._core.quick import Sent
 from redlock._core.renewals import Renewals
 from redlock._core.requests import Flow, Replies
-from redlock._core.settings import DEFAULT_MAX_TTL, Keys, Settings, validate_resource
+from redlock._core.settings import DEFAULT_MAX_TTL, Keys, Settings
 from redlock._core.state import LockState
 from redlock._io.endpoint import endpoints, labels, portable
 from redlock._io.wakeups import WakeRegistry
@@ -70,6 +70,35 @@ if hasattr(os, "register_at_fork"):
 
 H = TypeVar("H", bound=LockBase)
 MH = TypeVar("MH", bound=MultiLockBase)
+
+
+@dataclass(frozen=True)
+class Hooks:
+    """A test's clock and sleep (docs/design.md §11.6; given by
+    :func:`redlock.testing.manager`, never by the public constructor).
+
+    ``clock``: a monotonic clock in seconds, read for every validity, deadline and
+    backoff; with another than ``time.monotonic`` the renewals run in this process (the
+    renewer process keeps ``time.monotonic``: redlock/_client/renewer.py,
+    ``unavailable()``). ``sleep``: how the executor waits (a coroutine function for
+    asyncio), honoured for every wait but one a signal ends; None: the real waits, in
+    the local line where a release wakes the first waiter."""
+
+    clock: Callable[[], float] = time.monotonic
+    sleep: Callable[[float], Any] | None = None
+
+
+M = TypeVar("M", bound="ManagerBase[Any, Any]")
+
+
+def with_hooks(cls: type[M], nodes: Iterable[Any], hooks: Hooks,
+               options: Mapping[str, Any]) -> M:
+    """A manager of class ``cls``, built as ``cls(nodes, **options)`` builds it but with
+    a test's ``hooks``: the one way to a clock or sleep of one's own."""
+    manager = cls.__new__(cls)
+    manager._hooks = hooks  # read by __init__, before anything is built
+    cls.__init__(manager, nodes, **options)
+    return manager
 
 
 class ManagerBase(Generic[H, MH]):
@@ -104,9 +133,6 @@ class ManagerBase(Generic[H, MH]):
         outage_timeout: a blocking acquire raises :class:`QuorumUnavailable` once the
             cluster has been unavailable (too few nodes answering, not contention) for
             this long, whatever its own timeout; None waits through outages.
-        clock: a monotonic clock in seconds (injectable for tests).
-        sleep: how to wait between attempts (injectable for tests; the default waits
-            in the manager's local line, where a release wakes the first waiter).
         tracer_provider, meter_provider: OpenTelemetry providers to record spans and
             metrics with (needs the ``otel`` extra); by default the global ones, and
             nothing is recorded while those are OpenTelemetry's no-op defaults.
@@ -120,6 +146,8 @@ class ManagerBase(Generic[H, MH]):
     _listener_class: ClassVar[Any]
     _executor_class: ClassVar[Any]
     _renewer_class: ClassVar[type[Renewer]] = Renewer
+    # A test's clock and sleep: the real ones, unless with_hooks() set others.
+    _hooks: Hooks = Hooks()
 
     def __init__(
         self,
@@ -133,8 +161,6 @@ class ManagerBase(Generic[H, MH]):
         retry_delay_max: float = 0.25,
         max_ttl: float = DEFAULT_MAX_TTL,
         outage_timeout: float | None = 5.0,
-        clock: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], Any] | None = None,
         tracer_provider: Any = None,
         meter_provider: Any = None,
     ) -> None:
@@ -150,10 +176,10 @@ class ManagerBase(Generic[H, MH]):
         self._endpoints = endpoints(nodes, _CLIENTS, "redis-py")
         self._addresses = labels(self._endpoints)
         self._transport = self._open_transport(settings)
-        self._core = RedlockCore(self._addresses, settings, environment.real(clock))
+        self._core = RedlockCore(self._addresses, settings, environment.real(self._hooks.clock))
         self._telemetry = Telemetry.create(settings.namespace, self._core.n, self._core.quorum,
                                            tracer_provider, meter_provider)
-        self._sleep = sleep
+        self._sleep = self._hooks.sleep
         self._closing = self._backend.new_event()  # set by close(): background work ends
         self._registry = Registry(self._core, self._telemetry, self._backend.current_owner,
                                   self._drive, self._send_quickly, self._spawn_flow)
@@ -336,21 +362,6 @@ class ManagerBase(Generic[H, MH]):
         return self._multi_handle_class(self._registry, resources, ttl, blocking=blocking,
                                         timeout=timeout, auto_extend=auto_extend,
                                         on_lost=on_lost)
-
-    # -- operator views and tools (redlock/_core/inspect.py), driven by the shells
-
-    def _inspect_flow(self, resource: str) -> Flow[_inspect.LockStatus]:
-        return _inspect.inspect_lock(self._core, validate_resource(resource))
-
-    def _is_locked_flow(self, resource: str) -> Flow[bool]:
-        return _inspect.is_locked(self._core, validate_resource(resource))
-
-    def _force_release_flow(self, resource: str) -> Flow[list[_inspect.ReleaseReport]]:
-        resource = validate_resource(resource)
-        try:
-            return (yield from _inspect.force_release(self._core, resource))
-        finally:
-            self._room.lines.notify(self._core.keys.channel(resource))  # local waiters: go
 
     def locked(
         self,

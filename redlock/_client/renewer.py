@@ -81,7 +81,8 @@ def process_stat(pid: int) -> tuple[str, int] | None:
 def unavailable(clock: Callable[[], float]) -> str | None:
     """Why a renewer cannot run here (None: it can); docs/design.md §5.2."""
     if clock is not time.monotonic:
-        return "the manager's clock was injected (the renewer keeps time.monotonic)"
+        return ("the manager has a test's clock (redlock.testing.manager; the renewer keeps"
+                " time.monotonic)")
     if process_stat(os.getpid()) is None or not hasattr(os, "memfd_create"):
         return "this system has no /proc/<pid>/stat (a frozen holder could not be told)"
     executable = os.path.basename(sys.executable or "").lower()

@@ -13,6 +13,7 @@ and one timer however many nodes it asks.
 from __future__ import annotations
 
 import asyncio
+import os
 import select
 import socket
 from collections import deque
@@ -175,7 +176,7 @@ async def open_wire(endpoint: Endpoint, node: int, timeout: float) -> Wire:
         if isinstance(exc, TimeoutError):
             raise NoReply(f"Timeout connecting to {where(endpoint, host, port)}") from exc
         raise Unreachable(f"Error {exc.errno} connecting to {where(endpoint, host, port)}."
-                          f" {exc.strerror or exc}") from exc
+                          f" {os.strerror(exc.errno) if exc.errno else exc}.") from exc
     try:
         commands = handshake(endpoint)
         if commands:

@@ -92,7 +92,7 @@ def open_connection(endpoint: Endpoint, timeout: float) -> Connection:
         raise NoReply(f"Timeout connecting to {where(endpoint, host, port)}") from exc
     except OSError as exc:
         raise Unreachable(f"Error {exc.errno} connecting to {where(endpoint, host, port)}."
-                          f" {exc.strerror or exc}") from exc
+                          f" {os.strerror(exc.errno) if exc.errno else exc}.") from exc
     conn = Connection(sock)
     try:
         commands = handshake(endpoint)

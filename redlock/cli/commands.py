@@ -30,12 +30,11 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
-from redlock import __version__
-from redlock._core.amnesia.repair import RepairReport, RepairStatus
+from redlock import EventFormatter, __version__
+from redlock._client.admin import node_addresses
 from redlock._core.settings import DEFAULT_MAX_TTL, Keys
 from redlock._io.endpoint import from_url
-from redlock._observe.log import EventFormatter
-from redlock._scripts.replies import ReleaseStatus
+from redlock.admin import Admin, ReleaseStatus, RepairReport, RepairStatus
 from redlock.cli.node_report import namespaces_on, read_nodes
 from redlock.cli.render import (
     PROG,
@@ -142,7 +141,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.kind != "lock":
         return _family_status(args)
     with open_manager(args) as dlm:
-        status = dlm.inspect(args.resource)
+        status = Admin(dlm).inspect(args.resource)
     report_unreachable([(n.node, n.error) for n in status.nodes])
     namespaces: list[str] = []
     if status.reachable and not any(n.marker for n in status.nodes):
@@ -183,13 +182,14 @@ def cmd_nodes(args: argparse.Namespace) -> int:
 
 def cmd_release(args: argparse.Namespace) -> int:
     with open_manager(args) as dlm:
-        status = dlm.inspect(args.resource)
+        admin = Admin(dlm)
+        status = admin.inspect(args.resource)
         if not args.json:
             say(lock_summary(status))
         confirm(args, f"force-release {args.resource!r}",
                 f"Delete the lock on {args.resource!r} on all {len(dlm.nodes)} nodes, whoever"
                 " holds it? Its holder is not told and may still be working.")
-        reports = dlm.force_release(args.resource)
+        reports = admin.force_release(args.resource)
     failed = [r.status is ReleaseStatus.FAILED for r in reports]
     report_unreachable([(r.node, r.detail if down else None)
                         for r, down in zip(reports, failed, strict=True)])
@@ -220,11 +220,12 @@ _FORCED = {
 
 
 def _admin_step(args: argparse.Namespace, step: str) -> int:
-    """``redlock repair`` / ``redlock initialise``: the manager's step of that name."""
+    """``redlock repair`` / ``redlock initialise``: the admin's step of that name."""
     with open_manager(args) as dlm:
         if args.force:
             confirm(args, *_FORCED[step])
-        run = dlm.repair if step == "repair" else dlm.initialise
+        admin = Admin(dlm)
+        run = admin.repair if step == "repair" else admin.initialise
         reports = run(force=args.force)
     return _repair_reports(args, reports)
 
@@ -237,37 +238,36 @@ def cmd_initialise(args: argparse.Namespace) -> int:
     return _admin_step(args, "initialise")
 
 
-def _named(dlm: Redlock, urls: Sequence[str], given: Sequence[str], option: str) -> list[str]:
-    """Nodes given to ``option`` as URLs among --nodes (or as addresses), as addresses."""
-    named = []
-    for node in given:
-        if node in urls:
-            named.append(dlm.nodes[list(urls).index(node)])
-        elif node in dlm.nodes:
-            named.append(node)
-        else:
-            raise CliError(f"{option} {node}: not one of --nodes (give every node of the"
-                           " current and the new set to --nodes)", EXIT_USAGE)
-    return named
+def _named(args: argparse.Namespace, dlm: Redlock, given: Sequence[str],
+           option: str) -> tuple[str, ...]:
+    """The nodes given to ``option`` (URLs as --nodes takes them, or addresses as
+    `redlock members` shows them) as the manager's addresses, checked before asking."""
+    try:
+        return node_addresses(given, [from_url(url) for url in node_urls(args)], dlm.nodes,
+                              option, mine="--nodes",
+                              hint="give every node of the current and the new set to"
+                                   " --nodes")
+    except ValueError as exc:
+        raise CliError(str(exc), EXIT_USAGE) from None
 
 
 def cmd_members(args: argparse.Namespace) -> int:
     """Show the membership; with --change, change it (docs/operations.md)."""
-    urls = node_urls(args)
     with open_manager(args) as dlm:
+        admin = Admin(dlm)
         if args.change is None:
-            show_members(dlm.members(), args.json)
+            show_members(admin.members(), args.json)
             return EXIT_OK
-        new = _named(dlm, urls, args.change, "--change")
-        current = None if args.current is None else _named(dlm, urls, args.current,
-                                                           "--current")
+        new = _named(args, dlm, args.change, "--change")
+        current = (None if args.current is None
+                   else _named(args, dlm, args.current, "--current"))
         confirm(args, "change the members",
                 f"Make {', '.join(new)} the cluster's members? Acquires need a majority of"
                 f" the old and of the new set for about {args.wait:g} s; give clients the new"
                 " list only once the change has written its joint record (docs/operations.md,"
                 " \"Adding and removing nodes\").")
         try:
-            change = dlm.change_members(new, current=current, wait=args.wait)
+            change = admin.change_members(new, current=current, wait=args.wait)
         except ValueError as exc:
             raise CliError(str(exc), EXIT_USAGE) from None
     show_change(change, args.json)

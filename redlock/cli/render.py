@@ -16,12 +16,16 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from redlock._core.amnesia.repair import RepairReport, RepairStatus
-from redlock._core.inspect import LockStatus, ReleaseReport
-from redlock._core.membership import MembersChange
 from redlock._scripts.node import FORMAT
-from redlock._scripts.record import Members
-from redlock._scripts.replies import ReleaseStatus
+from redlock.admin import (
+    LockStatus,
+    Members,
+    MembersChange,
+    ReleaseReport,
+    ReleaseStatus,
+    RepairReport,
+    RepairStatus,
+)
 from redlock.cli.node_report import NodeReport
 
 PROG = "redlock"
@@ -83,7 +87,7 @@ def node_problem(detail: str) -> str:
     if any(s in text for s in ("authentication", "invalid username-password", "wrongpass",
                                "noauth", "invalid password")):
         return "authentication failed: check the user and password in the URL"
-    if "timeout" in text or "timed out" in text:
+    if "timeout" in text or "timed out" in text or "no reply within" in text:
         return "no answer within the timeout (--timeout): down, overloaded or firewalled"
     if any(s in text for s in ("name or service not known", "nodename nor servname",
                                "temporary failure in name resolution", "no address associated")):

@@ -11,6 +11,10 @@
         nodes[2].restore(backup)            # ... and later restart from them (a rollback)
         nodes[3].replicate(nodes[4])        # REPLICAOF; nodes[3].promote(): REPLICAOF NO ONE
 
+``manager(nodes, clock=..., sleep=..., asynchronous=False, **options)`` builds a
+``Redlock`` (or ``AsyncRedlock``) with a test's clock and sleep: the public constructor
+takes neither.
+
 ``RedisSentinel`` runs a real Sentinel (``redis-server --sentinel``) monitoring some of
 those nodes under service names, for nodes given as ``Sentinel.master_for(service)``.
 
@@ -40,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from redlock.testing.backends import start_nodes, start_toxiproxy
     from redlock.testing.logs import capture_events
+    from redlock.testing.managers import manager
     from redlock.testing.node import Node, Nodes
     from redlock.testing.redis_nodes import (
         NodeBackup,
@@ -62,6 +67,7 @@ _LAZY = {
     "start_nodes": "backends",
     "start_toxiproxy": "backends",
     "capture_events": "logs",
+    "manager": "managers",
     "Node": "node",
     "Nodes": "node",
     "NodeBackup": "redis_nodes",
@@ -106,6 +112,7 @@ __all__ = [
     "find_redis_server",
     "find_toxiproxy_server",
     "free_port",
+    "manager",
     "start_nodes",
     "start_toxiproxy",
 ]

@@ -20,6 +20,7 @@ import time
 from collections import Counter
 
 from redlock import Redlock, RedlockError
+from redlock.admin import Admin
 from redlock.testing import RedisNodes
 
 THREADS = 32
@@ -52,7 +53,7 @@ def one_round(urls: list[str]) -> str | None:
         for thread in threads:
             thread.join(RUN_FOR + 15.0)
         hung = [t.name for t in threads if t.is_alive()]
-        status = dlm.inspect("startup:0")
+        status = Admin(dlm).inspect("startup:0")
     unhealthy = [f"{n.node} (marker={n.marker}, benched={n.benched})" for n in status.nodes
                  if not n.marker or n.benched]
     if errors or unhealthy or hung:

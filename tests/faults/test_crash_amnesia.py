@@ -34,6 +34,7 @@ from redlock import (
     QuorumUnavailable,
     Redlock,
 )
+from redlock.admin import Admin
 from redlock.testing import RedisNodes
 from tests.faults.conftest import DLM_OPTIONS, MakeDlm
 from tests.faults.fault_figures import Figures, scenario
@@ -152,7 +153,7 @@ def test_aof_crash_restart_loses_nothing(
             assert lock_values(nodes, resource) == holders
             # Restarted nodes are suspects until judged: durable (AOF, fsync always),
             # they are re-stamped, not benched.
-            assert [r.status for r in other.repair()] == ["healthy"] * 5
+            assert [r.status for r in Admin(other).repair()] == ["healthy"] * 5
             # Still held: the other client is refused by all five nodes.
             figures.attempted += 1
             rival = other.lock(resource, ttl=10.0)
@@ -182,7 +183,7 @@ def test_aof_crash_restart_loses_nothing(
             # One more, or a little more: an attempt that met restarted nodes before they
             # were re-stamped fails and still raises the counters of the nodes it reached.
             assert after is not None and after > token, f"tokens go on: {token} then {after}"
-        assert all(report.status == "healthy" for report in dlm.repair())
+        assert all(report.status == "healthy" for report in Admin(dlm).repair())
         figures.recovery_s = max(recoveries)
         figures.extra.update(rounds=5, restarts_per_round="1-4, then all 5",
                              tokens=tokens.seen[resource])
@@ -243,7 +244,7 @@ def test_minority_amnesia_detected_excluded_rejoins_late_and_reseeded(
         # quick enough to get here in time; the rejoin time is asserted below anyway).
         waiting_checked = time.monotonic() - crashed_at < max_ttl * 0.7
         if waiting_checked:
-            statuses = [r.status for r in dlm.repair()]
+            statuses = [r.status for r in Admin(dlm).repair()]
             assert statuses[:2] == ["waiting", "waiting"], statuses
             assert [get(nodes5[0], KEYS.marker), get(nodes5[1], KEYS.marker)] == [None, None]
 
@@ -407,7 +408,7 @@ def test_majority_restarted_empty_refuses_with_cluster_amnesia_error(
             assert [r.outcome for r in caught.value.outcomes] == [
                 Outcome.AMNESIAC, Outcome.GRANTED, Outcome.AMNESIAC, Outcome.GRANTED,
                 Outcome.AMNESIAC]
-        statuses = [r.status for r in dlm.repair(force=True)]
+        statuses = [r.status for r in Admin(dlm).repair(force=True)]
         assert statuses.count("failed") == 3, statuses  # no healthy majority to seed from
         assert [get(nodes5[i], KEYS.marker) for i in (0, 2, 4)] == [None] * 3
         assert lock_keys(nodes5, resource) == [False] * 5

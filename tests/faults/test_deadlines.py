@@ -28,7 +28,7 @@ import redis.asyncio.sentinel
 
 from redlock import ClusterAmnesiaError, LockNotAcquired, Outcome, QuorumUnavailable
 from redlock.testing import RedisNode, RedisNodes, RedisSentinel
-from tests.clients import Actor, Flavour, Held, Stopwatch, resolve
+from tests.clients import Actor, Flavour, Held, Stopwatch, admin, resolve
 from tests.peek import markers, outcomes_by_node
 
 pytestmark = pytest.mark.faults
@@ -240,7 +240,7 @@ async def test_while_a_repair_is_under_way(
     await me.cycle(dlm.lock("dl:bench", ttl=TTL, timeout=5.0))  # node 0 is benched
     repairer = flavour.actor("repairer")
     with paused(nodes5, [2, 3, 4]):
-        repairing = asyncio.ensure_future(repairer.call(dlm.repair, force=True))
+        repairing = asyncio.ensure_future(repairer.call(admin(dlm).repair, force=True))
         try:
             await asyncio.sleep(0.1)  # the repair has claimed node 0 and reads counters
             assert not repairing.done()

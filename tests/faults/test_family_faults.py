@@ -57,6 +57,7 @@ from redlock import (
     Outcome,
     Redlock,
 )
+from redlock.admin import Admin
 from redlock.testing import Proxies, RedisNode, RedisNodes
 from redlock.testing.history import ACCEPTED, REJECTED, History, Hold, Write
 from tests.faults.conftest import DLM_OPTIONS, MakeDlm, fenced_write
@@ -742,7 +743,7 @@ def test_amnesiac_nodes_refuse_until_repaired_and_tokens_never_go_backwards(
         rejoined_at = None
         deadline = crashed_at + MAX_TTL + 20.0
         while time.monotonic() < deadline:
-            dlm.repair()
+            Admin(dlm).repair()
             if all(get(nodes5[i], KEYS.marker) is not None for i in (0, 1)):
                 rejoined_at = time.monotonic()
                 break

@@ -34,7 +34,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from fencing import RedisFencedStore
-from redlock import LockLost, LockNotAcquired, MembersChange, Redlock
+from redlock import LockLost, LockNotAcquired, Redlock
+from redlock.admin import Admin, MembersChange
 from redlock.testing import RedisNodes
 from redlock.testing.history import History, Hold
 from tests.faults.conftest import recorded_write
@@ -91,7 +92,7 @@ class JointSeen(logging.Handler):
 
 
 def run_change(nodes: RedisNodes, store: RedisFencedStore, old: Sequence[str],
-               new: Sequence[str], change: Callable[[Redlock], MembersChange],
+               new: Sequence[str], change: Callable[[Admin], MembersChange],
                ) -> tuple[History, dict[str, int], MembersChange, float]:
     """Old clients from the start; new clients from the moment the joint record is on
     the nodes (starting them earlier is the naive change: below); the change; both
@@ -115,9 +116,9 @@ def run_change(nodes: RedisNodes, store: RedisFencedStore, old: Sequence[str],
         thread.start()
     try:
         time.sleep(0.3)
-        with Redlock(nodes.urls, **OPTIONS) as admin:
+        with Redlock(nodes.urls, **OPTIONS) as dlm:
             started = time.monotonic()
-            report = change(admin)
+            report = change(Admin(dlm))
             took = time.monotonic() - started
         time.sleep(AFTER)
     finally:
@@ -139,7 +140,7 @@ def test_grow_three_to_five_under_load(fresh_nodes: Callable[..., RedisNodes],
         pass  # an initialised 3-node cluster
     history, counts, report, took = run_change(
         nodes, store, old, new,
-        lambda admin: admin.change_members(admin.nodes, current=admin.nodes[:3]))
+        lambda admin: admin.change_members(nodes.urls, current=nodes.urls[:3]))
     assert report.epoch == 2 and len(report.members) == 5 and len(report.seeded) == 2
     print(f"\ngrow 3->5: change took {took:.2f} s; acquisitions {counts}")
     assert counts.get("old0", 0) + counts.get("old1", 0) > 0
@@ -154,7 +155,7 @@ def test_shrink_five_to_three_under_load(fresh_nodes: Callable[..., RedisNodes],
     with Redlock(old, **OPTIONS) as first, first.lock("m:0", ttl=TTL):
         pass  # an initialised 5-node cluster
     history, counts, report, took = run_change(
-        nodes, store, old, new, lambda admin: admin.change_members(admin.nodes[:3]))
+        nodes, store, old, new, lambda admin: admin.change_members(nodes.urls[:3]))
     assert report.epoch == 2 and len(report.members) == 3 and len(report.retired) == 2
     print(f"\nshrink 5->3: change took {took:.2f} s; acquisitions {counts}")
     assert counts.get("old0", 0) + counts.get("old1", 0) > 0
@@ -203,7 +204,7 @@ def test_the_naive_way_lets_two_holders_in_and_the_procedure_does_not(
         with old.lock("x", ttl=TTL):
             pass
         # Naive: the new nodes get markers by hand, new clients are given all five.
-        new.initialise(force=True)
+        Admin(new).initialise(force=True)
         naive = History()
         assert split(nodes, old, new, naive) == (True, True)
         assert naive.violations(exclusive=True), "the naive change must show two holders"
@@ -211,7 +212,7 @@ def test_the_naive_way_lets_two_holders_in_and_the_procedure_does_not(
     with Redlock(fresh.urls[:3], **OPTIONS) as old, Redlock(fresh.urls, **OPTIONS) as new:
         with old.lock("x", ttl=TTL):
             pass
-        new.change_members(new.nodes, current=new.nodes[:3])
+        Admin(new).change_members(new.nodes, current=new.nodes[:3])
         safe = History()
         # The old client is refused on A and B, learns the five members, and cannot win
         # on the three it knows while C hangs; the new client then wins on C, D, E.

@@ -51,6 +51,7 @@ from redlock import (
     LockLost,
     Redlock,
 )
+from redlock.admin import Admin
 from redlock.testing import RedisNode, RedisNodes, ToxiproxyServer
 from tests.faults.conftest import DLM_OPTIONS, MakeDlm
 from tests.faults.fault_figures import Figures, scenario
@@ -166,7 +167,7 @@ def test_second_data_loss_benches_the_node_again(
         seen_at = time.monotonic()
         load = Load(run, [("X", x)] if busy else [], [f"restarts:busy:{i}" for i in range(3)])
         with load:
-            reports = y.repair(force=True)
+            reports = Admin(y).repair(force=True)
             assert reports[0].status == "repaired", reports
             assert markers(nodes3)[0] is not None
             # H takes R while node 2 hangs, late enough that X's timer of the first loss
@@ -370,7 +371,7 @@ def test_partial_initialisation_is_named_and_completed_by_initialise(
             assert "`redlock initialise`" in str(run.last_failure)
         assert lock_keys(nodes3, resource) == [False] * 3
         assert [episode(node) for node in nodes3] == [None] * 3
-        reports = dlm.initialise()
+        reports = Admin(dlm).initialise()
         assert [r.status for r in reports] == ["healthy", "initialised", "initialised"], reports
         assert all(healthy(node) for node in nodes3)
         # (The refused attempts raised node 0's counter: tokens start above 1.)
@@ -394,11 +395,11 @@ def test_partial_initialisation_is_named_and_completed_by_initialise(
             client.delete(KEYS.marker)
         assert run.cycle(dlm, "A", resource, blocking=False) is None
         assert isinstance(run.last_failure, ClusterAmnesiaError), run.last_failure
-        reports = dlm.initialise()
+        reports = Admin(dlm).initialise()
         assert [r.status for r in reports] == ["healthy", "failed", "failed"], reports
         assert all("lost data" in r.detail for r in reports[1:]), reports
         assert markers(nodes3)[1:] == [None, None]
-        reports = dlm.initialise(force=True)
+        reports = Admin(dlm).initialise(force=True)
         assert [r.status for r in reports] == ["healthy", "initialised", "initialised"], reports
         after = run.cycle(make_dlm(nodes3), "B", resource)
         assert after is not None and after > seen, (seen, after)
@@ -759,7 +760,7 @@ def test_a_new_client_facing_a_demoted_cluster_raises_cluster_amnesia_error(
             with node.client() as admin:
                 admin.save()
             node.restart(keep_data=True)  # back from its snapshot: marker and all
-        a.repair()  # judges them: not durable, so every one is demoted
+        Admin(a).repair()  # judges them: not durable, so every one is demoted
         assert [get(node, KEYS.marker) for node in nodes3] == [None] * 3
         assert all(episode(node) is not None for node in nodes3)
         assert run.cycle(make_dlm(nodes3), "B", resource, timeout=2.0) is None

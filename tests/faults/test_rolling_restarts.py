@@ -31,6 +31,7 @@ import pytest
 
 from fencing import RedisFencedStore, StaleTokenError
 from redlock import ClusterAmnesiaError, LockLost, LockNotAcquired, Redlock
+from redlock.admin import Admin
 from redlock.testing import RedisNode, RedisNodes
 from redlock.testing.history import ACCEPTED, ERROR, REJECTED, Write
 from tests.faults.load import Run, recorded, wait_for
@@ -346,12 +347,12 @@ def test_majority_amnesia_names_the_way_out_and_no_token_goes_backwards(
                 dlm.lock("majority", ttl=TTL).acquire(timeout=2.0)
             message = str(raised.value)
             assert "redlock initialise --force" in message and "fenced stores" in message
-            reports = dlm.repair()
+            reports = Admin(dlm).repair()
             waiting = [r for r in reports if r.status == "waiting"]
             assert waiting, reports
             assert all("no lock can be granted" in r.detail
                        and "redlock initialise --force" in r.detail for r in waiting), reports
-            dlm.initialise(force=True)
+            Admin(dlm).initialise(force=True)
             after = run.cycle(dlm, "A", "majority")
             figures.extra.update(tokens_before=tokens, token_after=after,
                                  message=message[:200])

@@ -3,8 +3,9 @@ on every Python, redis-py (with and without hiredis) and Redis server the packag
 supports. scripts/matrix runs this file alone on each combination it builds (the
 installed package, ``$REDIS_SERVER`` naming the server); the main suite runs it too.
 
-It imports only the package (``redlock``, ``fencing``, ``redlock.testing``), redis-py
-and pytest: nothing else of tests/, which scripts/matrix does not copy.
+It imports only the package (``redlock``, ``redlock.admin``, ``fencing``,
+``redlock.testing``), redis-py and pytest: nothing else of tests/, which scripts/matrix
+does not copy.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import redis.asyncio
 
 from fencing import AsyncRedisFencedStore, RedisFencedStore, StaleTokenError
 from redlock import AsyncRedlock, Redlock
+from redlock.admin import Admin, AsyncAdmin
 from redlock.testing import RedisNodes
 
 pytestmark = pytest.mark.timeout(60)
@@ -71,14 +73,14 @@ def test_acquire_release_tokens_increase(dlm: Redlock, other: Redlock) -> None:
     for _ in range(3):
         lock = dlm.lock(name, ttl=5.0)
         assert lock.acquire(blocking=False)
-        assert lock.locked() and dlm.is_locked(name)
+        assert lock.locked() and Admin(dlm).is_locked(name)
         assert not other.lock(name, ttl=5.0).acquire(blocking=False)
         tokens.append(lock.token)
         lock.release()
         assert not lock.locked()
     with dlm.lock(name, ttl=5.0, timeout=5.0) as held:
         tokens.append(held.token)
-    assert not dlm.is_locked(name)
+    assert not Admin(dlm).is_locked(name)
     assert tokens == sorted(set(tokens)), tokens
 
 
@@ -99,7 +101,7 @@ def test_auto_extend(dlm: Redlock, other: Redlock) -> None:
         held.check()
         assert held.validity > 0
         assert not other.lock(name, ttl=1.0).acquire(blocking=False)
-    assert not dlm.is_locked(name)
+    assert not Admin(dlm).is_locked(name)
 
 
 def test_blocking_acquire_waits_for_release(dlm: Redlock, other: Redlock) -> None:
@@ -210,13 +212,13 @@ async def test_async_acquire_release_tokens_increase(adlm: AsyncRedlock,
     for _ in range(3):
         lock = adlm.lock(name, ttl=5.0)
         assert await lock.acquire(blocking=False)
-        assert lock.locked() and await adlm.is_locked(name)
+        assert lock.locked() and await AsyncAdmin(adlm).is_locked(name)
         assert not await aother.lock(name, ttl=5.0).acquire(blocking=False)
         tokens.append(lock.token)
         await lock.release()
     async with adlm.lock(name, ttl=5.0, timeout=5.0) as held:
         tokens.append(held.token)
-    assert not await adlm.is_locked(name)
+    assert not await AsyncAdmin(adlm).is_locked(name)
     assert tokens == sorted(set(tokens)), tokens
 
 
@@ -232,7 +234,7 @@ async def test_async_extend_and_auto_extend(adlm: AsyncRedlock, aother: AsyncRed
         await asyncio.sleep(1.5)
         held.check()
         assert not await aother.lock(name, ttl=1.0).acquire(blocking=False)
-    assert not await adlm.is_locked(name)
+    assert not await AsyncAdmin(adlm).is_locked(name)
 
 
 async def test_async_blocking_acquire_waits_for_release(adlm: AsyncRedlock,

@@ -262,7 +262,7 @@ class AmnesiaGuard:
             " cluster's initialisation was interrupted): fence tokens could go backwards,"
             " so no lock can be granted. Restore the nodes' data if you can; else, once every"
             " lock held before has expired (at most max_ttl; `redlock repair` says when),"
-            " run `redlock initialise --force` (Redlock.initialise(force=True)): tokens may"
+            " run `redlock initialise --force` (redlock.admin: initialise(force=True)): tokens may"
             " then restart below earlier ones, which fenced stores refuse until the"
             " counters pass them. An interrupted initialisation, where fewer than a quorum"
             " of nodes ever had a marker, needs only `redlock initialise`.",
