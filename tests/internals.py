@@ -191,14 +191,12 @@ def hand_offs_heard(manager: Any) -> list[str]:
 
 
 async def drop_idle_connections(manager: Any) -> None:
-    """Close an AsyncRedlock's idle pooled connections: its next request to each node
-    opens a new one (connect and handshake first)."""
+    """Close an AsyncRedlock's idle connections: its next request to each node opens a
+    new one (connect and handshake first)."""
     transport = manager._transport
-    for node, idle in enumerate(transport._idle):
+    for idle in transport._idle:
         while idle:
-            await transport._discard(node, idle.pop())
-    for pool in transport.pools:
-        await pool.disconnect()
+            await transport._discard(idle.pop())
 
 
 def flows_driven(manager: Any) -> Callable[[], int]:

@@ -336,11 +336,17 @@ class AsyncTransport:
                 slots.remove(future)
 
     def _wrap(self, wire: Wire) -> Wire:
-        self._refusals.connected(wire.node)
+        # (Cleared of its refusals once it answers: _wire_free. A host that accepts and
+        # resets is refusing: _broken.)
         self._wires.add(wire)
         wire.on_free = self._wire_free
-        wire.on_broken = self._discard_soon
+        wire.on_broken = self._broken
         return wire
+
+    def _broken(self, wire: Wire) -> None:
+        if not wire.identified and wire.error is not None:  # it never answered
+            self._refusals.failed(wire.node, wire.error, time.monotonic())
+        self._discard_soon(wire)
 
     def _idle_wires(self, exchanges: Iterable[Exchange]) -> dict[int, Wire]:
         """An open connection per node that has one idle, with one readability check for
@@ -364,6 +370,8 @@ class AsyncTransport:
 
     def _wire_free(self, wire: Wire) -> None:
         """Every reply owed on ``wire`` was read: it is free for the next request."""
+        if self._refusals.errors[wire.node] is not None:  # it answered (Refusals)
+            self._refusals.connected(wire.node)
         if self._closed:
             self._discard_soon(wire)
         else:

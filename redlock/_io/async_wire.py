@@ -53,12 +53,12 @@ class Wire(asyncio.Protocol):
         # A subscription's: what arrives without being asked for (its messages).
         self.messages: Sink | None = None
         self.closed: asyncio.Future[None] | None = None  # done once the transport closed
+        self.error: BaseException | None = None  # what ended it
 
     # -- asyncio.Protocol --------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = transport  # type: ignore[assignment]  # (uvloop's is no subclass)
         self.sock = transport.get_extra_info("socket")
         self.closed = asyncio.get_running_loop().create_future()
 
@@ -131,6 +131,7 @@ class Wire(asyncio.Protocol):
         if not self.alive:
             return
         self.alive = False
+        self.error = error
         sinks = self.sinks
         while sinks:
             sinks.popleft()(error)

@@ -109,7 +109,10 @@ def open_connection(endpoint: Endpoint, timeout: float) -> Connection:
 
 
 def handshake(endpoint: Endpoint) -> list[tuple[Any, ...]]:
-    """The commands that log in to the node: AUTH, SELECT, CLIENT SETNAME (each if set)."""
+    """The commands that log in to the node: AUTH, SELECT, CLIENT SETNAME (each if set),
+    else PING. A connection is open once the server answered them: a host whose kernel
+    accepts connections for a server that does not answer (stopped, hung) gives none,
+    and nothing is written to it (docs/design.md §2.4)."""
     commands: list[tuple[Any, ...]] = []
     credentials = endpoint.credentials()
     if credentials:
@@ -118,7 +121,7 @@ def handshake(endpoint: Endpoint) -> list[tuple[Any, ...]]:
         commands.append(("SELECT", endpoint.db))
     if endpoint.client_name:
         commands.append(("CLIENT", "SETNAME", endpoint.client_name))
-    return commands
+    return commands or [("PING",)]
 
 
 def where(endpoint: Endpoint, host: str, port: int) -> str:

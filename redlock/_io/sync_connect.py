@@ -90,8 +90,8 @@ class Connector:
 
         def run() -> None:
             try:
+                # (Not cleared of its refusals yet: that takes a reply, see SyncTransport)
                 attempt.conn = open_connection(self._endpoints[node], self._connect_timeout)
-                self.refusals.connected(node)
             except Exception as exc:
                 attempt.error = exc
                 self._silence.failed(node, exc)

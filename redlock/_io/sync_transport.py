@@ -285,10 +285,14 @@ class SyncTransport:
             self._failed(group, replies, exc)
 
     def _failed(self, group: Group, replies: Replies, exc: Exception) -> None:
-        """Writing or reading the group's calls failed: they get ``exc``; closed."""
+        """Writing or reading the group's calls failed: they get ``exc``; closed. On a new
+        connection that never answered, as if the connection had failed (Refusals: a
+        host that accepts and resets is refusing)."""
         fill_pending(group.indexes, replies, exc)
         group.done = True
         self._silence.failed(group.node, exc)
+        if not group.conn.identified:
+            self._connector.refusals.failed(group.node, exc, time.monotonic())
         self._discard(group.node, group.conn)
 
     def _read(self, group: Group, replies: Replies) -> None:
@@ -304,6 +308,7 @@ class SyncTransport:
                 group.identity = identity
                 # Known now (an error, a server still LOADING: asked again).
                 conn.identified = not isinstance(identity, BaseException)
+                self._connector.refusals.connected(group.node)  # it answered (Refusals)
                 # Among the replies at once: this request's own early decision must not
                 # count a restarted node's grant.
                 replies.identities[group.node] = group.identity
