@@ -51,6 +51,8 @@ LOGGERS = ("redlock.locks", "redlock.nodes")
 _BOOT = (
     "import pickle,socket,struct,sys\n"
     "s=socket.socket(fileno=int(sys.argv[1]))\n"
+    # (A socket made under gevent's monkey-patching comes non-blocking.)
+    "s.setblocking(True)\n"
     "def r(n):\n"
     " b=b''\n"
     " while len(b)<n:\n"
