@@ -290,6 +290,7 @@ class Renewer:
 
     def add(self, state: LockState, handle: Any) -> None:
         """Renew ``state`` for ``handle`` (weakly held) until released or lost."""
+        state.auto_extended = True  # (its release or export then calls remove)
         with self._mutex:
             lease_id = self._ids.get(state)
             if lease_id is not None:
