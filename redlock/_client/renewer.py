@@ -351,7 +351,7 @@ class Renewer:
     def withdraw(self, state: LockState) -> float | None:
         """An explicit extend() of ``state`` begins: the renewer lets it go (a round of its
         still in flight may land after the extend's: its TTL is returned, see
-        :meth:`RedlockCore.extend_many`); :meth:`rescheduled` hands it over again."""
+        :meth:`Holding.extend_many`); :meth:`rescheduled` hands it over again."""
         bridge = self._bridge
         if bridge is not None:
             bridge.remove(state)
