@@ -13,7 +13,7 @@ import functools
 import inspect
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from typing import Any, TypeVar, cast
 
@@ -168,23 +168,29 @@ class AsyncExecutor(_Executor):
         super().__init__(room, core, maintain, sleep)
         self._transport = transport
 
-    async def drive(self, flow: Flow[T]) -> T:
+    def drive(self, flow: Flow[T]) -> Awaitable[T]:
+        """The flow's end, an awaitable (the driver's coroutine itself: no coroutine of
+        the executor's around it, which every resumption would pass through)."""
         ticket: Ticket[Any] = Ticket()
-        try:
-            return await drive_async(flow, functools.partial(self._execute, ticket),
-                                     self._absorb)
-        finally:
-            if ticket.key is not None or ticket.watch is not None or self._health.news:
-                self._end_call(ticket)
+        return drive_async(flow, functools.partial(self._execute, ticket), self._absorb,
+                           functools.partial(self._ended, ticket))
 
-    async def _execute(self, ticket: Ticket[Any], request: Request) -> Sequence[object]:
+    def _ended(self, ticket: Ticket[Any]) -> None:
+        if ticket.key is not None or ticket.watch is not None or self._health.news:
+            self._end_call(ticket)
+
+    def _execute(self, ticket: Ticket[Any], request: Request) -> Awaitable[Sequence[object]]:
+        """What carries out ``request``: a broadcast's the transport's own awaitable."""
         if type(request) is Broadcast:
             if request.line is None:  # (a release, an extend: no line)
-                return await self._transport.broadcast(request)
+                return self._transport.broadcast(request)
             if not request.turns:  # a waiter in the nodes' line: no turns (§6.5)
                 start_queued_attempt(ticket)
-                return await self._transport.broadcast(request)
-            return await self._broadcast(ticket, request)
+                return self._transport.broadcast(request)
+            return self._broadcast(ticket, request)
+        return self._other(ticket, request)
+
+    async def _other(self, ticket: Ticket[Any], request: Request) -> Sequence[object]:
         if isinstance(request, Invoke):
             outcome = request.function(*request.args)
             if inspect.isawaitable(outcome):

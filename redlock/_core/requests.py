@@ -267,9 +267,12 @@ def drive(flow: Flow[T], execute: Callable[[Request], Sequence[object]],
 
 
 async def drive_async(flow: Flow[T], execute: Callable[[Request], Awaitable[Sequence[object]]],
-                      absorb: Absorb | None = None) -> T:
+                      absorb: Absorb | None = None,
+                      end: Callable[[], None] | None = None) -> T:
     """Run a flow to its end with an asyncio executor (the asyncio client), as
-    :func:`drive` does."""
+    :func:`drive` does; ``end()`` once it is over, whichever way. (The executor's own
+    bookkeeping goes in ``end`` rather than in a coroutine around this one: every
+    resumption of a request passes through each coroutine of the chain.)"""
     try:
         request = next(flow)
         while True:
@@ -283,6 +286,9 @@ async def drive_async(flow: Flow[T], execute: Callable[[Request], Awaitable[Sequ
             request = flow.send(reply)
     except StopIteration as stop:  # the flow returned
         return cast(T, stop.value)
+    finally:
+        if end is not None:
+            end()
 
 
 def ask_one(call: Call, timeout: float) -> Flow[object]:
