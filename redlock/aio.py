@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from types import TracebackType
 from typing import Any, TypeVar, cast
@@ -33,7 +32,6 @@ from redlock._client.manager import ManagerBase
 from redlock._client.renewal_thread import RenewalThread, ended
 from redlock._client.renewer import Renewer
 from redlock._core.handover import Handover
-from redlock._core.quick import Sent
 from redlock._core.requests import Flow, T
 from redlock._core.settings import Keys
 from redlock._core.state import LockState
@@ -68,33 +66,16 @@ class _AsyncHandle(HandleBase):
 
     async def acquire(self, blocking: bool | None = None, timeout: float | None = None) -> bool:
         """See :meth:`redlock.Lock.acquire`."""
-        quick = self._open_quickly(blocking, timeout)  # (docs/design.md §2.6)
-        sent_at = None
-        if quick is not None:
-            sent = quick[1].sent
-            assert sent is not None
-            await self._registry.send(sent)
-            if self._quickly_held(quick):
-                return True
-            sent_at = sent.at
-        flow = self._observed(
-            "acquire", lambda watch: self._acquire_flow(blocking, timeout, watch, quick))
-        return cast(bool, await self._registry.drive(flow, sent_at))
+        return cast(bool, await self._registry.drive(self._acquire_flow(
+            blocking, timeout)))
 
     async def release(self) -> None:
         """See :meth:`redlock.Lock.release`."""
-        releasing = self._quick_release()  # (docs/design.md §2.6)
-        if releasing is not None:
-            if releasing.sent is not None:
-                await self._registry.send(releasing.sent)
-            if self._quickly_released(releasing):
-                return
-        await self._registry.drive(self._observed("release",
-                                                  lambda _: self._release_flow(releasing)))
+        await self._registry.drive(self._release_flow())
 
     async def extend(self, ttl: float | None = None) -> None:
         """See :meth:`redlock.Lock.extend`."""
-        await self._registry.drive(self._observed("extend", lambda _: self._extend_flow(ttl)))
+        await self._registry.drive(self._extend_flow(ttl))
 
     async def __aenter__(self: _H) -> _H:
         if not await self.acquire():
@@ -209,20 +190,11 @@ class AsyncRedlock(ManagerBase[AsyncLock, AsyncMultiLock]):
         """See :meth:`redlock.Redlock.adopt` (the calling task holds the handle)."""
         return await self._drive(self._adopt_flow(handover, auto_extend, on_lost))
 
-    def _drive(self, flow: Flow[T], sent_at: float | None = None) -> Awaitable[T]:
-        return cast(Awaitable[T], super()._drive(flow, sent_at))
-
-    async def _send_quickly(self, sent: Sent) -> None:
-        self._in_this_process()
-        sent.at = time.monotonic()
-        try:
-            replies = await self._transport.broadcast(sent.request)
-            self._absorb_quickly(replies)
-        except BaseException as exc:  # cancelled, or the core's
-            sent.outcome = exc
-        else:
-            sent.outcome = replies
-    _send_quickly.__doc__ = ManagerBase._send_quickly.__doc__
+    def _drive(self, flow: Flow[T]) -> Awaitable[T]:
+        # The handles' one way to the executor (see redlock.Redlock._drive).
+        if self._generation != _fork.generation:
+            self._in_this_process()
+        return cast(Awaitable[T], self._executor.drive(flow))
 
     _renewer_class = AsyncRenewer
 
@@ -236,7 +208,7 @@ class AsyncRedlock(ManagerBase[AsyncLock, AsyncMultiLock]):
         settings = self._core.settings
         self._renewal_thread = RenewalThread(
             self._endpoints, self._addresses, settings.connect_timeout,
-            Keys(settings.namespace).identify_command(), self._room, self._core.absorb,
+            Keys(settings.namespace).identify_command(), self._room, self._core,
             self._registry.lost, self._maintain)
         return threading.Event, self._renewal_thread.start, self._renewal_thread.lost
 

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from collections.abc import Callable, Iterator, Mapping
 from types import TracebackType
 from typing import Any, TypeVar, cast
 
+from redlock import _fork
 from redlock._client.backends import ThreadBackend
 from redlock._client.executors import SyncExecutor
 from redlock._client.family import (
@@ -28,7 +28,6 @@ from redlock._client.family import (
 from redlock._client.handles import HandleBase, LockBase, MultiLockBase
 from redlock._client.manager import ManagerBase
 from redlock._core.handover import Handover
-from redlock._core.quick import Sent
 from redlock._core.requests import Flow, T
 from redlock._core.views import Leader, ReadWriteStatus, SemaphoreStatus
 from redlock._io.sync_listener import SyncReleaseListener
@@ -54,18 +53,8 @@ class _SyncHandle(HandleBase):
         lock; raises :class:`QuorumUnavailable` when too few nodes answer at all (an
         outage is not contention), at once or after the manager's ``outage_timeout``.
         """
-        quick = self._open_quickly(blocking, timeout)  # (docs/design.md §2.6)
-        sent_at = None
-        if quick is not None:
-            sent = quick[1].sent
-            assert sent is not None
-            self._registry.send(sent)
-            if self._quickly_held(quick):
-                return True
-            sent_at = sent.at
-        flow = self._observed(
-            "acquire", lambda watch: self._acquire_flow(blocking, timeout, watch, quick))
-        return cast(bool, self._registry.drive(flow, sent_at))
+        return cast(bool, self._registry.drive(self._acquire_flow(
+            blocking, timeout)))
 
     def release(self) -> None:
         """Release on every node (a re-entered lock at depth 0); a second call is a no-op.
@@ -75,18 +64,11 @@ class _SyncHandle(HandleBase):
         may have run unprotected. Leaving a ``with`` block raises it too, unless another
         exception is already propagating.
         """
-        releasing = self._quick_release()  # (docs/design.md §2.6)
-        if releasing is not None:
-            if releasing.sent is not None:
-                self._registry.send(releasing.sent)
-            if self._quickly_released(releasing):
-                return
-        self._registry.drive(self._observed("release",
-                                            lambda _: self._release_flow(releasing)))
+        self._registry.drive(self._release_flow())
 
     def extend(self, ttl: float | None = None) -> None:
         """Reset the TTL on a quorum; raises :class:`LockLost` when that fails in time."""
-        self._registry.drive(self._observed("extend", lambda _: self._extend_flow(ttl)))
+        self._registry.drive(self._extend_flow(ttl))
 
     def __enter__(self: _H) -> _H:
         if not self.acquire():
@@ -230,24 +212,15 @@ class Redlock(ManagerBase[Lock, MultiLock]):
         """
         return self._drive(self._adopt_flow(handover, auto_extend, on_lost))
 
-    def _drive(self, flow: Flow[T], sent_at: float | None = None) -> T:
+    def _drive(self, flow: Flow[T]) -> T:
+        # The handles' one way to the executor (a test of the generation, then the
+        # flavour's warning, rather than the shared _drive's frames: every call passes
+        # here).
+        if self._generation != _fork.generation:
+            self._in_this_process()
         if not self._told_of_loop and _in_event_loop():
             self._blocks_a_loop()
-        return cast(T, super()._drive(flow, sent_at))
-
-    def _send_quickly(self, sent: Sent) -> None:
-        self._in_this_process()
-        if not self._told_of_loop and _in_event_loop():
-            self._blocks_a_loop()
-        sent.at = time.monotonic()
-        try:
-            replies = self._transport.broadcast(sent.request)
-            self._absorb_quickly(replies)
-        except BaseException as exc:  # interrupted (KeyboardInterrupt), or the core's
-            sent.outcome = exc
-        else:
-            sent.outcome = replies
-    _send_quickly.__doc__ = ManagerBase._send_quickly.__doc__
+        return cast(T, self._executor.drive(flow))
 
     # Whether this manager warned that it was called in a running event loop (once per
     # manager; until then every driven call asks).

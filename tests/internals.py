@@ -6,10 +6,12 @@ names from here, never from the library's private modules.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Generator, Sequence
+from types import SimpleNamespace
 from typing import Any
 
 from redlock._client.environment import real as real_environment
+from redlock._client.lines import Ticket, WaitingRoom
 from redlock._client.renewer import Renewer
 from redlock._client.telemetry import RECHECK_S, Telemetry, observe
 from redlock._core.algorithm import RedlockCore
@@ -20,8 +22,19 @@ from redlock._core.amnesia.repair import read_counters as _read_counters
 from redlock._core.amnesia.repair import repair_node as _repair_node
 from redlock._core.environment import Environment
 from redlock._core.handoff import Handoffs, Heard, counted, parse_message
-from redlock._core.kinds import MUTEX, READ, WRITE, AcquireArgs, Leadership, Permit, with_epoch
-from redlock._core.quick import Opening
+from redlock._core.kinds import (
+    MUTEX,
+    READ,
+    WRITE,
+    AcquireArgs,
+    Hole,
+    Leadership,
+    Permit,
+    Template,
+    _acquire_template,
+    with_epoch,
+)
+from redlock._core.members import Rule
 from redlock._core.renewals import Renewals
 from redlock._core.requests import (
     LAST_ROUND,
@@ -37,6 +50,7 @@ from redlock._core.requests import (
     drive,
 )
 from redlock._core.settings import (
+    LINE_POLL_MAX,
     Keys,
     Settings,
     validate_node_addresses,
@@ -45,8 +59,6 @@ from redlock._core.settings import (
     validate_timeout,
 )
 from redlock._core.state import LockState, Status
-from redlock._core.templates import CallTemplates, Marker
-from redlock._core.templates import make as make_template
 from redlock._core.tokens import (
     CALL_DIGITS,
     COUNTER_BUCKETS,
@@ -58,7 +70,6 @@ from redlock._core.tokens import (
     validity_left,
     waiter_id,
 )
-from redlock._core.waiting import LINE_POLL_MAX
 from redlock._io import sync_idle
 from redlock._io.failures import as_failure, map_failures
 from redlock._io.sync_drainer import SyncDrainer
@@ -68,11 +79,14 @@ from redlock._io.wire import render as render_call
 from redlock._observe.events import SENTENCES, render
 from redlock._observe.log import RESERVED_FIELDS, EventLogger, event_fields
 from redlock._observe.outages import NodeOutages
-from redlock._scripts import lock as scripts
+from redlock._scripts import lock as _lock_scripts
 from redlock._scripts import node as node_scripts
+from redlock._scripts import tools as _tool_scripts
 from redlock._scripts.command import plain_pack
 from redlock._scripts.node_config import unsafe_config
 from redlock._scripts.replies import ack_outcome, acquire_outcome, marker_format, ours
+from redlock._scripts.script import Script
+from redlock._scripts.shared import EPOCH_CHECK, STALE_EPOCH
 from redlock.cli import render as cli_render
 
 __all__ = [
@@ -93,18 +107,16 @@ __all__ = [
     "Backoff",
     "Broadcast",
     "Call",
-    "CallTemplates",
     "Environment",
     "EventLogger",
     "Handoffs",
     "Heard",
+    "Hole",
     "Invoke",
     "Keys",
     "Leadership",
     "LockState",
-    "Marker",
     "NodeOutages",
-    "Opening",
     "Pause",
     "PauseUntilWoken",
     "Permit",
@@ -117,10 +129,14 @@ __all__ = [
     "SyncDrainer",
     "SyncTransport",
     "Telemetry",
+    "Template",
+    "Ticket",
     "Wait",
+    "WaitingRoom",
     "WakeRegistry",
     "ack_outcome",
     "acquire_outcome",
+    "acquire_templates_kept",
     "as_failure",
     "attempt_owner",
     "bucket",
@@ -130,13 +146,12 @@ __all__ = [
     "drive",
     "drop_idle_connections",
     "event_fields",
-    "flows_driven",
     "idle_connections",
     "lines_idle",
     "maintenance",
-    "make_template",
     "map_failures",
     "marker_format",
+    "membership_rule",
     "node_scripts",
     "observe",
     "open_episodes",
@@ -149,6 +164,7 @@ __all__ = [
     "render",
     "render_call",
     "repair_node",
+    "requests_sent",
     "scripts",
     "sync_idle",
     "unsafe_config",
@@ -162,6 +178,15 @@ __all__ = [
 ]
 
 KEYS = Keys("redlock")  # the key names of the default namespace
+
+# The lock's scripts (redlock/_scripts/lock.py) and the operator tools'
+# (redlock/_scripts/tools.py), as one namespace, with what the tests' scripted nodes
+# read of the Lua both share (redlock/_scripts/shared.py).
+scripts = SimpleNamespace(
+    **{name: value for module in (_lock_scripts, _tool_scripts)
+       for name, value in vars(module).items() if isinstance(value, Script)
+       or (name.isupper() and not name.startswith("_"))},
+    Script=Script, EPOCH_CHECK=EPOCH_CHECK, STALE_EPOCH=STALE_EPOCH)
 
 
 def lines_idle(manager: Any) -> bool:
@@ -199,18 +224,29 @@ async def drop_idle_connections(manager: Any) -> None:
             await transport._discard(idle.pop())
 
 
-def flows_driven(manager: Any) -> Callable[[], int]:
-    """From now on, count the flows ``manager`` drives (a call the quick lane finishes
-    drives none, docs/design.md §2.6); returns the count's reader."""
-    executor = manager._executor
-    drive = executor.drive
-    count = [0]
+def requests_sent(manager: Any) -> list[Any]:
+    """From now on, every request (broadcast) ``manager``'s handles send through its
+    transport, in order; returns the list it grows."""
+    transport = manager._transport
+    broadcast = transport.broadcast
+    sent: list[Any] = []
 
-    def counted(flow: Any, *args: Any) -> Any:
-        count[0] += 1
-        return drive(flow, *args)
-    executor.drive = counted
-    return lambda: count[0]
+    def recorded(request: Any) -> Any:
+        sent.append(request)
+        return broadcast(request)
+    transport.broadcast = recorded
+    return sent
+
+
+def acquire_templates_kept() -> int:
+    """How many ACQUIRE templates the process keeps (bounded: the names used lately)."""
+    return int(_acquire_template.cache_info().currsize)
+
+
+def membership_rule(manager: Any) -> Rule:
+    """The membership rule ``manager`` counts by now (docs/design.md §13.2)."""
+    rule: Rule = manager._core.membership.rule
+    return rule
 
 
 def idle_connections(manager: Any, node: int = 0) -> int:

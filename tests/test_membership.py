@@ -17,7 +17,7 @@ import redis
 from redlock import AsyncRedlock, LockNotAcquired, MembershipError, Redlock
 from redlock.admin import Admin, AsyncAdmin, Members
 from redlock.testing import RedisNodes, capture_events
-from tests.internals import KEYS, node_scripts
+from tests.internals import KEYS, membership_rule, node_scripts
 
 FAST = {"max_ttl": 1.0, "node_timeout": 0.3, "outage_timeout": None}
 
@@ -30,7 +30,7 @@ def write_record(nodes: RedisNodes, which: list[int], record: Members) -> None:
 
 
 def epoch_of(dlm: Redlock) -> int:
-    return dlm._core.rule.epoch
+    return membership_rule(dlm).epoch
 
 
 def test_grow_three_to_five_new_nodes_serve_at_once(
@@ -278,7 +278,7 @@ def test_views_count_holders_by_the_joint_rule(fresh_nodes: Callable[..., RedisN
         write_record(nodes, list(range(5)), Members(1, dlm.nodes[:3], dlm.nodes))
         with dlm.lock("views:warm-up", ttl=1.0):  # refused for epoch 0: adopts the record
             pass
-        assert dlm._core.rule.joint
+        assert membership_rule(dlm).joint
         election = dlm.election("views", ttl=1.0)
         semaphore = dlm.semaphore("views:sem", permits=2, ttl=1.0)
 

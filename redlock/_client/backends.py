@@ -25,9 +25,8 @@ class ThreadBackend:
     def new_turn() -> threading.Lock:
         return threading.Lock()
 
-    @staticmethod
-    def current_owner() -> Hashable:
-        return threading.current_thread()
+    #: The owner of the calling code's acquisitions: its thread.
+    current_owner: Callable[[], Hashable | None] = staticmethod(threading.current_thread)
 
     @staticmethod
     def spawn(run: Callable[[], object], name: str) -> threading.Thread:
@@ -53,12 +52,9 @@ class AsyncioBackend:
     def new_turn() -> asyncio.Lock:
         return asyncio.Lock()
 
-    @staticmethod
-    def current_owner() -> Hashable:
-        task = asyncio.current_task()
-        if task is None:
-            raise RuntimeError("AsyncLock must be used from inside an asyncio task")
-        return task
+    #: The owner of the calling code's acquisitions: its task (None outside one, which
+    #: the handles refuse).
+    current_owner: Callable[[], Hashable | None] = staticmethod(asyncio.current_task)
 
     def spawn(self, run: Callable[[], Coroutine[Any, Any, object]],
               name: str) -> asyncio.Task[Any]:

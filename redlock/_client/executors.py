@@ -3,7 +3,8 @@ each request a flow yields: a broadcast through the transport (taking turns in t
 local line when the request asks it), a wait of one of the three kinds, a user callback;
 and drives the flow to its end, handing what each broadcast learnt to the core
 (``absorb``) and, once the call is over, leaving the local line and seeing to nodes that
-need the background maintenance."""
+newly need the background maintenance. Every operation runs this way, the usual
+uncontended acquire and release included (docs/design.md §2.6)."""
 
 from __future__ import annotations
 
@@ -12,16 +13,15 @@ import functools
 import inspect
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from typing import Any, TypeVar, cast
 
-from redlock._client.lines import Ticket
-from redlock._client.waiting_room import WaitingRoom
+from redlock._client.lines import Ticket, WaitingRoom, start_queued_attempt
+from redlock._core.algorithm import RedlockCore
 from redlock._core.requests import (
     LAST_ROUND,
     NO_REPLY,
-    Absorb,
     Backoff,
     Broadcast,
     Flow,
@@ -40,13 +40,15 @@ T = TypeVar("T")
 
 class _Executor:
     """What both executors hold: the manager's waiting room (local lines, the release
-    listener), the core's ``absorb``, the ``maintain`` hook that sees to restarted or
-    amnesiac nodes, and a test's injected sleep (None: the real waits)."""
+    listener), the core (its ``absorb``, and its nodes' health: a node newly needs the
+    maintenance), the ``maintain`` hook that sees to restarted or amnesiac nodes, and a
+    test's injected sleep (None: the real waits)."""
 
-    def __init__(self, room: WaitingRoom, absorb: Absorb, maintain: Callable[[], None],
+    def __init__(self, room: WaitingRoom, core: RedlockCore, maintain: Callable[[], None],
                  sleep: Callable[[float], Any] | None) -> None:
         self._room = room
-        self._absorb = absorb
+        self._absorb = core.absorb
+        self._health = core.amnesia.health
         self._maintain = maintain
         self._sleep = sleep
 
@@ -63,15 +65,15 @@ class _Executor:
                 seconds = 0.0
         return line, wake, seconds
 
-
-def start_ticket(sent_at: float | None) -> Ticket[Any]:
-    """A driven call's place in its line (a blocking acquire's, kept across attempts);
-    ``sent_at``: the quick lane sent its first attempt then (docs/design.md §2.6), as a
-    queued attempt of its own would have (releases and hand-offs count from there)."""
-    ticket: Ticket[Any] = Ticket()
-    if sent_at is not None:
-        ticket.since = ticket.sent = sent_at
-    return ticket
+    def _end_call(self, ticket: Ticket[Any]) -> None:
+        """A driven call is over: out of its local line (if it waited), and a node that a
+        request of it found restarted or without its marker is seen to (the maintenance
+        starts in the background, or is told). (Asked by the drivers only when one of
+        these is so: every call ends.)"""
+        if ticket.key is not None or ticket.watch is not None:
+            self._room.end_call(ticket)
+        if self._health.news:
+            self._maintain()
 
 
 def after_waiting(request: Broadcast, started: float) -> Broadcast:
@@ -92,37 +94,39 @@ class SyncExecutor(_Executor):
     ``sleep``: a test's injected sleep, honoured for every wait but one that a signal
     ends (``PauseUntilWoken``)."""
 
-    def __init__(self, transport: SyncTransport, room: WaitingRoom, absorb: Absorb,
+    def __init__(self, transport: SyncTransport, room: WaitingRoom, core: RedlockCore,
                  maintain: Callable[[], None], sleep: Callable[[float], Any] | None) -> None:
-        super().__init__(room, absorb, maintain, sleep)
+        super().__init__(room, core, maintain, sleep)
         self._transport = transport
 
-    def drive(self, flow: Flow[T], sent_at: float | None = None) -> T:
-        ticket: Ticket[threading.Event] = start_ticket(sent_at)
+    def drive(self, flow: Flow[T]) -> T:
+        ticket: Ticket[threading.Event] = Ticket()
         try:
             return drive(flow, functools.partial(self._execute, ticket), self._absorb)
         finally:
-            self._room.end_call(ticket)
-            self._maintain()  # a request found a restarted or amnesiac node: see to it
+            if ticket.key is not None or ticket.watch is not None or self._health.news:
+                self._end_call(ticket)
 
     def _execute(self, ticket: Ticket[threading.Event], request: Request) -> Sequence[object]:
-        if isinstance(request, Broadcast):
+        if type(request) is Broadcast:
+            if request.line is None:  # (a release, an extend: no line)
+                return self._transport.broadcast(request)
+            if not request.turns:  # a waiter in the nodes' line: no turns (§6.5)
+                start_queued_attempt(ticket)
+                return self._transport.broadcast(request)
             return self._broadcast(ticket, request)
         if isinstance(request, Invoke):
             request.function(*request.args)
         else:
-            self._wait(ticket, request)
+            self._wait(ticket, cast(Wait, request))
             if isinstance(request, Backoff):
                 return self._room.handoffs(ticket)
         return NO_REPLY
 
     def _broadcast(self, ticket: Ticket[threading.Event], request: Broadcast) -> Sequence[object]:
+        """An acquire attempt that takes its turn in the local line first."""
+        assert request.line is not None
         lines = self._room.lines
-        if request.line is None:
-            return self._transport.broadcast(request)
-        if not request.turns:
-            lines.start_queued_attempt(ticket)
-            return self._transport.broadcast(request)
         started = time.monotonic()
         line, handoff, until = lines.start_attempt(request.line, ticket)
         try:
@@ -159,40 +163,48 @@ class AsyncExecutor(_Executor):
     """The asyncio client's: requests run in the calling task; waits await.
     ``sleep``: a test's injected sleep (a coroutine function), as for the sync one."""
 
-    def __init__(self, transport: AsyncTransport, room: WaitingRoom, absorb: Absorb,
+    def __init__(self, transport: AsyncTransport, room: WaitingRoom, core: RedlockCore,
                  maintain: Callable[[], None], sleep: Callable[[float], Any] | None) -> None:
-        super().__init__(room, absorb, maintain, sleep)
+        super().__init__(room, core, maintain, sleep)
         self._transport = transport
 
-    async def drive(self, flow: Flow[T], sent_at: float | None = None) -> T:
-        ticket: Ticket[Any] = start_ticket(sent_at)
-        try:
-            return await drive_async(flow, functools.partial(self._execute, ticket),
-                                     self._absorb)
-        finally:
-            self._room.end_call(ticket)
-            self._maintain()  # a request found a restarted or amnesiac node: see to it
+    def drive(self, flow: Flow[T]) -> Awaitable[T]:
+        """The flow's end, an awaitable (the driver's coroutine itself: no coroutine of
+        the executor's around it, which every resumption would pass through)."""
+        ticket: Ticket[Any] = Ticket()
+        return drive_async(flow, functools.partial(self._execute, ticket), self._absorb,
+                           functools.partial(self._ended, ticket))
 
-    async def _execute(self, ticket: Ticket[Any], request: Request) -> Sequence[object]:
-        if isinstance(request, Broadcast):
-            return await self._broadcast(ticket, request)
+    def _ended(self, ticket: Ticket[Any]) -> None:
+        if ticket.key is not None or ticket.watch is not None or self._health.news:
+            self._end_call(ticket)
+
+    def _execute(self, ticket: Ticket[Any], request: Request) -> Awaitable[Sequence[object]]:
+        """What carries out ``request``: a broadcast's the transport's own awaitable."""
+        if type(request) is Broadcast:
+            if request.line is None:  # (a release, an extend: no line)
+                return self._transport.broadcast(request)
+            if not request.turns:  # a waiter in the nodes' line: no turns (§6.5)
+                start_queued_attempt(ticket)
+                return self._transport.broadcast(request)
+            return self._broadcast(ticket, request)
+        return self._other(ticket, request)
+
+    async def _other(self, ticket: Ticket[Any], request: Request) -> Sequence[object]:
         if isinstance(request, Invoke):
             outcome = request.function(*request.args)
             if inspect.isawaitable(outcome):
                 await outcome
         else:
-            await self._wait(ticket, request)
+            await self._wait(ticket, cast(Wait, request))
             if isinstance(request, Backoff):
                 return self._room.handoffs(ticket)
         return NO_REPLY
 
     async def _broadcast(self, ticket: Ticket[Any], request: Broadcast) -> Sequence[object]:
+        """An acquire attempt that takes its turn in the local line first."""
+        assert request.line is not None
         lines = self._room.lines
-        if request.line is None:
-            return await self._transport.broadcast(request)
-        if not request.turns:
-            lines.start_queued_attempt(ticket)
-            return await self._transport.broadcast(request)
         started = time.monotonic()
         line, handoff, until = lines.start_attempt(request.line, ticket)
         try:

@@ -15,18 +15,17 @@ are held weakly: a finished thread or task takes its entries along.
 from __future__ import annotations
 
 import contextvars
+import time
 import weakref
 from collections.abc import Callable, Hashable, Iterable
-from typing import Any
+from typing import Any, Generic, TypeVar
 
-from redlock._client.owners import OwnerMap
 from redlock._client.registry import Registry
 from redlock._client.telemetry import AttemptWatch, observe
 from redlock._core.algorithm import RedlockCore
 from redlock._core.handover import Handover, export_state
 from redlock._core.kinds import MUTEX, Kind
-from redlock._core.quick import Opening, Releasing, Sent
-from redlock._core.requests import Flow, Invoke, Replies, T
+from redlock._core.requests import Flow, Invoke, T
 from redlock._core.settings import (
     label,
     shown,
@@ -55,6 +54,35 @@ logger = get_logger("redlock.locks")
 # token/lost/check() for the lost acquisition instead of the caller's own.
 ACTING_FOR: contextvars.ContextVar[Hashable | None] = contextvars.ContextVar(
     "redlock_acting_for", default=None)
+
+
+V = TypeVar("V")
+
+
+class OwnerMap(Generic[V]):
+    """A handle's value per owner (the thread or task that acquired), held weakly: a
+    finished thread or task takes its entry along (docs/design.md §3.6). Each access is
+    one operation on a dict, atomic as such, so threads share it without a lock (a
+    handle asks it on every acquire and release)."""
+
+    __slots__ = ("_data", "_drop")
+
+    def __init__(self) -> None:
+        data: dict[weakref.ref[Any], V] = {}
+        self._data = data
+
+        def drop(ref: weakref.ref[Any]) -> None:  # the owner is gone: so is its entry
+            data.pop(ref, None)
+        self._drop: Callable[[weakref.ref[Any]], None] = drop
+
+    def get(self, owner: object) -> V | None:
+        return self._data.get(weakref.ref(owner))
+
+    def __setitem__(self, owner: object, value: V) -> None:
+        self._data[weakref.ref(owner, self._drop)] = value
+
+    def __len__(self) -> int:
+        return len(self._data)
 
 
 def check_mode(blocking: bool, timeout: float | None) -> None:
@@ -136,78 +164,79 @@ class HandleBase:
         acting_for = ACTING_FOR.get()
         if acting_for is not None:  # inside on_lost: the handle shows the lost acquisition
             return acting_for
-        return self._registry.current_owner()
+        owner = self._registry.current_owner()
+        if owner is None:  # (asyncio, outside a task)
+            raise RuntimeError("AsyncLock must be used from inside an asyncio task")
+        return owner
+
+    def _quiet(self) -> bool:
+        """Whether nothing records (OpenTelemetry, §11.5): the flows are then made as they
+        are, after one look at an attribute."""
+        telemetry = self._registry.telemetry
+        return telemetry is None or time.monotonic() < telemetry.quiet_until
 
     def _observed(self, op: str, make_flow: Callable[[AttemptWatch | None], Flow[T]]) -> Flow[T]:
         """The operation's flow, made by ``make_flow(watch)`` and observed for
-        OpenTelemetry when something records (§11.5); ``watch`` hears of each acquire
-        attempt from the core (None when nothing records)."""
-        return observe(self._registry.telemetry, op, make_flow, self,
-                       self._core.amnesia.health)
+        OpenTelemetry when something records; ``watch`` hears of each acquire attempt
+        from the core (None when nothing does)."""
+        return observe(self._registry.telemetry, op, make_flow, self, self._core.amnesia.health)
 
     # -- the flows the shells drive -------------------------------------------
 
-    def _acquire_flow(self, blocking: bool | None, timeout: float | None,
-                      watch: AttemptWatch | None = None,
-                      quick: tuple[Hashable, Opening] | None = None) -> Flow[bool]:
-        """``quick``: the owner and the call as the quick lane opened it and sent its first
-        attempt (:meth:`_open_quickly`), when the replies needed the flow."""
-        owner = self._owner_key() if quick is None else quick[0]
-        blocking, timeout = self._call_options(blocking, timeout)
-        if quick is None and (yield from self._reenter_flow(owner)):
-            return True
-        result = yield from self._core.acquire(self._resources, self._ttl, blocking=blocking,
-                                               timeout=timeout, watch=watch, kind=self._kind,
-                                               opening=None if quick is None else quick[1])
-        state = self._finish_acquire(result, owner)
-        return state is not None
+    def _acquire_flow(self, blocking: bool | None, timeout: float | None) -> Flow[bool]:
+        """An acquire call (docs/design.md §2), observed when something records."""
+        if self._quiet():
+            return self._acquire(blocking, timeout, None)
+        return self._observed("acquire", lambda watch: self._acquire(blocking, timeout, watch))
 
-    def _open_quickly(self, blocking: bool | None,
-                      timeout: float | None) -> tuple[Hashable, Opening] | None:
-        """The caller's acquire call opened for the quick lane (docs/design.md §2.6), its
-        first attempt's request ready to send; None: drive the flow. A lock of one
-        resource only, and only when the flow would add nothing: nothing records
-        (OpenTelemetry), the caller re-enters nothing, no other call of this manager is
-        in the local line, and the core knows the nodes (``RedlockCore.open_quickly``)."""
-        registry = self._registry
-        if (self._kind is not MUTEX or len(self._resources) != 1
-                or ACTING_FOR.get() is not None or self._recording()):
-            return None
+    def _release_flow(self) -> Flow[None]:
+        """A release (docs/design.md §5.3), observed when something records."""
+        if self._quiet():
+            return self._release()
+        return self._observed("release", lambda _: self._release())
+
+    def _extend_flow(self, ttl: float | None) -> Flow[None]:
+        """An explicit extend (docs/design.md §5.1), observed when something records."""
+        if self._quiet():
+            return self._extend(ttl)
+        return self._observed("extend", lambda _: self._extend(ttl))
+
+    def _acquire(self, blocking: bool | None, timeout: float | None,
+                 watch: AttemptWatch | None) -> Flow[bool]:
+        """A reentrant handle's owner may re-enter what it holds; anything else is the
+        core's acquire."""
+        owner = self._owner_key()
         blocking, timeout = self._call_options(blocking, timeout)
-        owner = registry.current_owner()
-        if self._reentrant and registry.reentered(self._label, owner) is not None:
-            return None
-        self._refuse_nesting(owner)
-        if registry.line_busy(self._core.line(self._resources)):
-            return None
-        opening = self._core.open_quickly(self._resources[0], self._ttl, blocking=blocking,
-                                          timeout=timeout, kind=self._kind)
-        return None if opening is None else (owner, opening)
+        if self._reentrant:
+            if (yield from self._reenter_flow(owner)):
+                return True
+        else:
+            self._refuse_nesting(owner)
+        result = yield from self._core.acquire(self._resources, self._ttl, blocking=blocking,
+                                               timeout=timeout, watch=watch, kind=self._kind)
+        state = result.state
+        if state is None:
+            self._failed(result)
+            return False
+        self._took(state, owner)
+        return True
 
     def _call_options(self, blocking: bool | None,
                       timeout: float | None) -> tuple[bool, float | None]:
         """An acquire call's mode and timeout: as given (checked), else the handle's."""
+        if blocking is None and timeout is None:
+            return self._blocking, self._timeout
         if blocking is not None and timeout is not None:
             check_mode(bool(blocking), validate_timeout(timeout))
         return (self._blocking if blocking is None else bool(blocking),
                 self._timeout if timeout is None else validate_timeout(timeout))
-
-    def _quickly_held(self, quick: tuple[Hashable, Opening]) -> bool:
-        """Whether the quick lane's first attempt won outright (then the caller holds
-        it); else the flow goes on from its replies."""
-        owner, opening = quick
-        state = self._core.clean_grant(opening, self._ttl)
-        if state is None:
-            return False
-        self._took(state, owner)
-        return True
 
     def _reenter_flow(self, owner: Hashable) -> Flow[bool]:
         """True when the owner re-entered an acquisition it holds (a reentrant lock);
         raises :class:`AlreadyHeld` if it holds one through this handle and may not nest.
         Re-entry through another handle honours that handle's options: a longer TTL is
         extended to, and auto_extend starts renewing."""
-        state = self._registry.reentered(self._label, owner) if self._reentrant else None
+        state = self._registry.reentered(self._label, owner)
         if state is not None:
             state.check()  # re-entering a lock whose validity ran out must not pass silently
             with state.mutex:
@@ -230,74 +259,46 @@ class HandleBase:
                 " first, or create the lock with reentrant=True to nest",
                 resource=self._label)
 
-    def _release_flow(self, releasing: Releasing | None = None) -> Flow[None]:
+    def _release(self) -> Flow[None]:
         """Release at depth 0. Raises :class:`LockLost` (after cleaning up) when the
         acquisition had been lost, had expired, or a majority no longer held our key:
-        the critical section may have run unprotected. A second release is a no-op.
-        ``releasing``: the release as the quick lane began and sent it."""
-        releasing = releasing or self._begin_release(quick=False)
-        state = releasing.state
+        the critical section may have run unprotected. A second release is a no-op."""
+        state, expired = self._begin_release()
         if state is None:
             return
         try:
-            [outcomes] = yield from self._core.release_many([state], releasing.sent)
+            [outcomes] = yield from self._core.holding.release_many([state])
         finally:
             self._registry.released(state)
-        self._end_release(releasing, outcomes)
+        self._end_release(expired, outcomes)
 
-    def _begin_release(self, *, quick: bool) -> Releasing:
+    def _begin_release(self) -> tuple[LockState | None, bool]:
         """The caller's release begins: what it releases (None: nothing to send, a nested
-        level or a second release, or the parent's acquisition in a fork), whether its
-        validity had run out; ``quick``: with the request for the quick lane to send."""
+        level or a second release, or the parent's acquisition in a fork), and whether
+        its validity had run out."""
         owner = self._owner_key()
         state = self._held(owner)
         if state.inherited:  # the parent process's acquisition (a fork): it releases it
-            return Releasing(None)
+            return None, False
         with state.mutex:
             if state.depth > 1:
                 state.depth -= 1
-                return Releasing(None)
+                return None, False
             if state.release_called or state.status == Status.HANDED_OVER:
-                return Releasing(None)
+                return None, False
             state.release_called = True
-        self._registry.renewals.remove(state)
+        if state.auto_extended:
+            self._registry.renewals.remove(state)
         if self._reentrant:  # (only a reentrant handle's acquisitions are registered)
             self._registry.forget_reentrant(state, owner)
         if state.status == Status.LOST:  # its keys were dropped when it was lost
             state.check()
-        return Releasing(state, state.expired(),
-                         Sent(self._core.release_request(state)) if quick else None)
+        return state, state.expired()
 
-    def _recording(self) -> bool:
-        """Whether OpenTelemetry records (the flow's observer then sees every call)."""
-        telemetry = self._registry.telemetry
-        return telemetry is not None and telemetry.instruments() is not None
-
-    def _quick_release(self) -> Releasing | None:
-        """The caller's release begun for the quick lane; None: drive the flow."""
-        return None if self._recording() else self._begin_release(quick=True)
-
-    def _quickly_released(self, releasing: Releasing) -> bool:
-        """Whether the quick lane's release is over (its replies taken as the flow takes
-        them; :class:`LockLost` raised as the flow raises it); else the flow goes on from
-        what the request came to (an interrupted one is sent again)."""
-        state, sent = releasing.state, releasing.sent
-        if state is None:
-            return True
-        assert sent is not None
-        if not isinstance(sent.outcome, Replies):
-            return False
-        try:
-            [outcomes] = self._core.released([state], sent.outcome)
-        finally:
-            self._registry.released(state)
-        self._end_release(releasing, outcomes)
-        return True
-
-    def _end_release(self, releasing: Releasing, outcomes: tuple[NodeResult, ...]) -> None:
+    def _end_release(self, expired: bool, outcomes: tuple[NodeResult, ...]) -> None:
         taken = [r.outcome for r in outcomes].count(Outcome.REFUSED)
-        if releasing.expired or (taken and self._core.key_gone(outcomes)):
-            why = ("its validity had run out" if releasing.expired
+        if expired or (taken and self._core.holding.key_gone(outcomes)):
+            why = ("its validity had run out" if expired
                    else f"{taken} of {self._core.n} nodes no longer held our key")
             raise LockLost(f"lock on {self._shown} was not held to the end ({why}): the"
                            " critical section may have run unprotected",
@@ -310,7 +311,7 @@ class HandleBase:
             raise lost
         logger.warning("redlock.lost_on_exit", resource=self._label, reason=str(lost))
 
-    def _extend_flow(self, ttl: float | None) -> Flow[None]:
+    def _extend(self, ttl: float | None) -> Flow[None]:
         state = self._held(self._owner_key())
         ttl = self._ttl if ttl is None else self._core.settings.check_ttl(ttl)
         yield from self._extended(state, ttl)
@@ -322,7 +323,7 @@ class HandleBase:
         renewals = self._registry.renewals
         racing = renewals.withdraw(state)
         try:
-            yield from self._core.extend_or_lose(state, ttl, racing)
+            yield from self._core.holding.extend_or_lose(state, ttl, racing)
         finally:
             renewals.rescheduled(state)
 
@@ -342,19 +343,15 @@ class HandleBase:
 
     # -- bookkeeping -------------------------------------------------------------
 
-    def _finish_acquire(self, result: AcquireResult, owner: Hashable) -> LockState | None:
-        """Record a success, or build (and for outages raise) the failure."""
-        if result.state is None:
-            failure_type = QuorumUnavailable if result.unavailable else LockNotAcquired
-            self._last_failure = failure_type(
-                f"could not acquire {self._shown} after {result.attempts} attempt(s):"
-                f" {result.reason}; {describe(result.outcomes)}",
-                resource=self._label, outcomes=result.outcomes)
-            if result.unavailable:
-                raise self._last_failure
-            return None
-        self._took(result.state, owner)
-        return result.state
+    def _failed(self, result: AcquireResult) -> None:
+        """Record why an acquire failed (and for outages raise it)."""
+        failure_type = QuorumUnavailable if result.unavailable else LockNotAcquired
+        self._last_failure = failure_type(
+            f"could not acquire {self._shown} after {result.attempts} attempt(s):"
+            f" {result.reason}; {describe(result.outcomes)}",
+            resource=self._label, outcomes=result.outcomes)
+        if result.unavailable:
+            raise self._last_failure
 
     def _took(self, state: LockState, owner: Hashable) -> None:
         """The owner holds ``state`` now: recorded, re-entrant, renewed as asked."""
@@ -462,7 +459,8 @@ class LockBase(HandleBase):
             if state.status != Status.HELD:  # lost meanwhile (the renewals)
                 state.check()
             state.status = Status.HANDED_OVER
-        self._registry.renewals.remove(state)
+        if state.auto_extended:
+            self._registry.renewals.remove(state)
         if self._reentrant:  # (only a reentrant handle's acquisitions are registered)
             self._registry.forget_reentrant(state, owner)
         return value

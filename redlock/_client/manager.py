@@ -26,18 +26,17 @@ from redlock import _fork
 from redlock._client import environment
 from redlock._client.decorator import F, make_decorator
 from redlock._client.handles import LockBase, MultiLockBase
+from redlock._client.lines import WaitingRoom
 from redlock._client.registry import Registry
 from redlock._client.renewer import Renewer
 from redlock._client.renewer import unavailable as renewer_unavailable
 from redlock._client.telemetry import Telemetry, record_renewal
-from redlock._client.waiting_room import WaitingRoom
 from redlock._core.algorithm import RedlockCore
 from redlock._core.amnesia.maintenance import maintenance
 from redlock._core.handover import Handover, as_handover
 from redlock._core.handover import adopt as adopt_handover
-from redlock._core.quick import Sent
 from redlock._core.renewals import Renewals
-from redlock._core.requests import Flow, Replies
+from redlock._core.requests import Flow
 from redlock._core.settings import DEFAULT_MAX_TTL, Keys, Settings
 from redlock._core.state import LockState
 from redlock._io.endpoint import endpoints, labels, portable
@@ -182,7 +181,7 @@ class ManagerBase(Generic[H, MH]):
         self._sleep = self._hooks.sleep
         self._closing = self._backend.new_event()  # set by close(): background work ends
         self._registry = Registry(self._core, self._telemetry, self._backend.current_owner,
-                                  self._drive, self._send_quickly, self._spawn_flow)
+                                  self._drive, self._spawn_flow)
         self._start_process_state()
         self._generation = _fork.generation  # a forked child rebuilds on first use
 
@@ -206,11 +205,10 @@ class ManagerBase(Generic[H, MH]):
         self._maintenance_runner: Any = None  # its thread or task, awaited by close()
         self._maintenance_news = backend.new_event()  # a node newly needs it; close()
         self._maintenance_mutex = threading.Lock()
-        self._executor = self._executor_class(self._transport, self._room, self._core.absorb,
+        self._executor = self._executor_class(self._transport, self._room, self._core,
                                               self._maintain, self._sleep)
         self._registry.start_process(self._open_renewals(), self._room.released,
-                                     self._room.watch_every, backend.new_event,
-                                     self._room.lines.busy)
+                                     self._room.watch_every, backend.new_event)
 
     def _open_renewals(self) -> Renewer | Renewals:
         """Where the renewal loop runs (docs/design.md §5.2): in the renewer, a process
@@ -241,7 +239,7 @@ class ManagerBase(Generic[H, MH]):
         return self._renewer_class(
             self._endpoints, self._core.settings, self._renewal_lost, observe,
             lambda: telemetry is not None and telemetry.instruments() is not None, bridge,
-            functools.partial(self._core.adopt_members, learnt=False))
+            functools.partial(self._core.membership.adopt, learnt=False))
 
     def _renewal_lost(self, state: LockState, handles: list[Any]) -> None:
         """The renewer lost ``state`` (told from its message thread): its handles are
@@ -256,29 +254,11 @@ class ManagerBase(Generic[H, MH]):
         return (self._backend.new_event,
                 lambda loop: self._spawn_flow(loop, "redlock-renewals"), self._registry.lost)
 
-    def _drive(self, flow: Flow[Any], sent_at: float | None = None) -> Any:
-        """Run a flow to its end (asyncio: an awaitable of its end) by the executor;
-        ``sent_at``: when the quick lane sent the call's first attempt (see
-        :meth:`_send_quickly`)."""
+    def _drive(self, flow: Flow[Any]) -> Any:
+        """Run a flow to its end (asyncio: an awaitable of its end) by the executor. (The
+        shells' own, for the handles' calls, do the same.)"""
         self._in_this_process()
-        return self._executor.drive(flow, sent_at)
-
-    def _send_quickly(self, sent: Sent) -> Any:
-        """Send a quick lane's request (docs/design.md §2.6) as the executor would run a
-        broadcast outside the local lines, and record in ``sent`` when it went out and
-        what it came to: its replies, absorbed by the core; or the exception that
-        interrupted it, or that the core raised on them. Never raises (asyncio: an
-        awaitable). The flavour's own (the transport blocks or awaits)."""
-        raise NotImplementedError
-
-    def _absorb_quickly(self, replies: Replies) -> None:
-        """What a quick lane's request learnt, absorbed by the core as the executor does;
-        a node that a new connection found restarted is seen to at once, as at the end of
-        a driven call: a quick release ends no driven call, and the node would wait for
-        the next one that is (tests/faults/test_restarts.py)."""
-        self._core.absorb(replies)
-        if replies.identities:
-            self._maintain()
+        return self._executor.drive(flow)
 
     def _spawn_flow(self, flow: Flow[None], name: str) -> Any:
         """Run a flow in the background, in a thread or task; returns it."""
@@ -413,7 +393,7 @@ class ManagerBase(Generic[H, MH]):
         """Start judging restarted nodes and repairing amnesiac ones in the background
         (never on an acquire's path), unless nothing needs it; if it runs already and a
         node newly needs it, wake it (it may be waiting for another node's repair)."""
-        if not self._core.amnesia.needs_maintenance() or self._closing.is_set():
+        if self._core.amnesia.health.quiet() or self._closing.is_set():
             return
         with self._maintenance_mutex:
             if self._maintaining:
@@ -442,6 +422,7 @@ class ManagerBase(Generic[H, MH]):
         return 2 * self._core.settings.repair_timeout
 
     def _maintenance_flow(self) -> Flow[None]:
+        health = self._core.amnesia.health
         try:
             yield from maintenance(self._core.amnesia, self._closing, self._maintenance_news)
         except Exception:
@@ -449,4 +430,9 @@ class ManagerBase(Generic[H, MH]):
         finally:
             with self._maintenance_mutex:
                 self._maintaining = False
+                # Ended with work left (it crashed, or a node newly needed it as it
+                # ended): the next call's end starts it again (the executors look at
+                # ``news`` only).
+                if health.pending() and not self._closing.is_set():
+                    health.news = True
 

@@ -14,7 +14,6 @@ from typing import Any, Protocol
 
 from redlock._client.telemetry import Telemetry
 from redlock._core.algorithm import RedlockCore
-from redlock._core.quick import Sent
 from redlock._core.renewals import Renewing
 from redlock._core.requests import Flow
 from redlock._core.state import LockState, Status
@@ -30,34 +29,29 @@ class LossListener(Protocol):
 
 class Registry:
     """Shared by a manager's handles. ``drive`` runs a flow the way the manager's
-    flavour does (returns its result, or, asyncio, an awaitable of it; ``drive(flow,
-    sent_at)`` for a call whose first attempt the quick lane sent at ``sent_at``);
-    ``send`` sends a quick lane's request and records what it came to in its
-    :class:`~redlock._core.quick.Sent` (docs/design.md §2.6); ``released`` is
-    told of every release (the local lines' hand-off); ``renewals`` and the reentrancy
-    map live in one process (a forked child gets new ones: :meth:`start_process`)."""
+    flavour does (returns its result, or, asyncio, an awaitable of it);
+    ``current_owner()`` is the calling thread or task (None: no task, asyncio);
+    ``released`` is told of every release (the local lines' hand-off); ``renewals`` and
+    the reentrancy map live in one process (a forked child gets new ones:
+    :meth:`start_process`)."""
 
     def __init__(self, core: RedlockCore, telemetry: Telemetry | None,
-                 current_owner: Callable[[], Hashable], drive: Callable[..., Any],
-                 send: Callable[[Sent], Any],
+                 current_owner: Callable[[], Hashable | None], drive: Callable[..., Any],
                  spawn: Callable[[Flow[None], str], object]) -> None:
         self.core = core
         self.telemetry = telemetry
         self.current_owner = current_owner
         self.drive = drive
-        self.send = send
         self._spawn = spawn
 
     def start_process(self, renewals: Renewing, released: Callable[[LockState], None],
                       watch_every: Callable[[tuple[str, ...], Any], Callable[[], None]],
-                      new_event: Callable[[], Any], line_busy: Callable[[str], bool]) -> None:
+                      new_event: Callable[[], Any]) -> None:
         """What lives in one process only (called again in a forked child).
         ``watch_every(channels, event)`` sets ``event`` on every message published on
         ``channels`` until the function it returns is called (an election's observer);
-        ``new_event`` makes the flavour's event; ``line_busy(line)``: whether a call of
-        this manager is in a local line."""
+        ``new_event`` makes the flavour's event."""
         self.renewals = renewals
-        self.line_busy = line_busy
         self.released = released
         self.watch_every = watch_every
         self.new_event = new_event

@@ -29,8 +29,9 @@ from collections.abc import Callable
 from typing import Any
 
 from redlock._client.executors import SyncExecutor
-from redlock._client.waiting_room import WaitingRoom
-from redlock._core.requests import Absorb, Flow
+from redlock._client.lines import WaitingRoom
+from redlock._core.algorithm import RedlockCore
+from redlock._core.requests import Flow
 from redlock._core.state import LockState
 from redlock._io.endpoint import Endpoint
 from redlock._io.sync_transport import SyncTransport
@@ -46,12 +47,12 @@ class RenewalThread:
     """
 
     def __init__(self, endpoints: list[Endpoint], addresses: list[str],
-                 connect_timeout: float, identify: Any, room: WaitingRoom, absorb: Absorb,
+                 connect_timeout: float, identify: Any, room: WaitingRoom, core: RedlockCore,
                  lost: Callable[[LockState, list[Any]], None],
                  maintain: Callable[[], None]) -> None:
         self._transport = SyncTransport(endpoints, addresses, connect_timeout, identify)
         self._close_timeout = 2 * connect_timeout + 1.0
-        self._executor = SyncExecutor(self._transport, room, absorb, self._maintain, None)
+        self._executor = SyncExecutor(self._transport, room, core, self._maintain, None)
         self._lost = lost
         self._maintain_on_loop = maintain
         self._loop: asyncio.AbstractEventLoop | None = None

@@ -292,6 +292,7 @@ class Renewer:
 
     def add(self, state: LockState, handle: Any) -> None:
         """Renew ``state`` for ``handle`` (weakly held) until released or lost."""
+        state.auto_extended = True  # (its release or export then calls remove)
         with self._mutex:
             lease_id = self._ids.get(state)
             if lease_id is not None:
@@ -352,7 +353,7 @@ class Renewer:
     def withdraw(self, state: LockState) -> float | None:
         """An explicit extend() of ``state`` begins: the renewer lets it go (a round of its
         still in flight may land after the extend's: its TTL is returned, see
-        :meth:`RedlockCore.extend_many`); :meth:`rescheduled` hands it over again."""
+        :meth:`Holding.extend_many`); :meth:`rescheduled` hands it over again."""
         bridge = self._bridge
         if bridge is not None:
             bridge.remove(state)

@@ -25,8 +25,8 @@ from typing import Any
 
 from redlock._client import environment
 from redlock._client.executors import SyncExecutor
+from redlock._client.lines import WaitingRoom
 from redlock._client.renewer import SLOTS, Deadlines, Lease, Link, process_stat
-from redlock._client.waiting_room import WaitingRoom
 from redlock._core.algorithm import RedlockCore
 from redlock._core.renewals import Renewals
 from redlock._core.requests import Flow
@@ -143,7 +143,7 @@ class _Renewer:
         core = self.core = RedlockCore(transport.addresses, settings, environment.real())
         self.closing = threading.Event()
         room = WaitingRoom(core, threading.Event, threading.Lock, lambda _: None, self.closing)
-        self.executor = SyncExecutor(transport, room, core.absorb, lambda: None, None)
+        self.executor = SyncExecutor(transport, room, core, lambda: None, None)
         self.mutex = threading.Lock()
         self.leases: dict[int, tuple[LockState, int, object]] = {}  # id: state, slot, holding
         self.ids: dict[LockState, int] = {}
@@ -209,7 +209,7 @@ class _Renewer:
     # -- what the loop tells ---------------------------------------------------------
 
     def _observe(self, state: LockState, outcome: str, started_ns: int) -> None:
-        members = self.core.rule.members
+        members = self.core.membership.rule.members
         if members.epoch != self.epoch:  # learnt from the nodes: the holder counts so too
             self.epoch = members.epoch
             self.outbox.put(("members", members))

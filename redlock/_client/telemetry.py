@@ -5,8 +5,9 @@ installs the SDK and sets providers, or passes its own to the manager
 (``Redlock(..., tracer_provider=..., meter_provider=...)``). Nothing is recorded, and
 the flows run unwrapped, when the API is not installed, or when no provider was
 given and the global ones are still OpenTelemetry's no-op/proxy defaults: then the cost
-is one clock read per operation (the providers are looked up again once a second, so a
-global provider set after the manager was made is used within a second).
+is one clock read per operation, compared with :attr:`Telemetry.quiet_until` (the
+providers are looked up again once a second, so a global provider set after the manager
+was made is used within a second).
 
 When recording, an operation's flow is wrapped in an observer that forwards every
 request and reply unchanged and watches them go by: acquire rounds (attempts, votes
@@ -103,7 +104,10 @@ class Telemetry:
         self._meter_provider = meter_provider
         self._explicit = tracer_provider is not None or meter_provider is not None
         self._cached: tuple[object, object, _Instruments] | None = None
-        self._idle_until = float("-inf")  # no provider found: look again after this
+        # Until when (time.monotonic) nothing records: no provider was found, and none
+        # is looked for again before then. Read by the handles on every call (an
+        # attribute, not a call); -inf with providers given, or once some are found.
+        self.quiet_until = float("-inf")
 
     @classmethod
     def create(cls, namespace: str, nodes: int, quorum: int, tracer_provider: Any = None,
@@ -119,7 +123,7 @@ class Telemetry:
     def instruments(self) -> _Instruments | None:
         """The instruments to record with now, or None (nothing configured: no cost)."""
         assert otel_trace is not None and otel_metrics is not None
-        if not self._explicit and time.monotonic() < self._idle_until:
+        if time.monotonic() < self.quiet_until:
             return None
         tracer_provider = self._tracer_provider or otel_trace.get_tracer_provider()
         meter_provider = self._meter_provider or otel_metrics.get_meter_provider()
@@ -127,7 +131,7 @@ class Telemetry:
                 and _is_noop_meter_provider(meter_provider):
             # Asking the API costs ~2 us (environment lookups): without providers, ask
             # again only once per RECHECK_S. A provider set later is used from then on.
-            self._idle_until = time.monotonic() + RECHECK_S
+            self.quiet_until = time.monotonic() + RECHECK_S
             return None
         cached = self._cached
         if cached is not None and cached[0] is tracer_provider and cached[1] is meter_provider:

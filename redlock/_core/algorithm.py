@@ -1,33 +1,41 @@
 """The Redlock algorithm with quorum fencing, free of I/O (docs/design.md §2-§5).
 
-Everything that decides anything about locks lives here and in
-:mod:`redlock._core.holding`: the acquire attempt, its quorum, validity and token
-commit, retries and backoff here; release, extend and loss there (the renewal loop,
-:mod:`redlock._core.renewals`, drives those). Each operation is a flow (see
-:mod:`redlock._core.requests`) that the sync and asyncio shells drive; node amnesia is
-delegated to :class:`redlock._core.amnesia.guard.AmnesiaGuard`.
+:class:`RedlockCore` is one manager's algorithm: what it knows of its nodes (their
+membership rule, round trips, token floors, health and outages) and the acquire, one
+route for every acquisition whatever its kind (docs/design.md §2.6): the call's opening,
+each attempt's request (its calls from the kind, from templates for the hot scripts),
+the early decision on its replies, the grant's judging and the token's commit, the
+waits between attempts, a hand-off in a release (§6.7). What a holder does next
+(release, extend, loss) is :class:`~redlock._core.holding.Holding`'s
+(``core.holding``); node amnesia is
+:class:`~redlock._core.amnesia.guard.AmnesiaGuard`'s (``core.amnesia``). Each operation
+is a flow (see :mod:`redlock._core.requests`) that the sync and asyncio shells drive.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import replace
-from typing import cast
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from logging import DEBUG
 
-from redlock._core import handoff
 from redlock._core.amnesia.guard import AmnesiaGuard
 from redlock._core.amnesia.repair import RepairReport, initialise, repair
-from redlock._core.attempts import Attempts
-from redlock._core.commit import commit_enough
 from redlock._core.environment import Environment
+from redlock._core.handoff import Handoffs, counted, enough, may_still, wake_at
 from redlock._core.holding import Holding
-from redlock._core.kinds import MUTEX, Kind, Leadership, with_epoch
-from redlock._core.members import Members, Rule, stable
-from redlock._core.quick import Opening, QuickLane
-from redlock._core.requests import Backoff, Broadcast, Deadline, Flow, Replies
+from redlock._core.kinds import MUTEX, AcquireArgs, Kind, Leadership, with_epoch
+from redlock._core.members import Membership, Rule
+from redlock._core.requests import (
+    Backoff,
+    Broadcast,
+    Call,
+    Deadline,
+    Decision,
+    Flow,
+    Replies,
+)
 from redlock._core.settings import Keys, Settings, label, validate_node_addresses
 from redlock._core.state import AcquireResult, AttemptResult, LockState, RoundTrips
-from redlock._core.templates import CallTemplates
 from redlock._core.tokens import (
     TOKEN_LIMIT,
     TokenFloors,
@@ -40,6 +48,7 @@ from redlock._core.tokens import (
 from redlock._core.waiting import Waits
 from redlock._observe.log import get_logger
 from redlock._observe.outages import NodeOutages
+from redlock._scripts.lock import ACQUIRE_GRANTED
 from redlock._scripts.replies import (
     FailureKind,
     NodeFailure,
@@ -47,53 +56,71 @@ from redlock._scripts.replies import (
     acquire_counters,
     acquire_set_nothing,
     epoch_refusal,
+    foreign,
+    restarted,
 )
 from redlock.errors import NodeResult, Outcome, describe
+
+__all__ = ["Opening", "RedlockCore", "commit_enough", "grant_enough"]
 
 logger = get_logger("redlock.locks")
 nodes_logger = get_logger("redlock.nodes")
 
-class RedlockCore(Holding, QuickLane, Attempts):
-    """Quorum acquire with fencing for N nodes; release, extend and loss come from
-    :class:`~redlock._core.holding.Holding`, the quick lane from
-    :class:`~redlock._core.quick.QuickLane`, a call's opening and its attempts' requests
-    from :class:`~redlock._core.attempts.Attempts`."""
+
+@dataclass(slots=True)
+class Opening:
+    """An acquire call's start: its secret (``owner``, 32 hex digits; each attempt's
+    owner value starts with it, docs/design.md §2.1), what it acquires (``name``: in
+    messages), its place in the nodes' line (``ticket``, '' when it does not queue),
+    when it started and its deadline."""
+
+    resources: tuple[str, ...]
+    name: str
+    owner: str
+    kind: Kind
+    ticket: str
+    started: float
+    single: bool
+    deadline: Deadline
+
+
+class RedlockCore:
+    """Quorum acquire with fencing for N nodes; release, extend and loss are
+    ``holding``'s (:class:`~redlock._core.holding.Holding`)."""
 
     def __init__(self, addresses: Sequence[str], settings: Settings, env: Environment) -> None:
         validate_node_addresses(addresses)
         self.env = env
-        self.round_trips = RoundTrips(len(addresses), env.new_mutex())  # fed by the I/O
         self.addresses = tuple(addresses)
         self.settings = settings
         self.keys = Keys(settings.namespace)
         self.clock = env.clock
         self.n = len(addresses)
+        self.nodes = range(self.n)
         self.quorum = quorum(self.n)
+        self.round_trips = RoundTrips(self.n, env.new_mutex())  # fed by the I/O
         # The membership rule (docs/design.md §13): epoch 0, the nodes given, until a
         # node refuses our epoch with a newer record.
-        self.rule = Rule(self.addresses, stable(self.addresses))
-        self._members_mutex = env.new_mutex()
+        self.membership = Membership(self.addresses, env.new_mutex())
         self.floors = TokenFloors(env.new_mutex())
-        self.templates = CallTemplates(self.keys, self.n)  # the usual calls, filled in
-        # A mutex's local line and counters per name (asked on every acquire and release;
-        # the names used lately, as the templates).
-        self._mutex_names: dict[tuple[str, ...], tuple[str, tuple[str, ...]]] = {}
-        # A holder's release is decided once a quorum answered (the same decision for every
-        # release: made once).
-        self.quorum_answered = self._answered(self.quorum)
         # Where hand-offs to this manager's waiters are told (docs/design.md §6.7): its
         # listeners subscribe '<release channel>:<route>'; a forked child has its own.
         self.route = env.random_hex(4)
-        self._all_done = tuple(NodeResult(a, Outcome.GRANTED) for a in self.addresses)
-        self._every_node = frozenset(range(self.n))
-        self.amnesia = AmnesiaGuard(self.addresses, settings, self.keys, env, self.timeout,
-                                    lambda: self.rule)
         # Failing nodes are logged once per outage.
         self.node_outages = NodeOutages(env.clock, env.wall_clock, env.new_mutex())
+        self.amnesia = AmnesiaGuard(self.addresses, settings, self.keys, env, self.timeout,
+                                    self.membership)
+        self.holding = Holding(self.addresses, settings, self.keys, self.membership,
+                               self.timeout, self.node_outages, env.clock)
+        # A mutex's local line and counters per name (asked on every attempt; the names
+        # used lately: the client's memory does not grow with the names it ever locked).
+        self._mutex_names: dict[tuple[str, ...], tuple[str, tuple[str, ...]]] = {}
+        # Every node's outcome when each granted (the usual attempt's, shared: immutable).
+        self._all_granted = tuple(NodeResult(a, Outcome.GRANTED) for a in self.addresses)
         if self.n % 2 == 0:
             nodes_logger.warning("redlock.even_node_count", nodes=self.n, quorum=self.quorum,
-                           tolerated_failures=self.n - self.quorum,
-                           hint="an odd N tolerates as many failures with one node fewer")
+                                 tolerated_failures=self.n - self.quorum,
+                                 hint="an odd N tolerates as many failures with one node fewer")
 
     def after_fork(self) -> None:
         """In a forked child: fresh thread locks (what they guard stays valid: floors and
@@ -103,7 +130,7 @@ class RedlockCore(Holding, QuickLane, Attempts):
         self.floors.after_fork(new_mutex())
         self.amnesia.health.after_fork(new_mutex())
         self.node_outages.after_fork(new_mutex())
-        self._members_mutex = new_mutex()
+        self.membership.after_fork(new_mutex())
         self.route = self.env.random_hex(4)
 
     def timeout(self, ttl: float | None = None) -> float:
@@ -115,7 +142,8 @@ class RedlockCore(Holding, QuickLane, Attempts):
 
     def absorb(self, replies: Replies) -> None:
         """What a broadcast learnt on the way (the drivers call this before its flow goes
-        on): round trips measured, servers identified on new connections."""
+        on): round trips measured, servers identified on new connections, a newer
+        membership record a node refused our epoch with."""
         if replies.round_trips:
             self.round_trips.sample_many(replies.round_trips)
         if replies.identities:
@@ -124,85 +152,110 @@ class RedlockCore(Holding, QuickLane, Attempts):
             if isinstance(reply, (list, tuple)) and len(reply) == 5:  # (a refusal's shape)
                 record = epoch_refusal(reply)
                 if record is not None:
-                    self.adopt_members(record)
+                    self.membership.adopt(record)
 
-    def adopt_members(self, record: Members, *, learnt: bool = True) -> bool:
-        """Count under ``record``'s configuration from now on, if its epoch is above ours
-        (docs/design.md §13.1: epochs only rise in a client); True if adopted. Logged
-        when ``learnt`` from a node (not when this manager made the change itself)."""
-        record = Members(record.epoch, record.members, record.joining)
-        with self._members_mutex:
-            if record.epoch <= self.rule.epoch:
-                return False
-            self.rule = Rule(self.addresses, record)
-        if learnt:
-            logger.info("redlock.members_adopted", epoch=record.epoch,
-                        members=list(record.members), joining=list(record.joining or ()),
-                        possible=self.rule.possible)
-        return True
+    def line(self, resources: Sequence[str], kind: Kind = MUTEX) -> str:
+        """The local line of an acquisition: a resource's release channel (a set has one
+        of its own). Attempts in one line from one manager take turns."""
+        if kind is MUTEX:
+            return self._mutex_name(resources)[0]
+        return kind.channel(self.keys, resources[0] if len(resources) == 1
+                            else "\x00".join(resources))
+
+    def _mutex_name(self, resources: Sequence[str]) -> tuple[str, tuple[str, ...]]:
+        """A mutex's (line, buckets) of ``resources``, kept for the names used lately."""
+        key = tuple(resources)
+        made = self._mutex_names.get(key)
+        if made is None:
+            if len(self._mutex_names) >= 1024:
+                self._mutex_names.clear()
+            made = self._mutex_names[key] = (
+                MUTEX.channel(self.keys, key[0] if len(key) == 1 else "\x00".join(key)),
+                MUTEX.buckets(key))
+        return made
 
     # -- acquire ---------------------------------------------------------------
+
+    def open(self, resources: tuple[str, ...], ttl: float, *, blocking: bool,
+             timeout: float | None, kind: Kind = MUTEX) -> Opening:
+        """An acquire call's start. Every round and wait ends by the caller's deadline:
+        ``timeout`` after the start for a blocking acquire, one request ceiling for a
+        single try (:meth:`Settings.single_try`); docs/design.md §2.5."""
+        owner = self.env.random_hex(16)  # 128 bits, secret: only we can release our key
+        # A blocking acquire of one resource waits in the nodes' line for it; its ticket
+        # (wall-clock microseconds: comparable across hosts, see docs/design.md §6) is
+        # its place, the same on every node and every attempt. A single try, or a set,
+        # does not queue.
+        single = not blocking or timeout == 0
+        ticket = (str(int(self.env.wall_clock() * 1_000_000))
+                  if not single and len(resources) == 1 else "")
+        started = self.clock()
+        deadline = Deadline(self.clock, started + self.settings.single_try(ttl) if single
+                            else None if timeout is None else started + timeout)
+        return Opening(resources, label(resources), owner,
+                       kind if kind is MUTEX else kind.for_call(owner), ticket, started,
+                       single, deadline)
 
     def acquire(self, resources: str | tuple[str, ...], ttl: float, *, blocking: bool,
                 timeout: float | None,
                 watch: Callable[[AttemptResult], None] | None = None,
-                kind: Kind = MUTEX, opening: Opening | None = None) -> Flow[AcquireResult]:
+                kind: Kind = MUTEX) -> Flow[AcquireResult]:
         """Attempts until success, the deadline, or (non-blocking) after one attempt.
 
-        ``opening``: the call as the quick lane opened it, its first attempt sent
-        (:mod:`redlock._core.quick`); the flow carries on from its replies. A blocking
-        acquire also gives up once the cluster has been unavailable (too few nodes
-        answering, not contention) for ``outage_timeout``: waiting longer would hide an
-        outage from the caller."""
+        A blocking acquire also gives up once the cluster has been unavailable (too few
+        nodes answering, not contention) for ``outage_timeout``: waiting longer would
+        hide an outage from the caller. ``watch`` (OpenTelemetry's observer) hears of
+        each attempt."""
         resources = (resources,) if isinstance(resources, str) else resources
-        if opening is None:
-            opening = self.open_acquire(resources, ttl, blocking=blocking, timeout=timeout,
-                                        kind=kind)
-        call, kind, queued, ticket = opening.owner, opening.kind, opening.queued, opening.ticket
-        single, deadline = opening.single, opening.deadline
-        outage_limit = self.settings.outage_timeout
+        opening = self.open(resources, ttl, blocking=blocking, timeout=timeout, kind=kind)
+        call, kind, ticket, deadline = opening.owner, opening.kind, opening.ticket, \
+            opening.deadline
         outage_since: float | None = None
-        waits = Waits(self.settings, queued=queued)
+        waits: Waits | None = None  # (made by the first wait: most calls never wait)
         attempts = 0
         while True:
             attempts += 1
-            owner = attempt_owner(call, attempts)  # for the releases that end the call
             attempt_started = self.clock()
             try:
-                result = yield from self._attempt(opening, ttl, kind, attempt=attempts)
+                result = yield from self._attempt(opening, ttl, kind, attempts)
             except GeneratorExit:
                 raise
             except BaseException:
                 # The call ends here, interrupted (cancelled) or failed anywhere in the
                 # attempt: its SET may have happened anywhere, and its line entries go too
                 # (a release would hand the lock to one left behind, for its TTL, §6.7).
-                yield deadline.cap(self._release_calls(resources, owner, ttl, kind=kind))
+                yield deadline.cap(self.holding.release_calls(
+                    resources, attempt_owner(call, attempts), ttl, kind=kind))
                 raise
-            if watch is not None:  # observation (OpenTelemetry) hears of each attempt
+            if watch is not None:
                 watch(result)
+            state = result.state
+            if state is not None:
+                if isinstance(state.kind, Leadership):
+                    try:
+                        yield from self._proclaim(state, deadline)
+                    except GeneratorExit:
+                        raise
+                    except BaseException:  # interrupted: the caller never leads
+                        yield deadline.cap(self.holding.release_calls(
+                            resources, state.owner, ttl, kind=state.kind))
+                        raise
+                return AcquireResult(state, result.outcomes, attempts, False, "")
+            owner = attempt_owner(call, attempts)  # (for the releases that end the call)
             if result.retry_now and attempts < 3:
                 if not deadline.passed():
                     continue
                 result = replace(result, reason=f"{result.reason}; no time was left to try"
                                                 " again")
-            if result.state is not None and isinstance(kind, Leadership):
-                try:
-                    yield from self._proclaim(result.state, deadline)
-                except GeneratorExit:
-                    raise
-                except BaseException:  # interrupted: the caller never gets the leadership
-                    yield deadline.cap(self._release_calls(resources, owner, ttl,
-                                                           kind=result.state.kind))
-                    raise
-            if result.state is not None or single or result.permanent:
-                if result.state is None:
-                    yield from self._leave_line(resources, owner, ttl, ticket, deadline, kind)
-                return AcquireResult(result.state, result.outcomes, attempts,
-                                     result.unavailable, result.reason)
+            if opening.single or result.permanent:
+                yield from self._leave_line(resources, owner, ttl, ticket, deadline, kind)
+                return AcquireResult(None, result.outcomes, attempts, result.unavailable,
+                                     result.reason)
             kind = result.next_kind or kind
             now = self.clock()
             if result.unavailable:
                 outage_since = attempt_started if outage_since is None else outage_since
+                outage_limit = self.settings.outage_timeout
                 if outage_limit is not None and now - outage_since >= outage_limit:
                     yield from self._leave_line(resources, owner, ttl, ticket, deadline, kind)
                     return AcquireResult(None, result.outcomes, attempts, True,
@@ -214,19 +267,21 @@ class RedlockCore(Holding, QuickLane, Attempts):
                 yield from self._leave_line(resources, owner, ttl, ticket, deadline, kind)
                 return AcquireResult(None, result.outcomes, attempts, result.unavailable,
                                      result.reason)
+            if waits is None:
+                waits = Waits(self.settings, queued=bool(ticket))
             delay, patient = waits.next(attempts, result.outcomes,
                                         unavailable=result.unavailable, left=deadline.left())
             backoff = Backoff(delay, line=self.line(resources, kind),
                               channels=kind.wait_channels(self.keys, resources,
-                                                          self.route if queued else ""),
-                              waiter=waiter_id(call) if queued else None, patient=patient)
+                                                          self.route if ticket else ""),
+                              waiter=waiter_id(call) if ticket else None, patient=patient)
             try:
                 heard = yield backoff
-                if queued and kind.hands_off:
+                if ticket and kind.hands_off:
                     # Releases may have handed us the lock meanwhile (docs/design.md §6.7).
-                    handed = yield from handoff.acquired(
-                        self, heard, backoff, resources, call, ttl, deadline, kind,
-                        attempts, attempt_started, result.outcomes)
+                    handed = yield from self._handed_off(
+                        heard, backoff, opening, ttl, kind, attempts, attempt_started,
+                        result.outcomes)
                     if handed is not None:
                         if watch is not None:
                             watch(handed)
@@ -244,15 +299,17 @@ class RedlockCore(Holding, QuickLane, Attempts):
         the leader's hands is). Fewer than a quorum is logged, not a failure."""
         kind = state.kind
         assert isinstance(kind, Leadership)
+        rule = self.membership.rule
         calls = with_epoch((kind.proclaim_call(self.keys, i, state.resource, state.owner,
-                                               state.token) for i in range(self.n)),
-                           self.keys, self.rule.epoch)
+                                               state.token) for i in self.nodes),
+                           self.keys, rule.epoch)
         acks = yield deadline.cap(Broadcast(calls, self.timeout(state.ttl),
-                                            enough=self._settled(calls, acks=True)))
+                                            enough=self.holding.settled(calls, acks=True)))
         proclaimed = sum(1 for ack in acks if acked(ack))
-        if not self.rule.met(i for i, ack in enumerate(acks) if acked(ack)):
+        rule = self.membership.rule
+        if not rule.met(i for i, ack in enumerate(acks) if acked(ack)):
             logger.warning("redlock.term_unrecorded", resource=state.resource,
-                           token=state.token, recorded=proclaimed, needed=self.rule.needed,
+                           token=state.token, recorded=proclaimed, needed=rule.needed,
                            hint="leader() may not name this leader until its next term;"
                                 " the term itself (the token) is committed")
 
@@ -263,36 +320,89 @@ class RedlockCore(Holding, QuickLane, Attempts):
         final release: what is still unsent at the deadline goes out when its
         connection opens, docs/design.md §2.4.)"""
         if ticket:
-            yield deadline.cap(self._release_calls(resources, owner, ttl, leave=True,
-                                                   kind=kind))
+            yield deadline.cap(self.holding.release_calls(resources, owner, ttl, leave=True,
+                                                          kind=kind))
 
     def _attempt(self, opening: Opening, ttl: float, kind: Kind,
                  attempt: int) -> Flow[AttemptResult]:
-        resources, deadline = opening.resources, opening.deadline
+        """One attempt (docs/design.md §2.2): its request to every node, then what the
+        replies mean. The usual replies (every node granted our call, nothing to write
+        back, time left) are told in one pass; anything else is judged by
+        :meth:`_judged`."""
+        resources, deadline, settings = opening.resources, opening.deadline, self.settings
         owner = attempt_owner(opening.owner, attempt)  # this attempt's value (§2.1)
-        settings, keys, name = self.settings, self.keys, label(resources)
-        sent, opening.sent = opening.sent, None  # (the quick lane's first attempt, sent)
-        if sent is None:
-            sent = self.attempt_request(opening, ttl, kind, attempt)
-            # (Interrupted or failed from here on: acquire() releases and leaves the line.)
-            replies = yield sent.request
-        elif isinstance(sent.outcome, BaseException):  # interrupted in the quick lane
-            raise sent.outcome
-        else:
-            replies = cast(Replies, sent.outcome)
-        request, started, epoch = sent.request, sent.started, sent.epoch
-        buckets = sent.buckets  # the counters involved (§3.0)
+        rule, health = self.membership.rule, self.amnesia.health
+        if not rule.possible:
+            rule.check()  # MembershipError: our nodes cannot form a quorum (§13.2)
+        epoch, started = rule.epoch, self.clock()
+        # A manager's first attempt also reads every node's INFO (docs/design.md §4.7),
+        # behind the acquire calls on the same connections: no round of its own.
+        inspect = () if health.inspected else self.amnesia.inspect_calls()
+        # Before the round trips are known (a new manager), the round learns its timeout
+        # from its own replies, as later ones have it from RoundTrips (docs/design.md §2.4).
+        learn = self.quorum if (settings.node_timeout is None
+                                and self.round_trips.measured() < self.quorum) else 0
+        timeout = self.timeout(ttl)  # (the attempt's, its line entry's patience from it)
+        line, buckets = (self._mutex_name(resources) if kind is MUTEX
+                         else (self.line(resources, kind), kind.buckets(resources)))
+        calls, packed = kind.acquire_request(self.keys, self.nodes, resources, AcquireArgs(
+            owner, max(1, int(ttl * 1000)), self.floors.get(buckets), opening.ticket,
+            int(settings.patience(timeout) * 1000), attempt, self.route), epoch)
+        # Whose grants do not count: restarted nodes being judged (§4.4), nodes of
+        # another format (§4.1).
+        uncounted = (health.suspect if not health.incompatible
+                     else {**health.suspect, **health.incompatible})
+        request = Broadcast(calls + inspect, deadline.bound(timeout), line=line,
+                            turns=not opening.ticket,
+                            enough=grant_enough(self.n, uncounted, rule, kind.vote,
+                                                kind.group if kind.grouped else None),
+                            learn=learn, packed=None if inspect else packed)
+        # (Interrupted or failed from here on: acquire() releases and leaves the line.)
+        replies = yield request
         if len(replies) > self.n:  # (with the INFO of a manager's first attempt)
             self.amnesia.inspected(replies[self.n:])
             replies = replies[:self.n]
+        # The usual outcome: every node granted our call plainly (none restarted or of
+        # another format), a quorum returned the largest counter (nothing to write
+        # back, §3.2), below 2**53, and validity is left (§2.2).
+        if not health.suspect and not health.incompatible and not kind.grouped and len(
+                resources) == 1:
+            counters = []
+            for reply in replies:
+                if (type(reply) is not list or len(reply) != 2
+                        or reply[0] != ACQUIRE_GRANTED or type(reply[1]) is not int):
+                    break
+                counters.append(reply[1])
+            else:
+                token = max(counters)  # the token rule (§3.1): the largest counter...
+                rule = self.membership.rule  # ...returned by a quorum (usually by all)
+                if (token < TOKEN_LIMIT
+                        and (rule.met_by_all if counters.count(token) == self.n
+                             else rule.met([i for i, c in enumerate(counters) if c == token]))
+                        and validity_left(settings, ttl, started, self.clock()) > 0):
+                    health.marker_seen = True  # (a grant: the node has its marker)
+                    self.floors.raise_to(buckets, token)
+                    return AttemptResult(self.held(opening, ttl, started, {
+                        resources[0]: token}, kind, self.n, owner), self._all_granted)
+        return (yield from self._judged(opening, ttl, kind, attempt, owner, request,
+                                        replies, started, epoch, buckets))
+
+    def _judged(self, opening: Opening, ttl: float, kind: Kind, attempt: int, owner: str,
+                request: Broadcast, replies: Sequence[object], started: float, epoch: int,
+                buckets: tuple[str, ...]) -> Flow[AttemptResult]:
+        """An attempt's replies, judged: amnesia, permits' slots, the token's commit (a
+        write-back round where counters differ), validity; on failure, releases where
+        our key may be and why."""
+        resources, deadline = opening.resources, opening.deadline
+        settings, keys, name = self.settings, self.keys, opening.name
         outcomes = self.amnesia.screen([
             kind.outcome(self.addresses[i], reply, len(resources))
             for i, reply in enumerate(replies)])
         amnesia = (None if self.amnesia.clear(outcomes)
                    else (yield from self.amnesia.check(outcomes, deadline)))
         if amnesia is not None:  # the call may try again: it keeps its place in line
-            yield deadline.cap(self._release_calls(resources, owner, ttl, leave=False,
-                                                   kind=kind, ticket=opening.ticket))
+            yield deadline.cap(self.holding.release_calls(
+                resources, owner, ttl, leave=False, kind=kind, ticket=opening.ticket))
             return amnesia
         # The grants this attempt keeps (a permit's: of the slot most nodes granted;
         # the others are given back at once, §12.2), and what they are grants of.
@@ -301,8 +411,8 @@ class RedlockCore(Holding, QuickLane, Attempts):
         held_kind, kept = kind.granted(granting) if granting else (kind, {})
         stray = held_kind.stray(granting)
         if stray:
-            yield deadline.cap(self._release_calls(resources, owner, ttl, leave=False,
-                                                   nodes=stray, kind=kind))
+            yield deadline.cap(self.holding.release_calls(resources, owner, ttl, leave=False,
+                                                          nodes=stray, kind=kind))
         if kept and held_kind is not kind:  # (a permit's slot: its own buckets)
             buckets = held_kind.buckets(resources)
         # Per granting node, its counter for each resource (in the set's order).
@@ -311,7 +421,7 @@ class RedlockCore(Holding, QuickLane, Attempts):
             self.floors.raise_to(buckets, max(max(c) for c in granted.values()))
         # Counted under the newest configuration we know (this round's refusals may
         # have taught us one: a stricter rule, never a weaker one, §13.4).
-        rule = self.rule
+        rule = self.membership.rule
         if rule.met(granted):
             # The token rule, resource by resource (docs/design.md §3).
             choices = {r: choose_token({i: c[j] for i, c in granted.items()})
@@ -328,8 +438,8 @@ class RedlockCore(Holding, QuickLane, Attempts):
                 acks = yield Broadcast(tuple(call for _, call in write_backs),
                                        deadline.bound(self.timeout(ttl)),
                                        enough=commit_enough(write_backs, committed,
-                                                             rule))
-                rule = self.rule
+                                                            rule))
+                rule = self.membership.rule
                 for (r, call), ack in zip(write_backs, acks, strict=True):
                     if acked(ack):
                         committed[r].add(call.node)
@@ -344,7 +454,7 @@ class RedlockCore(Holding, QuickLane, Attempts):
             too_big = [r for r in resources if choices[r].token >= TOKEN_LIMIT]
             if not short and not too_big and validity > 0:
                 return AttemptResult(self.held(opening, ttl, started, {
-                    r: c.token for r, c in choices.items()}, held_kind, len(granted), attempt),
+                    r: c.token for r, c in choices.items()}, held_kind, len(granted), owner),
                     outcomes)
             if too_big:
                 reason = f"fence counter reached {TOKEN_LIMIT}"
@@ -363,19 +473,20 @@ class RedlockCore(Holding, QuickLane, Attempts):
         # keeps its place in line: the acquire call may try again.
         maybe_set = [i for i, reply in enumerate(replies) if not acquire_set_nothing(reply)]
         if maybe_set:
-            yield deadline.cap(self._release_calls(resources, owner, ttl, leave=False,
-                                                   nodes=maybe_set, kind=kind,
-                                                   ticket=opening.ticket))
+            yield deadline.cap(self.holding.release_calls(
+                resources, owner, ttl, leave=False, nodes=maybe_set, kind=kind,
+                ticket=opening.ticket))
+        rule = self.membership.rule
         healthy = [i for i, r in enumerate(outcomes)
                    if r.outcome in (Outcome.GRANTED, Outcome.REFUSED)]
-        relearnt = self.rule.epoch != epoch  # refused for our epoch: try again at once
-        unavailable = not self.rule.met(healthy) and not relearnt
+        relearnt = rule.epoch != epoch  # refused for our epoch: try again at once
+        unavailable = not rule.met(healthy) and not relearnt
         if all(isinstance(reply, NodeFailure) and reply.kind is FailureKind.TIMEOUT
                for reply in replies):
             reason += (f"; every node timed out after {request.timeout * 1000:.0f} ms:"
                        + (" node_timeout is too short for this network (leave it unset"
                           " to adapt to the measured round trips)"
-                          if self.settings.node_timeout is not None else
+                          if settings.node_timeout is not None else
                           " check the network, and connect_timeout if new connections"
                           " are slow"))
         if unavailable and any(r.outcome is Outcome.INCOMPATIBLE for r in outcomes):
@@ -385,10 +496,98 @@ class RedlockCore(Holding, QuickLane, Attempts):
         permanent = unavailable and any(
             isinstance(reply, NodeFailure) and reply.permanent for reply in replies)
         logger.debug("redlock.quorum_failed", resource=name, reason=reason,
-                     granted=len(granted), needed=self.rule.needed, nodes=self.n,
+                     granted=len(granted), needed=rule.needed, nodes=self.n,
                      unavailable=unavailable, outcomes=describe(outcomes))
         return AttemptResult(None, outcomes, unavailable, permanent, retry_now=relearnt,
                              reason=reason, next_kind=kind.next_attempt(replies))
+
+    def held(self, opening: Opening, ttl: float, started: float, tokens: dict[str, int],
+              kind: Kind, granted: int, owner: str) -> LockState:
+        """The acquisition of the call's attempt that started at ``started`` and won
+        (``tokens``: per resource; ``granted``: by that many nodes), holding that
+        attempt's owner value (§2.1); its validity is measured from that start, less the
+        drift (docs/design.md §2.2)."""
+        state = LockState(opening.name, owner, ttl, max(tokens.values()),
+                          started + ttl - self.settings.drift(ttl), self.clock,
+                          self.env.new_mutex(), tokens=tokens, kind=kind)
+        if logger.isEnabledFor(DEBUG):  # (every acquisition passes here: fields if logged)
+            logger.debug("redlock.acquired", resource=opening.name, token=state.token,
+                         kind=kind.name, validity_ms=round(state.validity() * 1000, 3),
+                         granted=granted, nodes=self.n)
+        return state
+
+    def _handed_off(self, heard: Sequence[object], backoff: Backoff, opening: Opening,
+                    ttl: float, kind: Kind, attempt: int, attempt_started: float,
+                    outcomes: Sequence[NodeResult]) -> Flow[AttemptResult | None]:
+        """The lock, if the releases that handed it to us while we waited make an
+        acquisition (docs/design.md §6.7): the messages of our latest ``attempt`` from a
+        quorum of the nodes we count, the token committed (the ordinary write-back where
+        counters differ), validity left from the start of that attempt. None: the next
+        attempt goes as usual (it is granted the reservations)."""
+        if not isinstance(heard, Handoffs) or not heard:
+            return None
+        deadline = opening.deadline
+        # The reservations become a value no attempt sent, so that a late command of the
+        # attempt that queued cannot touch them (§2.1); the next attempt, if this comes to
+        # nothing, is the one that sends it.
+        owner = attempt_owner(opening.owner, attempt + 1)
+        refused = {i for i, r in enumerate(outcomes) if r.outcome is Outcome.REFUSED}
+        health, membership = self.amnesia.health, self.membership
+        counters = counted(heard, attempt, membership.rule.epoch, health.benched(), refused)
+        if counters and not enough(counters, membership.rule) and not deadline.passed():
+            # Some nodes handed off: the others' messages are on their way (or lost). Each
+            # message ends a wait: wait again for the rest, within one request timeout, as
+            # long as the nodes yet to be heard could make a quorum.
+            until = self.clock() + self.timeout(ttl)
+            total, latest = heard.total, heard
+            while not enough(counters, membership.rule) and not deadline.passed():
+                left = until - self.clock()
+                if left <= 0 or not may_still(latest, counters, attempt, health.benched(),
+                                              refused, membership.rule):
+                    break
+                more = yield replace(backoff, seconds=deadline.pause(left), patient=None,
+                                     heard_before=total,
+                                     wake_at=wake_at(latest, counters, attempt,
+                                                     membership.rule))
+                if not isinstance(more, Handoffs) or more.total <= total:
+                    break  # nothing new came in time
+                total, latest = more.total, more
+                counters = counted(more, attempt, membership.rule.epoch, health.benched(),
+                                   refused)
+        rule = membership.rule
+        if not enough(counters, rule):
+            return None
+        [resource] = opening.resources
+        self.floors.raise_to(kind.buckets(opening.resources), max(counters.values()))
+        choice = choose_token(counters)
+        committed = set(choice.committed)
+        if not rule.met(committed):
+            calls = with_epoch((kind.write_back_call(self.keys, i, resource, owner,
+                                                     choice.token)
+                                for i in choice.write_back), self.keys, rule.epoch)
+            write_backs = [(resource, call) for call in calls]
+            acks = yield Broadcast(calls, deadline.bound(self.timeout(ttl)),
+                                   enough=commit_enough(write_backs, {resource: set(committed)},
+                                                        rule))
+            rule = membership.rule
+            committed |= {call.node for call, ack in zip(calls, acks, strict=True)
+                          if acked(ack)}
+            logger.info("redlock.token_write_back", resource=resource, token=choice.token,
+                        returned_token=len(choice.committed),
+                        written_back=len(choice.write_back), committed=len(committed))
+        validity = validity_left(self.settings, ttl, attempt_started, self.clock())
+        if not rule.met(committed) or choice.token >= TOKEN_LIMIT or validity <= 0:
+            logger.debug("redlock.handoff_unused", resource=resource, token=choice.token,
+                         committed=len(committed), validity_ms=round(validity * 1000, 3))
+            return None
+        logger.debug("redlock.handed_off", resource=resource, token=choice.token,
+                     heard=len(counters), committed=len(committed))
+        state = self.held(opening, ttl, attempt_started, {resource: choice.token}, kind,
+                           len(counters), owner)
+        handed = [NodeResult(self.addresses[i], Outcome.GRANTED, "handed off by a release",
+                             counter=counters[i]) if i in counters else result
+                  for i, result in enumerate(outcomes)]
+        return AttemptResult(state, tuple(handed))
 
     def repair(self, *, force: bool) -> Flow[list[RepairReport]]:
         """See :func:`redlock._core.amnesia.repair.repair` (and the one below)."""
@@ -397,3 +596,72 @@ class RedlockCore(Holding, QuickLane, Attempts):
     def initialise(self, *, force: bool) -> Flow[list[RepairReport]]:
         """See :func:`redlock._core.amnesia.repair.initialise`."""
         return (yield from initialise(self.amnesia, force=force))
+
+
+# -- when an acquire's rounds are decided (docs/design.md §2.4, §3.2) -------------------
+
+
+def commit_enough(write_backs: Sequence[tuple[str, Call]], committed: dict[str, set[int]],
+                  rule: Rule) -> Decision:
+    """The write-back round is decided once every resource's token is committed on a
+    quorum of the rule (the nodes that returned it, plus those that acked so far)."""
+    def decided(replies: Sequence[object], _identities: Mapping[int, object]) -> bool:
+        now = {r: set(nodes) for r, nodes in committed.items()}
+        for (resource, call), ack in zip(write_backs, replies, strict=True):
+            if acked(ack):
+                now[resource].add(call.node)
+        return all(rule.met(nodes) for nodes in now.values())
+    return decided
+
+
+# The usual attempt's decision (no suspect node, one group of grants), per node count,
+# rule and kind of vote: made once, not on every attempt. A few rules are ever in use
+# (a new one per membership epoch); should many be, the oldest are dropped together.
+_USUAL: dict[tuple[int, Rule, Callable[[object], int | None]], Decision] = {}
+_USUAL_KEPT = 32
+
+
+def grant_enough(n: int, suspect: Mapping[int, object], rule: Rule,
+                 votes: Callable[[object], int | None],
+                 group: Callable[[object], object] | None = None) -> Decision:
+    """An early decision on an attempt's replies (one call per node): ``votes(reply)`` is
+    1 (yes), 0 (no), None (unknown: an error, or not read yet). Decided once a quorum said
+    yes, or more nodes said no than a quorum can spare. A node whose grants do not count
+    (``suspect``: restarted, being judged, or of another format, §4.1; or found so by this
+    very request's new connection, docs/design.md §4.4) never votes yes. The yes votes
+    count per ``group`` of their reply (a permit's slot, §12.2; one group for other
+    kinds): a quorum must grant the same one (None: every grant is of the same group).
+    Quorums are the membership ``rule``'s (§13.2). Asked after every reply read: kept
+    lean."""
+    if suspect or group is not None:
+        return _grant_enough(n, suspect, rule, votes, group)
+    key = (n, rule, votes)
+    decision = _USUAL.get(key)
+    if decision is None:
+        if len(_USUAL) >= _USUAL_KEPT:
+            _USUAL.clear()
+        decision = _USUAL[key] = _grant_enough(n, suspect, rule, votes)
+    return decision
+
+
+def _grant_enough(n: int, suspect: Mapping[int, object], rule: Rule,
+                  votes: Callable[[object], int | None],
+                  group: Callable[[object], object] | None = None) -> Decision:
+    benched = set(suspect)
+
+    def decided(replies: Sequence[object], identities: Mapping[int, object]) -> bool:
+        yes: dict[object, list[int]] = {}
+        no: list[int] = []
+        for node in range(n):  # (the first n calls: one per node; INFO may follow)
+            reply = replies[node]
+            vote = votes(reply)
+            if vote == 1:
+                if node in benched or (identities and node in identities
+                                       and (restarted(identities[node])
+                                            or foreign(identities[node]))):
+                    continue
+                yes.setdefault(None if group is None else group(reply), []).append(node)
+            elif vote == 0:
+                no.append(node)
+        return any(rule.met(nodes) for nodes in yes.values()) or rule.lost(no)
+    return decided

@@ -1,5 +1,6 @@
-"""Hand-off in the release (docs/design.md §6.7): which messages a waiter may count, and
-whether they make an acquisition, free of I/O.
+"""Hand-off in the release (docs/design.md §6.7): which messages a waiter may count, free of
+I/O. Whether those it counts make an acquisition is the acquire's to decide
+(:meth:`redlock._core.algorithm.RedlockCore.acquire`).
 
 A release that frees the lock hands it to the first waiter in the node's line (a
 *reservation*, set in the same script) and publishes ``"<waiter id> <counter> <epoch>
@@ -9,49 +10,12 @@ naming a waiter, by node; the algorithm asks here what they are worth.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
-from typing import Protocol
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass
 
-from redlock._core.amnesia.guard import AmnesiaGuard
-from redlock._core.commit import commit_enough
-from redlock._core.environment import Environment
-from redlock._core.kinds import Kind, with_epoch
 from redlock._core.members import Rule
-from redlock._core.requests import Backoff, Broadcast, Deadline, Flow
-from redlock._core.settings import Keys, Settings
-from redlock._core.state import AttemptResult, LockState
-from redlock._core.tokens import (
-    TOKEN_LIMIT,
-    TokenFloors,
-    attempt_owner,
-    choose_token,
-    validity_left,
-)
-from redlock._observe.log import get_logger
-from redlock._scripts.replies import acked
-from redlock.errors import NodeResult, Outcome
 
-
-class Core(Protocol):
-    """What a hand-off needs of the core (:class:`redlock._core.algorithm.RedlockCore`)."""
-
-    rule: Rule
-    keys: Keys
-    settings: Settings
-    floors: TokenFloors
-    amnesia: AmnesiaGuard
-    addresses: tuple[str, ...]
-    n: int
-    env: Environment
-    clock: Callable[[], float]
-
-    def timeout(self, ttl: float | None = None) -> float: ...
-
-__all__ = ["Handoffs", "Heard", "acquired", "counted", "enough", "may_still", "parse_message",
-           "wake_at"]
-
-logger = get_logger("redlock.locks")
+__all__ = ["Handoffs", "Heard", "counted", "enough", "may_still", "parse_message", "wake_at"]
 
 
 @dataclass(frozen=True)
@@ -146,81 +110,3 @@ def wake_at(heard: Handoffs, counters: Mapping[int, int], attempt: int,
     not_counting = sum(1 for node, a in heard.attempts.items()
                        if a == attempt and node not in counters)
     return attempt, not_counting + max(len(counters) + 1, rule.needed)
-
-
-def acquired(core: Core, heard: Sequence[object], backoff: Backoff,
-             resources: tuple[str, ...], call: str, ttl: float, deadline: Deadline,
-             kind: Kind, attempt: int, attempt_started: float,
-             outcomes: Sequence[NodeResult]) -> Flow[AttemptResult | None]:
-    """The lock, if the releases that handed it to us while we waited make an
-    acquisition (docs/design.md §6.7): the messages of our latest ``attempt`` from a
-    quorum of the nodes we count, the token committed (the ordinary write-back where
-    counters differ), validity left from the start of that attempt. None: the next
-    attempt goes as usual (it is granted the reservations). ``call``: the acquire call's
-    secret."""
-    if not isinstance(heard, Handoffs) or not heard:
-        return None
-    # The reservations become a value no attempt sent, so that a late command of the
-    # attempt that queued cannot touch them (§2.1); the next attempt, if this comes to
-    # nothing, is the one that sends it.
-    owner = attempt_owner(call, attempt + 1)
-    refused = {i for i, r in enumerate(outcomes) if r.outcome is Outcome.REFUSED}
-    counters = counted(heard, attempt, core.rule.epoch, core.amnesia.health.benched(),
-                       refused)
-    if counters and not enough(counters, core.rule) and not deadline.passed():
-        # Some nodes handed off: the others' messages are on their way (or lost). Each
-        # message ends a wait: wait again for the rest, within one request timeout, as
-        # long as the nodes yet to be heard could make a quorum.
-        until = core.clock() + core.timeout(ttl)
-        total, latest = heard.total, heard
-        while not enough(counters, core.rule) and not deadline.passed():
-            left = until - core.clock()
-            if left <= 0 or not may_still(latest, counters, attempt,
-                                          core.amnesia.health.benched(), refused,
-                                          core.rule):
-                break
-            more = yield replace(backoff, seconds=deadline.pause(left), patient=None,
-                                 heard_before=total,
-                                 wake_at=wake_at(latest, counters, attempt, core.rule))
-            if not isinstance(more, Handoffs) or more.total <= total:
-                break  # nothing new came in time
-            total, latest = more.total, more
-            counters = counted(more, attempt, core.rule.epoch,
-                               core.amnesia.health.benched(), refused)
-    if not enough(counters, core.rule):
-        return None
-    [resource] = resources
-    core.floors.raise_to(kind.buckets(resources), max(counters.values()))
-    choice = choose_token(counters)
-    committed = set(choice.committed)
-    rule, epoch = core.rule, core.rule.epoch
-    if not rule.met(committed):
-        calls = with_epoch((kind.write_back_call(core.keys, i, resource, owner, choice.token)
-                            for i in choice.write_back), core.keys, epoch)
-        write_backs = [(resource, call) for call in calls]
-        acks = yield Broadcast(calls, deadline.bound(core.timeout(ttl)),
-                               enough=commit_enough(write_backs, {resource: set(committed)},
-                                                    rule))
-        rule = core.rule
-        committed |= {call.node for call, ack in zip(calls, acks, strict=True)
-                      if acked(ack)}
-        logger.info("redlock.token_write_back", resource=resource, token=choice.token,
-                    returned_token=len(choice.committed),
-                    written_back=len(choice.write_back), committed=len(committed))
-    validity = validity_left(core.settings, ttl, attempt_started, core.clock())
-    if not rule.met(committed) or choice.token >= TOKEN_LIMIT or validity <= 0:
-        logger.debug("redlock.handoff_unused", resource=resource, token=choice.token,
-                     committed=len(committed), validity_ms=round(validity * 1000, 3))
-        return None
-    state = LockState(resource, owner, ttl, choice.token,
-                      attempt_started + ttl - core.settings.drift(ttl), core.clock,
-                      core.env.new_mutex(), tokens={resource: choice.token}, kind=kind)
-    logger.debug("redlock.handed_off", resource=resource, token=state.token,
-                 heard=len(counters), committed=len(committed))
-    logger.debug("redlock.acquired", resource=resource, token=state.token,
-                 kind=kind.name, validity_ms=round(validity * 1000, 3),
-                 granted=len(counters), nodes=core.n)
-    handed = [NodeResult(core.addresses[i], Outcome.GRANTED, "handed off by a release",
-                         counter=counters[i]) if i in counters else result
-              for i, result in enumerate(outcomes)]
-    return AttemptResult(state, tuple(handed))

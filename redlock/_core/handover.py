@@ -151,7 +151,7 @@ def adopt(core: RedlockCore, handover: Handover) -> Flow[LockState]:
                     if r.outcome is Outcome.GRANTED and r.pttl_ms is not None), reverse=True)
     # The key's time left on a quorum (the membership rule's, docs/design.md §13.2): the
     # PTTL of the last node of the longest-lived owning nodes that make one.
-    rule, holding, quorum_pttl_ms = core.rule, [], None
+    rule, holding, quorum_pttl_ms = core.membership.rule, [], None
     for pttl_ms, node in owned:
         holding.append(node)
         if rule.met(holding):

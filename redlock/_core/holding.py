@@ -1,24 +1,21 @@
-"""What a holder does with an acquisition, free of I/O (docs/design.md §2.4, §5.1):
-hold it (the state an attempt that won makes, :meth:`Holding.held`), release it, extend
-it (one round, several acquisitions at once, or until renewed or lost), and lose it;
-with the release calls and the decisions of these rounds, which the acquire also uses
-(a failed attempt releases wherever its key may be).
+"""What a holder does with an acquisition, free of I/O (docs/design.md §2.4, §5.1): release
+it, extend it (one round, several acquisitions at once, or until renewed or lost), and
+lose it; with the release calls and the decisions of these rounds, which the acquire
+also uses (a failed attempt releases wherever its key may be).
 
-:class:`Holding` is one part of :class:`redlock._core.algorithm.RedlockCore` (the
-acquire is another, the quick lane a third): a mixin, so that both clients and the
-renewal loop keep calling ``core.release(state)``; it uses the core's nodes, settings
-and timeouts.
+:class:`Holding` is one object per core (``core.holding``): both clients' handles and
+the renewal loop release, extend and lose through it. It holds what these rounds
+share (the usual release's decision and outcomes) and is given what it counts by: the
+nodes, the settings, the membership rule in force, the request timeout.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, cast
+from logging import DEBUG
 
-from redlock._core.environment import Environment
 from redlock._core.kinds import MUTEX, Kind, with_epoch
-from redlock._core.members import Rule
-from redlock._core.quick import Opening, Sent
+from redlock._core.members import Membership
 from redlock._core.requests import (
     PENDING,
     Broadcast,
@@ -27,13 +24,9 @@ from redlock._core.requests import (
     Decision,
     Flow,
     Pause,
-    Replies,
 )
-from redlock._core.settings import Keys, Settings, label
+from redlock._core.settings import Keys, Settings
 from redlock._core.state import LockState, Status
-from redlock._core.templates import CallTemplates
-from redlock._core.tokens import attempt_owner
-from redlock._core.waiting import patience
 from redlock._observe.log import get_logger
 from redlock._observe.outages import NodeOutages
 from redlock._scripts.replies import ack_outcome, acked, key_gone
@@ -41,78 +34,68 @@ from redlock.errors import NodeResult, Outcome, describe
 
 logger = get_logger("redlock.locks")
 
-# The least a holder's release waits for a quorum's answers (see _release_calls).
+# The least a holder's release waits for a quorum's answers (see release_calls).
 _RELEASE_FLOOR = 0.25
 
 
 class Holding:
-    """Release, extend and loss of acquisitions, for the core's N nodes."""
+    """Release, extend and loss of acquisitions, for one manager's N nodes (``addresses``),
+    counted by ``membership``'s rule; ``timeout(ttl)`` is a request's wait."""
 
-    # Set by RedlockCore.__init__.
-    env: Environment
-    addresses: tuple[str, ...]
-    settings: Settings
-    keys: Keys
-    templates: CallTemplates
-    n: int
-    quorum: int
-    rule: Rule  # the membership rule (docs/design.md §13.2): what a quorum is
-    # Every node's outcome when each did it (the usual release, shared: immutable).
-    _all_done: tuple[NodeResult, ...]
-    quorum_answered: Decision  # (see _release_calls)
-    _every_node: frozenset[int]
-    node_outages: NodeOutages
-    clock: Callable[[], float]
+    def __init__(self, addresses: Sequence[str], settings: Settings, keys: Keys,
+                 membership: Membership, timeout: Callable[[float | None], float],
+                 node_outages: NodeOutages, clock: Callable[[], float]) -> None:
+        self.addresses = tuple(addresses)
+        self.n = len(self.addresses)
+        self.nodes = range(self.n)
+        self.settings = settings
+        self.keys = keys
+        self.membership = membership
+        self.timeout = timeout
+        self.node_outages = node_outages
+        self.clock = clock
+        self.quorum = len(self.addresses) // 2 + 1
+        # A holder's release is decided once a quorum answered (the same decision for
+        # every release: made once); every node's outcome when each did it (shared:
+        # immutable).
+        self.quorum_answered = self._answered(self.quorum)
+        self._all_done = tuple(NodeResult(a, Outcome.GRANTED) for a in self.addresses)
+        self._every_node = frozenset(self.nodes)
 
-    if TYPE_CHECKING:
-        def timeout(self, ttl: float | None = None) -> float: ...
-
-    def _release_calls(self, resources: Sequence[str], owner: str, ttl: float | None = None,
-                       *, leave: bool = True, nodes: Sequence[int] | None = None,
-                       patient: bool = False, kind: Kind = MUTEX,
-                       ticket: str = "") -> Broadcast:
+    def release_calls(self, resources: Sequence[str], owner: str, ttl: float | None = None,
+                      *, leave: bool = True, nodes: Sequence[int] | None = None,
+                      patient: bool = False, kind: Kind = MUTEX,
+                      ticket: str = "") -> Broadcast:
         """Compare-and-delete of each resource's key on every node (a set's calls to one
         node go out pipelined), and with ``leave`` the owner's entry in the waiting lines
         is dropped too; without, a waiter's (``ticket``: its place in line) is kept, or
         given back where a grant had taken it (a permit's or a reader's, §12.2). Decided
-        once a quorum of the nodes asked answered (see :meth:`_settled`); later answers
+        once a quorum of the nodes asked answered (see :meth:`settled`); later answers
         are read in the background."""
         # A failed attempt keeps its place in line for the patience (the ACQUIRE that
         # granted it cut its entry to the key's TTL).
         timeout = self.timeout(ttl)
         args: tuple[CommandArg, ...] = (owner, "1") if leave else (
-            owner, "0", int(patience(self.settings, timeout) * 1000), ticket)
-        asked = range(self.n) if nodes is None else nodes
-        packed = None
-        if leave and nodes is None and len(resources) == 1:  # a holder's (every release)
-            calls, packed = self.templates.release(kind, resources[0], args, self._release_made)
-        else:
-            calls = self._release_made(kind, resources, args, asked)
+            owner, "0", int(self.settings.patience(timeout) * 1000), ticket)
+        calls, packed = kind.release_request(self.keys, self.nodes if nodes is None else nodes,
+                                             resources, args)
         if patient:
             # A holder's release is decided as soon as a quorum answered; the timeout
             # only bounds it when fewer do. A client thread starved of the GIL (dozens
             # of threads on two cores) or a busy event loop reads healthy nodes' answers
             # late: give them that long before calling them unreachable.
             timeout = max(timeout, min(self.settings.request_ceiling(ttl), _RELEASE_FLOOR))
-        return Broadcast(calls, timeout, enough=self._settled(calls) if nodes is not None
+        return Broadcast(calls, timeout, enough=self.settled(calls) if nodes is not None
                          or len(resources) > 1 else self.quorum_answered, packed=packed)
-
-    def _release_made(self, kind: Kind, resources: Sequence[str],
-                      args: tuple[CommandArg, ...], nodes: Sequence[int]) -> tuple[Call, ...]:
-        # One call per resource, the same for every node but its node: the nodes' calls
-        # share their keys and arguments (the transports pack each command once).
-        made = [kind.release_call(self.keys, nodes[0], r, args) for r in resources] if nodes else []
-        return tuple([Call(i, call.args, call.script, call.keys)
-                      for i in nodes for call in made])
 
     @staticmethod
     def _answered(needed: int) -> Decision:
-        """:meth:`_settled` of one key's release on every node: ``needed`` answered."""
+        """:meth:`settled` of one key's release on every node: ``needed`` answered."""
         def answered(replies: Sequence[object], _identities: Mapping[int, object]) -> bool:
             return len(replies) - replies.count(PENDING) >= needed
         return answered
 
-    def _settled(self, calls: Sequence[Call], *, acks: bool = False) -> Decision:
+    def settled(self, calls: Sequence[Call], *, acks: bool = False) -> Decision:
         """When a release or extend is decided (docs/design.md §2.4, §5.1): once every key
         in it (one acquisition's key of one resource) is settled, i.e. a quorum of the
         nodes asked answered for it (``acks``: acknowledged it, replied 1, as an extend
@@ -128,7 +111,7 @@ class Holding:
             nodes.add(call.node)
             keys.setdefault((call.args[0], call.keys), []).append(index)
         per_key = list(keys.values())
-        needed, rule = min(self.quorum, len(nodes)), self.rule
+        needed, rule = min(self.quorum, len(nodes)), self.membership.rule
 
         def key_settled(indexes: list[int], replies: Sequence[object]) -> bool:
             if not acks:
@@ -169,25 +152,6 @@ class Holding:
             outcomes.append(worst)
         return outcomes, acks
 
-    # -- the acquisition an attempt won ------------------------------------------
-
-    def held(self, opening: Opening, ttl: float, started: float, tokens: dict[str, int],
-             kind: Kind, granted: int, attempt: int) -> LockState:
-        """The acquisition of the call's ``attempt`` that started at ``started`` and won
-        (``tokens``: per resource; ``granted``: by that many nodes), holding that
-        attempt's owner value (§2.1); its validity is measured from that start, less the
-        drift (docs/design.md §2.2)."""
-        name = label(opening.resources)
-        state = LockState(name, attempt_owner(opening.owner, attempt), ttl,
-                          max(tokens.values()),
-                          started + ttl - self.settings.drift(ttl), self.clock,
-                          self.env.new_mutex(), tokens=tokens, kind=kind)
-        if logger.debugging():  # (every acquisition passes here: its fields only when logged)
-            logger.debug("redlock.acquired", resource=name, token=state.token,
-                         kind=kind.name, validity_ms=round(state.validity() * 1000, 3),
-                         granted=granted, nodes=self.n)
-        return state
-
     # -- release / extend --------------------------------------------------------
 
     def release(self, state: LockState) -> Flow[tuple[NodeResult, ...]]:
@@ -201,38 +165,29 @@ class Holding:
         [outcomes] = yield from self.release_many([state])
         return outcomes
 
-    def release_many(self, states: Sequence[LockState], sent: Sent | None = None
-                     ) -> Flow[list[tuple[NodeResult, ...]]]:
+    def release_many(self, states: Sequence[LockState]) -> Flow[list[tuple[NodeResult, ...]]]:
         """:meth:`release` of several acquisitions in one request (each node gets its
         calls pipelined), decided once each is; per acquisition, its outcomes. The
         renewal loop releases the acquisitions whose handles are all gone this way: one
         by one, a hung majority cost each a whole request timeout, and the renewals of
-        the others waited behind them. ``sent``: the request of :meth:`release_request`
-        for one acquisition, sent by the quick lane, and what it came to."""
-        if sent is None:
-            request = self._joined([self.release_request(state) for state in states])
-            try:
-                replies = yield request
-            except GeneratorExit:
-                raise
-            except BaseException:
-                yield request
-                for state in states:
-                    state.mark_released()
-                raise
-        elif isinstance(sent.outcome, BaseException):  # interrupted: sent again
-            yield sent.request
+        the others waited behind them."""
+        request = (self.release_request(states[0]) if len(states) == 1
+                   else self._joined([self.release_request(state) for state in states]))
+        try:
+            replies = yield request
+        except GeneratorExit:
+            raise
+        except BaseException:
+            yield request
             for state in states:
                 state.mark_released()
-            raise sent.outcome
-        else:
-            replies = cast(Replies, sent.outcome)
+            raise
         return self.released(states, replies)
 
     def release_request(self, state: LockState) -> Broadcast:
         """The request that releases ``state`` (a holder's: patient, see
-        :meth:`_release_calls`)."""
-        return self._release_calls(state.resources, state.owner, state.ttl, patient=True,
+        :meth:`release_calls`)."""
+        return self.release_calls(state.resources, state.owner, state.ttl, patient=True,
                                    kind=state.kind)
 
     def released(self, states: Sequence[LockState],
@@ -248,23 +203,23 @@ class Holding:
             outcomes, _ = self._per_node(mine, len(state.resources), refused="key already gone")
             offset += size
             errors = [r for r in outcomes if r.outcome is Outcome.ERROR]
-            if errors or self.node_outages:
+            if errors or self.node_outages.current:
                 # The keys on nodes it missed expire by their TTL; say so (once per node
                 # and outage: redlock.release_incomplete) rather than hide it.
                 self.node_outages.release(logger, state.resource, state.ttl, outcomes)
-            if not errors and logger.debugging():
+            if not errors and logger.isEnabledFor(DEBUG):
                 logger.debug("redlock.released", resource=state.resource, token=state.token)
             results.append(tuple(outcomes))
         return results
 
     def _joined(self, requests: Sequence[Broadcast]) -> Broadcast:
         """Release requests of several acquisitions as one: decided once each key is
-        (see :meth:`_settled`), within the longest of their timeouts."""
+        (see :meth:`settled`), within the longest of their timeouts."""
         if len(requests) == 1:
             return requests[0]
         calls = tuple(call for request in requests for call in request.calls)
         return Broadcast(calls, max(request.timeout for request in requests),
-                         enough=self._settled(calls))
+                         enough=self.settled(calls))
 
     def extend_many(self, items: Sequence[tuple[LockState, float]], *, lane: str | None = None,
                     until: float | None = None, racing_ttl: float | None = None,
@@ -282,7 +237,7 @@ class Holding:
                 if state.status == Status.HELD and started < state.deadline]
         results: dict[LockState, tuple[NodeResult, ...] | None] = {}
         if live:
-            epoch = self.rule.epoch
+            epoch = self.membership.rule.epoch
             for _ in range(2):  # again at once if a node taught us a newer epoch (§13.1)
                 calls = with_epoch((
                     state.kind.extend_call(self.keys, i, r, state.owner,
@@ -304,20 +259,20 @@ class Holding:
                 timeout = min(max(self.timeout(max(t for _, t in live)), spare / 2),
                               validity_left)
                 replies = yield Broadcast(calls, timeout,
-                                          enough=self._settled(calls, acks=True), lane=lane)
-                if self.rule.epoch == epoch or min(s.deadline for s, _ in live) <= (
-                        self.clock()):
+                                          enough=self.settled(calls, acks=True), lane=lane)
+                if self.membership.rule.epoch == epoch or min(
+                        s.deadline for s, _ in live) <= self.clock():
                     break
-                epoch = self.rule.epoch
+                epoch = self.membership.rule.epoch
             # Counted under the newest configuration we know (§13.4).
-            finished, offset, rule = self.clock(), 0, self.rule
+            finished, offset, rule = self.clock(), 0, self.membership.rule
             for state, ttl in live:
                 size = self.n * len(state.resources)
                 outcomes, acks = self._per_node(replies[offset:offset + size],
                                                 len(state.resources),
                                                 refused="our key is gone (expired or taken)")
                 offset += size
-                if self.node_outages:
+                if self.node_outages.current:
                     self.node_outages.answers(logger, outcomes)
                 lasts = ttl if racing_ttl is None else min(ttl, racing_ttl)
                 if all(rule.met(a) for a in acks) and finished < state.deadline and (
@@ -367,7 +322,7 @@ class Holding:
         """More nodes answered that our key is gone than a quorum can spare (by the
         membership rule, §13.2): no extend can succeed any more. Only answers count: an
         error or a reply not read says nothing about our key."""
-        return self.rule.lost(i for i, r in enumerate(outcomes)
+        return self.membership.rule.lost(i for i, r in enumerate(outcomes)
                               if r.outcome is Outcome.REFUSED)
 
     def loss_reason(self, outcomes: Sequence[NodeResult]) -> str:
@@ -402,6 +357,6 @@ class Holding:
         dropped = [state for (state, _, _), first in zip(losses, firsts, strict=True) if first]
         if dropped:
             # Drop what is left of our keys so the next holder need not wait for the TTL.
-            yield self._joined([self._release_calls(state.resources, state.owner, state.ttl,
-                                                    kind=state.kind) for state in dropped])
+            yield self._joined([self.release_calls(state.resources, state.owner, state.ttl,
+                                                   kind=state.kind) for state in dropped])
         return firsts

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from redlock._core.requests import Broadcast, Call, Flow
 from redlock._core.tokens import bucket
 from redlock._observe.log import get_logger
-from redlock._scripts import lock as scripts
+from redlock._scripts import tools
 from redlock._scripts.replies import ReleaseStatus, failure_detail, force_released, inspected
 from redlock._scripts.script import Script
 from redlock.errors import NodeResult, Outcome, QuorumUnavailable
@@ -143,7 +143,7 @@ def inspect_lock(core: RedlockCore, resource: str) -> Flow[LockStatus]:
     """Every node's view of ``resource`` in one parallel round of read-only scripts."""
     keys = (core.keys.lock(resource), core.keys.counter, core.keys.marker,
             core.keys.repair_guard, core.keys.episode)
-    replies = yield _lock_calls(core, scripts.INSPECT, keys, (bucket(resource),))
+    replies = yield _lock_calls(core, tools.INSPECT, keys, (bucket(resource),))
     return LockStatus(resource, core.quorum,
                       tuple(_node_status(core, i, reply) for i, reply in enumerate(replies)))
 
@@ -166,7 +166,7 @@ def force_release(core: RedlockCore, resource: str) -> Flow[list[ReleaseReport]]
     """Delete ``resource``'s lock key on every node, whoever holds it."""
     keys = (core.keys.lock(resource), core.keys.channel(resource), core.keys.line(resource),
             core.keys.line_deadlines(resource))
-    replies = yield _lock_calls(core, scripts.FORCE_RELEASE, keys)
+    replies = yield _lock_calls(core, tools.FORCE_RELEASE, keys)
     reports = [ReleaseReport(core.addresses[i], *force_released(reply))
                for i, reply in enumerate(replies)]
     # An operator evicted a holder that may still be working: worth a warning always.

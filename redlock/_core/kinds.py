@@ -13,6 +13,12 @@ commit (write back), renew and give back a grant:
 Each kind's keys are its own, so a name can be a lock, an election, a semaphore and a
 read-write lock at once. A kind's tokens come from the counter of a name
 (:meth:`Kind.token_name`): the name itself, or for a permit its slot's name.
+
+The two scripts every lock's acquire and release run, ACQUIRE of one resource and
+RELEASE, are made from templates only (:class:`Template`, docs/design.md §2.6): a call of
+one name is the same on every call but for a few values (the owner, the floor, ...), so
+it is made once per name, with a :class:`Hole` where each of those goes, and filled in,
+its command packed around them. The other scripts' calls are built each time.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import functools
 import zlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from operator import itemgetter
 from typing import NamedTuple
 
 from redlock._core.requests import Call, CommandArg
@@ -28,11 +35,13 @@ from redlock._core.settings import Keys
 from redlock._core.tokens import bucket
 from redlock._scripts import family
 from redlock._scripts import lock as scripts
+from redlock._scripts.command import HEADS, bulk, encode
 from redlock._scripts.family_replies import granted_slot, permit_outcome
 from redlock._scripts.replies import acquire_outcome, acquire_vote
+from redlock._scripts.script import Script
 from redlock.errors import NodeResult
 
-#: A call that votes: 1 yes, 0 no, None unknown (see redlock._core.commit.grant_enough).
+#: A call that votes: 1 yes, 0 no, None unknown (see RedlockCore's early decision).
 Vote = Callable[[object], "int | None"]
 
 
@@ -97,6 +106,148 @@ def _resource_keys(kind: Kind, namespace: str, resource: str) -> ResourceKeys:
                         deadlines, kind.line_ttls(keys, resource), bucket(name))
 
 
+
+class Hole:
+    """Where a template's calls take one of the values it is filled with: the value at
+    ``index`` of those (an acquire's :class:`AcquireArgs`, a release's arguments)."""
+
+    __slots__ = ("index", "name")
+
+    def __init__(self, index: int, name: str) -> None:
+        self.index = index
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"<{self.name}>"
+
+
+class Template:
+    """The calls of one script with fixed keys and arguments but for its holes
+    (:class:`Hole`), one per node of a request, all sharing their argument and key tuples (the
+    transports pack a command once per request); and their command, packed (RESP,
+    EVALSHA) around the holes, so that filling it in is joining bytes.
+
+    Checked when made: a hole is placed at most once, and never among the keys (a
+    ValueError); filled with ``width`` values."""
+
+    __slots__ = ("_head", "_one", "_pick", "_tails", "args", "holes", "keys", "script",
+                 "width")
+
+    def __init__(self, script: Script, keys: tuple[str, ...],
+                 args: tuple[CommandArg | Hole, ...], width: int) -> None:
+        if any(isinstance(key, Hole) for key in keys):
+            raise ValueError("a hole among a template's keys")
+        places = [(place, arg.index) for place, arg in enumerate(args) if isinstance(arg, Hole)]
+        indexes = [index for _, index in places]
+        if len(set(indexes)) != len(indexes) or any(not 0 <= i < width for i in indexes):
+            raise ValueError(f"holes {indexes} do not each take one of {width} values")
+        self.script = script
+        self.keys = keys
+        self.args = args
+        self.width = width
+        self.holes = tuple(indexes)
+        # The arguments, made by one C call from ``values + args``: per argument, its
+        # hole's value or the template's own argument (one argument: the item itself).
+        by_place = dict(places)
+        self._pick = itemgetter(*[by_place[p] if p in by_place else width + p
+                                  for p in range(len(args))])
+        self._one = len(args) == 1
+        # The EVALSHA command: its bytes up to the first hole (``_head``) and, per hole
+        # in the arguments' order, the index of its value and the bytes after it (which
+        # start with the CRLF that ends the value).
+        segments, segment = [], b"".join([
+            b"*%d\r\n" % (3 + len(keys) + len(args)), bulk("EVALSHA"), bulk(script.sha),
+            bulk(len(keys)), *map(bulk, keys)])
+        for arg in args:
+            if isinstance(arg, Hole):
+                segments.append(segment)
+                segment = b"\r\n"
+            else:
+                segment += bulk(arg)
+        segments.append(segment)
+        self._head = segments[0]
+        self._tails = tuple(zip(self.holes, segments[1:], strict=True))
+
+    def filled(self, values: tuple[CommandArg, ...]) -> tuple[CommandArg, ...]:
+        """The calls' arguments with ``values`` in the holes."""
+        args = self._pick(values + self.args)
+        return (args,) if self._one else args
+
+    def fill(self, values: tuple[CommandArg, ...], nodes: Iterable[int]
+             ) -> tuple[tuple[Call, ...], bytes]:
+        """One call per node of ``nodes`` with ``values`` in the holes, and the command
+        each sends, packed. (Once per attempt and per release: no call of its own below,
+        a loop where a comprehension would be a frame more.)"""
+        args = self._pick(values + self.args)
+        if self._one:
+            args = (args,)
+        script, keys = self.script, self.keys
+        calls = []
+        for node in nodes:  # (tuple.__new__: Call's own __new__ is a Python frame more)
+            calls.append(_new(Call, (node, args, script, keys)))
+        parts = [self._head]
+        for index, tail in self._tails:
+            value = values[index]
+            if type(value) is str:  # (the usual two first)
+                data = value.encode()
+            elif type(value) is int:
+                data = b"%d" % value
+            else:
+                data = encode(value)
+            size = len(data)
+            parts += (HEADS[size] if size < 256 else b"$%d\r\n" % size, data, tail)
+        return tuple(calls), b"".join(parts)
+
+
+_new = tuple.__new__
+
+# An acquire's values are its AcquireArgs; these holes stand for the fields that change
+# per call or attempt (the TTL and the route are a template's own).
+_OWNER, _FLOOR, _TICKET, _PATIENCE, _ATTEMPT = (
+    Hole(AcquireArgs._fields.index(name), name)
+    for name in ("owner", "floor", "ticket", "patience_ms", "attempt"))
+# A release's values are its arguments (owner, leave[, patience[, ticket]]).
+_RELEASE_OWNER, _RELEASE_PATIENCE, _RELEASE_TICKET = (
+    Hole(0, "owner"), Hole(2, "patience"), Hole(3, "ticket"))
+# Templates kept (the names used lately: the client's memory does not grow with the
+# names it ever locked).
+_KEPT = 1024
+
+
+@functools.lru_cache(maxsize=_KEPT)
+def _acquire_template(kind: Kind, namespace: str, resource: str, ttl_ms: int, route: str,
+                      queued: bool, record: bool, epoch: int | None) -> Template:
+    """ACQUIRE of one resource (docs/design.md §2.2): a queued call's (``queued``) with
+    its ticket, one that records its attempt for a hand-off (``record``, §6.7) with it
+    and its route; with the membership epoch as the last argument and the record as the
+    last key (None: without, as :func:`with_epoch` would add them)."""
+    keys = Keys(namespace)
+    named = kind.names(keys, resource)
+    args: tuple[CommandArg | Hole, ...] = (
+        _OWNER, ttl_ms, _FLOOR, _TICKET if queued else "", _PATIENCE, named.bucket,
+        _ATTEMPT if record else "", *((route,) if record and route else ()))
+    call_keys: tuple[str, ...] = (named.lock, keys.counter, keys.marker, named.line,
+                                  named.deadlines, named.line_ttls)
+    if epoch is not None:
+        args, call_keys = (*args, epoch), (*call_keys, keys.members)
+    return Template(scripts.ACQUIRE, call_keys, args, len(AcquireArgs._fields))
+
+
+@functools.lru_cache(maxsize=_KEPT)
+def _release_template(kind: Kind, namespace: str, resource: str, leave: str,
+                      patience: bool, places_back: bool) -> Template:
+    """RELEASE of one resource (docs/design.md §5.3): ``leave`` '1' ends the call or the
+    hold, '0' a failed attempt (with its line entry's ``patience``; ``places_back``: with
+    its ticket, to put its place back, §6.3)."""
+    keys = Keys(namespace)
+    named = kind.names(keys, resource)
+    args: tuple[CommandArg | Hole, ...] = (
+        _RELEASE_OWNER, leave, _RELEASE_PATIENCE if patience else "", named.bucket,
+        *((_RELEASE_TICKET,) if places_back else ()))
+    return Template(scripts.RELEASE,
+                    (named.lock, named.channel, named.line, named.deadlines,
+                     named.line_ttls, keys.counter, keys.marker, keys.members), args, 4)
+
 class Kind:
     """The mutex: one key per name holding the owner value (``ns:{R}:lock``)."""
 
@@ -148,23 +299,33 @@ class Kind:
 
     # -- acquire -----------------------------------------------------------------------
 
-    def acquire_calls(self, keys: Keys, nodes: range, resources: tuple[str, ...],
+    def acquire_calls(self, keys: Keys, nodes: Sequence[int], resources: tuple[str, ...],
                       args: AcquireArgs) -> tuple[Call, ...]:
+        """The acquire's calls, one per node (without the membership epoch: see
+        :func:`with_epoch`)."""
         if len(resources) == 1:
-            named = self.names(keys, resources[0])
-            # A queued waiter of a kind that hands off records its grant (§6.7).
-            attempt = args.attempt if self.hands_off and args.ticket and args.attempt else ""
-            call_args: tuple[CommandArg, ...] = (
-                args.owner, args.ttl_ms, args.floor, args.ticket, args.patience_ms,
-                named.bucket, attempt, *((args.route,) if attempt and args.route else ()))
-            call_keys = (named.lock, keys.counter, keys.marker, named.line, named.deadlines,
-                         named.line_ttls)
-            return tuple([Call(i, call_args, scripts.ACQUIRE, call_keys) for i in nodes])
+            return self._acquire_one(keys, nodes, resources[0], args, None)[0]
         return tuple(Call(i, (args.owner, args.ttl_ms, args.floor,
                               *(bucket(r) for r in resources)),
                           scripts.ACQUIRE_MANY,
                           (keys.marker, keys.counter, *(keys.lock(r) for r in resources)))
                      for i in nodes)
+
+    def acquire_request(self, keys: Keys, nodes: Sequence[int], resources: tuple[str, ...],
+                        args: AcquireArgs, epoch: int) -> tuple[tuple[Call, ...], bytes | None]:
+        """An attempt's calls as they are sent (with the membership epoch), and the
+        command every one of them sends, packed (None: the transports pack them)."""
+        if len(resources) == 1:
+            return self._acquire_one(keys, nodes, resources[0], args, epoch)
+        return with_epoch(self.acquire_calls(keys, nodes, resources, args), keys, epoch), None
+
+    def _acquire_one(self, keys: Keys, nodes: Sequence[int], resource: str,
+                     args: AcquireArgs, epoch: int | None) -> tuple[tuple[Call, ...], bytes]:
+        # A queued waiter of a kind that hands off records its attempt (§6.7).
+        queued = args.ticket != ""
+        return _acquire_template(
+            self, keys.namespace, resource, args.ttl_ms, args.route, queued,
+            self.hands_off and queued and args.attempt != 0, epoch).fill(args, nodes)
 
     vote: Vote = staticmethod(acquire_vote)
 
@@ -209,13 +370,26 @@ class Kind:
         ticket]). The release hands the lock to the first in line if it left a record
         (§6.7). A failed attempt's ticket puts its place back where its grant found the
         line empty (§6.3)."""
-        named = self.names(keys, resource)
-        owner, leave, *rest = args
-        return Call(node, (owner, leave, rest[0], named.bucket, rest[1]) if _places_back(args)
-                    else (owner, leave, rest[0] if rest else "", named.bucket),
-                    scripts.RELEASE,
-                    (named.lock, named.channel, named.line, named.deadlines,
-                     named.line_ttls, keys.counter, keys.marker, keys.members))
+        [call], _ = self.release_request(keys, (node,), (resource,), args)
+        return call
+
+    def release_request(self, keys: Keys, nodes: Sequence[int], resources: Sequence[str],
+                        args: tuple[CommandArg, ...]
+                        ) -> tuple[tuple[Call, ...], bytes | None]:
+        """A release's calls to ``nodes`` (a set's, one per resource, node by node), and
+        for one resource the command each sends, packed (else None)."""
+        if len(args) == 2:  # (owner, leave): a holder's, or the end of a call
+            values: tuple[CommandArg, ...] = (*args, "", "")
+            shape = (str(args[1]), False, False)
+        else:  # (owner, leave, patience[, ticket]): a failed attempt's
+            values = (*args, "", "")[:4]
+            shape = (str(args[1]), True, _places_back(args))
+        if len(resources) == 1:
+            return _release_template(self, keys.namespace, resources[0], *shape).fill(
+                values, nodes)
+        filled = [(t.filled(values), t.script, t.keys) for t in (
+            _release_template(self, keys.namespace, r, *shape) for r in resources)]
+        return tuple([Call(i, *call) for i in nodes for call in filled]), None
 
     def extend_call(self, keys: Keys, node: int, resource: str, owner: str,
                     ttl_ms: int) -> Call:
@@ -311,7 +485,16 @@ class Permit(Kind):
         # Concurrent callers start on different slots (§12.2).
         return replace(self, slot=None, preferred=zlib.crc32(owner.encode()) % self.permits)
 
-    def acquire_calls(self, keys: Keys, nodes: range, resources: tuple[str, ...],
+    def acquire_request(self, keys: Keys, nodes: Sequence[int], resources: tuple[str, ...],
+                        args: AcquireArgs, epoch: int) -> tuple[tuple[Call, ...], bytes | None]:
+        return with_epoch(self.acquire_calls(keys, nodes, resources, args), keys, epoch), None
+
+    def release_request(self, keys: Keys, nodes: Sequence[int], resources: Sequence[str],
+                        args: tuple[CommandArg, ...]
+                        ) -> tuple[tuple[Call, ...], bytes | None]:
+        return _built_release(self, keys, nodes, resources, args), None
+
+    def acquire_calls(self, keys: Keys, nodes: Sequence[int], resources: tuple[str, ...],
                       args: AcquireArgs) -> tuple[Call, ...]:
         [r] = resources
         slots = range(self.permits)
@@ -394,7 +577,18 @@ class ReadWrite(Kind):
     def line(self, keys: Keys, resource: str) -> tuple[str, str]:
         return keys.part(resource, "rw-line"), keys.part(resource, "rw-line-deadlines")
 
-    def acquire_calls(self, keys: Keys, nodes: range, resources: tuple[str, ...],
+    def acquire_request(self, keys: Keys, nodes: Sequence[int], resources: tuple[str, ...],
+                        args: AcquireArgs, epoch: int) -> tuple[tuple[Call, ...], bytes | None]:
+        return with_epoch(self.acquire_calls(keys, nodes, resources, args), keys, epoch), None
+
+    def release_request(self, keys: Keys, nodes: Sequence[int], resources: Sequence[str],
+                        args: tuple[CommandArg, ...]
+                        ) -> tuple[tuple[Call, ...], bytes | None]:
+        if self.mode == "w":
+            return super().release_request(keys, nodes, resources, args)
+        return _built_release(self, keys, nodes, resources, args), None
+
+    def acquire_calls(self, keys: Keys, nodes: Sequence[int], resources: tuple[str, ...],
                       args: AcquireArgs) -> tuple[Call, ...]:
         [r] = resources
         line, deadlines = self.line(keys, r)
@@ -432,9 +626,17 @@ class ReadWrite(Kind):
         return Call(node, (owner, ttl_ms), family.READ_EXTEND, (keys.part(resource, "read"),))
 
 
+def _built_release(kind: Kind, keys: Keys, nodes: Sequence[int], resources: Sequence[str],
+                   args: tuple[CommandArg, ...]) -> tuple[Call, ...]:
+    """The release calls of a kind whose release script has no template: one call per
+    resource, the same for every node but its node (so the transports pack each once)."""
+    made = [kind.release_call(keys, nodes[0], r, args) for r in resources] if nodes else []
+    return tuple([Call(i, call.args, call.script, call.keys) for i in nodes for call in made])
+
+
 #: A read-write lock's write and read grants.
 WRITE = ReadWrite(mode="w")
 READ = ReadWrite(mode="r")
 
-__all__ = ["LEADERSHIP", "MUTEX", "READ", "WRITE", "AcquireArgs", "Kind", "Leadership",
-           "Permit", "ReadWrite", "with_epoch"]
+__all__ = ["LEADERSHIP", "MUTEX", "READ", "WRITE", "AcquireArgs", "Hole", "Kind", "Leadership",
+           "Permit", "ReadWrite", "Template", "with_epoch"]

@@ -78,7 +78,7 @@ def current_members(core: RedlockCore) -> Flow[Members]:
     found = yield from read_members(core)
     config = _highest(core, found, None)
     if config.epoch:
-        core.adopt_members(config)
+        core.membership.adopt(config)
     return config
 
 
@@ -279,7 +279,7 @@ def _finish(core: RedlockCore, final: Members, old: Sequence[str]) -> Flow[tuple
                               " change again")
     retired = Members(final.epoch, final.members, None, True)
     gone = yield from _write(core, leaving, retired)
-    core.adopt_members(final, learnt=False)
+    core.membership.adopt(final, learnt=False)
     unreached = tuple(addresses[i] for i in members + leaving
                       if i not in written and i not in gone)
     logger.warning("redlock.members_changed", epoch=final.epoch, members=list(final.members),

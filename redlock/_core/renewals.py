@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable
+from logging import DEBUG
 from typing import Any, Protocol
 
 from redlock._core.algorithm import RedlockCore
@@ -109,6 +110,7 @@ class Renewals:
 
     def add(self, state: LockState, handle: Any) -> None:
         """Renew ``state`` for ``handle`` (weakly held) until released or lost."""
+        state.auto_extended = True  # (its release or export then calls remove)
         now = self._core.clock()
         with self._mutex:
             renewal = self._renewals.get(state)
@@ -136,8 +138,8 @@ class Renewals:
             wake.set()
 
     def remove(self, state: LockState) -> None:
-        if state not in self._renewals:  # (every release asks; nearly none is renewed)
-            return  # (only its owner adds it, and that owner is the one releasing it)
+        if state not in self._renewals:  # (only its owner adds it, and that owner is
+            return  # the one releasing it)
         with self._mutex:
             self._renewals.pop(state, None)
 
@@ -214,7 +216,7 @@ class Renewals:
                 self._lost(renewal.state, list(renewal.handles))
 
     def _renew(self, due: list[Renewal], now: float) -> Flow[None]:
-        if logger.debugging():  # how late each renewal goes out (RELIABILITY.md)
+        if logger.isEnabledFor(DEBUG):  # how late each renewal goes out (RELIABILITY.md)
             for renewal in due:
                 logger.debug("redlock.renewed", resource=renewal.state.resource,
                              late_ms=round(max(0.0, now - renewal.due) * 1000, 3),
@@ -239,9 +241,9 @@ class Renewals:
         batch = set(live)
         with self._mutex:  # the round ends by half the validity left of every other lock
             others = [r.state.deadline for r in self._renewals.values() if r not in batch]
-        failures = yield from self._core.extend_many([(r.state, r.state.ttl) for r in live],
-                                                     lane=RENEWALS_LANE,
-                                                     until=min(others, default=None))
+        failures = yield from self._core.holding.extend_many(
+            [(r.state, r.state.ttl) for r in live], lane=RENEWALS_LANE,
+            until=min(others, default=None))
         now = self._core.clock()
         losing = []
         for renewal, failure in zip(live, failures, strict=True):
@@ -260,7 +262,7 @@ class Renewals:
         # one request at a time, each waiting a whole request timeout on a hung
         # majority, made the loop tell each next holder that much later.
         core = self._core
-        firsts = yield from core.lose_many([
+        firsts = yield from core.holding.lose_many([
             (r.state, self._loss_reason(r, stopped), r.answers) for r in losing])
         for renewal, first in zip(losing, firsts, strict=True):
             self._observe(renewal.state, "lost", started_ns)  # (first: the renewer's
@@ -271,7 +273,7 @@ class Renewals:
         if stopped is not None and not renewal.answers and stopped < renewal.state.deadline:
             return ("its process was stopped (SIGSTOP, a debugger) until its validity ran"
                     " out: a stopped holder is not renewed")
-        return self._core.loss_reason(renewal.answers)
+        return self._core.holding.loss_reason(renewal.answers)
 
     def _failed(self, renewal: Renewal, failure: tuple[NodeResult, ...], now: float) -> bool:
         """Retry later (False), or the lock is to be lost (True; removed already)."""
@@ -285,7 +287,7 @@ class Renewals:
         core = self._core
         left = state.deadline - now
         failure = renewal.answers = failure or renewal.answers  # (): no round was sent
-        if core.key_gone(failure) or left <= 0:
+        if core.holding.key_gone(failure) or left <= 0:
             self.remove(state)
             return True
         settings = core.settings
@@ -303,6 +305,6 @@ class Renewals:
             logger.warning("redlock.abandoned", resource=renewal.state.resource,
                            token=renewal.state.token,
                            reason="auto-extended lock's handle was garbage-collected unreleased")
-        yield from self._core.release_many([renewal.state for renewal in renewals])
+        yield from self._core.holding.release_many([renewal.state for renewal in renewals])
         for renewal in renewals:
             self._abandoned_told(renewal.state)

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Generic, NamedTuple, Protocol, TypeVar, cast
+from typing import NamedTuple, Protocol, TypeVar, cast
 
 from redlock._scripts.replies import NOT_AWAITED, PENDING, SENT_LATE, NotAwaited, Pending
 from redlock._scripts.script import Script
@@ -109,7 +109,7 @@ class Broadcast:
     enough: Decision | None = None
     learn: int = 0
     # The command every call sends, packed (RESP, EVALSHA), when they all send one: a
-    # call template's (redlock._core.templates). None: the transports pack the calls.
+    # template's (redlock._core.kinds.Template). None: the transports pack the calls.
     packed: bytes | None = None
 
 
@@ -243,81 +243,52 @@ NO_REPLY: Sequence[object] = ()
 Absorb = Callable[[Replies], None]
 
 
-class _Steps(Generic[T]):
-    """One flow run step by step, for the drivers below: its next request, given what
-    the last one came to (its replies, handed to ``absorb`` first; or the exception it
-    raised, or that ``absorb`` raised, thrown into the flow, which decides), until it
-    returns."""
-
-    __slots__ = ("_absorb", "_flow", "done", "result")
-
-    def __init__(self, flow: Flow[T], absorb: Absorb | None) -> None:
-        self._flow = flow
-        self._absorb = absorb
-        self.done = False
-        self.result: T | None = None
-
-    def first(self) -> Request | None:
-        try:
-            return next(self._flow)
-        except StopIteration as stop:  # the flow returned before any request
-            self.done, self.result = True, stop.value
-            return None
-
-    def next(self, outcome: Sequence[object] | BaseException) -> Request | None:
-        try:
-            if isinstance(outcome, BaseException):  # interrupted or failed
-                return self._flow.throw(outcome)
-            if self._absorb is not None and isinstance(outcome, Replies):
-                try:
-                    self._absorb(outcome)
-                except Exception as exc:
-                    # Thrown into the flow, as a failed request is: raised out of the
-                    # driver, it passed the flow's own handlers (the renewal loop died
-                    # without telling its holders, docs/design.md §5.2).
-                    return self._flow.throw(exc)
-            return self._flow.send(outcome)
-        except StopIteration as stop:  # the flow returned
-            self.done, self.result = True, stop.value
-            return None
-
-
-def _outcome(execute: Callable[[Request], Sequence[object]],
-             request: Request | None) -> Sequence[object] | BaseException:
-    assert request is not None
-    try:
-        return execute(request)
-    except BaseException as exc:  # interrupted (KeyboardInterrupt) or failed
-        return exc
-
-
-async def _outcome_async(execute: Callable[[Request], Awaitable[Sequence[object]]],
-                         request: Request | None) -> Sequence[object] | BaseException:
-    assert request is not None
-    try:
-        return await execute(request)
-    except BaseException as exc:  # cancelled or failed
-        return exc
-
-
 def drive(flow: Flow[T], execute: Callable[[Request], Sequence[object]],
           absorb: Absorb | None = None) -> T:
-    """Run a flow to its end with a blocking executor (the sync client, unit tests)."""
-    steps = _Steps(flow, absorb)
-    request = steps.first()
-    while not steps.done:
-        request = steps.next(_outcome(execute, request))
-    return cast(T, steps.result)
+    """Run a flow to its end with a blocking executor (the sync client, unit tests): each
+    request's outcome goes back into the flow, its replies handed to ``absorb`` first;
+    an exception it raised (an interruption, a failure), or that ``absorb`` raised, is
+    thrown into the flow, which decides (raised out of the driver, it passed the flow's
+    own handlers: the renewal loop died without telling its holders, docs/design.md
+    §5.2)."""
+    try:
+        request = next(flow)
+        while True:
+            try:
+                reply = execute(request)
+                if absorb is not None and isinstance(reply, Replies):
+                    absorb(reply)
+            except BaseException as exc:  # interrupted (KeyboardInterrupt) or failed
+                request = flow.throw(exc)
+                continue
+            request = flow.send(reply)
+    except StopIteration as stop:  # the flow returned
+        return cast(T, stop.value)
 
 
 async def drive_async(flow: Flow[T], execute: Callable[[Request], Awaitable[Sequence[object]]],
-                      absorb: Absorb | None = None) -> T:
-    """Run a flow to its end with an asyncio executor (the asyncio client)."""
-    steps = _Steps(flow, absorb)
-    request = steps.first()
-    while not steps.done:
-        request = steps.next(await _outcome_async(execute, request))
-    return cast(T, steps.result)
+                      absorb: Absorb | None = None,
+                      end: Callable[[], None] | None = None) -> T:
+    """Run a flow to its end with an asyncio executor (the asyncio client), as
+    :func:`drive` does; ``end()`` once it is over, whichever way. (The executor's own
+    bookkeeping goes in ``end`` rather than in a coroutine around this one: every
+    resumption of a request passes through each coroutine of the chain.)"""
+    try:
+        request = next(flow)
+        while True:
+            try:
+                reply = await execute(request)
+                if absorb is not None and isinstance(reply, Replies):
+                    absorb(reply)
+            except BaseException as exc:  # cancelled or failed
+                request = flow.throw(exc)
+                continue
+            request = flow.send(reply)
+    except StopIteration as stop:  # the flow returned
+        return cast(T, stop.value)
+    finally:
+        if end is not None:
+            end()
 
 
 def ask_one(call: Call, timeout: float) -> Flow[object]:

@@ -95,6 +95,11 @@ def validate_node_addresses(addresses: Sequence[str]) -> None:
         seen.add(address)
 
 
+# The longest a waiter in line that hears releases waits between attempts: it keeps
+# its place in line, and a lost wake-up costs it at most this (docs/design.md §6.4).
+LINE_POLL_MAX = 0.5
+
+
 @dataclass(frozen=True)
 class Settings:
     """Tuning shared by every lock of one manager (all durations in seconds)."""
@@ -137,6 +142,14 @@ class Settings:
         """The most an adaptive request may wait: a fifth of the TTL (the rest is the
         holder's), and a second without one (admin views, probes)."""
         return 1.0 if ttl is None else min(2.0, max(ttl / 5, 0.01))
+
+    def patience(self, request_timeout: float) -> float:
+        """How long a waiting-line entry stays without a new attempt from its waiter: two
+        of the longest waits between attempts (a wait and an attempt), so a live waiter
+        keeps its place and a dead one blocks the line briefly (about 1.1 s by default;
+        docs/design.md §6.3)."""
+        longest_wait = max(self.retry_delay_max, LINE_POLL_MAX)
+        return 2 * (longest_wait + request_timeout) + 0.05
 
     def single_try(self, ttl: float) -> float:
         """How long a single try (``blocking=False``, ``timeout=0``) may take, all its

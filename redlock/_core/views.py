@@ -62,7 +62,7 @@ def _lasting(core: RedlockCore, named: list[tuple[int, int]], elapsed: float) ->
     nodes: list[int] = []
     for node, pttl in sorted(named, key=lambda entry: -entry[1]):
         nodes.append(node)
-        if core.rule.met(nodes):
+        if core.membership.rule.met(nodes):
             lasts = pttl / 1000
             return max(0.0, lasts - elapsed - core.settings.drift(lasts))
     return None

@@ -1,5 +1,6 @@
 """Between two attempts of a blocking acquire: how long to wait (docs/design.md §6.1,
-§6.2, §6.4). Pure: the algorithm asks, the shells wait."""
+§6.2, §6.4). Pure: the algorithm asks, the shells wait. (How long a waiter's place in
+the nodes' line lasts is a setting's: :meth:`Settings.patience`.)"""
 
 from __future__ import annotations
 
@@ -7,20 +8,8 @@ from collections.abc import Sequence
 
 import tenacity
 
-from redlock._core.settings import Settings
+from redlock._core.settings import LINE_POLL_MAX, Settings
 from redlock.errors import NodeResult
-
-# The longest a waiter in line that hears releases waits between attempts: it keeps
-# its place in line, and a lost wake-up costs it at most this (docs/design.md §6.4).
-LINE_POLL_MAX = 0.5
-
-
-def patience(settings: Settings, request_timeout: float) -> float:
-    """How long a waiting-line entry stays without a new attempt from its waiter: two
-    of the longest waits between attempts (a wait and an attempt), so a live waiter
-    keeps its place and a dead one blocks the line briefly (about 1.1 s by default)."""
-    longest_wait = max(settings.retry_delay_max, LINE_POLL_MAX)
-    return 2 * (longest_wait + request_timeout) + 0.05
 
 
 class Waits:

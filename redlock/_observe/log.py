@@ -34,12 +34,14 @@ logging.getLogger("redlock").addHandler(logging.NullHandler())
 
 class EventLogger:
     """A stdlib logger that takes an event name and fields; disabled levels cost one
-    cached ``isEnabledFor`` check."""
+    cached ``isEnabledFor`` check. ``isEnabledFor`` is the stdlib logger's own: code on
+    the lock's usual path asks it before it computes an event's fields."""
 
-    __slots__ = ("_logger",)
+    __slots__ = ("_logger", "isEnabledFor")
 
     def __init__(self, name: str) -> None:
         self._logger = logging.getLogger(name)
+        self.isEnabledFor = self._logger.isEnabledFor
 
     @property
     def name(self) -> str:
@@ -54,10 +56,6 @@ class EventLogger:
         fields["event"] = event  # fields is this call's own **kwargs dict
         # stacklevel 3: the record names the library function that logged, not this one.
         self._logger.log(level, message, extra=fields, exc_info=exc_info, stacklevel=3)
-
-    def debugging(self) -> bool:
-        """Whether a DEBUG event would be logged (to skip computing its fields)."""
-        return self._logger.isEnabledFor(logging.DEBUG)
 
     def debug(self, event: str, **fields: Any) -> None:
         if self._logger.isEnabledFor(logging.DEBUG):

@@ -20,8 +20,8 @@ Instead, per node:
   outages, each with its warning; with 5 s, one.
 
 Each manager's core owns one :class:`NodeOutages`. With every node answering it costs
-the hot path one truth test of an empty dict; a lock is taken only while some node is
-in trouble.
+the hot path one truth test of an empty dict (``current``); a lock is taken only while
+some node is in trouble.
 """
 
 from __future__ import annotations
@@ -82,23 +82,25 @@ class NodeOutages:
         self.summary_every_s = summary_every_s
         self.settle_s = settle_s
         self._mutex = mutex
-        self._outages: dict[str, _Outage] = {}
+        # Per node in trouble, its outage. Its truth tells whether some node is (read
+        # without the lock, by every release: a stale answer only delays an ``answered``
+        # to the next call; failures are always counted).
+        self.current: dict[str, _Outage] = {}
 
     def after_fork(self, mutex: AbstractContextManager[object]) -> None:
         self._mutex = mutex  # a parent thread may have held the old one at the fork
 
     def __bool__(self) -> bool:
-        """Is some node in trouble? Read without the lock: a stale answer only delays
-        an ``answered`` to the next call (failures are always counted)."""
-        return bool(self._outages)
+        """Is some node in trouble? (``current``, read without the lock.)"""
+        return bool(self.current)
 
     def failed(self, node: str, what: str) -> Failure:
         """Count one failure of ``what`` (RELEASES or RENEWALS) on ``node``."""
         now = self._clock()
         with self._mutex:
-            outage = self._outages.get(node)
+            outage = self.current.get(node)
             if outage is None:
-                outage = self._outages[node] = _Outage(now, self._wall_clock())
+                outage = self.current[node] = _Outage(now, self._wall_clock())
             outage.last_failure = now
             outage.counts[what] += 1
             if outage.counts[what] == 1:
@@ -111,14 +113,14 @@ class NodeOutages:
 
     def answered(self, node: str) -> OutageSummary | None:
         """``node`` answered: the summary of its outage if that ends it, else None."""
-        if node not in self._outages:  # read without the lock: most nodes are fine
+        if node not in self.current:  # read without the lock: most nodes are fine
             return None
         now = self._clock()
         with self._mutex:
-            outage = self._outages.get(node)
+            outage = self.current.get(node)
             if outage is None or now - outage.last_failure < self.settle_s:
                 return None
-            del self._outages[node]
+            del self.current[node]
             return self._summary(node, outage)
 
     @staticmethod

@@ -1,7 +1,7 @@
 """A command as it goes on the wire (RESP): each argument a bulk string, the command an
 array of them. Pure: the call templates pack their command here once per name
-(:mod:`redlock._core.templates`), and the transports' packer without hiredis is made of
-it (:mod:`redlock._io.resp`), so both write the same bytes as hiredis does."""
+(:class:`redlock._core.kinds.Template`), and the transports' packer without hiredis is
+made of it (:mod:`redlock._io.resp`), so both write the same bytes as hiredis does."""
 
 from __future__ import annotations
 

@@ -18,19 +18,15 @@ from __future__ import annotations
 from redlock._scripts.script import Script
 
 # The membership check, the fence counters and the waiting line, shared with the lock
-# family's scripts (docs/design.md §13, §3, §6), are in redlock/_scripts/shared.py.
-from redlock._scripts.shared import EPOCH_CHECK as EPOCH_CHECK
-from redlock._scripts.shared import LINE_FUNCTIONS as LINE_FUNCTIONS
-from redlock._scripts.shared import OTHER_FORMAT as OTHER_FORMAT
-from redlock._scripts.shared import OWNER_FUNCTIONS as OWNER_FUNCTIONS
-from redlock._scripts.shared import STALE_EPOCH as STALE_EPOCH
-from redlock._scripts.shared import TOKEN_FUNCTIONS as TOKEN_FUNCTIONS
-from redlock._scripts.shared import guarded as guarded
-from redlock._scripts.shared import raise_horizon
-
-# The operator tools' scripts (INSPECT, FORCE_RELEASE) are in redlock/_scripts/tools.py.
-from redlock._scripts.tools import FORCE_RELEASE as FORCE_RELEASE
-from redlock._scripts.tools import INSPECT as INSPECT
+# family's scripts (docs/design.md §13, §3, §6).
+from redlock._scripts.shared import (
+    LINE_FUNCTIONS,
+    OTHER_FORMAT,
+    OWNER_FUNCTIONS,
+    TOKEN_FUNCTIONS,
+    guarded,
+    raise_horizon,
+)
 
 # Reply codes of ACQUIRE (first element of the reply array).
 ACQUIRE_REFUSED = 0  # another owner holds the key; second element: its PTTL in ms

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 from redlock._scripts import lock as scripts
 from redlock._scripts import node as node_scripts
+from redlock._scripts import shared
 from redlock._scripts.record import Members, from_fields
 from redlock.errors import NodeResult, Outcome
 
@@ -141,7 +142,7 @@ def epoch_refusal(reply: object) -> Members | None:
     """The record a guarded script refused with (its epoch is above the client's, or the
     node is retired), or None if the reply is no such refusal."""
     if (isinstance(reply, list | tuple) and len(reply) == 5
-            and reply[0] == scripts.STALE_EPOCH):
+            and reply[0] == shared.STALE_EPOCH):
         return from_fields(*reply[1:])
     return None
 
@@ -219,7 +220,7 @@ def acquire_set_nothing(reply: object) -> bool:
         return reply.unsent
     return isinstance(reply, list | tuple) and bool(reply) and reply[0] in (
         scripts.ACQUIRE_REFUSED, scripts.ACQUIRE_NOT_YOUR_TURN, scripts.ACQUIRE_AMNESIAC,
-        scripts.ACQUIRE_OTHER_FORMAT, scripts.STALE_EPOCH)
+        scripts.ACQUIRE_OTHER_FORMAT, shared.STALE_EPOCH)
 
 
 # -- the owner-checked scripts: EXTEND, WRITE_BACK, RELEASE ------------------------------

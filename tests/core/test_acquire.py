@@ -39,7 +39,7 @@ def test_first_acquire_inspects_every_node_once_then_never_again() -> None:
             result = drive(core.acquire("r", 10.0, blocking=False, timeout=None),
                                        nodes.execute)
             assert result.state is not None
-            drive(core.release(result.state), nodes.execute)
+            drive(core.holding.release(result.state), nodes.execute)
     # No round of its own: INFO rides behind the first attempt's acquire calls, on the
     # same connections (a round waiting for a quorum cost a whole request timeout when
     # a majority hung, past the caller's deadline).

@@ -113,7 +113,7 @@ def test_a_node_that_lost_its_marker_is_benched_and_the_rest_grant() -> None:
     # Nothing written on the acquire's path: no marker, no lock key, no episode yet.
     assert nodes.data[2] == {}
     # Known now: the next acquire does not look at it again.
-    drive(core.release(result.state), nodes.execute)
+    drive(core.holding.release(result.state), nodes.execute)
     nodes.requests.clear()
     assert drive(core.acquire("s", 10.0, blocking=False, timeout=None),
                  nodes.execute).state is not None

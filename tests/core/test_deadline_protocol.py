@@ -72,7 +72,7 @@ def test_a_new_managers_first_attempt_carries_info_and_learns_its_timeout() -> N
     assert first.learn == 2  # round trips unknown: a quorum's replies set the timeout
     for node in range(3):
         core.round_trips.sample_many({node: 0.001})
-    drive(core.release(result.state), nodes.execute)
+    drive(core.holding.release(result.state), nodes.execute)
     drive(core.acquire("s", 5.0, blocking=False, timeout=None), nodes.execute)
     assert nodes.broadcasts()[-1].learn == 0  # known now: the adaptive timeout
 

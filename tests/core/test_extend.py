@@ -25,7 +25,7 @@ def test_extend_with_a_quorum_of_acks_renews_from_the_start_of_the_extend() -> N
     del nodes.data[2][lock_key("r")]  # one node lost our key: two acks are a quorum
     nodes.round_trip = 0.5
     started, deadline = clock(), state.deadline
-    assert drive(core.extend(state, 20.0), nodes.execute) is None
+    assert drive(core.holding.extend(state, 20.0), nodes.execute) is None
     [request] = nodes.broadcasts()
     assert [(c.node, c.script, c.keys, c.args) for c in request.calls] == [
         (i, scripts.EXTEND, (lock_key("r"), KEYS.members), (state.owner, 20_000, 0))
@@ -46,7 +46,7 @@ def test_extend_without_a_quorum_of_acks_changes_nothing_and_reports_why() -> No
     deadline = state.deadline
     del nodes.data[0][lock_key("r")]
     nodes.down = {1}
-    failure = drive(core.extend(state, 10.0), nodes.execute)
+    failure = drive(core.holding.extend(state, 10.0), nodes.execute)
     assert failure is not None
     assert [r.outcome for r in failure] == [Outcome.REFUSED, Outcome.ERROR, Outcome.GRANTED]
     assert "our key is gone" in failure[0].detail
@@ -59,7 +59,7 @@ def test_extend_is_bounded_by_the_validity_left_and_late_acks_do_not_count() -> 
     deadline = state.deadline
     clock.advance(deadline - clock() - 0.01)  # 10 ms of validity left
     nodes.round_trip = 0.02  # every node acks, 20 ms later: past the deadline
-    failure = drive(core.extend(state, 10.0), nodes.execute)
+    failure = drive(core.holding.extend(state, 10.0), nodes.execute)
     [request] = nodes.broadcasts()
     assert request.timeout == pytest.approx(0.01)  # not the 50 ms node timeout
     assert failure is not None
@@ -73,32 +73,32 @@ def test_extend_of_an_expired_or_released_lock_sends_nothing() -> None:
     core = make_core(3, clock)
     expired = held(core, nodes, "a")
     released = held(core, nodes, "b")
-    drive(core.release(released), nodes.execute)
+    drive(core.holding.release(released), nodes.execute)
     clock.advance(10.0)
     for state in (expired, released):
         with pytest.raises(StopIteration) as finished:  # returns before its first request
-            next(core.extend(state, 10.0))
+            next(core.holding.extend(state, 10.0))
         assert finished.value.value == ()
 
 
 def test_drive_returns_the_value_of_a_protocol_that_needs_no_request() -> None:
     clock, nodes, core, state = held_lock()
     clock.advance(10.0)
-    assert drive(core.extend(state, 10.0), nodes.execute) == ()
+    assert drive(core.holding.extend(state, 10.0), nodes.execute) == ()
 
 
 def test_explicit_extend_that_fails_loses_the_lock_releases_everywhere_and_raises() -> None:
     nodes = ScriptedNodes(3)
     core = make_core(3)
     state = held(core, nodes)
-    assert drive(core.extend_or_lose(state, 5.0), nodes.execute) is None  # success
+    assert drive(core.holding.extend_or_lose(state, 5.0), nodes.execute) is None  # success
     assert nodes.scripts_sent() == ["extend"]
     nodes.requests.clear()
     for i in (0, 1):
         del nodes.data[i][lock_key("r")]
     gone = "2 of 3 nodes answered that our key is gone"
     with pytest.raises(LockLost, match=gone) as caught:
-        drive(core.extend_or_lose(state, 5.0), nodes.execute)
+        drive(core.holding.extend_or_lose(state, 5.0), nodes.execute)
     assert [r.outcome for r in caught.value.outcomes] == [
         Outcome.REFUSED, Outcome.REFUSED, Outcome.GRANTED]
     assert state.status == Status.LOST
@@ -108,7 +108,7 @@ def test_explicit_extend_that_fails_loses_the_lock_releases_everywhere_and_raise
     # Lost stays lost: the next explicit extend raises at once, without I/O.
     nodes.requests.clear()
     with pytest.raises(LockLost, match=gone):
-        drive(core.extend_or_lose(state, 5.0), nodes.execute)
+        drive(core.holding.extend_or_lose(state, 5.0), nodes.execute)
     assert nodes.requests == []
 
 
@@ -130,7 +130,7 @@ def test_explicit_extend_retries_through_a_stall_while_validity_is_left() -> Non
         return PASS
 
     nodes.intercept = stall_for_two_rounds
-    assert drive(core.extend_or_lose(state, 10.0), nodes.execute) is None
+    assert drive(core.holding.extend_or_lose(state, 10.0), nodes.execute) is None
     assert nodes.scripts_sent() == ["extend"] * 3  # two timed out, the third acked
     assert len(nodes.sleeps()) == 2  # the backoff between them
     assert state.status == Status.HELD
@@ -141,7 +141,7 @@ def test_explicit_extend_gives_up_when_the_validity_runs_out() -> None:
     clock, nodes, core, state = held_lock(ttl=0.9, retry_delay_min=0.1, retry_delay_max=0.25)
     nodes.down = {0, 1, 2}
     with pytest.raises(LockLost, match="no quorum of the 3 nodes renewed it"):
-        drive(core.extend_or_lose(state, 5.0), nodes.execute)
+        drive(core.holding.extend_or_lose(state, 5.0), nodes.execute)
     assert state.status == Status.LOST
     assert clock() >= state.deadline
 
@@ -151,15 +151,15 @@ def test_replies_not_read_never_count_as_our_key_gone() -> None:
     extend nor the renewal loop may decide that a majority lost our key from it."""
     _, nodes, core, state = held_lock(ttl=9.0)
     nodes.intercept = lambda call: PENDING if getattr(call, "node", None) in (0, 1) else PASS
-    failure = drive(core.extend(state, 9.0), nodes.execute)
+    failure = drive(core.holding.extend(state, 9.0), nodes.execute)
     assert failure is not None
     assert [r.outcome for r in failure] == [Outcome.ERROR, Outcome.ERROR, Outcome.GRANTED]
-    assert not core.key_gone(failure)
+    assert not core.holding.key_gone(failure)
 
 
 def test_explicit_extend_of_an_expired_lock_raises_without_io() -> None:
     clock, nodes, core, state = held_lock()
     clock.advance(10.0)
     with pytest.raises(LockLost, match="expired"):
-        drive(core.extend_or_lose(state, 10.0), nodes.execute)
+        drive(core.holding.extend_or_lose(state, 10.0), nodes.execute)
     assert nodes.requests == []

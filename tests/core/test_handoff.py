@@ -214,7 +214,7 @@ def test_a_waiter_handed_the_lock_on_every_node_completes_without_an_acquire_rou
     assert [nodes.data[i][lock_key("r")] for i in range(3)] == [waiter] * 3
     assert [e["heard"] for e in events if e["event"] == "redlock.handed_off"] == [3]
     # An ordinary lock: it releases its reservations (and hands off to nobody).
-    drive(core.release(result.state), nodes.execute)
+    drive(core.holding.release(result.state), nodes.execute)
     assert all(lock_key("r") not in nodes.data[i] for i in range(3))
 
 

@@ -264,8 +264,7 @@ def test_a_waiter_sleeps_its_patient_wait_only_once_releases_since_its_attempt_a
     wait. A cold start of 8 threads on one lock slept 0.5 s that way in 3 of 33
     benchmark runs (BENCHMARKS.md, "Issue 21: where a contended hand-off spends its
     time"). Patient once a quorum of nodes was subscribed before its latest attempt."""
-    from redlock._client.lines import Ticket
-    from redlock._client.waiting_room import WaitingRoom
+    from tests.internals import Ticket, WaitingRoom
 
     now = [100.0]
     monkeypatch.setattr("redlock._io.wakeups.time.monotonic", lambda: now[0])

@@ -223,7 +223,8 @@ def test_an_extend_round_ends_by_half_the_validity_left_of_the_others_waiting() 
     # half the validity its own locks have left), the others' rounds wait for it.
     clock, nodes, core, state = held_lock(ttl=10.0, node_timeout=0.05)
     for until in (None, clock() + 0.8, clock() - 1.0):
-        assert drive(core.extend_many([(state, 10.0)], until=until), nodes.execute) == [None]
+        assert drive(core.holding.extend_many([(state, 10.0)], until=until),
+                     nodes.execute) == [None]
     alone, beside, behind = [b.timeout for b in nodes.broadcasts()]
     assert alone > 4.0  # half its own validity left
     assert beside == pytest.approx(0.4)  # half what the other has left

@@ -574,11 +574,11 @@ def test_restart_with_appendfsync_everysec_is_an_amnesia_episode(
 def test_a_restart_learnt_by_a_release_is_seen_to_at_once(
     durable3: RedisNodes, make_dlm: MakeDlm,
 ) -> None:
-    """A release that meets a restarted node on a new connection (the quick lane's: it
-    ends no driven call) starts the judging at once, as the end of a driven call does:
-    node 1 is demoted with no further call. It used to wait for the next driven call, and
-    the test above failed on a loaded machine whenever its acquire was decided before node
-    1's new connection was up, which left the release to learn of the restart."""
+    """A release that meets a restarted node on a new connection starts the judging at
+    once, as the end of every call does: node 1 is demoted with no further call. (When
+    releases took a route of their own that ended no call, it waited for the next call,
+    and the test above failed on a loaded machine whenever its acquire was decided
+    before node 1's new connection was up, which left the release to learn of it.)"""
     dlm = make_dlm(durable3)
     first, second = (dlm.lock(f"restarts:learnt-{i}", ttl=MAX_TTL) for i in range(2))
     assert first.acquire() and second.acquire()

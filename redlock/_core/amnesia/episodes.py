@@ -63,7 +63,7 @@ def lease_bound(guard: AmnesiaGuard, node: int) -> Flow[tuple[float, str]]:
             bounds.append(max(found.leases, found.rejoins))  # out itself until then
         else:
             unknown.add(i)  # silent, suspected of a restart, or lost data unbounded
-    if guard.rule().met(unknown):
+    if guard.membership.rule.met(unknown):
         guard.health.unbounded.add(node)
         silent = ", ".join(guard.addresses[i] for i in sorted(unknown - {node}))
         return settings.max_ttl, (f"max_ttl: what {silent} granted could not be read, and a"

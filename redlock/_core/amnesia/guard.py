@@ -33,7 +33,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from redlock._core.amnesia.health import NodeHealth
 from redlock._core.environment import Environment
-from redlock._core.members import Rule
+from redlock._core.members import Membership
 from redlock._core.requests import Broadcast, Call, Deadline, Flow, Pause
 from redlock._core.settings import Keys, Settings
 from redlock._core.state import AttemptResult
@@ -64,9 +64,9 @@ class AmnesiaGuard:
 
     def __init__(self, addresses: Sequence[str], settings: Settings, keys: Keys,
                  env: Environment, timeout: Callable[[], float],
-                 rule: Callable[[], Rule]) -> None:
+                 membership: Membership) -> None:
         self.addresses = tuple(addresses)
-        self.rule = rule  # the membership rule in force (what a quorum is, §13.2)
+        self.membership = membership  # its rule: what a quorum is (§13.2)
         self.settings = settings
         self.keys = keys
         self.env = env

@@ -132,6 +132,16 @@ class NodeHealth:
     def pending(self) -> bool:
         return bool(self.suspect or self.unmarked or self.adopt)
 
+    def quiet(self) -> bool:
+        """Whether no node needs the maintenance; then ``news`` is cleared (under the
+        lock: a node that newly needs it at the same moment keeps it set). The end of
+        every call looks at ``news`` only, so it must not stay set for nothing."""
+        with self._mutex:
+            if self.pending():
+                return False
+            self.news = False
+            return True
+
     def adopted(self, node: int, found: tuple[bytes, str]) -> None:
         """The marker found on ``node`` was adopted (or changed): no longer to adopt."""
         with self._mutex:

@@ -228,7 +228,7 @@ def _meanwhile(guard: AmnesiaGuard, reports: dict[int, RepairReport], now: float
     a quorum of nodes are healthy now, that no lock can be granted and what to do."""
     out = guard.health.benched() | set(reports)
     healthy = [i for i in range(guard.n) if i not in out]
-    if guard.rule().met(healthy):
+    if guard.membership.rule.met(healthy):
         return ""
     waits = [w for i in guard.health.benched() if (w := guard.health.rejoins_in(i, now))]
     lost = len(guard.health.unmarked)
