@@ -31,10 +31,21 @@ from redis.retry import Retry
 
 from redlock._core.settings import Keys
 from redlock._core.tokens import bucket
-from redlock._io.nodes import pool_overrides
 from redlock._scripts import lock as scripts
 
 MARKER = Keys("redlock").marker
+
+
+def pool_overrides(socket_timeout: float, retry: Any) -> dict[str, Any]:
+    """redis-py connection settings of the floors: our timeouts, no retry, no health
+    check (the library's own connections do neither)."""
+    return {
+        "socket_timeout": socket_timeout,
+        "socket_connect_timeout": socket_timeout,
+        "retry": retry,
+        "health_check_interval": 0,
+        "decode_responses": False,
+    }
 
 
 _KEYS = Keys("redlock")

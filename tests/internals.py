@@ -59,7 +59,7 @@ from redlock._core.tokens import (
     waiter_id,
 )
 from redlock._core.waiting import LINE_POLL_MAX
-from redlock._io import sync_idle
+from redlock._io import sync_transport
 from redlock._io.failures import as_failure, map_failures
 from redlock._io.sync_drainer import SyncDrainer
 from redlock._io.sync_transport import SyncTransport
@@ -132,6 +132,8 @@ __all__ = [
     "event_fields",
     "flows_driven",
     "idle_connections",
+    "idle_count",
+    "late_entries",
     "lines_idle",
     "maintenance",
     "make_template",
@@ -143,6 +145,7 @@ __all__ = [
     "ours",
     "parse_message",
     "plain_pack",
+    "put_idle",
     "quorum",
     "read_counters",
     "real_environment",
@@ -150,7 +153,7 @@ __all__ = [
     "render_call",
     "repair_node",
     "scripts",
-    "sync_idle",
+    "sync_transport",
     "unsafe_config",
     "validate_node_addresses",
     "validate_resource",
@@ -215,7 +218,22 @@ def flows_driven(manager: Any) -> Callable[[], int]:
 
 def idle_connections(manager: Any, node: int = 0) -> int:
     """How many open connections a Redlock keeps for ``node`` between requests."""
-    return int(manager._transport._idle.count(node))
+    return idle_count(manager._transport, node)
+
+
+def idle_count(transport: SyncTransport, node: int) -> int:
+    """How many open connections a SyncTransport keeps for ``node`` between requests."""
+    return len(transport._idle[node])
+
+
+def put_idle(transport: SyncTransport, node: int, conn: Any) -> None:
+    """Give a SyncTransport an open connection to ``node``, as a request gives one back."""
+    transport._give_back(node, conn)
+
+
+def late_entries(drainer: SyncDrainer) -> Any:
+    """A SyncDrainer's late connections (their ``entries`` is what its thread reads)."""
+    return drainer.late
 
 
 def repair_node(core: RedlockCore, node: int, *, force: bool = False,

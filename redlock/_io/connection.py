@@ -229,6 +229,13 @@ def receive_ready(conn: Connection) -> object:
     return _read_more(conn, sock)
 
 
+def receive_buffered(conn: Connection) -> object:
+    """The next reply if it was taken from the socket already, else :data:`NOTHING`: no
+    system call (a read that took several replies at once)."""
+    reply = _parsed(conn)
+    return NOTHING if reply is False else reply
+
+
 def _parsed(conn: Connection) -> object:
     try:
         return conn.reader.gets()
