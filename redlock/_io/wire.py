@@ -43,8 +43,9 @@ from redlock._io.resp import ReplyError
 from redlock._scripts import lock as scripts
 
 __all__ = ["DONE", "IDENTIFIED", "MORE", "NOT_AWAITED", "PENDING", "RESEND", "SENT_LATE",
-           "Exchange", "Gathering", "exchanges_of", "Late", "LateConnections", "NotAwaited", "Packing",
-           "Silence", "fill_pending", "is_noscript", "late_sendable", "render"]
+           "Exchange", "Gathering", "Late", "LateConnections", "NotAwaited", "Packing",
+           "Silence", "exchanges_of", "fill_pending", "is_noscript", "late_sendable",
+           "render"]
 
 Conn = TypeVar("Conn")
 E = TypeVar("E", bound="Exchange")
@@ -237,7 +238,7 @@ class Gathering:
     decide it (``Broadcast.enough``, early quorum), by the stragglers' grace
     (:meth:`Silence.until`). Both transports end their requests by it."""
 
-    __slots__ = ("decided", "deadline", "enough", "learn", "replies", "request", "silence",
+    __slots__ = ("deadline", "decided", "enough", "learn", "replies", "request", "silence",
                  "started")
 
     def __init__(self, request: Broadcast, replies: Replies, started: float, deadline: float,
