@@ -303,6 +303,29 @@ def redis_py_lock(single: Any) -> Peer:
                 release=lambda h, _c: h.release())
 
 
+def redis_py_async_lock(peers: Peers, url: str) -> Peer:
+    """redis-py's asyncio ``Lock`` on one node, on the benchmark's event loop."""
+    import redis.asyncio
+    import redis.asyncio.lock
+
+    async def make_client() -> Any:  # its pool belongs to the benchmark's loop
+        return redis.asyncio.Redis.from_url(url)
+
+    client = peers.loop.run_until_complete(make_client())
+    peers.closers.append(lambda: peers.loop.run_until_complete(client.aclose()))
+
+    async def acquire(handle: Any) -> None:
+        if not await handle.acquire():
+            raise RuntimeError("redis-py asyncio Lock acquire returned False")
+
+    async def release(handle: Any, _ctx: Any) -> None:
+        await handle.release()
+
+    return AsyncPeer(key="redispy_async", label="redis-py redis.asyncio.lock.Lock", nodes=1,
+                     make=lambda r: redis.asyncio.lock.Lock(client, r, timeout=TTL_S),
+                     acquire=acquire, release=release, loop=peers.loop)
+
+
 def python_redis_lock(single: Any) -> Peer:
     import redis_lock
 

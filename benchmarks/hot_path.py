@@ -10,7 +10,8 @@ N, in the same rounds (interleaved, the order rotated every round):
 * ours asyncio against aioredlock (target: no slower at N=1, 3, 5, 7, 9);
 * ours sync against the raw sync scatter/gather floor (target: at most 1.1x at N=3, 5);
 * at N=1, ours sync against redis-py's ``Lock`` and python-redis-lock (target: no
-  slower).
+  slower), and ours asyncio against redis-py's asyncio ``Lock`` (issue 41: at most
+  1.15x).
 
 Each ratio is the median over rounds of the ratio of the two p50s of that round (the
 two measured back to back), with its [min-max] over rounds.
@@ -41,13 +42,14 @@ from _peers import (
     python_redis_lock,
     raw_floor,
     raw_floor_async,
+    redis_py_async_lock,
     redis_py_lock,
 )
 from _sections import rotated
 
 # (ours, theirs): ratio ours/theirs of p50s; below 1 is ours faster
 PAIRS = (("ours_async", "aioredlock"), ("ours", "floor"), ("ours_async", "floor_async"),
-         ("ours", "redispy"), ("ours", "prl"))
+         ("ours", "redispy"), ("ours", "prl"), ("ours_async", "redispy_async"))
 
 
 def peer_set(urls: list[str]) -> tuple[Peers, list[Peer]]:
@@ -64,6 +66,7 @@ def peer_set(urls: list[str]) -> tuple[Peers, list[Peer]]:
         single = redis.Redis.from_url(urls[0])
         peers.closers.append(single.close)
         chosen.append(redis_py_lock(single))
+        chosen.append(redis_py_async_lock(peers, urls[0]))
         peers.add("python-redis-lock", lambda: python_redis_lock(single))
     chosen += [p for p in peers.all if p not in chosen]
     return peers, chosen
