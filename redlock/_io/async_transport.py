@@ -319,7 +319,6 @@ class Gathering(wire.Gathering):
         self.left -= 1
         if exchange.heard:
             self.silence.heard(exchange.node)
-        exchange.copy_into(self.replies)
         if self.wake.done():
             return
         if self.left == 0 or (self.learn and len(self.replies.round_trips) >= self.learn):
@@ -448,12 +447,10 @@ class AsyncTransport:
     def _end(self, request: Broadcast, exchanges: list[Exchange], replies: Replies,
              waited: float, lag: float) -> None:
         """The request is over: what was read counts; the rest goes on in the background."""
-        # Every reply an exchange has read counts, whether or not the gathering has
-        # copied it yet: a reply that was read is never lost, and one that was not is
-        # never taken for an answer.
+        # Every reply an exchange has read counts (it wrote it into the replies as it
+        # came, whether or not the gathering has been told): a reply that was read is
+        # never lost, and one that was not is never taken for an answer.
         for exchange in exchanges:
-            if not exchange.done:  # (a finished one was copied then: Gathering.finished)
-                exchange.copy_into(replies)
             exchange.replies = None  # late exchanges must not write into these replies
         # (Asked only if some exchange is unfinished: what it says is for those.)
         decided = (request.enough is not None

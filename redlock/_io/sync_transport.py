@@ -133,7 +133,25 @@ class SyncTransport:
         try:
             if self._closed:  # a thread or background flow racing the manager's close
                 return Replies([as_failure(Unreachable(CLOSED))] * len(request.calls))
-            replies = self._broadcast(request)
+            if self._drainer.late.total:  # releases go behind their owner's unanswered
+                self._drainer.trail_releases(request)  # acquires (sync_drainer.py)
+            started = time.monotonic()
+            replies = Replies([PENDING] * len(request.calls))
+            exchanges = exchanges_of(request.calls, replies, request.lane, Exchange)
+            gathering = Gathering(request, replies, started, started + request.timeout,
+                                  self._silence)
+            waiting: dict[Any, Exchange] = {}  # socket -> the exchange owed replies on it
+            connecting: Connecting = []
+            try:
+                packing = self._scatter(request, exchanges, waiting, connecting)
+                if waiting or connecting:
+                    self._gather(gathering, waiting, connecting, packing,
+                                 len(waiting) + len(connecting) < len(exchanges))
+            except BaseException:  # interrupted (KeyboardInterrupt), or a bug of ours
+                self._end(gathering, exchanges, connecting, interrupted=True)
+                raise
+            if waiting or connecting:  # decided without them, or its deadline
+                self._end(gathering, exchanges, connecting, interrupted=False)
         finally:
             under_way.discard(me)
             if self._closed and not under_way:
@@ -145,37 +163,24 @@ class SyncTransport:
                 break
         return replies
 
-    def _broadcast(self, request: Broadcast) -> Replies:
-        drainer = self._drainer
-        if drainer.late.total:  # releases go behind their owner's unanswered acquires
-            drainer.trail_releases(request)
-        started = time.monotonic()
-        replies = Replies([PENDING] * len(request.calls))
-        exchanges = exchanges_of(request.calls, replies, request.lane, Exchange)
-        gathering = Gathering(request, replies, started, started + request.timeout,
-                              self._silence)
-        waiting: dict[Any, Exchange] = {}  # socket -> the exchange owed replies on it
-        connecting: Connecting = []
-        try:
-            packing = self._scatter(request, exchanges, waiting, connecting)
-            if waiting or connecting:
-                self._gather(gathering, waiting, connecting, packing,
-                             len(waiting) + len(connecting) < len(exchanges))
-        except BaseException:  # interrupted (KeyboardInterrupt), or a bug of ours
-            self._end(gathering, exchanges, connecting, interrupted=True)
-            raise
-        if waiting or connecting:  # decided without them, or its deadline
-            self._end(gathering, exchanges, connecting, interrupted=False)
-        return replies
-
     def _scatter(self, request: Broadcast, exchanges: list[Exchange],
                  waiting: dict[Any, Exchange], connecting: Connecting) -> Packing:
         """Each node's calls written on an idle connection, or a connection opening."""
         lane = request.lane
+        idle = self._idle
         now = time.monotonic()
         looked: list[Exchange] = []  # idle long enough to be looked at (FRESH)
         for exchange in exchanges:
-            conn = self._take_idle(exchange.node, lane)
+            conn: Connection | None
+            if lane is None:  # (_take_idle, the usual case written out)
+                try:
+                    conn = idle[exchange.node].pop()
+                except IndexError:  # (another thread may take the last one: no look first)
+                    conn = None
+                if conn is not None and conn.sock is None:
+                    conn = self._take_idle(exchange.node)
+            else:
+                conn = self._take_idle(exchange.node, lane)
             if conn is not None:
                 exchange.conn = conn
                 if now - conn.idle_since >= FRESH:
@@ -283,7 +288,6 @@ class SyncTransport:
             self._failed(exchange, exc)
             return True
         self._silence.heard(exchange.node)
-        exchange.copy_into(exchange.replies)  # type: ignore[arg-type]  # (a live request)
         self._give_back(exchange.node, conn, exchange.lane)
         return True
 
@@ -292,7 +296,6 @@ class SyncTransport:
         new connection that never answered, as if the connection had failed (Refusals: a
         host that accepts and resets is refusing)."""
         exchange.fail(exc)
-        exchange.copy_into(exchange.replies)  # type: ignore[arg-type]  # (a live request)
         self._silence.failed(exchange.node, exc)
         if not exchange.conn.identified:
             self._connector.refusals.failed(exchange.node, exc, time.monotonic())
@@ -316,7 +319,6 @@ class SyncTransport:
             if attempt.conn is None:
                 connecting.remove(item)
                 exchange.fail(attempt.error or Unreachable("connection failed"))
-                exchange.copy_into(exchange.replies)  # type: ignore[arg-type]
                 failed = True
                 continue
             exchange.conn = attempt.conn  # (before it leaves the list: see _end)
@@ -351,10 +353,7 @@ class SyncTransport:
         ready, one with replies owed goes to the drainer, one taken and not written goes
         back, and the calls without a reply get what the request knows of them."""
         replies = gathering.replies
-        # (Every reply read counts: Exchange.copy_into; a finished exchange's is in.)
-        for exchange in exchanges:
-            if not exchange.done:
-                exchange.copy_into(replies)
+        for exchange in exchanges:  # (every reply read is in the replies already)
             exchange.replies = None
         decided = not interrupted and gathering.enough is not None and gathering.enough(
             replies, replies.identities)

@@ -118,24 +118,25 @@ class Exchange:
     """One node's calls of one request, written on one connection (pipelined), and what
     came back. A transport hands it each reply as it is parsed (:meth:`take`), which
     says whose it is: on a new connection the identity probe's first (IDENTIFY, docs/
-    design.md §4.4), then one per call in order. A call answered NOSCRIPT (the server
-    lost its scripts: SCRIPT FLUSH, a restart) is written again with its script's body
-    once every call answered (:meth:`bodies`), and its reply to that is the call's. Both
-    transports run their requests through it; they differ only in how bytes come and go."""
+    design.md §4.4), then one per call in order, each written into the request's replies
+    at once (none once the request is over: ``replies`` None). A call answered NOSCRIPT
+    (the server lost its scripts: SCRIPT FLUSH, a restart) is written again with its
+    script's body once every call answered (:meth:`bodies`), and its reply to that is
+    the call's. Both transports run their requests through it; they differ only in how
+    bytes come and go."""
 
     __slots__ = ("calls", "conn", "done", "heard", "identity", "indexes", "lane", "next",
-                 "node", "probed", "replies", "results", "sent_at", "unknown")
+                 "node", "probed", "replies", "sent_at", "unknown")
 
     def __init__(self, node: int, replies: Replies | None, index: int, call: Call,
                  lane: str | None = None) -> None:
         self.node = node
-        # The request's replies while it waits (None once it is over): the identity and
-        # the round trip go there at once, for the request's early decision.
+        # The request's replies while it waits (None once it is over): each reply, the
+        # identity and the round trip go there at once, for the request's early decision.
         self.replies = replies
         self.lane = lane  # its request's lane of connections (None: the shared ones)
-        self.indexes = [index]
+        self.indexes = [index]  # its calls' places among the request's
         self.calls = [call]
-        self.results: list[object] = [PENDING]  # per call, PENDING until it has one
         self.conn: Any = None  # the connection it is written on, once it has one
         self.probed = False  # IDENTIFY went first: the next reply is the identity
         self.identity: object = PENDING
@@ -148,35 +149,36 @@ class Exchange:
     def add(self, index: int, call: Call) -> None:
         self.indexes.append(index)
         self.calls.append(call)
-        self.results.append(PENDING)
 
     def take(self, reply: object) -> int:
         """The next reply on its connection: MORE, DONE, RESEND (write :meth:`bodies`
         now) or IDENTIFIED."""
         self.heard = True
+        replies = self.replies
         if self.probed:
             self.probed = False
             self.identity = reply
-            if self.replies is not None:  # at once: the early decision must not count
-                self.replies.identities[self.node] = reply  # a restarted node's grant
+            if replies is not None:  # at once: the early decision must not count a
+                replies.identities[self.node] = reply  # restarted node's grant
             return IDENTIFIED
         position = self.next
         self.next = position + 1
         count = len(self.calls)
         if position < count:
-            if position == 0 and self.replies is not None:
-                self.replies.round_trips[self.node] = time.monotonic() - self.sent_at
+            if position == 0 and replies is not None:
+                replies.round_trips[self.node] = time.monotonic() - self.sent_at
             # (is_noscript, inline: this runs for every reply)
             if isinstance(reply, ReplyError) and str(reply).startswith("NOSCRIPT"):
                 self.unknown.append(position)
-            else:
-                self.results[position] = reply
+            elif replies is not None:
+                replies[self.indexes[position]] = reply
             if position + 1 < count:
                 return MORE
             if self.unknown:
                 return RESEND
         else:
-            self.results[self.unknown[position - count]] = reply
+            if replies is not None:
+                replies[self.indexes[self.unknown[position - count]]] = reply
             if position + 1 < count + len(self.unknown):
                 return MORE
         self.done = True
@@ -196,14 +198,9 @@ class Exchange:
     def fail(self, exc: BaseException) -> None:
         """Every call still without a result gets ``exc``; the exchange is done."""
         self.heard = self.heard or answered(exc)
-        self.results = [exc if r is PENDING else r for r in self.results]
+        if self.replies is not None:
+            fill_pending(self.indexes, self.replies, exc)
         self.done = True
-
-    def copy_into(self, replies: list[object]) -> None:
-        """Its results so far into the request's replies (what is unread stays PENDING)."""
-        for index, result in zip(self.indexes, self.results, strict=True):
-            if result is not PENDING:
-                replies[index] = result
 
 
 def exchanges_of(calls: Sequence[Call], replies: Replies, lane: str | None,
