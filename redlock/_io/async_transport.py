@@ -120,7 +120,7 @@ class Exchange(wire.Exchange):
                 self.on_done(self)
         elif state == RESEND:  # SCRIPT FLUSH since: the bodies go
             try:
-                conn.send(self.bodies(), self.take_reply, len(self.unknown))
+                conn.send(self.bodies(), self.take_reply, len(self.unknown or ()))
             except Exception as exc:
                 self.fail(exc)
         elif state == IDENTIFIED:

@@ -14,7 +14,7 @@ import contextlib
 import select
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from redlock._core.requests import Broadcast, Call
@@ -53,7 +53,7 @@ class SyncDrainer:
 
     # -- final releases without a connection ---------------------------------------
 
-    def queue(self, node: int, calls: list[Call]) -> bool:
+    def queue(self, node: int, calls: Sequence[Call]) -> bool:
         """Queue final releases for the node's next free connection (True), when every
         call is one (see redlock._io.wire.late_sendable)."""
         if not all(call.script is scripts.RELEASE and late_sendable(call) for call in calls):
@@ -70,7 +70,7 @@ class SyncDrainer:
             calls, self.queued[node] = self.queued[node], []
         return calls
 
-    def send(self, node: int, conn: Connection, calls: list[Call]) -> None:
+    def send(self, node: int, conn: Connection, calls: Sequence[Call]) -> None:
         """Send calls nobody waits for on ``conn``: the drainer reads the replies, then
         gives the connection back."""
         try:
@@ -82,7 +82,7 @@ class SyncDrainer:
 
     # -- connections with replies owed -----------------------------------------------
 
-    def keep(self, node: int, conn: Connection, calls: list[Call], unread: int) -> None:
+    def keep(self, node: int, conn: Connection, calls: Sequence[Call], unread: int) -> None:
         """``conn`` owes ``unread`` replies to ``calls``: read them in the background."""
         if conn.sock is None or self._closed:
             self._discard(node, conn)

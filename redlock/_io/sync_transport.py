@@ -169,7 +169,7 @@ class SyncTransport:
         lane = request.lane
         idle = self._idle
         now = time.monotonic()
-        looked: list[Exchange] = []  # idle long enough to be looked at (FRESH)
+        looked: list[Exchange] | None = None  # idle long enough to be looked at (FRESH)
         for exchange in exchanges:
             conn: Connection | None
             if lane is None:  # (_take_idle, the usual case written out)
@@ -184,8 +184,10 @@ class SyncTransport:
             if conn is not None:
                 exchange.conn = conn
                 if now - conn.idle_since >= FRESH:
+                    if looked is None:
+                        looked = []
                     looked.append(exchange)
-        if looked:
+        if looked is not None:
             # One select for all: a server that closed a connection while it sat idle (it
             # restarted), or sent what nobody asked for: nothing is written on it.
             unasked = with_input([exchange.conn for exchange in looked])

@@ -79,26 +79,27 @@ class Packing:
     same keys and arguments), so each distinct command is packed for the first node and
     its bytes reused for the others (a call template's come packed: Broadcast.packed)."""
 
-    __slots__ = ("_bytes", "_key")
+    __slots__ = ("_bytes", "_call", "_evalsha")
 
     def __init__(self, request: Broadcast | None = None) -> None:
-        self._key: tuple[object, ...] = ()
+        # The call whose command _bytes is (None: none yet), with EVALSHA or EVAL.
+        self._call: Call | None = None
+        self._evalsha = True
         self._bytes = b""
         if request is not None and request.packed is not None:
-            call = request.calls[0]
-            self._key = (call.script, call.keys, call.args, True)
+            self._call = request.calls[0]
             self._bytes = request.packed
 
-    def calls(self, calls: list[Call], *, evalsha: bool) -> bytes:
+    def calls(self, calls: Sequence[Call], *, evalsha: bool) -> bytes:
         if len(calls) != 1:
             return resp.pack([render(call, evalsha=evalsha) for call in calls])
         call = calls[0]
-        key = self._key
-        if key and key[0] is call.script and key[1] is call.keys and key[2] is call.args \
-                and key[3] is evalsha:
+        packed = self._call
+        if packed is not None and packed.args is call.args and packed.keys is call.keys \
+                and packed.script is call.script and self._evalsha is evalsha:
             return self._bytes
         self._bytes = resp.pack_one(render(call, evalsha=evalsha))
-        self._key = (call.script, call.keys, call.args, evalsha)
+        self._call, self._evalsha = call, evalsha
         return self._bytes
 
 
@@ -125,8 +126,8 @@ class Exchange:
     the call's. Both transports run their requests through it; they differ only in how
     bytes come and go."""
 
-    __slots__ = ("calls", "conn", "done", "heard", "identity", "indexes", "lane", "next",
-                 "node", "probed", "replies", "sent_at", "unknown")
+    __slots__ = ("calls", "conn", "done", "heard", "indexes", "lane", "next", "node",
+                 "probed", "replies", "sent_at", "unknown")
 
     def __init__(self, node: int, replies: Replies | None, index: int, call: Call,
                  lane: str | None = None) -> None:
@@ -135,20 +136,20 @@ class Exchange:
         # identity and the round trip go there at once, for the request's early decision.
         self.replies = replies
         self.lane = lane  # its request's lane of connections (None: the shared ones)
-        self.indexes = [index]  # its calls' places among the request's
-        self.calls = [call]
+        # Its calls and their places among the request's (tuples: few objects per request).
+        self.indexes: tuple[int, ...] = (index,)
+        self.calls: tuple[Call, ...] = (call,)
         self.conn: Any = None  # the connection it is written on, once it has one
         self.probed = False  # IDENTIFY went first: the next reply is the identity
-        self.identity: object = PENDING
         self.next = 0  # the next reply's position: the calls', then the resent ones'
-        self.unknown: list[int] = []  # the calls (positions) that answered NOSCRIPT
+        self.unknown: list[int] | None = None  # the calls (positions) that answered NOSCRIPT
         self.sent_at = 0.0
         self.done = False  # every call has its result (a reply or a failure)
         self.heard = False  # the node replied, or failed other than by a timeout
 
     def add(self, index: int, call: Call) -> None:
-        self.indexes.append(index)
-        self.calls.append(call)
+        self.indexes += (index,)
+        self.calls += (call,)
 
     def take(self, reply: object) -> int:
         """The next reply on its connection: MORE, DONE, RESEND (write :meth:`bodies`
@@ -157,7 +158,6 @@ class Exchange:
         replies = self.replies
         if self.probed:
             self.probed = False
-            self.identity = reply
             if replies is not None:  # at once: the early decision must not count a
                 replies.identities[self.node] = reply  # restarted node's grant
             return IDENTIFIED
@@ -169,6 +169,8 @@ class Exchange:
                 replies.round_trips[self.node] = time.monotonic() - self.sent_at
             # (is_noscript, inline: this runs for every reply)
             if isinstance(reply, ReplyError) and str(reply).startswith("NOSCRIPT"):
+                if self.unknown is None:
+                    self.unknown = []
                 self.unknown.append(position)
             elif replies is not None:
                 replies[self.indexes[position]] = reply
@@ -177,23 +179,24 @@ class Exchange:
             if self.unknown:
                 return RESEND
         else:
+            unknown = self.unknown or []
             if replies is not None:
-                replies[self.indexes[self.unknown[position - count]]] = reply
-            if position + 1 < count + len(self.unknown):
+                replies[self.indexes[unknown[position - count]]] = reply
+            if position + 1 < count + len(unknown):
                 return MORE
         self.done = True
         return DONE
 
     def bodies(self) -> bytes:
         """The calls that answered NOSCRIPT, with their scripts' bodies (EVAL)."""
-        return resp.pack([render(self.calls[i], evalsha=False) for i in self.unknown])
+        return resp.pack([render(self.calls[i], evalsha=False) for i in self.unknown or ()])
 
     def owed(self) -> int:
         """How many replies its connection still owes it (written, not read)."""
         count = len(self.calls)
         if self.next < count:
             return self.probed + count - self.next
-        return count + len(self.unknown) - self.next
+        return count + len(self.unknown or ()) - self.next
 
     def fail(self, exc: BaseException) -> None:
         """Every call still without a result gets ``exc``; the exchange is done."""
