@@ -327,17 +327,17 @@ class Silence:
 
 
 class Refusals:
-    """Per node, a connection attempt that failed fast (refused, reset, no such host, a
-    wrong password: any failure but a timeout, :func:`answered`), and when the next may
-    be made. Until then a request fails that node's calls at once with the same error,
-    instead of opening a connection (a thread or a task) that would fail the same way:
-    with 2 of 5 nodes refusing connections, that cost each acquire+release 3.2 times the
-    healthy cycle on the sync client and 2.0 times on the asyncio one (BENCHMARKS.md,
-    "A refusing minority"). The wait starts at RETRY_CONNECT_MIN and doubles with each
-    failure, up to RETRY_CONNECT_MAX, so a node that comes back is asked again within
-    that; any connection made to the node clears it. Failing a call at once changes no
-    decision: the attempt would have failed it a moment later. A timeout does not count:
-    a connection that takes its whole budget is already one at a time per slot."""
+    """Per node, a connection attempt that failed fast (refused, reset, no such host, a wrong
+    password: any failure but a timeout, :func:`answered`), and when the next may be
+    made. Until then a request fails that node's calls at once with the same error,
+    instead of opening a connection (a thread or a task) that would fail the same way,
+    which with a refusing minority cost each acquire+release several healthy cycles
+    (BENCHMARKS.md, "A refusing minority"). The wait starts at RETRY_CONNECT_MIN and
+    doubles with each failure, up to RETRY_CONNECT_MAX, so a node that comes back is
+    asked again within that; any connection made to the node clears it. Failing a call
+    at once changes no decision: the attempt would have failed it a moment later. A
+    timeout does not count: a connection that takes its whole budget is already one at a
+    time per slot."""
 
     __slots__ = ("errors", "retry_at", "waits")
 
