@@ -114,6 +114,7 @@ class Exchange(wire.Exchange):
         if not conn.alive and isinstance(reply, BaseException):
             self.fail(reply)
             return
+        self.heard = True
         state = self.take(reply)
         if state == DONE:
             if self.on_done is not None:
@@ -507,7 +508,7 @@ class AsyncTransport:
         wire.lane = exchange.lane
         # A new connection: identify the server first, and send script bodies (the
         # server may be new, or restarted: EVALSHA would cost a NOSCRIPT round trip).
-        data = (packing or Packing()).calls(exchange.calls, evalsha=wire.identified)
+        data = (packing or Packing()).calls(exchange.calls, wire.identified)
         count = len(exchange.calls)
         if not wire.identified and self._probe is not None:
             exchange.probed = True

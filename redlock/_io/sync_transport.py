@@ -168,6 +168,7 @@ class SyncTransport:
         """Each node's calls written on an idle connection, or a connection opening."""
         lane = request.lane
         idle = self._idle
+        packing = Packing(request)
         now = time.monotonic()
         looked: list[Exchange] | None = None  # idle long enough to be looked at (FRESH)
         for exchange in exchanges:
@@ -181,12 +182,17 @@ class SyncTransport:
                     conn = self._take_idle(exchange.node)
             else:
                 conn = self._take_idle(exchange.node, lane)
-            if conn is not None:
-                exchange.conn = conn
-                if now - conn.idle_since >= FRESH:
-                    if looked is None:
-                        looked = []
-                    looked.append(exchange)
+            if conn is None:
+                connecting.append((exchange, self._connector.connect(
+                    exchange.node, anyway=lane is not None)))
+                continue
+            exchange.conn = conn
+            if now - conn.idle_since < FRESH:  # its replies were read a moment ago
+                self._send(exchange, packing, waiting)
+            elif looked is None:
+                looked = [exchange]
+            else:
+                looked.append(exchange)
         if looked is not None:
             # One select for all: a server that closed a connection while it sat idle (it
             # restarted), or sent what nobody asked for: nothing is written on it.
@@ -195,13 +201,11 @@ class SyncTransport:
                 if exchange.conn in unasked:
                     exchange.conn.close()
                     exchange.conn = self._take_idle(exchange.node, lane, check=True)
-        packing = Packing(request)
-        for exchange in exchanges:
-            if exchange.conn is not None:
+                    if exchange.conn is None:
+                        connecting.append((exchange, self._connector.connect(
+                            exchange.node, anyway=lane is not None)))
+                        continue
                 self._send(exchange, packing, waiting)
-            else:
-                connecting.append((exchange, self._connector.connect(
-                    exchange.node, anyway=lane is not None)))
         return packing
 
     def _send(self, exchange: Exchange, packing: Packing,
@@ -209,7 +213,7 @@ class SyncTransport:
         conn = exchange.conn
         # A new connection: identify the server first, and send script bodies (the
         # server may be new, or restarted: EVALSHA would cost a NOSCRIPT round trip).
-        data = packing.calls(exchange.calls, evalsha=conn.identified)
+        data = packing.calls(exchange.calls, conn.identified)
         if not conn.identified and self._probe is not None:
             exchange.probed = True
             data = self._probe + data

@@ -90,7 +90,7 @@ class Packing:
             self._call = request.calls[0]
             self._bytes = request.packed
 
-    def calls(self, calls: Sequence[Call], *, evalsha: bool) -> bytes:
+    def calls(self, calls: Sequence[Call], evalsha: bool) -> bytes:
         if len(calls) != 1:
             return resp.pack([render(call, evalsha=evalsha) for call in calls])
         call = calls[0]
@@ -145,7 +145,9 @@ class Exchange:
         self.unknown: list[int] | None = None  # the calls (positions) that answered NOSCRIPT
         self.sent_at = 0.0
         self.done = False  # every call has its result (a reply or a failure)
-        self.heard = False  # the node replied, or failed other than by a timeout
+        # The node replied (set by the asyncio transport, whose gathering clears the node's
+        # silence as an exchange finishes), or failed other than by a timeout.
+        self.heard = False
 
     def add(self, index: int, call: Call) -> None:
         self.indexes += (index,)
@@ -154,7 +156,6 @@ class Exchange:
     def take(self, reply: object) -> int:
         """The next reply on its connection: MORE, DONE, RESEND (write :meth:`bodies`
         now) or IDENTIFIED."""
-        self.heard = True
         replies = self.replies
         if self.probed:
             self.probed = False
