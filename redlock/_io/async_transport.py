@@ -324,7 +324,7 @@ class Gathering(wire.Gathering):
             return
         if self.left == 0 or (self.learn and len(self.replies.round_trips) >= self.learn):
             self.wake.set_result(None)
-        elif self.enough is not None and self.decide(self.stragglers()):
+        elif self.enough is not None and self.decide(self.stragglers):
             self.wake.set_result(None)  # (every straggler is silent)
         elif self.decided and self.armed:  # the request waits: at the new deadline now
             self.arm()
@@ -408,7 +408,7 @@ class AsyncTransport:
                 # Gathering.finished asks as each one finishes.)
                 if (not gathering.decided and gathering.left < len(exchanges)
                         and gathering.enough is not None):
-                    gathering.decide(gathering.stragglers())
+                    gathering.decide(gathering.stragglers)
                 if gathering.learn:  # a first request: its timeout from its own replies
                     gathering.learnt()
                 now = time.monotonic()

@@ -268,7 +268,7 @@ class SyncTransport:
                 if gathering.learn:  # a first request: its timeout from its own replies
                     gathering.learnt()
                 if gathering.enough is not None:  # decided: the stragglers' grace
-                    gathering.decide([e.node for e in waiting.values()]
+                    gathering.decide(lambda: [e.node for e in waiting.values()]
                                      + [e.node for e, _ in connecting])
             finished = False
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Generic, TypeVar
 
 from redlock._core.requests import (
@@ -264,18 +264,18 @@ class Gathering:
         self.deadline = min(self.deadline, learnt)
         return True
 
-    def decide(self, stragglers: Iterable[int]) -> bool:
-        """Asked as replies come in, with the nodes not read yet: once the replies decide
-        the request, the stragglers get as long again as the decision took (a healthy
-        cluster's replies come in together), and none once they are all silent. True:
-        nothing is left to wait for."""
+    def decide(self, stragglers: Callable[[], Iterable[int]]) -> bool:
+        """Asked as replies come in: once the replies decide the request, the stragglers
+        (the nodes not read yet, asked only then) get as long again as the decision took
+        (a healthy cluster's replies come in together), and none once they are all
+        silent. True: nothing is left to wait for."""
         if not self.decided and (self.enough is None or not self.enough(
                 self.replies, self.replies.identities)):
             return False
         now = time.monotonic()
         self.decided = self.decided or now
         self.deadline = min(self.deadline, self.silence.until(self.started, self.decided,
-                                                              now, stragglers))
+                                                              now, stragglers()))
         return self.deadline <= now
 
 
