@@ -79,29 +79,31 @@ class Packing:
     same keys and arguments), so each distinct command is packed for the first node and
     its bytes reused for the others (a call template's come packed: Broadcast.packed)."""
 
-    __slots__ = ("_bytes", "_call", "_evalsha")
+    __slots__ = ("_args", "_bytes", "_evalsha", "_keys", "_script")
 
     def __init__(self, request: Broadcast | None = None) -> None:
-        # The call whose command _bytes is (None: none yet), with EVALSHA or EVAL.
-        self._call: Call | None = None
-        self._evalsha = True
+        # What _bytes is the command of (nothing yet: a call has no such args).
+        self._args: object = None
+        self._keys: object = None
+        self._script: object = None
+        self._evalsha = True  # EVALSHA, or EVAL with the body
         self._bytes = b""
         if request is not None and request.packed is not None:
-            self._call = request.calls[0]
+            call = request.calls[0]
+            self._args, self._keys, self._script = call.args, call.keys, call.script
             self._bytes = request.packed
 
     def calls(self, calls: Sequence[Call], evalsha: bool) -> bytes:
         if len(calls) != 1:
             return resp.pack([render(call, evalsha=evalsha) for call in calls])
         call = calls[0]
-        packed = self._call
-        if packed is not None and packed.args is call.args and packed.keys is call.keys \
-                and packed.script is call.script and self._evalsha is evalsha:
+        if call.args is self._args and call.keys is self._keys \
+                and call.script is self._script and evalsha is self._evalsha:
             return self._bytes
         self._bytes = resp.pack_one(render(call, evalsha=evalsha))
-        self._call, self._evalsha = call, evalsha
+        self._args, self._keys, self._script = call.args, call.keys, call.script
+        self._evalsha = evalsha
         return self._bytes
-
 
 
 # What Exchange.take says of a reply: more are owed; every call has its result now; the
