@@ -70,7 +70,7 @@ from redlock._core.tokens import (
     validity_left,
     waiter_id,
 )
-from redlock._io import sync_idle
+from redlock._io import sync_transport
 from redlock._io.failures import as_failure, map_failures
 from redlock._io.sync_drainer import SyncDrainer
 from redlock._io.sync_transport import SyncTransport
@@ -147,6 +147,8 @@ __all__ = [
     "drop_idle_connections",
     "event_fields",
     "idle_connections",
+    "idle_count",
+    "late_entries",
     "lines_idle",
     "maintenance",
     "map_failures",
@@ -158,6 +160,7 @@ __all__ = [
     "ours",
     "parse_message",
     "plain_pack",
+    "put_idle",
     "quorum",
     "read_counters",
     "real_environment",
@@ -166,7 +169,7 @@ __all__ = [
     "repair_node",
     "requests_sent",
     "scripts",
-    "sync_idle",
+    "sync_transport",
     "unsafe_config",
     "validate_node_addresses",
     "validate_resource",
@@ -251,7 +254,22 @@ def membership_rule(manager: Any) -> Rule:
 
 def idle_connections(manager: Any, node: int = 0) -> int:
     """How many open connections a Redlock keeps for ``node`` between requests."""
-    return int(manager._transport._idle.count(node))
+    return idle_count(manager._transport, node)
+
+
+def idle_count(transport: SyncTransport, node: int) -> int:
+    """How many open connections a SyncTransport keeps for ``node`` between requests."""
+    return len(transport._idle[node])
+
+
+def put_idle(transport: SyncTransport, node: int, conn: Any) -> None:
+    """Give a SyncTransport an open connection to ``node``, as a request gives one back."""
+    transport._give_back(node, conn)
+
+
+def late_entries(drainer: SyncDrainer) -> Any:
+    """A SyncDrainer's late connections (their ``entries`` is what its thread reads)."""
+    return drainer.late
 
 
 def repair_node(core: RedlockCore, node: int, *, force: bool = False,

@@ -26,8 +26,11 @@ from tests.internals import (
     SyncDrainer,
     SyncTransport,
     idle_connections,
+    idle_count,
+    late_entries,
+    put_idle,
     scripts,
-    sync_idle,
+    sync_transport,
 )
 
 
@@ -35,8 +38,8 @@ from tests.internals import (
 def three_fake_nodes(request: pytest.FixtureRequest
                      ) -> Iterator[tuple[SyncTransport, list[socket.socket]]]:
     """A transport over 3 nodes, each with one open connection: the server ends. "warm":
-    connections that met their server before (identified), which the transport's warm
-    path takes (redlock/_io/sync_warm.py); "general": new ones, which it does not."""
+    connections that met their server before (identified); "general": new ones, whose
+    requests go out with the script bodies (the same route, another branch of it)."""
     found = [from_url(f"redis://127.0.0.1:{port}") for port in (1, 2, 3)]
     transport = SyncTransport(found, labels(found), 2.0)
     servers = []
@@ -45,7 +48,7 @@ def three_fake_nodes(request: pytest.FixtureRequest
         ours.settimeout(2.0)  # (as open_connection's: the connect budget)
         conn = Connection(ours)
         conn.identified = request.param == "warm"
-        transport._idle.put(node, conn)
+        put_idle(transport, node, conn)
         servers.append(theirs)
     yield transport, servers
     transport.close()
@@ -82,16 +85,16 @@ def test_a_half_received_reply_does_not_hold_up_the_other_nodes(
     # The rest of node 0's reply is read in the background: the connection goes back.
     servers[0].sendall(b"f-reply\r\n")
     until = time.monotonic() + 2
-    while transport._idle.count(0) == 0 and time.monotonic() < until:
+    while idle_count(transport, 0) == 0 and time.monotonic() < until:
         time.sleep(0.01)
-    assert transport._idle.count(0) == 1
+    assert idle_count(transport, 0) == 1
 
 
 def wait_until_idle(transport: SyncTransport, counts: list[int]) -> list[int]:
     """The idle connections per node once they are ``counts`` (or after 2 s)."""
     until = time.monotonic() + 2
     while time.monotonic() < until:
-        now = [transport._idle.count(node) for node in range(len(counts))]
+        now = [idle_count(transport, node) for node in range(len(counts))]
         if now == counts:
             break
         time.sleep(0.01)
@@ -200,7 +203,8 @@ def test_the_drainer_waits_instead_of_spinning_when_nothing_is_live() -> None:
                           discard=lambda node, conn: conn.close(), silence=Silence(1))
     ours, theirs = socket.socketpair()
     looks = 0
-    entries = drainer._late.entries
+    late = late_entries(drainer)
+    entries = late.entries
 
     def counted() -> list[Any]:
         nonlocal looks
@@ -210,7 +214,7 @@ def test_the_drainer_waits_instead_of_spinning_when_nothing_is_live() -> None:
             late.closed = True
         return found
 
-    drainer._late.entries = counted  # type: ignore[method-assign]
+    late.entries = counted
     try:
         drainer.keep(0, Connection(ours), [Call(0, ("PING",))], 1)
         time.sleep(0.5)
@@ -253,7 +257,7 @@ def test_connections_a_burst_opened_are_closed_once_unused(
         with dlm.lock("after-burst", ttl=10):
             pass
         assert idle_connections(dlm) >= opened  # (a late one may come back meanwhile)
-        monkeypatch.setattr(sync_idle, "IDLE_KEPT_FOR", 0.2)
+        monkeypatch.setattr(sync_transport, "IDLE_KEPT_FOR", 0.2)
         time.sleep(0.3)
         with dlm.lock("later", ttl=10):  # one thread: one connection used, given back
             pass

@@ -17,7 +17,8 @@ import redis
 
 from redlock import AsyncRedlock, Redlock
 from redlock._io import resp, wire
-from redlock._io.failures import NoReply, Unreachable, is_noscript
+from redlock._io.failures import NoReply, Unreachable
+from redlock._io.wire import is_noscript
 from redlock.testing import RedisNode, RedisNodes, capture_events, free_port
 from tests.clients import Actor, Flavour
 from tests.internals import KEYS, MUTEX, AcquireArgs, attempt_owner, with_epoch
@@ -196,8 +197,8 @@ async def test_one_timer_wakes_each_request_at_its_own_deadline() -> None:
     import asyncio
     import time
 
-    from redlock._core.requests import Replies
-    from redlock._io.async_exchange import Deadlines, Gathering
+    from redlock._core.requests import Broadcast, Replies
+    from redlock._io.async_transport import Deadlines, Gathering
     from redlock._io.wire import Silence
 
     loop = asyncio.get_running_loop()
@@ -205,8 +206,8 @@ async def test_one_timer_wakes_each_request_at_its_own_deadline() -> None:
     start = time.monotonic()
 
     def gathering(after: float) -> Gathering:
-        made = Gathering(loop, Replies([]), None, start, start + after, deadlines, {},
-                         Silence(0))
+        made = Gathering(loop, Broadcast((), after), Replies([]), start, start + after,
+                         deadlines, [], Silence(0))
         made.arm()
         return made
 

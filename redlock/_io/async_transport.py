@@ -9,6 +9,13 @@ did not wait for go on in the background within the connection's own budget
 read: the connection is kept for the next request. An acquire still unanswered on such
 a connection gets its owner's release written behind it (see :mod:`redlock._io.wire`).
 Cancelling a request leaves its exchanges running the same way.
+
+Per request and node an :class:`Exchange` (:class:`redlock._io.wire.Exchange` on a
+:class:`~redlock._io.async_wire.Wire`: which reply is whose, NOSCRIPT), per request a
+:class:`Gathering` (its replies as the exchanges finish, the early decision and the
+stragglers' grace of :class:`redlock._io.wire.Gathering`, the future that wakes it), per
+node the :class:`Slots` for new connections, and per event loop one timer for every
+request's deadline (:class:`Deadlines`).
 """
 
 from __future__ import annotations
@@ -17,19 +24,21 @@ import asyncio
 import contextlib
 import sys
 import time
-from collections.abc import Awaitable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, TypeVar
 
-from redlock._core.requests import Broadcast, CommandArg, Replies, learnt_deadline
-from redlock._io import resp
-from redlock._io.async_exchange import LAG_NOTICED, Deadlines, Exchange, Gathering, Slots
+from redlock._core.requests import Broadcast, Call, CommandArg, Replies
+from redlock._io import resp, wire
 from redlock._io.async_wire import IGNORE, Wire, open_wire, readable_wires
 from redlock._io.endpoint import Endpoint
 from redlock._io.failures import CLOSED, NoReply, NotSent, Unreachable, as_failure, map_failures
 from redlock._io.wire import (
+    DONE,
     FRESH,
+    IDENTIFIED,
     NOT_AWAITED,
     PENDING,
+    RESEND,
     SENT_LATE,
     Late,
     LateConnections,
@@ -37,9 +46,12 @@ from redlock._io.wire import (
     Refusals,
     Silence,
     acquire_keys,
+    exchanges_of,
     fill_pending,
+    late_sendable,
     render,
 )
+from redlock._scripts import lock as scripts
 
 T = TypeVar("T")
 
@@ -68,6 +80,256 @@ async def wait_event(event: asyncio.Event, seconds: float) -> None:
         await within(event.wait(), seconds)
 
 
+# New connections opening at once per node: a hung node (it accepts TCP, never answers
+# the handshake) does not collect sockets. An exchange that needs a connection beyond
+# this waits for a slot, or for a connection another exchange gives back, within its
+# budget: it never fails at once, so a healthy node under a burst of concurrent requests
+# serves them all (failing at once, as a cap did, lost auto-extended locks under load).
+# See Slots for who is served first.
+OPENING_PER_NODE = 16
+
+
+class Exchange(wire.Exchange):
+    """One node's calls of one request on a :class:`~redlock._io.async_wire.Wire`: its
+    replies are handed to it in order by the connection as they are parsed
+    (:meth:`take_reply`, the wire's sink), and it tells ``on_done`` once each call has
+    its result. An exchange may outlive its request (``over``): it goes on within its
+    connection's budget, so a new connection finishes its handshake and a late reply is
+    read."""
+
+    __slots__ = ("late", "on_done", "over", "started")
+
+    def __init__(self, node: int, replies: Replies | None, index: int, call: Call,
+                 lane: str | None = None) -> None:
+        super().__init__(node, replies, index, call, lane)
+        self.started = 0.0  # when its request began: its budget (connect_timeout) counts
+        self.over = False  # the request stopped waiting for it
+        self.late: Any = None  # its Late entry (a release goes behind its acquires)
+        self.on_done: Callable[[Exchange], None] | None = None
+
+    def take_reply(self, reply: object) -> None:
+        """The next reply of its calls (an error that ended the connection: every call
+        still without a result gets it)."""
+        conn = self.conn
+        if not conn.alive and isinstance(reply, BaseException):
+            self.fail(reply)
+            return
+        self.heard = True
+        state = self.take(reply)
+        if state == DONE:
+            if self.on_done is not None:
+                self.on_done(self)
+        elif state == RESEND:  # SCRIPT FLUSH since: the bodies go
+            try:
+                conn.send(self.bodies(), self.take_reply, len(self.unknown or ()))
+            except Exception as exc:
+                self.fail(exc)
+        elif state == IDENTIFIED:
+            # An error (a server still loading its data: LOADING) identifies nothing: the
+            # connection is asked again on its next request (docs/design.md §4.4).
+            conn.identified = not isinstance(reply, BaseException)
+
+    def fail(self, exc: BaseException) -> None:
+        """Every call still without a result gets ``exc``; the exchange is done."""
+        if not self.done:
+            super().fail(exc)
+            if self.on_done is not None:
+                self.on_done(self)
+
+    def finish(self) -> None:
+        """Done without (more) replies: nothing was sent, or nothing will be."""
+        if not self.done:
+            self.done = True
+            if self.on_done is not None:
+                self.on_done(self)
+
+    def needless(self) -> bool:
+        """Its request is over and not all of its calls may be sent late (see
+        redlock._io.wire.late_sendable): nothing will be sent."""
+        return self.over and not all(late_sendable(call) for call in self.calls)
+
+    def releases_late(self) -> bool:
+        """Final releases still waiting for a connection when their request ended: they
+        go out once it is open (an extend that did not get through in time failed)."""
+        return self.conn is None and not self.needless() and all(
+            call.script is scripts.RELEASE for call in self.calls)
+
+    def reply_waiting(self) -> bool:
+        """Its next reply is already here (in the socket) but the event loop has not
+        handed it to the exchange yet."""
+        return self.conn is not None and self.conn.readable()
+
+
+class Slots:
+    """The new connections opening to one node (at most OPENING_PER_NODE at once), and
+    the exchanges waiting to open one. A freed slot, or a connection given back, wakes
+    one waiter, in this order: requests still waiting that hold locks (extends, releases,
+    and the rest that is not an acquire), then acquires still waiting, then requests
+    that are over. A holder must not queue behind a burst of new acquires: the first of
+    200 auto-extended locks renewed while the other 199 were still being acquired, and
+    its renewal waited for their connections until its validity ran out. An acquire
+    whose request is over stops waiting: it would send nothing."""
+
+    def __init__(self) -> None:
+        self.free = OPENING_PER_NODE
+        # The waiters in arrival order (dicts: one leaves in O(1)). ``droppable``: those
+        # that send nothing once their request is over (acquires), the only ones
+        # wake_over looks at. A hung node collects a final release per request, each
+        # waiting out its budget (connect_timeout), and scanning them all at every
+        # request's end was most of the client's time (BENCHMARKS.md, "Issue 21: silent
+        # stragglers").
+        self.waiting: dict[asyncio.Future[None], Exchange] = {}
+        self.droppable: dict[asyncio.Future[None], Exchange] = {}
+
+    def add(self, exchange: Exchange, future: asyncio.Future[None]) -> None:
+        self.waiting[future] = exchange
+        if not all(late_sendable(call) for call in exchange.calls):
+            self.droppable[future] = exchange
+
+    def remove(self, future: asyncio.Future[None]) -> None:
+        self.waiting.pop(future, None)
+        self.droppable.pop(future, None)
+
+    @staticmethod
+    def _rank(waiter: tuple[asyncio.Future[None], Exchange]) -> int:
+        exchange = waiter[1]
+        if exchange.over:
+            return 2
+        return 1 if any(acquire_keys(call) for call in exchange.calls) else 0
+
+    def wake_one(self) -> None:
+        if not self.waiting:
+            return
+        future, _ = min(self.waiting.items(), key=self._rank)  # the earliest of the best
+        self.remove(future)
+        wake(future)
+
+    def wake_over(self) -> None:
+        """Requests ended: their acquires waiting here give up (see Exchange.needless)."""
+        for future, _ in [w for w in self.droppable.items() if w[1].needless()]:
+            self.remove(future)
+            wake(future)
+
+
+def wake(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+# A loop that ran this late is running late (below: scheduling noise).
+LAG_NOTICED = 0.005
+# How fast a loop's lateness is forgotten once it runs on time again.
+LAG_HALF_LIFE = 1.0
+
+
+class Deadlines:
+    """The deadlines of one transport's requests waiting on one event loop, behind one
+    timer: armed for the earliest, it wakes the requests whose deadline passed and is
+    armed again for the next. A timer per request cost a handle, a heap push among the
+    loop's cancelled timers and a cancel, on every request, though almost every request
+    is answered long before its deadline."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.waiting: set[Gathering] = set()
+        self.timer: asyncio.TimerHandle | None = None
+        self.at = float("inf")  # when the timer fires (time.monotonic())
+        # How late the loop has run lately (its own work delays every callback): the
+        # largest lateness seen, halving every LAG_HALF_LIFE seconds (docs/design.md §2.4).
+        self._lag = 0.0
+        self._lag_at = 0.0
+
+    def lag(self, now: float) -> float:
+        """How late this loop has been running lately, in seconds."""
+        lag = self._lag
+        if lag:
+            lag *= 0.5 ** ((now - self._lag_at) / LAG_HALF_LIFE)
+            if lag < LAG_NOTICED:
+                lag = self._lag = 0.0
+        return lag
+
+    def late(self, seconds: float, now: float) -> None:
+        """A callback of this loop ran ``seconds`` after it was due."""
+        if seconds >= LAG_NOTICED and seconds > self.lag(now):
+            self._lag, self._lag_at = seconds, now
+
+    def add(self, gathering: Gathering) -> None:
+        """Wake ``gathering`` at its deadline (again: after its deadline moved earlier)."""
+        self.waiting.add(gathering)
+        if gathering.deadline < self.at:
+            self._arm(gathering.deadline)
+
+    def remove(self, gathering: Gathering) -> None:
+        # The timer stays: when it fires with nobody due, it re-arms or stops.
+        self.waiting.discard(gathering)
+
+    def _arm(self, at: float) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+        self.at = at
+        self.timer = self.loop.call_later(max(at - time.monotonic(), 0.0), self._fire)
+
+    def _fire(self) -> None:
+        now, earliest = time.monotonic(), float("inf")
+        self.late(now - self.at, now)
+        self.timer, self.at = None, float("inf")
+        for gathering in list(self.waiting):
+            if gathering.deadline <= now:
+                self.waiting.discard(gathering)
+                wake(gathering.wake)
+            elif gathering.deadline < earliest:
+                earliest = gathering.deadline
+        if earliest != float("inf"):
+            self._arm(earliest)
+
+
+class Gathering(wire.Gathering):
+    """The replies of one request as its exchanges finish, and the future that wakes the
+    request when there is something to do: every exchange is done, a first request
+    learnt its timeout, or the deadline (one timer). A decision (early quorum) wakes
+    nobody: it moves the deadline to the stragglers' grace, and the request wakes when
+    they are in or that is over (one task step less per request)."""
+
+    __slots__ = ("armed", "deadlines", "exchanges", "left", "loop", "wake")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, request: Broadcast, replies: Replies,
+                 started: float, deadline: float, deadlines: Deadlines,
+                 exchanges: list[Exchange], silence: Silence) -> None:
+        super().__init__(request, replies, started, deadline, silence)
+        self.loop = loop
+        self.deadlines = deadlines  # its transport's timer on this loop
+        self.exchanges = exchanges
+        self.left = len(exchanges)  # exchanges not finished
+        self.wake: asyncio.Future[None] = loop.create_future()
+        self.armed = False
+
+    def stragglers(self) -> Iterable[int]:
+        return (exchange.node for exchange in self.exchanges if not exchange.done)
+
+    def arm(self) -> None:
+        """Wake the request at its deadline."""
+        self.armed = True
+        self.deadlines.add(self)
+
+    def disarm(self) -> None:
+        if self.armed:
+            self.armed = False
+            self.deadlines.remove(self)
+
+    def finished(self, exchange: Exchange) -> None:
+        self.left -= 1
+        if exchange.heard:
+            self.silence.heard(exchange.node)
+        if self.wake.done():
+            return
+        if self.left == 0 or (self.learn and len(self.replies.round_trips) >= self.learn):
+            self.wake.set_result(None)
+        elif self.enough is not None and self.decide(self.stragglers):
+            self.wake.set_result(None)  # (every straggler is silent)
+        elif self.decided and self.armed:  # the request waits: at the new deadline now
+            self.arm()
+
+
 class AsyncTransport:
     """The nodes' connections; each request's nodes asked concurrently."""
 
@@ -77,6 +339,7 @@ class AsyncTransport:
         # ``identify``: the command sent first on every new connection (IDENTIFY, docs/
         # design.md §4.4); its reply is returned with the request's (Replies.identities).
         self.identify = identify
+        self._probe = resp.pack_one(identify) if identify is not None else None
         self.endpoints = list(endpoints)
         self.addresses = list(addresses)
         self.connect_timeout = connect_timeout  # a connection's budget: open, log in
@@ -99,14 +362,8 @@ class AsyncTransport:
             return Replies([as_failure(Unreachable(CLOSED))]
                            * len(request.calls))
         replies = Replies([PENDING] * len(request.calls))
-        exchanges: dict[int, Exchange] = {}
-        for index, call in enumerate(request.calls):
-            exchange = exchanges.get(call.node)
-            if exchange is None:
-                exchange = exchanges[call.node] = Exchange(call.node, replies, request.lane)
-            exchange.indexes.append(index)
-            exchange.calls.append(call)
-        if self._late.any():
+        exchanges = exchanges_of(request.calls, replies, request.lane, Exchange)
+        if self._late.total:  # releases go behind their owner's unanswered acquires
             self.write_behind(request)
         loop = asyncio.get_running_loop()
         started = time.monotonic()
@@ -116,23 +373,20 @@ class AsyncTransport:
         # A loop that runs late gives the request less of its own time: that much more
         # (docs/design.md §2.4, "a late event loop is not a slow node").
         lag = deadlines.lag(started)
-        gathering = Gathering(loop, replies, request.enough, started,
+        gathering = Gathering(loop, request, replies, started,
                               started + request.timeout + lag, deadlines, exchanges,
                               self._silence)
-        gathering.learn = request.learn
-        gathering.left = len(exchanges)
         packing = Packing(request)
         # Nodes with an open connection: written at once, here; the others: a task each
         # opens one (within the connection's budget), then the same.
-        wires = self._idle_wires(exchanges.values())
+        wires = self._idle_wires(exchanges)
         refused: list[tuple[Exchange, BaseException]] = []
-        for exchange in exchanges.values():
-            exchange.results = [PENDING] * len(exchange.calls)
+        for exchange in exchanges:
             exchange.started = started
             exchange.on_done = gathering.finished
-            wire = wires.get(exchange.node)
-            if wire is not None:
-                self._send(exchange, wire, packing)
+            conn = wires.get(exchange.node)
+            if conn is not None:
+                self._send(exchange, conn, packing)
                 continue
             error = self._refusals.refusing(exchange.node, started)
             if error is not None:  # it failed a moment ago: fails the same way, at once
@@ -153,20 +407,16 @@ class AsyncTransport:
                 # (Before any exchange finished there is nothing to decide on; after,
                 # Gathering.finished asks as each one finishes.)
                 if (not gathering.decided and gathering.left < len(exchanges)
-                        and gathering.decides()):
-                    gathering.decide()
+                        and gathering.enough is not None):
+                    gathering.decide(gathering.stragglers)
                 if gathering.learn:  # a first request: its timeout from its own replies
-                    learnt = learnt_deadline(request, started, time.monotonic(),
-                                             len(replies.round_trips))
-                    if learnt is not None:
-                        gathering.learn = 0
-                        gathering.deadline = min(gathering.deadline, learnt)
+                    gathering.learnt()
                 now = time.monotonic()
                 left = gathering.deadline - now
                 if left <= 0:
                     # A reply already here but not yet read (a busy loop) came in time.
                     if last_turns and any(exchange.reply_waiting() for exchange
-                                          in exchanges.values() if not exchange.done):
+                                          in exchanges if not exchange.done):
                         last_turns -= 1
                         await asyncio.sleep(0)
                         continue
@@ -187,35 +437,37 @@ class AsyncTransport:
                 await gathering.wake
         finally:
             gathering.disarm()
-            self._end(request, exchanges, replies, gathering.deadline - started, lag)
-        map_failures(replies)  # redis-py errors as the library's (_io/failures.py)
+            if gathering.left:  # (else every exchange is done: nothing goes on)
+                self._end(request, exchanges, replies, gathering.deadline - started, lag)
+        for reply in replies:  # (errors as the library's, only when there are some)
+            if isinstance(reply, BaseException):
+                map_failures(replies)
+                break
         return replies
 
-    def _end(self, request: Broadcast, exchanges: dict[int, Exchange], replies: Replies,
+    def _end(self, request: Broadcast, exchanges: list[Exchange], replies: Replies,
              waited: float, lag: float) -> None:
         """The request is over: what was read counts; the rest goes on in the background."""
-        # Every reply an exchange has read counts, whether or not the gathering has
-        # copied it yet: a reply that was read is never lost, and one that was not is
-        # never taken for an answer.
-        for exchange in exchanges.values():
-            if not exchange.done:  # (a finished one was copied then: Gathering.finished)
-                exchange.copy_into(replies)
+        # Every reply an exchange has read counts (it wrote it into the replies as it
+        # came, whether or not the gathering has been told): a reply that was read is
+        # never lost, and one that was not is never taken for an answer.
+        for exchange in exchanges:
             exchange.replies = None  # late exchanges must not write into these replies
         # (Asked only if some exchange is unfinished: what it says is for those.)
         decided = (request.enough is not None
-                   and not all(exchange.done for exchange in exchanges.values())
+                   and not all(exchange.done for exchange in exchanges)
                    and request.enough(replies, replies.identities))
-        for exchange in exchanges.values():
+        for exchange in exchanges:
             exchange.on_done = self._late_done
             if exchange.done:
                 continue
             exchange.over = True  # it goes on in the background (see the module's doc)
-            if exchange.wire is None:
+            if exchange.conn is None:
                 self._slots[exchange.node].wake_over()
             else:
                 self._late_exchange(exchange)
             # Still waiting for a connection, and nothing of it may go late: never sent.
-            unsent = exchange.wire is None and exchange.needless()
+            unsent = exchange.conn is None and exchange.needless()
             # On a loop that ran late, the wait was not all the node's: said so.
             late = (f" (this event loop ran {lag * 1000:.0f} ms late: its own work delayed"
                     " the replies, not necessarily the node)") if lag else ""
@@ -228,9 +480,8 @@ class AsyncTransport:
     def _late_exchange(self, exchange: Exchange) -> None:
         """An exchange whose request stopped waiting: a release of the same owner goes
         behind its acquires, and it has until its budget ends to be answered."""
-        wire = exchange.wire
         if any(acquire_keys(call) for call in exchange.calls):
-            exchange.late = Late(wire, exchange.node, exchange.calls, 0,
+            exchange.late = Late(exchange.conn, exchange.node, exchange.calls, 0,
                                  exchange.started + self.connect_timeout)
             self._late.add(exchange.late)
         left = exchange.started + self.connect_timeout - time.monotonic()
@@ -239,8 +490,8 @@ class AsyncTransport:
     def _expire(self, exchange: Exchange) -> None:
         """Its budget is over: a node that has not answered by now is hung; closed (a late
         reply must never be read as the next command's)."""
-        if not exchange.done and exchange.wire is not None:
-            exchange.wire.abort(NoReply(
+        if not exchange.done and exchange.conn is not None:
+            exchange.conn.abort(NoReply(
                 f"no reply within connect_timeout {self.connect_timeout:g} s"))
 
     def _late_done(self, exchange: Exchange) -> None:
@@ -253,19 +504,18 @@ class AsyncTransport:
 
     def _send(self, exchange: Exchange, wire: Wire, packing: Packing | None = None) -> None:
         """Write the node's calls on ``wire``; their replies go to the exchange."""
-        exchange.wire = wire
+        exchange.conn = wire
         wire.lane = exchange.lane
         # A new connection: identify the server first, and send script bodies (the
         # server may be new, or restarted: EVALSHA would cost a NOSCRIPT round trip).
-        new = not wire.identified
-        data = (packing or Packing()).calls(exchange.calls, evalsha=not new)
+        data = (packing or Packing()).calls(exchange.calls, wire.identified)
         count = len(exchange.calls)
-        if new and self.identify is not None:
+        if not wire.identified and self._probe is not None:
             exchange.probed = True
-            data = resp.pack_one(self.identify) + data
+            data = self._probe + data
             count += 1
         try:
-            wire.send(data, exchange.take, count)
+            wire.send(data, exchange.take_reply, count)
         except Exception as exc:
             exchange.fail(exc)
             self._discard_soon(wire)

@@ -219,14 +219,49 @@ def receive(conn: Connection) -> object:
 
 
 def receive_ready(conn: Connection) -> object:
-    """:func:`receive` of a connection whose socket ``select()`` just found readable."""
-    reply = _parsed(conn)
+    """:func:`receive` of a connection whose socket ``select()`` just found readable: a
+    whole reply already taken from the socket, else what one read brings (one
+    ``os.read`` for a plain socket), parsed; :data:`NOTHING` while no whole reply is
+    there. Written out flat: it runs for every reply a request reads."""
+    reader = conn.reader
+    try:
+        reply = reader.gets()
+    except Exception as exc:  # bytes that are no reply: the stream cannot be trusted
+        conn.close()
+        raise ProtocolError(str(exc)) from exc
     if reply is not False:
         return reply
     sock = conn.sock
     if sock is None:
         raise Unreachable("the connection is closed")
-    return _read_more(conn, sock)
+    if type(sock) is socket.socket:
+        try:
+            data = os.read(sock.fileno(), 65536)
+        except (BlockingIOError, InterruptedError):
+            return NOTHING
+        except (OSError, ValueError) as exc:
+            raise Unreachable(f"Error while reading from socket: {exc}") from exc
+        if not data:
+            raise Unreachable("Connection closed by server.")
+    else:
+        found = recv_available(sock)
+        if found is None:
+            return NOTHING
+        data = found
+    reader.feed(data)
+    try:
+        reply = reader.gets()
+    except Exception as exc:
+        conn.close()
+        raise ProtocolError(str(exc)) from exc
+    return NOTHING if reply is False else reply
+
+
+def receive_buffered(conn: Connection) -> object:
+    """The next reply if it was taken from the socket already, else :data:`NOTHING`: no
+    system call (a read that took several replies at once)."""
+    reply = _parsed(conn)
+    return NOTHING if reply is False else reply
 
 
 def _parsed(conn: Connection) -> object:

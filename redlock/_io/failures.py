@@ -108,13 +108,3 @@ def answered(exc: BaseException) -> bool:
     than from waiting for it (a timeout): a node that fails fast is not silent, and
     waiting for it costs nothing (a killed node's connections fail at once)."""
     return not isinstance(exc, TimeoutError | asyncio.TimeoutError)
-
-
-def is_noscript(reply: object) -> bool:
-    """A NOSCRIPT error reply: the server lost its scripts (SCRIPT FLUSH, a restart)."""
-    return isinstance(reply, ReplyError) and str(reply).startswith("NOSCRIPT")
-
-
-def is_loading(reply: object) -> bool:
-    """A LOADING error reply: the server is still reading its data back after a start."""
-    return isinstance(reply, ReplyError) and str(reply).startswith("LOADING")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from redlock._core.requests import Call
 from redlock._io.connection import Connection, open_connection
@@ -49,7 +49,7 @@ class Connect:
         self.late: list[Call] = []  # releases to send once connected (the request is over)
         self.mutex = threading.Lock()
 
-    def abandon(self, calls: list[Call]) -> bool:
+    def abandon(self, calls: Sequence[Call]) -> bool:
         """Its request gives up on it: ``calls`` are kept to send once connected if they
         are all final releases (:func:`~redlock._io.wire.late_sendable`). True when the
         connection is open already (to be handed back now, not when ready)."""
@@ -116,7 +116,7 @@ class Connector:
         thread.start()
         return attempt
 
-    def abandon(self, attempt: Connect, calls: list[Call]) -> bool:
+    def abandon(self, attempt: Connect, calls: Sequence[Call]) -> bool:
         """The request gives up on the connection: to the pool now, or when ready (with
         ``calls`` sent on it first if they are all final releases: True)."""
         if attempt.abandon(calls):

@@ -14,7 +14,7 @@ import contextlib
 import select
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from redlock._core.requests import Broadcast, Call
@@ -41,40 +41,36 @@ class SyncDrainer:
         self._give_back = give_back  # to the pool (after sending any queued releases)
         self._discard = discard  # closed
         self._silence = silence  # its transport's: which nodes answer
-        self._late: LateConnections[Connection] = LateConnections(node_count)
+        # (Both read by the transport on every request: ``late.total``, ``queued[node]``.)
+        self.late: LateConnections[Connection] = LateConnections(node_count)
         # Per node, final releases whose request ended before any connection was free:
         # sent on the next connection to that node that is given back (bounded).
-        self._queued: list[list[Call]] = [[] for _ in range(node_count)]
+        self.queued: list[list[Call]] = [[] for _ in range(node_count)]
         self._mutex = threading.Lock()
         self._thread: threading.Thread | None = None
         self._work = threading.Event()  # a late connection was added (wakes the drainer)
         self._closed = False
 
-    def any(self) -> bool:
-        return self._late.any()
-
     # -- final releases without a connection ---------------------------------------
 
-    def queue(self, node: int, calls: list[Call]) -> bool:
+    def queue(self, node: int, calls: Sequence[Call]) -> bool:
         """Queue final releases for the node's next free connection (True), when every
         call is one (see redlock._io.wire.late_sendable)."""
         if not all(call.script is scripts.RELEASE and late_sendable(call) for call in calls):
             return False
         with self._mutex:
-            queue = self._queued[node]
+            queue = self.queued[node]
             queue.extend(calls)
             del queue[:-_QUEUED_PER_NODE]  # the oldest go first: their keys expire by TTL
         return True
 
     def take_queued(self, node: int) -> list[Call]:
         """The node's queued releases, for a connection being given back to send."""
-        if not self._queued[node]:
-            return []
         with self._mutex:
-            calls, self._queued[node] = self._queued[node], []
+            calls, self.queued[node] = self.queued[node], []
         return calls
 
-    def send(self, node: int, conn: Connection, calls: list[Call]) -> None:
+    def send(self, node: int, conn: Connection, calls: Sequence[Call]) -> None:
         """Send calls nobody waits for on ``conn``: the drainer reads the replies, then
         gives the connection back."""
         try:
@@ -86,12 +82,12 @@ class SyncDrainer:
 
     # -- connections with replies owed -----------------------------------------------
 
-    def keep(self, node: int, conn: Connection, calls: list[Call], unread: int) -> None:
+    def keep(self, node: int, conn: Connection, calls: Sequence[Call], unread: int) -> None:
         """``conn`` owes ``unread`` replies to ``calls``: read them in the background."""
         if conn.sock is None or self._closed:
             self._discard(node, conn)
             return
-        evicted = self._late.add(Late(conn, node, calls, unread,
+        evicted = self.late.add(Late(conn, node, calls, unread,
                                       time.monotonic() + self._connect_timeout))
         if evicted is not None:
             self._dispose(evicted, give_back=False)
@@ -110,7 +106,7 @@ class SyncDrainer:
     def trail_releases(self, request: Broadcast) -> None:
         """Write each release behind the unanswered acquires of the same owner."""
         for call in request.calls:
-            for late in self._late.behind(call):
+            for late in self.late.behind(call):
                 with late.mutex, contextlib.suppress(Exception):  # the normal release too
                     if late.closed:
                         continue
@@ -124,10 +120,10 @@ class SyncDrainer:
         while no connection is there to read."""
         while not self._closed:
             self._work.clear()
-            entries = self._late.entries()
+            entries = self.late.entries()
             if not entries:
                 with self._mutex:
-                    if not self._late.any():
+                    if not self.late.total:
                         self._thread = None
                         return
                 self._work.wait(_IDLE_WAIT)  # one being added: it sets _work
@@ -185,7 +181,7 @@ class SyncDrainer:
             if late.closed or (give_back and late.outstanding):
                 return  # disposed of already; or a release was written behind meanwhile
             late.closed = True
-        self._late.remove(late)
+        self.late.remove(late)
         if give_back:
             self._give_back(late.node, late.conn)
         else:
@@ -206,5 +202,5 @@ class SyncDrainer:
                 time.sleep(0.001)
             if thread.ident is not None:
                 thread.join(max(0.0, until - time.monotonic()))
-        for late in self._late.drain():
+        for late in self.late.drain():
             self._discard(late.node, late.conn)

@@ -1,30 +1,40 @@
-"""The sync transport: parallel requests to N nodes from one thread.
+"""The sync transport: parallel requests to N nodes from one thread, on one route.
 
-Parallel means parallel on one thread: a request's commands are written to every
-node first (scatter), then the replies are read as they arrive (gather, ``select``
-over the sockets), so N nodes cost one round trip, not N; the request ends as soon
-as its replies decide it (early quorum) or at its deadline. What is left unread is
-read in the background (see :mod:`redlock._io.wire`). A node without an open
-connection is connected in the background with its own budget (``connect_timeout``):
-the request waits for it only until its own deadline, and a hung node that accepts
-TCP but never answers the handshake costs one node timeout, not the connect budget.
+Parallel means parallel on one thread: a request's calls are grouped per node
+(:class:`~redlock._io.wire.Exchange`), each node's written with one write on a
+connection taken from the node's stack of idle ones (scatter), then the replies are
+read as they arrive (gather: one ``select`` over the sockets, each reply parsed as its
+bytes come), so N nodes cost one round trip, not N. A request whose replies are all in
+returns at once; one whose replies decide it early waits the stragglers' grace
+(:class:`~redlock._io.wire.Gathering`); at its deadline what has arrived is read and the
+rest is left to the drainer (:mod:`redlock._io.sync_drainer`), which reads it in the
+background. Everything else is a branch of this one route: a node without an idle
+connection gets one opened in the background with its own budget
+(:mod:`redlock._io.sync_connect`), the request waiting for it only until its own
+deadline; a new connection is identified first (IDENTIFY) and sent the scripts'
+bodies; a NOSCRIPT is answered by the bodies; a reply half received is read on when
+more of it comes, holding up no other node; an interruption (KeyboardInterrupt) leaves
+every connection either in the pool, with the drainer, or closed.
 """
 
 from __future__ import annotations
 
+import select
 import threading
 import time
 from collections.abc import Sequence
+from typing import Any
 
-from redlock._core.requests import Broadcast, CommandArg, Replies, learnt_deadline
+from redlock._core.requests import Broadcast, CommandArg, Replies
 from redlock._io import resp
 from redlock._io.connection import (
     NOTHING,
     Connection,
     has_input,
-    receive,
+    receive_buffered,
+    receive_ready,
     send,
-    wait_readable,
+    with_input,
 )
 from redlock._io.endpoint import Endpoint
 from redlock._io.failures import (
@@ -33,29 +43,44 @@ from redlock._io.failures import (
     NotSent,
     Unreachable,
     as_failure,
-    is_noscript,
     map_failures,
 )
 from redlock._io.sync_connect import CONNECTS_PER_NODE, Connect, Connector, given
 from redlock._io.sync_drainer import SyncDrainer
-from redlock._io.sync_exchange import Group, by_node
-from redlock._io.sync_idle import IdleConnections, with_input
-from redlock._io.sync_warm import WarmPath
 from redlock._io.wire import (
+    DONE,
+    FRESH,
+    IDENTIFIED,
     NOT_AWAITED,
     PENDING,
+    RESEND,
     SENT_LATE,
+    Exchange,
+    Gathering,
     Packing,
     Silence,
+    exchanges_of,
     fill_pending,
 )
 
+#: Seconds a connection may wait on its node's idle stack unused before it is closed (a
+#: burst of threads opened it, and the burst is over).
+IDLE_KEPT_FOR = 30.0
 # A request under way notices close() within this (it ends, and close() waits for it).
 _CLOSE_NOTICED = 0.05
+# While a connection is opening for a request, how often the request looks at it.
+_CONNECTING_POLL = 0.002
 # At the deadline, how long reading the replies that are already arriving may take: a
 # thread starved of the GIL (the switch interval is 5 ms, and dozens of threads wait)
 # needs more than the read itself.
 _LAST_READ = 0.05
+# sent_at of an exchange whose write was under way (an interruption there leaves its
+# connection unusable).
+_WRITING = -1.0
+
+# Per node, the connections of a request still opening: its Connect, or None while it
+# waits for a free slot (or a connection given back).
+Connecting = list[tuple[Exchange, Connect | None]]
 
 
 class SyncTransport:
@@ -67,24 +92,27 @@ class SyncTransport:
         # ``identify``: the command sent first on every new connection (IDENTIFY, docs/
         # design.md §4.4); its reply is returned with the request's (Replies.identities).
         self.identify = identify
+        self._probe = resp.pack_one(identify) if identify is not None else None
         self.endpoints = list(endpoints)
         self.addresses = list(addresses)
         # Connecting and logging in are bounded by this (and so is a send that cannot
         # proceed); reads carry each request's own deadline.
         self.connect_timeout = connect_timeout
         n = len(self.endpoints)
-        # Replies owed on connections nobody waits on any more; queued final releases.
         self._silence = Silence(n)  # the nodes that stopped answering
+        # Replies owed on connections nobody waits on any more; queued final releases.
         self._drainer = SyncDrainer(n, connect_timeout, give_back=self._give_back,
-                                    discard=self._discard, silence=self._silence)
+                                    discard=_discard, silence=self._silence)
         self._connector = Connector(self.endpoints, connect_timeout, self._silence,
                                     self._hand_back)
-        # Lanes (redlock._core.requests.Broadcast.lane): per lane and node, its connections,
-        # kept aside.
+        # Per node, the open connections between requests: a stack (last in, first out,
+        # so that the ones a burst opened and nobody needs any more stay at its bottom,
+        # where the shrink looks; see _put_idle). A push and a pop are single list
+        # operations, safe across threads without a lock.
+        self._idle: list[list[Connection]] = [[] for _ in range(n)]
+        self._shrinking = threading.Lock()
+        # Lanes (Broadcast.lane): per lane and node, its connections, kept aside.
         self._lanes: dict[str, list[list[Connection]]] = {}
-        # Per node, open connections between requests.
-        self._idle = IdleConnections(n, self._discard)
-        self._warm = WarmPath(self._idle, self._silence, self._give_back, self._failed)
         self._mutex = threading.Lock()
         self._closed = False
         self._under_way: set[object] = set()  # requests under way (see broadcast)
@@ -96,283 +124,294 @@ class SyncTransport:
         """Every call's reply or exception (NOT_AWAITED for those the request was
         decided without). Calls for one node share one connection and one write."""
         # close() waits for the requests under way. Without a lock (a set's add and
-        # discard are atomic; this runs twice per acquire+release): close() sets _closed,
-        # then waits for the set to empty, so a request added after that look sees
-        # _closed, and one that ends after it wakes close().
+        # discard are atomic): close() sets _closed, then waits for the set to empty, so
+        # a request added after that look sees _closed, and one that ends after it
+        # wakes close().
         me = object()
         under_way = self._under_way
         under_way.add(me)
         try:
             if self._closed:  # a thread or background flow racing the manager's close
                 return Replies([as_failure(Unreachable(CLOSED))] * len(request.calls))
-            return self._broadcast(request)
+            if self._drainer.late.total:  # releases go behind their owner's unanswered
+                self._drainer.trail_releases(request)  # acquires (sync_drainer.py)
+            started = time.monotonic()
+            replies = Replies([PENDING] * len(request.calls))
+            exchanges = exchanges_of(request.calls, replies, request.lane, Exchange)
+            gathering = Gathering(request, replies, started, started + request.timeout,
+                                  self._silence)
+            waiting: dict[Any, Exchange] = {}  # socket -> the exchange owed replies on it
+            connecting: Connecting = []
+            try:
+                packing = self._scatter(request, exchanges, waiting, connecting)
+                if waiting or connecting:
+                    self._gather(gathering, waiting, connecting, packing,
+                                 len(waiting) + len(connecting) < len(exchanges))
+            except BaseException:  # interrupted (KeyboardInterrupt), or a bug of ours
+                self._end(gathering, exchanges, connecting, interrupted=True)
+                raise
+            if waiting or connecting:  # decided without them, or its deadline
+                self._end(gathering, exchanges, connecting, interrupted=False)
         finally:
             under_way.discard(me)
             if self._closed and not under_way:
                 with self._mutex:
                     self._idle_now.notify_all()
-
-    def _broadcast(self, request: Broadcast) -> Replies:
-        if self._drainer.any():
-            self._drainer.trail_releases(request)
-        started = time.monotonic()
-        deadline = started + request.timeout
-        replies = Replies([PENDING] * len(request.calls))
-        sent: list[Group] = []
-        warm = self._warm.take(request)  # the usual request (redlock/_io/sync_warm.py)
-        if warm is not None:  # what it leaves unfinished is finished as below
-            try:
-                deadline = self._warm.exchange(request, warm, replies, started, deadline, sent)
-            except BaseException:
-                self._unfinished(request, replies, sent, [])
-                raise
-            if not sent:  # (nearly always: every reply is in)
+        for reply in replies:  # (errors as the library's, only when there are some)
+            if isinstance(reply, BaseException):
                 map_failures(replies)
-                return replies
-            return self._finish(request, replies, sent, [], started, deadline,
-                                Packing(request))
-        # Nodes without an open connection: opening one in the background, or (None)
-        # waiting for a free slot to open one, or for a connection given back.
-        connecting: list[tuple[Group, Connect | None]] = []
-        packing = Packing(request)
-        try:  # scatter: nodes with an open connection at once
-            for group, conn in self._idle_connections(by_node(request)):
-                if conn is not None:
-                    self._send(group, conn, replies, sent, packing)
-                else:
-                    connecting.append((group, self._connector.connect(
-                        group.node, anyway=group.lane is not None)))
-        except BaseException:
-            self._unfinished(request, replies, sent, connecting)
-            raise
-        return self._finish(request, replies, sent, connecting, time.monotonic(), deadline,
-                            packing)
-
-    def _finish(self, request: Broadcast, replies: Replies, sent: list[Group],
-                connecting: list[tuple[Group, Connect | None]], started: float,
-                deadline: float, packing: Packing) -> Replies:
-        """The gather, then what is still unfinished (see :meth:`_unfinished`)."""
-        try:
-            if sent or connecting:
-                deadline = self._gather(request, replies, sent, connecting, started, deadline,
-                                        packing)
-        finally:
-            self._unfinished(request, replies, sent, connecting, deadline - started)
-        map_failures(replies)  # redis-py errors as the library's (_io/failures.py)
+                break
         return replies
 
-    def _unfinished(self, request: Broadcast, replies: Replies, sent: list[Group],
-                    connecting: list[tuple[Group, Connect | None]],
-                    waited: float | None = None) -> None:
-        """A request that ends (its replies in, decided, at its deadline, interrupted):
-        a connection still opening joins the pool when it is ready, one with replies
-        unread goes to the drainer, the calls without a reply get theirs."""
-        decided = request.enough is not None and bool(
-            connecting or any(not group.done for group in sent)) and request.enough(
-            replies, replies.identities)
-        for group, attempt in connecting:  # still connecting: it joins the pool later
-            if attempt is None:
-                queued = self._drainer.queue(group.node, group.calls)
-                fill_pending(group.indexes, replies, SENT_LATE if queued else NotSent(
-                    f"no connection: {CONNECTS_PER_NODE} were still opening"))
+    def _scatter(self, request: Broadcast, exchanges: list[Exchange],
+                 waiting: dict[Any, Exchange], connecting: Connecting) -> Packing:
+        """Each node's calls written on an idle connection, or a connection opening."""
+        lane = request.lane
+        idle = self._idle
+        packing = Packing(request)
+        now = time.monotonic()
+        looked: list[Exchange] | None = None  # idle long enough to be looked at (FRESH)
+        for exchange in exchanges:
+            conn: Connection | None
+            if lane is None:  # (_take_idle, the usual case written out)
+                try:
+                    conn = idle[exchange.node].pop()
+                except IndexError:  # (another thread may take the last one: no look first)
+                    conn = None
+                if conn is not None and conn.sock is None:
+                    conn = self._take_idle(exchange.node)
+            else:
+                conn = self._take_idle(exchange.node, lane)
+            if conn is None:
+                connecting.append((exchange, self._connector.connect(
+                    exchange.node, anyway=lane is not None)))
                 continue
-            late = self._connector.abandon(attempt, group.calls)
-            fill_pending(group.indexes, replies, SENT_LATE if late else NotSent(
-                f"still connecting (connect_timeout {self.connect_timeout:g} s)"))
-        for group in sent:
-            if not group.done:  # decided without it, timed out or interrupted
-                unread = (sum(1 for i in group.indexes if replies[i] is PENDING)
-                          + (group.probed and group.identity is PENDING)
-                          - (len(group.unknown) if not group.resent else 0))
-                fill_pending(group.indexes, replies, NOT_AWAITED if decided else NoReply(
-                    f"no reply within {(waited or request.timeout) * 1000:.0f} ms"))
-                self._drainer.keep(group.node, group.conn, group.calls, unread)
+            exchange.conn = conn
+            if now - conn.idle_since < FRESH:  # its replies were read a moment ago
+                self._send(exchange, packing, waiting)
+            elif looked is None:
+                looked = [exchange]
+            else:
+                looked.append(exchange)
+        if looked is not None:
+            # One select for all: a server that closed a connection while it sat idle (it
+            # restarted), or sent what nobody asked for: nothing is written on it.
+            unasked = with_input([exchange.conn for exchange in looked])
+            for exchange in looked:
+                if exchange.conn in unasked:
+                    exchange.conn.close()
+                    exchange.conn = self._take_idle(exchange.node, lane, check=True)
+                    if exchange.conn is None:
+                        connecting.append((exchange, self._connector.connect(
+                            exchange.node, anyway=lane is not None)))
+                        continue
+                self._send(exchange, packing, waiting)
+        return packing
 
-    def _gather(self, request: Broadcast, replies: Replies, sent: list[Group],
-                connecting: list[tuple[Group, Connect | None]], started: float,
-                deadline: float, packing: Packing) -> float:
-        """Read the replies until they are in, decide the request, or its deadline; returns
-        the deadline it came to (a first request learns it, a decision moves it)."""
-        decided, learning = 0.0, bool(request.learn)
-        asked_at = 0  # how many replies were in (or failed) when the decision was asked
+    def _send(self, exchange: Exchange, packing: Packing,
+              waiting: dict[Any, Exchange]) -> None:
+        conn = exchange.conn
+        # A new connection: identify the server first, and send script bodies (the
+        # server may be new, or restarted: EVALSHA would cost a NOSCRIPT round trip).
+        data = packing.calls(exchange.calls, conn.identified)
+        if not conn.identified and self._probe is not None:
+            exchange.probed = True
+            data = self._probe + data
+        exchange.sent_at = _WRITING
+        try:
+            send(conn, data)
+        except Exception as exc:
+            self._failed(exchange, exc)
+            return
+        exchange.sent_at = now = time.monotonic()
+        self._silence.owed(exchange.node, now)
+        waiting[conn.sock] = exchange
+
+    def _gather(self, gathering: Gathering, waiting: dict[Any, Exchange],
+                connecting: Connecting, packing: Packing, failed: bool) -> None:
+        """Read the replies as they arrive until they are in, or the request's deadline
+        (moved by its decision: the stragglers' grace; see Gathering). ``failed``: some
+        node's calls failed already (their write)."""
+        finished = failed
         while True:
-            if learning:  # a first request: its timeout from its own replies
-                learnt = learnt_deadline(request, started, time.monotonic(),
-                                         len(replies.round_trips))
-                if learnt is not None:
-                    learning, deadline = False, min(deadline, learnt)
-            for position, (group, attempt) in enumerate(connecting):
-                if attempt is None:  # waiting for a slot: a connection given back, or a slot
-                    conn = self._idle_connection(group.node)
-                    if conn is not None:
-                        connecting[position] = (group, given(group.node, conn))
-                    else:
-                        connecting[position] = (group, self._connector.connect(group.node))
-            for item in [c for c in connecting if c[1] is not None and c[1].ready.is_set()]:
-                connecting.remove(item)
-                group, attempt = item
-                assert attempt is not None
-                conn = attempt.conn
-                if conn is None:
-                    fill_pending(group.indexes, replies, attempt.error or Unreachable(
-                        "connection failed"))
-                else:
-                    self._send(group, conn, replies, sent, packing)
-            waiting = [g for g in sent if not g.done]
+            if connecting and self._connected(connecting, waiting, packing):
+                finished = True
             if (not waiting and not connecting) or self._closed:
-                return deadline  # (closed: close() waits for it; what is unread is lost)
-            answered = len(replies) - replies.count(PENDING)  # (read, or failed)
-            if answered != asked_at and request.enough is not None:
-                asked_at = answered  # decided: the stragglers get a grace (Silence.until)
-                if decided or request.enough(replies, replies.identities):
-                    now = time.monotonic()
-                    decided = decided or now
-                    deadline = min(deadline, self._silence.until(started, decided, now, [
-                        g.node for g in waiting] + [g.node for g, _ in connecting]))
-            left = deadline - time.monotonic()
+                return  # (closed: close() waits for it; what is unread is lost)
+            left = gathering.deadline - time.monotonic()
             if left <= 0:
                 # A reply already in a socket came in time, even if this thread (many
                 # threads, one GIL) is only now looking: read what is there, then stop.
-                self._last_reads([g for g in waiting if has_input(g.conn)], replies)
-                return deadline
-            ready: list[Group] = []
+                self._last_reads(waiting)
+                return
             if waiting:
-                # Wake for a reply, or every few ms while a connection is still opening.
-                # A group whose reply is still incomplete is read again only when more
-                # of it arrived: it never holds up the other nodes' replies.
-                ready = _readable(waiting, min(left, 0.002 if connecting
-                                                     else _CLOSE_NOTICED))
+                # Wake for a reply, or every few ms while a connection is still opening,
+                # and to notice close(). A reply still incomplete is read on only when
+                # more of it arrived: it never holds up the other nodes' replies.
+                try:
+                    ready, _, _ = select.select(list(waiting), [], [], min(
+                        left, _CONNECTING_POLL if connecting else _CLOSE_NOTICED))
+                except (OSError, TypeError, ValueError):  # a socket closed under us
+                    ready = list(waiting)  # (reading each says why)
+                for sock in ready:
+                    exchange = waiting[sock]
+                    if self._read(exchange):
+                        del waiting[sock]
+                        finished = True
             else:
                 first = connecting[0][1]
                 if first is not None:
-                    first.ready.wait(min(left, 0.002))
+                    first.ready.wait(min(left, _CONNECTING_POLL))
                 else:
-                    time.sleep(min(left, 0.002))
-            for group in ready:
-                self._read(group, replies)
+                    time.sleep(min(left, _CONNECTING_POLL))
+            if finished and (waiting or connecting):
+                if gathering.learn:  # a first request: its timeout from its own replies
+                    gathering.learnt()
+                if gathering.enough is not None:  # decided: the stragglers' grace
+                    gathering.decide(lambda: [e.node for e in waiting.values()]
+                                     + [e.node for e, _ in connecting])
+            finished = False
 
-    def _last_reads(self, groups: list[Group], replies: Replies) -> None:
-        """At the deadline, the groups whose replies were arriving: what of them comes
-        within _LAST_READ is read (a thread starved of the GIL needs more than the read
-        itself), each group as its bytes come, none waiting for another."""
-        until = time.monotonic() + _LAST_READ
-        while groups:
-            for group in groups:
-                self._read(group, replies)
-            groups = [g for g in groups if not g.done]
-            left = until - time.monotonic()
-            if not groups or left <= 0 or self._closed:
-                return
-            if not _readable(groups, left):
-                return
-
-    def _send(self, group: Group, conn: Connection, replies: Replies, sent: list[Group],
-              packing: Packing) -> None:
-        group.conn = conn
+    def _read(self, exchange: Exchange) -> bool:
+        """Read what has come of the exchange's replies, without waiting; True once it is
+        done (every call has its reply) or failed (closed)."""
+        conn = exchange.conn
         try:
-            # A new connection: identify the server first, and send script bodies (the
-            # server may be new, or restarted: EVALSHA would cost a NOSCRIPT round trip).
-            new = not conn.identified
-            data = packing.calls(group.calls, evalsha=not new)
-            if new and self.identify is not None:
-                group.probed = True
-                data = resp.pack_one(self.identify) + data
-            send(conn, data)
-            group.sent_at = time.monotonic()
-            self._silence.owed(group.node, group.sent_at)
-            sent.append(group)
+            reply = receive_ready(conn)
+            while True:
+                if reply is NOTHING:
+                    return False  # the rest when more of it arrives
+                state = exchange.take(reply)
+                if state == DONE:
+                    break
+                if state == RESEND:  # SCRIPT FLUSH since: the bodies go
+                    send(conn, exchange.bodies())
+                elif state == IDENTIFIED:  # (an error, a server still LOADING: asked again)
+                    conn.identified = not isinstance(reply, BaseException)
+                    self._connector.refusals.connected(exchange.node)  # it answered
+                reply = receive_buffered(conn)
         except Exception as exc:
-            self._failed(group, replies, exc)
+            self._failed(exchange, exc)
+            return True
+        self._silence.heard(exchange.node)
+        self._give_back(exchange.node, conn, exchange.lane)
+        return True
 
-    def _failed(self, group: Group, replies: Replies, exc: Exception) -> None:
-        """Writing or reading the group's calls failed: they get ``exc``; closed. On a new
-        connection that never answered, as if the connection had failed (Refusals: a
+    def _failed(self, exchange: Exchange, exc: Exception) -> None:
+        """Writing or reading the exchange's calls failed: they get ``exc``; closed. On a
+        new connection that never answered, as if the connection had failed (Refusals: a
         host that accepts and resets is refusing)."""
-        fill_pending(group.indexes, replies, exc)
-        group.done = True
-        self._silence.failed(group.node, exc)
-        if not group.conn.identified:
-            self._connector.refusals.failed(group.node, exc, time.monotonic())
-        self._discard(group.node, group.conn)
+        exchange.fail(exc)
+        self._silence.failed(exchange.node, exc)
+        if not exchange.conn.identified:
+            self._connector.refusals.failed(exchange.node, exc, time.monotonic())
+        exchange.conn.close()
 
-    def _read(self, group: Group, replies: Replies) -> None:
-        """Read what has come of the group's replies, without waiting: done, failed (and
-        closed), or not complete yet (read on when more arrives; the rest is read in the
-        background if the request ends without it)."""
-        conn = group.conn
-        try:
-            if group.probed and group.identity is PENDING:
-                identity = receive(conn)
-                if identity is NOTHING:
-                    return
-                group.identity = identity
-                # Known now (an error, a server still LOADING: asked again).
-                conn.identified = not isinstance(identity, BaseException)
-                self._connector.refusals.connected(group.node)  # it answered (Refusals)
-                # Among the replies at once: this request's own early decision must not
-                # count a restarted node's grant.
-                replies.identities[group.node] = group.identity
-            for index in group.indexes:
-                if replies[index] is not PENDING or index in group.unknown:
-                    continue  # read already
-                reply = receive(conn)
-                if reply is NOTHING:
-                    return
-                if not group.sampled:
-                    group.sampled = True
-                    self._silence.heard(group.node)
-                    replies.round_trips[group.node] = time.monotonic() - group.sent_at
-                if is_noscript(reply):  # SCRIPT FLUSH since: send the body
-                    group.unknown.append(index)
-                else:
-                    replies[index] = reply
-            if group.unknown and not group.resent:
-                group.send_bodies()
-            while group.unknown:
-                reply = receive(conn)
-                if reply is NOTHING:
-                    return
-                replies[group.unknown.pop(0)] = reply
-        except Exception as exc:
-            self._failed(group, replies, exc)
-            return
-        finally:
-            conn.readable = False  # (select()'s word is good for one recv())
-        group.done = True
-        self._give_back(group.node, conn, group.lane)
+    def _connected(self, connecting: Connecting, waiting: dict[Any, Exchange],
+                   packing: Packing) -> bool:
+        """The request's connections still opening: those open now are written on, those
+        that failed fail their calls (True when one did), and one waiting for a slot gets
+        a connection given back meanwhile, or a slot."""
+        for position, (exchange, attempt) in enumerate(connecting):
+            if attempt is None:
+                conn = self._take_idle(exchange.node, check=True)
+                connecting[position] = (exchange, given(exchange.node, conn)
+                                        if conn is not None
+                                        else self._connector.connect(exchange.node))
+        failed = False
+        for item in [c for c in connecting if c[1] is not None and c[1].ready.is_set()]:
+            exchange, attempt = item
+            assert attempt is not None
+            if attempt.conn is None:
+                connecting.remove(item)
+                exchange.fail(attempt.error or Unreachable("connection failed"))
+                failed = True
+                continue
+            exchange.conn = attempt.conn  # (before it leaves the list: see _end)
+            connecting.remove(item)
+            self._send(exchange, packing, waiting)
+            failed = failed or exchange.done
+        return failed
+
+    def _last_reads(self, waiting: dict[Any, Exchange]) -> None:
+        """At the deadline, the exchanges whose replies are arriving: what of them comes
+        within _LAST_READ is read (a thread starved of the GIL needs more than the read
+        itself), each as its bytes come, none waiting for another."""
+        arriving = [sock for sock, exchange in waiting.items() if has_input(exchange.conn)]
+        until = time.monotonic() + _LAST_READ
+        while arriving:
+            for sock in arriving:
+                if self._read(waiting[sock]):
+                    del waiting[sock]
+            left = until - time.monotonic()
+            arriving = [sock for sock in arriving if sock in waiting]
+            if not arriving or left <= 0 or self._closed:
+                return
+            try:
+                arriving, _, _ = select.select(arriving, [], [], left)
+            except (OSError, TypeError, ValueError):
+                return
+
+    def _end(self, gathering: Gathering, exchanges: list[Exchange], connecting: Connecting,
+             *, interrupted: bool) -> None:
+        """A request that ends with calls unanswered (decided without them, at its
+        deadline, interrupted): a connection still opening joins the pool when it is
+        ready, one with replies owed goes to the drainer, one taken and not written goes
+        back, and the calls without a reply get what the request knows of them."""
+        replies = gathering.replies
+        for exchange in exchanges:  # (every reply read is in the replies already)
+            exchange.replies = None
+        decided = not interrupted and gathering.enough is not None and gathering.enough(
+            replies, replies.identities)
+        waited = gathering.deadline - gathering.started
+        for exchange, attempt in connecting:  # still connecting: it joins the pool later
+            if attempt is None:
+                queued = self._drainer.queue(exchange.node, exchange.calls)
+                fill_pending(exchange.indexes, replies, SENT_LATE if queued else NotSent(
+                    f"no connection: {CONNECTS_PER_NODE} were still opening"))
+                continue
+            late = self._connector.abandon(attempt, exchange.calls)
+            fill_pending(exchange.indexes, replies, SENT_LATE if late else NotSent(
+                f"still connecting (connect_timeout {self.connect_timeout:g} s)"))
+        still = {id(exchange) for exchange, _ in connecting}
+        for exchange in exchanges:
+            conn = exchange.conn
+            if exchange.done or conn is None or id(exchange) in still:
+                continue
+            if not exchange.sent_at:  # taken and never written on (interrupted)
+                self._give_back(exchange.node, conn, exchange.lane)
+            elif exchange.sent_at == _WRITING:  # interrupted while writing: unusable
+                exchange.fail(Unreachable("interrupted while writing"))
+                conn.close()
+            else:  # decided without it, timed out or interrupted: the rest is read late
+                fill_pending(exchange.indexes, replies, NOT_AWAITED if decided else NoReply(
+                    f"no reply within {waited * 1000:.0f} ms"))
+                self._drainer.keep(exchange.node, conn, exchange.calls, exchange.owed())
 
     # -- connections ---------------------------------------------------------------
 
-    def _idle_connections(self, groups: list[Group]) -> list[tuple[Group, Connection | None]]:
-        """An open connection (or None) for each group's node, as _idle_connection, with
-        one readability check for all of them (one system call, not one per node)."""
-        picked = [(group, self._idle_connection(group.node, group.lane, check=False))
-                  for group in groups]
-        unasked = with_input([conn for _, conn in picked if conn is not None])
-        if not unasked:
-            return picked
-        checked = []
-        for group, conn in picked:
-            if conn is not None and conn in unasked:
-                # The server closed it while it sat idle (it restarted), or sent what
-                # nobody asked for: nothing is written on it; closed, another is tried.
-                self._discard(group.node, conn)
-                conn = self._idle_connection(group.node, group.lane)
-            checked.append((group, conn))
-        return checked
-
-    def _idle_connection(self, node: int, lane: str | None = None, *,
-                         check: bool = True) -> Connection | None:
-        """An open connection from the pool (or the lane), without connecting (None if
-        there is none)."""
-        if lane is not None:  # the lane's own; the first time, one from the pool
+    def _take_idle(self, node: int, lane: str | None = None, *,
+                   check: bool = False) -> Connection | None:
+        """An open connection from the node's stack (or the lane's; the first time, one
+        from the stack), without connecting: None if there is none. ``check``: and with
+        nothing to read in it (see _scatter, which looks at all of a request's at once)."""
+        if lane is not None:
             with self._mutex:
                 kept = self._lanes.setdefault(lane, [[] for _ in self.endpoints])[node]
                 while kept:
                     conn = kept.pop()
                     if conn.sock is not None:
                         return conn
-        return self._idle.take(node, check=check)
+        stack = self._idle[node]
+        while stack:
+            try:
+                conn = stack.pop()
+            except IndexError:  # another thread took the last one
+                break
+            if conn.sock is not None and not (check and has_input(conn)):
+                return conn
+            conn.close()
+        return None
 
     def _hand_back(self, attempt: Connect) -> None:
         """A connection its request gave up on: its late releases go out on it (read by
@@ -385,25 +424,47 @@ class SyncTransport:
         self._drainer.send(node, conn, attempt.late)
 
     def _give_back(self, node: int, conn: Connection, lane: str | None = None) -> None:
-        """A connection back to its pool (first carrying the node's queued releases, if
-        any), or to its lane; once the manager is closed, closed instead (a request that
-        was under way when close() ran must not leave it open)."""
-        if lane is not None and not self._closed:
+        """A connection back to its node's stack (first carrying the node's queued
+        releases, if any), or to its lane; once the manager is closed, closed instead (a
+        request that was under way when close() ran must not leave it open). Ones that
+        sat unused for IDLE_KEPT_FOR are closed."""
+        if self._closed:
+            conn.close()
+            return
+        if lane is not None:
             with self._mutex:
                 self._lanes.setdefault(lane, [[] for _ in self.endpoints])[node].append(conn)
             return
-        calls = [] if self._closed else self._drainer.take_queued(node)
-        if calls:
-            self._drainer.send(node, conn, calls)
+        drainer = self._drainer
+        if drainer.queued[node]:
+            calls = drainer.take_queued(node)
+            if calls:
+                drainer.send(node, conn, calls)
+                return
+        stack = self._idle[node]
+        now = conn.idle_since = time.monotonic()
+        stack.append(conn)
+        try:
+            oldest = stack[0]
+        except IndexError:  # taken meanwhile
             return
-        if self._closed:
-            self._discard(node, conn)
-            return
-        self._idle.put(node, conn)
+        if now - oldest.idle_since > IDLE_KEPT_FOR:
+            self._shrink(node, now)
 
-    @staticmethod
-    def _discard(node: int, conn: Connection | None) -> None:
-        if conn is not None:
+    def _shrink(self, node: int, now: float) -> None:
+        stale = []
+        stack = self._idle[node]
+        with self._shrinking:  # one at a time; requests push and pop the top meanwhile
+            while True:
+                try:
+                    if now - stack[0].idle_since <= IDLE_KEPT_FOR:
+                        break
+                    # (Should another thread take the last one between the look and
+                    # the pop, and put one back, that idle one is closed: it is unused.)
+                    stale.append(stack.pop(0))
+                except IndexError:
+                    break
+        for conn in stale:
             conn.close()
 
     def close(self) -> None:
@@ -420,17 +481,13 @@ class SyncTransport:
         for thread in threads:
             if thread is not threading.current_thread():
                 thread.join(self.connect_timeout + 0.1)
-        self._idle.close()
         with self._mutex:
             lanes, self._lanes = self._lanes, {}
-        for stacks in lanes.values():
+        for stacks in (self._idle, *lanes.values()):
             for stack in stacks:
                 while stack:
                     stack.pop().close()
 
 
-def _readable(groups: list[Group], wait: float) -> list[Group]:
-    """The groups whose connections have bytes to read, waiting up to ``wait`` for one
-    (their next recv needs no select() first)."""
-    ready = {id(conn) for conn in wait_readable([g.conn for g in groups], wait)}
-    return [g for g in groups if id(g.conn) in ready]
+def _discard(_node: int, conn: Connection) -> None:
+    conn.close()

@@ -14,23 +14,41 @@
   release for the same owner is written *behind* it on the same socket, so the node
   runs our release after our acquire, in order; a release on a new connection would
   wait for a handshake that a hung node never answers.
+* One node's share of a request (:class:`Exchange`): which reply is whose, the identity
+  probe of a new connection, and NOSCRIPT (the calls sent again with their bodies).
+* A request's end (:class:`Gathering`): its deadline, the timeout a first request
+  learns, the early decision and the stragglers' grace.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Generic, TypeVar
 
-from redlock._core.requests import NOT_AWAITED, PENDING, SENT_LATE, Broadcast, Call, NotAwaited
+from redlock._core.requests import (
+    NOT_AWAITED,
+    PENDING,
+    SENT_LATE,
+    Broadcast,
+    Call,
+    NotAwaited,
+    Replies,
+    learnt_deadline,
+)
 from redlock._io import resp
 from redlock._io.failures import answered
+from redlock._io.resp import ReplyError
 from redlock._scripts import lock as scripts
 
-__all__ = ["NOT_AWAITED", "PENDING", "SENT_LATE", "Late", "LateConnections", "NotAwaited",
-           "Packing", "Silence", "fill_pending", "late_sendable", "render"]
+__all__ = ["DONE", "IDENTIFIED", "MORE", "NOT_AWAITED", "PENDING", "RESEND", "SENT_LATE",
+           "Exchange", "Gathering", "Late", "LateConnections", "NotAwaited", "Packing",
+           "Silence", "exchanges_of", "fill_pending", "is_noscript", "late_sendable",
+           "render"]
 
 Conn = TypeVar("Conn")
+E = TypeVar("E", bound="Exchange")
 
 # Late connections kept per node; beyond this the oldest is closed.
 LATE_PER_NODE = 16
@@ -61,28 +79,206 @@ class Packing:
     same keys and arguments), so each distinct command is packed for the first node and
     its bytes reused for the others (a call template's come packed: Broadcast.packed)."""
 
-    __slots__ = ("_bytes", "_key")
+    __slots__ = ("_args", "_bytes", "_evalsha", "_keys", "_script")
 
     def __init__(self, request: Broadcast | None = None) -> None:
-        self._key: tuple[object, ...] = ()
+        # What _bytes is the command of (nothing yet: a call has no such args).
+        self._args: object = None
+        self._keys: object = None
+        self._script: object = None
+        self._evalsha = True  # EVALSHA, or EVAL with the body
         self._bytes = b""
         if request is not None and request.packed is not None:
             call = request.calls[0]
-            self._key = (call.script, call.keys, call.args, True)
+            self._args, self._keys, self._script = call.args, call.keys, call.script
             self._bytes = request.packed
 
-    def calls(self, calls: list[Call], *, evalsha: bool) -> bytes:
+    def calls(self, calls: Sequence[Call], evalsha: bool) -> bytes:
         if len(calls) != 1:
             return resp.pack([render(call, evalsha=evalsha) for call in calls])
         call = calls[0]
-        key = self._key
-        if key and key[0] is call.script and key[1] is call.keys and key[2] is call.args \
-                and key[3] is evalsha:
+        if call.args is self._args and call.keys is self._keys \
+                and call.script is self._script and evalsha is self._evalsha:
             return self._bytes
         self._bytes = resp.pack_one(render(call, evalsha=evalsha))
-        self._key = (call.script, call.keys, call.args, evalsha)
+        self._args, self._keys, self._script = call.args, call.keys, call.script
+        self._evalsha = evalsha
         return self._bytes
 
+
+# What Exchange.take says of a reply: more are owed; every call has its result now; the
+# calls that answered NOSCRIPT are to be sent again with their bodies (Exchange.bodies);
+# it was the identity probe's (Exchange.identity).
+MORE, DONE, RESEND, IDENTIFIED = 0, 1, 2, 3
+
+
+def is_noscript(reply: object) -> bool:
+    """A NOSCRIPT error reply: the server lost its scripts (SCRIPT FLUSH, a restart)."""
+    return isinstance(reply, ReplyError) and str(reply).startswith("NOSCRIPT")
+
+
+class Exchange:
+    """One node's calls of one request, written on one connection (pipelined), and what
+    came back. A transport hands it each reply as it is parsed (:meth:`take`), which
+    says whose it is: on a new connection the identity probe's first (IDENTIFY, docs/
+    design.md §4.4), then one per call in order, each written into the request's replies
+    at once (none once the request is over: ``replies`` None). A call answered NOSCRIPT
+    (the server lost its scripts: SCRIPT FLUSH, a restart) is written again with its
+    script's body once every call answered (:meth:`bodies`), and its reply to that is
+    the call's. Both transports run their requests through it; they differ only in how
+    bytes come and go."""
+
+    __slots__ = ("calls", "conn", "done", "heard", "indexes", "lane", "next", "node",
+                 "probed", "replies", "sent_at", "unknown")
+
+    def __init__(self, node: int, replies: Replies | None, index: int, call: Call,
+                 lane: str | None = None) -> None:
+        self.node = node
+        # The request's replies while it waits (None once it is over): each reply, the
+        # identity and the round trip go there at once, for the request's early decision.
+        self.replies = replies
+        self.lane = lane  # its request's lane of connections (None: the shared ones)
+        # Its calls and their places among the request's (tuples: few objects per request).
+        self.indexes: tuple[int, ...] = (index,)
+        self.calls: tuple[Call, ...] = (call,)
+        self.conn: Any = None  # the connection it is written on, once it has one
+        self.probed = False  # IDENTIFY went first: the next reply is the identity
+        self.next = 0  # the next reply's position: the calls', then the resent ones'
+        self.unknown: list[int] | None = None  # the calls (positions) that answered NOSCRIPT
+        self.sent_at = 0.0
+        self.done = False  # every call has its result (a reply or a failure)
+        # The node replied (set by the asyncio transport, whose gathering clears the node's
+        # silence as an exchange finishes), or failed other than by a timeout.
+        self.heard = False
+
+    def add(self, index: int, call: Call) -> None:
+        self.indexes += (index,)
+        self.calls += (call,)
+
+    def take(self, reply: object) -> int:
+        """The next reply on its connection: MORE, DONE, RESEND (write :meth:`bodies`
+        now) or IDENTIFIED."""
+        replies = self.replies
+        if self.probed:
+            self.probed = False
+            if replies is not None:  # at once: the early decision must not count a
+                replies.identities[self.node] = reply  # restarted node's grant
+            return IDENTIFIED
+        position = self.next
+        self.next = position + 1
+        count = len(self.calls)
+        if position < count:
+            if position == 0 and replies is not None:
+                replies.round_trips[self.node] = time.monotonic() - self.sent_at
+            # (is_noscript, inline: this runs for every reply)
+            if isinstance(reply, ReplyError) and str(reply).startswith("NOSCRIPT"):
+                if self.unknown is None:
+                    self.unknown = []
+                self.unknown.append(position)
+            elif replies is not None:
+                replies[self.indexes[position]] = reply
+            if position + 1 < count:
+                return MORE
+            if self.unknown:
+                return RESEND
+        else:
+            unknown = self.unknown or []
+            if replies is not None:
+                replies[self.indexes[unknown[position - count]]] = reply
+            if position + 1 < count + len(unknown):
+                return MORE
+        self.done = True
+        return DONE
+
+    def bodies(self) -> bytes:
+        """The calls that answered NOSCRIPT, with their scripts' bodies (EVAL)."""
+        return resp.pack([render(self.calls[i], evalsha=False) for i in self.unknown or ()])
+
+    def owed(self) -> int:
+        """How many replies its connection still owes it (written, not read)."""
+        count = len(self.calls)
+        if self.next < count:
+            return self.probed + count - self.next
+        return count + len(self.unknown or ()) - self.next
+
+    def fail(self, exc: BaseException) -> None:
+        """Every call still without a result gets ``exc``; the exchange is done."""
+        self.heard = self.heard or answered(exc)
+        if self.replies is not None:
+            fill_pending(self.indexes, self.replies, exc)
+        self.done = True
+
+
+def exchanges_of(calls: Sequence[Call], replies: Replies, lane: str | None,
+                 make: type[E]) -> list[E]:
+    """A request's calls as exchanges, one per node (in the order of their first call)."""
+    exchanges: list[E] = []
+    by_node: dict[int, E] | None = None
+    last = -1
+    for index, call in enumerate(calls):
+        node = call.node
+        if node > last:  # (the usual request: one call per node, in the nodes' order)
+            last = node
+            exchange = make(node, replies, index, call, lane)
+            exchanges.append(exchange)
+            if by_node is not None:
+                by_node[node] = exchange
+            continue
+        if by_node is None:
+            by_node = {exchange.node: exchange for exchange in exchanges}
+        found = by_node.get(node)
+        if found is None:
+            found = by_node[node] = make(node, replies, index, call, lane)
+            exchanges.append(found)
+        else:
+            found.add(index, call)
+    return exchanges
+
+
+class Gathering:
+    """When a request is over: its deadline, moved earlier by the timeout a first
+    request learns from its own replies (``Broadcast.learn``) and, once its replies
+    decide it (``Broadcast.enough``, early quorum), by the stragglers' grace
+    (:meth:`Silence.until`). Both transports end their requests by it."""
+
+    __slots__ = ("deadline", "decided", "enough", "learn", "replies", "request", "silence",
+                 "started")
+
+    def __init__(self, request: Broadcast, replies: Replies, started: float, deadline: float,
+                 silence: Silence) -> None:
+        self.request = request
+        self.replies = replies
+        self.enough = request.enough
+        self.learn = request.learn  # 0 once learnt (or when it does not learn)
+        self.started = started
+        self.deadline = deadline
+        self.silence = silence  # its transport's: the nodes that stopped answering
+        self.decided = 0.0  # when the replies decided the request
+
+    def learnt(self) -> bool:
+        """A first request: once ``learn`` nodes answered, its deadline is the one their
+        round trips give (True then)."""
+        learnt = learnt_deadline(self.request, self.started, time.monotonic(),
+                                 len(self.replies.round_trips))
+        if learnt is None:
+            return False
+        self.learn = 0
+        self.deadline = min(self.deadline, learnt)
+        return True
+
+    def decide(self, stragglers: Callable[[], Iterable[int]]) -> bool:
+        """Asked as replies come in: once the replies decide the request, the stragglers
+        (the nodes not read yet, asked only then) get as long again as the decision took
+        (a healthy cluster's replies come in together), and none once they are all
+        silent. True: nothing is left to wait for."""
+        if not self.decided and (self.enough is None or not self.enough(
+                self.replies, self.replies.identities)):
+            return False
+        now = time.monotonic()
+        self.decided = self.decided or now
+        self.deadline = min(self.deadline, self.silence.until(self.started, self.decided,
+                                                              now, stragglers()))
+        return self.deadline <= now
 
 
 class Silence:
@@ -134,17 +330,17 @@ class Silence:
 
 
 class Refusals:
-    """Per node, a connection attempt that failed fast (refused, reset, no such host, a
-    wrong password: any failure but a timeout, :func:`answered`), and when the next may
-    be made. Until then a request fails that node's calls at once with the same error,
-    instead of opening a connection (a thread or a task) that would fail the same way:
-    with 2 of 5 nodes refusing connections, that cost each acquire+release 3.2 times the
-    healthy cycle on the sync client and 2.0 times on the asyncio one (BENCHMARKS.md,
-    "A refusing minority"). The wait starts at RETRY_CONNECT_MIN and doubles with each
-    failure, up to RETRY_CONNECT_MAX, so a node that comes back is asked again within
-    that; any connection made to the node clears it. Failing a call at once changes no
-    decision: the attempt would have failed it a moment later. A timeout does not count:
-    a connection that takes its whole budget is already one at a time per slot."""
+    """Per node, a connection attempt that failed fast (refused, reset, no such host, a wrong
+    password: any failure but a timeout, :func:`answered`), and when the next may be
+    made. Until then a request fails that node's calls at once with the same error,
+    instead of opening a connection (a thread or a task) that would fail the same way,
+    which with a refusing minority cost each acquire+release several healthy cycles
+    (BENCHMARKS.md, "A refusing minority"). The wait starts at RETRY_CONNECT_MIN and
+    doubles with each failure, up to RETRY_CONNECT_MAX, so a node that comes back is
+    asked again within that; any connection made to the node clears it. Failing a call
+    at once changes no decision: the attempt would have failed it a moment later. A
+    timeout does not count: a connection that takes its whole budget is already one at a
+    time per slot."""
 
     __slots__ = ("errors", "retry_at", "waits")
 
@@ -239,25 +435,28 @@ class LateConnections(Generic[Conn]):
     def __init__(self, node_count: int) -> None:
         self._late: list[list[Late[Conn]]] = [[] for _ in range(node_count)]
         self._mutex = threading.Lock()
+        # How many there are (an attribute: every request looks whether there are any).
+        self.total = 0
 
     def add(self, late: Late[Conn]) -> Late[Conn] | None:
         """Keep a late connection; returns an evicted one for the caller to close."""
         with self._mutex:
             entries = self._late[late.node]
             entries.append(late)
-            return entries.pop(0) if len(entries) > LATE_PER_NODE else None
+            if len(entries) > LATE_PER_NODE:
+                return entries.pop(0)
+            self.total += 1
+            return None
 
     def remove(self, late: Late[Conn]) -> None:
         with self._mutex:
             entries = self._late[late.node]
             if late in entries:
                 entries.remove(late)
+                self.total -= 1
 
     def count(self, node: int) -> int:
         return len(self._late[node])
-
-    def any(self) -> bool:
-        return any(self._late)
 
     def entries(self) -> list[Late[Conn]]:
         with self._mutex:
@@ -281,4 +480,5 @@ class LateConnections(Generic[Conn]):
             entries = [late for node in self._late for late in node]
             for node in self._late:
                 node.clear()
+            self.total = 0
         return entries
