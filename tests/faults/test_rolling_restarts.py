@@ -42,6 +42,7 @@ pytestmark = [pytest.mark.faults, pytest.mark.slow, pytest.mark.timeout(300)]
 
 TTL = 5.0  # the locks' TTL: the longest lease in use
 SPACING = 20.0  # seconds between two restarts of the roll
+WARM_UP = 5.0  # seconds of load before the first restart
 MAX_GAP = 2.0  # the longest stretch allowed without a successful acquire
 REJOIN = 15.0  # a node restarted empty is back within this (TTL 5 s locks in use)
 THREADS, NAMES = 4, 8
@@ -172,11 +173,15 @@ class Workload:
 
 def roll(nodes: RedisNodes, *, keep_data: bool, spacing: float,
          order: list[int] | None = None) -> Iterator[tuple[int, float]]:
-    """Restart each node in turn, ``spacing`` seconds apart; yields (node, when)."""
+    """Restart each node in turn, the first after WARM_UP of load, then ``spacing``
+    seconds apart (restart to restart, whatever the caller does in between); yields
+    (node, when)."""
+    due = time.monotonic() + WARM_UP
     for index in order if order is not None else range(len(nodes)):
-        time.sleep(spacing)
+        time.sleep(max(0.0, due - time.monotonic()))
         nodes[index].restart(keep_data=keep_data)
         yield index, time.monotonic()
+        due += spacing
 
 
 def checked(workload: Workload, figures: Any, started: float, ended: float,
