@@ -56,7 +56,7 @@ class Admin(AdminBase[Redlock]):
 
     def inspect(self, resource: str) -> LockStatus:
         """Every node's view of ``resource``: held or not, PTTL left, fence counter,
-        marker, repair and amnesia state (never the holder's secret owner value). One
+        marker, repair and amnesia state (never the holder's secret lock value). One
         parallel round of read-only scripts; unreachable nodes are reported, not raised."""
         return self._manager._drive(self._inspect_flow(resource))
 

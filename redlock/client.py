@@ -85,7 +85,7 @@ class _SyncHandle(HandleBase):
 
 class Lock(_SyncHandle, LockBase):
     """One resource's lock handle. Safe to share across threads: each thread that
-    acquires through it gets its own acquisition (own owner value and token).
+    acquires through it gets its own acquisition (own lock value and token).
 
     Use as a context manager, or call :meth:`acquire` / :meth:`release`. While held,
     :attr:`token` is the fencing token to pass to the protected resource.

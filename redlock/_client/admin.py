@@ -72,7 +72,7 @@ class AdminBase(Generic[M]):
         try:
             return (yield from _inspect.force_release(manager._core, resource))
         finally:  # this manager's local waiters: go (its room is rebuilt in a fork child)
-            manager._room.lines.notify(manager._core.keys.channel(resource))
+            manager._room.turns.notify(manager._core.keys.channel(resource))
 
     def _repair_flow(self, force: bool) -> Flow[list[RepairReport]]:
         return self._manager._core.repair(force=force)

@@ -26,11 +26,11 @@ from redlock import _fork
 from redlock._client import environment
 from redlock._client.decorator import F, make_decorator
 from redlock._client.handles import LockBase, MultiLockBase
-from redlock._client.lines import WaitingRoom
 from redlock._client.registry import Registry
 from redlock._client.renewer import Renewer
 from redlock._client.renewer import unavailable as renewer_unavailable
 from redlock._client.telemetry import Telemetry, record_renewal
+from redlock._client.waiting_room import WaitingRoom
 from redlock._core.algorithm import RedlockCore
 from redlock._core.amnesia.maintenance import maintenance
 from redlock._core.handover import Handover, as_handover
@@ -81,7 +81,7 @@ class Hooks:
     renewer process keeps ``time.monotonic``: redlock/_client/renewer.py,
     ``unavailable()``). ``sleep``: how the executor waits (a coroutine function for
     asyncio), honoured for every wait but one a signal ends; None: the real waits, in
-    the local line where a release wakes the first waiter."""
+    the local turns where a release wakes the first waiter."""
 
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], Any] | None = None
@@ -195,7 +195,7 @@ class ManagerBase(Generic[H, MH]):
                                     self._core.settings.connect_timeout, wakeups)
 
     def _start_process_state(self) -> None:
-        """What lives in one process only: the waiting room (local lines, release
+        """What lives in one process only: the waiting room (local turns, release
         listener), the renewal loop, the reentrancy map, the background maintenance,
         the executor, and their events and thread locks (rebuilt in a forked child)."""
         backend = self._backend

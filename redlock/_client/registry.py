@@ -31,7 +31,7 @@ class Registry:
     """Shared by a manager's handles. ``drive`` runs a flow the way the manager's
     flavour does (returns its result, or, asyncio, an awaitable of it);
     ``current_owner()`` is the calling thread or task (None: no task, asyncio);
-    ``released`` is told of every release (the local lines' hand-off); ``renewals`` and
+    ``released`` is told of every release (the local turns' wake); ``renewals`` and
     the reentrancy map live in one process (a forked child gets new ones:
     :meth:`start_process`)."""
 

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 from redlock._client.executors import SyncExecutor
-from redlock._client.lines import WaitingRoom
+from redlock._client.waiting_room import WaitingRoom
 from redlock._core.algorithm import RedlockCore
 from redlock._core.requests import Flow
 from redlock._core.state import LockState

@@ -300,9 +300,9 @@ class Renewer:
                 return
             if self._closed:
                 return  # close() marks what it renewed lost; nothing new is started
-            self._hand_over(state, [handle])
+            self._lease_to_renewer(state, [handle])
 
-    def _hand_over(self, state: LockState, handles: list[Any]) -> None:
+    def _lease_to_renewer(self, state: LockState, handles: list[Any]) -> None:
         """Give ``state`` to the renewer in a slot of its own (under the mutex: the
         renewer reads messages in the order they were decided); until it runs, the
         bridge renews ``state`` too."""
@@ -317,7 +317,7 @@ class Renewer:
         self._entries[lease_id] = entry
         self._ids[state] = lease_id
         state.lease = Lease(view, slot, renewer=False)
-        hold = ("hold", lease_id, slot, state.resource, state.owner, state.ttl, state.token,
+        hold = ("hold", lease_id, slot, state.resource, state.value, state.ttl, state.token,
                 state.tokens, state.kind, state.deadline)
         settings = self._settings_message(process)
         self._send(process, [hold] if settings is None else [settings, hold])
@@ -370,7 +370,7 @@ class Renewer:
         with self._mutex:
             handles = self._withdrawn.pop(state, None)
             if handles is not None and not self._closed and state.status == Status.HELD:
-                self._hand_over(state, handles)
+                self._lease_to_renewer(state, handles)
 
     def _drop(self, state: LockState) -> _Entry | None:
         """``state`` is renewed no more (under the mutex): it keeps the deadline it has now."""

@@ -25,8 +25,8 @@ from typing import Any
 
 from redlock._client import environment
 from redlock._client.executors import SyncExecutor
-from redlock._client.lines import WaitingRoom
 from redlock._client.renewer import SLOTS, Deadlines, Lease, Link, process_stat
+from redlock._client.waiting_room import WaitingRoom
 from redlock._core.algorithm import RedlockCore
 from redlock._core.renewals import Renewals
 from redlock._core.requests import Flow
@@ -171,10 +171,10 @@ class _Renewer:
         """Act on one message; False once the holder said close."""
         kind = message[0]
         if kind == "hold":
-            _, lease_id, slot, resource, owner, ttl, token, tokens, lock_kind, deadline = message
+            _, lease_id, slot, resource, value, ttl, token, tokens, lock_kind, deadline = message
             if slot >= SLOTS:
                 return True
-            state = LockState(resource, owner, ttl, token, deadline, self.core.clock,
+            state = LockState(resource, value, ttl, token, deadline, self.core.clock,
                               self.core.env.new_mutex(), tokens=tokens, kind=lock_kind)
             # Its deadline: the later of ours and the holder's (a bridge renewing it until
             # this process has, or the acquire's own), 0 once we lost it.

@@ -39,8 +39,8 @@ from redlock._core.state import AcquireResult, AttemptResult, LockState, RoundTr
 from redlock._core.tokens import (
     TOKEN_LIMIT,
     TokenFloors,
-    attempt_owner,
     choose_token,
+    lock_value,
     quorum,
     validity_left,
     waiter_id,
@@ -69,14 +69,14 @@ nodes_logger = get_logger("redlock.nodes")
 
 @dataclass(slots=True)
 class Opening:
-    """An acquire call's start: its secret (``owner``, 32 hex digits; each attempt's
-    owner value starts with it, docs/design.md §2.1), what it acquires (``name``: in
+    """An acquire call's start: its ``secret`` (32 hex digits; each attempt's lock
+    value starts with it, docs/design.md §2.1), what it acquires (``name``: in
     messages), its place in the nodes' line (``ticket``, '' when it does not queue),
     when it started and its deadline."""
 
     resources: tuple[str, ...]
     name: str
-    owner: str
+    secret: str
     kind: Kind
     ticket: str
     started: float
@@ -112,7 +112,7 @@ class RedlockCore:
                                     self.membership)
         self.holding = Holding(self.addresses, settings, self.keys, self.membership,
                                self.timeout, self.node_outages, env.clock)
-        # A mutex's local line and counters per name (asked on every attempt; the names
+        # A mutex's local turns key and counters per name (asked on every attempt; the names
         # used lately: the client's memory does not grow with the names it ever locked).
         self._mutex_names: dict[tuple[str, ...], tuple[str, tuple[str, ...]]] = {}
         # Every node's outcome when each granted (the usual attempt's, shared: immutable).
@@ -154,16 +154,16 @@ class RedlockCore:
                 if record is not None:
                     self.membership.adopt(record)
 
-    def line(self, resources: Sequence[str], kind: Kind = MUTEX) -> str:
-        """The local line of an acquisition: a resource's release channel (a set has one
-        of its own). Attempts in one line from one manager take turns."""
+    def turns_key(self, resources: Sequence[str], kind: Kind = MUTEX) -> str:
+        """The key of an acquisition's local turns: a resource's release channel (a set
+        has one of its own). Attempts on one key from one manager take turns (§6.5)."""
         if kind is MUTEX:
             return self._mutex_name(resources)[0]
         return kind.channel(self.keys, resources[0] if len(resources) == 1
                             else "\x00".join(resources))
 
     def _mutex_name(self, resources: Sequence[str]) -> tuple[str, tuple[str, ...]]:
-        """A mutex's (line, buckets) of ``resources``, kept for the names used lately."""
+        """A mutex's (turns key, buckets) of ``resources``, kept for the names used lately."""
         key = tuple(resources)
         made = self._mutex_names.get(key)
         if made is None:
@@ -181,7 +181,7 @@ class RedlockCore:
         """An acquire call's start. Every round and wait ends by the caller's deadline:
         ``timeout`` after the start for a blocking acquire, one request ceiling for a
         single try (:meth:`Settings.single_try`); docs/design.md §2.5."""
-        owner = self.env.random_hex(16)  # 128 bits, secret: only we can release our key
+        secret = self.env.random_hex(16)  # 128 bits: only we can release our key
         # A blocking acquire of one resource waits in the nodes' line for it; its ticket
         # (wall-clock microseconds: comparable across hosts, see docs/design.md §6) is
         # its place, the same on every node and every attempt. A single try, or a set,
@@ -192,8 +192,8 @@ class RedlockCore:
         started = self.clock()
         deadline = Deadline(self.clock, started + self.settings.single_try(ttl) if single
                             else None if timeout is None else started + timeout)
-        return Opening(resources, label(resources), owner,
-                       kind if kind is MUTEX else kind.for_call(owner), ticket, started,
+        return Opening(resources, label(resources), secret,
+                       kind if kind is MUTEX else kind.for_call(secret), ticket, started,
                        single, deadline)
 
     def acquire(self, resources: str | tuple[str, ...], ttl: float, *, blocking: bool,
@@ -208,7 +208,7 @@ class RedlockCore:
         each attempt."""
         resources = (resources,) if isinstance(resources, str) else resources
         opening = self.open(resources, ttl, blocking=blocking, timeout=timeout, kind=kind)
-        call, kind, ticket, deadline = opening.owner, opening.kind, opening.ticket, \
+        call, kind, ticket, deadline = opening.secret, opening.kind, opening.ticket, \
             opening.deadline
         outage_since: float | None = None
         waits: Waits | None = None  # (made by the first wait: most calls never wait)
@@ -225,7 +225,7 @@ class RedlockCore:
                 # attempt: its SET may have happened anywhere, and its line entries go too
                 # (a release would hand the lock to one left behind, for its TTL, §6.7).
                 yield deadline.cap(self.holding.release_calls(
-                    resources, attempt_owner(call, attempts), ttl, kind=kind))
+                    resources, lock_value(call, attempts), ttl, kind=kind))
                 raise
             if watch is not None:
                 watch(result)
@@ -238,17 +238,17 @@ class RedlockCore:
                         raise
                     except BaseException:  # interrupted: the caller never leads
                         yield deadline.cap(self.holding.release_calls(
-                            resources, state.owner, ttl, kind=state.kind))
+                            resources, state.value, ttl, kind=state.kind))
                         raise
                 return AcquireResult(state, result.outcomes, attempts, False, "")
-            owner = attempt_owner(call, attempts)  # (for the releases that end the call)
+            value = lock_value(call, attempts)  # (for the releases that end the call)
             if result.retry_now and attempts < 3:
                 if not deadline.passed():
                     continue
                 result = replace(result, reason=f"{result.reason}; no time was left to try"
                                                 " again")
             if opening.single or result.permanent:
-                yield from self._leave_line(resources, owner, ttl, ticket, deadline, kind)
+                yield from self._leave_line(resources, value, ttl, ticket, deadline, kind)
                 return AcquireResult(None, result.outcomes, attempts, result.unavailable,
                                      result.reason)
             kind = result.next_kind or kind
@@ -257,21 +257,21 @@ class RedlockCore:
                 outage_since = attempt_started if outage_since is None else outage_since
                 outage_limit = self.settings.outage_timeout
                 if outage_limit is not None and now - outage_since >= outage_limit:
-                    yield from self._leave_line(resources, owner, ttl, ticket, deadline, kind)
+                    yield from self._leave_line(resources, value, ttl, ticket, deadline, kind)
                     return AcquireResult(None, result.outcomes, attempts, True,
                                          f"{result.reason}; the cluster has been unavailable"
                                          f" for {now - outage_since:.1f} s (outage_timeout)")
             else:
                 outage_since = None
             if deadline.passed():
-                yield from self._leave_line(resources, owner, ttl, ticket, deadline, kind)
+                yield from self._leave_line(resources, value, ttl, ticket, deadline, kind)
                 return AcquireResult(None, result.outcomes, attempts, result.unavailable,
                                      result.reason)
             if waits is None:
                 waits = Waits(self.settings, queued=bool(ticket))
             delay, patient = waits.next(attempts, result.outcomes,
                                         unavailable=result.unavailable, left=deadline.left())
-            backoff = Backoff(delay, line=self.line(resources, kind),
+            backoff = Backoff(delay, turns_key=self.turns_key(resources, kind),
                               channels=kind.wait_channels(self.keys, resources,
                                                           self.route if ticket else ""),
                               waiter=waiter_id(call) if ticket else None, patient=patient)
@@ -290,7 +290,7 @@ class RedlockCore:
             except GeneratorExit:
                 raise
             except BaseException:  # interrupted (cancelled) while waiting: leave the line
-                yield from self._leave_line(resources, owner, ttl, ticket, deadline, kind)
+                yield from self._leave_line(resources, value, ttl, ticket, deadline, kind)
                 raise
 
     def _proclaim(self, state: LockState, deadline: Deadline) -> Flow[None]:
@@ -300,7 +300,7 @@ class RedlockCore:
         kind = state.kind
         assert isinstance(kind, Leadership)
         rule = self.membership.rule
-        calls = with_epoch((kind.proclaim_call(self.keys, i, state.resource, state.owner,
+        calls = with_epoch((kind.proclaim_call(self.keys, i, state.resource, state.value,
                                                state.token) for i in self.nodes),
                            self.keys, rule.epoch)
         acks = yield deadline.cap(Broadcast(calls, self.timeout(state.ttl),
@@ -313,14 +313,14 @@ class RedlockCore:
                            hint="leader() may not name this leader until its next term;"
                                 " the term itself (the token) is committed")
 
-    def _leave_line(self, resources: tuple[str, ...], owner: str, ttl: float,
+    def _leave_line(self, resources: tuple[str, ...], value: str, ttl: float,
                     ticket: str, deadline: Deadline, kind: Kind = MUTEX) -> Flow[None]:
         """A queued acquire call that ends without the lock drops its entries from the
         waiting lines at once: the next in line need not wait for them to lapse. (A
         final release: what is still unsent at the deadline goes out when its
         connection opens, docs/design.md §2.4.)"""
         if ticket:
-            yield deadline.cap(self.holding.release_calls(resources, owner, ttl, leave=True,
+            yield deadline.cap(self.holding.release_calls(resources, value, ttl, leave=True,
                                                           kind=kind))
 
     def _attempt(self, opening: Opening, ttl: float, kind: Kind,
@@ -330,7 +330,7 @@ class RedlockCore:
         back, time left) are told in one pass; anything else is judged by
         :meth:`_judged`."""
         resources, deadline, settings = opening.resources, opening.deadline, self.settings
-        owner = attempt_owner(opening.owner, attempt)  # this attempt's value (§2.1)
+        value = lock_value(opening.secret, attempt)  # this attempt's value (§2.1)
         rule, health = self.membership.rule, self.amnesia.health
         if not rule.possible:
             rule.check()  # MembershipError: our nodes cannot form a quorum (§13.2)
@@ -343,16 +343,16 @@ class RedlockCore:
         learn = self.quorum if (settings.node_timeout is None
                                 and self.round_trips.measured() < self.quorum) else 0
         timeout = self.timeout(ttl)  # (the attempt's, its line entry's patience from it)
-        line, buckets = (self._mutex_name(resources) if kind is MUTEX
-                         else (self.line(resources, kind), kind.buckets(resources)))
+        turns_key, buckets = (self._mutex_name(resources) if kind is MUTEX
+                              else (self.turns_key(resources, kind), kind.buckets(resources)))
         calls, packed = kind.acquire_request(self.keys, self.nodes, resources, AcquireArgs(
-            owner, max(1, int(ttl * 1000)), self.floors.get(buckets), opening.ticket,
+            value, max(1, int(ttl * 1000)), self.floors.get(buckets), opening.ticket,
             int(settings.patience(timeout) * 1000), attempt, self.route), epoch)
         # Whose grants do not count: restarted nodes being judged (§4.4), nodes of
         # another format (§4.1).
         uncounted = (health.suspect if not health.incompatible
                      else {**health.suspect, **health.incompatible})
-        request = Broadcast(calls + inspect, deadline.bound(timeout), line=line,
+        request = Broadcast(calls + inspect, deadline.bound(timeout), turns_key=turns_key,
                             turns=not opening.ticket,
                             enough=grant_enough(self.n, uncounted, rule, kind.vote,
                                                 kind.group if kind.grouped else None),
@@ -383,11 +383,11 @@ class RedlockCore:
                     health.marker_seen = True  # (a grant: the node has its marker)
                     self.floors.raise_to(buckets, token)
                     return AttemptResult(self.held(opening, ttl, started, {
-                        resources[0]: token}, kind, self.n, owner), self._all_granted)
-        return (yield from self._judged(opening, ttl, kind, attempt, owner, request,
+                        resources[0]: token}, kind, self.n, value), self._all_granted)
+        return (yield from self._judged(opening, ttl, kind, attempt, value, request,
                                         replies, started, epoch, buckets))
 
-    def _judged(self, opening: Opening, ttl: float, kind: Kind, attempt: int, owner: str,
+    def _judged(self, opening: Opening, ttl: float, kind: Kind, attempt: int, value: str,
                 request: Broadcast, replies: Sequence[object], started: float, epoch: int,
                 buckets: tuple[str, ...]) -> Flow[AttemptResult]:
         """An attempt's replies, judged: amnesia, permits' slots, the token's commit (a
@@ -402,7 +402,7 @@ class RedlockCore:
                    else (yield from self.amnesia.check(outcomes, deadline)))
         if amnesia is not None:  # the call may try again: it keeps its place in line
             yield deadline.cap(self.holding.release_calls(
-                resources, owner, ttl, leave=False, kind=kind, ticket=opening.ticket))
+                resources, value, ttl, leave=False, kind=kind, ticket=opening.ticket))
             return amnesia
         # The grants this attempt keeps (a permit's: of the slot most nodes granted;
         # the others are given back at once, §12.2), and what they are grants of.
@@ -411,7 +411,7 @@ class RedlockCore:
         held_kind, kept = kind.granted(granting) if granting else (kind, {})
         stray = held_kind.stray(granting)
         if stray:
-            yield deadline.cap(self.holding.release_calls(resources, owner, ttl, leave=False,
+            yield deadline.cap(self.holding.release_calls(resources, value, ttl, leave=False,
                                                           nodes=stray, kind=kind))
         if kept and held_kind is not kind:  # (a permit's slot: its own buckets)
             buckets = held_kind.buckets(resources)
@@ -430,11 +430,11 @@ class RedlockCore:
             write_backs = [(r, call) for r, c in choices.items()
                            if not rule.met(committed[r])
                            for call in with_epoch(
-                               (held_kind.write_back_call(keys, i, r, owner, c.token)
+                               (held_kind.write_back_call(keys, i, r, value, c.token)
                                 for i in c.write_back), keys, epoch)]
             if write_backs:
                 # Counters diverged: raise the lower ones to the token, but only on
-                # nodes that still hold our key (the script checks the owner).
+                # nodes that still hold our key (the script checks the value).
                 acks = yield Broadcast(tuple(call for _, call in write_backs),
                                        deadline.bound(self.timeout(ttl)),
                                        enough=commit_enough(write_backs, committed,
@@ -454,7 +454,7 @@ class RedlockCore:
             too_big = [r for r in resources if choices[r].token >= TOKEN_LIMIT]
             if not short and not too_big and validity > 0:
                 return AttemptResult(self.held(opening, ttl, started, {
-                    r: c.token for r, c in choices.items()}, held_kind, len(granted), owner),
+                    r: c.token for r, c in choices.items()}, held_kind, len(granted), value),
                     outcomes)
             if too_big:
                 reason = f"fence counter reached {TOKEN_LIMIT}"
@@ -474,7 +474,7 @@ class RedlockCore:
         maybe_set = [i for i, reply in enumerate(replies) if not acquire_set_nothing(reply)]
         if maybe_set:
             yield deadline.cap(self.holding.release_calls(
-                resources, owner, ttl, leave=False, nodes=maybe_set, kind=kind,
+                resources, value, ttl, leave=False, nodes=maybe_set, kind=kind,
                 ticket=opening.ticket))
         rule = self.membership.rule
         healthy = [i for i, r in enumerate(outcomes)
@@ -502,12 +502,12 @@ class RedlockCore:
                              reason=reason, next_kind=kind.next_attempt(replies))
 
     def held(self, opening: Opening, ttl: float, started: float, tokens: dict[str, int],
-              kind: Kind, granted: int, owner: str) -> LockState:
+              kind: Kind, granted: int, value: str) -> LockState:
         """The acquisition of the call's attempt that started at ``started`` and won
         (``tokens``: per resource; ``granted``: by that many nodes), holding that
-        attempt's owner value (§2.1); its validity is measured from that start, less the
+        attempt's lock value (§2.1); its validity is measured from that start, less the
         drift (docs/design.md §2.2)."""
-        state = LockState(opening.name, owner, ttl, max(tokens.values()),
+        state = LockState(opening.name, value, ttl, max(tokens.values()),
                           started + ttl - self.settings.drift(ttl), self.clock,
                           self.env.new_mutex(), tokens=tokens, kind=kind)
         if logger.isEnabledFor(DEBUG):  # (every acquisition passes here: fields if logged)
@@ -530,7 +530,7 @@ class RedlockCore:
         # The reservations become a value no attempt sent, so that a late command of the
         # attempt that queued cannot touch them (§2.1); the next attempt, if this comes to
         # nothing, is the one that sends it.
-        owner = attempt_owner(opening.owner, attempt + 1)
+        value = lock_value(opening.secret, attempt + 1)
         refused = {i for i, r in enumerate(outcomes) if r.outcome is Outcome.REFUSED}
         health, membership = self.amnesia.health, self.membership
         counters = counted(heard, attempt, membership.rule.epoch, health.benched(), refused)
@@ -562,7 +562,7 @@ class RedlockCore:
         choice = choose_token(counters)
         committed = set(choice.committed)
         if not rule.met(committed):
-            calls = with_epoch((kind.write_back_call(self.keys, i, resource, owner,
+            calls = with_epoch((kind.write_back_call(self.keys, i, resource, value,
                                                      choice.token)
                                 for i in choice.write_back), self.keys, rule.epoch)
             write_backs = [(resource, call) for call in calls]
@@ -583,7 +583,7 @@ class RedlockCore:
         logger.debug("redlock.handed_off", resource=resource, token=choice.token,
                      heard=len(counters), committed=len(committed))
         state = self.held(opening, ttl, attempt_started, {resource: choice.token}, kind,
-                           len(counters), owner)
+                           len(counters), value)
         handed = [NodeResult(self.addresses[i], Outcome.GRANTED, "handed off by a release",
                              counter=counters[i]) if i in counters else result
                   for i, result in enumerate(outcomes)]

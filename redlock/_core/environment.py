@@ -33,7 +33,7 @@ class Environment:
     ``clock``: monotonic seconds (validity, deadlines, waits); ``wall_clock``: seconds
     since the epoch, only where hosts must agree (the waiting line's tickets, node
     marker texts, a hand-over's age); ``random_hex(n)``: n random bytes as hex, from a
-    source fit for secrets (owner values let their holder release the lock);
+    source fit for secrets (lock values let their holder release the lock);
     ``new_mutex``: a new lock for shared state.
     """
 

@@ -62,12 +62,12 @@ class Holding:
         self._all_done = tuple(NodeResult(a, Outcome.GRANTED) for a in self.addresses)
         self._every_node = frozenset(self.nodes)
 
-    def release_calls(self, resources: Sequence[str], owner: str, ttl: float | None = None,
+    def release_calls(self, resources: Sequence[str], value: str, ttl: float | None = None,
                       *, leave: bool = True, nodes: Sequence[int] | None = None,
                       patient: bool = False, kind: Kind = MUTEX,
                       ticket: str = "") -> Broadcast:
         """Compare-and-delete of each resource's key on every node (a set's calls to one
-        node go out pipelined), and with ``leave`` the owner's entry in the waiting lines
+        node go out pipelined), and with ``leave`` the waiter's entry in the waiting lines
         is dropped too; without, a waiter's (``ticket``: its place in line) is kept, or
         given back where a grant had taken it (a permit's or a reader's, §12.2). Decided
         once a quorum of the nodes asked answered (see :meth:`settled`); later answers
@@ -75,8 +75,8 @@ class Holding:
         # A failed attempt keeps its place in line for the patience (the ACQUIRE that
         # granted it cut its entry to the key's TTL).
         timeout = self.timeout(ttl)
-        args: tuple[CommandArg, ...] = (owner, "1") if leave else (
-            owner, "0", int(self.settings.patience(timeout) * 1000), ticket)
+        args: tuple[CommandArg, ...] = (value, "1") if leave else (
+            value, "0", int(self.settings.patience(timeout) * 1000), ticket)
         calls, packed = kind.release_request(self.keys, self.nodes if nodes is None else nodes,
                                              resources, args)
         if patient:
@@ -125,7 +125,7 @@ class Holding:
 
     def _per_node(self, replies: Sequence[object], resources: int,
                   refused: str) -> tuple[list[NodeResult], list[set[int]]]:
-        """Replies of an owner-checked script sent per node and resource (node-major):
+        """Replies of a value-checked script sent per node and resource (node-major):
         each node's outcome (GRANTED only if it acked every resource) and, per
         resource, the nodes that acked."""
         if resources == 1:  # (the usual case, on every release: one pass)
@@ -187,7 +187,7 @@ class Holding:
     def release_request(self, state: LockState) -> Broadcast:
         """The request that releases ``state`` (a holder's: patient, see
         :meth:`release_calls`)."""
-        return self.release_calls(state.resources, state.owner, state.ttl, patient=True,
+        return self.release_calls(state.resources, state.value, state.ttl, patient=True,
                                    kind=state.kind)
 
     def released(self, states: Sequence[LockState],
@@ -240,7 +240,7 @@ class Holding:
             epoch = self.membership.rule.epoch
             for _ in range(2):  # again at once if a node taught us a newer epoch (§13.1)
                 calls = with_epoch((
-                    state.kind.extend_call(self.keys, i, r, state.owner,
+                    state.kind.extend_call(self.keys, i, r, state.value,
                                            max(1, int(ttl * 1000)))
                     for state, ttl in live for i in range(self.n) for r in state.resources),
                     self.keys, epoch)
@@ -357,6 +357,6 @@ class Holding:
         dropped = [state for (state, _, _), first in zip(losses, firsts, strict=True) if first]
         if dropped:
             # Drop what is left of our keys so the next holder need not wait for the TTL.
-            yield self._joined([self.release_calls(state.resources, state.owner, state.ttl,
+            yield self._joined([self.release_calls(state.resources, state.value, state.ttl,
                                                    kind=state.kind) for state in dropped])
         return firsts

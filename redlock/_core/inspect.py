@@ -3,7 +3,7 @@
 ``Admin(dlm).inspect(resource)`` (:mod:`redlock.admin`) reads, on every node at once, the
 lock key's remaining PTTL, the node's fence counter, the node marker and any repair claim
 (one read-only script, so each node's answer is one consistent snapshot), and adds what
-the manager knows about amnesiac nodes. The owner value is never read out: a holder is
+the manager knows about amnesiac nodes. The lock value is never read out: a holder is
 shown as a short fingerprint (a SHA1 prefix), enough to tell whether the keys on
 different nodes belong to one holder. ``is_locked(resource)`` answers from that view
 whether anyone holds the resource; a handle's ``locked()`` says whether *its caller*
@@ -46,7 +46,7 @@ class NodeLockStatus:
     ``redlock._scripts.node.FORMAT``, 1; a higher one: a newer release initialised the
     node, and this client does not use it, docs/design.md §4.1; None: no marker, or one
     naming no format); ``repairing``: a repair has claimed the node; ``holder``: a
-    fingerprint of the holder's owner value (never the value);
+    fingerprint of the holder's lock value (never the value);
     ``benched``: the node lost its data (or restarted without durable persistence) and
     is kept out of quorums: it rejoins once repaired, ``rejoins_in_s`` from now at the
     earliest (read from its amnesia episode, by its own clock; None while unknown).

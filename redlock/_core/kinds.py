@@ -2,7 +2,7 @@
 
 The algorithm (:mod:`redlock._core.algorithm`, :mod:`redlock._core.holding`) is one for
 every kind; a kind only says which keys of a name it uses and which scripts grant,
-commit (write back), renew and give back a grant:
+commit (write back), renew and release a grant:
 
 - :data:`MUTEX`, the lock (and a set of locks, ``lock_many``);
 - :class:`Leadership`, an election's leader (a mutex on the election's own key, with a
@@ -16,7 +16,7 @@ read-write lock at once. A kind's tokens come from the counter of a name
 
 The two scripts every lock's acquire and release run, ACQUIRE of one resource and
 RELEASE, are made from templates only (:class:`Template`, docs/design.md §2.6): a call of
-one name is the same on every call but for a few values (the owner, the floor, ...), so
+one name is the same on every call but for a few values (the value, the floor, ...), so
 it is made once per name, with a :class:`Hole` where each of those goes, and filled in,
 its command packed around them. The other scripts' calls are built each time.
 """
@@ -48,7 +48,7 @@ Vote = Callable[[object], "int | None"]
 class AcquireArgs(NamedTuple):  # (one per attempt: a third of a frozen dataclass's time)
     """What every kind's acquire call carries (the mutex's ARGV, §2.2)."""
 
-    owner: str
+    value: str
     ttl_ms: int
     floor: int
     ticket: str  # '' for a single try: it neither joins nor jumps the line
@@ -88,8 +88,8 @@ class ResourceKeys(NamedTuple):
 
 
 def _places_back(args: tuple[CommandArg, ...]) -> bool:
-    """A release's ``args`` (owner, leave[, patience, ticket]) are a failed attempt's
-    give-back of a waiter in line, which puts its place back where its grant took it out
+    """A release's ``args`` (value, leave[, patience, ticket]) are a failed attempt's
+    release of a waiter in line, which puts its place back where its grant took it out
     (a permit's, a reader's: §12.2) or never put it in (a mutex's on an empty line: §6.3)."""
     return len(args) == 4 and args[1] == "0" and args[3] != ""
 
@@ -205,10 +205,10 @@ _new = tuple.__new__
 # per call or attempt (the TTL and the route are a template's own).
 _OWNER, _FLOOR, _TICKET, _PATIENCE, _ATTEMPT = (
     Hole(AcquireArgs._fields.index(name), name)
-    for name in ("owner", "floor", "ticket", "patience_ms", "attempt"))
-# A release's values are its arguments (owner, leave[, patience[, ticket]]).
+    for name in ("value", "floor", "ticket", "patience_ms", "attempt"))
+# A release's values are its arguments (value, leave[, patience[, ticket]]).
 _RELEASE_OWNER, _RELEASE_PATIENCE, _RELEASE_TICKET = (
-    Hole(0, "owner"), Hole(2, "patience"), Hole(3, "ticket"))
+    Hole(0, "value"), Hole(2, "patience"), Hole(3, "ticket"))
 # Templates kept (the names used lately: the client's memory does not grow with the
 # names it ever locked).
 _KEPT = 1024
@@ -249,7 +249,7 @@ def _release_template(kind: Kind, namespace: str, resource: str, leave: str,
                      named.line_ttls, keys.counter, keys.marker, keys.members), args, 4)
 
 class Kind:
-    """The mutex: one key per name holding the owner value (``ns:{R}:lock``)."""
+    """The mutex: one key per name holding the lock value (``ns:{R}:lock``)."""
 
     name = "lock"  # in events, spans and the CLI
     noun = "lock on"  # in messages: "lock on 'orders'"
@@ -265,7 +265,7 @@ class Kind:
         return keys.lock(resource)
 
     def channel(self, keys: Keys, resource: str) -> str:
-        """Where releases of ``resource`` publish; also its local line's key."""
+        """Where releases of ``resource`` publish; also its local turns' key."""
         return keys.channel(resource)
 
     def names(self, keys: Keys, resource: str) -> ResourceKeys:
@@ -305,7 +305,7 @@ class Kind:
         :func:`with_epoch`)."""
         if len(resources) == 1:
             return self._acquire_one(keys, nodes, resources[0], args, None)[0]
-        return tuple(Call(i, (args.owner, args.ttl_ms, args.floor,
+        return tuple(Call(i, (args.value, args.ttl_ms, args.floor,
                               *(bucket(r) for r in resources)),
                           scripts.ACQUIRE_MANY,
                           (keys.marker, keys.counter, *(keys.lock(r) for r in resources)))
@@ -351,22 +351,22 @@ class Kind:
         prefers, from this attempt's grants)."""
         return self
 
-    def for_call(self, owner: str) -> Kind:
+    def for_call(self, secret: str) -> Kind:
         """The kind an acquire call's first attempt sends."""
         return self
 
     # -- holding -----------------------------------------------------------------------
 
-    def write_back_call(self, keys: Keys, node: int, resource: str, owner: str,
+    def write_back_call(self, keys: Keys, node: int, resource: str, value: str,
                         token: int) -> Call:
         """Raise a granting node's counter to the token, if it still holds our grant
         (§3.2)."""
-        return Call(node, (owner, token, bucket(self.token_name(resource))), scripts.WRITE_BACK,
+        return Call(node, (value, token, bucket(self.token_name(resource))), scripts.WRITE_BACK,
                     (self.lock_key(keys, resource), keys.counter, keys.marker))
 
     def release_call(self, keys: Keys, node: int, resource: str,
                      args: tuple[CommandArg, ...]) -> Call:
-        """Give the grant back, owner-checked; ``args``: (owner, leave[, patience,
+        """Give the grant back, value-checked; ``args``: (value, leave[, patience,
         ticket]). The release hands the lock to the first in line if it left a record
         (§6.7). A failed attempt's ticket puts its place back where its grant found the
         line empty (§6.3)."""
@@ -378,10 +378,10 @@ class Kind:
                         ) -> tuple[tuple[Call, ...], bytes | None]:
         """A release's calls to ``nodes`` (a set's, one per resource, node by node), and
         for one resource the command each sends, packed (else None)."""
-        if len(args) == 2:  # (owner, leave): a holder's, or the end of a call
+        if len(args) == 2:  # (value, leave): a holder's, or the end of a call
             values: tuple[CommandArg, ...] = (*args, "", "")
             shape = (str(args[1]), False, False)
-        else:  # (owner, leave, patience[, ticket]): a failed attempt's
+        else:  # (value, leave, patience[, ticket]): a failed attempt's
             values = (*args, "", "")[:4]
             shape = (str(args[1]), True, _places_back(args))
         if len(resources) == 1:
@@ -391,9 +391,9 @@ class Kind:
             _release_template(self, keys.namespace, r, *shape) for r in resources)]
         return tuple([Call(i, *call) for i in nodes for call in filled]), None
 
-    def extend_call(self, keys: Keys, node: int, resource: str, owner: str,
+    def extend_call(self, keys: Keys, node: int, resource: str, value: str,
                     ttl_ms: int) -> Call:
-        return Call(node, (owner, ttl_ms), scripts.EXTEND, (self.lock_key(keys, resource),))
+        return Call(node, (value, ttl_ms), scripts.EXTEND, (self.lock_key(keys, resource),))
 
     def describe(self, resources: Sequence[str]) -> str:
         """The acquisition in messages: ``lock on 'orders'``."""
@@ -425,14 +425,14 @@ class Leadership(Kind):
     def line(self, keys: Keys, resource: str) -> tuple[str, str]:
         return keys.part(resource, "leader-line"), keys.part(resource, "leader-line-deadlines")
 
-    def extend_call(self, keys: Keys, node: int, resource: str, owner: str,
+    def extend_call(self, keys: Keys, node: int, resource: str, value: str,
                     ttl_ms: int) -> Call:
-        return Call(node, (owner, ttl_ms), family.EXTEND_LEADER,
+        return Call(node, (value, ttl_ms), family.EXTEND_LEADER,
                     (self.lock_key(keys, resource), keys.part(resource, "term")))
 
-    def proclaim_call(self, keys: Keys, node: int, resource: str, owner: str,
+    def proclaim_call(self, keys: Keys, node: int, resource: str, value: str,
                       term: int) -> Call:
-        return Call(node, (owner, term, self.identity), family.PROCLAIM,
+        return Call(node, (value, term, self.identity), family.PROCLAIM,
                     (self.lock_key(keys, resource), keys.part(resource, "term"),
                      keys.part(resource, "elected")))
 
@@ -481,9 +481,9 @@ class Permit(Kind):
         slots = range(self.permits) if self.slot is None else (self.slot,)
         return tuple(bucket(self.slot_name(r, s)) for s in slots)
 
-    def for_call(self, owner: str) -> Kind:
+    def for_call(self, secret: str) -> Kind:
         # Concurrent callers start on different slots (§12.2).
-        return replace(self, slot=None, preferred=zlib.crc32(owner.encode()) % self.permits)
+        return replace(self, slot=None, preferred=zlib.crc32(secret.encode()) % self.permits)
 
     def acquire_request(self, keys: Keys, nodes: Sequence[int], resources: tuple[str, ...],
                         args: AcquireArgs, epoch: int) -> tuple[tuple[Call, ...], bytes | None]:
@@ -503,7 +503,7 @@ class Permit(Kind):
                      *(self.slot_key(keys, r, s) for s in slots),
                      self.slot_key(keys, r, self.permits))
         call_args: tuple[CommandArg, ...] = (
-            args.owner, args.ttl_ms, args.floor, args.ticket, args.patience_ms, self.preferred,
+            args.value, args.ttl_ms, args.floor, args.ticket, args.patience_ms, self.preferred,
             *(bucket(self.slot_name(r, s)) for s in slots))
         return tuple(Call(i, call_args, family.SEM_ACQUIRE, call_keys) for i in nodes)
 
@@ -597,15 +597,15 @@ class ReadWrite(Kind):
         score = "" if not args.ticket else str(2 * int(args.ticket) + (self.mode == "w"))
         call_keys = (keys.marker, keys.counter, keys.part(r, "write"), keys.part(r, "read"),
                      line, deadlines, self.channel(keys, r))
-        call_args = (self.mode, args.owner, args.ttl_ms, args.floor, score,
+        call_args = (self.mode, args.value, args.ttl_ms, args.floor, score,
                      args.patience_ms, bucket(r))
         return tuple(Call(i, call_args, family.RW_ACQUIRE, call_keys) for i in nodes)
 
-    def write_back_call(self, keys: Keys, node: int, resource: str, owner: str,
+    def write_back_call(self, keys: Keys, node: int, resource: str, value: str,
                         token: int) -> Call:
         if self.mode == "w":
-            return super().write_back_call(keys, node, resource, owner, token)
-        return Call(node, (owner, token, bucket(resource)), family.READ_WRITE_BACK,
+            return super().write_back_call(keys, node, resource, value, token)
+        return Call(node, (value, token, bucket(resource)), family.READ_WRITE_BACK,
                     (keys.part(resource, "read"), keys.counter, keys.marker))
 
     def release_call(self, keys: Keys, node: int, resource: str,
@@ -619,11 +619,11 @@ class ReadWrite(Kind):
                     (keys.part(resource, "read"), self.channel(keys, resource), line,
                      deadlines))
 
-    def extend_call(self, keys: Keys, node: int, resource: str, owner: str,
+    def extend_call(self, keys: Keys, node: int, resource: str, value: str,
                     ttl_ms: int) -> Call:
         if self.mode == "w":
-            return super().extend_call(keys, node, resource, owner, ttl_ms)
-        return Call(node, (owner, ttl_ms), family.READ_EXTEND, (keys.part(resource, "read"),))
+            return super().extend_call(keys, node, resource, value, ttl_ms)
+        return Call(node, (value, ttl_ms), family.READ_EXTEND, (keys.part(resource, "read"),))
 
 
 def _built_release(kind: Kind, keys: Keys, nodes: Sequence[int], resources: Sequence[str],

@@ -78,14 +78,11 @@ class Broadcast:
     docs/design.md §2.4): a pure function of the replies so far, decided as soon as it
     is true.
 
-    ``line``: the local line (a resource's key, see :mod:`redlock._client.lines`) of an
-    acquire attempt. With ``turns``, attempts on it from one manager take turns instead
-    of overlapping: two attempts racing from the same process would split the nodes
-    between them (each wins some, neither a quorum) and both fail. Attempts of waiters
-    in the nodes' waiting line do not take turns (``turns=False``): the line already
-    decides who may win (only its first), and serialising the others' attempts, which
-    only keep their places, made a hundred waiters of one busy event loop queue for
-    seconds behind each other while the lock sat free (docs/design.md §6.5).
+    ``turns_key``: the key of an acquire attempt's local turns (its resource's release
+    channel, :mod:`redlock._client.waiting_room`). With ``turns``, attempts on it from
+    one manager take turns instead of splitting the nodes; waiters in the nodes' line
+    do not (``turns=False``): the line already decides who may win (docs/design.md
+    §6.5).
 
     ``learn``: for a request made before the nodes' round trips are known (a manager's
     first), which therefore waits up to its ceiling: once ``learn`` nodes (a quorum)
@@ -103,7 +100,7 @@ class Broadcast:
 
     calls: tuple[Call, ...]
     timeout: float
-    line: str | None = None
+    turns_key: str | None = None
     turns: bool = True
     lane: str | None = None
     enough: Decision | None = None
@@ -133,7 +130,7 @@ class PauseUntilWoken:
 class Backoff:
     """A blocking acquire's wait between two attempts, ``seconds``.
 
-    The client keeps the caller's place in the local ``line`` and wakes it early when a
+    The client keeps the caller's place in the local turns (``turns_key``) and wakes it early when a
     handle of the same manager releases; a release published on one of ``channels`` (a
     release anywhere) wakes it too, if it names ``waiter`` (the first in the nodes'
     waiting line), or names nobody when ``waiter`` is None. ``patient``: how long to wait
@@ -149,7 +146,7 @@ class Backoff:
     """
 
     seconds: float
-    line: str
+    turns_key: str
     channels: tuple[str, ...] = ()
     waiter: str | None = None
     patient: float | None = None

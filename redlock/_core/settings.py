@@ -191,7 +191,7 @@ class Keys:
         return f"{self.namespace}:{{{resource}}}:{suffix}"
 
     def channel(self, resource: str) -> str:
-        """Where a release publishes; also the key of the resource's local line."""
+        """Where a release publishes; also the key of the resource's local turns."""
         return f"{self.namespace}:{{{resource}}}:released"
 
     def line(self, resource: str) -> str:

@@ -56,15 +56,16 @@ class LockState:
     ``token`` its largest token."""
 
     __slots__ = ("__weakref__", "_clock", "_deadline", "auto_extended", "depth", "generation",
-                 "holder", "kind", "lease", "lost_outcomes", "lost_reason", "mutex", "owner",
-                 "release_called", "resource", "resources", "status", "token", "tokens", "ttl")
+                 "holder", "kind", "lease", "lost_outcomes", "lost_reason", "mutex",
+                 "release_called", "resource", "resources", "status", "token", "tokens", "ttl",
+                 "value")
 
-    def __init__(self, resource: str, owner: str, ttl: float, token: int, deadline: float,
+    def __init__(self, resource: str, value: str, ttl: float, token: int, deadline: float,
                  clock: Callable[[], float], mutex: Mutex, *,
                  tokens: Mapping[str, int] | None = None, kind: Kind = MUTEX) -> None:
         self.resource = resource
         self.kind = kind  # what is held on the nodes (docs/design.md §12.0)
-        self.owner = owner
+        self.value = value
         self.ttl = ttl
         self.tokens: dict[str, int] = dict(tokens) if tokens else {resource: token}
         self.resources = tuple(self.tokens)

@@ -128,7 +128,7 @@ def election_channels(keys: Keys, name: str) -> tuple[str, ...]:
 @dataclass(frozen=True)
 class Holder:
     """A holder a quorum of nodes agrees on: the first 12 hex digits of SHA1 of its
-    owner value (tells holders apart without revealing it) and the seconds its grant
+    lock value (tells holders apart without revealing it) and the seconds its grant
     lasts at least."""
 
     holder: str

@@ -7,7 +7,7 @@ as soon as its replies decide it (early quorum) or at its deadline; the exchange
 did not wait for go on in the background within the connection's own budget
 (``connect_timeout``), so a new connection finishes its handshake and a late reply is
 read: the connection is kept for the next request. An acquire still unanswered on such
-a connection gets its owner's release written behind it (see :mod:`redlock._io.wire`).
+a connection gets the release of its lock value written behind it (see :mod:`redlock._io.wire`).
 Cancelling a request leaves its exchanges running the same way.
 
 Per request and node an :class:`Exchange` (:class:`redlock._io.wire.Exchange` on a
@@ -363,7 +363,7 @@ class AsyncTransport:
                            * len(request.calls))
         replies = Replies([PENDING] * len(request.calls))
         exchanges = exchanges_of(request.calls, replies, request.lane, Exchange)
-        if self._late.total:  # releases go behind their owner's unanswered acquires
+        if self._late.total:  # releases go behind their value's unanswered acquires
             self.write_behind(request)
         loop = asyncio.get_running_loop()
         started = time.monotonic()
@@ -478,7 +478,7 @@ class AsyncTransport:
                          else NoReply(f"no reply within {waited * 1000:.0f} ms{late}"))
 
     def _late_exchange(self, exchange: Exchange) -> None:
-        """An exchange whose request stopped waiting: a release of the same owner goes
+        """An exchange whose request stopped waiting: a release of the same lock value goes
         behind its acquires, and it has until its budget ends to be answered."""
         if any(acquire_keys(call) for call in exchange.calls):
             exchange.late = Late(exchange.conn, exchange.node, exchange.calls, 0,
@@ -674,7 +674,7 @@ class AsyncTransport:
                 wire.abort(Unreachable("Connection closed by the client."))
 
     def write_behind(self, request: Broadcast) -> None:  # (see redlock._io.wire)
-        """Write each release behind the unanswered acquires of the same owner."""
+        """Write each release behind the unanswered acquires of the same lock value."""
         for call in request.calls:
             for late in self._late.behind(call):
                 if late.closed:

@@ -38,7 +38,7 @@ class Connect:
     the request stops waiting, the connection joins the pool when it is ready: the
     next request finds it warm. A request of releases that stopped waiting still has
     them sent on it then (``late``): nothing else would free those keys before their TTL,
-    and a release touches only its owner's key (the asyncio transport does the same)."""
+    and a release touches only its own key (the asyncio transport does the same)."""
 
     def __init__(self, node: int) -> None:
         self.node = node
@@ -62,16 +62,16 @@ class Connect:
 
 class Connector:
     """Opens one transport's new connections, each in a thread of its own (see the
-    module's doc); ``hand_back(attempt)`` takes a connection whose request gave up on
+    module's doc); ``connected_late(attempt)`` takes a connection whose request gave up on
     it once it is open."""
 
     def __init__(self, endpoints: list[Endpoint], connect_timeout: float, silence: Silence,
-                 hand_back: Callable[[Connect], None]) -> None:
+                 connected_late: Callable[[Connect], None]) -> None:
         self._endpoints = endpoints
         self._connect_timeout = connect_timeout
         self._silence = silence  # its transport's: which nodes answer
         self.refusals = Refusals(len(endpoints))  # the nodes refusing connections
-        self._hand_back = hand_back
+        self._connected_late = connected_late
         self._connects = [0] * len(endpoints)  # opening now, per node
         self._opening: set[threading.Thread] = set()  # their threads (close() joins them)
         self._mutex = threading.Lock()
@@ -103,7 +103,7 @@ class Connector:
                 attempt.ready.set()
                 abandoned = attempt.abandoned
             if abandoned and attempt.conn is not None:
-                self._hand_back(attempt)  # warm, for the next request
+                self._connected_late(attempt)  # warm, for the next request
             with self._mutex:
                 self._opening.discard(threading.current_thread())
 
@@ -120,7 +120,7 @@ class Connector:
         """The request gives up on the connection: to the pool now, or when ready (with
         ``calls`` sent on it first if they are all final releases: True)."""
         if attempt.abandon(calls):
-            self._hand_back(attempt)
+            self._connected_late(attempt)
         return bool(attempt.late)
 
     def close(self) -> list[threading.Thread]:

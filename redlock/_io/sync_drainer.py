@@ -3,7 +3,7 @@
 A request that ends before every reply came in (decided early, timed out, interrupted)
 leaves its connection here with the number of replies still owed: one thread, the
 drainer, reads them as they arrive and gives the connection back to its pool (or
-closes it, past its deadline: the node is hung). Releases of the same owner go out
+closes it, past its deadline: the node is hung). Releases of the same lock value go out
 behind unanswered acquires on such a connection (``trail_releases``). Final releases
 that found no free connection wait, per node, for the next one given back (``queue``).
 """
@@ -104,7 +104,7 @@ class SyncDrainer:
         thread.start()
 
     def trail_releases(self, request: Broadcast) -> None:
-        """Write each release behind the unanswered acquires of the same owner."""
+        """Write each release behind the unanswered acquires of the same lock value."""
         for call in request.calls:
             for late in self.late.behind(call):
                 with late.mutex, contextlib.suppress(Exception):  # the normal release too

@@ -104,7 +104,7 @@ class SyncTransport:
         self._drainer = SyncDrainer(n, connect_timeout, give_back=self._give_back,
                                     discard=_discard, silence=self._silence)
         self._connector = Connector(self.endpoints, connect_timeout, self._silence,
-                                    self._hand_back)
+                                    self._connected_late)
         # Per node, the open connections between requests: a stack (last in, first out,
         # so that the ones a burst opened and nobody needs any more stay at its bottom,
         # where the shrink looks; see _put_idle). A push and a pop are single list
@@ -133,7 +133,7 @@ class SyncTransport:
         try:
             if self._closed:  # a thread or background flow racing the manager's close
                 return Replies([as_failure(Unreachable(CLOSED))] * len(request.calls))
-            if self._drainer.late.total:  # releases go behind their owner's unanswered
+            if self._drainer.late.total:  # releases go behind their value's unanswered
                 self._drainer.trail_releases(request)  # acquires (sync_drainer.py)
             started = time.monotonic()
             replies = Replies([PENDING] * len(request.calls))
@@ -413,7 +413,7 @@ class SyncTransport:
             conn.close()
         return None
 
-    def _hand_back(self, attempt: Connect) -> None:
+    def _connected_late(self, attempt: Connect) -> None:
         """A connection its request gave up on: its late releases go out on it (read by
         the drainer, which then gives it back), else it joins the pool at once."""
         conn, node = attempt.conn, attempt.node

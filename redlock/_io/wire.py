@@ -11,7 +11,7 @@
   read in the background, off the hot path, and it goes back to the pool: a reply that
   is merely late does not cost a healthy connection. An acquire among them may still
   run on its node (a hung node works through its socket when it comes back): the
-  release for the same owner is written *behind* it on the same socket, so the node
+  release of the same lock value is written *behind* it on the same socket, so the node
   runs our release after our acquire, in order; a release on a new connection would
   wait for a handshake that a hung node never answers.
 * One node's share of a request (:class:`Exchange`): which reply is whose, the identity
@@ -393,14 +393,14 @@ class Late(Generic[Conn]):
         self.node = node
         self.outstanding = outstanding
         self.deadline = deadline  # give up (close it) after this
-        # The (lock key, owner) of acquires among its unread calls: releases go behind.
+        # The (lock key, lock value) of acquires among its unread calls: releases go behind.
         self.acquires = {key for call in calls for key in acquire_keys(call)}
         self.closed = False  # drained and given back: nothing more may be written behind
         self.mutex = threading.Lock()  # one reader or writer at a time
 
 
 def acquire_keys(call: Call) -> list[tuple[object, object]]:
-    """What a release must match to go behind an acquire: (lock key, owner) pairs."""
+    """What a release must match to go behind an acquire: (lock key, lock value) pairs."""
     if call.script is scripts.ACQUIRE:
         return [(call.keys[0], call.args[0])]
     if call.script is scripts.ACQUIRE_MANY:
@@ -413,11 +413,11 @@ def acquire_keys(call: Call) -> list[tuple[object, object]]:
 def late_sendable(call: Call) -> bool:
     """May this call still be sent once its request is over (its connection came up
     late)? A release that ends an acquire call or a held lock (leave '1'), or an extend:
-    they touch only their owner's key, and nothing else would free it before its TTL.
+    they touch only their own key, and nothing else would free it before its TTL.
     Never an acquire (nobody would wait for its reply, and its release may have gone),
     and never the release of a failed attempt (leave '0'): the call's next attempt takes
     over what it would delete, and the call's final release deletes it (docs/design.md
-    §2.1). When every attempt of a call set the same owner value, such a late release
+    §2.1). When every attempt of a call set the same lock value, such a late release
     deleted the next attempt's grant (held locks found gone on 3 of 5 nodes at their
     release, 10 ms after their grant, under a burst on a busy event loop)."""
     if call.script is scripts.RELEASE:
@@ -463,7 +463,7 @@ class LateConnections(Generic[Conn]):
             return [late for entries in self._late for late in entries]
 
     def behind(self, release: Call) -> list[Late[Conn]]:
-        """The late connections on the release's node carrying an acquire of its owner:
+        """The late connections on the release's node carrying an acquire of its lock value:
         the release is written behind each (and their acquire is forgotten)."""
         key = release_key(release)
         if key is None:

@@ -43,7 +43,7 @@ ACQUIRE = guarded(
 -- KEYS[4] waiting line (zset: waiter id by ticket), KEYS[5] line deadlines (zset: by ms),
 -- KEYS[6] the line's hand-off records (hash: waiter id -> '<ttl_ms> <attempt> <floor>[
 -- <route>]')
--- ARGV[1] owner value, ARGV[2] ttl in ms, ARGV[3] token floor (highest counter the client saw)
+-- ARGV[1] lock value, ARGV[2] ttl in ms, ARGV[3] token floor (highest counter the client saw)
 -- ARGV[4] ticket: the waiter's place in line ('' for a single try, which does not queue)
 -- ARGV[5] patience in ms: how long the entry stays without a new attempt from its waiter
 -- ARGV[6] the resource's bucket: its field in KEYS[2]
@@ -56,7 +56,7 @@ ACQUIRE = guarded(
 --                        max(counters, floor): the hand-off raised it)
 --                        (a waiter granted as first in line keeps its place until its
 --                        call is over: RELEASE with leave '1')
---         {2, token}     the key already holds our owner value, or an earlier attempt's
+--         {2, token}     the key already holds our lock value, or an earlier attempt's
 --                        of our call (§2.1): it holds ours now, TTL refreshed; token =
 --                        the counter as it is now (no new one)
 --         {0, pttl}      held by another owner, pttl ms left (a ticket joins the line);
@@ -198,7 +198,7 @@ ACQUIRE_MANY = guarded(
     "acquire_many",
     """
 -- KEYS[1] node marker, KEYS[2] node fence counters, KEYS[3..k+2] lock keys
--- ARGV[1] owner value, ARGV[2] ttl in ms, ARGV[3] token floor, ARGV[4..k+3] the
+-- ARGV[1] lock value, ARGV[2] ttl in ms, ARGV[3] token floor, ARGV[4..k+3] the
 -- resources' buckets (fields of KEYS[2], same order)
 -- returns {-1, 0}          no node marker: amnesiac node, refuses
 --         {-4, format}     the marker names another format (see ACQUIRE): refuses
@@ -260,10 +260,10 @@ WRITE_BACK = guarded(
     "write_back",
     """
 -- KEYS[1] lock key, KEYS[2] node fence counters, KEYS[3] node marker key
--- ARGV[1] owner value, ARGV[2] token, ARGV[3] the resource's bucket
+-- ARGV[1] lock value, ARGV[2] token, ARGV[3] the resource's bucket
 -- returns 1 when the node still holds our lock key and now has counter >= token, else 0
 -- (also where the marker is missing or of another format: not counted)
--- (a reservation for us, docs/design.md §6.7, is our key: it becomes our owner value,
+-- (a reservation for us, docs/design.md §6.7, is our key: it becomes our lock value,
 -- with the PTTL it had; another attempt's value of our call is not this attempt's grant)
 -- The owner check is what makes the write-back safe: counting a node that does not
 -- hold our key could let a stale token overtake a committed one (docs/design.md §3.3).
@@ -295,7 +295,7 @@ RELEASE = Script(
 -- KEYS[3] waiting line, KEYS[4] line deadlines (see ACQUIRE)
 -- KEYS[5] the line's hand-off records, KEYS[6] node fence counters, KEYS[7] node marker,
 -- KEYS[8] the node's membership record (KEYS[5..8] absent: no hand-off)
--- ARGV[1] owner value, ARGV[2] '1': also leave the line (the acquire call is over: the
+-- ARGV[1] lock value, ARGV[2] '1': also leave the line (the acquire call is over: the
 -- key goes if any attempt of our call set it, §2.1), '0': keep our place (a failed
 -- attempt that will try again: the key goes only if this attempt set it); ARGV[3] (with
 -- '0') the patience in ms: our entry, cut to our key's TTL when it was granted, lasts
@@ -317,7 +317,7 @@ local queued = redis.call('EXISTS', KEYS[3]) == 1
 local ticket = ARGV[5] or ''
 -- The usual case first, before the shared functions are defined (a script defines them
 -- anew on every call): our key, nobody in line, no place to put back. What the rest of
--- the script does then: delete, and (but for a give-back) publish that nobody is first.
+-- the script does then: delete, and (but for a failed attempt's) publish that nobody is first.
 if holder == ARGV[1] and not queued and ticket == '' then
     redis.call('DEL', KEYS[1])
     if ARGV[2] ~= '0' then
@@ -403,7 +403,7 @@ if first ~= '' and first ~= me and ttls then
         end
     end
 end
--- A give-back ('0') wakes only another waiter, named (see wake_first).
+-- A failed attempt's release ('0') wakes only another waiter, named (see wake_first).
 if ARGV[2] ~= '0' or (first ~= '' and first ~= me) then
     redis.pcall('PUBLISH', channel, message)
 end
@@ -416,9 +416,9 @@ EXTEND = guarded(
     copies=False,
     source="""
 -- KEYS[1] lock key
--- ARGV[1] owner value, ARGV[2] new ttl in ms
+-- ARGV[1] lock value, ARGV[2] new ttl in ms
 -- returns 1 when our key was still there and its TTL was reset, else 0 (a reservation
--- for us, docs/design.md §6.7, is our key: it becomes our owner value)
+-- for us, docs/design.md §6.7, is our key: it becomes our lock value)
 local holder = redis.call('GET', KEYS[1])
 if holder == ARGV[1] then
     redis.call('PEXPIRE', KEYS[1], ARGV[2])
@@ -442,8 +442,8 @@ OWNED_PTTL = Script(
     "owned_pttl",
     """
 -- KEYS[1] lock key
--- ARGV[1] owner value
--- returns the key's PTTL in ms when it holds this owner value (or a reservation for it,
+-- ARGV[1] lock value
+-- returns the key's PTTL in ms when it holds this lock value (or a reservation for it,
 -- docs/design.md §6.7), else -2
 """ + OWNER_FUNCTIONS + """
 local holder = redis.call('GET', KEYS[1])

@@ -277,7 +277,7 @@ class Inspected:
     marker: bool
     format: int | None  # the format the marker names (None: no marker, or none readable)
     repairing: bool
-    holder: str  # a fingerprint of the owner value, '' when free
+    holder: str  # a fingerprint of the lock value, '' when free
     episode: str  # the amnesia episode, '' when none
     now_ms: int  # the node's clock
 

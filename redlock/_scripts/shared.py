@@ -126,7 +126,7 @@ def raise_horizon(record: str, ttl: str) -> str:
 # -- the waiting line (docs/design.md §6) ----------------------------------------------
 #
 # A blocking acquire waits in a line per resource on each node: a sorted set of waiter
-# ids (SHA1 of the owner value: the line never shows an owner value) ordered by a ticket
+# ids (SHA1 of the lock value: the line never shows a lock value) ordered by a ticket
 # the waiter sends unchanged to every node, so every node agrees on the order. A free
 # lock is granted only to the first in line; waiters woken together therefore do not
 # split the nodes between them. Each entry has a deadline (a second sorted set, by the
@@ -134,40 +134,40 @@ def raise_horizon(record: str, ttl: str) -> str:
 # of a waiter that died lapses on its own, however long the holder keeps the lock. Both
 # keys expire with their last entry.
 
-# An owner value starts with its acquire call's secret, this many hex digits, drawn once
+# A lock value starts with its acquire call's secret, this many hex digits, drawn once
 # per call; then comes its attempt's number (docs/design.md §2.1; redlock._core.tokens
 # makes them).
 CALL_DIGITS = 32
 
 OWNER_FUNCTIONS = f"""
--- Owner values are '<call><attempt>' (docs/design.md §2.1): the acquire call's secret,
+-- Lock values are '<call><attempt>' (docs/design.md §2.1): the acquire call's secret,
 -- {CALL_DIGITS} hex digits, then its attempt's number in 8, so two values of one call
 -- compare as their attempts do.
-local function call_of(owner)
-    return string.sub(owner, 1, {CALL_DIGITS})
+local function call_of(value)
+    return string.sub(value, 1, {CALL_DIGITS})
 end
-local function attempt_of(owner)
-    return string.sub(owner, {CALL_DIGITS + 1})
+local function attempt_of(value)
+    return string.sub(value, {CALL_DIGITS + 1})
 end
--- A waiter is its call: SHA1 of the secret, the same for every attempt (the owner value
+-- A waiter is its call: SHA1 of the secret, the same for every attempt (the lock value
 -- itself is never shown); a holder is shown by the first 12 hex digits of it.
-local function waiter_of(owner)
-    return redis.sha1hex(call_of(owner))
+local function waiter_of(value)
+    return redis.sha1hex(call_of(value))
 end
-local function holder_id(owner)
-    return string.sub(waiter_of(owner), 1, 12)
+local function holder_id(value)
+    return string.sub(waiter_of(value), 1, 12)
 end
--- Whose `held` is, seen from `owner`: 1 its own or an earlier attempt's of its call (the
--- later attempt takes it over), -1 a later attempt's (`owner`'s command came late: it
--- must change nothing), 0 another owner's, or nothing.
-local function kin(held, owner)
-    if held == owner then
+-- Whose `held` is, seen from `value`: 1 its own or an earlier attempt's of its call (the
+-- later attempt takes it over), -1 a later attempt's (`value`'s command came late: it
+-- must change nothing), 0 someone else's, or nothing.
+local function kin(held, value)
+    if held == value then
         return 1
     end
-    if not held or #held ~= #owner or call_of(held) ~= call_of(owner) then
+    if not held or #held ~= #value or call_of(held) ~= call_of(value) then
         return 0
     end
-    return held < owner and 1 or -1
+    return held < value and 1 or -1
 end
 """
 
@@ -192,7 +192,7 @@ end
 -- in line): only that waiter wakes (docs/design.md §6). Only a hint that wakes a waiter
 -- early: a user without channel permissions (Redis 7 ACL resetchannels) must still
 -- release cleanly, so errors are ignored. ``giver``: the waiter id of a failed attempt
--- giving back its grant (nil for a release): then only another waiter, named, wakes.
+-- releasing its grant (nil for a holder's release): then only another waiter, named, wakes.
 -- A message naming nobody, or the giver, would wake the giver itself (its own process
 -- hears it first), which would try again at once: refused again by the nodes the
 -- holder still has, as fast as round trips go (docs/design.md §6.4).
@@ -224,7 +224,7 @@ local function enter_line(line, deadlines, waiter, ticket, until_ms, now, ttls)
     keep_until(line, deadlines, waiter, until_ms, now, ttls)
 end
 -- A reservation: the value a release's hand-off sets for the first in line
--- (docs/design.md §6.7). Owner values are hex digits: none has this prefix.
+-- (docs/design.md §6.7). Lock values are hex digits: none has this prefix.
 local function reservation(waiter)
     return 'handoff:' .. waiter
 end

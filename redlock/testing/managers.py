@@ -52,7 +52,7 @@ def manager(nodes: Iterable[Any], *, clock: Callable[[], float] | None = None,
             ``asynchronous=True``): between attempts and in every other pause of its
             calls, but not in the waits of its background work that an event ends early
             (the renewal loop, the maintenance, ``Election.observe()``). Default: the
-            real waits, between attempts in the manager's local line, where a release
+            real waits, between attempts in the manager's local turns, where a release
             wakes the first waiter.
         asynchronous: an :class:`redlock.AsyncRedlock` instead of a
             :class:`redlock.Redlock`.
