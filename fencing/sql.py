@@ -19,17 +19,15 @@ The fence lives in the row it protects (one per row, like a version column): del
 the row deletes it, and a later ``upsert`` inserts the row again with any token, so
 delete rows only once a stale writer no longer matters (docs/design.md §7.5).
 
-Every write is one conditional statement; its row count says whether the token was
-current (never SELECT-then-UPDATE). ``guard`` first raises the stored fence to the
-token and only then reads, so once it has read, no holder with a lower token can
-write that row any more: its UPDATE matches nothing (or, in PostgreSQL, waits for
-the row lock and then matches nothing).
+Every write is one conditional statement; its row count says whether the token was current (never
+SELECT-then-UPDATE). ``guard`` first raises the stored fence to the token and only then reads, so
+once it has read, no holder with a lower token can write that row any more: its UPDATE matches
+nothing (or, in PostgreSQL, waits for the row lock and then matches nothing).
 
-Transactions: with ``commit=True`` (the default) every call is its own transaction:
-it commits on success and rolls back on any error, including a stale token (note
-that, as with ``conn.commit()``, this also ends a transaction the caller had open).
-With ``commit=False`` the calls run inside whatever transaction the caller manages,
-and the caller commits or rolls back.
+Transactions: with ``commit=True`` (the default) every call is its own transaction: it commits on
+success and rolls back on any error, including a stale token (note that, as with ``conn.commit()``,
+this also ends a transaction the caller had open). With ``commit=False`` the calls run inside
+whatever transaction the caller manages, and the caller commits or rolls back.
 
 Identifiers are validated (letters, digits, underscores; the table may be
 ``schema.table``) and always double-quoted, so they are case-sensitive: pass them
@@ -278,11 +276,10 @@ class FencedTable:
     def guard(self, key: object, token: int) -> Iterator[Guard]:
         """Read-modify-write under a token: raise the fence, then read, then write.
 
-        On entry the row's fence is raised to ``token`` (StaleTokenError if it is
-        higher, RowNotFoundError if there is no row), *then* the row is read, in the
-        same transaction. The body reads ``guard.row`` / ``guard["col"]`` and calls
-        ``guard.update(col=...)``. Leaving the block commits (``commit=True``); an
-        exception rolls back and propagates.
+        On entry the row's fence is raised to ``token`` (StaleTokenError if it is higher,
+        RowNotFoundError if there is no row), *then* the row is read, in the same transaction. The
+        body reads ``guard.row`` / ``guard["col"]`` and calls ``guard.update(col=...)``. Leaving
+        the block commits (``commit=True``); an exception rolls back and propagates.
         """
         token = validate_token(token)
         raise_fence = (f"UPDATE {self._table} SET {self._fence} = {self._param('token')} "

@@ -9,14 +9,13 @@ thread survives a fork), thread locks that another parent thread may have held a
 instant (and that nobody will ever release in the child), and the parent's held locks.
 
 As redis-py and gRPC do, :func:`os.register_at_fork` tells the child at once: the
-:data:`generation` goes up. Everything made under an older generation belongs to an
-ancestor: a manager rebuilds what belongs to one process (transport, lines, renewals,
-listener, thread locks) on its first use in the new generation, not in the fork hook
-itself, so that the locks it makes are those of the child's threading as the child
-runs it (gevent's workers monkey-patch threading after the fork: a real lock made
-before that, held by one greenlet while another waits for it, stops the whole worker).
-Acquisitions and handles made before the fork know they are the parent's. The parent's
-sockets are never written, read, shut down or closed by the child: it keeps the old
+:data:`generation` goes up. Everything made under an older generation belongs to an ancestor: a
+manager rebuilds what belongs to one process (transport, lines, renewals, listener, thread locks)
+on its first use in the new generation, not in the fork hook itself, so that the locks it makes are
+those of the child's threading as the child runs it (gevent's workers monkey-patch threading after
+the fork: a real lock made before that, held by one greenlet while another waits for it, stops the
+whole worker). Acquisitions and handles made before the fork know they are the parent's. The
+parent's sockets are never written, read, shut down or closed by the child: it keeps the old
 transport referenced until it exits, so that no finaliser touches them.
 """
 

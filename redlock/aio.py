@@ -213,8 +213,7 @@ class AsyncRedlock(ManagerBase[AsyncLock, AsyncMultiLock]):
         return threading.Event, self._renewal_thread.start, self._renewal_thread.lost
 
     async def close(self) -> None:
-        """See :meth:`redlock.Redlock.close` (no task or thread of the manager is left
-        running)."""
+        """See :meth:`redlock.Redlock.close` (no task or thread of the manager is left running)."""
         for runner in self._stop_background():
             if isinstance(runner, threading.Thread):  # the renewals' thread: after its round
                 await ended(runner, self._close_grace())

@@ -1,9 +1,8 @@
 """The synchronous client: :class:`Redlock` and its :class:`Lock` handles.
 
-A thin shell over :mod:`redlock._client` (everything shared with the asyncio client):
-it names the sync flavour's pieces (the scatter/gather transport on one thread, the
-release listener thread, the executor that blocks, threads for background work) and
-gives the public methods, which block.
+A thin shell over :mod:`redlock._client` (everything shared with the asyncio client): it names the
+sync flavour's pieces (the scatter/gather transport on one thread, the release listener thread, the
+executor that blocks, threads for background work) and gives the public methods, which block.
 """
 
 from __future__ import annotations
@@ -44,14 +43,13 @@ class _SyncHandle(HandleBase):
     def acquire(self, blocking: bool | None = None, timeout: float | None = None) -> bool:
         """Acquire on a quorum; True when held.
 
-        ``blocking=False`` makes exactly one attempt (a ``timeout`` with it is a
-        ``ValueError``), which returns within one request ceiling (a fifth of the TTL,
-        at most 2 s; or ``node_timeout`` if set and longer). Blocking waits up to
-        ``timeout`` seconds (None: this handle's timeout, which may be None: no
-        deadline). Either deadline holds whatever the nodes do (hung, new, amnesiac),
-        give or take a few 10 ms rounds. Returns False when others hold the
-        lock; raises :class:`QuorumUnavailable` when too few nodes answer at all (an
-        outage is not contention), at once or after the manager's ``outage_timeout``.
+        ``blocking=False`` makes exactly one attempt (a ``timeout`` with it is a ``ValueError``),
+        which returns within one request ceiling (a fifth of the TTL, at most 2 s; or
+        ``node_timeout`` if set and longer). Blocking waits up to ``timeout`` seconds (None: this
+        handle's timeout, which may be None: no deadline). Either deadline holds whatever the nodes
+        do (hung, new, amnesiac), give or take a few 10 ms rounds. Returns False when others hold
+        the lock; raises :class:`QuorumUnavailable` when too few nodes answer at all (an outage is
+        not contention), at once or after the manager's ``outage_timeout``.
         """
         return cast(bool, self._registry.drive(self._acquire_flow(
             blocking, timeout)))
@@ -139,9 +137,8 @@ class Leadership(_SyncHandle, LeadershipBase):
 
 
 class Election(ElectionBase[Leadership]):
-    """``dlm.election(name, ttl, identity)``: a fenced leader election (docs/design.md
-    §12.1). ``campaign()`` to lead, ``leader()`` to see who leads, ``observe()`` to
-    follow the changes."""
+    """``dlm.election(name, ttl, identity)``: a fenced leader election (docs/design.md §12.1).
+    ``campaign()`` to lead, ``leader()`` to see who leads, ``observe()`` to follow the changes."""
 
     _leadership_class = Leadership
 
@@ -213,9 +210,8 @@ class Redlock(ManagerBase[Lock, MultiLock]):
         return self._drive(self._adopt_flow(handover, auto_extend, on_lost))
 
     def _drive(self, flow: Flow[T]) -> T:
-        # The handles' one way to the executor (a test of the generation, then the
-        # flavour's warning, rather than the shared _drive's frames: every call passes
-        # here).
+        # The handles' one way to the executor (a test of the generation, then the flavour's
+        # warning, rather than the shared _drive's frames: every call passes here).
         if self._generation != _fork.generation:
             self._in_this_process()
         if not self._told_of_loop and _in_event_loop():

@@ -1,6 +1,5 @@
 """The operator's tools over a manager, shared by :class:`redlock.admin.Admin` and
-:class:`redlock.admin.AsyncAdmin`: all but driving, as :mod:`redlock._client.handles`
-is for locks.
+:class:`redlock.admin.AsyncAdmin`: all but driving, as :mod:`redlock._client.handles` is for locks.
 
 An admin borrows a manager (its nodes, namespace, timeouts and connections) and writes
 each tool as a flow of the core (:mod:`redlock._core.inspect`,
@@ -31,8 +30,7 @@ _MANAGERS = {False: "a Redlock", True: "an AsyncRedlock"}
 
 
 class AdminBase(Generic[M]):
-    """The tools' flows over one manager; the shells add the methods that block or
-    await."""
+    """The tools' flows over one manager; the shells add the methods that block or await."""
 
     # Which manager flavour this admin drives (redlock.admin: Redlock or AsyncRedlock).
     _asynchronous: ClassVar[bool]
@@ -101,12 +99,11 @@ def node_addresses(given: Iterable[Any], nodes: Sequence[Endpoint], addresses: S
                    what: str, *, mine: str = "this manager's nodes",
                    hint: str = "the manager must be configured with every node of the"
                                " current and the new set") -> tuple[str, ...]:
-    """The manager's node addresses for ``given``: each given node is one of the
-    manager's ``addresses`` (``dlm.nodes``), or a URL / client / ``host:port`` that
-    points at the same Redis server as one of its ``nodes`` (``localhost`` and
-    ``127.0.0.1`` alike, the database number, user and password aside:
-    :attr:`Endpoint.server`). Anything else is a ``ValueError`` that names what was
-    given (without its password) and the manager's nodes (``mine``, ``hint``: how a
+    """The manager's node addresses for ``given``: each given node is one of the manager's
+    ``addresses`` (``dlm.nodes``), or a URL / client / ``host:port`` that points at the same Redis
+    server as one of its ``nodes`` (``localhost`` and ``127.0.0.1`` alike, the database number,
+    user and password aside: :attr:`Endpoint.server`). Anything else is a ``ValueError`` that names
+    what was given (without its password) and the manager's nodes (``mine``, ``hint``: how a
     message calls them and what to do)."""
     if isinstance(given, str | bytes | bytearray) or not isinstance(given, Iterable):
         raise TypeError(f"{what} must be a collection of nodes (URLs, clients or addresses"

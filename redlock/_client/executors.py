@@ -77,11 +77,10 @@ class _Executor:
 
 
 def after_waiting(request: Broadcast, started: float) -> Broadcast:
-    """An attempt that waited for its turn (or another waiter's local wake) since
-    ``started``: what is left of its timeout, which bounds the wait and the round
-    together, so the caller's deadline holds however long another attempt kept the
-    turn. Not below LAST_ROUND: the round still goes out, with or without the turn
-    (taking turns only spares the nodes a split vote, §6.5)."""
+    """An attempt that waited for its turn (or another waiter's local wake) since ``started``: what
+    is left of its timeout, which bounds the wait and the round together, so the caller's deadline
+    holds however long another attempt kept the turn. Not below LAST_ROUND: the round still goes
+    out, with or without the turn (taking turns only spares the nodes a split vote, §6.5)."""
     waited = time.monotonic() - started
     if waited < 0.001:  # the usual case: no one else's attempt was under way
         return request
@@ -89,9 +88,8 @@ def after_waiting(request: Broadcast, started: float) -> Broadcast:
 
 
 class SyncExecutor(_Executor):
-    """The sync client's: requests run on the calling thread; waits block it.
-    ``sleep``: a test's injected sleep, honoured for every wait but one that a signal
-    ends (``PauseUntilWoken``)."""
+    """The sync client's: requests run on the calling thread; waits block it. ``sleep``: a test's
+    injected sleep, honoured for every wait but one that a signal ends (``PauseUntilWoken``)."""
 
     def __init__(self, transport: SyncTransport, room: WaitingRoom, core: RedlockCore,
                  maintain: Callable[[], None], sleep: Callable[[float], Any] | None) -> None:

@@ -76,12 +76,11 @@ class Hooks:
     """A test's clock and sleep (docs/design.md §11.6; given by
     :func:`redlock.testing.manager`, never by the public constructor).
 
-    ``clock``: a monotonic clock in seconds, read for every validity, deadline and
-    backoff; with another than ``time.monotonic`` the renewals run in this process (the
-    renewer process keeps ``time.monotonic``: redlock/_client/renewer.py,
-    ``unavailable()``). ``sleep``: how the executor waits (a coroutine function for
-    asyncio), honoured for every wait but one a signal ends; None: the real waits, in
-    the local turns where a release wakes the first waiter."""
+    ``clock``: a monotonic clock in seconds, read for every validity, deadline and backoff; with
+    another than ``time.monotonic`` the renewals run in this process (the renewer process keeps
+    ``time.monotonic``: redlock/_client/renewer.py, ``unavailable()``). ``sleep``: how the executor
+    waits (a coroutine function for asyncio), honoured for every wait but one a signal ends; None:
+    the real waits, in the local turns where a release wakes the first waiter."""
 
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], Any] | None = None
@@ -211,10 +210,9 @@ class ManagerBase(Generic[H, MH]):
                                      self._room.watch_every, backend.new_event)
 
     def _open_renewals(self) -> Renewer | Renewals:
-        """Where the renewal loop runs (docs/design.md §5.2): in the renewer, a process
-        of the manager's own (bridged by the loop in this process while it starts);
-        where that cannot run, in this process (and the first auto-extended lock says
-        why)."""
+        """Where the renewal loop runs (docs/design.md §5.2): in the renewer, a process of the
+        manager's own (bridged by the loop in this process while it starts); where that cannot run,
+        in this process (and the first auto-extended lock says why)."""
         observe = functools.partial(record_renewal, self._telemetry)
         why = renewer_unavailable(self._core.clock)
         if why is None and not portable(self._endpoints):
@@ -314,14 +312,13 @@ class ManagerBase(Generic[H, MH]):
     ) -> H:
         """A lock handle for ``resource``; nothing is sent until it is acquired.
 
-        Every duration is in seconds: ``ttl`` (default 10 s; at most the manager's
-        ``max_ttl``) is how long the lock lives on the nodes unless extended, ``timeout``
-        the overall deadline of a blocking acquire (None: no deadline). A value of 1000
-        or more was probably meant in milliseconds and raises a
-        :class:`DurationWarning` (``ttl=1000`` is 16.7 minutes; ``ttl=1.0`` is one
-        second). ``blocking=False`` makes acquires a single attempt; ``auto_extend``
-        renews the lock in the background while held, ``on_lost`` is called once if that
-        fails; ``reentrant`` lets the same thread (task) nest acquisitions.
+        Every duration is in seconds: ``ttl`` (default 10 s; at most the manager's ``max_ttl``) is
+        how long the lock lives on the nodes unless extended, ``timeout`` the overall deadline of a
+        blocking acquire (None: no deadline). A value of 1000 or more was probably meant in
+        milliseconds and raises a :class:`DurationWarning` (``ttl=1000`` is 16.7 minutes;
+        ``ttl=1.0`` is one second). ``blocking=False`` makes acquires a single attempt;
+        ``auto_extend`` renews the lock in the background while held, ``on_lost`` is called once if
+        that fails; ``reentrant`` lets the same thread (task) nest acquisitions.
         """
         return self._handle_class(self._registry, resource, ttl, blocking=blocking, timeout=timeout,
                                   auto_extend=auto_extend, on_lost=on_lost, reentrant=reentrant)
@@ -405,9 +402,8 @@ class ManagerBase(Generic[H, MH]):
                                                     "redlock-maintenance")
 
     def _stop_background(self) -> tuple[Any, ...]:
-        """The start of close(): the maintenance and the renewal loop are told to stop
-        (after the current step, or round); returns their threads or tasks to wait for
-        (None: not running)."""
+        """The start of close(): the maintenance and the renewal loop are told to stop (after the
+        current step, or round); returns their threads or tasks to wait for (None: not running)."""
         self._in_this_process()  # in a forked child: nothing of the parent's is closed
         self._closing.set()
         self._maintenance_news.set()  # a waiting maintenance stops at once
@@ -430,9 +426,8 @@ class ManagerBase(Generic[H, MH]):
         finally:
             with self._maintenance_mutex:
                 self._maintaining = False
-                # Ended with work left (it crashed, or a node newly needed it as it
-                # ended): the next call's end starts it again (the executors look at
-                # ``news`` only).
+                # Ended with work left (it crashed, or a node newly needed it as it ended): the
+                # next call's end starts it again (the executors look at ``news`` only).
                 if health.pending() and not self._closing.is_set():
                     health.news = True
 

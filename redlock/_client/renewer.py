@@ -98,11 +98,10 @@ Doubles = Any
 
 
 class Deadlines:
-    """The memory both processes map (``memfd``): doubles, two per slot from slot 1 on:
-    ``[2 s]`` the renewer's latest deadline for the acquisition in slot ``s`` (0: none
-    yet; -1: it lost it), ``[2 s + 1]`` the holder's. ``[0]`` is 1 once the renewer
-    runs. Each is written by one process only, as one aligned 8-byte store: a reader
-    sees the old value or the new one, never a mix."""
+    """The memory both processes map (``memfd``): doubles, two per slot from slot 1 on: ``[2 s]``
+    the renewer's latest deadline for the acquisition in slot ``s`` (0: none yet; -1: it lost it),
+    ``[2 s + 1]`` the holder's. ``[0]`` is 1 once the renewer runs. Each is written by one process
+    only, as one aligned 8-byte store: a reader sees the old value or the new one, never a mix."""
 
     def __init__(self, fd: int, slots: int) -> None:
         self._map = mmap.mmap(fd, (slots + 1) * 16)
@@ -251,11 +250,10 @@ class Renewer:
     ``add``. Until that process runs, a *bridge* (``bridge()``: the renewal loop in this
     process) renews too, each acquisition until the renewer has renewed it once.
 
-    ``nodes``: the manager's nodes' endpoints (:mod:`redlock._io.endpoint`);
-    ``adopt(members)`` takes a membership record the renewals learnt from the nodes;
-    ``bridge(elsewhere, lost)`` makes the bridge (told which acquisitions the renewer
-    renews now, and calling ``lost`` for those it loses itself);
-    ``lost(state, handles)`` is told of each acquisition the renewer lost (from this
+    ``nodes``: the manager's nodes' endpoints (:mod:`redlock._io.endpoint`); ``adopt(members)``
+    takes a membership record the renewals learnt from the nodes; ``bridge(elsewhere, lost)`` makes
+    the bridge (told which acquisitions the renewer renews now, and calling ``lost`` for those it
+    loses itself); ``lost(state, handles)`` is told of each acquisition the renewer lost (from this
     module's message thread, or where :meth:`_tell` puts it); ``observe(state, outcome,
     started_ns)`` of each renewal's outcome (telemetry) while ``observing()`` says so.
     """

@@ -1,14 +1,13 @@
 """The renewer process (docs/design.md §5.2): a manager's renewal loop, run in a process
 of its own so that a busy holder cannot starve it.
 
-It runs the loop of :mod:`redlock._core.renewals` as the holder would, driven by the
-sync executor over a sync transport of its own to the same nodes, over a copy of each
-acquisition the holder hands it (:mod:`redlock._client.renewer`). It writes each
-acquisition's deadline into the memory both processes map, tells the holder of losses,
-forwards the library's log records, and keeps the lease's meaning: before every round
-it looks at the holder in ``/proc`` and renews nothing while the holder is stopped; it
-exits as soon as the holder is gone. It ignores SIGINT and SIGTERM, which a terminal or
-a service manager sends to the whole group: the holder, still shutting down, decides.
+It runs the loop of :mod:`redlock._core.renewals` as the holder would, driven by the sync executor
+over a sync transport of its own to the same nodes, over a copy of each acquisition the holder
+hands it (:mod:`redlock._client.renewer`). It writes each acquisition's deadline into the memory
+both processes map, tells the holder of losses, forwards the library's log records, and keeps the
+lease's meaning: before every round it looks at the holder in ``/proc`` and renews nothing while
+the holder is stopped; it exits as soon as the holder is gone. It ignores SIGINT and SIGTERM, which
+a terminal or a service manager sends to the whole group: the holder, still shutting down, decides.
 """
 
 from __future__ import annotations

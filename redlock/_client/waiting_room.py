@@ -17,9 +17,8 @@ from redlock._core.requests import Backoff, Wakeable
 from redlock._core.state import LockState
 from redlock._io.wakeups import EVERY, WakeRegistry, Watch
 
-# How long the first local waiter a release woke holds off other local attempts on
-# that resource: long enough to be scheduled, short enough that one that died or stalls
-# costs the others little.
+# How long the first local waiter a release woke holds off other local attempts on that resource:
+# long enough to be scheduled, short enough that one that died or stalls costs the others little.
 WAKE_GRACE = 0.1
 
 E = TypeVar("E", bound=Wakeable)
@@ -169,9 +168,8 @@ class LocalTurns(Generic[E, L]):
                 first.wake.set()
 
     def idle(self) -> bool:
-        """No call of this manager waits, attempts or is woken (nothing stays behind
-        per resource). A look without the lock: turns that come or go meanwhile are
-        seen at the next look."""
+        """No call of this manager waits, attempts or is woken (nothing stays behind per resource).
+        A look without the lock: turns that come or go meanwhile are seen at the next look."""
         return not self._turns
 
 
@@ -204,14 +202,13 @@ class WaitingRoom:
             self.listener.poke()
 
     def watch_releases(self, backoff: Backoff, waiter: Waiter[Any]) -> float:
-        """From an acquire call's first wait to its end (:meth:`end_call`), a release on
-        the wait's channels wakes it (``waiter.wake``). Returns how long to wait: the
-        patient wait once releases on every channel are heard from a quorum of nodes,
-        subscribed there before the call's latest attempt went out. A release in
-        between, on a node not yet subscribed, was not heard: it may have handed the
-        lock to this very call, which would then sleep its whole patient wait (0.5 s)
-        holding a reservation nobody else can take (docs/design.md §6.7). Then it
-        waits its backoff instead, no longer than the patient wait, and tries again."""
+        """From an acquire call's first wait to its end (:meth:`end_call`), a release on the wait's
+        channels wakes it (``waiter.wake``). Returns how long to wait: the patient wait once
+        releases on every channel are heard from a quorum of nodes, subscribed there before the
+        call's latest attempt went out. A release in between, on a node not yet subscribed, was not
+        heard: it may have handed the lock to this very call, which would then sleep its whole
+        patient wait (0.5 s) holding a reservation nobody else can take (docs/design.md §6.7). Then
+        it waits its backoff instead, no longer than the patient wait, and tries again."""
         if (waiter.watch is None and waiter.wake is not None and backoff.channels
                 and not self._closing.is_set()):
             waiter.watch = self.wakeups.watch(backoff.channels, backoff.waiter, waiter.wake,

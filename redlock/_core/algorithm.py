@@ -1,15 +1,14 @@
 """The Redlock algorithm with quorum fencing, free of I/O (docs/design.md §2-§5).
 
-:class:`RedlockCore` is one manager's algorithm: what it knows of its nodes (their
-membership rule, round trips, token floors, health and outages) and the acquire, one
-route for every acquisition whatever its kind (docs/design.md §2.6): the call's opening,
-each attempt's request (its calls from the kind, from templates for the hot scripts),
-the early decision on its replies, the grant's judging and the token's commit, the
-waits between attempts, a hand-off in a release (§6.7). What a holder does next
-(release, extend, loss) is :class:`~redlock._core.holding.Holding`'s
-(``core.holding``); node amnesia is
-:class:`~redlock._core.amnesia.guard.AmnesiaGuard`'s (``core.amnesia``). Each operation
-is a flow (see :mod:`redlock._core.requests`) that the sync and asyncio shells drive.
+:class:`RedlockCore` is one manager's algorithm: what it knows of its nodes (their membership rule,
+round trips, token floors, health and outages) and the acquire, one route for every acquisition
+whatever its kind (docs/design.md §2.6): the call's opening, each attempt's request (its calls from
+the kind, from templates for the hot scripts), the early decision on its replies, the grant's
+judging and the token's commit, the waits between attempts, a hand-off in a release (§6.7). What a
+holder does next (release, extend, loss) is :class:`~redlock._core.holding.Holding`'s
+(``core.holding``); node amnesia is :class:`~redlock._core.amnesia.guard.AmnesiaGuard`'s
+(``core.amnesia``). Each operation is a flow (see :mod:`redlock._core.requests`) that the sync and
+asyncio shells drive.
 """
 
 from __future__ import annotations
@@ -69,10 +68,9 @@ nodes_logger = get_logger("redlock.nodes")
 
 @dataclass(slots=True)
 class Opening:
-    """An acquire call's start: its ``secret`` (32 hex digits; each attempt's lock
-    value starts with it, docs/design.md §2.1), what it acquires (``name``: in
-    messages), its place in the nodes' line (``ticket``, '' when it does not queue),
-    when it started and its deadline."""
+    """An acquire call's start: its ``secret`` (32 hex digits; each attempt's lock value starts
+    with it, docs/design.md §2.1), what it acquires (``name``: in messages), its place in the
+    nodes' line (``ticket``, '' when it does not queue), when it started and its deadline."""
 
     resources: tuple[str, ...]
     name: str
@@ -183,9 +181,8 @@ class RedlockCore:
         single try (:meth:`Settings.single_try`); docs/design.md §2.5."""
         secret = self.env.random_hex(16)  # 128 bits: only we can release our key
         # A blocking acquire of one resource waits in the nodes' line for it; its ticket
-        # (wall-clock microseconds: comparable across hosts, see docs/design.md §6) is
-        # its place, the same on every node and every attempt. A single try, or a set,
-        # does not queue.
+        # (wall-clock microseconds: comparable across hosts, see docs/design.md §6) is its place,
+        # the same on every node and every attempt. A single try, or a set, does not queue.
         single = not blocking or timeout == 0
         ticket = (str(int(self.env.wall_clock() * 1_000_000))
                   if not single and len(resources) == 1 else "")
@@ -202,10 +199,9 @@ class RedlockCore:
                 kind: Kind = MUTEX) -> Flow[AcquireResult]:
         """Attempts until success, the deadline, or (non-blocking) after one attempt.
 
-        A blocking acquire also gives up once the cluster has been unavailable (too few
-        nodes answering, not contention) for ``outage_timeout``: waiting longer would
-        hide an outage from the caller. ``watch`` (OpenTelemetry's observer) hears of
-        each attempt."""
+        A blocking acquire also gives up once the cluster has been unavailable (too few nodes
+        answering, not contention) for ``outage_timeout``: waiting longer would hide an outage from
+        the caller. ``watch`` (OpenTelemetry's observer) hears of each attempt."""
         resources = (resources,) if isinstance(resources, str) else resources
         opening = self.open(resources, ttl, blocking=blocking, timeout=timeout, kind=kind)
         call, kind, ticket, deadline = opening.secret, opening.kind, opening.ticket, \
@@ -315,20 +311,18 @@ class RedlockCore:
 
     def _leave_line(self, resources: tuple[str, ...], value: str, ttl: float,
                     ticket: str, deadline: Deadline, kind: Kind = MUTEX) -> Flow[None]:
-        """A queued acquire call that ends without the lock drops its entries from the
-        waiting lines at once: the next in line need not wait for them to lapse. (A
-        final release: what is still unsent at the deadline goes out when its
-        connection opens, docs/design.md §2.4.)"""
+        """A queued acquire call that ends without the lock drops its entries from the waiting
+        lines at once: the next in line need not wait for them to lapse. (A final release: what is
+        still unsent at the deadline goes out when its connection opens, docs/design.md §2.4.)"""
         if ticket:
             yield deadline.cap(self.holding.release_calls(resources, value, ttl, leave=True,
                                                           kind=kind))
 
     def _attempt(self, opening: Opening, ttl: float, kind: Kind,
                  attempt: int) -> Flow[AttemptResult]:
-        """One attempt (docs/design.md §2.2): its request to every node, then what the
-        replies mean. The usual replies (every node granted our call, nothing to write
-        back, time left) are told in one pass; anything else is judged by
-        :meth:`_judged`."""
+        """One attempt (docs/design.md §2.2): its request to every node, then what the replies
+        mean. The usual replies (every node granted our call, nothing to write back, time left) are
+        told in one pass; anything else is judged by :meth:`_judged`."""
         resources, deadline, settings = opening.resources, opening.deadline, self.settings
         value = lock_value(opening.secret, attempt)  # this attempt's value (§2.1)
         rule, health = self.membership.rule, self.amnesia.health
@@ -503,10 +497,9 @@ class RedlockCore:
 
     def held(self, opening: Opening, ttl: float, started: float, tokens: dict[str, int],
               kind: Kind, granted: int, value: str) -> LockState:
-        """The acquisition of the call's attempt that started at ``started`` and won
-        (``tokens``: per resource; ``granted``: by that many nodes), holding that
-        attempt's lock value (§2.1); its validity is measured from that start, less the
-        drift (docs/design.md §2.2)."""
+        """The acquisition of the call's attempt that started at ``started`` and won (``tokens``:
+        per resource; ``granted``: by that many nodes), holding that attempt's lock value (§2.1);
+        its validity is measured from that start, less the drift (docs/design.md §2.2)."""
         state = LockState(opening.name, value, ttl, max(tokens.values()),
                           started + ttl - self.settings.drift(ttl), self.clock,
                           self.env.new_mutex(), tokens=tokens, kind=kind)
@@ -624,15 +617,14 @@ _USUAL_KEPT = 32
 def grant_enough(n: int, suspect: Mapping[int, object], rule: Rule,
                  votes: Callable[[object], int | None],
                  group: Callable[[object], object] | None = None) -> Decision:
-    """An early decision on an attempt's replies (one call per node): ``votes(reply)`` is
-    1 (yes), 0 (no), None (unknown: an error, or not read yet). Decided once a quorum said
-    yes, or more nodes said no than a quorum can spare. A node whose grants do not count
-    (``suspect``: restarted, being judged, or of another format, §4.1; or found so by this
-    very request's new connection, docs/design.md §4.4) never votes yes. The yes votes
-    count per ``group`` of their reply (a permit's slot, §12.2; one group for other
-    kinds): a quorum must grant the same one (None: every grant is of the same group).
-    Quorums are the membership ``rule``'s (§13.2). Asked after every reply read: kept
-    lean."""
+    """An early decision on an attempt's replies (one call per node): ``votes(reply)`` is 1 (yes),
+    0 (no), None (unknown: an error, or not read yet). Decided once a quorum said yes, or more
+    nodes said no than a quorum can spare. A node whose grants do not count (``suspect``:
+    restarted, being judged, or of another format, §4.1; or found so by this very request's new
+    connection, docs/design.md §4.4) never votes yes. The yes votes count per ``group`` of their
+    reply (a permit's slot, §12.2; one group for other kinds): a quorum must grant the same one
+    (None: every grant is of the same group). Quorums are the membership ``rule``'s (§13.2). Asked
+    after every reply read: kept lean."""
     if suspect or group is not None:
         return _grant_enough(n, suspect, rule, votes, group)
     key = (n, rule, votes)

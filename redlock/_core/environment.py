@@ -30,11 +30,10 @@ class Mutex(Protocol):
 class Environment:
     """The core's inputs from the world.
 
-    ``clock``: monotonic seconds (validity, deadlines, waits); ``wall_clock``: seconds
-    since the epoch, only where hosts must agree (the waiting line's tickets, node
-    marker texts, a hand-over's age); ``random_hex(n)``: n random bytes as hex, from a
-    source fit for secrets (lock values let their holder release the lock);
-    ``new_mutex``: a new lock for shared state.
+    ``clock``: monotonic seconds (validity, deadlines, waits); ``wall_clock``: seconds since the
+    epoch, only where hosts must agree (the waiting line's tickets, node marker texts, a
+    hand-over's age); ``random_hex(n)``: n random bytes as hex, from a source fit for secrets (lock
+    values let their holder release the lock); ``new_mutex``: a new lock for shared state.
     """
 
     clock: Callable[[], float]

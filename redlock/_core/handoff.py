@@ -87,11 +87,10 @@ def enough(counters: Mapping[int, int], rule: Rule) -> bool:
 
 def may_still(heard: Handoffs, counters: Mapping[int, int], attempt: int,
               benched: Collection[int], refused: Collection[int], rule: Rule) -> bool:
-    """Whether more messages could still make a quorum with ``counters``: only the
-    nodes that refused our latest ``attempt`` (and are counted) can add one, and not
-    those whose message for it came already without counting (a subscription confirmed
-    too late, another epoch): each node hands off once per release. Unknown
-    (``heard.attempts`` None): assumed possible."""
+    """Whether more messages could still make a quorum with ``counters``: only the nodes that
+    refused our latest ``attempt`` (and are counted) can add one, and not those whose message for
+    it came already without counting (a subscription confirmed too late, another epoch): each node
+    hands off once per release. Unknown (``heard.attempts`` None): assumed possible."""
     if heard.attempts is None:
         return True
     possible = set(counters) | {i for i in refused if i not in benched

@@ -66,12 +66,11 @@ class Holding:
                       *, leave: bool = True, nodes: Sequence[int] | None = None,
                       patient: bool = False, kind: Kind = MUTEX,
                       ticket: str = "") -> Broadcast:
-        """Compare-and-delete of each resource's key on every node (a set's calls to one
-        node go out pipelined), and with ``leave`` the waiter's entry in the waiting lines
-        is dropped too; without, a waiter's (``ticket``: its place in line) is kept, or
-        given back where a grant had taken it (a permit's or a reader's, §12.2). Decided
-        once a quorum of the nodes asked answered (see :meth:`settled`); later answers
-        are read in the background."""
+        """Compare-and-delete of each resource's key on every node (a set's calls to one node go
+        out pipelined), and with ``leave`` the waiter's entry in the waiting lines is dropped too;
+        without, a waiter's (``ticket``: its place in line) is kept, or given back where a grant
+        had taken it (a permit's or a reader's, §12.2). Decided once a quorum of the nodes asked
+        answered (see :meth:`settled`); later answers are read in the background."""
         # A failed attempt keeps its place in line for the patience (the ACQUIRE that
         # granted it cut its entry to the key's TTL).
         timeout = self.timeout(ttl)
@@ -96,15 +95,14 @@ class Holding:
         return answered
 
     def settled(self, calls: Sequence[Call], *, acks: bool = False) -> Decision:
-        """When a release or extend is decided (docs/design.md §2.4, §5.1): once every key
-        in it (one acquisition's key of one resource) is settled, i.e. a quorum of the
-        nodes asked answered for it (``acks``: acknowledged it, replied 1, as an extend
-        needs; or more nodes answered "our key is gone" than a quorum can spare: it
-        cannot be extended; counted by the membership rule, §13.2). The stragglers
-        then get the transport's grace, as long again as the decision took; what they
-        answer later is read in the background. Until then the request waits for every
-        node, up to its timeout: it never gives up on a node that may still answer in
-        time."""
+        """When a release or extend is decided (docs/design.md §2.4, §5.1): once every key in it
+        (one acquisition's key of one resource) is settled, i.e. a quorum of the nodes asked
+        answered for it (``acks``: acknowledged it, replied 1, as an extend needs; or more nodes
+        answered "our key is gone" than a quorum can spare: it cannot be extended; counted by the
+        membership rule, §13.2). The stragglers then get the transport's grace, as long again as
+        the decision took; what they answer later is read in the background. Until then the request
+        waits for every node, up to its timeout: it never gives up on a node that may still answer
+        in time."""
         keys: dict[tuple[object, tuple[str, ...]], list[int]] = {}
         nodes = set()
         for index, call in enumerate(calls):
@@ -166,11 +164,10 @@ class Holding:
         return outcomes
 
     def release_many(self, states: Sequence[LockState]) -> Flow[list[tuple[NodeResult, ...]]]:
-        """:meth:`release` of several acquisitions in one request (each node gets its
-        calls pipelined), decided once each is; per acquisition, its outcomes. The
-        renewal loop releases the acquisitions whose handles are all gone this way: one
-        by one, a hung majority cost each a whole request timeout, and the renewals of
-        the others waited behind them."""
+        """:meth:`release` of several acquisitions in one request (each node gets its calls
+        pipelined), decided once each is; per acquisition, its outcomes. The renewal loop releases
+        the acquisitions whose handles are all gone this way: one by one, a hung majority cost each
+        a whole request timeout, and the renewals of the others waited behind them."""
         request = (self.release_request(states[0]) if len(states) == 1
                    else self._joined([self.release_request(state) for state in states]))
         try:
@@ -185,8 +182,7 @@ class Holding:
         return self.released(states, replies)
 
     def release_request(self, state: LockState) -> Broadcast:
-        """The request that releases ``state`` (a holder's: patient, see
-        :meth:`release_calls`)."""
+        """The request that releases ``state`` (a holder's: patient, see :meth:`release_calls`)."""
         return self.release_calls(state.resources, state.value, state.ttl, patient=True,
                                    kind=state.kind)
 

@@ -1,14 +1,13 @@
 """Operator views and tools: what the nodes hold for a resource, and a forced release.
 
-``Admin(dlm).inspect(resource)`` (:mod:`redlock.admin`) reads, on every node at once, the
-lock key's remaining PTTL, the node's fence counter, the node marker and any repair claim
-(one read-only script, so each node's answer is one consistent snapshot), and adds what
-the manager knows about amnesiac nodes. The lock value is never read out: a holder is
-shown as a short fingerprint (a SHA1 prefix), enough to tell whether the keys on
-different nodes belong to one holder. ``is_locked(resource)`` answers from that view
-whether anyone holds the resource; a handle's ``locked()`` says whether *its caller*
-holds it, without I/O. ``force_release(resource)`` deletes the lock key on every node
-whoever holds it.
+``Admin(dlm).inspect(resource)`` (:mod:`redlock.admin`) reads, on every node at once, the lock
+key's remaining PTTL, the node's fence counter, the node marker and any repair claim (one read-only
+script, so each node's answer is one consistent snapshot), and adds what the manager knows about
+amnesiac nodes. The lock value is never read out: a holder is shown as a short fingerprint (a SHA1
+prefix), enough to tell whether the keys on different nodes belong to one holder.
+``is_locked(resource)`` answers from that view whether anyone holds the resource; a handle's
+``locked()`` says whether *its caller* holds it, without I/O. ``force_release(resource)`` deletes
+the lock key on every node whoever holds it.
 
 Each operation is a flow (see :mod:`redlock._core.requests`) that both admins drive.
 """
@@ -37,21 +36,19 @@ logger = get_logger("redlock.locks")
 class NodeLockStatus:
     """One node's view of a resource.
 
-    ``held``: a lock key exists on the node (someone, maybe us, holds it there);
-    ``pttl_ms``: milliseconds left on that key (0 when free, -1 for a key without
-    expiry, which no Redlock client writes); ``fence``: the node's fence counter, from
-    which every resource's tokens come (0 before the first lock);
-    ``marker``: the node marker is present (absent: a new node, or one that lost its
-    data); ``format``: the node format its marker names (this client's is
-    ``redlock._scripts.node.FORMAT``, 1; a higher one: a newer release initialised the
-    node, and this client does not use it, docs/design.md §4.1; None: no marker, or one
-    naming no format); ``repairing``: a repair has claimed the node; ``holder``: a
-    fingerprint of the holder's lock value (never the value);
-    ``benched``: the node lost its data (or restarted without durable persistence) and
-    is kept out of quorums: it rejoins once repaired, ``rejoins_in_s`` from now at the
-    earliest (read from its amnesia episode, by its own clock; None while unknown).
-    A node that could not be read has ``reachable`` False, ``error`` saying why, and
-    None in the fields it could not read.
+    ``held``: a lock key exists on the node (someone, maybe us, holds it there); ``pttl_ms``:
+    milliseconds left on that key (0 when free, -1 for a key without expiry, which no Redlock
+    client writes); ``fence``: the node's fence counter, from which every resource's tokens come (0
+    before the first lock); ``marker``: the node marker is present (absent: a new node, or one that
+    lost its data); ``format``: the node format its marker names (this client's is
+    ``redlock._scripts.node.FORMAT``, 1; a higher one: a newer release initialised the node, and
+    this client does not use it, docs/design.md §4.1; None: no marker, or one naming no format);
+    ``repairing``: a repair has claimed the node; ``holder``: a fingerprint of the holder's lock
+    value (never the value); ``benched``: the node lost its data (or restarted without durable
+    persistence) and is kept out of quorums: it rejoins once repaired, ``rejoins_in_s`` from now at
+    the earliest (read from its amnesia episode, by its own clock; None while unknown). A node that
+    could not be read has ``reachable`` False, ``error`` saying why, and None in the fields it
+    could not read.
     """
 
     node: str

@@ -359,17 +359,15 @@ class Kind:
 
     def write_back_call(self, keys: Keys, node: int, resource: str, value: str,
                         token: int) -> Call:
-        """Raise a granting node's counter to the token, if it still holds our grant
-        (§3.2)."""
+        """Raise a granting node's counter to the token, if it still holds our grant (§3.2)."""
         return Call(node, (value, token, bucket(self.token_name(resource))), scripts.WRITE_BACK,
                     (self.lock_key(keys, resource), keys.counter, keys.marker))
 
     def release_call(self, keys: Keys, node: int, resource: str,
                      args: tuple[CommandArg, ...]) -> Call:
-        """Give the grant back, value-checked; ``args``: (value, leave[, patience,
-        ticket]). The release hands the lock to the first in line if it left a record
-        (§6.7). A failed attempt's ticket puts its place back where its grant found the
-        line empty (§6.3)."""
+        """Give the grant back, value-checked; ``args``: (value, leave[, patience, ticket]). The
+        release hands the lock to the first in line if it left a record (§6.7). A failed attempt's
+        ticket puts its place back where its grant found the line empty (§6.3)."""
         [call], _ = self.release_request(keys, (node,), (resource,), args)
         return call
 

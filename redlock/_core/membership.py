@@ -1,12 +1,11 @@
 """Changing the cluster's nodes online (docs/design.md §13.3), free of I/O.
 
-A change from the members O to the members N goes through a joint configuration (O, N)
-under which every decision needs a majority of both: read the records; write the joint
-record (epoch e + 1) on O and N together; seed the new nodes (fence counters from a majority of O,
-marker); wait until every lock granted under epoch e has expired; seed N again from a
-majority of O; write the stable record (epoch e + 2, N) on N and retire the nodes that
-leave. Each step is idempotent: a change that stopped anywhere is completed by running
-it again with the same N.
+A change from the members O to the members N goes through a joint configuration (O, N) under which
+every decision needs a majority of both: read the records; write the joint record (epoch e + 1) on
+O and N together; seed the new nodes (fence counters from a majority of O, marker); wait until
+every lock granted under epoch e has expired; seed N again from a majority of O; write the stable
+record (epoch e + 2, N) on N and retire the nodes that leave. Each step is idempotent: a change
+that stopped anywhere is completed by running it again with the same N.
 
 The manager that runs it must be configured with every node of O and N together.
 """
@@ -231,9 +230,8 @@ def _write(core: RedlockCore, nodes: Sequence[int], record: Members) -> Flow[set
 
 def _seed(core: RedlockCore, joint: Members, sources: Sequence[int],
           targets: Sequence[int]) -> Flow[set[int]]:
-    """Per bucket the highest counter of a majority of ``sources`` (the old set),
-    written on ``targets`` (max-merge) with their marker if they have none; the targets
-    that took it."""
+    """Per bucket the highest counter of a majority of ``sources`` (the old set), written on
+    ``targets`` (max-merge) with their marker if they have none; the targets that took it."""
     if not targets:
         return set()
     seed: dict[str, int] = {}

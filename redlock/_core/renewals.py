@@ -1,16 +1,14 @@
 """Auto-extend for every lock of one manager from one loop (docs/design.md §5).
 
-Each auto-extended acquisition is renewed when a third of the validity it has left
-has passed (measured from the acquire or the last renewal, never from the TTL: an
-acquire may return late). The renewals due together are sent in one request, so
-each node gets them pipelined on one connection; a thousand auto-extended locks
-cost one loop, not a thousand threads. A failed renewal is retried quickly while
-validity remains; when it runs out, or a majority says our key is gone, the lock is
-lost: its keys are dropped and the handles are told (``on_lost``).
+Each auto-extended acquisition is renewed when a third of the validity it has left has passed
+(measured from the acquire or the last renewal, never from the TTL: an acquire may return late).
+The renewals due together are sent in one request, so each node gets them pipelined on one
+connection; a thousand auto-extended locks cost one loop, not a thousand threads. A failed renewal
+is retried quickly while validity remains; when it runs out, or a majority says our key is gone,
+the lock is lost: its keys are dropped and the handles are told (``on_lost``).
 
-The loop holds acquisitions strongly and their handles weakly: an acquisition whose
-handles were all garbage-collected without a release is released, not renewed for
-ever.
+The loop holds acquisitions strongly and their handles weakly: an acquisition whose handles were
+all garbage-collected without a release is released, not renewed for ever.
 """
 
 from __future__ import annotations
@@ -192,12 +190,11 @@ class Renewals:
             raise
 
     def _closed(self) -> None:
-        """The manager was closed while it renewed locks: nobody renews them any more, so
-        their holders must not go on believing they hold them. Each is marked lost (its
-        check(), token, extend() and release() raise LockLost); its keys stay on the
-        nodes until their TTL (its holder may still be writing: releasing would let the
-        next holder in at once). on_lost is not called: the application closed the
-        manager itself."""
+        """The manager was closed while it renewed locks: nobody renews them any more, so their
+        holders must not go on believing they hold them. Each is marked lost (its check(), token,
+        extend() and release() raise LockLost); its keys stay on the nodes until their TTL (its
+        holder may still be writing: releasing would let the next holder in at once). on_lost is
+        not called: the application closed the manager itself."""
         with self._mutex:
             renewals = list(self._renewals.values())
             self._renewals.clear()

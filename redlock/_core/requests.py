@@ -9,13 +9,12 @@ docs/design.md §10)::
         reply = <run request.calls on their nodes in parallel> or <wait> or <invoke>
         request = flow.send(reply)        # StopIteration carries the result
 
-A :class:`Broadcast` asks for *calls* on nodes in parallel; its reply (:class:`Replies`)
-holds, per call, the node's reply or the exception it raised (never raised into the
-flow). A wait (:class:`Pause`, :class:`PauseUntilWoken`, :class:`Backoff`) or an
-:class:`Invoke` replies with an empty tuple. If executing a request raises
-(cancellation, KeyboardInterrupt, a callback's error), the driver throws it into the
-flow, which releases what it may have set and re-raises or handles it.
-:func:`drive` and :func:`drive_async` are the only flow loops.
+A :class:`Broadcast` asks for *calls* on nodes in parallel; its reply (:class:`Replies`) holds, per
+call, the node's reply or the exception it raised (never raised into the flow). A wait
+(:class:`Pause`, :class:`PauseUntilWoken`, :class:`Backoff`) or an :class:`Invoke` replies with an
+empty tuple. If executing a request raises (cancellation, KeyboardInterrupt, a callback's error),
+the driver throws it into the flow, which releases what it may have set and re-raises or handles
+it. :func:`drive` and :func:`drive_async` are the only flow loops.
 """
 
 from __future__ import annotations
@@ -65,20 +64,17 @@ Decision = Callable[[Sequence[object], Mapping[int, object]], bool]
 class Broadcast:
     """Run ``calls`` in parallel; each must answer within ``timeout`` seconds.
 
-    ``enough`` lets the request end before every node answered (early quorum,
-    docs/design.md §2.4): a pure function of the replies so far, decided as soon as it
-    is true.
+    ``enough`` lets the request end before every node answered (early quorum, docs/design.md §2.4):
+    a pure function of the replies so far, decided as soon as it is true.
 
-    ``turns_key``: the key of an acquire attempt's local turns (its resource's release
-    channel, :mod:`redlock._client.waiting_room`). With ``turns``, attempts on it from
-    one manager take turns instead of splitting the nodes; waiters in the nodes' line
-    do not (``turns=False``): the line already decides who may win (docs/design.md
-    §6.5).
+    ``turns_key``: the key of an acquire attempt's local turns (its resource's release channel,
+    :mod:`redlock._client.waiting_room`). With ``turns``, attempts on it from one manager take
+    turns instead of splitting the nodes; waiters in the nodes' line do not (``turns=False``): the
+    line already decides who may win (docs/design.md §6.5).
 
-    ``learn``: for a request made before the nodes' round trips are known (a manager's
-    first): once ``learn`` nodes (a quorum) answered, the others get as long again as
-    that took, at least ``TIMEOUT_FLOOR`` (docs/design.md §2.4), instead of the whole
-    ceiling. 0: the timeout as given.
+    ``learn``: for a request made before the nodes' round trips are known (a manager's first): once
+    ``learn`` nodes (a quorum) answered, the others get as long again as that took, at least
+    ``TIMEOUT_FLOOR`` (docs/design.md §2.4), instead of the whole ceiling. 0: the timeout as given.
 
     ``lane``: connections of its own (one per node, kept between requests): the renewal
     loop's, so that a renewal never waits for a connection behind a burst of other
@@ -160,9 +156,8 @@ class Replies(list[object]):
 
 Request = Broadcast | Wait | Invoke
 
-# The least a request waits for the nodes when its timeout adapts to their round trips
-# (RoundTrips, or a request that learns it, Broadcast.learn): a busy machine's hiccup is
-# not an outage.
+# The least a request waits for the nodes when its timeout adapts to their round trips (RoundTrips,
+# or a request that learns it, Broadcast.learn): a busy machine's hiccup is not an outage.
 TIMEOUT_FLOOR = 0.05
 
 

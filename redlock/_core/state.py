@@ -44,16 +44,14 @@ class Lease(Protocol):
         ...
 
     def lose(self) -> None:
-        """This process lost it (the renewer's word counts; the holder's changes
-        nothing there)."""
+        """This process lost it (the renewer's word counts; the holder's changes nothing there)."""
         ...
 
 
 class LockState:
-    """One acquisition (of one resource, or of a set: ``tokens`` has one per resource):
-    shared by the handles that re-entered it and by the renewal loop. ``resource`` is
-    what it is called in messages (the resource's name, or the set's label) and
-    ``token`` its largest token."""
+    """One acquisition (of one resource, or of a set: ``tokens`` has one per resource): shared by
+    the handles that re-entered it and by the renewal loop. ``resource`` is what it is called in
+    messages (the resource's name, or the set's label) and ``token`` its largest token."""
 
     __slots__ = ("__weakref__", "_clock", "_deadline", "auto_extended", "depth", "generation",
                  "holder", "kind", "lease", "lost_outcomes", "lost_reason", "mutex",

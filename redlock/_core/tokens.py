@@ -41,11 +41,10 @@ def bucket(resource: str) -> str:
 
 
 def lock_value(call: str, attempt: int) -> str:
-    """The lock value an attempt of the acquire call ``call`` sets (docs/design.md
-    §2.1): the call's secret, then the attempt's number in 8 hex digits, so that two
-    values of one call compare as their attempts do. A command of an earlier attempt
-    that reaches a node late (a reply lost, a connection stalled) then cannot delete or
-    refresh what a later attempt set there."""
+    """The lock value an attempt of the acquire call ``call`` sets (docs/design.md §2.1): the
+    call's secret, then the attempt's number in 8 hex digits, so that two values of one call
+    compare as their attempts do. A command of an earlier attempt that reaches a node late (a reply
+    lost, a connection stalled) then cannot delete or refresh what a later attempt set there."""
     return f"{call}{attempt:08x}"
 
 

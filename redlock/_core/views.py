@@ -1,8 +1,7 @@
-"""Read-only views of the lock family (docs/design.md §12), free of I/O: who leads an
-election now (``leader()``, and the waits of ``observe()``), who holds a semaphore's
-permits, who holds a read-write lock. Each reads every node and believes only what a
-quorum of healthy nodes says (by the membership rule, §13.2): a snapshot, which may
-be stale by the time it returns.
+"""Read-only views of the lock family (docs/design.md §12), free of I/O: who leads an election now
+(``leader()``, and the waits of ``observe()``), who holds a semaphore's permits, who holds a
+read-write lock. Each reads every node and believes only what a quorum of healthy nodes says (by
+the membership rule, §13.2): a snapshot, which may be stale by the time it returns.
 """
 
 from __future__ import annotations
@@ -127,9 +126,8 @@ def election_channels(keys: Keys, name: str) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class Holder:
-    """A holder a quorum of nodes agrees on: the first 12 hex digits of SHA1 of its
-    lock value (tells holders apart without revealing it) and the seconds its grant
-    lasts at least."""
+    """A holder a quorum of nodes agrees on: the first 12 hex digits of SHA1 of its lock value
+    (tells holders apart without revealing it) and the seconds its grant lasts at least."""
 
     holder: str
     time_left: float

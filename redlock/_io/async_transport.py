@@ -147,19 +147,17 @@ class Exchange(wire.Exchange):
 
 
 class Slots:
-    """The new connections opening to one node (at most OPENING_PER_NODE at once), and
-    the exchanges waiting to open one. A freed slot, or a connection given back, wakes
-    one waiter: first requests still waiting that are no acquire (a holder's renewal must
-    not queue behind a burst of new acquires until its validity runs out), then acquires
-    still waiting, then requests that are over. An acquire whose request is over stops
-    waiting: it would send nothing."""
+    """The new connections opening to one node (at most OPENING_PER_NODE at once), and the
+    exchanges waiting to open one. A freed slot, or a connection given back, wakes one waiter:
+    first requests still waiting that are no acquire (a holder's renewal must not queue behind a
+    burst of new acquires until its validity runs out), then acquires still waiting, then requests
+    that are over. An acquire whose request is over stops waiting: it would send nothing."""
 
     def __init__(self) -> None:
         self.free = OPENING_PER_NODE
-        # The waiters in arrival order (dicts: one leaves in O(1)). ``droppable``: those
-        # that send nothing once their request is over (acquires), the only ones
-        # wake_over looks at: a hung node collects a final release per request, too many
-        # to scan at every request's end.
+        # The waiters in arrival order (dicts: one leaves in O(1)). ``droppable``: those that send
+        # nothing once their request is over (acquires), the only ones wake_over looks at: a hung
+        # node collects a final release per request, too many to scan at every request's end.
         self.waiting: dict[asyncio.Future[None], Exchange] = {}
         self.droppable: dict[asyncio.Future[None], Exchange] = {}
 

@@ -196,10 +196,9 @@ def send(conn: Connection, data: bytes) -> None:
 
 
 def receive(conn: Connection) -> object:
-    """The next reply if the whole of it is there, else :data:`NOTHING`: never waits.
-    Takes from the socket only what is in it now (at most one ``recv``, with no
-    ``select()`` first when ``conn.readable`` says one just found it readable). An
-    error reply is returned, not raised."""
+    """The next reply if the whole of it is there, else :data:`NOTHING`: never waits. Takes from
+    the socket only what is in it now (at most one ``recv``, with no ``select()`` first when
+    ``conn.readable`` says one just found it readable). An error reply is returned, not raised."""
     reply = _parsed(conn)
     if reply is not False:
         return reply

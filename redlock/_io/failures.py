@@ -52,9 +52,8 @@ CLOSED = "the manager is closed"
 
 # A cluster-mode node's replies: the node is in cluster mode, not a lock node.
 _CLUSTER_CODES = ("CROSSSLOT", "MOVED", "ASK ", "CLUSTERDOWN", "TRYAGAIN")
-# What a node that wants a password answers a client that gave none: NOAUTH, or, to a
-# command of more than 10 arguments (our scripts' calls), a protocol error before it
-# closes the connection.
+# What a node that wants a password answers a client that gave none: NOAUTH, or, to a command of
+# more than 10 arguments (our scripts' calls), a protocol error before it closes the connection.
 _AUTHENTICATION_CODES = ("WRONGPASS", "NOAUTH", "ERR Protocol error: unauthenticated",
                          "ERR invalid password", "ERR AUTH", "ERR Client sent AUTH")
 

@@ -1,9 +1,8 @@
-"""The sync transport's new connections (see :mod:`redlock._io.sync_transport`): each
-opened in a thread of its own, with its own budget (``connect_timeout``), so that a
-request waits for it only until its own deadline and a hung node that accepts TCP but
-never answers the handshake costs one node timeout, not the connect budget. At most
-:data:`CONNECTS_PER_NODE` open at once per node; a node that refused a moment ago fails
-at once (:class:`~redlock._io.wire.Refusals`).
+"""The sync transport's new connections (see :mod:`redlock._io.sync_transport`): each opened in a
+thread of its own, with its own budget (``connect_timeout``), so that a request waits for it only
+until its own deadline and a hung node that accepts TCP but never answers the handshake costs one
+node timeout, not the connect budget. At most :data:`CONNECTS_PER_NODE` open at once per node; a
+node that refused a moment ago fails at once (:class:`~redlock._io.wire.Refusals`).
 """
 
 from __future__ import annotations
@@ -61,9 +60,8 @@ class Connect:
 
 
 class Connector:
-    """Opens one transport's new connections, each in a thread of its own (see the
-    module's doc); ``connected_late(attempt)`` takes a connection whose request gave up on
-    it once it is open."""
+    """Opens one transport's new connections, each in a thread of its own (see the module's doc);
+    ``connected_late(attempt)`` takes a connection whose request gave up on it once it is open."""
 
     def __init__(self, endpoints: list[Endpoint], connect_timeout: float, silence: Silence,
                  connected_late: Callable[[Connect], None]) -> None:

@@ -1,20 +1,18 @@
 """The sync transport: parallel requests to N nodes from one thread, on one route.
 
 Parallel means parallel on one thread: a request's calls are grouped per node
-(:class:`~redlock._io.wire.Exchange`), each node's written with one write on a
-connection taken from the node's stack of idle ones (scatter), then the replies are
-read as they arrive (gather: one ``select`` over the sockets, each reply parsed as its
-bytes come), so N nodes cost one round trip, not N. A request whose replies are all in
-returns at once; one whose replies decide it early waits the stragglers' grace
-(:class:`~redlock._io.wire.Gathering`); at its deadline what has arrived is read and the
-rest is left to the drainer (:mod:`redlock._io.sync_drainer`), which reads it in the
-background. Everything else is a branch of this one route: a node without an idle
-connection gets one opened in the background with its own budget
-(:mod:`redlock._io.sync_connect`), the request waiting for it only until its own
-deadline; a new connection is identified first (IDENTIFY) and sent the scripts'
-bodies; a NOSCRIPT is answered by the bodies; a reply half received is read on when
-more of it comes, holding up no other node; an interruption (KeyboardInterrupt) leaves
-every connection either in the pool, with the drainer, or closed.
+(:class:`~redlock._io.wire.Exchange`), each node's written with one write on a connection taken
+from the node's stack of idle ones (scatter), then the replies are read as they arrive (gather: one
+``select`` over the sockets, each reply parsed as its bytes come), so N nodes cost one round trip,
+not N. A request whose replies are all in returns at once; one whose replies decide it early waits
+the stragglers' grace (:class:`~redlock._io.wire.Gathering`); at its deadline what has arrived is
+read and the rest is left to the drainer (:mod:`redlock._io.sync_drainer`), which reads it in the
+background. Everything else is a branch of this one route: a node without an idle connection gets
+one opened in the background with its own budget (:mod:`redlock._io.sync_connect`), the request
+waiting for it only until its own deadline; a new connection is identified first (IDENTIFY) and
+sent the scripts' bodies; a NOSCRIPT is answered by the bodies; a reply half received is read on
+when more of it comes, holding up no other node; an interruption (KeyboardInterrupt) leaves every
+connection either in the pool, with the drainer, or closed.
 """
 
 from __future__ import annotations
@@ -123,10 +121,9 @@ class SyncTransport:
     def broadcast(self, request: Broadcast) -> Replies:
         """Every call's reply or exception (NOT_AWAITED for those the request was
         decided without). Calls for one node share one connection and one write."""
-        # close() waits for the requests under way. Without a lock (a set's add and
-        # discard are atomic): close() sets _closed, then waits for the set to empty, so
-        # a request added after that look sees _closed, and one that ends after it
-        # wakes close().
+        # close() waits for the requests under way. Without a lock (a set's add and discard are
+        # atomic): close() sets _closed, then waits for the set to empty, so a request added after
+        # that look sees _closed, and one that ends after it wakes close().
         me = object()
         under_way = self._under_way
         under_way.add(me)

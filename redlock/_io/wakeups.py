@@ -1,20 +1,18 @@
 """Wake-ups from releases anywhere (docs/design.md §6): the bookkeeping shared by the
 sync and asyncio listeners, which only add the connections and the reading.
 
-A release publishes, on each node, the waiter id of the first in that node's waiting
-line (``''`` when nobody is in line). A manager keeps one subscription connection per
-node, subscribed to the release channels its blocking acquires wait on right now
-(and, for :data:`LINGER` seconds after, so steady contention does not churn
-subscriptions). A message wakes the local waiter it names, or, naming nobody, the
-first local waiter on that channel: one, not the herd. Wake-ups are hints: a lost one
-costs a waiter its backoff, never safety.
+A release publishes, on each node, the waiter id of the first in that node's waiting line (``''``
+when nobody is in line). A manager keeps one subscription connection per node, subscribed to the
+release channels its blocking acquires wait on right now (and, for :data:`LINGER` seconds after, so
+steady contention does not churn subscriptions). A message wakes the local waiter it names, or,
+naming nobody, the first local waiter on that channel: one, not the herd. Wake-ups are hints: a
+lost one costs a waiter its backoff, never safety.
 
-A subscription only hears what is published after it is in place, so a release
-between a waiter's refused attempt and the subscription would be missed: when a
-channel's subscription comes up (on its first node, or again after every node lost
-it) its waiters are woken to look again. A waiter watches from its first wait on; a
-release heard during its first attempt woke nobody and is kept for a while, and the
-waiter's first watch claims it (see :meth:`WakeRegistry._claim`).
+A subscription only hears what is published after it is in place, so a release between a waiter's
+refused attempt and the subscription would be missed: when a channel's subscription comes up (on
+its first node, or again after every node lost it) its waiters are woken to look again. A waiter
+watches from its first wait on; a release heard during its first attempt woke nobody and is kept
+for a while, and the waiter's first watch claims it (see :meth:`WakeRegistry._claim`).
 """
 
 from __future__ import annotations
@@ -62,10 +60,9 @@ class Watch:
     expect: tuple[int, int] | None = None
 
     def expected(self, live: int) -> bool:
-        """The wait has the hand-offs it waits for (call under the registry's mutex).
-        ``live``: on how many nodes its channel is subscribed now: no more messages
-        than that can come (a cold start, nodes whose subscription is down), so it
-        waits for no more than that."""
+        """The wait has the hand-offs it waits for (call under the registry's mutex). ``live``: on
+        how many nodes its channel is subscribed now: no more messages than that can come (a cold
+        start, nodes whose subscription is down), so it waits for no more than that."""
         if self.expect is None:
             return True
         attempt, nodes = self.expect
@@ -202,10 +199,9 @@ class WakeRegistry:
             return Handoffs(watch.heard.values(), watch.count)
 
     def expect(self, watch: Watch, than: int, wake_at: tuple[int, int] | None) -> bool:
-        """A wait for more hand-offs starts on ``watch``: hand-offs wake it only as
-        ``wake_at`` says (:class:`~redlock._core.requests.Backoff`) until
-        :meth:`handoffs` is asked. True if it has that already (more than ``than``
-        heard, without ``wake_at``): the wait ends at once."""
+        """A wait for more hand-offs starts on ``watch``: hand-offs wake it only as ``wake_at``
+        says (:class:`~redlock._core.requests.Backoff`) until :meth:`handoffs` is asked. True if it
+        has that already (more than ``than`` heard, without ``wake_at``): the wait ends at once."""
         with self._mutex:
             watch.expect = wake_at
             if wake_at is None:
@@ -323,8 +319,7 @@ class NodeSubscription:
         return wanted
 
     def heard(self, message: Any, wake: list[Wakeable] | None = None) -> None:
-        """One message read from the connection (``wake``: see
-        :meth:`WakeRegistry.deliver`)."""
+        """One message read from the connection (``wake``: see :meth:`WakeRegistry.deliver`)."""
         self.last_heard = time.monotonic()
         if not isinstance(message, list) or not message:
             if message in (b"PONG", "PONG"):  # (a PING before any SUBSCRIBE)

@@ -103,15 +103,14 @@ def is_noscript(reply: object) -> bool:
 
 
 class Exchange:
-    """One node's calls of one request, written on one connection (pipelined), and what
-    came back. A transport hands it each reply as it is parsed (:meth:`take`), which
-    says whose it is: on a new connection the identity probe's first (IDENTIFY, docs/
-    design.md §4.4), then one per call in order, each written into the request's replies
-    at once (none once the request is over: ``replies`` None). A call answered NOSCRIPT
-    (the server lost its scripts: SCRIPT FLUSH, a restart) is written again with its
-    script's body once every call answered (:meth:`bodies`), and its reply to that is
-    the call's. Both transports run their requests through it; they differ only in how
-    bytes come and go."""
+    """One node's calls of one request, written on one connection (pipelined), and what came back.
+    A transport hands it each reply as it is parsed (:meth:`take`), which says whose it is: on a
+    new connection the identity probe's first (IDENTIFY, docs/ design.md §4.4), then one per call
+    in order, each written into the request's replies at once (none once the request is over:
+    ``replies`` None). A call answered NOSCRIPT (the server lost its scripts: SCRIPT FLUSH, a
+    restart) is written again with its script's body once every call answered (:meth:`bodies`), and
+    its reply to that is the call's. Both transports run their requests through it; they differ
+    only in how bytes come and go."""
 
     __slots__ = ("calls", "conn", "done", "heard", "indexes", "lane", "next", "node",
                  "probed", "replies", "sent_at", "unknown")
@@ -383,13 +382,12 @@ def acquire_keys(call: Call) -> list[tuple[object, object]]:
 
 
 def late_sendable(call: Call) -> bool:
-    """May this call still be sent once its request is over (its connection came up
-    late)? A release that ends an acquire call or a held lock (leave '1'), or an extend:
-    they touch only their own key, and nothing else would free it before its TTL.
-    Never an acquire (nobody would wait for its reply, and its release may have gone),
-    and never the release of a failed attempt (leave '0'): the call's next attempt takes
-    over what it would delete, and the call's final release deletes it (docs/design.md
-    §2.1)."""
+    """May this call still be sent once its request is over (its connection came up late)? A
+    release that ends an acquire call or a held lock (leave '1'), or an extend: they touch only
+    their own key, and nothing else would free it before its TTL. Never an acquire (nobody would
+    wait for its reply, and its release may have gone), and never the release of a failed attempt
+    (leave '0'): the call's next attempt takes over what it would delete, and the call's final
+    release deletes it (docs/design.md §2.1)."""
     if call.script is scripts.RELEASE:
         return len(call.args) > 1 and call.args[1] == "1"
     return call.script is scripts.EXTEND

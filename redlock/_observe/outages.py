@@ -1,9 +1,8 @@
 """Repeated node failures logged once per node and outage, then counted.
 
-A node that is down fails every release and, when too few nodes answer, every renewal
-of every lock: logged one by one, that is thousands of identical warnings a minute (one
-killed node of five under 64 threads: 1,475 ``redlock.release_incomplete`` in 10 s).
-Instead, per node:
+A node that is down fails every release and, when too few nodes answer, every renewal of every
+lock: logged one by one, that is thousands of identical warnings a minute (one killed node of five
+under 64 threads: 1,475 ``redlock.release_incomplete`` in 10 s). Instead, per node:
 
 - the first release that misses it logs ``redlock.release_incomplete``, and the first
   failed renewal with it ``redlock.extend_retry`` (WARNING, with the node and its error);
@@ -19,9 +18,8 @@ Instead, per node:
   2 cores) belong to it. With 2 s, a node killed for 10 s under 16 threads made three
   outages, each with its warning; with 5 s, one.
 
-Each manager's core owns one :class:`NodeOutages`. With every node answering it costs
-the hot path one truth test of an empty dict (``current``); a lock is taken only while
-some node is in trouble.
+Each manager's core owns one :class:`NodeOutages`. With every node answering it costs the hot path
+one truth test of an empty dict (``current``); a lock is taken only while some node is in trouble.
 """
 
 from __future__ import annotations

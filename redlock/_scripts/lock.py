@@ -1,16 +1,14 @@
 """Lua scripts run atomically on each Redis node.
 
-Every script is a module constant with a header naming its KEYS, ARGV and
-replies. Reply codes are small integers, named here; :mod:`redlock._scripts.replies`
-is the one place that reads replies.
+Every script is a module constant with a header naming its KEYS, ARGV and replies. Reply codes are
+small integers, named here; :mod:`redlock._scripts.replies` is the one place that reads replies.
 
-Keys of one resource share a hash tag (``ns:{resource}:lock``, ``:line``, ...) so
-they live in one slot, and all of them expire. A node keeps a fixed set of keys of its
-own: its fence counters (``ns:node:fence``, a hash of 1024 counters; a resource's tokens
-come from the one its name hashes to, docs/design.md §3), and its marker
-(``ns:node:marker``), which tells a node that still remembers its counters from one that
-lost its data (amnesia, docs/design.md §4) and names the node's format (§4.1): a node of
-another format refuses this client's grants.
+Keys of one resource share a hash tag (``ns:{resource}:lock``, ``:line``, ...) so they live in one
+slot, and all of them expire. A node keeps a fixed set of keys of its own: its fence counters
+(``ns:node:fence``, a hash of 1024 counters; a resource's tokens come from the one its name hashes
+to, docs/design.md §3), and its marker (``ns:node:marker``), which tells a node that still
+remembers its counters from one that lost its data (amnesia, docs/design.md §4) and names the
+node's format (§4.1): a node of another format refuses this client's grants.
 """
 
 from __future__ import annotations
@@ -67,14 +65,13 @@ ACQUIRE = guarded(
 --         {-4, format}   the marker names another format than this client's (-1: none
 --                        it reads): a newer release's node, which this client must not
 --                        use (docs/design.md §4.1); nothing changed
--- The usual case first, before the membership check, the shared functions (a script
--- defines them anew on every call) and the copies of KEYS and ARGV without the epoch's
--- two: a marker, and neither a membership record (a cluster that never changed its
--- nodes: the check would pass, and costs a command) nor a line. One EXISTS tells, and
--- whether there is a line: it counts a key once per mention, so the record, named four
--- times, makes 4 or more, the line, named twice, adds 2, the marker 1. The usual case
--- reads only that the marker exists: its format is checked on every new connection
--- (IDENTIFY, docs/design.md §4.4), and by the rest of this script.
+-- The usual case first, before the membership check, the shared functions (a script defines them
+-- anew on every call) and the copies of KEYS and ARGV without the epoch's two: a marker, and
+-- neither a membership record (a cluster that never changed its nodes: the check would pass, and
+-- costs a command) nor a line. One EXISTS tells, and whether there is a line: it counts a key once
+-- per mention, so the record, named four times, makes 4 or more, the line, named twice, adds 2,
+-- the marker 1. The usual case reads only that the marker exists: its format is checked on every
+-- new connection (IDENTIFY, docs/design.md §4.4), and by the rest of this script.
 local marker, line, record = KEYS[3], KEYS[4], KEYS[#KEYS]
 local present = redis.call('EXISTS', marker, line, line, record, record, record, record)
 local usual = present == 1
@@ -99,8 +96,7 @@ elseif format ~= 1 then
     return {-4, format}
 end
 local queued = present % 4 >= 2
--- Free, and nobody in line: one command checks and sets the key (the usual case tried
--- it above).
+-- Free, and nobody in line: one command checks and sets the key (the usual case tried it above).
 if not usual and not queued and redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
 """ + raise_horizon("MEMBERS_KEY", "ARGV[2]") + """
     return {1, settle(KEYS[2], ARGV[6], tonumber(ARGV[3]), 1)}
@@ -308,10 +304,9 @@ RELEASE = Script(
 -- counter raised as its grant would, and publishes '<waiter id> <counter> <epoch>
 -- <attempt>' (on '<KEYS[2]>:<route>' when the record names the waiter's route, else on
 -- KEYS[2]; a routed waiter only if that channel has a subscriber here); else publishes
--- the waiter id of the first in line ('' when nobody is in line): only that waiter
--- wakes (§6.4); no hand-off on a node whose marker is missing or of another format, or
--- that a membership change retired. With '1', a reservation for us (§6.7) is our key;
--- with '0' it is left alone.
+-- the waiter id of the first in line ('' when nobody is in line): only that waiter wakes (§6.4);
+-- no hand-off on a node whose marker is missing or of another format, or that a membership change
+-- retired. With '1', a reservation for us (§6.7) is our key; with '0' it is left alone.
 local holder = redis.call('GET', KEYS[1])
 local queued = redis.call('EXISTS', KEYS[3]) == 1
 local ticket = ARGV[5] or ''

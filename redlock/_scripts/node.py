@@ -1,14 +1,12 @@
-"""Lua scripts of node identity and repair (docs/design.md §4): the node marker, its
-format and run-id stamp, amnesia episodes, re-seeding. The lock scripts are in
-:mod:`redlock._scripts.lock`; the same conventions hold (a header per script naming its
-KEYS, ARGV and replies).
+"""Lua scripts of node identity and repair (docs/design.md §4): the node marker, its format and
+run-id stamp, amnesia episodes, re-seeding. The lock scripts are in :mod:`redlock._scripts.lock`;
+the same conventions hold (a header per script naming its KEYS, ARGV and replies).
 
-Every marker this release writes begins with the node format it reads and writes,
-``format=1`` (:data:`FORMAT`): ``format=1 run_id=<server run> <what wrote it>``. A
-marker that names another format (a newer release's, docs/operations.md "Upgrading: the
-node format") is not this client's: the scripts here neither re-stamp nor remove it,
-and the granting scripts refuse on such a node (``node_format``,
-:mod:`redlock._scripts.shared`).
+Every marker this release writes begins with the node format it reads and writes, ``format=1``
+(:data:`FORMAT`): ``format=1 run_id=<server run> <what wrote it>``. A marker that names another
+format (a newer release's, docs/operations.md "Upgrading: the node format") is not this client's:
+the scripts here neither re-stamp nor remove it, and the granting scripts refuse on such a node
+(``node_format``, :mod:`redlock._scripts.shared`).
 """
 
 from __future__ import annotations
@@ -109,14 +107,13 @@ return 1
 
 # -- node identity: restarts and data loss (docs/design.md §4) -------------------------
 #
-# The node marker is stamped with the run id of the server that wrote it. A server that
-# restarted (or a replica promoted in its place) has another run id: it may have come
-# back with an older copy of its data, so the client checks it (IDENTIFY, on every new
-# connection) and either re-stamps it (durable persistence, same server) or turns the
-# restart into an amnesia episode (DEMOTE). An episode key records, by the node's own
-# clock and with its run id, when this node was first seen without its marker: every
-# client measures the rejoin delay from it, and a new data loss restarts it. The run id
-# comes from INFO; a user who may not run it (ACL -@dangerous) gets 'unknown' there,
+# The node marker is stamped with the run id of the server that wrote it. A server that restarted
+# (or a replica promoted in its place) has another run id: it may have come back with an older copy
+# of its data, so the client checks it (IDENTIFY, on every new connection) and either re-stamps it
+# (durable persistence, same server) or turns the restart into an amnesia episode (DEMOTE). An
+# episode key records, by the node's own clock and with its run id, when this node was first seen
+# without its marker: every client measures the rejoin delay from it, and a new data loss restarts
+# it. The run id comes from INFO; a user who may not run it (ACL -@dangerous) gets 'unknown' there,
 # which turns restart detection off for that node (the manager warns).
 
 IDENTIFY = Script(
@@ -182,9 +179,8 @@ DEMOTE = Script(
 -- ARGV[1] the marker value the client judged, ARGV[2] why, ARGV[3] how long the node
 -- stays out, ms from now (docs/design.md §4.3.1)
 -- returns {1, now, until} when the marker was removed and an episode begun now (ms by
--- this node's clock), {0} when the marker changed meanwhile or is of another format
--- (not this client's to remove). A node without its marker refuses every acquire until
--- repaired.
+-- this node's clock), {0} when the marker changed meanwhile or is of another format (not this
+-- client's to remove). A node without its marker refuses every acquire until repaired.
 """ + _MARKER_FUNCTIONS + """
 local found = redis.call('GET', KEYS[1])
 if found ~= ARGV[1] or not ours(found) then

@@ -375,11 +375,10 @@ def foreign(reply: object) -> bool:
 
 
 def restarted(reply: object) -> bool:
-    """An IDENTIFY reply of a node whose marker was stamped by another known server run
-    than the one answering: it restarted, or a replica was promoted in its place, and
-    its grants do not count until it is judged (docs/design.md §4.4). A marker without a
-    known run, or a server that will not say its run, is not a restart as far as anyone
-    can tell."""
+    """An IDENTIFY reply of a node whose marker was stamped by another known server run than the
+    one answering: it restarted, or a replica was promoted in its place, and its grants do not
+    count until it is judged (docs/design.md §4.4). A marker without a known run, or a server that
+    will not say its run, is not a restart as far as anyone can tell."""
     found = identity(reply)
     if found is None or found[1] is None or found[0] == "unknown":
         return False

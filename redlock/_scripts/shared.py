@@ -9,13 +9,12 @@ from redlock._scripts.script import Script
 
 # -- membership (docs/design.md §13) ---------------------------------------------------
 #
-# Every script that grants, commits or renews takes the node's membership record as its
-# last key and the client's epoch as its last argument, and starts with EPOCH_CHECK: a
-# node whose record's epoch is above the client's, or that a change retired, refuses
-# with the record and changes nothing; the rest of the script sees KEYS and ARGV without
-# them (local copies shadow the globals), so its own indexes are unchanged. A script's
-# usual case may come between the two (``guarded(usual=...)``): the call that goes no
-# further makes no copies.
+# Every script that grants, commits or renews takes the node's membership record as its last key
+# and the client's epoch as its last argument, and starts with EPOCH_CHECK: a node whose record's
+# epoch is above the client's, or that a change retired, refuses with the record and changes
+# nothing; the rest of the script sees KEYS and ARGV without them (local copies shadow the
+# globals), so its own indexes are unchanged. A script's usual case may come between the two
+# (``guarded(usual=...)``): the call that goes no further makes no copies.
 
 STALE_EPOCH = -3  # {-3, epoch, members, joining, retired}: the client must adopt it
 
@@ -39,14 +38,13 @@ local ARGV = {unpack(ARGV, 1, #ARGV - 1)}
 
 def guarded(name: str, source: str, *, usual: str = "", copies: bool = True,
             checked_usual: bool = True) -> Script:
-    """A granting, committing or renewing script, behind :data:`EPOCH_CHECK`. ``usual``:
-    its usual case, run after the check on KEYS and ARGV as sent (the membership key and
-    the epoch still last: it may use only indexes below them), before ``source``.
-    ``copies=False``: ``source`` too reads only such indexes, and goes without the
-    copies of KEYS and ARGV (a renewal, on every call). ``checked_usual=False``: the
-    usual case runs before the check, which it must then make needless: it may change
-    something only where the node has no membership record (the check passes there for
-    every client, whose epoch is 0 or more, and nothing retired the node)."""
+    """A granting, committing or renewing script, behind :data:`EPOCH_CHECK`. ``usual``: its usual
+    case, run after the check on KEYS and ARGV as sent (the membership key and the epoch still
+    last: it may use only indexes below them), before ``source``. ``copies=False``: ``source`` too
+    reads only such indexes, and goes without the copies of KEYS and ARGV (a renewal, on every
+    call). ``checked_usual=False``: the usual case runs before the check, which it must then make
+    needless: it may change something only where the node has no membership record (the check
+    passes there for every client, whose epoch is 0 or more, and nothing retired the node)."""
     if not checked_usual:
         return Script(name, usual + EPOCH_CHECK + (WITHOUT_EPOCH if copies else "") + source)
     return Script(name, EPOCH_CHECK + usual + (WITHOUT_EPOCH if copies else "") + source)
@@ -82,11 +80,10 @@ local function highest(counters, bucket, floor)
     return math.max(tonumber(redis.call('HGET', counters, bucket) or '0'), floor)
 end
 -- The resource's counter on this node becomes max(its bucket, floor) + step, returned:
--- a grant (step 1), a refresh of our own key (step 0, floor 0), a write-back or a set's
--- token (step 0, floor = that token). HINCRBY keeps the stored value an integer string
--- (no Lua float formatting). A grant raises the bucket first and reads what it was from
--- the reply: one command where the bucket holds the highest value (nearly always), not
--- two.
+-- a grant (step 1), a refresh of our own key (step 0, floor 0), a write-back or a set's token
+-- (step 0, floor = that token). HINCRBY keeps the stored value an integer string (no Lua float
+-- formatting). A grant raises the bucket first and reads what it was from the reply: one command
+-- where the bucket holds the highest value (nearly always), not two.
 local function settle(counters, bucket, floor, step)
     if step == 1 then
         local raised = redis.call('HINCRBY', counters, bucket, 1)
@@ -125,18 +122,16 @@ def raise_horizon(record: str, ttl: str) -> str:
 
 # -- the waiting line (docs/design.md §6) ----------------------------------------------
 #
-# A blocking acquire waits in a line per resource on each node: a sorted set of waiter
-# ids (SHA1 of the lock value: the line never shows a lock value) ordered by a ticket
-# the waiter sends unchanged to every node, so every node agrees on the order. A free
-# lock is granted only to the first in line; waiters woken together therefore do not
-# split the nodes between them. Each entry has a deadline (a second sorted set, by the
-# node's clock) that every attempt of its waiter pushes back by the patience: the entry
-# of a waiter that died lapses on its own, however long the holder keeps the lock. Both
-# keys expire with their last entry.
+# A blocking acquire waits in a line per resource on each node: a sorted set of waiter ids (SHA1 of
+# the lock value: the line never shows a lock value) ordered by a ticket the waiter sends unchanged
+# to every node, so every node agrees on the order. A free lock is granted only to the first in
+# line; waiters woken together therefore do not split the nodes between them. Each entry has a
+# deadline (a second sorted set, by the node's clock) that every attempt of its waiter pushes back
+# by the patience: the entry of a waiter that died lapses on its own, however long the holder keeps
+# the lock. Both keys expire with their last entry.
 
-# A lock value starts with its acquire call's secret, this many hex digits, drawn once
-# per call; then comes its attempt's number (docs/design.md §2.1; redlock._core.tokens
-# makes them).
+# A lock value starts with its acquire call's secret, this many hex digits, drawn once per call;
+# then comes its attempt's number (docs/design.md §2.1; redlock._core.tokens makes them).
 CALL_DIGITS = 32
 
 OWNER_FUNCTIONS = f"""

@@ -1,7 +1,6 @@
-"""Lua scripts of the operator tools (:mod:`redlock._core.inspect`): read a lock's state
-on a node, and delete a lock's key whoever holds it. The conventions of
-:mod:`redlock._scripts.lock` hold (a header per script naming its KEYS, ARGV and replies);
-that module re-exports both."""
+"""Lua scripts of the operator tools (:mod:`redlock._core.inspect`): read a lock's state on a node,
+and delete a lock's key whoever holds it. The conventions of :mod:`redlock._scripts.lock` hold (a
+header per script naming its KEYS, ARGV and replies); that module re-exports both."""
 
 from __future__ import annotations
 

@@ -12,12 +12,11 @@ and the operator's tools. docs/operations.md has the whole story.
     redlock demo [--count 3 | --nodes URL ...]      workers contending on local redis-servers
                                                     (or on the nodes given)
 
-``--nodes`` may come from ``$REDLOCK_NODES`` (URLs separated by spaces or commas).
-Tables for people (drawn with ``rich`` when it is installed: ``pip install
-"redlock-fenced[cli]"``), ``--json`` for scripts. Problems with nodes (bad URL,
-connection refused, wrong password, timeout) are one line each on stderr, never a
-traceback. This module parses, runs the commands and picks the exit codes; what they
-print is rendered by :mod:`redlock.cli.render`.
+``--nodes`` may come from ``$REDLOCK_NODES`` (URLs separated by spaces or commas). Tables for
+people (drawn with ``rich`` when it is installed: ``pip install "redlock-fenced[cli]"``),
+``--json`` for scripts. Problems with nodes (bad URL, connection refused, wrong password, timeout)
+are one line each on stderr, never a traceback. This module parses, runs the commands and picks the
+exit codes; what they print is rendered by :mod:`redlock.cli.render`.
 """
 
 from __future__ import annotations

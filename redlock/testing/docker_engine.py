@@ -86,9 +86,8 @@ def _our_containers(client: Any) -> list[Any]:
 
 
 def remove_orphans(client: Any = None) -> list[str]:
-    """Remove the containers of ours whose creating process is gone (a killed run);
-    the short ids removed. ``client``: a ``docker.DockerClient``, else one on the
-    engine testcontainers uses."""
+    """Remove the containers of ours whose creating process is gone (a killed run); the short ids
+    removed. ``client``: a ``docker.DockerClient``, else one on the engine testcontainers uses."""
     own = client is None
     engine = _docker_client() if own else client
     try:

@@ -6,8 +6,7 @@ hands, kept out of the public constructor (docs/design.md §10).
     dlm = manager(urls, clock=fake.now, sleep=fake.advance, node_timeout=0.2)
     adlm = manager(urls, asynchronous=True, sleep=fake.asleep)    # an AsyncRedlock
 
-Everything else is ``Redlock(nodes, **options)`` (``AsyncRedlock``) as applications
-build it.
+Everything else is ``Redlock(nodes, **options)`` (``AsyncRedlock``) as applications build it.
 """
 
 from __future__ import annotations
@@ -38,9 +37,8 @@ def manager(nodes: Iterable[Any], *, clock: Callable[[], float] | None = None,
 def manager(nodes: Iterable[Any], *, clock: Callable[[], float] | None = None,
             sleep: Callable[[float], Any] | None = None, asynchronous: bool = False,
             **options: Any) -> Redlock | AsyncRedlock:
-    """A :class:`redlock.Redlock` (``asynchronous=True``: an
-    :class:`redlock.AsyncRedlock`) built as ``Redlock(nodes, **options)`` builds it,
-    with a test's clock and sleep.
+    """A :class:`redlock.Redlock` (``asynchronous=True``: an :class:`redlock.AsyncRedlock`) built
+    as ``Redlock(nodes, **options)`` builds it, with a test's clock and sleep.
 
     Args:
         nodes: the nodes, as the constructor takes them.

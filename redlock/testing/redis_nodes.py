@@ -299,9 +299,8 @@ class RedisNode:
         return NodeBackup(target, time.time())
 
     def restore(self, backup: NodeBackup) -> RedisNode:
-        """kill -9, replace the node's files with ``backup``'s, start again on the same
-        port: the node comes back with the data it had when the backup was taken (and a
-        new run id)."""
+        """kill -9, replace the node's files with ``backup``'s, start again on the same port: the
+        node comes back with the data it had when the backup was taken (and a new run id)."""
         self.kill()
         self.wipe()
         for child in self._persisted(backup.path):

@@ -1,8 +1,7 @@
-"""Restarted and amnesiac nodes, seen to in the background (docs/design.md §4.3, §4.4):
-markers without a known server run adopted, restarted nodes judged (re-stamped if
-durable, else demoted), amnesia episodes opened on the nodes and read (when each node
-may rejoin). Never on an acquire's path: :mod:`redlock._core.amnesia.maintenance` runs
-these, and ``repair()`` too."""
+"""Restarted and amnesiac nodes, seen to in the background (docs/design.md §4.3, §4.4): markers
+without a known server run adopted, restarted nodes judged (re-stamped if durable, else demoted),
+amnesia episodes opened on the nodes and read (when each node may rejoin). Never on an acquire's
+path: :mod:`redlock._core.amnesia.maintenance` runs these, and ``repair()`` too."""
 
 from __future__ import annotations
 

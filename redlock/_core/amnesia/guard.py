@@ -12,19 +12,17 @@ and fence counters (letting tokens go backwards). Two things betray it:
   ``appendfsync always``, not a promoted replica) is re-stamped; anything else becomes
   a total loss: the marker is removed and an episode begins.
 
-A node whose marker names another format than this client's (a newer release
-initialised it, docs/design.md §4.1) is not used at all: its replies count for nothing,
-it is neither judged nor repaired, and an acquire it leaves without a quorum raises
-:class:`NodeFormatError`.
+A node whose marker names another format than this client's (a newer release initialised it,
+docs/design.md §4.1) is not used at all: its replies count for nothing, it is neither judged nor
+repaired, and an acquire it leaves without a quorum raises :class:`NodeFormatError`.
 
-An episode key records on the node itself, by its own clock and with its run id, when
-it was first seen without its marker and from when it may rejoin: once every lease it may
-have granted before has expired (bounded by its peers' lease horizons, docs/design.md
-§4.3.1). A repair (re-seed every fence counter from a majority of healthy nodes, then
-give the marker back) succeeds only from then on, checked by the node in the script that
-writes the marker: every client reads the same time, and a new loss restarts it.
-Judging and repairing run in the manager's background maintenance, never on an
-acquire's path.
+An episode key records on the node itself, by its own clock and with its run id, when it was first
+seen without its marker and from when it may rejoin: once every lease it may have granted before
+has expired (bounded by its peers' lease horizons, docs/design.md §4.3.1). A repair (re-seed every
+fence counter from a majority of healthy nodes, then give the marker back) succeeds only from then
+on, checked by the node in the script that writes the marker: every client reads the same time, and
+a new loss restarts it. Judging and repairing run in the manager's background maintenance, never on
+an acquire's path.
 """
 
 from __future__ import annotations
@@ -113,12 +111,11 @@ class AmnesiaGuard:
 
     def inspect_calls(self) -> tuple[Call, ...]:
         """Once per manager, on its first acquire: INFO for every node, to warn about
-        configurations that break the lock's assumptions. Sent with the first attempt's
-        calls, behind them on each node's connection, so the round trip is the
-        attempt's: a round of its own, waiting for a quorum's answers, cost a new
-        manager a whole request timeout when a majority hung, past the caller's
-        deadline. A node whose INFO is not read by the time the attempt is decided is
-        not asked again (its acquire replies say what is wrong with it)."""
+        configurations that break the lock's assumptions. Sent with the first attempt's calls,
+        behind them on each node's connection, so the round trip is the attempt's: a round of its
+        own, waiting for a quorum's answers, cost a new manager a whole request timeout when a
+        majority hung, past the caller's deadline. A node whose INFO is not read by the time the
+        attempt is decided is not asked again (its acquire replies say what is wrong with it)."""
         self.health.inspected = True
         return tuple(Call(i, ("INFO",)) for i in range(self.n))
 
@@ -149,9 +146,8 @@ class AmnesiaGuard:
         return tuple(screened)
 
     def clear(self, outcomes: Sequence[NodeResult]) -> bool:
-        """Nothing for :meth:`check` to do: no amnesiac or incompatible reply, and a
-        marker seen before (the usual attempt: asked first, it spares the attempt a flow
-        of its own)."""
+        """Nothing for :meth:`check` to do: no amnesiac or incompatible reply, and a marker seen
+        before (the usual attempt: asked first, it spares the attempt a flow of its own)."""
         return self.health.marker_seen and all(
             r.outcome is not Outcome.AMNESIAC and r.outcome is not Outcome.INCOMPATIBLE
             for r in outcomes)

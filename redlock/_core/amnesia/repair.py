@@ -1,15 +1,12 @@
-"""Repairing nodes that lost their data, and the admin steps around it
-(docs/design.md §4.5, §4.8).
+"""Repairing nodes that lost their data, and the admin steps around it (docs/design.md §4.5, §4.8).
 
-A repair re-seeds the node's fence counters from a majority of healthy nodes (no
-committed token is above what the node will count from), then gives the node its marker
-back; the script that writes the marker refuses unless the node's amnesia episode has
-reached its rejoin time by the node's own clock (every lease it may have granted before
-the loss has expired then: docs/design.md §4.3.1). A node of another format (a newer release's,
-docs/design.md §4.1) is neither repaired nor read: this client reports it, and leaves
-it alone. ``repair()``
-reports every node; ``initialise()`` is the way out of an interrupted initialisation
-and, forced, of a majority that lost its data.
+A repair re-seeds the node's fence counters from a majority of healthy nodes (no committed token is
+above what the node will count from), then gives the node its marker back; the script that writes
+the marker refuses unless the node's amnesia episode has reached its rejoin time by the node's own
+clock (every lease it may have granted before the loss has expired then: docs/design.md §4.3.1). A
+node of another format (a newer release's, docs/design.md §4.1) is neither repaired nor read: this
+client reports it, and leaves it alone. ``repair()`` reports every node; ``initialise()`` is the
+way out of an interrupted initialisation and, forced, of a majority that lost its data.
 """
 
 from __future__ import annotations
