@@ -1,16 +1,8 @@
-"""The lock family's handles, shared by the sync and asyncio clients (docs/design.md §12):
-everything but waiting and I/O, as :mod:`redlock._client.handles` is for locks.
-
-- :class:`SemaphoreBase`: a permit of a counting semaphore (a lock's handle over one of
-  K slots; its token is its slot's).
-- :class:`ReadLockBase`, :class:`WriteLockBase`: a read-write lock's two modes, made
-  by :class:`ReadWriteLockBase` (``dlm.rwlock(name)``).
-- :class:`LeadershipBase`: an election's leadership, made by :class:`ElectionBase`'s
-  ``campaign()``; the election also reads who leads (``leader()``) and waits for
-  changes (``observe()``, in the shells: an iterator, or an async iterator).
-
-Every handle takes the lock's options (``ttl``, ``blocking``, ``timeout``,
-``auto_extend``, ``on_lost``); none is reentrant or exportable.
+"""The lock family's handles, shared by both clients (docs/design.md §12), as
+:mod:`redlock._client.handles` is for locks: :class:`SemaphoreBase` (a permit),
+:class:`ReadLockBase` and :class:`WriteLockBase` (made by :class:`ReadWriteLockBase`),
+:class:`LeadershipBase` (made by :class:`ElectionBase`'s ``campaign()``). Each takes the lock's options; none is reentrant or
+exportable.
 """
 
 from __future__ import annotations

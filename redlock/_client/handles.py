@@ -1,15 +1,8 @@
 """Lock handles, shared by the sync and asyncio clients: all but waiting and I/O.
 
-A handle holds its options and, per owner, that owner's acquisition, and writes
-acquire, release, extend and ``on_lost`` as flows (see :mod:`redlock._core.requests`)
-that the shells drive: ``lock.acquire()`` there is ``drive(self._acquire_flow(...))``.
-:class:`LockBase` is one resource's handle, :class:`MultiLockBase` a set's (all or
-nothing, a token per resource); the algorithm treats both as a tuple of resources.
-
-A handle may be shared by threads (sync) or tasks (asyncio): each owner (thread or
-task) that acquires through it gets its own acquisition, with its own secret owner
-value and token; ``token``, ``validity``, ``release()`` act on the caller's own. Owners
-are held weakly: a finished thread or task takes its entries along.
+A handle holds its options and, per owner (thread or task, held weakly), that owner's
+acquisition, and writes acquire, release, extend and ``on_lost`` as flows that the shells drive.
+:class:`LockBase` is one resource's handle, :class:`MultiLockBase` a set's.
 """
 
 from __future__ import annotations

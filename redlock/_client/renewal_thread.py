@@ -1,20 +1,12 @@
-"""The asyncio client renews its auto-extended locks from a thread of its own, over
-blocking connections of its own (docs/design.md §5.1).
+"""The asyncio client renews its auto-extended locks from a thread of its own, over blocking
+connections of its own (docs/design.md §5.1): a task runs only when the event loop gets to it, and
+a loaded loop gets to it late enough to lose healthy locks (BENCHMARKS.md, "Figures quoted in the
+library's comments"); a thread gets the interpreter within its switch interval whatever the loop
+does.
 
-Why not a task on the application's event loop: a task runs only when the loop gets to it, and a
-loaded loop gets to it late. Measured on a 2-core machine (tests/apps/ test_web_app.py: a Starlette
-app under uvicorn, 200 concurrent clients, 300 locks of ttl 1 s held 2.5 s, the machine busy with
-other work): the renewal task woke up to 314 ms late and a round's replies, on the wire in well
-under a millisecond, were read 334 ms later; 2 to 12 of the 300 healthy locks were reported lost
-per run. A thread is scheduled by the operating system and gets the interpreter's lock within its
-switch interval (5 ms) whatever the loop is doing, so a busy loop, a coroutine doing CPU work or a
-loaded machine no longer decides whether a healthy lock is renewed in time.
-
-The renewal flow is the same one the sync client runs (redlock/_core/renewals.py), driven here by
-the sync executor over a :class:`SyncTransport` of its own to the manager's nodes (their endpoints:
-the same servers, credentials and TLS). What must happen on the loop is handed to it: a loss is
-told to the handles there (their ``on_lost`` runs as a task), and so is a node found restarted (the
-maintenance is a task).
+It drives the sync client's renewal flow (redlock/_core/renewals.py) over a :class:`SyncTransport`
+of its own to the same endpoints. What must happen on the loop is handed to it: a loss (``on_lost``
+runs as a task there) and a node found restarted (the maintenance is a task).
 """
 
 from __future__ import annotations

@@ -1,18 +1,10 @@
 """The renewer: a manager's auto-extended locks renewed from a process of its own
-(docs/design.md §5.2).
-
-Neither a thread nor a task of the holder's process is sure to run while the holder is
-busy: under CPython's GIL a thread waiting with a timeout starves for as long as another
-thread computes between short system calls (an event loop that keeps yielding, a worker
-that polls sockets), and a task waits for a loop that may be blocked. A process is
-scheduled by the kernel. So the renewal loop (:mod:`redlock._core.renewals`) runs in one
-(:mod:`redlock._client.renewer_process`), and this module is the holder's side of it:
-
-- :class:`Renewer` offers the handles what :class:`~redlock._core.renewals.Renewals`
-  offers (add, remove, withdraw, rescheduled, stop) and hands each acquisition over;
-- :class:`Deadlines` is the memory both map: per acquisition, the deadline of each side's
-  latest renewal, read by the holder's ``check()`` without any of its threads running;
-- :class:`Link` carries length-prefixed pickles both ways over a socket pair.
+(docs/design.md §5.2: neither a thread nor a task of a busy holder is sure to run; a process is
+scheduled by the kernel). This is the holder's side: :class:`Renewer` offers the handles what
+:class:`~redlock._core.renewals.Renewals` offers and leases each acquisition to the renewer
+process (:mod:`redlock._client.renewer_process`); :class:`Deadlines` is the memory both map (each
+side's latest renewal, read by ``check()`` without any thread running); :class:`Link` carries
+length-prefixed pickles over a socket pair.
 """
 
 from __future__ import annotations

@@ -1,29 +1,11 @@
-"""OpenTelemetry traces and metrics, optional (docs/design.md §11.5).
+"""OpenTelemetry traces and metrics, optional (docs/design.md §11.5 lists the spans, their
+attributes and the metrics).
 
-The library uses only the OpenTelemetry *API* (the ``otel`` extra); the application installs the
-SDK and sets providers, or passes its own to the manager (``Redlock(..., tracer_provider=...,
-meter_provider=...)``). Nothing is recorded, and the flows run unwrapped, when the API is not
-installed, or when no provider was given and the global ones are still OpenTelemetry's no-op/proxy
-defaults: then the cost is one clock read per operation, compared with
-:attr:`Telemetry.quiet_until` (the providers are looked up again once a second, so a global
-provider set after the manager was made is used within a second).
-
-When recording, an operation's flow is wrapped in an observer that forwards every
-request and reply unchanged and watches them go by: acquire rounds (attempts, votes
-granted), the backoff sleeps between them (wait time), extend rounds, and how the
-operation ended. It does not change what the flow does.
-
-Spans: ``redlock.acquire``, ``redlock.extend`` (explicit, or a renewal by the manager's
-auto-extend loop with ``redlock.auto_extend=true``), ``redlock.release``. Attributes:
-``redlock.resource`` (a list for a set), ``redlock.namespace``, ``redlock.nodes``,
-``redlock.quorum``, ``redlock.attempts``, ``redlock.votes_granted`` (on the last
-attempt), ``redlock.token`` (``redlock.tokens`` for a set), ``redlock.outcome``.
-
-Metrics (attributes ``redlock.namespace`` and, where it applies, ``redlock.outcome``; never the
-resource, whose names are unbounded): ``redlock.acquire.duration`` and ``redlock.acquire.wait``
-histograms (s), counters ``redlock.acquire.quorum_failures`` (attempts where fewer than a quorum
-granted), ``redlock.locks.lost`` and ``redlock.nodes.amnesia`` (``redlock.amnesia.kind``: ``node``
-for a node newly seen without its marker, ``majority`` for a ClusterAmnesiaError).
+Only the OpenTelemetry *API* is used (the ``otel`` extra). Nothing is recorded, and the flows run
+unwrapped, without the API, or when no provider was given and the global ones are still the no-op
+defaults: then the cost is one clock read per operation against :attr:`Telemetry.quiet_until` (the
+providers are looked up again once a second). When recording, an operation's flow is wrapped in an
+observer that forwards every request and reply unchanged and watches them go by.
 """
 
 from __future__ import annotations

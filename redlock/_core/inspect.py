@@ -1,15 +1,6 @@
-"""Operator views and tools: what the nodes hold for a resource, and a forced release.
-
-``Admin(dlm).inspect(resource)`` (:mod:`redlock.admin`) reads, on every node at once, the lock
-key's remaining PTTL, the node's fence counter, the node marker and any repair claim (one read-only
-script, so each node's answer is one consistent snapshot), and adds what the manager knows about
-amnesiac nodes. The lock value is never read out: a holder is shown as a short fingerprint (a SHA1
-prefix), enough to tell whether the keys on different nodes belong to one holder.
-``is_locked(resource)`` answers from that view whether anyone holds the resource; a handle's
-``locked()`` says whether *its caller* holds it, without I/O. ``force_release(resource)`` deletes
-the lock key on every node whoever holds it.
-
-Each operation is a flow (see :mod:`redlock._core.requests`) that both admins drive.
+"""Operator views and tools (``redlock.admin``): what the nodes hold for a resource, read in one
+read-only script per node (a consistent snapshot), and a forced release. The lock value is never
+read out: a holder is shown as a SHA1 prefix of its waiter id, enough to tell holders apart.
 """
 
 from __future__ import annotations

@@ -1,24 +1,11 @@
-"""Kinds of grant (docs/design.md §12.0): what one acquisition holds on each node.
+"""Kinds of grant (docs/design.md §12.0): what one acquisition holds on each node, and which
+scripts grant, commit, renew and release it: :data:`MUTEX` (and sets), :class:`Leadership`
+(§12.1), :class:`Permit` (§12.2), :data:`READ` and :data:`WRITE` (§12.3). Each kind's keys are its
+own; its tokens come from the counter of :meth:`Kind.token_name`.
 
-The algorithm (:mod:`redlock._core.algorithm`, :mod:`redlock._core.holding`) is one for
-every kind; a kind only says which keys of a name it uses and which scripts grant,
-commit (write back), renew and release a grant:
-
-- :data:`MUTEX`, the lock (and a set of locks, ``lock_many``);
-- :class:`Leadership`, an election's leader (a mutex on the election's own key, with a
-  term record written after the grant, §12.1);
-- :class:`Permit`, one of a semaphore's K slots (§12.2);
-- :data:`READ` and :data:`WRITE`, a read-write lock's two modes (§12.3).
-
-Each kind's keys are its own, so a name can be a lock, an election, a semaphore and a
-read-write lock at once. A kind's tokens come from the counter of a name
-(:meth:`Kind.token_name`): the name itself, or for a permit its slot's name.
-
-The two scripts every lock's acquire and release run, ACQUIRE of one resource and
-RELEASE, are made from templates only (:class:`Template`, docs/design.md §2.6): a call of
-one name is the same on every call but for a few values (the value, the floor, ...), so
-it is made once per name, with a :class:`Hole` where each of those goes, and filled in,
-its command packed around them. The other scripts' calls are built each time.
+ACQUIRE of one resource and RELEASE, which every lock runs, are made from templates only
+(:class:`Template`, docs/design.md §2.6): made once per name with a :class:`Hole` for each value
+that changes per call, their command packed around the holes. Other calls are built each time.
 """
 
 from __future__ import annotations

@@ -1,18 +1,13 @@
-"""The sync transport: parallel requests to N nodes from one thread, on one route.
+"""The sync transport: parallel requests to N nodes from one thread, on one route (docs/design.md
+§2.4).
 
-Parallel means parallel on one thread: a request's calls are grouped per node
-(:class:`~redlock._io.wire.Exchange`), each node's written with one write on a connection taken
-from the node's stack of idle ones (scatter), then the replies are read as they arrive (gather: one
-``select`` over the sockets, each reply parsed as its bytes come), so N nodes cost one round trip,
-not N. A request whose replies are all in returns at once; one whose replies decide it early waits
-the stragglers' grace (:class:`~redlock._io.wire.Gathering`); at its deadline what has arrived is
-read and the rest is left to the drainer (:mod:`redlock._io.sync_drainer`), which reads it in the
-background. Everything else is a branch of this one route: a node without an idle connection gets
-one opened in the background with its own budget (:mod:`redlock._io.sync_connect`), the request
-waiting for it only until its own deadline; a new connection is identified first (IDENTIFY) and
-sent the scripts' bodies; a NOSCRIPT is answered by the bodies; a reply half received is read on
-when more of it comes, holding up no other node; an interruption (KeyboardInterrupt) leaves every
-connection either in the pool, with the drainer, or closed.
+Scatter: each node's calls written with one write on a connection from its stack of idle ones;
+gather: one ``select`` over the sockets, each reply parsed as its bytes come. A request returns
+once its replies are in, or decide it (the stragglers' grace, :class:`~redlock._io.wire.Gathering`),
+or at its deadline, leaving the rest to the drainer (:mod:`redlock._io.sync_drainer`). Everything
+else is a branch of this route: new connections opened in the background
+(:mod:`redlock._io.sync_connect`), NOSCRIPT, replies half received, an interruption (every
+connection is left in the pool, with the drainer, or closed).
 """
 
 from __future__ import annotations

@@ -1,18 +1,11 @@
-"""Wake-ups from releases anywhere (docs/design.md §6): the bookkeeping shared by the
-sync and asyncio listeners, which only add the connections and the reading.
+"""Wake-ups from releases anywhere (docs/design.md §6.4): the bookkeeping shared by the sync and
+asyncio listeners, which add the connections and the reading.
 
-A release publishes, on each node, the waiter id of the first in that node's waiting line (``''``
-when nobody is in line). A manager keeps one subscription connection per node, subscribed to the
-release channels its blocking acquires wait on right now (and, for :data:`LINGER` seconds after, so
-steady contention does not churn subscriptions). A message wakes the local waiter it names, or,
-naming nobody, the first local waiter on that channel: one, not the herd. Wake-ups are hints: a
-lost one costs a waiter its backoff, never safety.
-
-A subscription only hears what is published after it is in place, so a release between a waiter's
-refused attempt and the subscription would be missed: when a channel's subscription comes up (on
-its first node, or again after every node lost it) its waiters are woken to look again. A waiter
-watches from its first wait on; a release heard during its first attempt woke nobody and is kept
-for a while, and the waiter's first watch claims it (see :meth:`WakeRegistry._claim`).
+A message wakes the local waiter it names, or, naming nobody, the first local waiter on that
+channel: one, not the herd. Subscriptions linger :data:`LINGER` seconds after the last wait. A
+release before a subscription came up was missed, so its waiters are woken to look again then; a
+message that woke nobody is kept a while for a waiter's first watch to claim
+(:meth:`WakeRegistry._claim`). Wake-ups are hints: a lost one costs a wait, never safety.
 """
 
 from __future__ import annotations

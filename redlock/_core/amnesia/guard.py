@@ -1,28 +1,12 @@
 """Node amnesia: detection, exclusion, repair and rejoin (docs/design.md §4).
 
-A node that lost its data may have forgotten lock keys (breaking mutual exclusion)
-and fence counters (letting tokens go backwards). Two things betray it:
-
-* its marker key is missing (a total loss: restart without persistence, FLUSHALL, a
-  replica that never had it); the acquire script refuses on such a node by itself;
-* its marker was stamped by another server run than the one answering (a restart, or
-  a promoted replica): its data may be an older copy. Every new connection identifies
-  the server first (IDENTIFY, sent by the transports ahead of the first call); until
-  the node is judged, its grants do not count. A durable restart (``appendonly yes``,
-  ``appendfsync always``, not a promoted replica) is re-stamped; anything else becomes
-  a total loss: the marker is removed and an episode begins.
-
-A node whose marker names another format than this client's (a newer release initialised it,
-docs/design.md §4.1) is not used at all: its replies count for nothing, it is neither judged nor
-repaired, and an acquire it leaves without a quorum raises :class:`NodeFormatError`.
-
-An episode key records on the node itself, by its own clock and with its run id, when it was first
-seen without its marker and from when it may rejoin: once every lease it may have granted before
-has expired (bounded by its peers' lease horizons, docs/design.md §4.3.1). A repair (re-seed every
-fence counter from a majority of healthy nodes, then give the marker back) succeeds only from then
-on, checked by the node in the script that writes the marker: every client reads the same time, and
-a new loss restarts it. Judging and repairing run in the manager's background maintenance, never on
-an acquire's path.
+A node that lost its data may have forgotten lock keys and fence counters. Its marker betrays it:
+missing (a total loss; the acquire script refuses by itself), or stamped by another server run
+than the one answering (a restart, a promoted replica: until judged, its grants do not count; a
+durable restart is re-stamped, anything else becomes a total loss). A node of another format
+(§4.1) is not used at all. An episode key on the node records when it may rejoin (§4.3.1); a
+repair succeeds only from then on, checked by the node itself. Judging and repairing run in the
+manager's background maintenance, never on an acquire's path.
 """
 
 from __future__ import annotations
