@@ -1,8 +1,8 @@
 """The lock family's handles, shared by both clients (docs/design.md §12), as
 :mod:`redlock._client.handles` is for locks: :class:`SemaphoreBase` (a permit),
 :class:`ReadLockBase` and :class:`WriteLockBase` (made by :class:`ReadWriteLockBase`),
-:class:`LeadershipBase` (made by :class:`ElectionBase`'s ``campaign()``). Each takes the lock's options; none is reentrant or
-exportable.
+:class:`LeadershipBase` (made by :class:`ElectionBase`'s ``campaign()``).
+Each takes the lock's options; none is reentrant or exportable.
 """
 
 from __future__ import annotations
