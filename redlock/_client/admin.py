@@ -1,11 +1,6 @@
 """The operator's tools over a manager, shared by :class:`redlock.admin.Admin` and
-:class:`redlock.admin.AsyncAdmin`: all but driving, as :mod:`redlock._client.handles` is for locks.
-
-An admin borrows a manager (its nodes, namespace, timeouts and connections) and writes
-each tool as a flow of the core (:mod:`redlock._core.inspect`,
-:mod:`redlock._core.amnesia.repair`, :mod:`redlock._core.membership`) that the shells
-drive through the manager. It also maps the nodes an operator names (URLs, clients, or
-the addresses ``dlm.nodes`` shows) to the manager's nodes (:func:`node_addresses`).
+:class:`redlock.admin.AsyncAdmin` (docs/design.md §11.6): each tool a flow of the core that the
+shells drive, and the naming of the nodes an operator gives (:func:`node_addresses`).
 """
 
 from __future__ import annotations

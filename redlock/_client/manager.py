@@ -1,12 +1,6 @@
-"""The lock manager's part that the sync and asyncio clients share: everything but the
-flavour's transport, listener, executor and backend, which the shells name.
-
-:class:`ManagerBase` builds the settings, the core (:class:`RedlockCore`), the
-registry the handles share (:mod:`redlock._client.registry`), the waiting room (local
-lines and release wake-ups), the renewal loop and the background maintenance; it makes
-handles (:mod:`redlock._client.handles`) and drives flows through its executor
-(:mod:`redlock._client.executors`). The shells (:mod:`redlock.client`,
-:mod:`redlock.aio`) add the flavour's pieces and the public methods that block or await.
+"""The lock manager's part both clients share: everything but the flavour's transport,
+listener, executor and backend, which the shells (:mod:`redlock.client`, :mod:`redlock.aio`)
+name, with the public methods that block or await.
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
-"""The renewer process (docs/design.md §5.2): a manager's renewal loop, run in a process
-of its own so that a busy holder cannot starve it.
-
-It runs the loop of :mod:`redlock._core.renewals` as the holder would, driven by the sync executor
-over a sync transport of its own to the same nodes, over a copy of each acquisition the holder
-hands it (:mod:`redlock._client.renewer`). It writes each acquisition's deadline into the memory
-both processes map, tells the holder of losses, forwards the library's log records, and keeps the
-lease's meaning: before every round it looks at the holder in ``/proc`` and renews nothing while
-the holder is stopped; it exits as soon as the holder is gone. It ignores SIGINT and SIGTERM, which
-a terminal or a service manager sends to the whole group: the holder, still shutting down, decides.
+"""The renewer process (docs/design.md §5.2): a manager's renewal loop
+(:mod:`redlock._core.renewals`) in a process of its own, over a copy of each acquisition the holder
+leases it and a sync transport of its own. It writes each deadline into the shared memory, tells
+the holder of losses, forwards log records, renews nothing while the holder is stopped, and exits
+once it is gone. It ignores SIGINT and SIGTERM (sent to the whole group): the holder decides.
 """
 
 from __future__ import annotations

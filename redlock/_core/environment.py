@@ -1,11 +1,7 @@
-"""What the core takes from the world, as inputs (docs/design.md §10).
-
-The core decides everything about locks but reads no clock, draws no random number and
-makes no thread lock of its own: the client layer hands it an :class:`Environment`
-(:func:`redlock._client.environment.real` builds the real one: ``time.monotonic``,
-``time.time``, ``secrets.token_hex``, ``threading.Lock``), and tests hand it fakes. So
-the core imports no ``time``, ``secrets``, ``threading``, ``asyncio`` or redis-py (an
-import-linter contract in pyproject.toml keeps it so).
+"""What the core takes from the world, as inputs (docs/design.md §10): clocks, randomness and
+thread locks, in an :class:`Environment` (:func:`redlock._client.environment.real` builds the real
+one; tests hand fakes), so the core imports no ``time``, ``secrets``, ``threading``, ``asyncio`` or
+redis-py (an import-linter contract keeps it so).
 """
 
 from __future__ import annotations

@@ -1,11 +1,6 @@
 """Hand-off in the release (docs/design.md §6.7): which messages a waiter may count, free of
-I/O. Whether those it counts make an acquisition is the acquire's to decide
-(:meth:`redlock._core.algorithm.RedlockCore.acquire`).
-
-A release that frees the lock hands it to the first waiter in the node's line (a
-*reservation*, set in the same script) and publishes ``"<waiter id> <counter> <epoch>
-<attempt>"``. The wake-up registry (:mod:`redlock._io.wakeups`) collects the messages
-naming a waiter, by node; the algorithm asks here what they are worth.
+I/O; whether they make an acquisition is the acquire's to decide. The wake-up registry
+(:mod:`redlock._io.wakeups`) collects the messages naming a waiter, by node.
 """
 
 from __future__ import annotations

@@ -1,12 +1,7 @@
-"""What a holder does with an acquisition, free of I/O (docs/design.md §2.4, §5.1): release
-it, extend it (one round, several acquisitions at once, or until renewed or lost), and
-lose it; with the release calls and the decisions of these rounds, which the acquire
-also uses (a failed attempt releases wherever its key may be).
-
-:class:`Holding` is one object per core (``core.holding``): both clients' handles and
-the renewal loop release, extend and lose through it. It holds what these rounds
-share (the usual release's decision and outcomes) and is given what it counts by: the
-nodes, the settings, the membership rule in force, the request timeout.
+"""What a holder does with an acquisition, free of I/O (docs/design.md §2.4, §5.1): release,
+extend and lose it, with the release calls and decisions the acquire also uses.
+:class:`Holding` is one object per core (``core.holding``), given what it counts by: the nodes,
+the settings, the membership rule, the request timeout.
 """
 
 from __future__ import annotations

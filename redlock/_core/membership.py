@@ -1,13 +1,6 @@
-"""Changing the cluster's nodes online (docs/design.md §13.3), free of I/O.
-
-A change from the members O to the members N goes through a joint configuration (O, N) under which
-every decision needs a majority of both: read the records; write the joint record (epoch e + 1) on
-O and N together; seed the new nodes (fence counters from a majority of O, marker); wait until
-every lock granted under epoch e has expired; seed N again from a majority of O; write the stable
-record (epoch e + 2, N) on N and retire the nodes that leave. Each step is idempotent: a change
-that stopped anywhere is completed by running it again with the same N.
-
-The manager that runs it must be configured with every node of O and N together.
+"""Changing the cluster's nodes online (docs/design.md §13.3), free of I/O: through a joint
+configuration, each step idempotent, so a change that stopped anywhere is completed by running it
+again. The manager that runs it must be configured with every node of the old and new sets.
 """
 
 from __future__ import annotations

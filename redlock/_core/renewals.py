@@ -1,14 +1,8 @@
-"""Auto-extend for every lock of one manager from one loop (docs/design.md §5).
-
-Each auto-extended acquisition is renewed when a third of the validity it has left has passed
-(measured from the acquire or the last renewal, never from the TTL: an acquire may return late).
-The renewals due together are sent in one request, so each node gets them pipelined on one
-connection; a thousand auto-extended locks cost one loop, not a thousand threads. A failed renewal
-is retried quickly while validity remains; when it runs out, or a majority says our key is gone,
-the lock is lost: its keys are dropped and the handles are told (``on_lost``).
-
-The loop holds acquisitions strongly and their handles weakly: an acquisition whose handles were
-all garbage-collected without a release is released, not renewed for ever.
+"""Auto-extend for every lock of one manager from one loop (docs/design.md §5.1, §5.2): each
+acquisition is renewed when a third of the validity it has left has passed, the renewals due
+together in one request; a lock whose validity runs out, or whose key a majority lost, is lost and
+its handles told. Acquisitions are held strongly, their handles weakly: one whose handles were all
+collected without a release is released, not renewed for ever.
 """
 
 from __future__ import annotations

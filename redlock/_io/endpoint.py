@@ -1,13 +1,7 @@
-"""Where a node is and how to log in to it (docs/design.md §2.4): an :class:`Endpoint`.
-
-The library owns the sockets of its requests (:mod:`redlock._io.connection`); from redis-py it
-takes only what redis-py offers publicly: a client's settings
-(``connection_pool.connection_kwargs`` and ``connection_class``), a credential provider's
-``get_credentials()``, and Sentinel's ``discover_master()``. URLs are parsed here. An endpoint is
-the same for both flavours and crosses to another process as it is (the renewer, docs/design.md
-§5.2), a credential provider of the application's own permitting.
-
-A Redis Cluster client is refused, saying why (docs/design.md §11.4).
+"""Where a node is and how to log in to it (docs/design.md §2.4): an :class:`Endpoint`, parsed
+from a URL or read from a redis-py client through its public settings (``connection_kwargs``,
+``connection_class``, a credential provider, Sentinel's ``discover_master()``). An endpoint crosses
+to the renewer process as it is (§5.2). A Redis Cluster client is refused (§11.4).
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
-"""The sync transport's background reader (see :mod:`redlock._io.wire`).
-
-A request that ends before every reply came in (decided early, timed out, interrupted)
-leaves its connection here with the number of replies still owed: one thread, the
-drainer, reads them as they arrive and gives the connection back to its pool (or
-closes it, past its deadline: the node is hung). Releases of the same lock value go out
-behind unanswered acquires on such a connection (``trail_releases``). Final releases
-that found no free connection wait, per node, for the next one given back (``queue``).
+"""The sync transport's background reader (see :mod:`redlock._io.wire`): one thread reads the
+replies still owed on connections whose request ended, then gives them back (or closes them past
+their deadline). Releases go behind unanswered acquires of their lock value (``trail_releases``);
+final releases that found no free connection wait for the next one given back (``queue``).
 """
 
 from __future__ import annotations

@@ -1,14 +1,7 @@
-"""Lua scripts of the lock family (docs/design.md §12): leadership, permits, read and
-write grants. The mutex's scripts (:mod:`redlock._scripts.lock`) serve these kinds
-wherever a grant is one key holding a lock value: ACQUIRE grants an election's
-leadership, RELEASE / EXTEND / WRITE_BACK release, renew and commit a leadership, a
-write grant and a permit (with that kind's keys). The scripts here do the rest.
-
-Every script that grants, commits or renews starts with the membership check (``guarded``,
-docs/design.md §13.1), and every granting script then with the node's marker check (no marker:
-``{-1, 0}``, the node refuses, §4; a marker of another format: ``{-4, format}``, §4.1) and takes
-tokens with ``settle`` of the mutex's scripts, from the bucket of the name whose counter the kind
-uses (§12.0), so the amnesia, format and token rules are the mutex's.
+"""Lua scripts of the lock family (docs/design.md §12): what the mutex's scripts
+(:mod:`redlock._scripts.lock`) do not already serve with the kind's keys. Every script that grants,
+commits or renews starts with the membership check (``guarded``, §13.1), every granting one then
+with the marker check (§4, §4.1), and takes tokens with the mutex's ``settle``.
 """
 
 from __future__ import annotations

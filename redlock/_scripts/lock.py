@@ -1,14 +1,6 @@
-"""Lua scripts run atomically on each Redis node.
-
-Every script is a module constant with a header naming its KEYS, ARGV and replies. Reply codes are
-small integers, named here; :mod:`redlock._scripts.replies` is the one place that reads replies.
-
-Keys of one resource share a hash tag (``ns:{resource}:lock``, ``:line``, ...) so they live in one
-slot, and all of them expire. A node keeps a fixed set of keys of its own: its fence counters
-(``ns:node:fence``, a hash of 1024 counters; a resource's tokens come from the one its name hashes
-to, docs/design.md §3), and its marker (``ns:node:marker``), which tells a node that still
-remembers its counters from one that lost its data (amnesia, docs/design.md §4) and names the
-node's format (§4.1): a node of another format refuses this client's grants.
+"""Lua scripts run atomically on each Redis node (the keys: docs/design.md's key table). Every
+script is a module constant with a header naming its KEYS, ARGV and replies; reply codes are named
+here, and :mod:`redlock._scripts.replies` is the one place that reads replies.
 """
 
 from __future__ import annotations

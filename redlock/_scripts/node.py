@@ -1,12 +1,7 @@
 """Lua scripts of node identity and repair (docs/design.md §4): the node marker, its format and
-run-id stamp, amnesia episodes, re-seeding. The lock scripts are in :mod:`redlock._scripts.lock`;
-the same conventions hold (a header per script naming its KEYS, ARGV and replies).
-
-Every marker this release writes begins with the node format it reads and writes, ``format=1``
-(:data:`FORMAT`): ``format=1 run_id=<server run> <what wrote it>``. A marker that names another
-format (a newer release's, docs/operations.md "Upgrading: the node format") is not this client's:
-the scripts here neither re-stamp nor remove it, and the granting scripts refuse on such a node
-(``node_format``, :mod:`redlock._scripts.shared`).
+run-id stamp, amnesia episodes, re-seeding; conventions as in :mod:`redlock._scripts.lock`. Every
+marker written begins with :data:`FORMAT` (``format=1 run_id=<server run> <what wrote it>``); a
+marker of another format (§4.1) is neither re-stamped nor removed here.
 """
 
 from __future__ import annotations

@@ -1,13 +1,7 @@
-"""Reading the nodes' replies: the one place that knows each script's reply shape and
-codes (docs/design.md §2.2, §3, §4, §5); everything else sees what is returned here:
-outcomes (:class:`~redlock.errors.NodeResult`), votes, counters, typed views.
-
-The transports hand over raw replies (redis-py is asked not to decode): bytes, ints,
-lists; or, for a call that failed, a :class:`NodeFailure` (the I/O layer maps redis-py's
-exceptions once, :mod:`redlock._io.failures`), or ``NotAwaited``. Parsers here never
-raise on a malformed reply: a reply that is not what the script returns is a failure of
-that node, said as such. (The membership record's own scripts, WRITE_MEMBERS and its
-read, have their readers next to the record, :mod:`redlock._scripts.record`.)
+"""Reading the nodes' replies: the one place that knows each script's reply shape and codes
+(docs/design.md §2.2, §3, §4, §5). Replies come raw (bytes, ints, lists), or as a
+:class:`NodeFailure` or ``NotAwaited``; a malformed reply is never raised, it is a failure of that
+node. (The membership record's scripts have their readers in :mod:`redlock._scripts.record`.)
 """
 
 from __future__ import annotations
