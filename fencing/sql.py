@@ -143,8 +143,7 @@ class FencedTable:
 
     def _upsert_sql(self, columns: list[tuple[str, str]]) -> str:
         names = [self._key, *(column for column, _ in columns), self._fence]
-        params = [self._param("key"), *(self._param(p) for _, p in columns),
-                  self._param("token")]
+        params = [self._param("key"), *(self._param(p) for _, p in columns), self._param("token")]
         sets = [f"{column} = excluded.{column}" for column, _ in columns]
         sets.append(f"{self._fence} = excluded.{self._fence}")
         return (f"INSERT INTO {self._table} ({', '.join(names)}) VALUES ({', '.join(params)}) "

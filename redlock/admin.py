@@ -121,8 +121,7 @@ class Admin(AdminBase[Redlock]):
         :class:`MembershipError` when the change cannot proceed (nothing is ever undone: what was
         written is safe).
         """
-        return self._manager._drive(
-            self._change_members_flow(new, current, wait))
+        return self._manager._drive(self._change_members_flow(new, current, wait))
 
 
 class AsyncAdmin(AdminBase[AsyncRedlock]):
@@ -159,5 +158,4 @@ class AsyncAdmin(AdminBase[AsyncRedlock]):
                              current: Iterable[Any] | None = None,
                              wait: float | None = None) -> MembersChange:
         """See :meth:`Admin.change_members` (the task waits about ``wait``)."""
-        return await self._manager._drive(
-            self._change_members_flow(new, current, wait))
+        return await self._manager._drive(self._change_members_flow(new, current, wait))

@@ -66,8 +66,7 @@ class _AsyncHandle(HandleBase):
 
     async def acquire(self, blocking: bool | None = None, timeout: float | None = None) -> bool:
         """See :meth:`redlock.Lock.acquire`."""
-        return cast(bool, await self._registry.drive(self._acquire_flow(
-            blocking, timeout)))
+        return cast(bool, await self._registry.drive(self._acquire_flow(blocking, timeout)))
 
     async def release(self) -> None:
         """See :meth:`redlock.Lock.release`."""

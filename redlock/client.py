@@ -51,8 +51,7 @@ class _SyncHandle(HandleBase):
         the lock; raises :class:`QuorumUnavailable` when too few nodes answer at all (an outage is
         not contention), at once or after the manager's ``outage_timeout``.
         """
-        return cast(bool, self._registry.drive(self._acquire_flow(
-            blocking, timeout)))
+        return cast(bool, self._registry.drive(self._acquire_flow(blocking, timeout)))
 
     def release(self) -> None:
         """Release on every node (a re-entered lock at depth 0); a second call is a no-op.
@@ -175,8 +174,7 @@ class Redlock(ManagerBase[Lock, MultiLock]):
     _executor_class = SyncExecutor
     _transport: SyncTransport
 
-    def election(self, name: str, ttl: float = 10.0, *,
-                 identity: str | None = None) -> Election:
+    def election(self, name: str, ttl: float = 10.0, *, identity: str | None = None) -> Election:
         """A fenced leader election named ``name`` (docs/design.md §12.1): each term is
         a fencing token; ``identity`` (default ``host:pid``) is what ``leader()``
         reports for this candidate."""

@@ -134,8 +134,7 @@ def _endpoint(node: object) -> Endpoint | None:
     try:
         if isinstance(node, str):
             if "://" not in node:  # an address as dlm.nodes shows it: host:port, unix:PATH
-                node = (f"unix://{node[5:]}" if node.startswith("unix:")
-                        else f"redis://{node}")
+                node = (f"unix://{node[5:]}" if node.startswith("unix:") else f"redis://{node}")
             return from_url(node)
         return from_client(node)
     except (AttributeError, TypeError, ValueError):

@@ -55,8 +55,7 @@ def make_decorator(manager: Any, resource: str | Callable[..., str],
     """The decorator ``manager.locked(...)`` returns (arguments checked here, at once)."""
     if not callable(resource):
         validate_resource(resource)
-    if pass_lock is not None and (not isinstance(pass_lock, str)
-                                  or not pass_lock.isidentifier()):
+    if pass_lock is not None and (not isinstance(pass_lock, str) or not pass_lock.isidentifier()):
         raise TypeError(f"pass_lock must be a parameter name or None, not {pass_lock!r}")
     manager.lock("-", **lock_options)  # validates ttl, timeout... (sends nothing)
 

@@ -206,8 +206,7 @@ class AsyncExecutor(_Executor):
         turns, woken, until = local.start_attempt(request.turns_key, waiter)
         try:
             if woken is not None:
-                await wait_event(woken, min(until, started + request.timeout)
-                                 - time.monotonic())
+                await wait_event(woken, min(until, started + request.timeout) - time.monotonic())
             turn = True
             # Another attempt has the turn, or one it was handed to has yet to run: wait,
             # within the round.

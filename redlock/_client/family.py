@@ -231,8 +231,7 @@ class ElectionBase(Generic[L]):
         self._registry = registry
         self._name = validate_resource(name)
         self._ttl = registry.core.settings.check_ttl(ttl)
-        self._identity = (default_identity() if identity is None
-                          else validate_identity(identity))
+        self._identity = (default_identity() if identity is None else validate_identity(identity))
 
     @property
     def name(self) -> str:

@@ -83,8 +83,7 @@ class Hooks:
 M = TypeVar("M", bound="ManagerBase[Any, Any]")
 
 
-def with_hooks(cls: type[M], nodes: Iterable[Any], hooks: Hooks,
-               options: Mapping[str, Any]) -> M:
+def with_hooks(cls: type[M], nodes: Iterable[Any], hooks: Hooks, options: Mapping[str, Any]) -> M:
     """A manager of class ``cls``, built as ``cls(nodes, **options)`` builds it but with
     a test's ``hooks``: the one way to a clock or sleep of one's own."""
     manager = cls.__new__(cls)

@@ -217,8 +217,7 @@ class _Entry:
 class _Process:
     """One running renewer: its process, link, memory and free slots."""
 
-    def __init__(self, popen: subprocess.Popen[bytes], link: Link,
-                 deadlines: Deadlines) -> None:
+    def __init__(self, popen: subprocess.Popen[bytes], link: Link, deadlines: Deadlines) -> None:
         self.popen = popen
         self.link = link
         self.deadlines = deadlines

@@ -267,8 +267,7 @@ class _Observer:
             return {}
 
 
-def record_renewal(telemetry: Telemetry | None, state: Any, outcome: str,
-                   started_ns: int) -> None:
+def record_renewal(telemetry: Telemetry | None, state: Any, outcome: str, started_ns: int) -> None:
     """One auto-extend renewal of ``state`` by the manager's renewal loop: a
     ``redlock.extend`` span (``redlock.auto_extend=true``) from the round's start;
     ``outcome`` is ``extended``, ``failed`` (it will retry) or ``lost`` (counted)."""

@@ -55,8 +55,7 @@ class Turns(Generic[E, L]):
     """One resource's local turns: the turn lock, the local waiters in arrival order,
     and the first one a release woke (``woken``) until it has tried."""
 
-    __slots__ = ("turn", "turn_waiters", "users", "waiting", "woken", "woken_done",
-                 "woken_until")
+    __slots__ = ("turn", "turn_waiters", "users", "waiting", "woken", "woken_done", "woken_until")
 
     def __init__(self, turn: L) -> None:
         self.turn = turn
@@ -100,8 +99,7 @@ class LocalTurns(Generic[E, L]):
             turns.woken_done.set()
             turns.woken_done = None
 
-    def start_attempt(self, key: str,
-                      waiter: Waiter[E]) -> tuple[Turns[E, L], E | None, float]:
+    def start_attempt(self, key: str, waiter: Waiter[E]) -> tuple[Turns[E, L], E | None, float]:
         """Enter the resource's turns for an attempt. Returns them, and the event of
         another waiter's pending wake with the time until which to wait for it (None: no
         wait). The caller then takes ``turns.turn`` and, after the attempt, calls
@@ -220,8 +218,7 @@ class WaitingRoom:
             listener.ensure_running()
         if waiter.watch is not None and backoff.patient is not None:
             channels = backoff.channels
-            if all(self.wakeups.heard_since(c, waiter.sent, self._core.quorum)
-                   for c in channels):
+            if all(self.wakeups.heard_since(c, waiter.sent, self._core.quorum) for c in channels):
                 return backoff.patient
             if all(self.wakeups.live(c) for c in channels):  # heard now, not since then
                 return min(backoff.seconds, backoff.patient)

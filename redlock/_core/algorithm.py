@@ -281,8 +281,7 @@ class RedlockCore:
                     if handed is not None:
                         if watch is not None:
                             watch(handed)
-                        return AcquireResult(handed.state, handed.outcomes, attempts,
-                                             False, "")
+                        return AcquireResult(handed.state, handed.outcomes, attempts, False, "")
             except GeneratorExit:
                 raise
             except BaseException:  # interrupted (cancelled) while waiting: leave the line
@@ -400,8 +399,7 @@ class RedlockCore:
             return amnesia
         # The grants this attempt keeps (a permit's: of the slot most nodes granted;
         # the others are given back at once, §12.2), and what they are grants of.
-        granting = {i: replies[i] for i, r in enumerate(outcomes)
-                    if r.outcome is Outcome.GRANTED}
+        granting = {i: replies[i] for i, r in enumerate(outcomes) if r.outcome is Outcome.GRANTED}
         held_kind, kept = kind.granted(granting) if granting else (kind, {})
         stray = held_kind.stray(granting)
         if stray:
@@ -545,8 +543,7 @@ class RedlockCore:
                 if not isinstance(more, Handoffs) or more.total <= total:
                     break  # nothing new came in time
                 total, latest = more.total, more
-                counters = counted(more, attempt, membership.rule.epoch, health.benched(),
-                                   refused)
+                counters = counted(more, attempt, membership.rule.epoch, health.benched(), refused)
         rule = membership.rule
         if not enough(counters, rule):
             return None
@@ -563,8 +560,7 @@ class RedlockCore:
                                    enough=commit_enough(write_backs, {resource: set(committed)},
                                                         rule))
             rule = membership.rule
-            committed |= {call.node for call, ack in zip(calls, acks, strict=True)
-                          if acked(ack)}
+            committed |= {call.node for call, ack in zip(calls, acks, strict=True) if acked(ack)}
             logger.info("redlock.token_write_back", resource=resource, token=choice.token,
                         returned_token=len(choice.committed),
                         written_back=len(choice.write_back), committed=len(committed))

@@ -135,8 +135,7 @@ class Holding:
         acks: list[set[int]] = [set() for _ in range(resources)]
         for i in range(self.n):
             mine = replies[i * resources:(i + 1) * resources]
-            results = [ack_outcome(self.addresses[i], reply, refused=refused)
-                       for reply in mine]
+            results = [ack_outcome(self.addresses[i], reply, refused=refused) for reply in mine]
             for j, result in enumerate(results):
                 if result.outcome is Outcome.GRANTED:
                     acks[j].add(i)
@@ -247,8 +246,7 @@ class Holding:
                 now = self.clock()
                 validity_left = min(s.deadline for s, _ in live) - now
                 spare = validity_left if until is None else min(validity_left, until - now)
-                timeout = min(max(self.timeout(max(t for _, t in live)), spare / 2),
-                              validity_left)
+                timeout = min(max(self.timeout(max(t for _, t in live)), spare / 2), validity_left)
                 replies = yield Broadcast(calls, timeout,
                                           enough=self.settled(calls, acks=True), lane=lane)
                 if self.membership.rule.epoch == epoch or min(
@@ -325,8 +323,7 @@ class Holding:
         return (f"no quorum of the {self.n} nodes renewed it before its validity ran out"
                 f" ({gone} answered that our key is gone, the others did not answer in time)")
 
-    def lose(self, state: LockState, reason: str,
-             outcomes: Sequence[NodeResult]) -> Flow[bool]:
+    def lose(self, state: LockState, reason: str, outcomes: Sequence[NodeResult]) -> Flow[bool]:
         """Mark the lock lost and drop what is left of our keys; True the first time."""
         [first] = yield from self.lose_many([(state, reason, outcomes)])
         return first

@@ -102,8 +102,7 @@ class ReleaseReport:
 
 def _lock_calls(core: RedlockCore, script: Script, keys: tuple[str, ...],
                 args: tuple[str, ...] = ()) -> Broadcast:
-    return Broadcast(tuple(Call(i, args, script, keys) for i in range(core.n)),
-                     core.timeout())
+    return Broadcast(tuple(Call(i, args, script, keys) for i in range(core.n)), core.timeout())
 
 
 def _node_status(core: RedlockCore, index: int, reply: object) -> NodeLockStatus:

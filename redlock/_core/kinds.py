@@ -117,8 +117,7 @@ class Template:
     Checked when made: a hole is placed at most once, and never among the keys (a
     ValueError); filled with ``width`` values."""
 
-    __slots__ = ("_head", "_one", "_pick", "_tails", "args", "holes", "keys", "script",
-                 "width")
+    __slots__ = ("_head", "_one", "_pick", "_tails", "args", "holes", "keys", "script", "width")
 
     def __init__(self, script: Script, keys: tuple[str, ...],
                  args: tuple[CommandArg | Hole, ...], width: int) -> None:
@@ -259,8 +258,7 @@ class Kind:
         """``resource``'s key names for this kind (cached: asked on every call)."""
         return _resource_keys(self, keys.namespace, resource)
 
-    def wait_channels(self, keys: Keys, resources: Sequence[str],
-                      route: str) -> tuple[str, ...]:
+    def wait_channels(self, keys: Keys, resources: Sequence[str], route: str) -> tuple[str, ...]:
         """Where a waiter hears releases: each resource's channel, and, for a queued
         waiter (``route``: its manager's) of a kind that hands off, the route's (§6.7)."""
         channels = tuple(self.channel(keys, r) for r in resources)
@@ -376,8 +374,7 @@ class Kind:
             _release_template(self, keys.namespace, r, *shape) for r in resources)]
         return tuple([Call(i, *call) for i in nodes for call in filled]), None
 
-    def extend_call(self, keys: Keys, node: int, resource: str, value: str,
-                    ttl_ms: int) -> Call:
+    def extend_call(self, keys: Keys, node: int, resource: str, value: str, ttl_ms: int) -> Call:
         return Call(node, (value, ttl_ms), scripts.EXTEND, (self.lock_key(keys, resource),))
 
     def describe(self, resources: Sequence[str]) -> str:
@@ -410,13 +407,11 @@ class Leadership(Kind):
     def line(self, keys: Keys, resource: str) -> tuple[str, str]:
         return keys.part(resource, "leader-line"), keys.part(resource, "leader-line-deadlines")
 
-    def extend_call(self, keys: Keys, node: int, resource: str, value: str,
-                    ttl_ms: int) -> Call:
+    def extend_call(self, keys: Keys, node: int, resource: str, value: str, ttl_ms: int) -> Call:
         return Call(node, (value, ttl_ms), family.EXTEND_LEADER,
                     (self.lock_key(keys, resource), keys.part(resource, "term")))
 
-    def proclaim_call(self, keys: Keys, node: int, resource: str, value: str,
-                      term: int) -> Call:
+    def proclaim_call(self, keys: Keys, node: int, resource: str, value: str, term: int) -> Call:
         return Call(node, (value, term, self.identity), family.PROCLAIM,
                     (self.lock_key(keys, resource), keys.part(resource, "term"),
                      keys.part(resource, "elected")))
@@ -507,8 +502,7 @@ class Permit(Kind):
             by_slot.setdefault(self._slot(reply), []).append(node)
         # The slot most nodes granted (ties: the preferred one, then the lowest).
         slot = max(by_slot, key=lambda s: (len(by_slot[s]), s == self.preferred, -s))
-        return (replace(self, slot=slot, preferred=slot),
-                {i: replies[i] for i in by_slot[slot]})
+        return (replace(self, slot=slot, preferred=slot), {i: replies[i] for i in by_slot[slot]})
 
     def stray(self, replies: Mapping[int, object]) -> tuple[int, ...]:
         kept = self.slot
@@ -604,8 +598,7 @@ class ReadWrite(Kind):
                     (keys.part(resource, "read"), self.channel(keys, resource), line,
                      deadlines))
 
-    def extend_call(self, keys: Keys, node: int, resource: str, value: str,
-                    ttl_ms: int) -> Call:
+    def extend_call(self, keys: Keys, node: int, resource: str, value: str, ttl_ms: int) -> Call:
         if self.mode == "w":
             return super().extend_call(keys, node, resource, value, ttl_ms)
         return Call(node, (value, ttl_ms), family.READ_EXTEND, (keys.part(resource, "read"),))

@@ -111,8 +111,7 @@ def change_members(core: RedlockCore, new: Sequence[str], *, current: Sequence[s
 
     # 1. Read: the records, and which nodes are reachable and marked.
     found = yield from read_members(core)
-    probe = yield Broadcast(tuple(core.amnesia.identify_call(i) for i in range(core.n)),
-                            timeout)
+    probe = yield Broadcast(tuple(core.amnesia.identify_call(i) for i in range(core.n)), timeout)
     other = [i for i, reply in enumerate(probe) if foreign(reply)]
     if other:
         found_format = marker_format((identity(probe[other[0]]) or ("", b""))[1] or b"")
@@ -187,8 +186,7 @@ def change_members(core: RedlockCore, new: Sequence[str], *, current: Sequence[s
 
     # 5. Seed every node of N again from a majority of O: tokens committed under the old
     # configuration are then below every counter a majority of N holds.
-    reseeded = yield from _seed(core, joint, [index[a] for a in old],
-                                [index[a] for a in new])
+    reseeded = yield from _seed(core, joint, [index[a] for a in old], [index[a] for a in new])
     if not Rule(addresses, stable(new)).met(reseeded):
         raise MembershipError(f"the new set's counters were seeded on {len(reseeded)} of"
                               f" {len(new)} nodes, need {quorum(len(new))}; run the change"

@@ -161,8 +161,7 @@ Request = Broadcast | Wait | Invoke
 TIMEOUT_FLOOR = 0.05
 
 
-def learnt_deadline(request: Broadcast, started: float, now: float,
-                    answered: int) -> float | None:
+def learnt_deadline(request: Broadcast, started: float, now: float, answered: int) -> float | None:
     """The deadline a request that learns its timeout (``Broadcast.learn``) takes once
     ``answered`` nodes replied by ``now`` (None: not yet, or it does not learn)."""
     if not request.learn or answered < request.learn:

@@ -36,8 +36,7 @@ class Leader:
     time_left: float
 
     def same_term(self, other: Leader | None) -> bool:
-        return other is not None and (self.identity, self.token) == (other.identity,
-                                                                       other.token)
+        return other is not None and (self.identity, self.token) == (other.identity, other.token)
 
 
 def _believed(core: RedlockCore, replies: Sequence[object]) -> list[tuple[int, object]]:
@@ -45,8 +44,7 @@ def _believed(core: RedlockCore, replies: Sequence[object]) -> list[tuple[int, o
     not of another format, §4.1), with their node."""
     health = core.amnesia.health
     doubted = set(health.suspect) | set(health.incompatible)
-    return [(node, reply) for node, reply in enumerate(replies[:core.n])
-            if node not in doubted]
+    return [(node, reply) for node, reply in enumerate(replies[:core.n]) if node not in doubted]
 
 
 #: Per holder, the nodes that name it and the ms its grant has left on each.
@@ -192,8 +190,7 @@ def rwlock_status(core: RedlockCore, name: str) -> Flow[ReadWriteStatus]:
     keys = core.keys
     writer_key, readers_key = (ReadWrite(mode="w").lock_key(keys, name),
                                ReadWrite(mode="r").lock_key(keys, name))
-    calls = tuple(Call(i, (), family.RW_INSPECT, (writer_key, readers_key))
-                  for i in range(core.n))
+    calls = tuple(Call(i, (), family.RW_INSPECT, (writer_key, readers_key)) for i in range(core.n))
     started = core.clock()
     replies = yield Broadcast(calls, core.timeout())
     elapsed = core.clock() - started

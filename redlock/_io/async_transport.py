@@ -593,8 +593,7 @@ class AsyncTransport:
         self._idle[wire.node].append(wire)
         self._slots[wire.node].wake_one()
 
-    def _kept(self, node: int, lane: str | None = None, *,
-              checked: bool = False) -> Wire | None:
+    def _kept(self, node: int, lane: str | None = None, *, checked: bool = False) -> Wire | None:
         """An idle connection (of the lane), alive as far as the loop knows; ``checked``:
         and nothing to read in its socket (see _idle_wires, which checks in bulk)."""
         idle = self._idle[node] if lane is None else self._lane(lane)[node]

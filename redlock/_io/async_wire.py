@@ -162,8 +162,7 @@ async def open_wire(endpoint: Endpoint, node: int, timeout: float) -> Wire:
                 lambda: Wire(node), endpoint.path, ssl=context,
                 server_hostname="" if context is not None else None)
         else:
-            _, wire = await loop.create_connection(
-                lambda: Wire(node), host, port, ssl=context)
+            _, wire = await loop.create_connection(lambda: Wire(node), host, port, ssl=context)
             if endpoint.keepalive and wire.sock is not None:
                 wire.sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
     except OSError as exc:

@@ -78,8 +78,7 @@ def open_connection(endpoint: Endpoint, timeout: float) -> Connection:
         if endpoint.tls is not None:
             context = endpoint.tls.context()
             try:
-                sock = context.wrap_socket(sock, server_hostname=None if endpoint.path
-                                           else host)
+                sock = context.wrap_socket(sock, server_hostname=None if endpoint.path else host)
             except BaseException:
                 sock.close()
                 raise

@@ -28,8 +28,7 @@ CLUSTER_REASON = (
     " masters instead (docs/design.md §11.4)"
 )
 
-_CERT_REQS = {"none": ssl.CERT_NONE, "optional": ssl.CERT_OPTIONAL,
-              "required": ssl.CERT_REQUIRED}
+_CERT_REQS = {"none": ssl.CERT_NONE, "optional": ssl.CERT_OPTIONAL, "required": ssl.CERT_REQUIRED}
 _TRUE = ("1", "true", "yes", "on")
 
 
@@ -204,8 +203,7 @@ def from_client(client: Any) -> Endpoint:
         own = manager.sentinel_kwargs or {}
         sentinels = Sentinels(tuple(hosts), service, own.get("username"), own.get("password"),
                               _tls(own) if own.get("ssl") else None)
-        return Endpoint(sentinels=sentinels, tls=_tls(kwargs) if _is_tls(pool) else None,
-                        **common)
+        return Endpoint(sentinels=sentinels, tls=_tls(kwargs) if _is_tls(pool) else None, **common)
     name = pool.connection_class.__name__
     if "Unix" in name:
         return Endpoint(path=str(kwargs.get("path")), **common)
@@ -265,8 +263,7 @@ def type_name(value: object) -> str:
 # -- the node list -----------------------------------------------------------------------
 
 
-def endpoints(nodes: object, client_types: tuple[type, ...],
-              client_name: str) -> list[Endpoint]:
+def endpoints(nodes: object, client_types: tuple[type, ...], client_name: str) -> list[Endpoint]:
     """The caller's node list, checked at the call site: a collection of URLs or clients
     (``client_types``), none twice. A bare string, a mapping, an empty list, an item of another
     type, an unparsable URL and the same server listed twice raise ``TypeError``/``ValueError``."""

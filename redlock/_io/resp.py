@@ -135,8 +135,7 @@ class _PlainReplyError(Exception):
     """An error reply (hiredis's ``ReplyError`` where hiredis is installed)."""
 
 
-ReplyError: type[Exception] = (
-    _hiredis.ReplyError if _hiredis is not None else _PlainReplyError)
+ReplyError: type[Exception] = (_hiredis.ReplyError if _hiredis is not None else _PlainReplyError)
 
 
 def Reader() -> Any:

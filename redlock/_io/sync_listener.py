@@ -50,8 +50,7 @@ class SyncReleaseListener:
         self._addresses = addresses
         self._connect_timeout = connect_timeout
         self._registry = registry
-        self._nodes = [_Node(wakeups.NodeSubscription(i, registry))
-                       for i in range(len(endpoints))]
+        self._nodes = [_Node(wakeups.NodeSubscription(i, registry)) for i in range(len(endpoints))]
         self._mutex = threading.Lock()
         self._thread: threading.Thread | None = None
         self._poke_r, self._poke_w = socket.socketpair()  # a byte here wakes the thread

@@ -200,8 +200,7 @@ class SyncTransport:
                 self._send(exchange, packing, waiting)
         return packing
 
-    def _send(self, exchange: Exchange, packing: Packing,
-              waiting: dict[Any, Exchange]) -> None:
+    def _send(self, exchange: Exchange, packing: Packing, waiting: dict[Any, Exchange]) -> None:
         conn = exchange.conn
         # A new connection: identify the server first, and send script bodies (the
         # server may be new, or restarted: EVALSHA would cost a NOSCRIPT round trip).
@@ -466,8 +465,7 @@ class SyncTransport:
             self._closed = True
             # Requests under way notice within _CLOSE_NOTICED and end: their sockets
             # must be closed below, not after this returns.
-            self._idle_now.wait_for(lambda: not self._under_way,
-                                   timeout=2 * self.connect_timeout)
+            self._idle_now.wait_for(lambda: not self._under_way, timeout=2 * self.connect_timeout)
         threads = self._connector.close()  # (a request that ended meanwhile: its too)
         self._drainer.close()
         for thread in threads:

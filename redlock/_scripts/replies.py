@@ -135,8 +135,7 @@ def _not_read(node: str, reply: object) -> NodeResult | None:
 def epoch_refusal(reply: object) -> Members | None:
     """The record a guarded script refused with (its epoch is above the client's, or the
     node is retired), or None if the reply is no such refusal."""
-    if (isinstance(reply, list | tuple) and len(reply) == 5
-            and reply[0] == shared.STALE_EPOCH):
+    if (isinstance(reply, list | tuple) and len(reply) == 5 and reply[0] == shared.STALE_EPOCH):
         return from_fields(*reply[1:])
     return None
 
@@ -176,8 +175,7 @@ def acquire_outcome(node: str, reply: object, resources: int = 1) -> NodeResult:
         return NodeResult(node, Outcome.ERROR, f"unexpected reply {reply!r}")
     if code == scripts.ACQUIRE_REFUSED:
         held = "held by another owner" if resources == 1 else "a key is held by another owner"
-        return NodeResult(node, Outcome.REFUSED, f"{held}, {values[0]} ms left",
-                          pttl_ms=values[0])
+        return NodeResult(node, Outcome.REFUSED, f"{held}, {values[0]} ms left", pttl_ms=values[0])
     if code == scripts.ACQUIRE_NOT_YOUR_TURN:
         waiters = "1 waiter is" if values[0] == 1 else f"{values[0]} waiters are"
         return NodeResult(node, Outcome.REFUSED, f"free, but {waiters} first in line")
@@ -487,7 +485,6 @@ def horizon(reply: object) -> Horizon | None:
         run_id, marker = text(reply[0]), reply[1]
         healthy = marker is not None and ours(marker) and stamped_run(marker) == run_id
         rejoins = int(reply[3])
-        return Horizon(healthy, int(reply[2]) / 1000.0,
-                       None if rejoins < 0 else rejoins / 1000.0)
+        return Horizon(healthy, int(reply[2]) / 1000.0, None if rejoins < 0 else rejoins / 1000.0)
     except (TypeError, ValueError):
         return None

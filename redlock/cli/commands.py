@@ -157,8 +157,7 @@ def _family_status(args: argparse.Namespace) -> int:
     the writer and the readers (docs/design.md §12), as a quorum of nodes says."""
     with open_manager(args) as dlm:
         if args.kind == "election":
-            show_family(args.resource, "election", dlm.election(args.resource).leader(),
-                        args.json)
+            show_family(args.resource, "election", dlm.election(args.resource).leader(), args.json)
         elif args.kind == "semaphore":
             show_family(args.resource, "semaphore",
                         dlm.semaphore(args.resource, permits=args.permits).status(), args.json)
@@ -258,8 +257,7 @@ def cmd_members(args: argparse.Namespace) -> int:
             show_members(admin.members(), args.json)
             return EXIT_OK
         new = _named(args, dlm, args.change, "--change")
-        current = (None if args.current is None
-                   else _named(args, dlm, args.current, "--current"))
+        current = (None if args.current is None else _named(args, dlm, args.current, "--current"))
         confirm(args, "change the members",
                 f"Make {', '.join(new)} the cluster's members? Acquires need a majority of"
                 f" the old and of the new set for about {args.wait:g} s; give clients the new"

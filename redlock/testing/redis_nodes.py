@@ -358,8 +358,7 @@ class RedisNode:
         with self.client() as client:
             client.replicaof("NO", "ONE")
 
-    def _wait(self, ready: Callable[[dict[str, str]], bool], timeout: float,
-              failure: str) -> None:
+    def _wait(self, ready: Callable[[dict[str, str]], bool], timeout: float, failure: str) -> None:
         deadline = time.monotonic() + timeout
         while True:
             info = self.replication()

@@ -36,8 +36,7 @@ def adopt_markers(guard: AmnesiaGuard, markers: dict[int, tuple[bytes, str]]) ->
     for (node, found), reply in zip(markers.items(), replies, strict=True):
         guard.health.adopted(node, found)
         if acked(reply):
-            logger.info("redlock.node_marker_adopted", node=guard.addresses[node],
-                        run_id=found[1])
+            logger.info("redlock.node_marker_adopted", node=guard.addresses[node], run_id=found[1])
         # Otherwise the marker or the server changed meanwhile: the next connection
         # identifies it again (a node that did not answer is looked at then, too).
 
