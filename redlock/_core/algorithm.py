@@ -1,14 +1,7 @@
-"""The Redlock algorithm with quorum fencing, free of I/O (docs/design.md §2-§5).
-
-:class:`RedlockCore` is one manager's algorithm: what it knows of its nodes (their membership rule,
-round trips, token floors, health and outages) and the acquire, one route for every acquisition
-whatever its kind (docs/design.md §2.6): the call's opening, each attempt's request (its calls from
-the kind, from templates for the hot scripts), the early decision on its replies, the grant's
-judging and the token's commit, the waits between attempts, a hand-off in a release (§6.7). What a
-holder does next (release, extend, loss) is :class:`~redlock._core.holding.Holding`'s
-(``core.holding``); node amnesia is :class:`~redlock._core.amnesia.guard.AmnesiaGuard`'s
-(``core.amnesia``). Each operation is a flow (see :mod:`redlock._core.requests`) that the sync and
-asyncio shells drive.
+"""The Redlock algorithm with quorum fencing, free of I/O (docs/design.md §2-§5, §10 "What each
+object holds"): :class:`RedlockCore`, what one manager knows of its nodes, and the acquire, one
+route for every kind of grant (§2.6). Release, extend and loss are ``core.holding``'s; node
+amnesia is ``core.amnesia``'s.
 """
 
 from __future__ import annotations
@@ -139,9 +132,8 @@ class RedlockCore:
         return self.round_trips.timeout(self.quorum, self.settings.request_ceiling(ttl))
 
     def absorb(self, replies: Replies) -> None:
-        """What a broadcast learnt on the way (the drivers call this before its flow goes
-        on): round trips measured, servers identified on new connections, a newer
-        membership record a node refused our epoch with."""
+        """What a broadcast learnt on the way (before its flow goes on): round trips,
+        servers identified, a newer membership record a node refused our epoch with."""
         if replies.round_trips:
             self.round_trips.sample_many(replies.round_trips)
         if replies.identities:
@@ -180,9 +172,8 @@ class RedlockCore:
         ``timeout`` after the start for a blocking acquire, one request ceiling for a
         single try (:meth:`Settings.single_try`); docs/design.md §2.5."""
         secret = self.env.random_hex(16)  # 128 bits: only we can release our key
-        # A blocking acquire of one resource waits in the nodes' line for it; its ticket
-        # (wall-clock microseconds: comparable across hosts, see docs/design.md §6) is its place,
-        # the same on every node and every attempt. A single try, or a set, does not queue.
+        # A blocking acquire of one resource queues with its ticket (wall-clock
+        # microseconds, §6.3); a single try, or a set, does not queue.
         single = not blocking or timeout == 0
         ticket = (str(int(self.env.wall_clock() * 1_000_000))
                   if not single and len(resources) == 1 else "")
@@ -310,9 +301,8 @@ class RedlockCore:
 
     def _leave_line(self, resources: tuple[str, ...], value: str, ttl: float,
                     ticket: str, deadline: Deadline, kind: Kind = MUTEX) -> Flow[None]:
-        """A queued acquire call that ends without the lock drops its entries from the waiting
-        lines at once: the next in line need not wait for them to lapse. (A final release: what is
-        still unsent at the deadline goes out when its connection opens, docs/design.md §2.4.)"""
+        """A queued acquire call that ends without the lock leaves the lines at once, so the
+        next in line need not wait for its entries to lapse (a final release, §2.4)."""
         if ticket:
             yield deadline.cap(self.holding.release_calls(resources, value, ttl, leave=True,
                                                           kind=kind))
@@ -510,11 +500,9 @@ class RedlockCore:
     def _handed_off(self, heard: Sequence[object], backoff: Backoff, opening: Opening,
                     ttl: float, kind: Kind, attempt: int, attempt_started: float,
                     outcomes: Sequence[NodeResult]) -> Flow[AttemptResult | None]:
-        """The lock, if the releases that handed it to us while we waited make an
-        acquisition (docs/design.md §6.7): the messages of our latest ``attempt`` from a
-        quorum of the nodes we count, the token committed (the ordinary write-back where
-        counters differ), validity left from the start of that attempt. None: the next
-        attempt goes as usual (it is granted the reservations)."""
+        """The lock, if the hand-offs heard while we waited make an acquisition (docs/design.md
+        §6.7): our latest ``attempt``'s messages from a quorum, the token committed, validity
+        left from that attempt's start. None: the next attempt takes the reservations."""
         if not isinstance(heard, Handoffs) or not heard:
             return None
         deadline = opening.deadline
@@ -613,14 +601,11 @@ _USUAL_KEPT = 32
 def grant_enough(n: int, suspect: Mapping[int, object], rule: Rule,
                  votes: Callable[[object], int | None],
                  group: Callable[[object], object] | None = None) -> Decision:
-    """An early decision on an attempt's replies (one call per node): ``votes(reply)`` is 1 (yes),
-    0 (no), None (unknown: an error, or not read yet). Decided once a quorum said yes, or more
-    nodes said no than a quorum can spare. A node whose grants do not count (``suspect``:
-    restarted, being judged, or of another format, §4.1; or found so by this very request's new
-    connection, docs/design.md §4.4) never votes yes. The yes votes count per ``group`` of their
-    reply (a permit's slot, §12.2; one group for other kinds): a quorum must grant the same one
-    (None: every grant is of the same group). Quorums are the membership ``rule``'s (§13.2). Asked
-    after every reply read: kept lean."""
+    """An early decision on an attempt's replies (docs/design.md §2.4): ``votes(reply)`` is 1,
+    0 or None (unknown). Decided once a quorum said yes, or more said no than a quorum can spare,
+    by the membership ``rule`` (§13.2). A ``suspect`` node (restarted, being judged, another
+    format; or found so by this request's new connection, §4.4) never votes yes. Yes votes count
+    per ``group`` (a permit's slot, §12.2; None: one group). Asked after every reply: kept lean."""
     if suspect or group is not None:
         return _grant_enough(n, suspect, rule, votes, group)
     key = (n, rule, votes)
