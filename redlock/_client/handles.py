@@ -53,10 +53,8 @@ V = TypeVar("V")
 
 
 class OwnerMap(Generic[V]):
-    """A handle's value per owner (the thread or task that acquired), held weakly: a
-    finished thread or task takes its entry along (docs/design.md §3.6). Each access is
-    one operation on a dict, atomic as such, so threads share it without a lock (a
-    handle asks it on every acquire and release)."""
+    """A handle's value per owner, held weakly: a finished thread or task takes its entry
+    along. Each access is one dict operation, atomic, so threads share it without a lock."""
 
     __slots__ = ("_data", "_drop")
 
@@ -431,13 +429,10 @@ class LockBase(HandleBase):
         return state.token
 
     def export(self) -> Handover:
-        """Hand the caller's acquisition over: a value another process or manager passes
-        to ``adopt()`` to hold, extend and release it (docs/design.md §5.6).
-
-        Ownership moves: from now on this handle neither extends (its renewals stop)
-        nor releases (``release()`` sends nothing), and ``token``/``check()`` raise
-        :class:`NotHeld`. Raises :class:`LockLost` if the lock is no longer valid.
-        """
+        """Hand the caller's acquisition over: a value another process or manager passes to
+        ``adopt()`` to hold it (docs/design.md §5.6). From now on this handle neither extends
+        nor releases it, and ``token``/``check()`` raise :class:`NotHeld`. Raises
+        :class:`LockLost` if the lock is no longer valid."""
         owner = self._owner_key()
         state = self._held(owner)
         if state.inherited:

@@ -236,17 +236,15 @@ class _Process:
 
 
 class Renewer:
-    """The holder's side of the renewer (docs/design.md §5.2): what the handles ask of
-    the renewals, carried out by a process of the manager's own, started by the first
-    ``add``. Until that process runs, a *bridge* (``bridge()``: the renewal loop in this
-    process) renews too, each acquisition until the renewer has renewed it once.
+    """The holder's side of the renewer (docs/design.md §5.2): what the handles ask of the
+    renewals, carried out by a process started by the first ``add``. Until it runs, a *bridge*
+    (``bridge(elsewhere, lost)``: the renewal loop in this process) renews each acquisition
+    until the renewer has renewed it once.
 
-    ``nodes``: the manager's nodes' endpoints (:mod:`redlock._io.endpoint`); ``adopt(members)``
-    takes a membership record the renewals learnt from the nodes; ``bridge(elsewhere, lost)`` makes
-    the bridge (told which acquisitions the renewer renews now, and calling ``lost`` for those it
-    loses itself); ``lost(state, handles)`` is told of each acquisition the renewer lost (from this
-    module's message thread, or where :meth:`_tell` puts it); ``observe(state, outcome,
-    started_ns)`` of each renewal's outcome (telemetry) while ``observing()`` says so.
+    ``nodes``: the nodes' endpoints; ``adopt(members)`` takes a membership record the renewals
+    learnt; ``lost(state, handles)`` is told of each acquisition the renewer lost (where
+    :meth:`_tell` puts it); ``observe(state, outcome, started_ns)`` of each renewal's outcome
+    while ``observing()`` says so.
     """
 
     def __init__(self, nodes: list[Endpoint], settings: Settings,

@@ -49,9 +49,8 @@ def with_epoch(calls: Iterable[Call], keys: Keys, epoch: int) -> tuple[Call, ...
     node's membership record as last key and the client's epoch as last argument (§13.1;
     the scripts' EPOCH_CHECK). Every such call a kind builds goes out through here."""
     members = keys.members
-    # Calls that shared their keys and arguments (one per node, in a row) still share
-    # them: the transports pack a command once per request and reuse it for the next
-    # node when it is the same (redlock._io.wire.Packing).
+    # Calls that shared their keys and arguments still share them: the transports pack
+    # a command once per request (redlock._io.wire.Packing).
     made: list[Call] = []
     before: Call | None = None  # the previous call as given
     for call in calls:
@@ -83,9 +82,8 @@ def _places_back(args: tuple[CommandArg, ...]) -> bool:
 
 @functools.lru_cache(maxsize=1024)
 def _resource_keys(kind: Kind, namespace: str, resource: str) -> ResourceKeys:
-    # Built on every acquire and release of a name: kept for the names used lately (a
-    # bounded cache: the client's memory does not grow with the names ever locked), by
-    # the namespace (a string hashes in C, a Keys dataclass in Python).
+    # Built on every acquire and release of a name: kept for the names used lately
+    # (bounded), by the namespace string (cheaper to hash than Keys).
     keys = Keys(namespace)
     line, deadlines = kind.line(keys, resource)
     name = kind.token_name(resource)
@@ -110,12 +108,9 @@ class Hole:
 
 class Template:
     """The calls of one script with fixed keys and arguments but for its holes
-    (:class:`Hole`), one per node of a request, all sharing their argument and key tuples (the
-    transports pack a command once per request); and their command, packed (RESP,
-    EVALSHA) around the holes, so that filling it in is joining bytes.
-
-    Checked when made: a hole is placed at most once, and never among the keys (a
-    ValueError); filled with ``width`` values."""
+    (:class:`Hole`), one per node, sharing their tuples; and their command packed around the
+    holes, so that filling it in is joining bytes. A hole placed twice, or among the keys, is
+    a ValueError; it is filled with ``width`` values."""
 
     __slots__ = ("_head", "_one", "_pick", "_tails", "args", "holes", "keys", "script", "width")
 
@@ -162,14 +157,13 @@ class Template:
     def fill(self, values: tuple[CommandArg, ...], nodes: Iterable[int]
              ) -> tuple[tuple[Call, ...], bytes]:
         """One call per node of ``nodes`` with ``values`` in the holes, and the command
-        each sends, packed. (Once per attempt and per release: no call of its own below,
-        a loop where a comprehension would be a frame more.)"""
+        each sends, packed (on every attempt and release: kept to plain loops)."""
         args = self._pick(values + self.args)
         if self._one:
             args = (args,)
         script, keys = self.script, self.keys
         calls = []
-        for node in nodes:  # (tuple.__new__: Call's own __new__ is a Python frame more)
+        for node in nodes:  # (tuple.__new__: Call's generated __new__ is slower)
             calls.append(_new(Call, (node, args, script, keys)))
         parts = [self._head]
         for index, tail in self._tails:
@@ -189,15 +183,13 @@ _new = tuple.__new__
 
 # An acquire's values are its AcquireArgs; these holes stand for the fields that change
 # per call or attempt (the TTL and the route are a template's own).
-_OWNER, _FLOOR, _TICKET, _PATIENCE, _ATTEMPT = (
+_VALUE, _FLOOR, _TICKET, _PATIENCE, _ATTEMPT = (
     Hole(AcquireArgs._fields.index(name), name)
     for name in ("value", "floor", "ticket", "patience_ms", "attempt"))
 # A release's values are its arguments (value, leave[, patience[, ticket]]).
-_RELEASE_OWNER, _RELEASE_PATIENCE, _RELEASE_TICKET = (
+_RELEASE_VALUE, _RELEASE_PATIENCE, _RELEASE_TICKET = (
     Hole(0, "value"), Hole(2, "patience"), Hole(3, "ticket"))
-# Templates kept (the names used lately: the client's memory does not grow with the
-# names it ever locked).
-_KEPT = 1024
+_KEPT = 1024  # templates kept, for the names used lately (bounded memory)
 
 
 @functools.lru_cache(maxsize=_KEPT)
@@ -210,7 +202,7 @@ def _acquire_template(kind: Kind, namespace: str, resource: str, ttl_ms: int, ro
     keys = Keys(namespace)
     named = kind.names(keys, resource)
     args: tuple[CommandArg | Hole, ...] = (
-        _OWNER, ttl_ms, _FLOOR, _TICKET if queued else "", _PATIENCE, named.bucket,
+        _VALUE, ttl_ms, _FLOOR, _TICKET if queued else "", _PATIENCE, named.bucket,
         _ATTEMPT if record else "", *((route,) if record and route else ()))
     call_keys: tuple[str, ...] = (named.lock, keys.counter, keys.marker, named.line,
                                   named.deadlines, named.line_ttls)
@@ -228,7 +220,7 @@ def _release_template(kind: Kind, namespace: str, resource: str, leave: str,
     keys = Keys(namespace)
     named = kind.names(keys, resource)
     args: tuple[CommandArg | Hole, ...] = (
-        _RELEASE_OWNER, leave, _RELEASE_PATIENCE if patience else "", named.bucket,
+        _RELEASE_VALUE, leave, _RELEASE_PATIENCE if patience else "", named.bucket,
         *((_RELEASE_TICKET,) if places_back else ()))
     return Template(scripts.RELEASE,
                     (named.lock, named.channel, named.line, named.deadlines,
