@@ -17,10 +17,8 @@ from redlock._io.endpoint import Endpoint
 from redlock._io.wire import Refusals, Silence, late_sendable
 from redlock._scripts import lock as scripts
 
-# Connections opening at once per node: a hung node does not collect threads. A request
-# that needs one beyond this waits (polling every 2 ms) for a slot, or a connection given
-# back, until its deadline: it never fails at once, so a burst of threads on healthy
-# nodes (64 threads' first requests, or after a restart) is served.
+# Connections opening at once per node, so that a hung node does not collect threads; a
+# request beyond this waits for a slot or a connection given back (never fails at once).
 CONNECTS_PER_NODE = 16
 
 
@@ -33,11 +31,9 @@ def given(node: int, conn: Connection) -> Connect:
 
 
 class Connect:
-    """A connection one request is opening in the background, with its own budget. If
-    the request stops waiting, the connection joins the pool when it is ready: the
-    next request finds it warm. A request of releases that stopped waiting still has
-    them sent on it then (``late``): nothing else would free those keys before their TTL,
-    and a release touches only its own key (the asyncio transport does the same)."""
+    """A connection one request is opening in the background, with its own budget. If the
+    request stops waiting, it joins the pool when ready, its final releases sent on it
+    first (``late``, :func:`~redlock._io.wire.late_sendable`)."""
 
     def __init__(self, node: int) -> None:
         self.node = node

@@ -167,11 +167,9 @@ class SyncDrainer:
         self._dispose(late, give_back=late.outstanding == 0)
 
     def _dispose(self, late: Late[Connection], *, give_back: bool) -> None:
-        """Done with a late connection: back to the pool (everything read) or closed. Whoever marks
-        it closed, under its lock, disposes of it, exactly once: given back twice, a connection
-        could be handed to two requests at once, and one would read the other's replies (seen: a
-        release got an IDENTIFY reply, another the reply of a handshake's CLIENT SETINFO), and the
-        drainer must never read from a connection the pool has given to another request since."""
+        """Done with a late connection: back to the pool (everything read) or closed, exactly
+        once, by whoever marks it closed under its lock: given back twice, it could serve two
+        requests at once, each reading the other's replies."""
         with late.mutex:
             if late.closed or (give_back and late.outstanding):
                 return  # disposed of already; or a release was written behind meanwhile

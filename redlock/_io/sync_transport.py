@@ -98,10 +98,8 @@ class SyncTransport:
                                     discard=_discard, silence=self._silence)
         self._connector = Connector(self.endpoints, connect_timeout, self._silence,
                                     self._connected_late)
-        # Per node, the open connections between requests: a stack (last in, first out,
-        # so that the ones a burst opened and nobody needs any more stay at its bottom,
-        # where the shrink looks; see _put_idle). A push and a pop are single list
-        # operations, safe across threads without a lock.
+        # Per node, the idle connections: a stack, so that those a burst opened stay at
+        # its bottom, where the shrink looks (_put_idle); push and pop need no lock.
         self._idle: list[list[Connection]] = [[] for _ in range(n)]
         self._shrinking = threading.Lock()
         # Lanes (Broadcast.lane): per lane and node, its connections, kept aside.
@@ -116,9 +114,8 @@ class SyncTransport:
     def broadcast(self, request: Broadcast) -> Replies:
         """Every call's reply or exception (NOT_AWAITED for those the request was
         decided without). Calls for one node share one connection and one write."""
-        # close() waits for the requests under way. Without a lock (a set's add and discard are
-        # atomic): close() sets _closed, then waits for the set to empty, so a request added after
-        # that look sees _closed, and one that ends after it wakes close().
+        # close() sets _closed, then waits for the requests under way to leave this set (add
+        # and discard are atomic: no lock).
         me = object()
         under_way = self._under_way
         under_way.add(me)
@@ -345,10 +342,9 @@ class SyncTransport:
 
     def _end(self, gathering: Gathering, exchanges: list[Exchange], connecting: Connecting,
              *, interrupted: bool) -> None:
-        """A request that ends with calls unanswered (decided without them, at its
-        deadline, interrupted): a connection still opening joins the pool when it is
-        ready, one with replies owed goes to the drainer, one taken and not written goes
-        back, and the calls without a reply get what the request knows of them."""
+        """A request that ends with calls unanswered: a connection still opening joins the
+        pool when ready, one with replies owed goes to the drainer, one not written on goes
+        back; the calls without a reply get what the request knows of them."""
         replies = gathering.replies
         for exchange in exchanges:  # (every reply read is in the replies already)
             exchange.replies = None
@@ -415,10 +411,8 @@ class SyncTransport:
         self._drainer.send(node, conn, attempt.late)
 
     def _give_back(self, node: int, conn: Connection, lane: str | None = None) -> None:
-        """A connection back to its node's stack (first carrying the node's queued
-        releases, if any), or to its lane; once the manager is closed, closed instead (a
-        request that was under way when close() ran must not leave it open). Ones that
-        sat unused for IDLE_KEPT_FOR are closed."""
+        """A connection back to its node's stack (first carrying the node's queued releases)
+        or its lane; closed instead once the manager is. Ones unused for IDLE_KEPT_FOR close."""
         if self._closed:
             conn.close()
             return

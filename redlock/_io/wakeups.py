@@ -203,11 +203,10 @@ class WakeRegistry:
 
     def deliver(self, channel: str, data: str, node: int | None = None,
                 wake: list[Wakeable] | None = None) -> None:
-        """A release on ``node``: wake the waiter it names, or the first one; a hand-off
-        to a waiter is recorded on its watch. Woken nobody: kept for a while, for a
-        waiter still in its first attempt (below). ``wake``: the events to set are
-        added to it instead (a listener that read several messages at once sets them
-        after the last: a waiter then wakes once with every message that came)."""
+        """A release on ``node``: wake the waiter it names, or the first one; a hand-off is
+        recorded on its waiter's watch; a message that woke nobody is kept a while (below).
+        ``wake``: collects the events to set, for a listener that sets them after the last
+        message it read (a waiter then wakes once)."""
         named, handoff = parse_message(data)
         with self._mutex:
             since = None if node is None else self._live_since.get((channel, node))
@@ -231,10 +230,8 @@ class WakeRegistry:
             watch.event.set()
 
     def _claim(self, channels: tuple[str, ...], waiter: str | None, since: float) -> bool:
-        """A release heard since ``since`` that named ``waiter``, or nobody, and woke
-        no one (call under the mutex). A waiter watches from its first wait on, so a
-        release during its first attempt (the lock was still held when the attempt
-        reached the nodes) would otherwise cost it its whole patient wait."""
+        """A release heard since ``since`` that named ``waiter``, or nobody, and woke no one
+        (under the mutex): a release during a waiter's first attempt, before its watch."""
         watch = next((w for c in channels for w in self._watches.get(c, ())
                       if w.waiter == waiter), None)
         claimed = False
