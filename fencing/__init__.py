@@ -42,17 +42,8 @@ from fencing.errors import FencingError, RowNotFoundError, StaleTokenError
 from fencing.redis_store import AsyncRedisFencedStore, RedisFencedStore
 from fencing.sql import FencedTable, Guard
 
-__all__ = [
-    "MAX_STORED_TOKEN",
-    "MAX_STORED_TTL",
-    "AsyncRedisFencedStore",
-    "FencedTable",
-    "FencingError",
-    "Guard",
-    "RedisFencedStore",
-    "RowNotFoundError",
-    "StaleTokenError",
-]
+__all__ = ["MAX_STORED_TOKEN", "MAX_STORED_TTL", "AsyncRedisFencedStore", "FencedTable",
+           "FencingError", "Guard", "RedisFencedStore", "RowNotFoundError", "StaleTokenError"]
 
 # Rejections are raised, not logged, so nothing logs under "fencing" today; like
 # "redlock", the logger stays silent unless the application configures logging.

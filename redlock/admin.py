@@ -33,18 +33,8 @@ from redlock._scripts.replies import ReleaseStatus
 from redlock.aio import AsyncRedlock
 from redlock.client import Redlock
 
-__all__ = [
-    "Admin",
-    "AsyncAdmin",
-    "LockStatus",
-    "Members",
-    "MembersChange",
-    "NodeLockStatus",
-    "ReleaseReport",
-    "ReleaseStatus",
-    "RepairReport",
-    "RepairStatus",
-]
+__all__ = ["Admin", "AsyncAdmin", "LockStatus", "Members", "MembersChange", "NodeLockStatus",
+           "ReleaseReport", "ReleaseStatus", "RepairReport", "RepairStatus"]
 
 
 class Admin(AdminBase[Redlock]):
@@ -154,8 +144,7 @@ class AsyncAdmin(AdminBase[AsyncRedlock]):
         """See :meth:`Admin.members`."""
         return await self._manager._drive(self._members_flow())
 
-    async def change_members(self, new: Iterable[Any], *,
-                             current: Iterable[Any] | None = None,
+    async def change_members(self, new: Iterable[Any], *, current: Iterable[Any] | None = None,
                              wait: float | None = None) -> MembersChange:
         """See :meth:`Admin.change_members` (the task waits about ``wait``)."""
         return await self._manager._drive(self._change_members_flow(new, current, wait))

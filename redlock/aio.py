@@ -171,9 +171,8 @@ class AsyncRedlock(ManagerBase[AsyncLock, AsyncMultiLock]):
         """See :meth:`redlock.Redlock.election`."""
         return AsyncElection(self._registry, name, ttl, identity)
 
-    def semaphore(self, name: str, permits: int = 1, ttl: float = 10.0, *,
-                  blocking: bool = True, timeout: float | None = None,
-                  auto_extend: bool = False,
+    def semaphore(self, name: str, permits: int = 1, ttl: float = 10.0, *, blocking: bool = True,
+                  timeout: float | None = None, auto_extend: bool = False,
                   on_lost: Callable[[AsyncSemaphore], object] | None = None) -> AsyncSemaphore:
         """See :meth:`redlock.Redlock.semaphore`."""
         return AsyncSemaphore(self._registry, name, permits, ttl, blocking=blocking,

@@ -180,9 +180,8 @@ class Redlock(ManagerBase[Lock, MultiLock]):
         reports for this candidate."""
         return Election(self._registry, name, ttl, identity)
 
-    def semaphore(self, name: str, permits: int = 1, ttl: float = 10.0, *,
-                  blocking: bool = True, timeout: float | None = None,
-                  auto_extend: bool = False,
+    def semaphore(self, name: str, permits: int = 1, ttl: float = 10.0, *, blocking: bool = True,
+                  timeout: float | None = None, auto_extend: bool = False,
                   on_lost: Callable[[Semaphore], object] | None = None) -> Semaphore:
         """A permit handle of the counting semaphore ``name`` with ``permits`` slots
         (every client of the name must pass the same number; docs/design.md §12.2). The
@@ -196,8 +195,7 @@ class Redlock(ManagerBase[Lock, MultiLock]):
         return ReadWriteLock(self._registry, name, ttl)
 
     def adopt(self, handover: Handover | Mapping[str, Any] | str | bytes, *,
-              auto_extend: bool = False, on_lost: Callable[[Lock], object] | None = None
-              ) -> Lock:
+              auto_extend: bool = False, on_lost: Callable[[Lock], object] | None = None) -> Lock:
         """Hold an acquisition exported elsewhere (``lock.export()``, or its JSON or
         dict form): returns a handle the calling thread holds, to extend and release.
 

@@ -49,9 +49,8 @@ def _shape_error(func: Callable[..., Any], asynchronous: bool) -> str | None:
     return None
 
 
-def make_decorator(manager: Any, resource: str | Callable[..., str],
-                   lock_options: dict[str, Any], pass_lock: str | None,
-                   *, asynchronous: bool) -> Callable[[F], F]:
+def make_decorator(manager: Any, resource: str | Callable[..., str], lock_options: dict[str, Any],
+                   pass_lock: str | None, *, asynchronous: bool) -> Callable[[F], F]:
     """The decorator ``manager.locked(...)`` returns (arguments checked here, at once)."""
     if not callable(resource):
         validate_resource(resource)

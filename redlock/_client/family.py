@@ -89,8 +89,7 @@ class SemaphoreBase(_FamilyHandle):
     under. Safe to share across threads or tasks: each owner gets its own permit."""
 
     def __init__(self, registry: Registry, name: str, permits: int = 1, ttl: float = 10.0, *,
-                 blocking: bool = True, timeout: float | None = None,
-                 auto_extend: bool = False,
+                 blocking: bool = True, timeout: float | None = None, auto_extend: bool = False,
                  on_lost: Callable[[Any], object] | None = None) -> None:
         self._permits = validate_permits(permits)
         super().__init__(registry, (validate_resource(name),), ttl, blocking=blocking,
@@ -126,9 +125,8 @@ class ReadLockBase(_FamilyHandle):
     the read saw (every write that ended before it has a token ≤ it, every write that
     starts after it a larger one, docs/design.md §12.3)."""
 
-    def __init__(self, registry: Registry, name: str, ttl: float = 10.0, *,
-                 blocking: bool = True, timeout: float | None = None,
-                 auto_extend: bool = False,
+    def __init__(self, registry: Registry, name: str, ttl: float = 10.0, *, blocking: bool = True,
+                 timeout: float | None = None, auto_extend: bool = False,
                  on_lost: Callable[[Any], object] | None = None) -> None:
         super().__init__(registry, (validate_resource(name),), ttl, blocking=blocking,
                          timeout=timeout, auto_extend=auto_extend, on_lost=on_lost,

@@ -86,8 +86,7 @@ class HandleBase:
     """Options, per-owner state and the flows, for one resource or a set."""
 
     def __init__(self, registry: Registry, resources: tuple[str, ...], ttl: float, *,
-                 blocking: bool,
-                 timeout: float | None, auto_extend: bool,
+                 blocking: bool, timeout: float | None, auto_extend: bool,
                  on_lost: Callable[[Any], object] | None, reentrant: bool,
                  kind: Kind = MUTEX) -> None:
         self._registry = registry
@@ -410,8 +409,7 @@ class LockBase(HandleBase):
 
     def __init__(self, registry: Registry, resource: str, ttl: float = 10.0, *,
                  blocking: bool = True, timeout: float | None = None, auto_extend: bool = False,
-                 on_lost: Callable[[Any], object] | None = None,
-                 reentrant: bool = False) -> None:
+                 on_lost: Callable[[Any], object] | None = None, reentrant: bool = False) -> None:
         name = validate_resource(resource)
         super().__init__(registry, (name,), ttl, blocking=blocking, timeout=timeout,
                          auto_extend=auto_extend, on_lost=on_lost, reentrant=reentrant)
@@ -460,8 +458,7 @@ class MultiLockBase(HandleBase):
     a resource exclude each other and share its fence counter (docs/design.md §11.2)."""
 
     def __init__(self, registry: Registry, resources: Iterable[str], ttl: float = 10.0, *,
-                 blocking: bool = True, timeout: float | None = None,
-                 auto_extend: bool = False,
+                 blocking: bool = True, timeout: float | None = None, auto_extend: bool = False,
                  on_lost: Callable[[Any], object] | None = None) -> None:
         super().__init__(registry, validate_resources(resources), ttl, blocking=blocking,
                          timeout=timeout, auto_extend=auto_extend, on_lost=on_lost,

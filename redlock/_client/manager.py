@@ -140,26 +140,16 @@ class ManagerBase(Generic[H, MH]):
     # A test's clock and sleep: the real ones, unless with_hooks() set others.
     _hooks: Hooks = Hooks()
 
-    def __init__(
-        self,
-        nodes: Iterable[Any],
-        *,
-        namespace: str = "redlock",
-        node_timeout: float | None = None,
-        connect_timeout: float = 1.0,
-        drift_factor: float = 0.01,
-        retry_delay_min: float = 0.005,
-        retry_delay_max: float = 0.25,
-        max_ttl: float = DEFAULT_MAX_TTL,
-        outage_timeout: float | None = 5.0,
-        tracer_provider: Any = None,
-        meter_provider: Any = None,
-    ) -> None:
+    def __init__(self, nodes: Iterable[Any], *, namespace: str = "redlock",
+                 node_timeout: float | None = None, connect_timeout: float = 1.0,
+                 drift_factor: float = 0.01, retry_delay_min: float = 0.005,
+                 retry_delay_max: float = 0.25, max_ttl: float = DEFAULT_MAX_TTL,
+                 outage_timeout: float | None = 5.0, tracer_provider: Any = None,
+                 meter_provider: Any = None) -> None:
         settings = Settings(namespace=namespace, node_timeout=node_timeout,
-                            connect_timeout=connect_timeout,
-                            drift_factor=drift_factor, retry_delay_min=retry_delay_min,
-                            retry_delay_max=retry_delay_max, max_ttl=max_ttl,
-                            outage_timeout=outage_timeout)
+                            connect_timeout=connect_timeout, drift_factor=drift_factor,
+                            retry_delay_min=retry_delay_min, retry_delay_max=retry_delay_max,
+                            max_ttl=max_ttl, outage_timeout=outage_timeout)
         self._backend = self._backend_class()
         # The nodes, checked at the call site: where each is and how to log in (docs/
         # design.md §2.4). The transport opens no connection before first use, so nothing
@@ -292,17 +282,9 @@ class ManagerBase(Generic[H, MH]):
         """How many nodes make a majority: N // 2 + 1."""
         return self._core.quorum
 
-    def lock(
-        self,
-        resource: str,
-        ttl: float = 10.0,
-        *,
-        blocking: bool = True,
-        timeout: float | None = None,
-        auto_extend: bool = False,
-        on_lost: Callable[[H], object] | None = None,
-        reentrant: bool = False,
-    ) -> H:
+    def lock(self, resource: str, ttl: float = 10.0, *, blocking: bool = True,
+             timeout: float | None = None, auto_extend: bool = False,
+             on_lost: Callable[[H], object] | None = None, reentrant: bool = False) -> H:
         """A lock handle for ``resource``; nothing is sent until it is acquired.
 
         Every duration is in seconds: ``ttl`` (default 10 s; at most the manager's ``max_ttl``) is
@@ -316,35 +298,19 @@ class ManagerBase(Generic[H, MH]):
         return self._handle_class(self._registry, resource, ttl, blocking=blocking, timeout=timeout,
                                   auto_extend=auto_extend, on_lost=on_lost, reentrant=reentrant)
 
-    def lock_many(
-        self,
-        resources: Iterable[str],
-        ttl: float = 10.0,
-        *,
-        blocking: bool = True,
-        timeout: float | None = None,
-        auto_extend: bool = False,
-        on_lost: Callable[[MH], object] | None = None,
-    ) -> MH:
+    def lock_many(self, resources: Iterable[str], ttl: float = 10.0, *, blocking: bool = True,
+                  timeout: float | None = None, auto_extend: bool = False,
+                  on_lost: Callable[[MH], object] | None = None) -> MH:
         """One lock over several resources, all or nothing, with a token per resource;
         no deadlock between overlapping sets (docs/design.md §11.2). Nothing is sent
         until it is acquired; the options are :meth:`lock`'s (not reentrant)."""
         return self._multi_handle_class(self._registry, resources, ttl, blocking=blocking,
-                                        timeout=timeout, auto_extend=auto_extend,
-                                        on_lost=on_lost)
+                                        timeout=timeout, auto_extend=auto_extend, on_lost=on_lost)
 
-    def locked(
-        self,
-        resource: str | Callable[..., str],
-        ttl: float = 10.0,
-        *,
-        blocking: bool = True,
-        timeout: float | None = None,
-        auto_extend: bool = False,
-        on_lost: Callable[[H], object] | None = None,
-        reentrant: bool = False,
-        pass_lock: str | None = None,
-    ) -> Callable[[F], F]:
+    def locked(self, resource: str | Callable[..., str], ttl: float = 10.0, *,
+               blocking: bool = True, timeout: float | None = None, auto_extend: bool = False,
+               on_lost: Callable[[H], object] | None = None, reentrant: bool = False,
+               pass_lock: str | None = None) -> Callable[[F], F]:
         """Decorator: each call of the function runs while holding ``resource``.
 
         ``resource`` is a name, or a function of the call's arguments that returns one

@@ -143,8 +143,7 @@ class _Renewer:
         self.ids: dict[LockState, int] = {}
         self.renewals = Renewals(core, threading.Event, self._start_loop, self._lost,
                                  self._observe, closing=self.closing,
-                                 holder_running=self._holder_running,
-                                 abandoned=self._abandoned)
+                                 holder_running=self._holder_running, abandoned=self._abandoned)
         library = logging.getLogger("redlock")
         library.addHandler(_Forward(self.outbox))
         library.propagate = False

@@ -185,8 +185,7 @@ class RedlockCore:
                        single, deadline)
 
     def acquire(self, resources: str | tuple[str, ...], ttl: float, *, blocking: bool,
-                timeout: float | None,
-                watch: Callable[[AttemptResult], None] | None = None,
+                timeout: float | None, watch: Callable[[AttemptResult], None] | None = None,
                 kind: Kind = MUTEX) -> Flow[AcquireResult]:
         """Attempts until success, the deadline, or (non-blocking) after one attempt.
 
@@ -419,15 +418,13 @@ class RedlockCore:
                 # nodes that still hold our key (the script checks the value).
                 acks = yield Broadcast(tuple(call for _, call in write_backs),
                                        deadline.bound(self.timeout(ttl)),
-                                       enough=commit_enough(write_backs, committed,
-                                                            rule))
+                                       enough=commit_enough(write_backs, committed, rule))
                 rule = self.membership.rule
                 for (r, call), ack in zip(write_backs, acks, strict=True):
                     if acked(ack):
                         committed[r].add(call.node)
                 for r in {r for r, _ in write_backs}:
-                    logger.info("redlock.token_write_back", resource=r,
-                                token=choices[r].token,
+                    logger.info("redlock.token_write_back", resource=r, token=choices[r].token,
                                 returned_token=len(choices[r].committed),
                                 written_back=len(choices[r].write_back),
                                 committed=len(committed[r]))
@@ -526,8 +523,7 @@ class RedlockCore:
                     break
                 more = yield replace(backoff, seconds=deadline.pause(left), patient=None,
                                      heard_before=total,
-                                     wake_at=wake_at(latest, counters, attempt,
-                                                     membership.rule))
+                                     wake_at=wake_at(latest, counters, attempt, membership.rule))
                 if not isinstance(more, Handoffs) or more.total <= total:
                     break  # nothing new came in time
                 total, latest = more.total, more

@@ -56,10 +56,9 @@ class Holding:
         self._all_done = tuple(NodeResult(a, Outcome.GRANTED) for a in self.addresses)
         self._every_node = frozenset(self.nodes)
 
-    def release_calls(self, resources: Sequence[str], value: str, ttl: float | None = None,
-                      *, leave: bool = True, nodes: Sequence[int] | None = None,
-                      patient: bool = False, kind: Kind = MUTEX,
-                      ticket: str = "") -> Broadcast:
+    def release_calls(self, resources: Sequence[str], value: str, ttl: float | None = None, *,
+                      leave: bool = True, nodes: Sequence[int] | None = None,
+                      patient: bool = False, kind: Kind = MUTEX, ticket: str = "") -> Broadcast:
         """Compare-and-delete of each resource's key on every node; with ``leave`` the waiter's
         entries in the lines go too, without, its place (``ticket``) is kept (§6.3). Decided
         once a quorum of the nodes asked answered (:meth:`settled`)."""

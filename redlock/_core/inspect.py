@@ -121,9 +121,8 @@ def _node_status(core: RedlockCore, index: int, reply: object) -> NodeLockStatus
     held = seen.pttl_ms != -2
     return NodeLockStatus(address, True, held=held, pttl_ms=seen.pttl_ms if held else 0,
                           fence=seen.fence, marker=seen.marker, repairing=seen.repairing,
-                          holder=seen.holder if held else None,
-                          format=seen.format, benched=benched,
-                          rejoins_in_s=rejoins)
+                          holder=seen.holder if held else None, format=seen.format,
+                          benched=benched, rejoins_in_s=rejoins)
 
 
 def inspect_lock(core: RedlockCore, resource: str) -> Flow[LockStatus]:

@@ -349,8 +349,7 @@ class Kind:
         return call
 
     def release_request(self, keys: Keys, nodes: Sequence[int], resources: Sequence[str],
-                        args: tuple[CommandArg, ...]
-                        ) -> tuple[tuple[Call, ...], bytes | None]:
+                        args: tuple[CommandArg, ...]) -> tuple[tuple[Call, ...], bytes | None]:
         """A release's calls to ``nodes`` (a set's, one per resource, node by node), and
         for one resource the command each sends, packed (else None)."""
         if len(args) == 2:  # (value, leave): a holder's, or the end of a call
@@ -462,8 +461,7 @@ class Permit(Kind):
         return with_epoch(self.acquire_calls(keys, nodes, resources, args), keys, epoch), None
 
     def release_request(self, keys: Keys, nodes: Sequence[int], resources: Sequence[str],
-                        args: tuple[CommandArg, ...]
-                        ) -> tuple[tuple[Call, ...], bytes | None]:
+                        args: tuple[CommandArg, ...]) -> tuple[tuple[Call, ...], bytes | None]:
         return _built_release(self, keys, nodes, resources, args), None
 
     def acquire_calls(self, keys: Keys, nodes: Sequence[int], resources: tuple[str, ...],
@@ -553,8 +551,7 @@ class ReadWrite(Kind):
         return with_epoch(self.acquire_calls(keys, nodes, resources, args), keys, epoch), None
 
     def release_request(self, keys: Keys, nodes: Sequence[int], resources: Sequence[str],
-                        args: tuple[CommandArg, ...]
-                        ) -> tuple[tuple[Call, ...], bytes | None]:
+                        args: tuple[CommandArg, ...]) -> tuple[tuple[Call, ...], bytes | None]:
         if self.mode == "w":
             return super().release_request(keys, nodes, resources, args)
         return _built_release(self, keys, nodes, resources, args), None
@@ -585,10 +582,9 @@ class ReadWrite(Kind):
             return super().release_call(keys, node, resource, args)
         line, deadlines = self.line(keys, resource)
         # A reader's place is its score in the line (the ticket, even: §12.3).
-        return Call(node, (*args[:3], str(2 * int(args[3]))) if _places_back(args)
-                    else args[:2], family.READ_RELEASE,
-                    (keys.part(resource, "read"), self.channel(keys, resource), line,
-                     deadlines))
+        return Call(node, (*args[:3], str(2 * int(args[3]))) if _places_back(args) else args[:2],
+                    family.READ_RELEASE,
+                    (keys.part(resource, "read"), self.channel(keys, resource), line, deadlines))
 
     def extend_call(self, keys: Keys, node: int, resource: str, value: str, ttl_ms: int) -> Call:
         if self.mode == "w":

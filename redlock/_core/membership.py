@@ -195,10 +195,9 @@ def change_members(core: RedlockCore, new: Sequence[str], *, current: Sequence[s
     # 6. The stable record on N; the nodes that leave are retired.
     final = Members(joint.epoch + 1, tuple(new))
     unreached = yield from _finish(core, final, old)
-    return MembersChange(final.epoch, final.members, old,
-                         tuple(addresses[i] for i in joining),
-                         tuple(a for a in old if a not in new and a not in unreached),
-                         unreached, round(max(0.0, left), 3))
+    return MembersChange(final.epoch, final.members, old, tuple(addresses[i] for i in joining),
+                         tuple(a for a in old if a not in new and a not in unreached), unreached,
+                         round(max(0.0, left), 3))
 
 
 def _write(core: RedlockCore, nodes: Sequence[int], record: Members) -> Flow[set[int]]:
@@ -272,6 +271,5 @@ def _finish(core: RedlockCore, final: Members, old: Sequence[str]) -> Flow[tuple
     unreached = tuple(addresses[i] for i in members + leaving
                       if i not in written and i not in gone)
     logger.warning("redlock.members_changed", epoch=final.epoch, members=list(final.members),
-                   retired=[addresses[i] for i in leaving if i in gone],
-                   unreached=list(unreached))
+                   retired=[addresses[i] for i in leaving if i in gone], unreached=list(unreached))
     return unreached

@@ -234,8 +234,7 @@ def drive(flow: Flow[T], execute: Callable[[Request], Sequence[object]],
 
 
 async def drive_async(flow: Flow[T], execute: Callable[[Request], Awaitable[Sequence[object]]],
-                      absorb: Absorb | None = None,
-                      end: Callable[[], None] | None = None) -> T:
+                      absorb: Absorb | None = None, end: Callable[[], None] | None = None) -> T:
     """:func:`drive` with an asyncio executor; ``end()`` once it is over, whichever way
     (a callback, not a coroutine around this one, which every resumption would cross)."""
     try:

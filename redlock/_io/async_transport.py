@@ -310,8 +310,7 @@ class Gathering(wire.Gathering):
 class AsyncTransport:
     """The nodes' connections; each request's nodes asked concurrently."""
 
-    def __init__(self, endpoints: list[Endpoint], addresses: list[str],
-                 connect_timeout: float,
+    def __init__(self, endpoints: list[Endpoint], addresses: list[str], connect_timeout: float,
                  identify: tuple[CommandArg, ...] | None = None) -> None:
         self.identify = identify  # sent first on every new connection (§4.4)
         self._probe = resp.pack_one(identify) if identify is not None else None
@@ -345,9 +344,8 @@ class AsyncTransport:
         if deadlines is None or deadlines.loop is not loop:
             deadlines = self._deadlines = Deadlines(loop)
         lag = deadlines.lag(started)  # a late loop is not a slow node (§2.4)
-        gathering = Gathering(loop, request, replies, started,
-                              started + request.timeout + lag, deadlines, exchanges,
-                              self._silence)
+        gathering = Gathering(loop, request, replies, started, started + request.timeout + lag,
+                              deadlines, exchanges, self._silence)
         packing = Packing(request)
         wires = self._idle_wires(exchanges)  # written here; the others: a task each
         refused: list[tuple[Exchange, BaseException]] = []

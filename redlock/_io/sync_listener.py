@@ -150,8 +150,7 @@ class SyncReleaseListener:
                 while (message := connection.receive(conn)) is not NOTHING:
                     if isinstance(message, resp.ReplyError):  # SUBSCRIBE refused: an ACL
                         self._registry.refused(node.subscription.node,
-                                               self._addresses[node.subscription.node],
-                                               message)
+                                               self._addresses[node.subscription.node], message)
                         node.refused = True
                         self._lost(node)
                         return

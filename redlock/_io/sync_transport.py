@@ -80,8 +80,7 @@ class SyncTransport:
     """Connections to each node, and scatter/gather over them."""
 
     def __init__(self, endpoints: Sequence[Endpoint], addresses: Sequence[str],
-                 connect_timeout: float,
-                 identify: tuple[CommandArg, ...] | None = None) -> None:
+                 connect_timeout: float, identify: tuple[CommandArg, ...] | None = None) -> None:
         # ``identify``: the command sent first on every new connection (IDENTIFY, docs/
         # design.md §4.4); its reply is returned with the request's (Replies.identities).
         self.identify = identify

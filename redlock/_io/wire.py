@@ -31,9 +31,8 @@ from redlock._io.resp import ReplyError
 from redlock._scripts import lock as scripts
 
 __all__ = ["DONE", "IDENTIFIED", "MORE", "NOT_AWAITED", "PENDING", "RESEND", "SENT_LATE",
-           "Exchange", "Gathering", "Late", "LateConnections", "NotAwaited", "Packing",
-           "Silence", "exchanges_of", "fill_pending", "is_noscript", "late_sendable",
-           "render"]
+           "Exchange", "Gathering", "Late", "LateConnections", "NotAwaited", "Packing", "Silence",
+           "exchanges_of", "fill_pending", "is_noscript", "late_sendable", "render"]
 
 Conn = TypeVar("Conn")
 E = TypeVar("E", bound="Exchange")

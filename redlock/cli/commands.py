@@ -351,8 +351,7 @@ def build_parser() -> argparse.ArgumentParser:
     repair.add_argument("--force", action="store_true",
                         help="skip the rejoin delay (asks for confirmation; --yes)")
     initialise = command("initialise", cmd_initialise,
-                         "mark a new or partially initialised cluster (node markers)",
-                         confirmable)
+                         "mark a new or partially initialised cluster (node markers)", confirmable)
     initialise.add_argument("--force", action="store_true",
                             help="also when some nodes have markers (asks; --yes)")
     members = command("members", cmd_members,

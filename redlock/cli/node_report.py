@@ -169,8 +169,7 @@ def namespaces_on(urls: Sequence[str], timeout: float, pages: int = 20) -> list[
     hint, not an inventory."""
     suffix = ":node:marker"
     for url in urls:
-        client = redis.Redis.from_url(url, socket_timeout=timeout,
-                                      socket_connect_timeout=timeout,
+        client = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout,
                                       retry=Retry(NoBackoff(), 0), health_check_interval=0)
         found: set[str] = set()
         try:

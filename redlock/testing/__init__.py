@@ -61,25 +61,13 @@ if TYPE_CHECKING:
     )
 
 # Public name -> the module that defines it (loaded on first access, PEP 562).
-_LAZY = {
-    "start_nodes": "backends",
-    "start_toxiproxy": "backends",
-    "capture_events": "logs",
-    "manager": "managers",
-    "Node": "node",
-    "Nodes": "node",
-    "NodeBackup": "redis_nodes",
-    "RedisNode": "redis_nodes",
-    "RedisNodes": "redis_nodes",
-    "find_redis_server": "redis_nodes",
-    "free_port": "redis_nodes",
-    "RedisSentinel": "sentinel",
-    "Proxies": "toxiproxy",
-    "Proxy": "toxiproxy",
-    "ToxiproxyError": "toxiproxy",
-    "ToxiproxyServer": "toxiproxy",
-    "find_toxiproxy_server": "toxiproxy",
-}
+_LAZY = {"start_nodes": "backends", "start_toxiproxy": "backends", "capture_events": "logs",
+         "manager": "managers", "Node": "node", "Nodes": "node", "NodeBackup": "redis_nodes",
+         "RedisNode": "redis_nodes", "RedisNodes": "redis_nodes",
+         "find_redis_server": "redis_nodes", "free_port": "redis_nodes",
+         "RedisSentinel": "sentinel", "Proxies": "toxiproxy", "Proxy": "toxiproxy",
+         "ToxiproxyError": "toxiproxy", "ToxiproxyServer": "toxiproxy",
+         "find_toxiproxy_server": "toxiproxy"}
 
 
 def __getattr__(name: str) -> Any:
@@ -95,22 +83,7 @@ def __dir__() -> list[str]:
     return sorted({*globals(), *_LAZY})
 
 
-__all__ = [
-    "Node",
-    "NodeBackup",
-    "Nodes",
-    "Proxies",
-    "Proxy",
-    "RedisNode",
-    "RedisNodes",
-    "RedisSentinel",
-    "ToxiproxyError",
-    "ToxiproxyServer",
-    "capture_events",
-    "find_redis_server",
-    "find_toxiproxy_server",
-    "free_port",
-    "manager",
-    "start_nodes",
-    "start_toxiproxy",
-]
+__all__ = ["Node", "NodeBackup", "Nodes", "Proxies", "Proxy", "RedisNode", "RedisNodes",
+           "RedisSentinel", "ToxiproxyError", "ToxiproxyServer", "capture_events",
+           "find_redis_server", "find_toxiproxy_server", "free_port", "manager", "start_nodes",
+           "start_toxiproxy"]

@@ -91,17 +91,9 @@ class ContainerRedisNode:
     """One Redis server in a container on the host's network (same surface as
     :class:`~redlock.testing.RedisNode`)."""
 
-    def __init__(
-        self,
-        *,
-        port: int | None = None,
-        host: str = "127.0.0.1",
-        appendonly: bool = False,
-        password: str | None = None,
-        image: str | None = None,
-        extra_args: Sequence[str] = (),
-        start_timeout: float = 30.0,
-    ) -> None:
+    def __init__(self, *, port: int | None = None, host: str = "127.0.0.1",
+                 appendonly: bool = False, password: str | None = None, image: str | None = None,
+                 extra_args: Sequence[str] = (), start_timeout: float = 30.0) -> None:
         self.host = host
         self.port = port or free_port(host)
         self.appendonly = appendonly
@@ -345,21 +337,7 @@ class ContainerToxiproxy(ToxiproxyServer):
         return self.start()
 
 
-__all__ = [
-    "DEFAULT_REDIS_IMAGE",
-    "DEFAULT_TOXIPROXY_IMAGE",
-    "OWNER_LABEL",
-    "REDIS_IMAGE_ENV",
-    "TESTING_LABEL",
-    "TOXIPROXY_IMAGE_ENV",
-    "ContainerRedisNode",
-    "ContainerRedisNodes",
-    "ContainerToxiproxy",
-    "DockerUnavailable",
-    "engine_leftovers",
-    "labels",
-    "prepare",
-    "redis_image",
-    "remove_orphans",
-    "toxiproxy_image",
-]
+__all__ = ["DEFAULT_REDIS_IMAGE", "DEFAULT_TOXIPROXY_IMAGE", "OWNER_LABEL", "REDIS_IMAGE_ENV",
+           "TESTING_LABEL", "TOXIPROXY_IMAGE_ENV", "ContainerRedisNode", "ContainerRedisNodes",
+           "ContainerToxiproxy", "DockerUnavailable", "engine_leftovers", "labels", "prepare",
+           "redis_image", "remove_orphans", "toxiproxy_image"]

@@ -80,20 +80,11 @@ class RedisNode:
     the last second). Both attributes may be changed between a stop and the next start.
     """
 
-    def __init__(
-        self,
-        *,
-        data_dir: Path,
-        port: int | None = None,
-        host: str = "127.0.0.1",
-        appendonly: bool = False,
-        appendfsync: str = "always",
-        password: str | None = None,
-        redis_server: str | None = None,
-        extra_args: Sequence[str] = (),
-        env: Mapping[str, str] | None = None,
-        start_timeout: float = 10.0,
-    ) -> None:
+    def __init__(self, *, data_dir: Path, port: int | None = None, host: str = "127.0.0.1",
+                 appendonly: bool = False, appendfsync: str = "always",
+                 password: str | None = None, redis_server: str | None = None,
+                 extra_args: Sequence[str] = (), env: Mapping[str, str] | None = None,
+                 start_timeout: float = 10.0) -> None:
         if appendfsync not in ("always", "everysec", "no"):
             raise ValueError(f"appendfsync must be always, everysec or no, not {appendfsync!r}")
         self.host = host
@@ -138,17 +129,10 @@ class RedisNode:
     # -- lifecycle -----------------------------------------------------------------------
 
     def _command(self) -> list[str]:
-        args = [
-            self.redis_server,
-            "--port", str(self.port),
-            "--bind", self.host,
-            "--dir", str(self.data_dir),
-            "--daemonize", "no",
-            "--save", "",
-            "--appendonly", "yes" if self.appendonly else "no",
-            "--logfile", str(self.data_dir / "redis.log"),
-            "--protected-mode", "no",
-        ]
+        args = [self.redis_server, "--port", str(self.port), "--bind", self.host, "--dir",
+                str(self.data_dir), "--daemonize", "no", "--save", "", "--appendonly",
+                "yes" if self.appendonly else "no", "--logfile", str(self.data_dir / "redis.log"),
+                "--protected-mode", "no"]
         if self.appendonly:
             # always: every write is on disk before the reply, a kill -9 loses nothing.
             args += ["--appendfsync", self.appendfsync]
@@ -161,13 +145,9 @@ class RedisNode:
             return self
         env = None if self.env is None else {**os.environ, **self.env}
         for attempt in range(3):
-            self.process = subprocess.Popen(
-                self._command(),
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                env=env,
-            )
+            self.process = subprocess.Popen(self._command(), stdin=subprocess.DEVNULL,
+                                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                            env=env)
             self.paused = False
             track(self)
             try:
@@ -383,19 +363,11 @@ class RedisNode:
 class RedisNodes(NodeSet[RedisNode]):
     """N independent redis-server processes, each on its own loopback port and temp dir."""
 
-    def __init__(
-        self,
-        count: int = 3,
-        *,
-        appendonly: bool = False,
-        appendfsync: str = "always",
-        password: str | None = None,
-        redis_server: str | None = None,
-        extra_args: Sequence[str] = (),
-        host: str = "127.0.0.1",
-        base_dir: str | os.PathLike[str] | None = None,
-        env: Mapping[str, str] | None = None,
-    ) -> None:
+    def __init__(self, count: int = 3, *, appendonly: bool = False, appendfsync: str = "always",
+                 password: str | None = None, redis_server: str | None = None,
+                 extra_args: Sequence[str] = (), host: str = "127.0.0.1",
+                 base_dir: str | os.PathLike[str] | None = None,
+                 env: Mapping[str, str] | None = None) -> None:
         if count < 1:
             raise ValueError("count must be at least 1")
         self._owns_dir = base_dir is None

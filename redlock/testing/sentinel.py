@@ -59,18 +59,11 @@ class RedisSentinel:
         return self.host, self.port
 
     def _write_config(self) -> Path:
-        lines = [
-            f"port {self.port}",
-            f"bind {self.host}",
-            f"dir {self.data_dir}",
-            f"logfile {self.data_dir / 'sentinel.log'}",
-            "protected-mode no",
-        ]
+        lines = [f"port {self.port}", f"bind {self.host}", f"dir {self.data_dir}",
+                 f"logfile {self.data_dir / 'sentinel.log'}", "protected-mode no"]
         for name, master in self.masters.items():
-            lines += [
-                f"sentinel monitor {name} {master.host} {master.port} 1",
-                f"sentinel down-after-milliseconds {name} {int(self.down_after * 1000)}",
-            ]
+            lines += [f"sentinel monitor {name} {master.host} {master.port} 1",
+                      f"sentinel down-after-milliseconds {name} {int(self.down_after * 1000)}"]
             if master.password:
                 lines.append(f"sentinel auth-pass {name} {master.password}")
         config = self.data_dir / "sentinel.conf"

@@ -44,9 +44,8 @@ _INIT_RETRIES = 3
 class AmnesiaGuard:
     """Amnesia decisions, judging and repair for one manager's nodes."""
 
-    def __init__(self, addresses: Sequence[str], settings: Settings, keys: Keys,
-                 env: Environment, timeout: Callable[[], float],
-                 membership: Membership) -> None:
+    def __init__(self, addresses: Sequence[str], settings: Settings, keys: Keys, env: Environment,
+                 timeout: Callable[[], float], membership: Membership) -> None:
         self.addresses = tuple(addresses)
         self.membership = membership  # its rule: what a quorum is (§13.2)
         self.settings = settings
