@@ -84,9 +84,8 @@ class Telemetry:
         self._meter_provider = meter_provider
         self._explicit = tracer_provider is not None or meter_provider is not None
         self._cached: tuple[object, object, _Instruments] | None = None
-        # Until when (time.monotonic) nothing records: no provider was found, and none
-        # is looked for again before then. Read by the handles on every call (an
-        # attribute, not a call); -inf with providers given, or once some are found.
+        # Until when (time.monotonic) nothing records and no provider is looked for (an
+        # attribute: read on every call); -inf with providers given or found.
         self.quiet_until = float("-inf")
 
     @classmethod

@@ -249,10 +249,7 @@ class Renewals:
         stopped, self._stopped_since = self._stopped_since, None
         if not losing:
             return
-        # All in one request, then their holders are told: a lost lock's keys dropped
-        # one request at a time, each waiting a whole request timeout on a hung
-        # majority, made the loop tell each next holder that much later.
-        core = self._core
+        core = self._core  # (one request for all: see Holding.lose_many)
         firsts = yield from core.holding.lose_many([
             (r.state, self._loss_reason(r, stopped), r.answers) for r in losing])
         for renewal, first in zip(losing, firsts, strict=True):
@@ -269,9 +266,8 @@ class Renewals:
     def _failed(self, renewal: Renewal, failure: tuple[NodeResult, ...], now: float) -> bool:
         """Retry later (False), or the lock is to be lost (True; removed already)."""
         state = renewal.state
-        # Released (or lost) meanwhile, or its release is under way: a round that was in
-        # flight when the owner released finds the keys the release deleted, and that is
-        # no loss (on a busy event loop on_lost fired for locks being released).
+        # Released (or lost) meanwhile, or its release under way: a round in flight then
+        # finds the keys the release deleted, which is no loss.
         if state.status != Status.HELD or state.release_called:
             self.remove(state)
             return False
