@@ -208,7 +208,7 @@ class HandleBase:
         if state is None:
             self._failed(result)
             return False
-        self._took(state, owner)
+        self._acquired(state, owner)
         return True
 
     def _call_options(self, blocking: bool | None,
@@ -343,7 +343,7 @@ class HandleBase:
         if result.unavailable:
             raise self._last_failure
 
-    def _took(self, state: LockState, owner: Hashable) -> None:
+    def _acquired(self, state: LockState, owner: Hashable) -> None:
         """The owner holds ``state`` now: recorded, re-entrant, renewed as asked."""
         self._hold(state, owner)
         if self._reentrant:

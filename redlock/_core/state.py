@@ -26,7 +26,7 @@ class Status(str, enum.Enum):
     HELD = "held"
     RELEASED = "released"
     LOST = "lost"
-    HANDED_OVER = "handed over"  # exported: another handle (maybe elsewhere) owns it now
+    HANDED_OVER = "handed over"  # exported: another handle (maybe elsewhere) holds it now
 
 
 class Lease(Protocol):

@@ -366,9 +366,9 @@ if first ~= '' and first ~= me and ttls then
         if ttl and route ~= '' then  -- told to the waiter's manager only (§6.7)...
             channel = KEYS[2] .. ':' .. route
             -- ...and handed to it only if it listens here: a manager that died closed
-            -- its connections, and a reservation would keep the lock from everyone for
+            -- its connections, and a reservation would hold the lock from everyone for
             -- the TTL. Unheard (or not yet subscribed here), the waiter stays first,
-            -- and takes the lock with its next attempt or lapses after its patience.
+            -- and acquires the lock with its next attempt or lapses after its patience.
             local heard = redis.pcall('PUBSUB', 'NUMSUB', channel)
             if type(heard) == 'table' and heard[2] == 0 then  -- (an error: handed off, as before)
                 ttl, channel = nil, KEYS[2]

@@ -130,7 +130,7 @@ class Proxy:
 
     def lose_replies(self) -> None:
         """Requests reach the node and run; every reply is dropped (downstream-only
-        ``timeout`` toxic, timeout 0): the node takes the lock, the client never hears."""
+        ``timeout`` toxic, timeout 0): the node grants the lock, the client never hears."""
         self.add_toxic("timeout", stream="downstream", timeout=0)
 
     def latency(self, seconds: float, jitter: float = 0.0) -> None:
