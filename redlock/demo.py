@@ -7,8 +7,8 @@
 ``--nodes`` takes URLs, as in every ``redlock`` command (``--urls`` is its old name);
 ``--count`` is how many local nodes to start when none are given.
 
-Each worker repeatedly acquires the lock ``demo:counter``, reads a shared counter, sleeps a little (a
-deliberately racy read-modify-write), writes it back, and releases. With the lock the final count
+Each worker repeatedly acquires the lock ``demo:counter``, reads a shared counter, sleeps a
+little (a deliberately racy read-modify-write), writes it back, and releases. With the lock the final count
 is exact, and every holder's fencing token is larger than the previous holder's.
 """
 
