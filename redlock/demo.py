@@ -8,8 +8,8 @@
 ``--count`` is how many local nodes to start when none are given.
 
 Each worker repeatedly acquires the lock ``demo:counter``, reads a shared counter, sleeps a
-little (a deliberately racy read-modify-write), writes it back, and releases. With the lock the final
-count is exact, and every holder's fencing token is larger than the previous holder's.
+little (a deliberately racy read-modify-write), writes it back, and releases. With the lock the
+final count is exact, and every holder's fencing token is larger than the previous holder's.
 """
 
 from __future__ import annotations
