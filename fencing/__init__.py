@@ -32,8 +32,7 @@ e-mail, calling an external API that has no idea of tokens, writing a local file
 A stale holder can still perform those; make them idempotent or move them behind a
 fenced write (e.g. write an "outbox" row with the token, and send from there).
 
-Errors: see :mod:`fencing.errors` for the tree.
-"""
+Errors: see :mod:`fencing.errors` for the tree."""
 
 import logging
 

@@ -31,8 +31,7 @@ whatever transaction the caller manages, and the caller commits or rolls back.
 
 Identifiers are validated (letters, digits, underscores; the table may be
 ``schema.table``) and always double-quoted, so they are case-sensitive: pass them
-as stored (PostgreSQL folds unquoted names to lower case).
-"""
+as stored (PostgreSQL folds unquoted names to lower case)."""
 
 from __future__ import annotations
 
@@ -87,8 +86,7 @@ class FencedTable:
         fence_column: the ``BIGINT NOT NULL DEFAULT 0`` column holding the token.
         dialect: ``"sqlite"`` or ``"postgresql"``; detected from ``conn`` when None.
         commit: True: each call commits (or rolls back) its own transaction.
-            False: the caller's transaction; the caller commits.
-    """
+            False: the caller's transaction; the caller commits."""
 
     def __init__(self, conn: Any, table: str, key_column: str, fence_column: str = "fence",
                  *, dialect: Dialect | None = None, commit: bool = True) -> None:
@@ -235,8 +233,7 @@ class FencedTable:
         """``UPDATE ... SET values, fence = token WHERE key = key AND fence <= token``.
 
         Raises :class:`StaleTokenError` when the row has a higher fence,
-        :class:`RowNotFoundError` when there is no such row.
-        """
+        :class:`RowNotFoundError` when there is no such row."""
         token = validate_token(token)
         columns, params = self._statement(key, token, values)
         with self._transaction() as cursor:
@@ -245,8 +242,7 @@ class FencedTable:
     def upsert(self, key: object, token: int, /, **values: object) -> None:
         """Insert the row, or update it if its fence <= token (first writes).
 
-        ``INSERT ... ON CONFLICT (key) DO UPDATE SET ... WHERE table.fence <= excluded.fence``.
-        """
+        ``INSERT ... ON CONFLICT (key) DO UPDATE SET ... WHERE table.fence <= excluded.fence``."""
         token = validate_token(token)
         columns, params = self._statement(key, token, values)
         with self._transaction() as cursor:
@@ -278,8 +274,7 @@ class FencedTable:
         On entry the row's fence is raised to ``token`` (StaleTokenError if it is higher,
         RowNotFoundError if there is no row), *then* the row is read, in the same transaction. The
         body reads ``guard.row`` / ``guard["col"]`` and calls ``guard.update(col=...)``. Leaving
-        the block commits (``commit=True``); an exception rolls back and propagates.
-        """
+        the block commits (``commit=True``); an exception rolls back and propagates."""
         token = validate_token(token)
         raise_fence = (f"UPDATE {self._table} SET {self._fence} = {self._param('token')} "
                        f"WHERE {self._key} = {self._param('key')} "

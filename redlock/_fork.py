@@ -16,8 +16,7 @@ those of the child's threading as the child runs it (gevent's workers monkey-pat
 the fork: a real lock made before that, held by one greenlet while another waits for it, stops the
 whole worker). Acquisitions and handles made before the fork know they are the parent's. The
 parent's sockets are never written, read, shut down or closed by the child: it keeps the old
-transport referenced until it exits, so that no finaliser touches them.
-"""
+transport referenced until it exits, so that no finaliser touches them."""
 
 from __future__ import annotations
 

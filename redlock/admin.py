@@ -16,8 +16,7 @@ lost their data, initialise a cluster, change its nodes online.
 An admin borrows its manager: the manager's nodes, namespace, timeouts and connections (the
 ``redlock`` command is built on these). Applications hold locks through the manager; what only
 operators do lives here, with the reports it returns. docs/operations.md tells the whole story,
-docs/design.md §10 why it is a module of its own.
-"""
+docs/design.md §10 why it is a module of its own."""
 
 from __future__ import annotations
 
@@ -71,8 +70,7 @@ class Admin(AdminBase[Redlock]):
         manager also does this in the background by itself.
 
         ``force=True`` skips the wait: only when you know every lock held before the
-        node lost its data has expired.
-        """
+        node lost its data has expired."""
         return self._manager._drive(self._repair_flow(force))
 
     def initialise(self, *, force: bool = False) -> list[RepairReport]:
@@ -83,8 +81,7 @@ class Admin(AdminBase[Redlock]):
         way out of a majority that lost its data: those too, their fence counters seeded from the
         nodes that kept theirs. Only once every lock held before has expired (``repair()`` says
         when); tokens may then restart below earlier ones, which the fenced stores reject until
-        they catch up (docs/design.md §4.8).
-        """
+        they catch up (docs/design.md §4.8)."""
         return self._manager._drive(self._initialise_flow(force))
 
     def members(self) -> Members:
@@ -109,8 +106,7 @@ class Admin(AdminBase[Redlock]):
         client's ``max_ttl``). Blocks for about ``wait``. Run it again with the same ``new`` to
         complete a change that stopped. Raises ``ValueError`` for a bad set,
         :class:`MembershipError` when the change cannot proceed (nothing is ever undone: what was
-        written is safe).
-        """
+        written is safe)."""
         return self._manager._drive(self._change_members_flow(new, current, wait))
 
 

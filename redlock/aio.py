@@ -4,8 +4,7 @@ Same algorithm, same surface as :mod:`redlock.client` (a test keeps them equal):
 shell over :mod:`redlock._client` that names the asyncio flavour's pieces (the
 transport that asks a request's nodes concurrently, a listener task per node, the
 executor that awaits, tasks for background work) and gives the public methods, which
-are coroutines. Cancelling an acquire releases whatever it may have set.
-"""
+are coroutines. Cancelling an acquire releases whatever it may have set."""
 
 from __future__ import annotations
 

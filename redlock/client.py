@@ -2,8 +2,7 @@
 
 A thin shell over :mod:`redlock._client` (everything shared with the asyncio client): it names the
 sync flavour's pieces (the scatter/gather transport on one thread, the release listener thread, the
-executor that blocks, threads for background work) and gives the public methods, which block.
-"""
+executor that blocks, threads for background work) and gives the public methods, which block."""
 
 from __future__ import annotations
 
@@ -49,8 +48,7 @@ class _SyncHandle(HandleBase):
         handle's timeout, which may be None: no deadline). Either deadline holds whatever the nodes
         do (hung, new, amnesiac), give or take a few 10 ms rounds. Returns False when others hold
         the lock; raises :class:`QuorumUnavailable` when too few nodes answer at all (an outage is
-        not contention), at once or after the manager's ``outage_timeout``.
-        """
+        not contention), at once or after the manager's ``outage_timeout``."""
         return cast(bool, self._registry.drive(self._acquire_flow(blocking, timeout)))
 
     def release(self) -> None:
@@ -59,8 +57,7 @@ class _SyncHandle(HandleBase):
         Raises :class:`LockLost` (after cleaning up) when the lock was lost, its validity
         had run out, or a majority of nodes no longer held our key: the critical section
         may have run unprotected. Leaving a ``with`` block raises it too, unless another
-        exception is already propagating.
-        """
+        exception is already propagating."""
         self._registry.drive(self._release_flow())
 
     def extend(self, ttl: float | None = None) -> None:
@@ -85,8 +82,7 @@ class Lock(_SyncHandle, LockBase):
     acquires through it gets its own acquisition (own lock value and token).
 
     Use as a context manager, or call :meth:`acquire` / :meth:`release`. While held,
-    :attr:`token` is the fencing token to pass to the protected resource.
-    """
+    :attr:`token` is the fencing token to pass to the protected resource."""
 
 
 class MultiLock(_SyncHandle, MultiLockBase):
@@ -201,8 +197,7 @@ class Redlock(ManagerBase[Lock, MultiLock]):
 
         One round checks that a quorum of nodes still holds its key and measures how
         long (docs/design.md §5.6). Raises :class:`LockLost` if the acquisition is gone
-        (expired, released), :class:`QuorumUnavailable` if too few nodes answer.
-        """
+        (expired, released), :class:`QuorumUnavailable` if too few nodes answer."""
         return self._drive(self._adopt_flow(handover, auto_extend, on_lost))
 
     def _drive(self, flow: Flow[T]) -> T:

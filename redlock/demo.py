@@ -9,8 +9,7 @@
 
 Each worker repeatedly acquires the lock ``demo:counter``, reads a shared counter, sleeps a
 little (a deliberately racy read-modify-write), writes it back, and releases. With the lock the
-final count is exact, and every holder's fencing token is larger than the previous holder's.
-"""
+final count is exact, and every holder's fencing token is larger than the previous holder's."""
 
 from __future__ import annotations
 

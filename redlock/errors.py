@@ -20,8 +20,7 @@ Bad arguments raise the built-in ``TypeError`` / ``ValueError`` at the call site
 
 Every error carries ``resource`` (None for cluster-wide ones) and ``outcomes``: one
 :class:`NodeResult` per node when nodes were asked, so "quorum not reached" says which
-node granted, refused, failed or was amnesiac. They survive pickling.
-"""
+node granted, refused, failed or was amnesiac. They survive pickling."""
 
 from __future__ import annotations
 
@@ -92,8 +91,7 @@ class RedlockError(Exception):
     Every error here crosses process boundaries whole (pools, task queues): its ``args`` are
     ``(message, resource, outcomes as dicts)``, plain JSON, so both pickle and the JSON serializers
     that rebuild an exception as ``type(*args)`` (Celery's default result serializer) give back
-    ``resource`` and ``outcomes``. ``str(error)`` is the message.
-    """
+    ``resource`` and ``outcomes``. ``str(error)`` is the message."""
 
     def __init__(self, message: str = "", resource: str | None = None,
                  outcomes: Sequence[NodeResult | Mapping[str, Any]] = ()) -> None:

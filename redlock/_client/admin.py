@@ -1,7 +1,6 @@
 """The operator's tools over a manager, shared by :class:`redlock.admin.Admin` and
 :class:`redlock.admin.AsyncAdmin` (docs/design.md §11.6): each tool a flow of the core that the
-shells drive, and the naming of the nodes an operator gives (:func:`node_addresses`).
-"""
+shells drive, and the naming of the nodes an operator gives (:func:`node_addresses`)."""
 
 from __future__ import annotations
 

@@ -4,8 +4,7 @@ Each call makes its own handle and acquires it like ``with lock:`` / ``async wit
 fits which client is checked when decorating: ``Redlock.locked`` refuses coroutine functions (the
 lock would be held around creating the coroutine, not running it), ``AsyncRedlock.locked`` takes
 coroutine functions only, and both refuse generator functions (the lock would be released before
-the first item).
-"""
+the first item)."""
 
 from __future__ import annotations
 

@@ -2,8 +2,7 @@
 :mod:`redlock._client.handles` is for locks: :class:`SemaphoreBase` (a permit),
 :class:`ReadLockBase` and :class:`WriteLockBase` (made by :class:`ReadWriteLockBase`),
 :class:`LeadershipBase` (made by :class:`ElectionBase`'s ``campaign()``).
-Each takes the lock's options; none is reentrant or exportable.
-"""
+Each takes the lock's options; none is reentrant or exportable."""
 
 from __future__ import annotations
 

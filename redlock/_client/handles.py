@@ -2,8 +2,7 @@
 
 A handle holds its options and, per owner (thread or task, held weakly), that owner's
 acquisition, and writes acquire, release, extend and ``on_lost`` as flows that the shells drive.
-:class:`LockBase` is one resource's handle, :class:`MultiLockBase` a set's.
-"""
+:class:`LockBase` is one resource's handle, :class:`MultiLockBase` a set's."""
 
 from __future__ import annotations
 

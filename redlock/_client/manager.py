@@ -1,7 +1,6 @@
 """The lock manager's part both clients share: everything but the flavour's transport,
 listener, executor and backend, which the shells (:mod:`redlock.client`, :mod:`redlock.aio`)
-name, with the public methods that block or await.
-"""
+name, with the public methods that block or await."""
 
 from __future__ import annotations
 
@@ -126,8 +125,7 @@ class ManagerBase(Generic[H, MH]):
             this long, whatever its own timeout; None waits through outages.
         tracer_provider, meter_provider: OpenTelemetry providers to record spans and
             metrics with (needs the ``otel`` extra); by default the global ones, and
-            nothing is recorded while those are OpenTelemetry's no-op defaults.
-    """
+            nothing is recorded while those are OpenTelemetry's no-op defaults."""
 
     _handle_class: type[H]
     _multi_handle_class: type[MH]
@@ -293,8 +291,7 @@ class ManagerBase(Generic[H, MH]):
         milliseconds and raises a :class:`DurationWarning` (``ttl=1000`` is 16.7 minutes;
         ``ttl=1.0`` is one second). ``blocking=False`` makes acquires a single attempt;
         ``auto_extend`` renews the lock in the background while held, ``on_lost`` is called once if
-        that fails; ``reentrant`` lets the same thread (task) nest acquisitions.
-        """
+        that fails; ``reentrant`` lets the same thread (task) nest acquisitions."""
         return self._handle_class(self._registry, resource, ttl, blocking=blocking, timeout=timeout,
                                   auto_extend=auto_extend, on_lost=on_lost, reentrant=reentrant)
 
@@ -322,8 +319,7 @@ class ManagerBase(Generic[H, MH]):
         extend it or check it. Recursive functions need ``reentrant=True``.
 
         ``Redlock.locked`` takes plain functions, ``AsyncRedlock.locked`` coroutine
-        functions; the other kind, and generator functions, raise ``TypeError`` here.
-        """
+        functions; the other kind, and generator functions, raise ``TypeError`` here."""
         options = {"ttl": ttl, "blocking": blocking, "timeout": timeout,
                    "auto_extend": auto_extend, "on_lost": on_lost, "reentrant": reentrant}
         return make_decorator(self, resource, options, pass_lock,

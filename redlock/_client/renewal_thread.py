@@ -6,8 +6,7 @@ does.
 
 It drives the sync client's renewal flow (redlock/_core/renewals.py) over a :class:`SyncTransport`
 of its own to the same endpoints. What must happen on the loop is handed to it: a loss (``on_lost``
-runs as a task there) and a node found restarted (the maintenance is a task).
-"""
+runs as a task there) and a node found restarted (the maintenance is a task)."""
 
 from __future__ import annotations
 
@@ -33,8 +32,7 @@ class RenewalThread:
     ``start(flow)`` runs the loop's flow in a new thread (the loop ends when no lock is
     left to renew; the next auto-extended acquire starts another); ``lost`` and
     ``maintain`` hand their work to the event loop that started it; ``close()`` (once
-    the loop has ended) closes the connections.
-    """
+    the loop has ended) closes the connections."""
 
     def __init__(self, endpoints: list[Endpoint], addresses: list[str],
                  connect_timeout: float, identify: Any, room: WaitingRoom, core: RedlockCore,

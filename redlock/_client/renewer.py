@@ -4,8 +4,7 @@ scheduled by the kernel). This is the holder's side: :class:`Renewer` offers the
 :class:`~redlock._core.renewals.Renewals` offers and leases each acquisition to the renewer
 process (:mod:`redlock._client.renewer_process`); :class:`Deadlines` is the memory both map (each
 side's latest renewal, read by ``check()`` without any thread running); :class:`Link` carries
-length-prefixed pickles over a socket pair.
-"""
+length-prefixed pickles over a socket pair."""
 
 from __future__ import annotations
 
@@ -244,8 +243,7 @@ class Renewer:
     ``nodes``: the nodes' endpoints; ``adopt(members)`` takes a membership record the renewals
     learnt; ``lost(state, handles)`` is told of each acquisition the renewer lost (where
     :meth:`_tell` puts it); ``observe(state, outcome, started_ns)`` of each renewal's outcome
-    while ``observing()`` says so.
-    """
+    while ``observing()`` says so."""
 
     def __init__(self, nodes: list[Endpoint], settings: Settings,
                  lost: Callable[[LockState, list[Any]], None],

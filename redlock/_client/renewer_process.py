@@ -2,8 +2,7 @@
 (:mod:`redlock._core.renewals`) in a process of its own, over a copy of each acquisition the holder
 leases it and a sync transport of its own. It writes each deadline into the shared memory, tells
 the holder of losses, forwards log records, renews nothing while the holder is stopped, and exits
-once it is gone. It ignores SIGINT and SIGTERM (sent to the whole group): the holder decides.
-"""
+once it is gone. It ignores SIGINT and SIGTERM (sent to the whole group): the holder decides."""
 
 from __future__ import annotations
 

@@ -5,8 +5,7 @@ Only the OpenTelemetry *API* is used (the ``otel`` extra). Nothing is recorded, 
 unwrapped, without the API, or when no provider was given and the global ones are still the no-op
 defaults: then the cost is one clock read per operation against :attr:`Telemetry.quiet_until` (the
 providers are looked up again once a second). When recording, an operation's flow is wrapped in an
-observer that forwards every request and reply unchanged and watches them go by.
-"""
+observer that forwards every request and reply unchanged and watches them go by."""
 
 from __future__ import annotations
 

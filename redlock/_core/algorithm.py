@@ -1,8 +1,7 @@
 """The Redlock algorithm with quorum fencing, free of I/O (docs/design.md §2-§5, §10 "What each
 object holds"): :class:`RedlockCore`, what one manager knows of its nodes, and the acquire, one
 route for every kind of grant (§2.6). Release, extend and loss are ``core.holding``'s; node
-amnesia is ``core.amnesia``'s.
-"""
+amnesia is ``core.amnesia``'s."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """What the core takes from the world, as inputs (docs/design.md §10): clocks, randomness and
 thread locks, in an :class:`Environment` (:func:`redlock._client.environment.real` builds the real
 one; tests hand fakes), so the core imports no ``time``, ``secrets``, ``threading``, ``asyncio`` or
-redis-py (an import-linter contract keeps it so).
-"""
+redis-py (an import-linter contract keeps it so)."""
 
 from __future__ import annotations
 
@@ -29,8 +28,7 @@ class Environment:
     ``clock``: monotonic seconds (validity, deadlines, waits); ``wall_clock``: seconds since the
     epoch, only where hosts must agree (the waiting line's tickets, node marker texts, a
     hand-over's age); ``random_hex(n)``: n random bytes as hex, from a source fit for secrets (lock
-    values let their holder release the lock); ``new_mutex``: a new lock for shared state.
-    """
+    values let their holder release the lock); ``new_mutex``: a new lock for shared state."""
 
     clock: Callable[[], float]
     wall_clock: Callable[[], float]

@@ -1,7 +1,6 @@
 """Hand-off in the release (docs/design.md §6.7): which messages a waiter may count, free of
 I/O; whether they make an acquisition is the acquire's to decide. The wake-up registry
-(:mod:`redlock._io.wakeups`) collects the messages naming a waiter, by node.
-"""
+(:mod:`redlock._io.wakeups`) collects the messages naming a waiter, by node."""
 
 from __future__ import annotations
 

@@ -34,8 +34,7 @@ class Handover:
     :meth:`to_json` / :meth:`from_json` (or :meth:`to_dict`, or pickle).
 
     ``validity`` is the seconds of validity the exporter had left at ``exported_at``
-    (wall clock, ``time.time()``); the adopter subtracts the time since then.
-    """
+    (wall clock, ``time.time()``); the adopter subtracts the time since then."""
 
     resource: str
     token: int

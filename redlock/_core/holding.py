@@ -1,8 +1,7 @@
 """What a holder does with an acquisition, free of I/O (docs/design.md §2.4, §5.1): release,
 extend and lose it, with the release calls and decisions the acquire also uses.
 :class:`Holding` is one object per core (``core.holding``), given what it counts by: the nodes,
-the settings, the membership rule, the request timeout.
-"""
+the settings, the membership rule, the request timeout."""
 
 from __future__ import annotations
 

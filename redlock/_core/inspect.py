@@ -1,7 +1,6 @@
 """Operator views and tools (``redlock.admin``): what the nodes hold for a resource, read in one
 read-only script per node (a consistent snapshot), and a forced release. The lock value is never
-read out: a holder is shown as a SHA1 prefix of its waiter id, enough to tell holders apart.
-"""
+read out: a holder is shown as a SHA1 prefix of its waiter id, enough to tell holders apart."""
 
 from __future__ import annotations
 
@@ -39,8 +38,7 @@ class NodeLockStatus:
     persistence) and is kept out of quorums: it rejoins once repaired, ``rejoins_in_s`` from now at
     the earliest (read from its amnesia episode, by its own clock; None while unknown). A node that
     could not be read has ``reachable`` False, ``error`` saying why, and None in the fields it
-    could not read.
-    """
+    could not read."""
 
     node: str
     reachable: bool

@@ -5,8 +5,7 @@ own; its tokens come from the counter of :meth:`Kind.token_name`.
 
 ACQUIRE of one resource and RELEASE, which every lock runs, are made from templates only
 (:class:`Template`, docs/design.md §2.6): made once per name with a :class:`Hole` for each value
-that changes per call, their command packed around the holes. Other calls are built each time.
-"""
+that changes per call, their command packed around the holes. Other calls are built each time."""
 
 from __future__ import annotations
 

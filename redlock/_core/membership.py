@@ -1,7 +1,6 @@
 """Changing the cluster's nodes online (docs/design.md §13.3), free of I/O: through a joint
 configuration, each step idempotent, so a change that stopped anywhere is completed by running it
-again. The manager that runs it must be configured with every node of the old and new sets.
-"""
+again. The manager that runs it must be configured with every node of the old and new sets."""
 
 from __future__ import annotations
 

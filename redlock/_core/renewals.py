@@ -2,8 +2,7 @@
 acquisition is renewed when a third of the validity it has left has passed, the renewals due
 together in one request; a lock whose validity runs out, or whose key a majority lost, is lost and
 its handles told. Acquisitions are held strongly, their handles weakly: one whose handles were all
-collected without a release is released, not renewed for ever.
-"""
+collected without a release is released, not renewed for ever."""
 
 from __future__ import annotations
 
@@ -64,8 +63,7 @@ class Renewals:
     """The auto-extended acquisitions of one manager, and the loop that renews them.
 
     ``start_loop`` runs a flow in the background (the shell's thread or task);
-    ``lost`` is told of every acquisition lost while renewed, with its live handles.
-    """
+    ``lost`` is told of every acquisition lost while renewed, with its live handles."""
 
     def __init__(self, core: RedlockCore, new_event: Callable[[], Wakeable],
                  start_loop: Callable[[Flow[None]], Any],

@@ -14,8 +14,7 @@ call, the node's reply or the exception it raised (never raised into the flow). 
 (:class:`Pause`, :class:`PauseUntilWoken`, :class:`Backoff`) or an :class:`Invoke` replies with an
 empty tuple. If executing a request raises (cancellation, KeyboardInterrupt, a callback's error),
 the driver throws it into the flow, which releases what it may have set and re-raises or handles
-it. :func:`drive` and :func:`drive_async` are the only flow loops.
-"""
+it. :func:`drive` and :func:`drive_async` are the only flow loops."""
 
 from __future__ import annotations
 
@@ -78,8 +77,7 @@ class Broadcast:
 
     ``lane``: connections of its own (one per node, kept between requests): the renewal
     loop's, so that a renewal never waits for a connection behind a burst of other
-    requests. None: the shared connections.
-    """
+    requests. None: the shared connections."""
 
     calls: tuple[Call, ...]
     timeout: float
@@ -120,8 +118,7 @@ class Backoff:
     :class:`~redlock._core.handoff.Handoffs`, §6.7). ``heard_before``: a wait for more of
     them, which returns at once if more were heard already. ``wake_at``: (attempt, k):
     such a wait ends only once k nodes' latest messages are hand-offs of that attempt (or
-    a message that is no hand-off, or its time).
-    """
+    a message that is no hand-off, or its time)."""
 
     seconds: float
     turns_key: str

@@ -1,8 +1,7 @@
 """Read-only views of the lock family (docs/design.md §12), free of I/O: who leads an election now
 (``leader()``, and the waits of ``observe()``), who holds a semaphore's permits, who holds a
 read-write lock. Each reads every node and believes only what a quorum of healthy nodes says (by
-the membership rule, §13.2): a snapshot, which may be stale by the time it returns.
-"""
+the membership rule, §13.2): a snapshot, which may be stale by the time it returns."""
 
 from __future__ import annotations
 

@@ -2,8 +2,7 @@
 messages parsed as they arrive, :class:`~redlock._io.async_wire.Wire`) and a task that
 keeps its subscriptions, started when a blocking acquire first waits and stopped after
 a while with nothing to listen to (docs/design.md §6; what to subscribe to and whom a
-message wakes is decided in :mod:`redlock._io.wakeups`).
-"""
+message wakes is decided in :mod:`redlock._io.wakeups`)."""
 
 from __future__ import annotations
 

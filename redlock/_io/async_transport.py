@@ -8,8 +8,7 @@ unanswered gets its release written behind it (:mod:`redlock._io.wire`).
 
 Per request and node an :class:`Exchange`, per request a :class:`Gathering`, per node the
 :class:`Slots` for new connections, per event loop one timer for every request's deadline
-(:class:`Deadlines`).
-"""
+(:class:`Deadlines`)."""
 
 from __future__ import annotations
 

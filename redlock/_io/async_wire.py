@@ -1,8 +1,7 @@
 """The asyncio client's connections: the library's own (docs/design.md §2.4), opened with the
 event loop's public API. A :class:`Wire` is the connection's protocol: commands written with one
 ``transport.write`` per node, replies parsed in ``data_received`` and handed in order to whoever is
-owed the next (``Sink``). No task, stream read or await per command.
-"""
+owed the next (``Sink``). No task, stream read or await per command."""
 
 from __future__ import annotations
 

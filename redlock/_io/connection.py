@@ -1,8 +1,7 @@
 """The sync client's connections: the library's own sockets (docs/design.md §2.4).
 :func:`open_connection` connects (TCP, Unix socket, TLS, a Sentinel's master) and logs in within
 the connect budget; a :class:`Connection` never waits for a reply: :func:`receive` returns a whole
-reply or :data:`NOTHING`, so a reply half received holds up no other node's.
-"""
+reply or :data:`NOTHING`, so a reply half received holds up no other node's."""
 
 from __future__ import annotations
 

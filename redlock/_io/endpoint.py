@@ -1,8 +1,7 @@
 """Where a node is and how to log in to it (docs/design.md §2.4): an :class:`Endpoint`, parsed
 from a URL or read from a redis-py client through its public settings (``connection_kwargs``,
 ``connection_class``, a credential provider, Sentinel's ``discover_master()``). An endpoint crosses
-to the renewer process as it is (§5.2). A Redis Cluster client is refused (§11.4).
-"""
+to the renewer process as it is (§5.2). A Redis Cluster client is refused (§11.4)."""
 
 from __future__ import annotations
 

@@ -3,8 +3,7 @@
 
 Replies are parsed with :func:`Reader`: hiredis's reader where hiredis is installed (its public
 ``Reader``), else :class:`PlainReader`, a small RESP2 parser in Python. An error reply is an
-instance of :data:`ReplyError`, returned, not raised: it is that call's result.
-"""
+instance of :data:`ReplyError`, returned, not raised: it is that call's result."""
 
 from __future__ import annotations
 

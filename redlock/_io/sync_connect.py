@@ -2,8 +2,7 @@
 thread of its own, with its own budget (``connect_timeout``), so that a request waits for it only
 until its own deadline and a hung node that accepts TCP but never answers the handshake costs one
 node timeout, not the connect budget. At most :data:`CONNECTS_PER_NODE` open at once per node; a
-node that refused a moment ago fails at once (:class:`~redlock._io.wire.Refusals`).
-"""
+node that refused a moment ago fails at once (:class:`~redlock._io.wire.Refusals`)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """The sync transport's background reader (see :mod:`redlock._io.wire`): one thread reads the
 replies still owed on connections whose request ended, then gives them back (or closes them past
 their deadline). Releases go behind unanswered acquires of their lock value (``trail_releases``);
-final releases that found no free connection wait for the next one given back (``queue``).
-"""
+final releases that found no free connection wait for the next one given back (``queue``)."""
 
 from __future__ import annotations
 

@@ -4,8 +4,7 @@ them all), started when a blocking acquire first waits and stopped after a while
 nothing to listen to (docs/design.md §6; what to subscribe to and whom a message wakes
 is decided in :mod:`redlock._io.wakeups`). Connections are opened by short-lived helper
 threads (:func:`~redlock._io.connection.open_connection`), so a node that is slow to
-answer holds up no other node's messages.
-"""
+answer holds up no other node's messages."""
 
 from __future__ import annotations
 

@@ -7,8 +7,7 @@ once its replies are in, or decide it (the stragglers' grace, :class:`~redlock._
 or at its deadline, leaving the rest to the drainer (:mod:`redlock._io.sync_drainer`). Everything
 else is a branch of this route: new connections opened in the background
 (:mod:`redlock._io.sync_connect`), NOSCRIPT, replies half received, an interruption (every
-connection is left in the pool, with the drainer, or closed).
-"""
+connection is left in the pool, with the drainer, or closed)."""
 
 from __future__ import annotations
 

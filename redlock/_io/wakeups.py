@@ -5,8 +5,7 @@ A message wakes the local waiter it names, or, naming nobody, the first local wa
 channel: one, not the herd. Subscriptions linger :data:`LINGER` seconds after the last wait. A
 release before a subscription came up was missed, so its waiters are woken to look again then; a
 message that woke nobody is kept a while for a waiter's first watch to claim
-(:meth:`WakeRegistry._claim`). Wake-ups are hints: a lost one costs a wait, never safety.
-"""
+(:meth:`WakeRegistry._claim`). Wake-ups are hints: a lost one costs a wait, never safety."""
 
 from __future__ import annotations
 

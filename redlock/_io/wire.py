@@ -5,8 +5,7 @@ the identity probe, NOSCRIPT), a request's end (:class:`Gathering`: its deadline
 timeout a first request learns, the early decision, the stragglers' grace), and late
 connections: one whose replies were not all read is kept, read in the background and
 given back; an acquire still unanswered on it gets the release of its lock value written
-*behind* it, so the node runs them in order (§5.5).
-"""
+*behind* it, so the node runs them in order (§5.5)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """What each log event says to a person: its sentence, over the event's fields (docs/events.md
 shows them). A template is a ``str.format`` string naming the event's fields
 (``tests/test_logging.py`` checks them); lists read as ``a, b`` (``none`` when empty); sentences
-start in lower case and name nodes by ``host:port``.
-"""
+start in lower case and name nodes by ``host:port``."""
 
 from __future__ import annotations
 

@@ -4,8 +4,7 @@
 Each event is one record on a logger under ``redlock``: the message is its sentence
 (:mod:`redlock._observe.events`), the record attribute ``event`` its name and its fields are record
 attributes too (``extra``). The top loggers carry a ``NullHandler``. Usage: ``log =
-get_logger(__name__)``, then ``log.debug("redlock.x", a=1)``.
-"""
+get_logger(__name__)``, then ``log.debug("redlock.x", a=1)``."""
 
 from __future__ import annotations
 

@@ -7,8 +7,7 @@ counted; ``redlock.node_still_failing`` gives the counts at most once per ``summ
 the node has answered again and not failed for ``settle_s`` (long enough that the failures in
 flight, and the reconnections after a restart, belong to the same outage),
 ``redlock.node_answers_again`` ends the outage. With every node answering the hot path pays one
-truth test of an empty dict (``current``).
-"""
+truth test of an empty dict (``current``)."""
 
 from __future__ import annotations
 

@@ -4,8 +4,7 @@
 Each is shown once per call site by Python's default filter, at the caller's line: :func:`warn`
 points the warning at the first frame outside the library, however deep the call that noticed it.
 ``warnings.filterwarnings("ignore", category=...)`` silences one kind; ``"error"`` turns it into an
-exception (as the test suites of careful applications do).
-"""
+exception (as the test suites of careful applications do)."""
 
 from __future__ import annotations
 

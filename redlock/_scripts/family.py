@@ -1,8 +1,7 @@
 """Lua scripts of the lock family (docs/design.md §12): what the mutex's scripts
 (:mod:`redlock._scripts.lock`) do not already serve with the kind's keys. Every script that grants,
 commits or renews starts with the membership check (``guarded``, §13.1), every granting one then
-with the marker check (§4, §4.1), and takes tokens with the mutex's ``settle``.
-"""
+with the marker check (§4, §4.1), and takes tokens with the mutex's ``settle``."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """Lua scripts run atomically on each Redis node (the keys: docs/design.md's key table). Every
 script is a module constant with a header naming its KEYS, ARGV and replies; reply codes are named
-here, and :mod:`redlock._scripts.replies` is the one place that reads replies.
-"""
+here, and :mod:`redlock._scripts.replies` is the one place that reads replies."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """Lua scripts of node identity and repair (docs/design.md §4): the node marker, its format and
 run-id stamp, amnesia episodes, re-seeding; conventions as in :mod:`redlock._scripts.lock`. Every
 marker written begins with :data:`FORMAT` (``format=1 run_id=<server run> <what wrote it>``); a
-marker of another format (§4.1) is neither re-stamped nor removed here.
-"""
+marker of another format (§4.1) is neither re-stamped nor removed here."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """Reading the nodes' replies: the one place that knows each script's reply shape and codes
 (docs/design.md §2.2, §3, §4, §5). Replies come raw (bytes, ints, lists), or as a
 :class:`NodeFailure` or ``NotAwaited``; a malformed reply is never raised, it is a failure of that
-node. (The membership record's scripts have their readers in :mod:`redlock._scripts.record`.)
-"""
+node. (The membership record's scripts have their readers in :mod:`redlock._scripts.record`.)"""
 
 from __future__ import annotations
 

@@ -16,8 +16,7 @@ and the operator's tools. docs/operations.md has the whole story.
 people (drawn with ``rich`` when it is installed: ``pip install "redlock-fenced[cli]"``),
 ``--json`` for scripts. Problems with nodes (bad URL, connection refused, wrong password, timeout)
 are one line each on stderr, never a traceback. This module parses, runs the commands and picks the
-exit codes; what they print is rendered by :mod:`redlock.cli.render`.
-"""
+exit codes; what they print is rendered by :mod:`redlock.cli.render`."""
 
 from __future__ import annotations
 

@@ -31,8 +31,7 @@ faults as fixtures. ``capture_events()`` collects the library's log events in a 
 
 Importing this package imports none of that: each name is loaded from its module on
 first use, so that the pytest plugin (a module of this package, loaded into every pytest
-session that has the package installed) costs nothing until a fixture is used.
-"""
+session that has the package installed) costs nothing until a fixture is used."""
 
 from __future__ import annotations
 

@@ -28,8 +28,7 @@ run left behind. testcontainers' own reaper (Ryuk) is left as its configuration 
 Needs the ``docker`` extra (``pip install 'redlock-fenced[docker]'``: testcontainers,
 with the docker SDK) and a Docker engine on this machine (``$DOCKER_HOST``, the
 current docker context, or the default socket, as testcontainers finds it).
-testcontainers is imported on the first start, not with this module.
-"""
+testcontainers is imported on the first start, not with this module."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """The Docker engine side of the Docker backend (:mod:`redlock.testing.containers`):
 which images, the labels every container gets, the engine client, and the clean-up of
-containers whose creating process is gone (a killed run).
-"""
+containers whose creating process is gone (a killed run)."""
 
 from __future__ import annotations
 

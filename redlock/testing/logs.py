@@ -10,8 +10,7 @@ Each event is a dict: ``event`` (its name), ``log_level`` (``"debug"``, ``"info"
 ``"error"``), ``logger`` (``redlock._core.algorithm``, ...), ``message`` (the sentence a person
 reads) and the event's fields; the shape of ``structlog.testing.capture_logs``, plus the message.
 pytest's ``caplog`` works too: the records' message is the event's sentence, the name is their
-``event`` attribute and the fields are record attributes.
-"""
+``event`` attribute and the fields are record attributes."""
 
 from __future__ import annotations
 

@@ -6,8 +6,7 @@ hands, kept out of the public constructor (docs/design.md §10).
     dlm = manager(urls, clock=fake.now, sleep=fake.advance, node_timeout=0.2)
     adlm = manager(urls, asynchronous=True, sleep=fake.asleep)    # an AsyncRedlock
 
-Everything else is ``Redlock(nodes, **options)`` (``AsyncRedlock``) as applications build it.
-"""
+Everything else is ``Redlock(nodes, **options)`` (``AsyncRedlock``) as applications build it."""
 
 from __future__ import annotations
 
@@ -55,8 +54,7 @@ def manager(nodes: Iterable[Any], *, clock: Callable[[], float] | None = None,
         asynchronous: an :class:`redlock.AsyncRedlock` instead of a
             :class:`redlock.Redlock`.
         **options: the constructor's other options (``namespace``, ``node_timeout``,
-            ``max_ttl``...).
-    """
+            ``max_ttl``...)."""
     hooks = Hooks(time.monotonic if clock is None else clock, sleep)
     if asynchronous:
         from redlock.aio import AsyncRedlock

@@ -55,8 +55,7 @@ Backends (``--redlock-backend``, ini ``redlock_backend``, or ``$REDLOCK_TEST_BAC
 raise. ``docker`` runs them in containers with testcontainers (``pip install
 'redlock-fenced[docker]'`` and a Docker engine on this machine), on the images ``redis:7`` and
 ``ghcr.io/shopify/toxiproxy:2.12.0`` unless ``$REDLOCK_REDIS_IMAGE`` / ``$REDLOCK_TOXIPROXY_IMAGE``
-name others, see :mod:`redlock.testing.containers`.
-"""
+name others, see :mod:`redlock.testing.containers`."""
 
 from __future__ import annotations
 

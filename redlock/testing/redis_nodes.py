@@ -77,8 +77,7 @@ class RedisNode:
 
     ``appendonly`` turns the AOF on, with ``appendfsync`` (``always`` by default: every
     write is on disk before the reply, so a kill -9 loses nothing; ``everysec`` may lose
-    the last second). Both attributes may be changed between a stop and the next start.
-    """
+    the last second). Both attributes may be changed between a stop and the next start."""
 
     def __init__(self, *, data_dir: Path, port: int | None = None, host: str = "127.0.0.1",
                  appendonly: bool = False, appendfsync: str = "always",
@@ -249,8 +248,7 @@ class RedisNode:
         """kill -9 and start again on the same port, with or without its files.
 
         Without AOF there is nothing on disk, so the node comes back empty either way:
-        the node amnesia of docs/design.md §4.
-        """
+        the node amnesia of docs/design.md §4."""
         self.kill()
         if not keep_data:
             self.wipe()

@@ -6,8 +6,7 @@ than the one answering (a restart, a promoted replica: until judged, its grants 
 durable restart is re-stamped, anything else becomes a total loss). A node of another format
 (§4.1) is not used at all. An episode key on the node records when it may rejoin (§4.3.1); a
 repair succeeds only from then on, checked by the node itself. Judging and repairing run in the
-manager's background maintenance, never on an acquire's path.
-"""
+manager's background maintenance, never on an acquire's path."""
 
 from __future__ import annotations
 

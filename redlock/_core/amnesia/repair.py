@@ -1,8 +1,7 @@
 """Repairing nodes that lost their data, and the admin steps around it (docs/design.md §4.5,
 §4.8): counters re-seeded from a majority of healthy nodes, then the marker given back, which the
 node refuses before its episode's rejoin time (§4.3.1). A node of another format is reported and
-left alone. ``initialise()`` ends an interrupted initialisation and, forced, a majority's loss.
-"""
+left alone. ``initialise()`` ends an interrupted initialisation and, forced, a majority's loss."""
 
 from __future__ import annotations
 
