@@ -8,8 +8,8 @@ from __future__ import annotations
 from redlock._scripts.script import Script
 from redlock._scripts.shared import (
     LINE_FUNCTIONS,
-    OWNER_FUNCTIONS,
     TOKEN_FUNCTIONS,
+    VALUE_FUNCTIONS,
     guarded,
     raise_horizon,
 )
@@ -29,7 +29,7 @@ PROCLAIM = guarded(
 -- The record (<term> <holder> <identity>, holder = first 12 hex digits of the waiter
 -- id, SHA1 of the lock value's call part, docs/design.md §2.1)
 -- lives as long as the leader key; an observer is woken with the identity.
-""" + OWNER_FUNCTIONS + """
+""" + VALUE_FUNCTIONS + """
 local pttl = redis.call('PTTL', KEYS[1])
 if pttl <= 0 or redis.call('GET', KEYS[1]) ~= ARGV[1] then
     return 0
@@ -68,7 +68,7 @@ LEADER = Script(
 --   record  '<term> <holder> <identity>' of the last proclaimed term, '' when none
 --   format  the node's format: 1 this client's; 0 no marker, it lost its data, or
 --           another (a newer release's, -1 none this client reads): not to be believed
-""" + TOKEN_FUNCTIONS + OWNER_FUNCTIONS + """
+""" + TOKEN_FUNCTIONS + VALUE_FUNCTIONS + """
 local value = redis.call('GET', KEYS[1])
 local holder = ''
 if value then
@@ -102,7 +102,7 @@ SEM_ACQUIRE = guarded(
 --         {-4, format}       the marker names another format (see ACQUIRE): refuses
 -- A waiter granted leaves the line (several are served at once, §12.2); if slots are
 -- left, the next in line is woken.
-""" + LINE_FUNCTIONS + TOKEN_FUNCTIONS + OWNER_FUNCTIONS + """
+""" + LINE_FUNCTIONS + TOKEN_FUNCTIONS + VALUE_FUNCTIONS + """
 local format = node_format(KEYS[1])
 if format == 0 then
     return {-1, 0}
@@ -187,7 +187,7 @@ SEM_RELEASE = Script(
 -- a waiter in line, which gets its place back where the grant took it (absent: none)
 -- returns 1 when a slot holding our lock value was deleted, 0 when none was ours
 -- When a slot became free, publishes the waiter id of the first in line ('' if none).
-""" + LINE_FUNCTIONS + OWNER_FUNCTIONS + """
+""" + LINE_FUNCTIONS + VALUE_FUNCTIONS + """
 local released = 0
 for i = 4, #KEYS do
     local holder = redis.call('GET', KEYS[i])
@@ -221,7 +221,7 @@ SEM_INSPECT = Script(
 -- KEYS[1..K] the slot keys
 -- returns per slot {pttl, holder}: PTTL (-2 free) and the first 12 hex digits of the
 -- holder's waiter id (SHA1 of the lock value's call part; '' free); writes nothing
-""" + OWNER_FUNCTIONS + """
+""" + VALUE_FUNCTIONS + """
 local reply = {}
 for i = 1, #KEYS do
     local value = redis.call('GET', KEYS[i])
@@ -271,7 +271,7 @@ RW_ACQUIRE = guarded(
 --         {3, ahead}   not our turn: a writer waits ahead (read), or someone (write)
 --         {-1, 0}      no node marker: amnesiac node, refuses
 --         {-4, format} the marker names another format (see ACQUIRE): refuses
-""" + LINE_FUNCTIONS + TOKEN_FUNCTIONS + OWNER_FUNCTIONS + _READERS_FUNCTIONS + """
+""" + LINE_FUNCTIONS + TOKEN_FUNCTIONS + VALUE_FUNCTIONS + _READERS_FUNCTIONS + """
 local format = node_format(KEYS[1])
 if format == 0 then
     return {-1, 0}
@@ -369,7 +369,7 @@ READ_EXTEND = guarded(
 -- KEYS[1] the readers
 -- ARGV[1] lock value, ARGV[2] new ttl in ms
 -- returns 1 when our read was still live and its lease was reset, else 0
-""" + LINE_FUNCTIONS + OWNER_FUNCTIONS + _READERS_FUNCTIONS + """
+""" + LINE_FUNCTIONS + VALUE_FUNCTIONS + _READERS_FUNCTIONS + """
 local now = now_ms()
 local reader = waiter_of(ARGV[1]) .. attempt_of(ARGV[1])
 local score = redis.call('ZSCORE', KEYS[1], reader)
@@ -390,7 +390,7 @@ READ_WRITE_BACK = guarded(
 -- ARGV[1] lock value, ARGV[2] token, ARGV[3] the name's bucket
 -- returns 1 when our read is live on the node and its counter is now >= token, else 0
 -- (also where the marker is missing or of another format: not counted)
-""" + LINE_FUNCTIONS + TOKEN_FUNCTIONS + OWNER_FUNCTIONS + """
+""" + LINE_FUNCTIONS + TOKEN_FUNCTIONS + VALUE_FUNCTIONS + """
 if node_format(KEYS[3]) ~= 1 then
     return 0
 end
@@ -413,7 +413,7 @@ READ_RELEASE = Script(
 -- release of a failed attempt (ARGV[2] '0'), which puts its place back where the grant took it
 -- returns 1 when our read was there and is gone, 0 when it was not
 -- When the last reader left, publishes the waiter id of the first in line ('' if none).
-""" + LINE_FUNCTIONS + OWNER_FUNCTIONS + """
+""" + LINE_FUNCTIONS + VALUE_FUNCTIONS + """
 local me = waiter_of(ARGV[1])
 local now = now_ms()
 local released = redis.call('ZREM', KEYS[1], me .. attempt_of(ARGV[1]))
@@ -441,7 +441,7 @@ RW_INSPECT = Script(
 -- (-2 none) and the first 12 hex digits of its waiter id (SHA1 of the lock value's call
 -- part, '' none), then each live reader's (the first 12 hex digits of its id: the same)
 -- and lease left; writes nothing
-""" + LINE_FUNCTIONS + OWNER_FUNCTIONS + """
+""" + LINE_FUNCTIONS + VALUE_FUNCTIONS + """
 local now = now_ms()
 local value = redis.call('GET', KEYS[1])
 local reply = {redis.call('PTTL', KEYS[1]), ''}

@@ -11,8 +11,8 @@ from redlock._scripts.script import Script
 from redlock._scripts.shared import (
     LINE_FUNCTIONS,
     OTHER_FORMAT,
-    OWNER_FUNCTIONS,
     TOKEN_FUNCTIONS,
+    VALUE_FUNCTIONS,
     guarded,
     raise_horizon,
 )
@@ -79,7 +79,7 @@ if usual and redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
 end
 """,
     checked_usual=False,
-    source=LINE_FUNCTIONS + TOKEN_FUNCTIONS + OWNER_FUNCTIONS + """
+    source=LINE_FUNCTIONS + TOKEN_FUNCTIONS + VALUE_FUNCTIONS + """
 local format = usual and 1 or node_format(KEYS[3])
 if format == 0 then
     return {-1, 0}
@@ -197,7 +197,7 @@ ACQUIRE_MANY = guarded(
 --                          for the whole set, one above every counter involved (or, when
 --                          every key was ours already, the highest of them as it is), to
 --                          which every member's bucket is raised
-""" + TOKEN_FUNCTIONS + OWNER_FUNCTIONS + """
+""" + TOKEN_FUNCTIONS + VALUE_FUNCTIONS + """
 local format = node_format(KEYS[1])
 if format == 0 then
     return {-1, 0}
@@ -252,9 +252,9 @@ WRITE_BACK = guarded(
 -- (also where the marker is missing or of another format: not counted)
 -- (a reservation for us, docs/design.md §6.7, is our key: it becomes our lock value,
 -- with the PTTL it had; another attempt's value of our call is not this attempt's grant)
--- The owner check is what makes the write-back safe: counting a node that does not
+-- The value check is what makes the write-back safe: counting a node that does not
 -- hold our key could let a stale token overtake a committed one (docs/design.md §3.3).
-""" + TOKEN_FUNCTIONS + OWNER_FUNCTIONS + """
+""" + TOKEN_FUNCTIONS + VALUE_FUNCTIONS + """
 if node_format(KEYS[3]) ~= 1 then
     return 0
 end
@@ -311,7 +311,7 @@ if holder == ARGV[1] and not queued and ticket == '' then
     end
     return 1
 end
-""" + LINE_FUNCTIONS + TOKEN_FUNCTIONS + OWNER_FUNCTIONS + """
+""" + LINE_FUNCTIONS + TOKEN_FUNCTIONS + VALUE_FUNCTIONS + """
 local ttls = KEYS[5]
 -- Our waiter id, where a line or a reservation needs it (most releases: neither, and
 -- SHA1 is the costliest step of this script without them).
@@ -412,7 +412,7 @@ if holder == ARGV[1] then
     return 1
 end
 -- (The shared functions only past the usual case: a renewal, on every call.)
-""" + OWNER_FUNCTIONS + """
+""" + VALUE_FUNCTIONS + """
 if holder and holder == 'handoff:' .. waiter_of(ARGV[1]) then
     redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 """ + raise_horizon("MEMBERS_KEY", "ARGV[2]") + """
@@ -431,7 +431,7 @@ OWNED_PTTL = Script(
 -- ARGV[1] lock value
 -- returns the key's PTTL in ms when it holds this lock value (or a reservation for it,
 -- docs/design.md §6.7), else -2
-""" + OWNER_FUNCTIONS + """
+""" + VALUE_FUNCTIONS + """
 local holder = redis.call('GET', KEYS[1])
 if holder == ARGV[1] or (holder and holder == 'handoff:' .. waiter_of(ARGV[1])) then
     return redis.call('PTTL', KEYS[1])

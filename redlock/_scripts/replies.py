@@ -214,7 +214,7 @@ def acquire_set_nothing(reply: object) -> bool:
         scripts.ACQUIRE_OTHER_FORMAT, shared.STALE_EPOCH)
 
 
-# -- the owner-checked scripts: EXTEND, WRITE_BACK, RELEASE ------------------------------
+# -- the value-checked scripts: EXTEND, WRITE_BACK, RELEASE ------------------------------
 
 
 def acked(reply: object) -> bool:
@@ -228,7 +228,7 @@ def key_gone(reply: object) -> bool:
 
 
 def ack_outcome(node: str, reply: object, *, refused: str) -> NodeResult:
-    """An owner-checked script's reply: 1 = done, 0 = our key is not there. Only a 0 the
+    """An value-checked script's reply: 1 = done, 0 = our key is not there. Only a 0 the
     node sent is a refusal: anything else (no reply read, a failure, a reply of another
     shape, a refusal of the client's epoch) is an error and says nothing about our key."""
     if type(reply) is int and reply == 1:  # the usual case first

@@ -134,7 +134,7 @@ def raise_horizon(record: str, ttl: str) -> str:
 # then comes its attempt's number (docs/design.md §2.1; redlock._core.tokens makes them).
 CALL_DIGITS = 32
 
-OWNER_FUNCTIONS = f"""
+VALUE_FUNCTIONS = f"""
 -- Lock values are '<call><attempt>' (docs/design.md §2.1): the acquire call's secret,
 -- {CALL_DIGITS} hex digits, then its attempt's number in 8, so two values of one call
 -- compare as their attempts do.

@@ -5,7 +5,7 @@ header per script naming its KEYS, ARGV and replies); that module re-exports bot
 from __future__ import annotations
 
 from redlock._scripts.script import Script
-from redlock._scripts.shared import LINE_FUNCTIONS, OWNER_FUNCTIONS, TOKEN_FUNCTIONS
+from redlock._scripts.shared import LINE_FUNCTIONS, TOKEN_FUNCTIONS, VALUE_FUNCTIONS
 
 INSPECT = Script(
     "inspect",
@@ -25,7 +25,7 @@ INSPECT = Script(
 --              revealing the lock value (which would let anyone release)
 --   episode    the amnesia episode ('<since ms> <run id> <why>'), '' when none
 --   now        this node's clock in ms (the episode's age is measured on it)
-""" + TOKEN_FUNCTIONS + OWNER_FUNCTIONS + """
+""" + TOKEN_FUNCTIONS + VALUE_FUNCTIONS + """
 local value = redis.call('GET', KEYS[1])
 local holder = ''
 if value and string.sub(value, 1, 8) == 'handoff:' then
