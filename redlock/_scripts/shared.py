@@ -52,12 +52,9 @@ def guarded(name: str, source: str, *, usual: str = "", copies: bool = True,
 
 # -- the node's format and fence counters (docs/design.md §3, §4.1) ---------------------
 #
-# A node's format is the one its marker names (``format=<n>`` first, written by the node
-# scripts, :mod:`redlock._scripts.node`). ``node_format`` answers 0 for no marker (it lost
-# its data, or is new: it refuses to grant), 1 for this client's format, else the other
-# format the marker names (a newer release's; -1 when it names none this client reads): a
-# node this client must not use. A resource's counter is one field (its bucket, from a
-# hash of its name) of the node's hash of counters.
+# ``node_format``: 0 for no marker (it refuses to grant), 1 for this client's format, else
+# the other format the marker names (-1: none this client reads). A resource's counter is
+# one field (its bucket) of the node's hash of counters.
 
 #: A granting script's refusal on a node whose marker names another format than this
 #: client's: ``{-4, format}`` (-1: it names none this client reads), nothing changed.
@@ -105,11 +102,9 @@ end
 
 # -- the node's lease horizon (docs/design.md §4.3.1) ----------------------------------
 #
-# ``ns:node:horizon``: a key whose own expiry is, within HORIZON_SLACK_MS, the latest
-# expiry of any lease the node granted or extended. Every script that sets or extends a
-# lease's TTL raises it; a node that lost data is kept out of quorums until the horizons
-# of the nodes that could have granted with it have passed. Its name is the membership
-# record's (the last key of every granting script) with ``members`` replaced.
+# ``ns:node:horizon``: its expiry is, within HORIZON_SLACK_MS, the latest of any lease the
+# node granted or extended; named as the membership record (the last key) with ``members``
+# replaced.
 
 def raise_horizon(record: str, ttl: str) -> str:
     """Lua (a block) that raises the node's lease horizon to a lease of ``ttl`` ms from
@@ -120,15 +115,10 @@ def raise_horizon(record: str, ttl: str) -> str:
             f"redis.call('SET', hk, '1', 'PX', {ttl}) end end\n")
 
 
-# -- the waiting line (docs/design.md §6) ----------------------------------------------
+# -- the waiting line (docs/design.md §6.3) --------------------------------------------
 #
-# A blocking acquire waits in a line per resource on each node: a sorted set of waiter ids (SHA1 of
-# the lock value: the line never shows a lock value) ordered by a ticket the waiter sends unchanged
-# to every node, so every node agrees on the order. A free lock is granted only to the first in
-# line; waiters woken together therefore do not split the nodes between them. Each entry has a
-# deadline (a second sorted set, by the node's clock) that every attempt of its waiter pushes back
-# by the patience: the entry of a waiter that died lapses on its own, however long the holder keeps
-# the lock. Both keys expire with their last entry.
+# Per resource, a sorted set of waiter ids by ticket, and one of their deadlines by the node's
+# clock (each attempt pushes its entry's back by the patience). Both expire with their last entry.
 
 # A lock value starts with its acquire call's secret, this many hex digits, drawn once per call;
 # then comes its attempt's number (docs/design.md §2.1; redlock._core.tokens makes them).
@@ -188,9 +178,8 @@ end
 -- early: a user without channel permissions (Redis 7 ACL resetchannels) must still
 -- release cleanly, so errors are ignored. ``giver``: the waiter id of a failed attempt
 -- releasing its grant (nil for a holder's release): then only another waiter, named, wakes.
--- A message naming nobody, or the giver, would wake the giver itself (its own process
--- hears it first), which would try again at once: refused again by the nodes the
--- holder still has, as fast as round trips go (docs/design.md §6.4).
+-- A message naming nobody, or the giver, would wake the giver itself, which would try
+-- again at once, as fast as round trips go (docs/design.md §6.4).
 local function wake_first(line, deadlines, channel, now, giver)
     local first = ''
     if redis.call('EXISTS', line) == 1 then
