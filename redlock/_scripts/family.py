@@ -409,8 +409,8 @@ READ_RELEASE = Script(
     """
 -- KEYS[1] the readers, KEYS[2] the release channel, KEYS[3] the line, KEYS[4] deadlines
 -- ARGV[1] lock value (its attempt's read goes, §2.1), ARGV[2] '1': also leave the line
--- ARGV[3] patience in ms, ARGV[4] the reader's score in line: a failed attempt's
--- release of a failed attempt (ARGV[2] '0'), which puts its place back where the grant took it
+-- ARGV[3] patience in ms, ARGV[4] the reader's score in line: a failed attempt's release
+-- (ARGV[2] '0') puts its place back where the grant took it
 -- returns 1 when our read was there and is gone, 0 when it was not
 -- When the last reader left, publishes the waiter id of the first in line ('' if none).
 """ + LINE_FUNCTIONS + VALUE_FUNCTIONS + """
