@@ -1,8 +1,6 @@
-"""What every handle of one manager shares, and all a handle needs of its manager (docs/design.md
-§10): the core, telemetry, the renewal loop, the reentrancy registry, the owner of the calling
-code, how to drive a flow, and who to tell of releases and losses. Handles know the registry, never
-the manager, so the two do not know each other: the manager builds the registry and the handles,
-and the registry tells handles of a loss through what a handle offers (:class:`LossListener`)."""
+"""What every handle of one manager shares, and all a handle needs of it (docs/design.md §10):
+handles know the registry, never the manager, and are told of a loss through what they offer
+(:class:`LossListener`)."""
 
 from __future__ import annotations
 

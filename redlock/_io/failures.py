@@ -1,11 +1,6 @@
-"""What goes wrong with a node, in the library's own terms, at the I/O boundary:
-everything above sees a :class:`~redlock._scripts.replies.NodeFailure` with a kind
-(timeout, unreachable, authentication, permission, read-only, cluster, error reply,
-closed) and the error's type and text for people.
-
-The transports raise the exceptions defined here (the sockets are the library's own,
-:mod:`redlock._io.connection`); an error *reply* is the parser's
-:data:`redlock._io.resp.ReplyError`, classified by the code it starts with."""
+"""What goes wrong with a node, in the library's own terms, mapped once at the I/O boundary:
+everything above sees a :class:`~redlock._scripts.replies.NodeFailure` with a kind and the
+error's type and text; an error *reply* is classified by the code it starts with."""
 
 from __future__ import annotations
 

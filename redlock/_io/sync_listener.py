@@ -1,10 +1,7 @@
-"""The sync client's release listener: one subscription connection per node, all read
-by one thread (a release's messages from N nodes arrive together: one wake-up reads
-them all), started when a blocking acquire first waits and stopped after a while with
-nothing to listen to (docs/design.md §6; what to subscribe to and whom a message wakes
-is decided in :mod:`redlock._io.wakeups`). Connections are opened by short-lived helper
-threads (:func:`~redlock._io.connection.open_connection`), so a node that is slow to
-answer holds up no other node's messages."""
+"""The sync client's release listener (docs/design.md §6.4): one subscription connection per
+node, all read by one thread (a release's messages from N nodes arrive together: one wake-up
+reads them all); connections opened by short-lived helper threads, so a slow node holds up no
+other's messages. What to subscribe to and whom to wake: :mod:`redlock._io.wakeups`."""
 
 from __future__ import annotations
 
