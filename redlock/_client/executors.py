@@ -39,10 +39,8 @@ T = TypeVar("T")
 
 
 class _Executor:
-    """What both executors hold: the manager's waiting room (local turns, the release
-    listener), the core (its ``absorb``, and its nodes' health: a node newly needs the
-    maintenance), the ``maintain`` hook that sees to restarted or amnesiac nodes, and a
-    test's injected sleep (None: the real waits)."""
+    """What both executors hold: the waiting room, the core's ``absorb`` and node health, the
+    ``maintain`` hook for restarted or amnesiac nodes, a test's sleep (None: the real waits)."""
 
     def __init__(self, room: WaitingRoom, core: RedlockCore, maintain: Callable[[], None],
                  sleep: Callable[[float], Any] | None) -> None:
@@ -66,10 +64,8 @@ class _Executor:
         return turns, wake, seconds
 
     def _end_call(self, waiter: Waiter[Any]) -> None:
-        """A driven call is over: out of its local turns (if it waited), and a node that a
-        request of it found restarted or without its marker is seen to (the maintenance
-        starts in the background, or is told). (Asked by the drivers only when one of
-        these is so: every call ends.)"""
+        """A driven call is over (asked only when there is something to do): out of its
+        local turns, and a node its requests found restarted or unmarked is seen to."""
         if waiter.key is not None or waiter.watch is not None:
             self._room.end_call(waiter)
         if self._health.news:

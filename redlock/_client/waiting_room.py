@@ -201,12 +201,10 @@ class WaitingRoom:
 
     def watch_releases(self, backoff: Backoff, waiter: Waiter[Any]) -> float:
         """From an acquire call's first wait to its end (:meth:`end_call`), a release on the wait's
-        channels wakes it (``waiter.wake``). Returns how long to wait: the patient wait once
-        releases on every channel are heard from a quorum of nodes, subscribed there before the
-        call's latest attempt went out. A release in between, on a node not yet subscribed, was not
-        heard: it may have handed the lock to this very call, which would then sleep its whole
-        patient wait (0.5 s) holding a reservation nobody else can take (docs/design.md §6.7). Then
-        it waits its backoff instead, no longer than the patient wait, and tries again."""
+        channels wakes it (``waiter.wake``). Returns how long to wait: the patient wait once every
+        channel is heard from a quorum of nodes subscribed before the call's latest attempt went
+        out; else its backoff, no longer (a release it did not hear may have handed it the lock,
+        docs/design.md §6.4)."""
         if (waiter.watch is None and waiter.wake is not None and backoff.channels
                 and not self._closing.is_set()):
             waiter.watch = self.wakeups.watch(backoff.channels, backoff.waiter, waiter.wake,
@@ -259,10 +257,8 @@ class WaitingRoom:
             waiter.watch = None
 
     def released(self, state: LockState) -> None:
-        """Wake this manager's local waiters for what ``state`` held, unless the
-        release's own message does (a subscribed channel: the message wakes the first
-        in the nodes' line, wherever it waits; waking the first local waiter as well
-        would cost an attempt whenever that is not the same waiter)."""
+        """Wake this manager's first local waiter for what ``state`` held, unless the release's
+        own message wakes the first in the nodes' line (a subscribed channel)."""
         if self.turns.idle():  # nobody of this manager waits (a waiter that comes in
             return  # after this look tries after the release: it finds the lock free)
         key = self._core.turns_key(state.resources, state.kind)
