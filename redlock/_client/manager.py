@@ -253,7 +253,7 @@ class ManagerBase(Generic[H, MH]):
                     self._generation = _fork.generation
 
     def _after_fork(self) -> None:
-        """In a forked child (redlock/_fork.py): own connections, lines, renewals and
+        """In a forked child (redlock/_fork.py): own connections, local turns, renewals and
         listener; the parent's acquisitions stay the parent's (its renewal loop keeps
         renewing them there, and the child neither renews nor releases them)."""
         closed = self._closing.is_set()
