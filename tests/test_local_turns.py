@@ -1,4 +1,4 @@
-"""Handoff between waiters of one manager: a release wakes the longest local waiter at
+"""The local turns of one manager: a release wakes the longest local waiter at
 once (no waiting out its backoff), and local acquire attempts on one resource take
 turns instead of splitting the nodes between them. Real nodes, both clients
 (tests/clients.py): the owners are threads (sync) or tasks (async)."""
