@@ -36,9 +36,8 @@ def find_redis_server(explicit: str | None = None) -> str:
     return candidate
 
 
-# Ports handed out lately by this process: nodes built together take their ports before
-# any of them listens, and the kernel may give the same free port twice (CI: two nodes of
-# one cluster on one port).
+# Ports handed out lately by this process: nodes built together take their ports before any
+# of them listens, and the kernel may give the same free port twice.
 _ISSUED: collections.OrderedDict[tuple[str, int], None] = collections.OrderedDict()
 _ISSUED_LOCK = threading.Lock()
 
@@ -172,10 +171,8 @@ class RedisNode:
             try:
                 with self.client(socket_timeout=0.5, socket_connect_timeout=0.5) as probe:
                     if probe.ping():
-                        # Ours, not a server another process started on the same port in
-                        # the moment between free_port() and our bind (ours then exits:
-                        # "address in use", raised above). Seen: a demo run beside the
-                        # test suite was handed a test's node, its first token 94.
+                        # Ours, not a server another process started on the same port
+                        # between free_port() and our bind (ours then exits, raised above).
                         if self.process is None or int(probe.info("server")[
                                 "process_id"]) == self.process.pid:
                             return
