@@ -99,16 +99,11 @@ return 1
 """,
 )
 
-# -- node identity: restarts and data loss (docs/design.md §4) -------------------------
+# -- node identity: restarts and data loss (docs/design.md §4.4, §4.3.1) ---------------
 #
-# The node marker is stamped with the run id of the server that wrote it. A server that restarted
-# (or a replica promoted in its place) has another run id: it may have come back with an older copy
-# of its data, so the client checks it (IDENTIFY, on every new connection) and either re-stamps it
-# (durable persistence, same server) or turns the restart into an amnesia episode (DEMOTE). An
-# episode key records, by the node's own clock and with its run id, when this node was first seen
-# without its marker: every client measures the rejoin delay from it, and a new data loss restarts
-# it. The run id comes from INFO; a user who may not run it (ACL -@dangerous) gets 'unknown' there,
-# which turns restart detection off for that node (the manager warns).
+# The marker is stamped with the server's run id (from INFO; 'unknown' for a user who may not
+# run it, which turns restart detection off for that node). A restarted node is re-stamped
+# (durable) or demoted into an amnesia episode, recorded on the node by its own clock.
 
 IDENTIFY = Script(
     "identify",
