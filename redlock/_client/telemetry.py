@@ -107,8 +107,8 @@ class Telemetry:
         meter_provider = self._meter_provider or otel_metrics.get_meter_provider()
         if not self._explicit and _is_noop_tracer_provider(tracer_provider) \
                 and _is_noop_meter_provider(meter_provider):
-            # Asking the API costs ~2 us (environment lookups): without providers, ask
-            # again only once per RECHECK_S. A provider set later is used from then on.
+            # Asking the API means environment lookups: without providers, ask again only
+            # once per RECHECK_S. A provider set later is used from then on.
             self.quiet_until = time.monotonic() + RECHECK_S
             return None
         cached = self._cached

@@ -2,7 +2,7 @@
 turns (in-process order and the wake of the first local waiter) and the wake-ups from
 releases anywhere (:class:`WaitingRoom`), shared by both executors, which do the
 waiting. Without them the thread or task that just released usually re-acquires
-before any waiter wakes, and the longest waiter starves (BENCHMARKS.md)."""
+before any waiter wakes, and the longest waiter starves."""
 
 from __future__ import annotations
 
