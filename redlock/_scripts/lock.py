@@ -56,13 +56,9 @@ ACQUIRE = guarded(
 --         {-4, format}   the marker names another format than this client's (-1: none
 --                        it reads): a newer release's node, which this client must not
 --                        use (docs/design.md §4.1); nothing changed
--- The usual case first, before the membership check, the shared functions (a script defines them
--- anew on every call) and the copies of KEYS and ARGV without the epoch's two: a marker, and
--- neither a membership record (a cluster that never changed its nodes: the check would pass, and
--- costs a command) nor a line. One EXISTS tells, and whether there is a line: it counts a key once
--- per mention, so the record, named four times, makes 4 or more, the line, named twice, adds 2,
--- the marker 1. The usual case reads only that the marker exists: its format is checked on every
--- new connection (IDENTIFY, docs/design.md §4.4), and by the rest of this script.
+-- The usual case first (docs/design.md §2.2): a marker, no membership record, no line, told by
+-- one EXISTS that counts a key once per mention (the record, named four times, makes 4 or more,
+-- the line 2, the marker 1). Its format is checked on every new connection (IDENTIFY, §4.4).
 local marker, line, record = KEYS[3], KEYS[4], KEYS[#KEYS]
 local present = redis.call('EXISTS', marker, line, line, record, record, record, record)
 local usual = present == 1
@@ -290,14 +286,11 @@ RELEASE = Script(
 -- (with '0' and a patience) the waiter's ticket: its entry is put back where it is not
 -- in the line (a grant on an empty line did not enter it, §6.3) ('' or absent: none)
 -- returns 1 when our key was deleted, 0 when the key is absent or not ours to delete
--- When the lock became free, hands it to the first in line if that waiter left a
--- hand-off record (docs/design.md §6.7): SET lock 'handoff:<waiter id>' PX its ttl, its
--- counter raised as its grant would, and publishes '<waiter id> <counter> <epoch>
--- <attempt>' (on '<KEYS[2]>:<route>' when the record names the waiter's route, else on
--- KEYS[2]; a routed waiter only if that channel has a subscriber here); else publishes
--- the waiter id of the first in line ('' when nobody is in line): only that waiter wakes (§6.4);
--- no hand-off on a node whose marker is missing or of another format, or that a membership change
--- retired. With '1', a reservation for us (§6.7) is our key; with '0' it is left alone.
+-- When the lock became free, hands it to the first in line if that waiter left a hand-off
+-- record and listens (docs/design.md §6.7: the reservation, the counter, the message and its
+-- channel), else publishes the first's waiter id ('' when nobody is in line, §6.4). No
+-- hand-off on a node without its marker (or of another format), or retired. With '1', a
+-- reservation for us is our key; with '0' it is left alone.
 local holder = redis.call('GET', KEYS[1])
 local queued = redis.call('EXISTS', KEYS[3]) == 1
 local ticket = ARGV[5] or ''
