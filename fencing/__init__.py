@@ -32,8 +32,7 @@ e-mail, calling an external API that has no idea of tokens, writing a local file
 A stale holder can still perform those; make them idempotent or move them behind a
 fenced write (e.g. write an "outbox" row with the token, and send from there).
 
-Errors: see :mod:`fencing.errors` for the tree.
-"""
+Errors: see :mod:`fencing.errors` for the tree."""
 
 import logging
 
@@ -42,17 +41,8 @@ from fencing.errors import FencingError, RowNotFoundError, StaleTokenError
 from fencing.redis_store import AsyncRedisFencedStore, RedisFencedStore
 from fencing.sql import FencedTable, Guard
 
-__all__ = [
-    "MAX_STORED_TOKEN",
-    "MAX_STORED_TTL",
-    "AsyncRedisFencedStore",
-    "FencedTable",
-    "FencingError",
-    "Guard",
-    "RedisFencedStore",
-    "RowNotFoundError",
-    "StaleTokenError",
-]
+__all__ = ["MAX_STORED_TOKEN", "MAX_STORED_TTL", "AsyncRedisFencedStore", "FencedTable",
+           "FencingError", "Guard", "RedisFencedStore", "RowNotFoundError", "StaleTokenError"]
 
 # Rejections are raised, not logged, so nothing logs under "fencing" today; like
 # "redlock", the logger stays silent unless the application configures logging.

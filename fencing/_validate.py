@@ -43,9 +43,8 @@ MAX_STORED_TTL = 10 * 365 * 86400.0
 
 
 def validate_ttl(ttl: object) -> float | None:
-    """None (the keys never expire), or a finite number of seconds in
-    ``[0.001, MAX_STORED_TTL]`` (Redis expiries are in milliseconds; bool is not a
-    duration)."""
+    """None (the keys never expire), or a finite number of seconds in ``[0.001, MAX_STORED_TTL]``
+    (Redis expiries are in milliseconds; bool is not a duration)."""
     if ttl is None:
         return None
     if isinstance(ttl, bool) or not isinstance(ttl, int | float):

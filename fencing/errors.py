@@ -9,8 +9,7 @@ The tree::
     └── RowNotFoundError         (SQL) the fenced row does not exist; also a LookupError
 
 Bad arguments raise the built-in ``TypeError`` / ``ValueError`` at the call site.
-Database errors (sqlite3 / psycopg) and Redis errors propagate unchanged.
-"""
+Database errors (sqlite3 / psycopg) and Redis errors propagate unchanged."""
 
 from __future__ import annotations
 
@@ -25,8 +24,7 @@ class StaleTokenError(FencingError):
     Attributes:
         resource: what was written (a Redis resource name, or ``table[key]`` for SQL).
         offered: the token the writer presented.
-        highest: the highest token the resource had accepted when it refused.
-    """
+        highest: the highest token the resource had accepted when it refused."""
 
     def __init__(self, resource: str, offered: int, highest: int) -> None:
         # args are the fields, plain JSON: pickle and the JSON serializers that rebuild

@@ -8,8 +8,7 @@ with the stored fence and writes both fields, atomically on the server.
 The high-water mark is part of the data it protects, like a version column: one per
 resource, for as long as the resource's data exists. A store made with ``ttl=`` gives
 that key a time to live on every accepted write, so data that expires takes its mark
-with it (and a write after that is a first write again: see :class:`RedisFencedStore`).
-"""
+with it (and a write after that is a first write again: see :class:`RedisFencedStore`)."""
 
 from __future__ import annotations
 
@@ -164,8 +163,7 @@ class RedisFencedStore(_Base):
         ttl: seconds (0.001 to 10 years) the resource's value and mark live after each
             accepted write or fence; None (the default): the store never sets an expiry
             (keys never expire, and one set by other means is left as it is). Give
-            every store writing the same keys the same ``ttl``.
-    """
+            every store writing the same keys the same ``ttl``."""
 
     def __init__(self, client: redis.Redis, namespace: str = "fence", *,
                  ttl: float | None = None) -> None:

@@ -19,22 +19,19 @@ The fence lives in the row it protects (one per row, like a version column): del
 the row deletes it, and a later ``upsert`` inserts the row again with any token, so
 delete rows only once a stale writer no longer matters (docs/design.md §7.5).
 
-Every write is one conditional statement; its row count says whether the token was
-current (never SELECT-then-UPDATE). ``guard`` first raises the stored fence to the
-token and only then reads, so once it has read, no holder with a lower token can
-write that row any more: its UPDATE matches nothing (or, in PostgreSQL, waits for
-the row lock and then matches nothing).
+Every write is one conditional statement; its row count says whether the token was current (never
+SELECT-then-UPDATE). ``guard`` first raises the stored fence to the token and only then reads, so
+once it has read, no holder with a lower token can write that row any more: its UPDATE matches
+nothing (or, in PostgreSQL, waits for the row lock and then matches nothing).
 
-Transactions: with ``commit=True`` (the default) every call is its own transaction:
-it commits on success and rolls back on any error, including a stale token (note
-that, as with ``conn.commit()``, this also ends a transaction the caller had open).
-With ``commit=False`` the calls run inside whatever transaction the caller manages,
-and the caller commits or rolls back.
+Transactions: with ``commit=True`` (the default) every call is its own transaction: it commits on
+success and rolls back on any error, including a stale token (note that, as with ``conn.commit()``,
+this also ends a transaction the caller had open). With ``commit=False`` the calls run inside
+whatever transaction the caller manages, and the caller commits or rolls back.
 
 Identifiers are validated (letters, digits, underscores; the table may be
 ``schema.table``) and always double-quoted, so they are case-sensitive: pass them
-as stored (PostgreSQL folds unquoted names to lower case).
-"""
+as stored (PostgreSQL folds unquoted names to lower case)."""
 
 from __future__ import annotations
 
@@ -89,8 +86,7 @@ class FencedTable:
         fence_column: the ``BIGINT NOT NULL DEFAULT 0`` column holding the token.
         dialect: ``"sqlite"`` or ``"postgresql"``; detected from ``conn`` when None.
         commit: True: each call commits (or rolls back) its own transaction.
-            False: the caller's transaction; the caller commits.
-    """
+            False: the caller's transaction; the caller commits."""
 
     def __init__(self, conn: Any, table: str, key_column: str, fence_column: str = "fence",
                  *, dialect: Dialect | None = None, commit: bool = True) -> None:
@@ -145,8 +141,7 @@ class FencedTable:
 
     def _upsert_sql(self, columns: list[tuple[str, str]]) -> str:
         names = [self._key, *(column for column, _ in columns), self._fence]
-        params = [self._param("key"), *(self._param(p) for _, p in columns),
-                  self._param("token")]
+        params = [self._param("key"), *(self._param(p) for _, p in columns), self._param("token")]
         sets = [f"{column} = excluded.{column}" for column, _ in columns]
         sets.append(f"{self._fence} = excluded.{self._fence}")
         return (f"INSERT INTO {self._table} ({', '.join(names)}) VALUES ({', '.join(params)}) "
@@ -238,8 +233,7 @@ class FencedTable:
         """``UPDATE ... SET values, fence = token WHERE key = key AND fence <= token``.
 
         Raises :class:`StaleTokenError` when the row has a higher fence,
-        :class:`RowNotFoundError` when there is no such row.
-        """
+        :class:`RowNotFoundError` when there is no such row."""
         token = validate_token(token)
         columns, params = self._statement(key, token, values)
         with self._transaction() as cursor:
@@ -248,8 +242,7 @@ class FencedTable:
     def upsert(self, key: object, token: int, /, **values: object) -> None:
         """Insert the row, or update it if its fence <= token (first writes).
 
-        ``INSERT ... ON CONFLICT (key) DO UPDATE SET ... WHERE table.fence <= excluded.fence``.
-        """
+        ``INSERT ... ON CONFLICT (key) DO UPDATE SET ... WHERE table.fence <= excluded.fence``."""
         token = validate_token(token)
         columns, params = self._statement(key, token, values)
         with self._transaction() as cursor:
@@ -278,12 +271,10 @@ class FencedTable:
     def guard(self, key: object, token: int) -> Iterator[Guard]:
         """Read-modify-write under a token: raise the fence, then read, then write.
 
-        On entry the row's fence is raised to ``token`` (StaleTokenError if it is
-        higher, RowNotFoundError if there is no row), *then* the row is read, in the
-        same transaction. The body reads ``guard.row`` / ``guard["col"]`` and calls
-        ``guard.update(col=...)``. Leaving the block commits (``commit=True``); an
-        exception rolls back and propagates.
-        """
+        On entry the row's fence is raised to ``token`` (StaleTokenError if it is higher,
+        RowNotFoundError if there is no row), *then* the row is read, in the same transaction. The
+        body reads ``guard.row`` / ``guard["col"]`` and calls ``guard.update(col=...)``. Leaving
+        the block commits (``commit=True``); an exception rolls back and propagates."""
         token = validate_token(token)
         raise_fence = (f"UPDATE {self._table} SET {self._fence} = {self._param('token')} "
                        f"WHERE {self._key} = {self._param('key')} "

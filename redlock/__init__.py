@@ -13,8 +13,7 @@ servers and the pytest plugin in :mod:`redlock.testing`.
 
 See :mod:`redlock.errors` for the exception tree and docs/design.md for the
 algorithm (it lives in :mod:`redlock._core.algorithm`; both clients are thin I/O shells
-over :mod:`redlock._client.manager` and :mod:`redlock._client.handles`).
-"""
+over :mod:`redlock._client.manager` and :mod:`redlock._client.handles`)."""
 
 __version__ = "0.1.0"  # the single source: pyproject.toml reads it, CHANGELOG.md names it
 
@@ -58,43 +57,11 @@ from redlock.errors import (
     RedlockError,
 )
 
-__all__ = [
-    "AlreadyHeld",
-    "AsyncElection",
-    "AsyncLeadership",
-    "AsyncLock",
-    "AsyncMultiLock",
-    "AsyncReadLock",
-    "AsyncReadWriteLock",
-    "AsyncRedlock",
-    "AsyncSemaphore",
-    "AsyncWriteLock",
-    "BlockingInEventLoopWarning",
-    "ClusterAmnesiaError",
-    "DurationWarning",
-    "Election",
-    "EventFormatter",
-    "Handover",
-    "Holder",
-    "Leader",
-    "Leadership",
-    "Lock",
-    "LockLost",
-    "LockNotAcquired",
-    "MembershipError",
-    "MultiLock",
-    "NodeFormatError",
-    "NodeResult",
-    "NotHeld",
-    "Outcome",
-    "QuorumUnavailable",
-    "ReadLock",
-    "ReadWriteLock",
-    "ReadWriteStatus",
-    "Redlock",
-    "RedlockError",
-    "RedlockWarning",
-    "Semaphore",
-    "SemaphoreStatus",
-    "WriteLock",
-]
+__all__ = ["AlreadyHeld", "AsyncElection", "AsyncLeadership", "AsyncLock", "AsyncMultiLock",
+           "AsyncReadLock", "AsyncReadWriteLock", "AsyncRedlock", "AsyncSemaphore",
+           "AsyncWriteLock", "BlockingInEventLoopWarning", "ClusterAmnesiaError",
+           "DurationWarning", "Election", "EventFormatter", "Handover", "Holder", "Leader",
+           "Leadership", "Lock", "LockLost", "LockNotAcquired", "MembershipError", "MultiLock",
+           "NodeFormatError", "NodeResult", "NotHeld", "Outcome", "QuorumUnavailable", "ReadLock",
+           "ReadWriteLock", "ReadWriteStatus", "Redlock", "RedlockError", "RedlockWarning",
+           "Semaphore", "SemaphoreStatus", "WriteLock"]

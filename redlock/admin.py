@@ -13,12 +13,10 @@ lost their data, initialise a cluster, change its nodes online.
         admin.members()                        # Members: epoch, members, joining
         admin.change_members(new_urls)         # MembersChange (docs/operations.md)
 
-An admin borrows its manager: the manager's nodes, namespace, timeouts and connections
-(the ``redlock`` command is built on these). Applications hold locks through the
-manager; what only operators do lives here, with the reports it returns.
-docs/operations.md tells the whole story, docs/design.md §10 why it is a module of its
-own.
-"""
+An admin borrows its manager: the manager's nodes, namespace, timeouts and connections (the
+``redlock`` command is built on these). Applications hold locks through the manager; what only
+operators do lives here, with the reports it returns. docs/operations.md tells the whole story,
+docs/design.md §10 why it is a module of its own."""
 
 from __future__ import annotations
 
@@ -34,18 +32,8 @@ from redlock._scripts.replies import ReleaseStatus
 from redlock.aio import AsyncRedlock
 from redlock.client import Redlock
 
-__all__ = [
-    "Admin",
-    "AsyncAdmin",
-    "LockStatus",
-    "Members",
-    "MembersChange",
-    "NodeLockStatus",
-    "ReleaseReport",
-    "ReleaseStatus",
-    "RepairReport",
-    "RepairStatus",
-]
+__all__ = ["Admin", "AsyncAdmin", "LockStatus", "Members", "MembersChange", "NodeLockStatus",
+           "ReleaseReport", "ReleaseStatus", "RepairReport", "RepairStatus"]
 
 
 class Admin(AdminBase[Redlock]):
@@ -56,7 +44,7 @@ class Admin(AdminBase[Redlock]):
 
     def inspect(self, resource: str) -> LockStatus:
         """Every node's view of ``resource``: held or not, PTTL left, fence counter,
-        marker, repair and amnesia state (never the holder's secret owner value). One
+        marker, repair and amnesia state (never the holder's secret lock value). One
         parallel round of read-only scripts; unreachable nodes are reported, not raised."""
         return self._manager._drive(self._inspect_flow(resource))
 
@@ -82,21 +70,18 @@ class Admin(AdminBase[Redlock]):
         manager also does this in the background by itself.
 
         ``force=True`` skips the wait: only when you know every lock held before the
-        node lost its data has expired.
-        """
+        node lost its data has expired."""
         return self._manager._drive(self._repair_flow(force))
 
     def initialise(self, *, force: bool = False) -> list[RepairReport]:
         """Give every node without its node marker one (every node must answer).
 
-        Without ``force``: a new cluster, or the rest of an interrupted initialisation
-        (nodes that never held anything); nodes that lost data are refused (``failed``).
-        With ``force``, the way out of a majority that lost its data: those too, their
-        fence counters seeded from the nodes that kept theirs. Only once every lock held
-        before has expired (``repair()`` says when); tokens may then restart below
-        earlier ones, which the fenced stores reject until they catch up
-        (docs/design.md §4.8).
-        """
+        Without ``force``: a new cluster, or the rest of an interrupted initialisation (nodes that
+        never held anything); nodes that lost data are refused (``failed``). With ``force``, the
+        way out of a majority that lost its data: those too, their fence counters seeded from the
+        nodes that kept theirs. Only once every lock held before has expired (``repair()`` says
+        when); tokens may then restart below earlier ones, which the fenced stores reject until
+        they catch up (docs/design.md §4.8)."""
         return self._manager._drive(self._initialise_flow(force))
 
     def members(self) -> Members:
@@ -108,25 +93,21 @@ class Admin(AdminBase[Redlock]):
 
     def change_members(self, new: Iterable[Any], *, current: Iterable[Any] | None = None,
                        wait: float | None = None) -> MembersChange:
-        """Make ``new`` the cluster's members, online, without two holders
-        (docs/design.md §13.3, docs/operations.md): a joint configuration first, the new
-        nodes seeded (they serve at once), a wait until every lock granted before has
-        expired, then the new configuration.
+        """Make ``new`` the cluster's members, online, without two holders (docs/design.md §13.3,
+        docs/operations.md): a joint configuration first, the new nodes seeded (they serve at
+        once), a wait until every lock granted before has expired, then the new configuration.
 
-        The manager must be configured with every node of the current and the new set.
-        ``new`` and ``current`` name its nodes the way it was given them (URLs or
-        clients) or as ``dlm.nodes`` shows them (``host:port``); a node that is not one
-        of the manager's is a ``ValueError`` naming it. ``current``: the members now,
-        needed only for a cluster that never changed (by default its nodes that have
-        their marker). ``wait``: the longest a lock granted before the change may live
-        (default the manager's ``max_ttl`` and its drift; never less than any client's
-        ``max_ttl``). Blocks for about ``wait``. Run it again with the same ``new`` to
+        The manager must be configured with every node of the current and the new set. ``new`` and
+        ``current`` name its nodes the way it was given them (URLs or clients) or as ``dlm.nodes``
+        shows them (``host:port``); a node that is not one of the manager's is a ``ValueError``
+        naming it. ``current``: the members now, needed only for a cluster that never changed (by
+        default its nodes that have their marker). ``wait``: the longest a lock granted before the
+        change may live (default the manager's ``max_ttl`` and its drift; never less than any
+        client's ``max_ttl``). Blocks for about ``wait``. Run it again with the same ``new`` to
         complete a change that stopped. Raises ``ValueError`` for a bad set,
-        :class:`MembershipError` when the change cannot proceed (nothing is ever undone:
-        what was written is safe).
-        """
-        return self._manager._drive(
-            self._change_members_flow(new, current, wait))
+        :class:`MembershipError` when the change cannot proceed (nothing is ever undone: what was
+        written is safe)."""
+        return self._manager._drive(self._change_members_flow(new, current, wait))
 
 
 class AsyncAdmin(AdminBase[AsyncRedlock]):
@@ -159,9 +140,7 @@ class AsyncAdmin(AdminBase[AsyncRedlock]):
         """See :meth:`Admin.members`."""
         return await self._manager._drive(self._members_flow())
 
-    async def change_members(self, new: Iterable[Any], *,
-                             current: Iterable[Any] | None = None,
+    async def change_members(self, new: Iterable[Any], *, current: Iterable[Any] | None = None,
                              wait: float | None = None) -> MembersChange:
         """See :meth:`Admin.change_members` (the task waits about ``wait``)."""
-        return await self._manager._drive(
-            self._change_members_flow(new, current, wait))
+        return await self._manager._drive(self._change_members_flow(new, current, wait))

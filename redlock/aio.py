@@ -4,8 +4,7 @@ Same algorithm, same surface as :mod:`redlock.client` (a test keeps them equal):
 shell over :mod:`redlock._client` that names the asyncio flavour's pieces (the
 transport that asks a request's nodes concurrently, a listener task per node, the
 executor that awaits, tasks for background work) and gives the public methods, which
-are coroutines. Cancelling an acquire releases whatever it may have set.
-"""
+are coroutines. Cancelling an acquire releases whatever it may have set."""
 
 from __future__ import annotations
 
@@ -66,8 +65,7 @@ class _AsyncHandle(HandleBase):
 
     async def acquire(self, blocking: bool | None = None, timeout: float | None = None) -> bool:
         """See :meth:`redlock.Lock.acquire`."""
-        return cast(bool, await self._registry.drive(self._acquire_flow(
-            blocking, timeout)))
+        return cast(bool, await self._registry.drive(self._acquire_flow(blocking, timeout)))
 
     async def release(self) -> None:
         """See :meth:`redlock.Lock.release`."""
@@ -172,9 +170,8 @@ class AsyncRedlock(ManagerBase[AsyncLock, AsyncMultiLock]):
         """See :meth:`redlock.Redlock.election`."""
         return AsyncElection(self._registry, name, ttl, identity)
 
-    def semaphore(self, name: str, permits: int = 1, ttl: float = 10.0, *,
-                  blocking: bool = True, timeout: float | None = None,
-                  auto_extend: bool = False,
+    def semaphore(self, name: str, permits: int = 1, ttl: float = 10.0, *, blocking: bool = True,
+                  timeout: float | None = None, auto_extend: bool = False,
                   on_lost: Callable[[AsyncSemaphore], object] | None = None) -> AsyncSemaphore:
         """See :meth:`redlock.Redlock.semaphore`."""
         return AsyncSemaphore(self._registry, name, permits, ttl, blocking=blocking,
@@ -213,8 +210,7 @@ class AsyncRedlock(ManagerBase[AsyncLock, AsyncMultiLock]):
         return threading.Event, self._renewal_thread.start, self._renewal_thread.lost
 
     async def close(self) -> None:
-        """See :meth:`redlock.Redlock.close` (no task or thread of the manager is left
-        running)."""
+        """See :meth:`redlock.Redlock.close` (no task or thread of the manager is left running)."""
         for runner in self._stop_background():
             if isinstance(runner, threading.Thread):  # the renewals' thread: after its round
                 await ended(runner, self._close_grace())

@@ -1,10 +1,8 @@
 """The synchronous client: :class:`Redlock` and its :class:`Lock` handles.
 
-A thin shell over :mod:`redlock._client` (everything shared with the asyncio client):
-it names the sync flavour's pieces (the scatter/gather transport on one thread, the
-release listener thread, the executor that blocks, threads for background work) and
-gives the public methods, which block.
-"""
+A thin shell over :mod:`redlock._client` (everything shared with the asyncio client): it names the
+sync flavour's pieces (the scatter/gather transport on one thread, the release listener thread, the
+executor that blocks, threads for background work) and gives the public methods, which block."""
 
 from __future__ import annotations
 
@@ -44,17 +42,14 @@ class _SyncHandle(HandleBase):
     def acquire(self, blocking: bool | None = None, timeout: float | None = None) -> bool:
         """Acquire on a quorum; True when held.
 
-        ``blocking=False`` makes exactly one attempt (a ``timeout`` with it is a
-        ``ValueError``), which returns within one request ceiling (a fifth of the TTL,
-        at most 2 s; or ``node_timeout`` if set and longer). Blocking waits up to
-        ``timeout`` seconds (None: this handle's timeout, which may be None: no
-        deadline). Either deadline holds whatever the nodes do (hung, new, amnesiac),
-        give or take a few 10 ms rounds. Returns False when others hold the
-        lock; raises :class:`QuorumUnavailable` when too few nodes answer at all (an
-        outage is not contention), at once or after the manager's ``outage_timeout``.
-        """
-        return cast(bool, self._registry.drive(self._acquire_flow(
-            blocking, timeout)))
+        ``blocking=False`` makes exactly one attempt (a ``timeout`` with it is a ``ValueError``),
+        which returns within one request ceiling (a fifth of the TTL, at most 2 s; or
+        ``node_timeout`` if set and longer). Blocking waits up to ``timeout`` seconds (None: this
+        handle's timeout, which may be None: no deadline). Either deadline holds whatever the nodes
+        do (hung, new, amnesiac), give or take a few 10 ms rounds. Returns False when others hold
+        the lock; raises :class:`QuorumUnavailable` when too few nodes answer at all (an outage is
+        not contention), at once or after the manager's ``outage_timeout``."""
+        return cast(bool, self._registry.drive(self._acquire_flow(blocking, timeout)))
 
     def release(self) -> None:
         """Release on every node (a re-entered lock at depth 0); a second call is a no-op.
@@ -62,8 +57,7 @@ class _SyncHandle(HandleBase):
         Raises :class:`LockLost` (after cleaning up) when the lock was lost, its validity
         had run out, or a majority of nodes no longer held our key: the critical section
         may have run unprotected. Leaving a ``with`` block raises it too, unless another
-        exception is already propagating.
-        """
+        exception is already propagating."""
         self._registry.drive(self._release_flow())
 
     def extend(self, ttl: float | None = None) -> None:
@@ -85,11 +79,10 @@ class _SyncHandle(HandleBase):
 
 class Lock(_SyncHandle, LockBase):
     """One resource's lock handle. Safe to share across threads: each thread that
-    acquires through it gets its own acquisition (own owner value and token).
+    acquires through it gets its own acquisition (own lock value and token).
 
     Use as a context manager, or call :meth:`acquire` / :meth:`release`. While held,
-    :attr:`token` is the fencing token to pass to the protected resource.
-    """
+    :attr:`token` is the fencing token to pass to the protected resource."""
 
 
 class MultiLock(_SyncHandle, MultiLockBase):
@@ -139,9 +132,8 @@ class Leadership(_SyncHandle, LeadershipBase):
 
 
 class Election(ElectionBase[Leadership]):
-    """``dlm.election(name, ttl, identity)``: a fenced leader election (docs/design.md
-    §12.1). ``campaign()`` to lead, ``leader()`` to see who leads, ``observe()`` to
-    follow the changes."""
+    """``dlm.election(name, ttl, identity)``: a fenced leader election (docs/design.md §12.1).
+    ``campaign()`` to lead, ``leader()`` to see who leads, ``observe()`` to follow the changes."""
 
     _leadership_class = Leadership
 
@@ -178,16 +170,14 @@ class Redlock(ManagerBase[Lock, MultiLock]):
     _executor_class = SyncExecutor
     _transport: SyncTransport
 
-    def election(self, name: str, ttl: float = 10.0, *,
-                 identity: str | None = None) -> Election:
+    def election(self, name: str, ttl: float = 10.0, *, identity: str | None = None) -> Election:
         """A fenced leader election named ``name`` (docs/design.md §12.1): each term is
         a fencing token; ``identity`` (default ``host:pid``) is what ``leader()``
         reports for this candidate."""
         return Election(self._registry, name, ttl, identity)
 
-    def semaphore(self, name: str, permits: int = 1, ttl: float = 10.0, *,
-                  blocking: bool = True, timeout: float | None = None,
-                  auto_extend: bool = False,
+    def semaphore(self, name: str, permits: int = 1, ttl: float = 10.0, *, blocking: bool = True,
+                  timeout: float | None = None, auto_extend: bool = False,
                   on_lost: Callable[[Semaphore], object] | None = None) -> Semaphore:
         """A permit handle of the counting semaphore ``name`` with ``permits`` slots
         (every client of the name must pass the same number; docs/design.md §12.2). The
@@ -201,21 +191,18 @@ class Redlock(ManagerBase[Lock, MultiLock]):
         return ReadWriteLock(self._registry, name, ttl)
 
     def adopt(self, handover: Handover | Mapping[str, Any] | str | bytes, *,
-              auto_extend: bool = False, on_lost: Callable[[Lock], object] | None = None
-              ) -> Lock:
+              auto_extend: bool = False, on_lost: Callable[[Lock], object] | None = None) -> Lock:
         """Hold an acquisition exported elsewhere (``lock.export()``, or its JSON or
         dict form): returns a handle the calling thread holds, to extend and release.
 
         One round checks that a quorum of nodes still holds its key and measures how
         long (docs/design.md §5.6). Raises :class:`LockLost` if the acquisition is gone
-        (expired, released), :class:`QuorumUnavailable` if too few nodes answer.
-        """
+        (expired, released), :class:`QuorumUnavailable` if too few nodes answer."""
         return self._drive(self._adopt_flow(handover, auto_extend, on_lost))
 
     def _drive(self, flow: Flow[T]) -> T:
-        # The handles' one way to the executor (a test of the generation, then the
-        # flavour's warning, rather than the shared _drive's frames: every call passes
-        # here).
+        # The handles' one way to the executor (a test of the generation, then the flavour's
+        # warning, rather than the shared _drive's frames: every call passes here).
         if self._generation != _fork.generation:
             self._in_this_process()
         if not self._told_of_loop and _in_event_loop():

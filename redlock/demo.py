@@ -7,11 +7,9 @@
 ``--nodes`` takes URLs, as in every ``redlock`` command (``--urls`` is its old name);
 ``--count`` is how many local nodes to start when none are given.
 
-Each worker repeatedly takes the lock ``demo:counter``, reads a shared counter,
-sleeps a little (a deliberately racy read-modify-write), writes it back, and
-releases. With the lock the final count is exact, and every holder's fencing
-token is larger than the previous holder's.
-"""
+Each worker repeatedly acquires the lock ``demo:counter``, reads a shared counter, sleeps a
+little (a deliberately racy read-modify-write), writes it back, and releases. With the lock the
+final count is exact, and every holder's fencing token is larger than the previous holder's."""
 
 from __future__ import annotations
 

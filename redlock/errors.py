@@ -20,8 +20,7 @@ Bad arguments raise the built-in ``TypeError`` / ``ValueError`` at the call site
 
 Every error carries ``resource`` (None for cluster-wide ones) and ``outcomes``: one
 :class:`NodeResult` per node when nodes were asked, so "quorum not reached" says which
-node granted, refused, failed or was amnesiac. They survive pickling.
-"""
+node granted, refused, failed or was amnesiac. They survive pickling."""
 
 from __future__ import annotations
 
@@ -89,12 +88,10 @@ class RedlockError(Exception):
     ``resource``: the resource involved (None when the error is about the cluster);
     ``outcomes``: one :class:`NodeResult` per node when nodes were asked (else empty).
 
-    Every error here crosses process boundaries whole (pools, task queues): its ``args``
-    are ``(message, resource, outcomes as dicts)``, plain JSON, so both pickle and the
-    JSON serializers that rebuild an exception as ``type(*args)`` (Celery's default
-    result serializer) give back ``resource`` and ``outcomes``. ``str(error)`` is the
-    message.
-    """
+    Every error here crosses process boundaries whole (pools, task queues): its ``args`` are
+    ``(message, resource, outcomes as dicts)``, plain JSON, so both pickle and the JSON serializers
+    that rebuild an exception as ``type(*args)`` (Celery's default result serializer) give back
+    ``resource`` and ``outcomes``. ``str(error)`` is the message."""
 
     def __init__(self, message: str = "", resource: str | None = None,
                  outcomes: Sequence[NodeResult | Mapping[str, Any]] = ()) -> None:
@@ -140,7 +137,6 @@ class ClusterAmnesiaError(RedlockError):
 
 
 class MembershipError(RedlockError):
-    """The cluster's membership stops the operation (docs/design.md §13): this client's
-    nodes cannot form a quorum of the members, or a membership change cannot proceed
-    (another change in progress, too few nodes reachable, a new node that does not
-    answer)."""
+    """The cluster's membership stops the operation (docs/design.md §13): this client's nodes
+    cannot form a quorum of the members, or a membership change cannot proceed (another change in
+    progress, too few nodes reachable, a new node that does not answer)."""

@@ -11,9 +11,9 @@ from types import SimpleNamespace
 from typing import Any
 
 from redlock._client.environment import real as real_environment
-from redlock._client.lines import Ticket, WaitingRoom
 from redlock._client.renewer import Renewer
 from redlock._client.telemetry import RECHECK_S, Telemetry, observe
+from redlock._client.waiting_room import Waiter, WaitingRoom
 from redlock._core.algorithm import RedlockCore
 from redlock._core.amnesia.episodes import open_episodes
 from redlock._core.amnesia.maintenance import maintenance
@@ -63,9 +63,9 @@ from redlock._core.tokens import (
     CALL_DIGITS,
     COUNTER_BUCKETS,
     TOKEN_LIMIT,
-    attempt_owner,
     bucket,
     choose_token,
+    lock_value,
     quorum,
     validity_left,
     waiter_id,
@@ -130,15 +130,14 @@ __all__ = [
     "SyncTransport",
     "Telemetry",
     "Template",
-    "Ticket",
     "Wait",
+    "Waiter",
     "WaitingRoom",
     "WakeRegistry",
     "ack_outcome",
     "acquire_outcome",
     "acquire_templates_kept",
     "as_failure",
-    "attempt_owner",
     "bucket",
     "choose_token",
     "cli_render",
@@ -149,7 +148,7 @@ __all__ = [
     "idle_connections",
     "idle_count",
     "late_entries",
-    "lines_idle",
+    "lock_value",
     "maintenance",
     "map_failures",
     "marker_format",
@@ -170,6 +169,7 @@ __all__ = [
     "requests_sent",
     "scripts",
     "sync_transport",
+    "turns_idle",
     "unsafe_config",
     "validate_node_addresses",
     "validate_resource",
@@ -192,10 +192,10 @@ scripts = SimpleNamespace(
     Script=Script, EPOCH_CHECK=EPOCH_CHECK, STALE_EPOCH=STALE_EPOCH)
 
 
-def lines_idle(manager: Any) -> bool:
-    """True when no thread or task of ``manager`` waits in, or holds a turn of, a local
-    line (Redlock and AsyncRedlock keep them in a private attribute)."""
-    return bool(manager._room.lines.idle())
+def turns_idle(manager: Any) -> bool:
+    """True when no thread or task of ``manager`` waits in, or holds a turn of, local
+    turns (Redlock and AsyncRedlock keep them in a private attribute)."""
+    return bool(manager._room.turns.idle())
 
 
 def route_of(manager: Any) -> str:

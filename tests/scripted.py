@@ -72,15 +72,15 @@ class FakeClock:
 PASS = object()  # from an interceptor: answer as the node would
 
 
-def kin(held: str | None, owner: str) -> int:
+def kin(held: str | None, value: str) -> int:
     """The scripts' ``kin`` (redlock/_scripts/shared.py, docs/design.md §2.1): 1 when
-    ``held`` is ``owner`` or an earlier attempt's value of its call, -1 a later
-    attempt's, 0 another owner's or nothing."""
-    if held == owner:
+    ``held`` is ``value`` or an earlier attempt's value of its call, -1 a later
+    attempt's, 0 someone else's or nothing."""
+    if held == value:
         return 1
-    if held is None or len(held) != len(owner) or held[:CALL_DIGITS] != owner[:CALL_DIGITS]:
+    if held is None or len(held) != len(value) or held[:CALL_DIGITS] != value[:CALL_DIGITS]:
         return 0
-    return 1 if held < owner else -1
+    return 1 if held < value else -1
 
 
 def as_text(value: object) -> str:
@@ -361,7 +361,7 @@ class ScriptedNodes:
             return 1
         if script is scripts.ACQUIRE:
             lock, fence, marker, line_key, _, *handoffs = keys
-            owner, ticket, field = as_text(args[0]), as_text(args[3]), as_text(args[5])
+            value, ticket, field = as_text(args[0]), as_text(args[3]), as_text(args[5])
             attempt = as_text(args[6]) if len(args) > 6 and handoffs else ""
             records = self.handoff_records[node].setdefault(line_key, {})
             # The usual case (a marker, no line, no membership record) reads only that the
@@ -373,31 +373,31 @@ class ScriptedNodes:
             if format != 1:
                 return [scripts.ACQUIRE_OTHER_FORMAT, format]
             holder = get(lock)
-            ours = kin(holder, owner)
+            ours = kin(holder, value)
             if ours == 1:  # ours, or an earlier attempt's of our call (§2.1)
-                db[lock] = owner
+                db[lock] = value
                 self.ttl_ms[node][lock] = int(as_text(args[1]))
                 raise_horizon(args[1])
                 return [scripts.ACQUIRE_ALREADY_OURS, settle(fence, field, 0, 0)]
             if ours == -1:  # a later attempt's: this acquire came late, changes nothing
                 return [scripts.ACQUIRE_REFUSED, 1000]
-            if holder == RESERVED + waiter_id(owner):
+            if holder == RESERVED + waiter_id(value):
                 # A release handed the lock to us (§6.7): granted, first in line, with
                 # the counter as the hand-off raised it.
-                me, line = waiter_id(owner), self._line(node, line_key)
+                me, line = waiter_id(value), self._line(node, line_key)
                 if ticket and me in line:
                     self._keep_until(node, line_key, me, self.now_ms(node) + min(
                         int(as_text(args[4])), int(as_text(args[1]))), line[me][0])
                 if handoffs:
                     records.pop(me, None)
-                db[lock] = owner
+                db[lock] = value
                 self.ttl_ms[node][lock] = int(as_text(args[1]))
                 raise_horizon(args[1])
                 return [scripts.ACQUIRE_GRANTED,
                         settle(fence, field, int(as_text(args[2])), 0)]
 
             def grant() -> list[object]:
-                db[lock] = owner
+                db[lock] = value
                 self.ttl_ms[node][lock] = int(as_text(args[1]))
                 raise_horizon(args[1])
                 return [scripts.ACQUIRE_GRANTED,
@@ -406,7 +406,7 @@ class ScriptedNodes:
             line = self._line(node, line_key)
             if holder is None and not line:  # free, nobody in line
                 return grant()
-            me = waiter_id(owner)
+            me = waiter_id(value)
             patience, now = int(as_text(args[4])), self.now_ms(node)
             self._drop_lapsed(node, line_key, records=bool(handoffs))
 
@@ -443,13 +443,13 @@ class ScriptedNodes:
             return grant()
         if script is scripts.ACQUIRE_MANY:
             marker, fence, *locks = keys
-            owner = as_text(args[0])
+            value = as_text(args[0])
             format = node_format(marker)
             if not format:
                 return [scripts.ACQUIRE_AMNESIAC, 0]
             if format != 1:
                 return [scripts.ACQUIRE_OTHER_FORMAT, format]
-            if any(get(lock) is not None and kin(get(lock), owner) != 1 for lock in locks):
+            if any(get(lock) is not None and kin(get(lock), value) != 1 for lock in locks):
                 return [scripts.ACQUIRE_REFUSED, 1000]
             buckets = [as_text(a) for a in args[3:]]
             token = max([int(as_text(args[2])), *(highest(fence, f) for f in buckets)])
@@ -457,7 +457,7 @@ class ScriptedNodes:
             reply: list[object] = [scripts.ACQUIRE_GRANTED]
             for lock, field in zip(locks, buckets, strict=True):
                 self.ttl_ms[node][lock] = int(as_text(args[1]))
-                db[lock] = owner
+                db[lock] = value
                 reply.append(settle(fence, field, token, 0))
             raise_horizon(args[1])
             return reply
@@ -470,15 +470,15 @@ class ScriptedNodes:
             return 1
         if script is scripts.RELEASE:
             lock, _, line_key, _, *handoffs = keys
-            owner, leave = as_text(args[0]), as_text(args[1])
+            value, leave = as_text(args[0]), as_text(args[1])
             kept_for = as_text(args[2]) if len(args) > 2 else ""
             ticket = as_text(args[4]) if len(args) > 4 else ""
-            me = waiter_id(owner)
+            me = waiter_id(value)
             records = self.handoff_records[node].setdefault(line_key, {})
             holder = get(lock)
             # '1' (the call is over): any attempt's value of the call; '0': this one's.
-            released = holder == owner or (leave == "1" and holder is not None and (
-                holder[:CALL_DIGITS] == owner[:CALL_DIGITS] or holder == RESERVED + me))
+            released = holder == value or (leave == "1" and holder is not None and (
+                holder[:CALL_DIGITS] == value[:CALL_DIGITS] or holder == RESERVED + me))
             if released:
                 del db[lock]
             # As the Lua: the entry left or kept before the lapsed ones are dropped (a
@@ -661,11 +661,11 @@ class ScriptedNodes:
                 self.handoff_records[node].get(key, {}).pop(waiter, None)
         self._emptied(node, key)
 
-    def _ours(self, node: int, lock: str, owner: str) -> bool:
-        """The key holds ``owner``, or a reservation for it (docs/design.md §6.7)."""
+    def _ours(self, node: int, lock: str, value: str) -> bool:
+        """The key holds ``value``, or a reservation for it (docs/design.md §6.7)."""
         holder = self.data[node].get(lock)
         return holder is not None and as_text(holder) in (
-            owner, RESERVED + waiter_id(owner))
+            value, RESERVED + waiter_id(value))
 
     def live_records(self, node: int, key: str) -> dict[str, str]:
         """A line's hand-off records of its live entries (what counts)."""

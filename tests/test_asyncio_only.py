@@ -18,7 +18,7 @@ import redis.connection
 
 from redlock import AsyncRedlock, LockLost
 from redlock.testing import RedisNodes
-from tests.internals import lines_idle
+from tests.internals import turns_idle
 from tests.peek import (
     any_lock_keys,
     delete_lock_keys,
@@ -51,7 +51,7 @@ async def test_cancelling_tasks_blocked_on_a_held_lock_leaves_no_key(
             task.cancel()
         results = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 10.0)
         assert all(isinstance(r, asyncio.CancelledError) for r in results), results
-        assert lines_idle(dlm)  # cancelled waiters left the local line too
+        assert turns_idle(dlm)  # cancelled waiters left the local turns too
         # No waiter ever had a quorum: the holder's token is the highest committed one.
         # (A late node may have granted a waiter's attempt before the holder's own
         # acquire reached it, the holder having returned at its quorum: that waiter

@@ -1,4 +1,4 @@
-"""Each attempt of an acquire call sets an owner value of its own (docs/design.md §2.1),
+"""Each attempt of an acquire call sets a lock value of its own (docs/design.md §2.1),
 for every kind of grant, on a real node: what an earlier attempt sent and the node ran
 late (a lost reply, a stalled connection) changes nothing a later attempt of the call
 set there, and a release that ends the call takes what any attempt of it set.
@@ -26,7 +26,7 @@ from tests.internals import (
     Call,
     Leadership,
     Permit,
-    attempt_owner,
+    lock_value,
     waiter_id,
     with_epoch,
 )
@@ -34,7 +34,7 @@ from tests.peek import write_markers
 
 R = "attempts"
 CALL = "89abcdef01234567" * 2
-FIRST, SECOND = attempt_owner(CALL, 1), attempt_owner(CALL, 2)
+FIRST, SECOND = lock_value(CALL, 1), lock_value(CALL, 2)
 TTL_MS = 30_000
 
 KINDS: dict[str, Any] = {"lock": MUTEX, "semaphore": Permit(permits=2), "write": WRITE,

@@ -160,11 +160,11 @@ async def test_a_release_hands_the_lock_to_the_waiter_without_an_acquire_round(
     # attempt of the waiter: no ACQUIRE round after the release.
     assert calls in (3, 6), calls
     assert await waiting.token() > first_token
-    # The keys are reservations until a renewal makes them the owner value.
+    # The keys are reservations until a renewal makes them the lock value.
     reserved = values(nodes3, "ho:one")
     assert all(v is not None and v.startswith("handoff:") for v in reserved)
     # The status views show the reservation's waiter as the holder: the same prefix as
-    # its owner value will show.
+    # its lock value will show.
     status = await resolve(admin(waiter_dlm).inspect("ho:one"))
     assert status.locked
     assert {n.holder for n in status.nodes} == {reserved[0].removeprefix("handoff:")[:12]}

@@ -89,7 +89,7 @@ async def test_held_resource_shows_holder_fence_and_pttl_but_not_the_owner_value
     assert all(n.held and n.marker and 0 < n.pttl_ms <= 10_000 for n in status.nodes)
     holders = {n.holder for n in status.nodes}
     assert len(holders) == 1 and len(holders.pop()) == 12
-    # The owner value (which would let anyone release or extend) never leaves the nodes.
+    # The lock value (which would let anyone release or extend) never leaves the nodes.
     owners = raw_owner_values(nodes3, "ins:held")
     assert len(owners) == 3
     shown = repr(status) + repr(status.as_dict())

@@ -49,7 +49,7 @@ def test_one_acquisition_over_a_set(dlm: Redlock, nodes3: RedisNodes) -> None:
         assert held.tokens == {"a": 1, "b": 1}
         assert held.locked() and 0 < held.validity <= 5.0
         owners = lock_values(nodes3, "a") + lock_values(nodes3, "b")
-        assert None not in owners and len(set(owners)) == 1  # one owner value, everywhere
+        assert None not in owners and len(set(owners)) == 1  # one lock value, everywhere
         held.extend(ttl=8.0)
         assert held.validity > 7.0
         with nodes3[0].client() as client:

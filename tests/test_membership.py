@@ -262,7 +262,7 @@ def test_views_count_holders_by_the_joint_rule(fresh_nodes: Callable[..., RedisN
     nobody's; on A, B, D, E (a majority of both) it is the holder's."""
 
     nodes = fresh_nodes(5)
-    owner = "0123456789abcdef0123456789abcdef"  # another client's owner value
+    owner = "0123456789abcdef0123456789abcdef"  # another client's lock value
     holder = hashlib.sha1(owner.encode()).hexdigest()[:12]
 
     def grant_on(which: list[int]) -> None:

@@ -76,7 +76,7 @@ def test_three_sentinel_services_are_three_nodes(
         with dlm.lock("sent:a", ttl=5.0, timeout=5.0) as held:
             assert held.token == 1
             holders = lock_values(masters, "sent:a")
-            # The key is on every master, under one owner value.
+            # The key is on every master, under one lock value.
             assert None not in holders and len(set(holders)) == 1
         assert lock_values(masters, "sent:a") == [None, None, None]
 

@@ -1,7 +1,7 @@
 """The waiting line and release wake-ups across managers (docs/design.md §6).
 
 Each manager here stands for a process of its own (it has its own connections, local
-lines and release listener); tests/test_local_handoff.py covers waiters of one
+turns and release listener); tests/test_local_turns.py covers waiters of one
 manager. Real nodes, both clients.
 """
 

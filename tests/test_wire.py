@@ -21,7 +21,7 @@ from redlock._io.failures import NoReply, Unreachable
 from redlock._io.wire import is_noscript
 from redlock.testing import RedisNode, RedisNodes, capture_events, free_port
 from tests.clients import Actor, Flavour
-from tests.internals import KEYS, MUTEX, AcquireArgs, attempt_owner, with_epoch
+from tests.internals import KEYS, MUTEX, AcquireArgs, lock_value, with_epoch
 from tests.peek import strictly_increasing
 
 SAMPLES = [
@@ -287,7 +287,7 @@ def test_a_release_goes_behind_an_unanswered_acquire_of_every_resource_of_a_set(
     lock key of an ACQUIRE_MANY as it is sent (with the membership key last), and none
     of its other keys. (The last resource's key was missed once, and the node's keys
     taken for lock keys.)"""
-    owner = attempt_owner("0" * 32, 1)
+    owner = lock_value("0" * 32, 1)
     [call] = with_epoch(MUTEX.acquire_calls(KEYS, range(1), ("a", "b", "c"), AcquireArgs(
         owner, 1000, 0, "", 0)), KEYS, 0)
     assert wire.acquire_keys(call) == [(KEYS.lock(r), owner) for r in ("a", "b", "c")]

@@ -1,13 +1,6 @@
 """The operator's tools over a manager, shared by :class:`redlock.admin.Admin` and
-:class:`redlock.admin.AsyncAdmin`: all but driving, as :mod:`redlock._client.handles`
-is for locks.
-
-An admin borrows a manager (its nodes, namespace, timeouts and connections) and writes
-each tool as a flow of the core (:mod:`redlock._core.inspect`,
-:mod:`redlock._core.amnesia.repair`, :mod:`redlock._core.membership`) that the shells
-drive through the manager. It also maps the nodes an operator names (URLs, clients, or
-the addresses ``dlm.nodes`` shows) to the manager's nodes (:func:`node_addresses`).
-"""
+:class:`redlock.admin.AsyncAdmin` (docs/design.md §11.6): each tool a flow of the core that the
+shells drive, and the naming of the nodes an operator gives (:func:`node_addresses`)."""
 
 from __future__ import annotations
 
@@ -31,8 +24,7 @@ _MANAGERS = {False: "a Redlock", True: "an AsyncRedlock"}
 
 
 class AdminBase(Generic[M]):
-    """The tools' flows over one manager; the shells add the methods that block or
-    await."""
+    """The tools' flows over one manager; the shells add the methods that block or await."""
 
     # Which manager flavour this admin drives (redlock.admin: Redlock or AsyncRedlock).
     _asynchronous: ClassVar[bool]
@@ -72,7 +64,7 @@ class AdminBase(Generic[M]):
         try:
             return (yield from _inspect.force_release(manager._core, resource))
         finally:  # this manager's local waiters: go (its room is rebuilt in a fork child)
-            manager._room.lines.notify(manager._core.keys.channel(resource))
+            manager._room.turns.notify(manager._core.keys.channel(resource))
 
     def _repair_flow(self, force: bool) -> Flow[list[RepairReport]]:
         return self._manager._core.repair(force=force)
@@ -101,12 +93,11 @@ def node_addresses(given: Iterable[Any], nodes: Sequence[Endpoint], addresses: S
                    what: str, *, mine: str = "this manager's nodes",
                    hint: str = "the manager must be configured with every node of the"
                                " current and the new set") -> tuple[str, ...]:
-    """The manager's node addresses for ``given``: each given node is one of the
-    manager's ``addresses`` (``dlm.nodes``), or a URL / client / ``host:port`` that
-    points at the same Redis server as one of its ``nodes`` (``localhost`` and
-    ``127.0.0.1`` alike, the database number, user and password aside:
-    :attr:`Endpoint.server`). Anything else is a ``ValueError`` that names what was
-    given (without its password) and the manager's nodes (``mine``, ``hint``: how a
+    """The manager's node addresses for ``given``: each given node is one of the manager's
+    ``addresses`` (``dlm.nodes``), or a URL / client / ``host:port`` that points at the same Redis
+    server as one of its ``nodes`` (``localhost`` and ``127.0.0.1`` alike, the database number,
+    user and password aside: :attr:`Endpoint.server`). Anything else is a ``ValueError`` that names
+    what was given (without its password) and the manager's nodes (``mine``, ``hint``: how a
     message calls them and what to do)."""
     if isinstance(given, str | bytes | bytearray) or not isinstance(given, Iterable):
         raise TypeError(f"{what} must be a collection of nodes (URLs, clients or addresses"
@@ -142,8 +133,7 @@ def _endpoint(node: object) -> Endpoint | None:
     try:
         if isinstance(node, str):
             if "://" not in node:  # an address as dlm.nodes shows it: host:port, unix:PATH
-                node = (f"unix://{node[5:]}" if node.startswith("unix:")
-                        else f"redis://{node}")
+                node = (f"unix://{node[5:]}" if node.startswith("unix:") else f"redis://{node}")
             return from_url(node)
         return from_client(node)
     except (AttributeError, TypeError, ValueError):

@@ -1,8 +1,5 @@
-"""How each flavour of client waits and runs things in the background: the small part
-of a manager that differs between threads and asyncio (beside the transport and the
-executor). A backend makes events and the locks of the local lines' turns, names the
-current owner of acquisitions (a thread or a task), and starts background work (the
-renewal loop, the maintenance, ``on_lost`` callbacks) in a thread or a task."""
+"""How each flavour waits and runs things in the background: events and turn locks, the
+current owner (thread or task), and background work (renewal loop, maintenance, ``on_lost``)."""
 
 from __future__ import annotations
 

@@ -1,22 +1,10 @@
 """``@dlm.locked(...)``: run a function while holding a lock (docs/design.md §11.1).
 
-Each call makes its own handle (handles are cheap, nothing is sent until acquired),
-acquires it like ``with lock:`` / ``async with lock:``, so a lock that cannot be had
-raises :class:`~redlock.LockNotAcquired` (or :class:`~redlock.QuorumUnavailable`) and
-the function does not run, and releases it when the function returns or raises.
-
-Which functions fit which client is checked when decorating, not on the first call:
-
-- ``Redlock.locked`` takes plain functions. A coroutine function is refused: the lock
-  would be taken and released around *creating* the coroutine, not around running it
-  (pottery's ``synchronize`` has this trap), and a blocking acquire inside the event
-  loop would stall it. Use ``AsyncRedlock.locked``.
-- ``AsyncRedlock.locked`` takes coroutine functions only: acquiring needs ``await``,
-  and turning a plain function into one that must be awaited would change how every
-  caller calls it.
-- Generator functions (sync or async) are refused by both: the lock would be released
-  before the first item is produced.
-"""
+Each call makes its own handle and acquires it like ``with lock:`` / ``async with lock:``. What
+fits which client is checked when decorating: ``Redlock.locked`` refuses coroutine functions (the
+lock would be held around creating the coroutine, not running it), ``AsyncRedlock.locked`` takes
+coroutine functions only, and both refuse generator functions (the lock would be released before
+the first item)."""
 
 from __future__ import annotations
 
@@ -60,14 +48,12 @@ def _shape_error(func: Callable[..., Any], asynchronous: bool) -> str | None:
     return None
 
 
-def make_decorator(manager: Any, resource: str | Callable[..., str],
-                   lock_options: dict[str, Any], pass_lock: str | None,
-                   *, asynchronous: bool) -> Callable[[F], F]:
+def make_decorator(manager: Any, resource: str | Callable[..., str], lock_options: dict[str, Any],
+                   pass_lock: str | None, *, asynchronous: bool) -> Callable[[F], F]:
     """The decorator ``manager.locked(...)`` returns (arguments checked here, at once)."""
     if not callable(resource):
         validate_resource(resource)
-    if pass_lock is not None and (not isinstance(pass_lock, str)
-                                  or not pass_lock.isidentifier()):
+    if pass_lock is not None and (not isinstance(pass_lock, str) or not pass_lock.isidentifier()):
         raise TypeError(f"pass_lock must be a parameter name or None, not {pass_lock!r}")
     manager.lock("-", **lock_options)  # validates ttl, timeout... (sends nothing)
 

@@ -1,8 +1,8 @@
 """Running flows: one executor per flavour (docs/design.md §10). An executor carries out
 each request a flow yields: a broadcast through the transport (taking turns in the
-local line when the request asks it), a wait of one of the three kinds, a user callback;
+local turns when the request asks it), a wait of one of the three kinds, a user callback;
 and drives the flow to its end, handing what each broadcast learnt to the core
-(``absorb``) and, once the call is over, leaving the local line and seeing to nodes that
+(``absorb``) and, once the call is over, leaving the local turns and seeing to nodes that
 newly need the background maintenance. Every operation runs this way, the usual
 uncontended acquire and release included (docs/design.md §2.6)."""
 
@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from typing import Any, TypeVar, cast
 
-from redlock._client.lines import Ticket, WaitingRoom, start_queued_attempt
+from redlock._client.waiting_room import Waiter, WaitingRoom, start_queued_attempt
 from redlock._core.algorithm import RedlockCore
 from redlock._core.requests import (
     LAST_ROUND,
@@ -39,10 +39,8 @@ T = TypeVar("T")
 
 
 class _Executor:
-    """What both executors hold: the manager's waiting room (local lines, the release
-    listener), the core (its ``absorb``, and its nodes' health: a node newly needs the
-    maintenance), the ``maintain`` hook that sees to restarted or amnesiac nodes, and a
-    test's injected sleep (None: the real waits)."""
+    """What both executors hold: the waiting room, the core's ``absorb`` and node health, the
+    ``maintain`` hook for restarted or amnesiac nodes, a test's sleep (None: the real waits)."""
 
     def __init__(self, room: WaitingRoom, core: RedlockCore, maintain: Callable[[], None],
                  sleep: Callable[[float], Any] | None) -> None:
@@ -52,37 +50,33 @@ class _Executor:
         self._maintain = maintain
         self._sleep = sleep
 
-    def _start_backoff(self, ticket: Ticket[Any], request: Backoff) -> tuple[Any, Any, float]:
+    def _start_backoff(self, waiter: Waiter[Any], request: Backoff) -> tuple[Any, Any, float]:
         """A backoff starts: nodes found restarted are seen to, the call waits in its
-        local line (its line, and the event that wakes it), and listens for releases
-        (how long to wait)."""
+        resource's local turns (returned, with the event that wakes it), and listens for
+        releases (how long to wait)."""
         self._maintain()  # a blocking acquire met a restarted node: see to it now
-        line, wake = self._room.lines.start_wait(request.line, ticket)
-        seconds = self._room.watch_releases(request, ticket)
+        turns, wake = self._room.turns.start_wait(request.turns_key, waiter)
+        seconds = self._room.watch_releases(request, waiter)
         if request.heard_before is not None:  # a wait for more hand-offs (§6.7)
             wake.clear()
-            if self._room.more_handoffs(ticket, request.heard_before, request.wake_at):
+            if self._room.more_handoffs(waiter, request.heard_before, request.wake_at):
                 seconds = 0.0
-        return line, wake, seconds
+        return turns, wake, seconds
 
-    def _end_call(self, ticket: Ticket[Any]) -> None:
-        """A driven call is over: out of its local line (if it waited), and a node that a
-        request of it found restarted or without its marker is seen to (the maintenance
-        starts in the background, or is told). (Asked by the drivers only when one of
-        these is so: every call ends.)"""
-        if ticket.key is not None or ticket.watch is not None:
-            self._room.end_call(ticket)
+    def _end_call(self, waiter: Waiter[Any]) -> None:
+        """A driven call is over (asked only when there is something to do): out of its
+        local turns, and a node its requests found restarted or unmarked is seen to."""
+        if waiter.key is not None or waiter.watch is not None:
+            self._room.end_call(waiter)
         if self._health.news:
             self._maintain()
 
 
 def after_waiting(request: Broadcast, started: float) -> Broadcast:
-    """An attempt that waited for its turn (or a hand-off) since ``started``: what is left
-    of its timeout, which bounds the wait and the round together, so the caller's
-    deadline holds however long another attempt of this manager kept the turn (a hung
-    majority keeps it a whole request timeout). Not below LAST_ROUND: the round still
-    goes out. An attempt that got no turn in time goes without one (taking turns only
-    spares the nodes a split vote)."""
+    """An attempt that waited for its turn (or another waiter's local wake) since ``started``: what
+    is left of its timeout, which bounds the wait and the round together, so the caller's deadline
+    holds however long another attempt kept the turn. Not below LAST_ROUND: the round still goes
+    out, with or without the turn (taking turns only spares the nodes a split vote, §6.5)."""
     waited = time.monotonic() - started
     if waited < 0.001:  # the usual case: no one else's attempt was under way
         return request
@@ -90,9 +84,8 @@ def after_waiting(request: Broadcast, started: float) -> Broadcast:
 
 
 class SyncExecutor(_Executor):
-    """The sync client's: requests run on the calling thread; waits block it.
-    ``sleep``: a test's injected sleep, honoured for every wait but one that a signal
-    ends (``PauseUntilWoken``)."""
+    """The sync client's: requests run on the calling thread; waits block it. ``sleep``: a test's
+    injected sleep, honoured for every wait but one that a signal ends (``PauseUntilWoken``)."""
 
     def __init__(self, transport: SyncTransport, room: WaitingRoom, core: RedlockCore,
                  maintain: Callable[[], None], sleep: Callable[[float], Any] | None) -> None:
@@ -100,61 +93,61 @@ class SyncExecutor(_Executor):
         self._transport = transport
 
     def drive(self, flow: Flow[T]) -> T:
-        ticket: Ticket[threading.Event] = Ticket()
+        waiter: Waiter[threading.Event] = Waiter()
         try:
-            return drive(flow, functools.partial(self._execute, ticket), self._absorb)
+            return drive(flow, functools.partial(self._execute, waiter), self._absorb)
         finally:
-            if ticket.key is not None or ticket.watch is not None or self._health.news:
-                self._end_call(ticket)
+            if waiter.key is not None or waiter.watch is not None or self._health.news:
+                self._end_call(waiter)
 
-    def _execute(self, ticket: Ticket[threading.Event], request: Request) -> Sequence[object]:
+    def _execute(self, waiter: Waiter[threading.Event], request: Request) -> Sequence[object]:
         if type(request) is Broadcast:
-            if request.line is None:  # (a release, an extend: no line)
+            if request.turns_key is None:  # (a release, an extend: no turns)
                 return self._transport.broadcast(request)
             if not request.turns:  # a waiter in the nodes' line: no turns (§6.5)
-                start_queued_attempt(ticket)
+                start_queued_attempt(waiter)
                 return self._transport.broadcast(request)
-            return self._broadcast(ticket, request)
+            return self._broadcast(waiter, request)
         if isinstance(request, Invoke):
             request.function(*request.args)
         else:
-            self._wait(ticket, cast(Wait, request))
+            self._wait(waiter, cast(Wait, request))
             if isinstance(request, Backoff):
-                return self._room.handoffs(ticket)
+                return self._room.handoffs(waiter)
         return NO_REPLY
 
-    def _broadcast(self, ticket: Ticket[threading.Event], request: Broadcast) -> Sequence[object]:
-        """An acquire attempt that takes its turn in the local line first."""
-        assert request.line is not None
-        lines = self._room.lines
+    def _broadcast(self, waiter: Waiter[threading.Event], request: Broadcast) -> Sequence[object]:
+        """An acquire attempt that takes its turn first (local turns, §6.5)."""
+        assert request.turns_key is not None
+        local = self._room.turns
         started = time.monotonic()
-        line, handoff, until = lines.start_attempt(request.line, ticket)
+        turns, woken, until = local.start_attempt(request.turns_key, waiter)
         try:
-            if handoff is not None:
-                handoff.wait(max(0.0, min(until, started + request.timeout) - time.monotonic()))
-            turn = line.turn.acquire(
+            if woken is not None:
+                woken.wait(max(0.0, min(until, started + request.timeout) - time.monotonic()))
+            turn = turns.turn.acquire(
                 timeout=max(0.0, started + request.timeout - time.monotonic()))
         except BaseException:
-            lines.exit(request.line, line)
+            local.exit(request.turns_key, turns)
             raise
         try:
             return self._transport.broadcast(after_waiting(request, started))
         finally:
             if turn:
-                line.turn.release()
-            lines.end_attempt(request.line, line, ticket)
+                turns.turn.release()
+            local.end_attempt(request.turns_key, turns, waiter)
 
-    def _wait(self, ticket: Ticket[threading.Event], request: Wait) -> None:
+    def _wait(self, waiter: Waiter[threading.Event], request: Wait) -> None:
         if isinstance(request, PauseUntilWoken):
             cast(threading.Event, request.wake).wait(request.seconds)
         elif self._sleep is not None:  # an injected sleep (tests) is honoured as given
             self._sleep(request.seconds)
         elif isinstance(request, Backoff):
-            line, wake, seconds = self._start_backoff(ticket, request)
+            turns, wake, seconds = self._start_backoff(waiter, request)
             try:
                 wake.wait(seconds)
             finally:
-                self._room.lines.exit(request.line, line)
+                self._room.turns.exit(request.turns_key, turns)
         else:
             time.sleep(request.seconds)
 
@@ -171,80 +164,79 @@ class AsyncExecutor(_Executor):
     def drive(self, flow: Flow[T]) -> Awaitable[T]:
         """The flow's end, an awaitable (the driver's coroutine itself: no coroutine of
         the executor's around it, which every resumption would pass through)."""
-        ticket: Ticket[Any] = Ticket()
-        return drive_async(flow, functools.partial(self._execute, ticket), self._absorb,
-                           functools.partial(self._ended, ticket))
+        waiter: Waiter[Any] = Waiter()
+        return drive_async(flow, functools.partial(self._execute, waiter), self._absorb,
+                           functools.partial(self._ended, waiter))
 
-    def _ended(self, ticket: Ticket[Any]) -> None:
-        if ticket.key is not None or ticket.watch is not None or self._health.news:
-            self._end_call(ticket)
+    def _ended(self, waiter: Waiter[Any]) -> None:
+        if waiter.key is not None or waiter.watch is not None or self._health.news:
+            self._end_call(waiter)
 
-    def _execute(self, ticket: Ticket[Any], request: Request) -> Awaitable[Sequence[object]]:
+    def _execute(self, waiter: Waiter[Any], request: Request) -> Awaitable[Sequence[object]]:
         """What carries out ``request``: a broadcast's the transport's own awaitable."""
         if type(request) is Broadcast:
-            if request.line is None:  # (a release, an extend: no line)
+            if request.turns_key is None:  # (a release, an extend: no turns)
                 return self._transport.broadcast(request)
             if not request.turns:  # a waiter in the nodes' line: no turns (§6.5)
-                start_queued_attempt(ticket)
+                start_queued_attempt(waiter)
                 return self._transport.broadcast(request)
-            return self._broadcast(ticket, request)
-        return self._other(ticket, request)
+            return self._broadcast(waiter, request)
+        return self._other(waiter, request)
 
-    async def _other(self, ticket: Ticket[Any], request: Request) -> Sequence[object]:
+    async def _other(self, waiter: Waiter[Any], request: Request) -> Sequence[object]:
         if isinstance(request, Invoke):
             outcome = request.function(*request.args)
             if inspect.isawaitable(outcome):
                 await outcome
         else:
-            await self._wait(ticket, cast(Wait, request))
+            await self._wait(waiter, cast(Wait, request))
             if isinstance(request, Backoff):
-                return self._room.handoffs(ticket)
+                return self._room.handoffs(waiter)
         return NO_REPLY
 
-    async def _broadcast(self, ticket: Ticket[Any], request: Broadcast) -> Sequence[object]:
-        """An acquire attempt that takes its turn in the local line first."""
-        assert request.line is not None
-        lines = self._room.lines
+    async def _broadcast(self, waiter: Waiter[Any], request: Broadcast) -> Sequence[object]:
+        """An acquire attempt that takes its turn first (local turns, §6.5)."""
+        assert request.turns_key is not None
+        local = self._room.turns
         started = time.monotonic()
-        line, handoff, until = lines.start_attempt(request.line, ticket)
+        turns, woken, until = local.start_attempt(request.turns_key, waiter)
         try:
-            if handoff is not None:
-                await wait_event(handoff, min(until, started + request.timeout)
-                                 - time.monotonic())
+            if woken is not None:
+                await wait_event(woken, min(until, started + request.timeout) - time.monotonic())
             turn = True
             # Another attempt has the turn, or one it was handed to has yet to run: wait,
             # within the round.
-            if line.turn.locked() or line.turn_waiters:
-                line.turn_waiters += 1
+            if turns.turn.locked() or turns.turn_waiters:
+                turns.turn_waiters += 1
                 try:
-                    await within(line.turn.acquire(),
+                    await within(turns.turn.acquire(),
                                  max(0.0, started + request.timeout - time.monotonic()))
                 except asyncio.TimeoutError:
                     turn = False
                 finally:
-                    line.turn_waiters -= 1
+                    turns.turn_waiters -= 1
             else:  # free: taken at once (no suspension), without a timeout's timer
-                await line.turn.acquire()
+                await turns.turn.acquire()
         except BaseException:
-            lines.exit(request.line, line)
+            local.exit(request.turns_key, turns)
             raise
         try:
             return await self._transport.broadcast(after_waiting(request, started))
         finally:
             if turn:
-                line.turn.release()
-            lines.end_attempt(request.line, line, ticket)
+                turns.turn.release()
+            local.end_attempt(request.turns_key, turns, waiter)
 
-    async def _wait(self, ticket: Ticket[Any], request: Wait) -> None:
+    async def _wait(self, waiter: Waiter[Any], request: Wait) -> None:
         if isinstance(request, PauseUntilWoken):
             await wait_event(cast(asyncio.Event, request.wake), request.seconds)
         elif self._sleep is not None:  # an injected sleep (tests) is honoured as given
             await self._sleep(request.seconds)
         elif isinstance(request, Backoff):
-            line, wake, seconds = self._start_backoff(ticket, request)
+            turns, wake, seconds = self._start_backoff(waiter, request)
             try:
                 await wait_event(wake, seconds)
             finally:
-                self._room.lines.exit(request.line, line)
+                self._room.turns.exit(request.turns_key, turns)
         else:
             await asyncio.sleep(request.seconds)

@@ -1,17 +1,8 @@
-"""The lock family's handles, shared by the sync and asyncio clients (docs/design.md §12):
-everything but waiting and I/O, as :mod:`redlock._client.handles` is for locks.
-
-- :class:`SemaphoreBase`: a permit of a counting semaphore (a lock's handle over one of
-  K slots; its token is its slot's).
-- :class:`ReadLockBase`, :class:`WriteLockBase`: a read-write lock's two modes, made
-  by :class:`ReadWriteLockBase` (``dlm.rwlock(name)``).
-- :class:`LeadershipBase`: an election's leadership, made by :class:`ElectionBase`'s
-  ``campaign()``; the election also reads who leads (``leader()``) and waits for
-  changes (``observe()``, in the shells: an iterator, or an async iterator).
-
-Every handle takes the lock's options (``ttl``, ``blocking``, ``timeout``,
-``auto_extend``, ``on_lost``); none is reentrant or exportable.
-"""
+"""The lock family's handles, shared by both clients (docs/design.md §12), as
+:mod:`redlock._client.handles` is for locks: :class:`SemaphoreBase` (a permit),
+:class:`ReadLockBase` and :class:`WriteLockBase` (made by :class:`ReadWriteLockBase`),
+:class:`LeadershipBase` (made by :class:`ElectionBase`'s ``campaign()``).
+Each takes the lock's options; none is reentrant or exportable."""
 
 from __future__ import annotations
 
@@ -97,8 +88,7 @@ class SemaphoreBase(_FamilyHandle):
     under. Safe to share across threads or tasks: each owner gets its own permit."""
 
     def __init__(self, registry: Registry, name: str, permits: int = 1, ttl: float = 10.0, *,
-                 blocking: bool = True, timeout: float | None = None,
-                 auto_extend: bool = False,
+                 blocking: bool = True, timeout: float | None = None, auto_extend: bool = False,
                  on_lost: Callable[[Any], object] | None = None) -> None:
         self._permits = validate_permits(permits)
         super().__init__(registry, (validate_resource(name),), ttl, blocking=blocking,
@@ -134,9 +124,8 @@ class ReadLockBase(_FamilyHandle):
     the read saw (every write that ended before it has a token ≤ it, every write that
     starts after it a larger one, docs/design.md §12.3)."""
 
-    def __init__(self, registry: Registry, name: str, ttl: float = 10.0, *,
-                 blocking: bool = True, timeout: float | None = None,
-                 auto_extend: bool = False,
+    def __init__(self, registry: Registry, name: str, ttl: float = 10.0, *, blocking: bool = True,
+                 timeout: float | None = None, auto_extend: bool = False,
                  on_lost: Callable[[Any], object] | None = None) -> None:
         super().__init__(registry, (validate_resource(name),), ttl, blocking=blocking,
                          timeout=timeout, auto_extend=auto_extend, on_lost=on_lost,
@@ -239,8 +228,7 @@ class ElectionBase(Generic[L]):
         self._registry = registry
         self._name = validate_resource(name)
         self._ttl = registry.core.settings.check_ttl(ttl)
-        self._identity = (default_identity() if identity is None
-                          else validate_identity(identity))
+        self._identity = (default_identity() if identity is None else validate_identity(identity))
 
     @property
     def name(self) -> str:

@@ -1,16 +1,8 @@
 """Lock handles, shared by the sync and asyncio clients: all but waiting and I/O.
 
-A handle holds its options and, per owner, that owner's acquisition, and writes
-acquire, release, extend and ``on_lost`` as flows (see :mod:`redlock._core.requests`)
-that the shells drive: ``lock.acquire()`` there is ``drive(self._acquire_flow(...))``.
-:class:`LockBase` is one resource's handle, :class:`MultiLockBase` a set's (all or
-nothing, a token per resource); the algorithm treats both as a tuple of resources.
-
-A handle may be shared by threads (sync) or tasks (asyncio): each owner (thread or
-task) that acquires through it gets its own acquisition, with its own secret owner
-value and token; ``token``, ``validity``, ``release()`` act on the caller's own. Owners
-are held weakly: a finished thread or task takes its entries along.
-"""
+A handle holds its options and, per owner (thread or task, held weakly), that owner's
+acquisition, and writes acquire, release, extend and ``on_lost`` as flows that the shells drive.
+:class:`LockBase` is one resource's handle, :class:`MultiLockBase` a set's."""
 
 from __future__ import annotations
 
@@ -60,10 +52,8 @@ V = TypeVar("V")
 
 
 class OwnerMap(Generic[V]):
-    """A handle's value per owner (the thread or task that acquired), held weakly: a
-    finished thread or task takes its entry along (docs/design.md §3.6). Each access is
-    one operation on a dict, atomic as such, so threads share it without a lock (a
-    handle asks it on every acquire and release)."""
+    """A handle's value per owner, held weakly: a finished thread or task takes its entry
+    along. Each access is one dict operation, atomic, so threads share it without a lock."""
 
     __slots__ = ("_data", "_drop")
 
@@ -95,8 +85,7 @@ class HandleBase:
     """Options, per-owner state and the flows, for one resource or a set."""
 
     def __init__(self, registry: Registry, resources: tuple[str, ...], ttl: float, *,
-                 blocking: bool,
-                 timeout: float | None, auto_extend: bool,
+                 blocking: bool, timeout: float | None, auto_extend: bool,
                  on_lost: Callable[[Any], object] | None, reentrant: bool,
                  kind: Kind = MUTEX) -> None:
         self._registry = registry
@@ -218,7 +207,7 @@ class HandleBase:
         if state is None:
             self._failed(result)
             return False
-        self._took(state, owner)
+        self._acquired(state, owner)
         return True
 
     def _call_options(self, blocking: bool | None,
@@ -353,7 +342,7 @@ class HandleBase:
         if result.unavailable:
             raise self._last_failure
 
-    def _took(self, state: LockState, owner: Hashable) -> None:
+    def _acquired(self, state: LockState, owner: Hashable) -> None:
         """The owner holds ``state`` now: recorded, re-entrant, renewed as asked."""
         self._hold(state, owner)
         if self._reentrant:
@@ -419,8 +408,7 @@ class LockBase(HandleBase):
 
     def __init__(self, registry: Registry, resource: str, ttl: float = 10.0, *,
                  blocking: bool = True, timeout: float | None = None, auto_extend: bool = False,
-                 on_lost: Callable[[Any], object] | None = None,
-                 reentrant: bool = False) -> None:
+                 on_lost: Callable[[Any], object] | None = None, reentrant: bool = False) -> None:
         name = validate_resource(resource)
         super().__init__(registry, (name,), ttl, blocking=blocking, timeout=timeout,
                          auto_extend=auto_extend, on_lost=on_lost, reentrant=reentrant)
@@ -438,13 +426,10 @@ class LockBase(HandleBase):
         return state.token
 
     def export(self) -> Handover:
-        """Hand the caller's acquisition over: a value another process or manager passes
-        to ``adopt()`` to hold, extend and release it (docs/design.md §5.6).
-
-        Ownership moves: from now on this handle neither extends (its renewals stop)
-        nor releases (``release()`` sends nothing), and ``token``/``check()`` raise
-        :class:`NotHeld`. Raises :class:`LockLost` if the lock is no longer valid.
-        """
+        """Hand the caller's acquisition over: a value another process or manager passes to
+        ``adopt()`` to hold it (docs/design.md §5.6). From now on this handle neither extends
+        nor releases it, and ``token``/``check()`` raise :class:`NotHeld`. Raises
+        :class:`LockLost` if the lock is no longer valid."""
         owner = self._owner_key()
         state = self._held(owner)
         if state.inherited:
@@ -472,8 +457,7 @@ class MultiLockBase(HandleBase):
     a resource exclude each other and share its fence counter (docs/design.md §11.2)."""
 
     def __init__(self, registry: Registry, resources: Iterable[str], ttl: float = 10.0, *,
-                 blocking: bool = True, timeout: float | None = None,
-                 auto_extend: bool = False,
+                 blocking: bool = True, timeout: float | None = None, auto_extend: bool = False,
                  on_lost: Callable[[Any], object] | None = None) -> None:
         super().__init__(registry, validate_resources(resources), ttl, blocking=blocking,
                          timeout=timeout, auto_extend=auto_extend, on_lost=on_lost,

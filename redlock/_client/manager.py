@@ -1,13 +1,6 @@
-"""The lock manager's part that the sync and asyncio clients share: everything but the
-flavour's transport, listener, executor and backend, which the shells name.
-
-:class:`ManagerBase` builds the settings, the core (:class:`RedlockCore`), the
-registry the handles share (:mod:`redlock._client.registry`), the waiting room (local
-lines and release wake-ups), the renewal loop and the background maintenance; it makes
-handles (:mod:`redlock._client.handles`) and drives flows through its executor
-(:mod:`redlock._client.executors`). The shells (:mod:`redlock.client`,
-:mod:`redlock.aio`) add the flavour's pieces and the public methods that block or await.
-"""
+"""The lock manager's part both clients share: everything but the flavour's transport,
+listener, executor and backend, which the shells (:mod:`redlock.client`, :mod:`redlock.aio`)
+name, with the public methods that block or await."""
 
 from __future__ import annotations
 
@@ -26,11 +19,11 @@ from redlock import _fork
 from redlock._client import environment
 from redlock._client.decorator import F, make_decorator
 from redlock._client.handles import LockBase, MultiLockBase
-from redlock._client.lines import WaitingRoom
 from redlock._client.registry import Registry
 from redlock._client.renewer import Renewer
 from redlock._client.renewer import unavailable as renewer_unavailable
 from redlock._client.telemetry import Telemetry, record_renewal
+from redlock._client.waiting_room import WaitingRoom
 from redlock._core.algorithm import RedlockCore
 from redlock._core.amnesia.maintenance import maintenance
 from redlock._core.handover import Handover, as_handover
@@ -76,12 +69,11 @@ class Hooks:
     """A test's clock and sleep (docs/design.md §11.6; given by
     :func:`redlock.testing.manager`, never by the public constructor).
 
-    ``clock``: a monotonic clock in seconds, read for every validity, deadline and
-    backoff; with another than ``time.monotonic`` the renewals run in this process (the
-    renewer process keeps ``time.monotonic``: redlock/_client/renewer.py,
-    ``unavailable()``). ``sleep``: how the executor waits (a coroutine function for
-    asyncio), honoured for every wait but one a signal ends; None: the real waits, in
-    the local line where a release wakes the first waiter."""
+    ``clock``: a monotonic clock in seconds, read for every validity, deadline and backoff; with
+    another than ``time.monotonic`` the renewals run in this process (the renewer process keeps
+    ``time.monotonic``: redlock/_client/renewer.py, ``unavailable()``). ``sleep``: how the executor
+    waits (a coroutine function for asyncio), honoured for every wait but one a signal ends; None:
+    the real waits, in the local turns where a release wakes the first waiter."""
 
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], Any] | None = None
@@ -90,8 +82,7 @@ class Hooks:
 M = TypeVar("M", bound="ManagerBase[Any, Any]")
 
 
-def with_hooks(cls: type[M], nodes: Iterable[Any], hooks: Hooks,
-               options: Mapping[str, Any]) -> M:
+def with_hooks(cls: type[M], nodes: Iterable[Any], hooks: Hooks, options: Mapping[str, Any]) -> M:
     """A manager of class ``cls``, built as ``cls(nodes, **options)`` builds it but with
     a test's ``hooks``: the one way to a clock or sleep of one's own."""
     manager = cls.__new__(cls)
@@ -134,8 +125,7 @@ class ManagerBase(Generic[H, MH]):
             this long, whatever its own timeout; None waits through outages.
         tracer_provider, meter_provider: OpenTelemetry providers to record spans and
             metrics with (needs the ``otel`` extra); by default the global ones, and
-            nothing is recorded while those are OpenTelemetry's no-op defaults.
-    """
+            nothing is recorded while those are OpenTelemetry's no-op defaults."""
 
     _handle_class: type[H]
     _multi_handle_class: type[MH]
@@ -148,26 +138,16 @@ class ManagerBase(Generic[H, MH]):
     # A test's clock and sleep: the real ones, unless with_hooks() set others.
     _hooks: Hooks = Hooks()
 
-    def __init__(
-        self,
-        nodes: Iterable[Any],
-        *,
-        namespace: str = "redlock",
-        node_timeout: float | None = None,
-        connect_timeout: float = 1.0,
-        drift_factor: float = 0.01,
-        retry_delay_min: float = 0.005,
-        retry_delay_max: float = 0.25,
-        max_ttl: float = DEFAULT_MAX_TTL,
-        outage_timeout: float | None = 5.0,
-        tracer_provider: Any = None,
-        meter_provider: Any = None,
-    ) -> None:
+    def __init__(self, nodes: Iterable[Any], *, namespace: str = "redlock",
+                 node_timeout: float | None = None, connect_timeout: float = 1.0,
+                 drift_factor: float = 0.01, retry_delay_min: float = 0.005,
+                 retry_delay_max: float = 0.25, max_ttl: float = DEFAULT_MAX_TTL,
+                 outage_timeout: float | None = 5.0, tracer_provider: Any = None,
+                 meter_provider: Any = None) -> None:
         settings = Settings(namespace=namespace, node_timeout=node_timeout,
-                            connect_timeout=connect_timeout,
-                            drift_factor=drift_factor, retry_delay_min=retry_delay_min,
-                            retry_delay_max=retry_delay_max, max_ttl=max_ttl,
-                            outage_timeout=outage_timeout)
+                            connect_timeout=connect_timeout, drift_factor=drift_factor,
+                            retry_delay_min=retry_delay_min, retry_delay_max=retry_delay_max,
+                            max_ttl=max_ttl, outage_timeout=outage_timeout)
         self._backend = self._backend_class()
         # The nodes, checked at the call site: where each is and how to log in (docs/
         # design.md §2.4). The transport opens no connection before first use, so nothing
@@ -195,7 +175,7 @@ class ManagerBase(Generic[H, MH]):
                                     self._core.settings.connect_timeout, wakeups)
 
     def _start_process_state(self) -> None:
-        """What lives in one process only: the waiting room (local lines, release
+        """What lives in one process only: the waiting room (local turns, release
         listener), the renewal loop, the reentrancy map, the background maintenance,
         the executor, and their events and thread locks (rebuilt in a forked child)."""
         backend = self._backend
@@ -211,10 +191,9 @@ class ManagerBase(Generic[H, MH]):
                                      self._room.watch_every, backend.new_event)
 
     def _open_renewals(self) -> Renewer | Renewals:
-        """Where the renewal loop runs (docs/design.md §5.2): in the renewer, a process
-        of the manager's own (bridged by the loop in this process while it starts);
-        where that cannot run, in this process (and the first auto-extended lock says
-        why)."""
+        """Where the renewal loop runs (docs/design.md §5.2): in the renewer, a process of the
+        manager's own (bridged by the loop in this process while it starts); where that cannot run,
+        in this process (and the first auto-extended lock says why)."""
         observe = functools.partial(record_renewal, self._telemetry)
         why = renewer_unavailable(self._core.clock)
         if why is None and not portable(self._endpoints):
@@ -274,7 +253,7 @@ class ManagerBase(Generic[H, MH]):
                     self._generation = _fork.generation
 
     def _after_fork(self) -> None:
-        """In a forked child (redlock/_fork.py): own connections, lines, renewals and
+        """In a forked child (redlock/_fork.py): own connections, local turns, renewals and
         listener; the parent's acquisitions stay the parent's (its renewal loop keeps
         renewing them there, and the child neither renews nor releases them)."""
         closed = self._closing.is_set()
@@ -301,60 +280,34 @@ class ManagerBase(Generic[H, MH]):
         """How many nodes make a majority: N // 2 + 1."""
         return self._core.quorum
 
-    def lock(
-        self,
-        resource: str,
-        ttl: float = 10.0,
-        *,
-        blocking: bool = True,
-        timeout: float | None = None,
-        auto_extend: bool = False,
-        on_lost: Callable[[H], object] | None = None,
-        reentrant: bool = False,
-    ) -> H:
+    def lock(self, resource: str, ttl: float = 10.0, *, blocking: bool = True,
+             timeout: float | None = None, auto_extend: bool = False,
+             on_lost: Callable[[H], object] | None = None, reentrant: bool = False) -> H:
         """A lock handle for ``resource``; nothing is sent until it is acquired.
 
-        Every duration is in seconds: ``ttl`` (default 10 s; at most the manager's
-        ``max_ttl``) is how long the lock lives on the nodes unless extended, ``timeout``
-        the overall deadline of a blocking acquire (None: no deadline). A value of 1000
-        or more was probably meant in milliseconds and raises a
-        :class:`DurationWarning` (``ttl=1000`` is 16.7 minutes; ``ttl=1.0`` is one
-        second). ``blocking=False`` makes acquires a single attempt; ``auto_extend``
-        renews the lock in the background while held, ``on_lost`` is called once if that
-        fails; ``reentrant`` lets the same thread (task) nest acquisitions.
-        """
+        Every duration is in seconds: ``ttl`` (default 10 s; at most the manager's ``max_ttl``) is
+        how long the lock lives on the nodes unless extended, ``timeout`` the overall deadline of a
+        blocking acquire (None: no deadline). A value of 1000 or more was probably meant in
+        milliseconds and raises a :class:`DurationWarning` (``ttl=1000`` is 16.7 minutes;
+        ``ttl=1.0`` is one second). ``blocking=False`` makes acquires a single attempt;
+        ``auto_extend`` renews the lock in the background while held, ``on_lost`` is called once if
+        that fails; ``reentrant`` lets the same thread (task) nest acquisitions."""
         return self._handle_class(self._registry, resource, ttl, blocking=blocking, timeout=timeout,
                                   auto_extend=auto_extend, on_lost=on_lost, reentrant=reentrant)
 
-    def lock_many(
-        self,
-        resources: Iterable[str],
-        ttl: float = 10.0,
-        *,
-        blocking: bool = True,
-        timeout: float | None = None,
-        auto_extend: bool = False,
-        on_lost: Callable[[MH], object] | None = None,
-    ) -> MH:
+    def lock_many(self, resources: Iterable[str], ttl: float = 10.0, *, blocking: bool = True,
+                  timeout: float | None = None, auto_extend: bool = False,
+                  on_lost: Callable[[MH], object] | None = None) -> MH:
         """One lock over several resources, all or nothing, with a token per resource;
         no deadlock between overlapping sets (docs/design.md §11.2). Nothing is sent
         until it is acquired; the options are :meth:`lock`'s (not reentrant)."""
         return self._multi_handle_class(self._registry, resources, ttl, blocking=blocking,
-                                        timeout=timeout, auto_extend=auto_extend,
-                                        on_lost=on_lost)
+                                        timeout=timeout, auto_extend=auto_extend, on_lost=on_lost)
 
-    def locked(
-        self,
-        resource: str | Callable[..., str],
-        ttl: float = 10.0,
-        *,
-        blocking: bool = True,
-        timeout: float | None = None,
-        auto_extend: bool = False,
-        on_lost: Callable[[H], object] | None = None,
-        reentrant: bool = False,
-        pass_lock: str | None = None,
-    ) -> Callable[[F], F]:
+    def locked(self, resource: str | Callable[..., str], ttl: float = 10.0, *,
+               blocking: bool = True, timeout: float | None = None, auto_extend: bool = False,
+               on_lost: Callable[[H], object] | None = None, reentrant: bool = False,
+               pass_lock: str | None = None) -> Callable[[F], F]:
         """Decorator: each call of the function runs while holding ``resource``.
 
         ``resource`` is a name, or a function of the call's arguments that returns one
@@ -366,8 +319,7 @@ class ManagerBase(Generic[H, MH]):
         extend it or check it. Recursive functions need ``reentrant=True``.
 
         ``Redlock.locked`` takes plain functions, ``AsyncRedlock.locked`` coroutine
-        functions; the other kind, and generator functions, raise ``TypeError`` here.
-        """
+        functions; the other kind, and generator functions, raise ``TypeError`` here."""
         options = {"ttl": ttl, "blocking": blocking, "timeout": timeout,
                    "auto_extend": auto_extend, "on_lost": on_lost, "reentrant": reentrant}
         return make_decorator(self, resource, options, pass_lock,
@@ -405,9 +357,8 @@ class ManagerBase(Generic[H, MH]):
                                                     "redlock-maintenance")
 
     def _stop_background(self) -> tuple[Any, ...]:
-        """The start of close(): the maintenance and the renewal loop are told to stop
-        (after the current step, or round); returns their threads or tasks to wait for
-        (None: not running)."""
+        """The start of close(): the maintenance and the renewal loop are told to stop (after the
+        current step, or round); returns their threads or tasks to wait for (None: not running)."""
         self._in_this_process()  # in a forked child: nothing of the parent's is closed
         self._closing.set()
         self._maintenance_news.set()  # a waiting maintenance stops at once
@@ -430,9 +381,8 @@ class ManagerBase(Generic[H, MH]):
         finally:
             with self._maintenance_mutex:
                 self._maintaining = False
-                # Ended with work left (it crashed, or a node newly needed it as it
-                # ended): the next call's end starts it again (the executors look at
-                # ``news`` only).
+                # Ended with work left (it crashed, or a node newly needed it as it ended): the
+                # next call's end starts it again (the executors look at ``news`` only).
                 if health.pending() and not self._closing.is_set():
                     health.news = True
 

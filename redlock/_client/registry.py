@@ -1,9 +1,6 @@
-"""What every handle of one manager shares, and all a handle needs of its manager
-(docs/design.md §10): the core, telemetry, the renewal loop, the reentrancy registry,
-the owner of the calling code, how to drive a flow, and who to tell of releases and
-losses. Handles know the registry, never the manager, so the two do not know each
-other: the manager builds the registry and the handles, and the registry tells handles
-of a loss through what a handle offers (:class:`LossListener`)."""
+"""What every handle of one manager shares, and all a handle needs of it (docs/design.md §10):
+handles know the registry, never the manager, and are told of a loss through what they offer
+(:class:`LossListener`)."""
 
 from __future__ import annotations
 
@@ -28,12 +25,11 @@ class LossListener(Protocol):
 
 
 class Registry:
-    """Shared by a manager's handles. ``drive`` runs a flow the way the manager's
-    flavour does (returns its result, or, asyncio, an awaitable of it);
-    ``current_owner()`` is the calling thread or task (None: no task, asyncio);
-    ``released`` is told of every release (the local lines' hand-off); ``renewals`` and
-    the reentrancy map live in one process (a forked child gets new ones:
-    :meth:`start_process`)."""
+    """Shared by a manager's handles. ``drive`` runs a flow the way the manager's flavour does
+    (returns its result, or, asyncio, an awaitable of it); ``current_owner()`` is the calling
+    thread or task (None: no task, asyncio); ``released`` is told of every release (the local
+    turns' wake); ``renewals`` and the reentrancy map live in one process (a forked child gets new
+    ones: :meth:`start_process`)."""
 
     def __init__(self, core: RedlockCore, telemetry: Telemetry | None,
                  current_owner: Callable[[], Hashable | None], drive: Callable[..., Any],
@@ -47,10 +43,9 @@ class Registry:
     def start_process(self, renewals: Renewing, released: Callable[[LockState], None],
                       watch_every: Callable[[tuple[str, ...], Any], Callable[[], None]],
                       new_event: Callable[[], Any]) -> None:
-        """What lives in one process only (called again in a forked child).
-        ``watch_every(channels, event)`` sets ``event`` on every message published on
-        ``channels`` until the function it returns is called (an election's observer);
-        ``new_event`` makes the flavour's event."""
+        """What lives in one process only (called again in a forked child). ``watch_every(channels,
+        event)`` sets ``event`` on every message published on ``channels`` until the function it
+        returns is called (an election's observer); ``new_event`` makes the flavour's event."""
         self.renewals = renewals
         self.released = released
         self.watch_every = watch_every

@@ -1,23 +1,12 @@
-"""The asyncio client renews its auto-extended locks from a thread of its own, over
-blocking connections of its own (docs/design.md §5.1).
+"""The asyncio client renews its auto-extended locks from a thread of its own, over blocking
+connections of its own (docs/design.md §5.1): a task runs only when the event loop gets to it, and
+a loaded loop gets to it late enough to lose healthy locks (BENCHMARKS.md, "Figures quoted in the
+library's comments"); a thread gets the interpreter within its switch interval whatever the loop
+does.
 
-Why not a task on the application's event loop: a task runs only when the loop gets to
-it, and a loaded loop gets to it late. Measured on a 2-core machine (tests/apps/
-test_web_app.py: a Starlette app under uvicorn, 200 concurrent clients, 300 locks of
-ttl 1 s held 2.5 s, the machine busy with other work): the renewal task woke up to
-314 ms late and a round's replies, on the wire in well under a millisecond, were read
-334 ms later; 2 to 12 of the 300 healthy locks were reported lost per run. A thread is
-scheduled by the operating system and gets the interpreter's lock within its switch
-interval (5 ms) whatever the loop is doing, so a busy loop, a coroutine doing CPU work
-or a loaded machine no longer decides whether a healthy lock is renewed in time.
-
-The renewal flow is the same one the sync client runs (redlock/_core/renewals.py),
-driven here by the sync executor over a :class:`SyncTransport` of its own to the
-manager's nodes (their endpoints: the same servers, credentials and TLS). What must
-happen on the loop is handed to it: a loss is told to the handles there (their
-``on_lost`` runs as a task), and so is a node found restarted (the maintenance is a
-task).
-"""
+It drives the sync client's renewal flow (redlock/_core/renewals.py) over a :class:`SyncTransport`
+of its own to the same endpoints. What must happen on the loop is handed to it: a loss (``on_lost``
+runs as a task there) and a node found restarted (the maintenance is a task)."""
 
 from __future__ import annotations
 
@@ -29,7 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from redlock._client.executors import SyncExecutor
-from redlock._client.lines import WaitingRoom
+from redlock._client.waiting_room import WaitingRoom
 from redlock._core.algorithm import RedlockCore
 from redlock._core.requests import Flow
 from redlock._core.state import LockState
@@ -43,8 +32,7 @@ class RenewalThread:
     ``start(flow)`` runs the loop's flow in a new thread (the loop ends when no lock is
     left to renew; the next auto-extended acquire starts another); ``lost`` and
     ``maintain`` hand their work to the event loop that started it; ``close()`` (once
-    the loop has ended) closes the connections.
-    """
+    the loop has ended) closes the connections."""
 
     def __init__(self, endpoints: list[Endpoint], addresses: list[str],
                  connect_timeout: float, identify: Any, room: WaitingRoom, core: RedlockCore,
@@ -91,10 +79,9 @@ class RenewalThread:
         return await ended(self.thread, timeout)
 
     async def close(self) -> None:
-        """Close the connections (in a helper thread: closing may wait for a late reply
-        up to ``connect_timeout``, and the loop must not block meanwhile). The transport
-        bounds its own close; this bound only keeps a bug there from hanging the
-        application's close()."""
+        """Close the connections (in a helper thread: closing may wait for a late reply up to
+        ``connect_timeout``, and the loop must not block meanwhile). The transport bounds its own
+        close; this bound only keeps a bug there from hanging the application's close()."""
         closer = threading.Thread(target=self._transport.close,
                                   name="redlock-renewals-close", daemon=True)
         closer.start()

@@ -1,19 +1,10 @@
 """The renewer: a manager's auto-extended locks renewed from a process of its own
-(docs/design.md §5.2).
-
-Neither a thread nor a task of the holder's process is sure to run while the holder is
-busy: under CPython's GIL a thread waiting with a timeout starves for as long as another
-thread computes between short system calls (an event loop that keeps yielding, a worker
-that polls sockets), and a task waits for a loop that may be blocked. A process is
-scheduled by the kernel. So the renewal loop (:mod:`redlock._core.renewals`) runs in one
-(:mod:`redlock._client.renewer_process`), and this module is the holder's side of it:
-
-- :class:`Renewer` offers the handles what :class:`~redlock._core.renewals.Renewals`
-  offers (add, remove, withdraw, rescheduled, stop) and hands each acquisition over;
-- :class:`Deadlines` is the memory both map: per acquisition, the deadline of each side's
-  latest renewal, read by the holder's ``check()`` without any of its threads running;
-- :class:`Link` carries length-prefixed pickles both ways over a socket pair.
-"""
+(docs/design.md §5.2: neither a thread nor a task of a busy holder is sure to run; a process is
+scheduled by the kernel). This is the holder's side: :class:`Renewer` offers the handles what
+:class:`~redlock._core.renewals.Renewals` offers and leases each acquisition to the renewer
+process (:mod:`redlock._client.renewer_process`); :class:`Deadlines` is the memory both map (each
+side's latest renewal, read by ``check()`` without any thread running); :class:`Link` carries
+length-prefixed pickles over a socket pair."""
 
 from __future__ import annotations
 
@@ -98,11 +89,10 @@ Doubles = Any
 
 
 class Deadlines:
-    """The memory both processes map (``memfd``): doubles, two per slot from slot 1 on:
-    ``[2 s]`` the renewer's latest deadline for the acquisition in slot ``s`` (0: none
-    yet; -1: it lost it), ``[2 s + 1]`` the holder's. ``[0]`` is 1 once the renewer
-    runs. Each is written by one process only, as one aligned 8-byte store: a reader
-    sees the old value or the new one, never a mix."""
+    """The memory both processes map (``memfd``): doubles, two per slot from slot 1 on: ``[2 s]``
+    the renewer's latest deadline for the acquisition in slot ``s`` (0: none yet; -1: it lost it),
+    ``[2 s + 1]`` the holder's. ``[0]`` is 1 once the renewer runs. Each is written by one process
+    only, as one aligned 8-byte store: a reader sees the old value or the new one, never a mix."""
 
     def __init__(self, fd: int, slots: int) -> None:
         self._map = mmap.mmap(fd, (slots + 1) * 16)
@@ -226,8 +216,7 @@ class _Entry:
 class _Process:
     """One running renewer: its process, link, memory and free slots."""
 
-    def __init__(self, popen: subprocess.Popen[bytes], link: Link,
-                 deadlines: Deadlines) -> None:
+    def __init__(self, popen: subprocess.Popen[bytes], link: Link, deadlines: Deadlines) -> None:
         self.popen = popen
         self.link = link
         self.deadlines = deadlines
@@ -246,19 +235,15 @@ class _Process:
 
 
 class Renewer:
-    """The holder's side of the renewer (docs/design.md §5.2): what the handles ask of
-    the renewals, carried out by a process of the manager's own, started by the first
-    ``add``. Until that process runs, a *bridge* (``bridge()``: the renewal loop in this
-    process) renews too, each acquisition until the renewer has renewed it once.
+    """The holder's side of the renewer (docs/design.md §5.2): what the handles ask of the
+    renewals, carried out by a process started by the first ``add``. Until it runs, a *bridge*
+    (``bridge(elsewhere, lost)``: the renewal loop in this process) renews each acquisition
+    until the renewer has renewed it once.
 
-    ``nodes``: the manager's nodes' endpoints (:mod:`redlock._io.endpoint`);
-    ``adopt(members)`` takes a membership record the renewals learnt from the nodes;
-    ``bridge(elsewhere, lost)`` makes the bridge (told which acquisitions the renewer
-    renews now, and calling ``lost`` for those it loses itself);
-    ``lost(state, handles)`` is told of each acquisition the renewer lost (from this
-    module's message thread, or where :meth:`_tell` puts it); ``observe(state, outcome,
-    started_ns)`` of each renewal's outcome (telemetry) while ``observing()`` says so.
-    """
+    ``nodes``: the nodes' endpoints; ``adopt(members)`` takes a membership record the renewals
+    learnt; ``lost(state, handles)`` is told of each acquisition the renewer lost (where
+    :meth:`_tell` puts it); ``observe(state, outcome, started_ns)`` of each renewal's outcome
+    while ``observing()`` says so."""
 
     def __init__(self, nodes: list[Endpoint], settings: Settings,
                  lost: Callable[[LockState, list[Any]], None],
@@ -300,9 +285,9 @@ class Renewer:
                 return
             if self._closed:
                 return  # close() marks what it renewed lost; nothing new is started
-            self._hand_over(state, [handle])
+            self._lease_to_renewer(state, [handle])
 
-    def _hand_over(self, state: LockState, handles: list[Any]) -> None:
+    def _lease_to_renewer(self, state: LockState, handles: list[Any]) -> None:
         """Give ``state`` to the renewer in a slot of its own (under the mutex: the
         renewer reads messages in the order they were decided); until it runs, the
         bridge renews ``state`` too."""
@@ -317,7 +302,7 @@ class Renewer:
         self._entries[lease_id] = entry
         self._ids[state] = lease_id
         state.lease = Lease(view, slot, renewer=False)
-        hold = ("hold", lease_id, slot, state.resource, state.owner, state.ttl, state.token,
+        hold = ("hold", lease_id, slot, state.resource, state.value, state.ttl, state.token,
                 state.tokens, state.kind, state.deadline)
         settings = self._settings_message(process)
         self._send(process, [hold] if settings is None else [settings, hold])
@@ -370,7 +355,7 @@ class Renewer:
         with self._mutex:
             handles = self._withdrawn.pop(state, None)
             if handles is not None and not self._closed and state.status == Status.HELD:
-                self._hand_over(state, handles)
+                self._lease_to_renewer(state, handles)
 
     def _drop(self, state: LockState) -> _Entry | None:
         """``state`` is renewed no more (under the mutex): it keeps the deadline it has now."""

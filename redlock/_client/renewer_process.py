@@ -1,15 +1,8 @@
-"""The renewer process (docs/design.md §5.2): a manager's renewal loop, run in a process
-of its own so that a busy holder cannot starve it.
-
-It runs the loop of :mod:`redlock._core.renewals` as the holder would, driven by the
-sync executor over a sync transport of its own to the same nodes, over a copy of each
-acquisition the holder hands it (:mod:`redlock._client.renewer`). It writes each
-acquisition's deadline into the memory both processes map, tells the holder of losses,
-forwards the library's log records, and keeps the lease's meaning: before every round
-it looks at the holder in ``/proc`` and renews nothing while the holder is stopped; it
-exits as soon as the holder is gone. It ignores SIGINT and SIGTERM, which a terminal or
-a service manager sends to the whole group: the holder, still shutting down, decides.
-"""
+"""The renewer process (docs/design.md §5.2): a manager's renewal loop
+(:mod:`redlock._core.renewals`) in a process of its own, over a copy of each acquisition the holder
+leases it and a sync transport of its own. It writes each deadline into the shared memory, tells
+the holder of losses, forwards log records, renews nothing while the holder is stopped, and exits
+once it is gone. It ignores SIGINT and SIGTERM (sent to the whole group): the holder decides."""
 
 from __future__ import annotations
 
@@ -25,8 +18,8 @@ from typing import Any
 
 from redlock._client import environment
 from redlock._client.executors import SyncExecutor
-from redlock._client.lines import WaitingRoom
 from redlock._client.renewer import SLOTS, Deadlines, Lease, Link, process_stat
+from redlock._client.waiting_room import WaitingRoom
 from redlock._core.algorithm import RedlockCore
 from redlock._core.renewals import Renewals
 from redlock._core.requests import Flow
@@ -149,8 +142,7 @@ class _Renewer:
         self.ids: dict[LockState, int] = {}
         self.renewals = Renewals(core, threading.Event, self._start_loop, self._lost,
                                  self._observe, closing=self.closing,
-                                 holder_running=self._holder_running,
-                                 abandoned=self._abandoned)
+                                 holder_running=self._holder_running, abandoned=self._abandoned)
         library = logging.getLogger("redlock")
         library.addHandler(_Forward(self.outbox))
         library.propagate = False
@@ -171,10 +163,10 @@ class _Renewer:
         """Act on one message; False once the holder said close."""
         kind = message[0]
         if kind == "hold":
-            _, lease_id, slot, resource, owner, ttl, token, tokens, lock_kind, deadline = message
+            _, lease_id, slot, resource, value, ttl, token, tokens, lock_kind, deadline = message
             if slot >= SLOTS:
                 return True
-            state = LockState(resource, owner, ttl, token, deadline, self.core.clock,
+            state = LockState(resource, value, ttl, token, deadline, self.core.clock,
                               self.core.env.new_mutex(), tokens=tokens, kind=lock_kind)
             # Its deadline: the later of ours and the holder's (a bridge renewing it until
             # this process has, or the acquire's own), 0 once we lost it.

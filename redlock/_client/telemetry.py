@@ -1,32 +1,11 @@
-"""OpenTelemetry traces and metrics, optional (docs/design.md §11.5).
+"""OpenTelemetry traces and metrics, optional (docs/design.md §11.5 lists the spans, their
+attributes and the metrics).
 
-The library uses only the OpenTelemetry *API* (the ``otel`` extra); the application
-installs the SDK and sets providers, or passes its own to the manager
-(``Redlock(..., tracer_provider=..., meter_provider=...)``). Nothing is recorded, and
-the flows run unwrapped, when the API is not installed, or when no provider was
-given and the global ones are still OpenTelemetry's no-op/proxy defaults: then the cost
-is one clock read per operation, compared with :attr:`Telemetry.quiet_until` (the
-providers are looked up again once a second, so a global provider set after the manager
-was made is used within a second).
-
-When recording, an operation's flow is wrapped in an observer that forwards every
-request and reply unchanged and watches them go by: acquire rounds (attempts, votes
-granted), the backoff sleeps between them (wait time), extend rounds, and how the
-operation ended. It does not change what the flow does.
-
-Spans: ``redlock.acquire``, ``redlock.extend`` (explicit, or a renewal by the manager's
-auto-extend loop with ``redlock.auto_extend=true``), ``redlock.release``. Attributes:
-``redlock.resource`` (a list for a set), ``redlock.namespace``, ``redlock.nodes``,
-``redlock.quorum``, ``redlock.attempts``, ``redlock.votes_granted`` (on the last
-attempt), ``redlock.token`` (``redlock.tokens`` for a set), ``redlock.outcome``.
-
-Metrics (attributes ``redlock.namespace`` and, where it applies, ``redlock.outcome``;
-never the resource, whose names are unbounded): ``redlock.acquire.duration`` and
-``redlock.acquire.wait`` histograms (s), counters ``redlock.acquire.quorum_failures``
-(attempts where fewer than a quorum granted), ``redlock.locks.lost`` and
-``redlock.nodes.amnesia`` (``redlock.amnesia.kind``: ``node`` for a node newly seen
-without its marker, ``majority`` for a ClusterAmnesiaError).
-"""
+Only the OpenTelemetry *API* is used (the ``otel`` extra). Nothing is recorded, and the flows run
+unwrapped, without the API, or when no provider was given and the global ones are still the no-op
+defaults: then the cost is one clock read per operation against :attr:`Telemetry.quiet_until` (the
+providers are looked up again once a second). When recording, an operation's flow is wrapped in an
+observer that forwards every request and reply unchanged and watches them go by."""
 
 from __future__ import annotations
 
@@ -104,9 +83,8 @@ class Telemetry:
         self._meter_provider = meter_provider
         self._explicit = tracer_provider is not None or meter_provider is not None
         self._cached: tuple[object, object, _Instruments] | None = None
-        # Until when (time.monotonic) nothing records: no provider was found, and none
-        # is looked for again before then. Read by the handles on every call (an
-        # attribute, not a call); -inf with providers given, or once some are found.
+        # Until when (time.monotonic) nothing records and no provider is looked for (an
+        # attribute: read on every call); -inf with providers given or found.
         self.quiet_until = float("-inf")
 
     @classmethod
@@ -129,8 +107,8 @@ class Telemetry:
         meter_provider = self._meter_provider or otel_metrics.get_meter_provider()
         if not self._explicit and _is_noop_tracer_provider(tracer_provider) \
                 and _is_noop_meter_provider(meter_provider):
-            # Asking the API costs ~2 us (environment lookups): without providers, ask
-            # again only once per RECHECK_S. A provider set later is used from then on.
+            # Asking the API means environment lookups: without providers, ask again only
+            # once per RECHECK_S. A provider set later is used from then on.
             self.quiet_until = time.monotonic() + RECHECK_S
             return None
         cached = self._cached
@@ -287,8 +265,7 @@ class _Observer:
             return {}
 
 
-def record_renewal(telemetry: Telemetry | None, state: Any, outcome: str,
-                   started_ns: int) -> None:
+def record_renewal(telemetry: Telemetry | None, state: Any, outcome: str, started_ns: int) -> None:
     """One auto-extend renewal of ``state`` by the manager's renewal loop: a
     ``redlock.extend`` span (``redlock.auto_extend=true``) from the round's start;
     ``outcome`` is ``extended``, ``failed`` (it will retry) or ``lost`` (counted)."""

@@ -1,16 +1,7 @@
-"""The Redlock algorithm with quorum fencing, free of I/O (docs/design.md §2-§5).
-
-:class:`RedlockCore` is one manager's algorithm: what it knows of its nodes (their
-membership rule, round trips, token floors, health and outages) and the acquire, one
-route for every acquisition whatever its kind (docs/design.md §2.6): the call's opening,
-each attempt's request (its calls from the kind, from templates for the hot scripts),
-the early decision on its replies, the grant's judging and the token's commit, the
-waits between attempts, a hand-off in a release (§6.7). What a holder does next
-(release, extend, loss) is :class:`~redlock._core.holding.Holding`'s
-(``core.holding``); node amnesia is
-:class:`~redlock._core.amnesia.guard.AmnesiaGuard`'s (``core.amnesia``). Each operation
-is a flow (see :mod:`redlock._core.requests`) that the sync and asyncio shells drive.
-"""
+"""The Redlock algorithm with quorum fencing, free of I/O (docs/design.md §2-§5, §10 "What each
+object holds"): :class:`RedlockCore`, what one manager knows of its nodes, and the acquire, one
+route for every kind of grant (§2.6). Release, extend and loss are ``core.holding``'s; node
+amnesia is ``core.amnesia``'s."""
 
 from __future__ import annotations
 
@@ -39,8 +30,8 @@ from redlock._core.state import AcquireResult, AttemptResult, LockState, RoundTr
 from redlock._core.tokens import (
     TOKEN_LIMIT,
     TokenFloors,
-    attempt_owner,
     choose_token,
+    lock_value,
     quorum,
     validity_left,
     waiter_id,
@@ -69,14 +60,13 @@ nodes_logger = get_logger("redlock.nodes")
 
 @dataclass(slots=True)
 class Opening:
-    """An acquire call's start: its secret (``owner``, 32 hex digits; each attempt's
-    owner value starts with it, docs/design.md §2.1), what it acquires (``name``: in
-    messages), its place in the nodes' line (``ticket``, '' when it does not queue),
-    when it started and its deadline."""
+    """An acquire call's start: its ``secret`` (32 hex digits; each attempt's lock value starts
+    with it, docs/design.md §2.1), what it acquires (``name``: in messages), its place in the
+    nodes' line (``ticket``, '' when it does not queue), when it started and its deadline."""
 
     resources: tuple[str, ...]
     name: str
-    owner: str
+    secret: str
     kind: Kind
     ticket: str
     started: float
@@ -112,7 +102,7 @@ class RedlockCore:
                                     self.membership)
         self.holding = Holding(self.addresses, settings, self.keys, self.membership,
                                self.timeout, self.node_outages, env.clock)
-        # A mutex's local line and counters per name (asked on every attempt; the names
+        # A mutex's local turns key and counters per name (asked on every attempt; the names
         # used lately: the client's memory does not grow with the names it ever locked).
         self._mutex_names: dict[tuple[str, ...], tuple[str, tuple[str, ...]]] = {}
         # Every node's outcome when each granted (the usual attempt's, shared: immutable).
@@ -141,9 +131,8 @@ class RedlockCore:
         return self.round_trips.timeout(self.quorum, self.settings.request_ceiling(ttl))
 
     def absorb(self, replies: Replies) -> None:
-        """What a broadcast learnt on the way (the drivers call this before its flow goes
-        on): round trips measured, servers identified on new connections, a newer
-        membership record a node refused our epoch with."""
+        """What a broadcast learnt on the way (before its flow goes on): round trips,
+        servers identified, a newer membership record a node refused our epoch with."""
         if replies.round_trips:
             self.round_trips.sample_many(replies.round_trips)
         if replies.identities:
@@ -154,16 +143,16 @@ class RedlockCore:
                 if record is not None:
                     self.membership.adopt(record)
 
-    def line(self, resources: Sequence[str], kind: Kind = MUTEX) -> str:
-        """The local line of an acquisition: a resource's release channel (a set has one
-        of its own). Attempts in one line from one manager take turns."""
+    def turns_key(self, resources: Sequence[str], kind: Kind = MUTEX) -> str:
+        """The key of an acquisition's local turns: a resource's release channel (a set
+        has one of its own). Attempts on one key from one manager take turns (§6.5)."""
         if kind is MUTEX:
             return self._mutex_name(resources)[0]
         return kind.channel(self.keys, resources[0] if len(resources) == 1
                             else "\x00".join(resources))
 
     def _mutex_name(self, resources: Sequence[str]) -> tuple[str, tuple[str, ...]]:
-        """A mutex's (line, buckets) of ``resources``, kept for the names used lately."""
+        """A mutex's (turns key, buckets) of ``resources``, kept for the names used lately."""
         key = tuple(resources)
         made = self._mutex_names.get(key)
         if made is None:
@@ -181,34 +170,30 @@ class RedlockCore:
         """An acquire call's start. Every round and wait ends by the caller's deadline:
         ``timeout`` after the start for a blocking acquire, one request ceiling for a
         single try (:meth:`Settings.single_try`); docs/design.md §2.5."""
-        owner = self.env.random_hex(16)  # 128 bits, secret: only we can release our key
-        # A blocking acquire of one resource waits in the nodes' line for it; its ticket
-        # (wall-clock microseconds: comparable across hosts, see docs/design.md §6) is
-        # its place, the same on every node and every attempt. A single try, or a set,
-        # does not queue.
+        secret = self.env.random_hex(16)  # 128 bits: only we can release our key
+        # A blocking acquire of one resource queues with its ticket (wall-clock
+        # microseconds, §6.3); a single try, or a set, does not queue.
         single = not blocking or timeout == 0
         ticket = (str(int(self.env.wall_clock() * 1_000_000))
                   if not single and len(resources) == 1 else "")
         started = self.clock()
         deadline = Deadline(self.clock, started + self.settings.single_try(ttl) if single
                             else None if timeout is None else started + timeout)
-        return Opening(resources, label(resources), owner,
-                       kind if kind is MUTEX else kind.for_call(owner), ticket, started,
+        return Opening(resources, label(resources), secret,
+                       kind if kind is MUTEX else kind.for_call(secret), ticket, started,
                        single, deadline)
 
     def acquire(self, resources: str | tuple[str, ...], ttl: float, *, blocking: bool,
-                timeout: float | None,
-                watch: Callable[[AttemptResult], None] | None = None,
+                timeout: float | None, watch: Callable[[AttemptResult], None] | None = None,
                 kind: Kind = MUTEX) -> Flow[AcquireResult]:
         """Attempts until success, the deadline, or (non-blocking) after one attempt.
 
-        A blocking acquire also gives up once the cluster has been unavailable (too few
-        nodes answering, not contention) for ``outage_timeout``: waiting longer would
-        hide an outage from the caller. ``watch`` (OpenTelemetry's observer) hears of
-        each attempt."""
+        A blocking acquire also gives up once the cluster has been unavailable (too few nodes
+        answering, not contention) for ``outage_timeout``: waiting longer would hide an outage from
+        the caller. ``watch`` (OpenTelemetry's observer) hears of each attempt."""
         resources = (resources,) if isinstance(resources, str) else resources
         opening = self.open(resources, ttl, blocking=blocking, timeout=timeout, kind=kind)
-        call, kind, ticket, deadline = opening.owner, opening.kind, opening.ticket, \
+        call, kind, ticket, deadline = opening.secret, opening.kind, opening.ticket, \
             opening.deadline
         outage_since: float | None = None
         waits: Waits | None = None  # (made by the first wait: most calls never wait)
@@ -225,7 +210,7 @@ class RedlockCore:
                 # attempt: its SET may have happened anywhere, and its line entries go too
                 # (a release would hand the lock to one left behind, for its TTL, §6.7).
                 yield deadline.cap(self.holding.release_calls(
-                    resources, attempt_owner(call, attempts), ttl, kind=kind))
+                    resources, lock_value(call, attempts), ttl, kind=kind))
                 raise
             if watch is not None:
                 watch(result)
@@ -238,17 +223,17 @@ class RedlockCore:
                         raise
                     except BaseException:  # interrupted: the caller never leads
                         yield deadline.cap(self.holding.release_calls(
-                            resources, state.owner, ttl, kind=state.kind))
+                            resources, state.value, ttl, kind=state.kind))
                         raise
                 return AcquireResult(state, result.outcomes, attempts, False, "")
-            owner = attempt_owner(call, attempts)  # (for the releases that end the call)
+            value = lock_value(call, attempts)  # (for the releases that end the call)
             if result.retry_now and attempts < 3:
                 if not deadline.passed():
                     continue
                 result = replace(result, reason=f"{result.reason}; no time was left to try"
                                                 " again")
             if opening.single or result.permanent:
-                yield from self._leave_line(resources, owner, ttl, ticket, deadline, kind)
+                yield from self._leave_line(resources, value, ttl, ticket, deadline, kind)
                 return AcquireResult(None, result.outcomes, attempts, result.unavailable,
                                      result.reason)
             kind = result.next_kind or kind
@@ -257,21 +242,21 @@ class RedlockCore:
                 outage_since = attempt_started if outage_since is None else outage_since
                 outage_limit = self.settings.outage_timeout
                 if outage_limit is not None and now - outage_since >= outage_limit:
-                    yield from self._leave_line(resources, owner, ttl, ticket, deadline, kind)
+                    yield from self._leave_line(resources, value, ttl, ticket, deadline, kind)
                     return AcquireResult(None, result.outcomes, attempts, True,
                                          f"{result.reason}; the cluster has been unavailable"
                                          f" for {now - outage_since:.1f} s (outage_timeout)")
             else:
                 outage_since = None
             if deadline.passed():
-                yield from self._leave_line(resources, owner, ttl, ticket, deadline, kind)
+                yield from self._leave_line(resources, value, ttl, ticket, deadline, kind)
                 return AcquireResult(None, result.outcomes, attempts, result.unavailable,
                                      result.reason)
             if waits is None:
                 waits = Waits(self.settings, queued=bool(ticket))
             delay, patient = waits.next(attempts, result.outcomes,
                                         unavailable=result.unavailable, left=deadline.left())
-            backoff = Backoff(delay, line=self.line(resources, kind),
+            backoff = Backoff(delay, turns_key=self.turns_key(resources, kind),
                               channels=kind.wait_channels(self.keys, resources,
                                                           self.route if ticket else ""),
                               waiter=waiter_id(call) if ticket else None, patient=patient)
@@ -285,12 +270,11 @@ class RedlockCore:
                     if handed is not None:
                         if watch is not None:
                             watch(handed)
-                        return AcquireResult(handed.state, handed.outcomes, attempts,
-                                             False, "")
+                        return AcquireResult(handed.state, handed.outcomes, attempts, False, "")
             except GeneratorExit:
                 raise
             except BaseException:  # interrupted (cancelled) while waiting: leave the line
-                yield from self._leave_line(resources, owner, ttl, ticket, deadline, kind)
+                yield from self._leave_line(resources, value, ttl, ticket, deadline, kind)
                 raise
 
     def _proclaim(self, state: LockState, deadline: Deadline) -> Flow[None]:
@@ -300,7 +284,7 @@ class RedlockCore:
         kind = state.kind
         assert isinstance(kind, Leadership)
         rule = self.membership.rule
-        calls = with_epoch((kind.proclaim_call(self.keys, i, state.resource, state.owner,
+        calls = with_epoch((kind.proclaim_call(self.keys, i, state.resource, state.value,
                                                state.token) for i in self.nodes),
                            self.keys, rule.epoch)
         acks = yield deadline.cap(Broadcast(calls, self.timeout(state.ttl),
@@ -313,24 +297,21 @@ class RedlockCore:
                            hint="leader() may not name this leader until its next term;"
                                 " the term itself (the token) is committed")
 
-    def _leave_line(self, resources: tuple[str, ...], owner: str, ttl: float,
+    def _leave_line(self, resources: tuple[str, ...], value: str, ttl: float,
                     ticket: str, deadline: Deadline, kind: Kind = MUTEX) -> Flow[None]:
-        """A queued acquire call that ends without the lock drops its entries from the
-        waiting lines at once: the next in line need not wait for them to lapse. (A
-        final release: what is still unsent at the deadline goes out when its
-        connection opens, docs/design.md §2.4.)"""
+        """A queued acquire call that ends without the lock leaves the lines at once, so the
+        next in line need not wait for its entries to lapse (a final release, §2.4)."""
         if ticket:
-            yield deadline.cap(self.holding.release_calls(resources, owner, ttl, leave=True,
+            yield deadline.cap(self.holding.release_calls(resources, value, ttl, leave=True,
                                                           kind=kind))
 
     def _attempt(self, opening: Opening, ttl: float, kind: Kind,
                  attempt: int) -> Flow[AttemptResult]:
-        """One attempt (docs/design.md §2.2): its request to every node, then what the
-        replies mean. The usual replies (every node granted our call, nothing to write
-        back, time left) are told in one pass; anything else is judged by
-        :meth:`_judged`."""
+        """One attempt (docs/design.md §2.2): its request to every node, then what the replies
+        mean. The usual replies (every node granted our call, nothing to write back, time left) are
+        told in one pass; anything else is judged by :meth:`_judged`."""
         resources, deadline, settings = opening.resources, opening.deadline, self.settings
-        owner = attempt_owner(opening.owner, attempt)  # this attempt's value (§2.1)
+        value = lock_value(opening.secret, attempt)  # this attempt's value (§2.1)
         rule, health = self.membership.rule, self.amnesia.health
         if not rule.possible:
             rule.check()  # MembershipError: our nodes cannot form a quorum (§13.2)
@@ -343,16 +324,16 @@ class RedlockCore:
         learn = self.quorum if (settings.node_timeout is None
                                 and self.round_trips.measured() < self.quorum) else 0
         timeout = self.timeout(ttl)  # (the attempt's, its line entry's patience from it)
-        line, buckets = (self._mutex_name(resources) if kind is MUTEX
-                         else (self.line(resources, kind), kind.buckets(resources)))
+        turns_key, buckets = (self._mutex_name(resources) if kind is MUTEX
+                              else (self.turns_key(resources, kind), kind.buckets(resources)))
         calls, packed = kind.acquire_request(self.keys, self.nodes, resources, AcquireArgs(
-            owner, max(1, int(ttl * 1000)), self.floors.get(buckets), opening.ticket,
+            value, max(1, int(ttl * 1000)), self.floors.get(buckets), opening.ticket,
             int(settings.patience(timeout) * 1000), attempt, self.route), epoch)
         # Whose grants do not count: restarted nodes being judged (§4.4), nodes of
         # another format (§4.1).
         uncounted = (health.suspect if not health.incompatible
                      else {**health.suspect, **health.incompatible})
-        request = Broadcast(calls + inspect, deadline.bound(timeout), line=line,
+        request = Broadcast(calls + inspect, deadline.bound(timeout), turns_key=turns_key,
                             turns=not opening.ticket,
                             enough=grant_enough(self.n, uncounted, rule, kind.vote,
                                                 kind.group if kind.grouped else None),
@@ -383,11 +364,11 @@ class RedlockCore:
                     health.marker_seen = True  # (a grant: the node has its marker)
                     self.floors.raise_to(buckets, token)
                     return AttemptResult(self.held(opening, ttl, started, {
-                        resources[0]: token}, kind, self.n, owner), self._all_granted)
-        return (yield from self._judged(opening, ttl, kind, attempt, owner, request,
+                        resources[0]: token}, kind, self.n, value), self._all_granted)
+        return (yield from self._judged(opening, ttl, kind, attempt, value, request,
                                         replies, started, epoch, buckets))
 
-    def _judged(self, opening: Opening, ttl: float, kind: Kind, attempt: int, owner: str,
+    def _judged(self, opening: Opening, ttl: float, kind: Kind, attempt: int, value: str,
                 request: Broadcast, replies: Sequence[object], started: float, epoch: int,
                 buckets: tuple[str, ...]) -> Flow[AttemptResult]:
         """An attempt's replies, judged: amnesia, permits' slots, the token's commit (a
@@ -402,16 +383,15 @@ class RedlockCore:
                    else (yield from self.amnesia.check(outcomes, deadline)))
         if amnesia is not None:  # the call may try again: it keeps its place in line
             yield deadline.cap(self.holding.release_calls(
-                resources, owner, ttl, leave=False, kind=kind, ticket=opening.ticket))
+                resources, value, ttl, leave=False, kind=kind, ticket=opening.ticket))
             return amnesia
         # The grants this attempt keeps (a permit's: of the slot most nodes granted;
         # the others are given back at once, §12.2), and what they are grants of.
-        granting = {i: replies[i] for i, r in enumerate(outcomes)
-                    if r.outcome is Outcome.GRANTED}
+        granting = {i: replies[i] for i, r in enumerate(outcomes) if r.outcome is Outcome.GRANTED}
         held_kind, kept = kind.granted(granting) if granting else (kind, {})
         stray = held_kind.stray(granting)
         if stray:
-            yield deadline.cap(self.holding.release_calls(resources, owner, ttl, leave=False,
+            yield deadline.cap(self.holding.release_calls(resources, value, ttl, leave=False,
                                                           nodes=stray, kind=kind))
         if kept and held_kind is not kind:  # (a permit's slot: its own buckets)
             buckets = held_kind.buckets(resources)
@@ -430,22 +410,20 @@ class RedlockCore:
             write_backs = [(r, call) for r, c in choices.items()
                            if not rule.met(committed[r])
                            for call in with_epoch(
-                               (held_kind.write_back_call(keys, i, r, owner, c.token)
+                               (held_kind.write_back_call(keys, i, r, value, c.token)
                                 for i in c.write_back), keys, epoch)]
             if write_backs:
                 # Counters diverged: raise the lower ones to the token, but only on
-                # nodes that still hold our key (the script checks the owner).
+                # nodes that still hold our key (the script checks the value).
                 acks = yield Broadcast(tuple(call for _, call in write_backs),
                                        deadline.bound(self.timeout(ttl)),
-                                       enough=commit_enough(write_backs, committed,
-                                                            rule))
+                                       enough=commit_enough(write_backs, committed, rule))
                 rule = self.membership.rule
                 for (r, call), ack in zip(write_backs, acks, strict=True):
                     if acked(ack):
                         committed[r].add(call.node)
                 for r in {r for r, _ in write_backs}:
-                    logger.info("redlock.token_write_back", resource=r,
-                                token=choices[r].token,
+                    logger.info("redlock.token_write_back", resource=r, token=choices[r].token,
                                 returned_token=len(choices[r].committed),
                                 written_back=len(choices[r].write_back),
                                 committed=len(committed[r]))
@@ -454,7 +432,7 @@ class RedlockCore:
             too_big = [r for r in resources if choices[r].token >= TOKEN_LIMIT]
             if not short and not too_big and validity > 0:
                 return AttemptResult(self.held(opening, ttl, started, {
-                    r: c.token for r, c in choices.items()}, held_kind, len(granted), owner),
+                    r: c.token for r, c in choices.items()}, held_kind, len(granted), value),
                     outcomes)
             if too_big:
                 reason = f"fence counter reached {TOKEN_LIMIT}"
@@ -474,7 +452,7 @@ class RedlockCore:
         maybe_set = [i for i, reply in enumerate(replies) if not acquire_set_nothing(reply)]
         if maybe_set:
             yield deadline.cap(self.holding.release_calls(
-                resources, owner, ttl, leave=False, nodes=maybe_set, kind=kind,
+                resources, value, ttl, leave=False, nodes=maybe_set, kind=kind,
                 ticket=opening.ticket))
         rule = self.membership.rule
         healthy = [i for i, r in enumerate(outcomes)
@@ -502,12 +480,11 @@ class RedlockCore:
                              reason=reason, next_kind=kind.next_attempt(replies))
 
     def held(self, opening: Opening, ttl: float, started: float, tokens: dict[str, int],
-              kind: Kind, granted: int, owner: str) -> LockState:
-        """The acquisition of the call's attempt that started at ``started`` and won
-        (``tokens``: per resource; ``granted``: by that many nodes), holding that
-        attempt's owner value (§2.1); its validity is measured from that start, less the
-        drift (docs/design.md §2.2)."""
-        state = LockState(opening.name, owner, ttl, max(tokens.values()),
+              kind: Kind, granted: int, value: str) -> LockState:
+        """The acquisition of the call's attempt that started at ``started`` and won (``tokens``:
+        per resource; ``granted``: by that many nodes), holding that attempt's lock value (§2.1);
+        its validity is measured from that start, less the drift (docs/design.md §2.2)."""
+        state = LockState(opening.name, value, ttl, max(tokens.values()),
                           started + ttl - self.settings.drift(ttl), self.clock,
                           self.env.new_mutex(), tokens=tokens, kind=kind)
         if logger.isEnabledFor(DEBUG):  # (every acquisition passes here: fields if logged)
@@ -519,18 +496,16 @@ class RedlockCore:
     def _handed_off(self, heard: Sequence[object], backoff: Backoff, opening: Opening,
                     ttl: float, kind: Kind, attempt: int, attempt_started: float,
                     outcomes: Sequence[NodeResult]) -> Flow[AttemptResult | None]:
-        """The lock, if the releases that handed it to us while we waited make an
-        acquisition (docs/design.md §6.7): the messages of our latest ``attempt`` from a
-        quorum of the nodes we count, the token committed (the ordinary write-back where
-        counters differ), validity left from the start of that attempt. None: the next
-        attempt goes as usual (it is granted the reservations)."""
+        """The lock, if the hand-offs heard while we waited make an acquisition (docs/design.md
+        §6.7): our latest ``attempt``'s messages from a quorum, the token committed, validity
+        left from that attempt's start. None: the next attempt takes the reservations."""
         if not isinstance(heard, Handoffs) or not heard:
             return None
         deadline = opening.deadline
         # The reservations become a value no attempt sent, so that a late command of the
         # attempt that queued cannot touch them (§2.1); the next attempt, if this comes to
         # nothing, is the one that sends it.
-        owner = attempt_owner(opening.owner, attempt + 1)
+        value = lock_value(opening.secret, attempt + 1)
         refused = {i for i, r in enumerate(outcomes) if r.outcome is Outcome.REFUSED}
         health, membership = self.amnesia.health, self.membership
         counters = counted(heard, attempt, membership.rule.epoch, health.benched(), refused)
@@ -547,13 +522,11 @@ class RedlockCore:
                     break
                 more = yield replace(backoff, seconds=deadline.pause(left), patient=None,
                                      heard_before=total,
-                                     wake_at=wake_at(latest, counters, attempt,
-                                                     membership.rule))
+                                     wake_at=wake_at(latest, counters, attempt, membership.rule))
                 if not isinstance(more, Handoffs) or more.total <= total:
                     break  # nothing new came in time
                 total, latest = more.total, more
-                counters = counted(more, attempt, membership.rule.epoch, health.benched(),
-                                   refused)
+                counters = counted(more, attempt, membership.rule.epoch, health.benched(), refused)
         rule = membership.rule
         if not enough(counters, rule):
             return None
@@ -562,7 +535,7 @@ class RedlockCore:
         choice = choose_token(counters)
         committed = set(choice.committed)
         if not rule.met(committed):
-            calls = with_epoch((kind.write_back_call(self.keys, i, resource, owner,
+            calls = with_epoch((kind.write_back_call(self.keys, i, resource, value,
                                                      choice.token)
                                 for i in choice.write_back), self.keys, rule.epoch)
             write_backs = [(resource, call) for call in calls]
@@ -570,8 +543,7 @@ class RedlockCore:
                                    enough=commit_enough(write_backs, {resource: set(committed)},
                                                         rule))
             rule = membership.rule
-            committed |= {call.node for call, ack in zip(calls, acks, strict=True)
-                          if acked(ack)}
+            committed |= {call.node for call, ack in zip(calls, acks, strict=True) if acked(ack)}
             logger.info("redlock.token_write_back", resource=resource, token=choice.token,
                         returned_token=len(choice.committed),
                         written_back=len(choice.write_back), committed=len(committed))
@@ -583,7 +555,7 @@ class RedlockCore:
         logger.debug("redlock.handed_off", resource=resource, token=choice.token,
                      heard=len(counters), committed=len(committed))
         state = self.held(opening, ttl, attempt_started, {resource: choice.token}, kind,
-                           len(counters), owner)
+                           len(counters), value)
         handed = [NodeResult(self.addresses[i], Outcome.GRANTED, "handed off by a release",
                              counter=counters[i]) if i in counters else result
                   for i, result in enumerate(outcomes)]
@@ -624,15 +596,11 @@ _USUAL_KEPT = 32
 def grant_enough(n: int, suspect: Mapping[int, object], rule: Rule,
                  votes: Callable[[object], int | None],
                  group: Callable[[object], object] | None = None) -> Decision:
-    """An early decision on an attempt's replies (one call per node): ``votes(reply)`` is
-    1 (yes), 0 (no), None (unknown: an error, or not read yet). Decided once a quorum said
-    yes, or more nodes said no than a quorum can spare. A node whose grants do not count
-    (``suspect``: restarted, being judged, or of another format, §4.1; or found so by this
-    very request's new connection, docs/design.md §4.4) never votes yes. The yes votes
-    count per ``group`` of their reply (a permit's slot, §12.2; one group for other
-    kinds): a quorum must grant the same one (None: every grant is of the same group).
-    Quorums are the membership ``rule``'s (§13.2). Asked after every reply read: kept
-    lean."""
+    """An early decision on an attempt's replies (docs/design.md §2.4): ``votes(reply)`` is 1,
+    0 or None (unknown). Decided once a quorum said yes, or more said no than a quorum can spare,
+    by the membership ``rule`` (§13.2). A ``suspect`` node (restarted, being judged, another
+    format; or found so by this request's new connection, §4.4) never votes yes. Yes votes count
+    per ``group`` (a permit's slot, §12.2; None: one group). Asked after every reply: kept lean."""
     if suspect or group is not None:
         return _grant_enough(n, suspect, rule, votes, group)
     key = (n, rule, votes)

@@ -1,12 +1,7 @@
-"""What the core takes from the world, as inputs (docs/design.md §10).
-
-The core decides everything about locks but reads no clock, draws no random number and
-makes no thread lock of its own: the client layer hands it an :class:`Environment`
-(:func:`redlock._client.environment.real` builds the real one: ``time.monotonic``,
-``time.time``, ``secrets.token_hex``, ``threading.Lock``), and tests hand it fakes. So
-the core imports no ``time``, ``secrets``, ``threading``, ``asyncio`` or redis-py (an
-import-linter contract in pyproject.toml keeps it so).
-"""
+"""What the core takes from the world, as inputs (docs/design.md §10): clocks, randomness and
+thread locks, in an :class:`Environment` (:func:`redlock._client.environment.real` builds the real
+one; tests hand fakes), so the core imports no ``time``, ``secrets``, ``threading``, ``asyncio`` or
+redis-py (an import-linter contract keeps it so)."""
 
 from __future__ import annotations
 
@@ -30,12 +25,10 @@ class Mutex(Protocol):
 class Environment:
     """The core's inputs from the world.
 
-    ``clock``: monotonic seconds (validity, deadlines, waits); ``wall_clock``: seconds
-    since the epoch, only where hosts must agree (the waiting line's tickets, node
-    marker texts, a hand-over's age); ``random_hex(n)``: n random bytes as hex, from a
-    source fit for secrets (owner values let their holder release the lock);
-    ``new_mutex``: a new lock for shared state.
-    """
+    ``clock``: monotonic seconds (validity, deadlines, waits); ``wall_clock``: seconds since the
+    epoch, only where hosts must agree (the waiting line's tickets, node marker texts, a
+    hand-over's age); ``random_hex(n)``: n random bytes as hex, from a source fit for secrets (lock
+    values let their holder release the lock); ``new_mutex``: a new lock for shared state."""
 
     clock: Callable[[], float]
     wall_clock: Callable[[], float]

@@ -1,12 +1,6 @@
 """Hand-off in the release (docs/design.md §6.7): which messages a waiter may count, free of
-I/O. Whether those it counts make an acquisition is the acquire's to decide
-(:meth:`redlock._core.algorithm.RedlockCore.acquire`).
-
-A release that frees the lock hands it to the first waiter in the node's line (a
-*reservation*, set in the same script) and publishes ``"<waiter id> <counter> <epoch>
-<attempt>"``. The wake-up registry (:mod:`redlock._io.wakeups`) collects the messages
-naming a waiter, by node; the algorithm asks here what they are worth.
-"""
+I/O; whether they make an acquisition is the acquire's to decide. The wake-up registry
+(:mod:`redlock._io.wakeups`) collects the messages naming a waiter, by node."""
 
 from __future__ import annotations
 
@@ -87,11 +81,10 @@ def enough(counters: Mapping[int, int], rule: Rule) -> bool:
 
 def may_still(heard: Handoffs, counters: Mapping[int, int], attempt: int,
               benched: Collection[int], refused: Collection[int], rule: Rule) -> bool:
-    """Whether more messages could still make a quorum with ``counters``: only the
-    nodes that refused our latest ``attempt`` (and are counted) can add one, and not
-    those whose message for it came already without counting (a subscription confirmed
-    too late, another epoch): each node hands off once per release. Unknown
-    (``heard.attempts`` None): assumed possible."""
+    """Whether more messages could still make a quorum with ``counters``: only the nodes that
+    refused our latest ``attempt`` (and are counted) can add one, and not those whose message for
+    it came already without counting (a subscription confirmed too late, another epoch): each node
+    hands off once per release. Unknown (``heard.attempts`` None): assumed possible."""
     if heard.attempts is None:
         return True
     possible = set(counters) | {i for i in refused if i not in benched

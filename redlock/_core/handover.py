@@ -1,24 +1,5 @@
-"""Hand-over: export a held acquisition, adopt it in another process (docs/design.md §5.6).
-
-A web process acquires, hands the acquisition to a worker, and the worker extends and
-releases it (python-redis-lock's ``id=``, redsync's ``WithValue``). What moves is a
-:class:`Handover`: the owner secret, the token, the TTL, and the validity left at
-export with the wall-clock time of the export. Exporting moves ownership: the
-exporting handle stops extending, and its ``release()`` sends nothing.
-
-The exporter's deadline is a point on *its* monotonic clock, meaningless elsewhere, so
-the adopter computes its own, conservatively, as the smaller of:
-
-- the carried validity minus the hand-over's age by the wall clocks (the only clock
-  two hosts share; a negative age counts as 0), and
-- what the nodes say: one round asks every node for the PTTL of the lock key *if it
-  still holds this owner value*; the q-th largest of those, less the drift allowance,
-  is how long a quorum keeps the key from the start of that round.
-
-Fewer than q nodes holding the key means the acquisition is gone (expired, released,
-or taken after expiry): :class:`~redlock.LockLost`; fewer than q nodes answering at all
-is an outage: :class:`~redlock.QuorumUnavailable`.
-"""
+"""Hand-over: export a held acquisition, adopt it in another process (docs/design.md
+§5.6: what moves, and the adopter's conservative deadline)."""
 
 from __future__ import annotations
 
@@ -38,7 +19,7 @@ from redlock._scripts.lock import OWNED_PTTL
 from redlock._scripts.replies import owned_outcome
 from redlock.errors import LockLost, Outcome, QuorumUnavailable, describe
 
-# An owner value: its call's 32 hex digits, then its attempt's 8 (docs/design.md §2.1);
+# A lock value: its call's 32 hex digits, then its attempt's 8 (docs/design.md §2.1);
 # a hand-over exported by an earlier version carries the 32 alone.
 _OWNER_RE = re.compile(r"^[0-9a-f]{32}(?:[0-9a-f]{8})?$")
 FORMAT_VERSION = 1
@@ -48,13 +29,12 @@ FORMAT_VERSION = 1
 class Handover:
     """A held acquisition, exported to be adopted elsewhere (``dlm.adopt(handover)``).
 
-    It carries the owner secret: whoever has it can extend and release the lock, so
+    It carries the lock value (``owner``): whoever has it can extend and release the lock, so
     send it only where the lock may go (``repr()`` hides it). Serialise it with
     :meth:`to_json` / :meth:`from_json` (or :meth:`to_dict`, or pickle).
 
     ``validity`` is the seconds of validity the exporter had left at ``exported_at``
-    (wall clock, ``time.time()``); the adopter subtracts the time since then.
-    """
+    (wall clock, ``time.time()``); the adopter subtracts the time since then."""
 
     resource: str
     token: int
@@ -125,7 +105,7 @@ def export_state(state: LockState, namespace: str, wall_clock: Callable[[], floa
     state.check()
     return Handover(resource=state.resource, token=state.token, ttl=state.ttl,
                     validity=state.validity(), exported_at=wall_clock(),
-                    namespace=namespace, owner=state.owner)
+                    namespace=namespace, owner=state.value)
 
 
 def adopt(core: RedlockCore, handover: Handover) -> Flow[LockState]:

@@ -1,13 +1,7 @@
-"""What a holder does with an acquisition, free of I/O (docs/design.md §2.4, §5.1): release
-it, extend it (one round, several acquisitions at once, or until renewed or lost), and
-lose it; with the release calls and the decisions of these rounds, which the acquire
-also uses (a failed attempt releases wherever its key may be).
-
-:class:`Holding` is one object per core (``core.holding``): both clients' handles and
-the renewal loop release, extend and lose through it. It holds what these rounds
-share (the usual release's decision and outcomes) and is given what it counts by: the
-nodes, the settings, the membership rule in force, the request timeout.
-"""
+"""What a holder does with an acquisition, free of I/O (docs/design.md §2.4, §5.1): release,
+extend and lose it, with the release calls and decisions the acquire also uses.
+:class:`Holding` is one object per core (``core.holding``), given what it counts by: the nodes,
+the settings, the membership rule, the request timeout."""
 
 from __future__ import annotations
 
@@ -55,35 +49,28 @@ class Holding:
         self.node_outages = node_outages
         self.clock = clock
         self.quorum = len(self.addresses) // 2 + 1
-        # A holder's release is decided once a quorum answered (the same decision for
-        # every release: made once); every node's outcome when each did it (shared:
-        # immutable).
+        # A holder's release's decision, and every node's outcome when each did it (made
+        # once, shared: immutable).
         self.quorum_answered = self._answered(self.quorum)
         self._all_done = tuple(NodeResult(a, Outcome.GRANTED) for a in self.addresses)
         self._every_node = frozenset(self.nodes)
 
-    def release_calls(self, resources: Sequence[str], owner: str, ttl: float | None = None,
-                      *, leave: bool = True, nodes: Sequence[int] | None = None,
-                      patient: bool = False, kind: Kind = MUTEX,
-                      ticket: str = "") -> Broadcast:
-        """Compare-and-delete of each resource's key on every node (a set's calls to one
-        node go out pipelined), and with ``leave`` the owner's entry in the waiting lines
-        is dropped too; without, a waiter's (``ticket``: its place in line) is kept, or
-        given back where a grant had taken it (a permit's or a reader's, §12.2). Decided
-        once a quorum of the nodes asked answered (see :meth:`settled`); later answers
-        are read in the background."""
+    def release_calls(self, resources: Sequence[str], value: str, ttl: float | None = None, *,
+                      leave: bool = True, nodes: Sequence[int] | None = None,
+                      patient: bool = False, kind: Kind = MUTEX, ticket: str = "") -> Broadcast:
+        """Compare-and-delete of each resource's key on every node; with ``leave`` the waiter's
+        entries in the lines go too, without, its place (``ticket``) is kept (§6.3). Decided
+        once a quorum of the nodes asked answered (:meth:`settled`)."""
         # A failed attempt keeps its place in line for the patience (the ACQUIRE that
         # granted it cut its entry to the key's TTL).
         timeout = self.timeout(ttl)
-        args: tuple[CommandArg, ...] = (owner, "1") if leave else (
-            owner, "0", int(self.settings.patience(timeout) * 1000), ticket)
+        args: tuple[CommandArg, ...] = (value, "1") if leave else (
+            value, "0", int(self.settings.patience(timeout) * 1000), ticket)
         calls, packed = kind.release_request(self.keys, self.nodes if nodes is None else nodes,
                                              resources, args)
         if patient:
-            # A holder's release is decided as soon as a quorum answered; the timeout
-            # only bounds it when fewer do. A client thread starved of the GIL (dozens
-            # of threads on two cores) or a busy event loop reads healthy nodes' answers
-            # late: give them that long before calling them unreachable.
+            # Decided once a quorum answered: the timeout only bounds it when fewer do, and
+            # a starved thread or busy event loop reads healthy nodes' answers late.
             timeout = max(timeout, min(self.settings.request_ceiling(ttl), _RELEASE_FLOOR))
         return Broadcast(calls, timeout, enough=self.settled(calls) if nodes is not None
                          or len(resources) > 1 else self.quorum_answered, packed=packed)
@@ -96,15 +83,10 @@ class Holding:
         return answered
 
     def settled(self, calls: Sequence[Call], *, acks: bool = False) -> Decision:
-        """When a release or extend is decided (docs/design.md §2.4, §5.1): once every key
-        in it (one acquisition's key of one resource) is settled, i.e. a quorum of the
-        nodes asked answered for it (``acks``: acknowledged it, replied 1, as an extend
-        needs; or more nodes answered "our key is gone" than a quorum can spare: it
-        cannot be extended; counted by the membership rule, §13.2). The stragglers
-        then get the transport's grace, as long again as the decision took; what they
-        answer later is read in the background. Until then the request waits for every
-        node, up to its timeout: it never gives up on a node that may still answer in
-        time."""
+        """When a release or extend is decided (docs/design.md §2.4, §5.1): once every key in it
+        is settled, i.e. a quorum of the nodes asked answered for it (``acks``: replied 1, as an
+        extend needs; or more said "our key is gone" than a quorum can spare), by the membership
+        rule (§13.2). Until then it waits for every node, up to its timeout."""
         keys: dict[tuple[object, tuple[str, ...]], list[int]] = {}
         nodes = set()
         for index, call in enumerate(calls):
@@ -125,7 +107,7 @@ class Holding:
 
     def _per_node(self, replies: Sequence[object], resources: int,
                   refused: str) -> tuple[list[NodeResult], list[set[int]]]:
-        """Replies of an owner-checked script sent per node and resource (node-major):
+        """Replies of a value-checked script sent per node and resource (node-major):
         each node's outcome (GRANTED only if it acked every resource) and, per
         resource, the nodes that acked."""
         if resources == 1:  # (the usual case, on every release: one pass)
@@ -142,8 +124,7 @@ class Holding:
         acks: list[set[int]] = [set() for _ in range(resources)]
         for i in range(self.n):
             mine = replies[i * resources:(i + 1) * resources]
-            results = [ack_outcome(self.addresses[i], reply, refused=refused)
-                       for reply in mine]
+            results = [ack_outcome(self.addresses[i], reply, refused=refused) for reply in mine]
             for j, result in enumerate(results):
                 if result.outcome is Outcome.GRANTED:
                     acks[j].add(i)
@@ -155,22 +136,16 @@ class Holding:
     # -- release / extend --------------------------------------------------------
 
     def release(self, state: LockState) -> Flow[tuple[NodeResult, ...]]:
-        """Compare-and-delete on every node; idempotent; never deletes another's key.
-        Per node: GRANTED (deleted our key of every resource), REFUSED (some key was
-        not ours any more) or ERROR.
-
-        The acquisition counts as released only once the release was sent: if the
-        caller is interrupted (cancelled) meanwhile, it is sent again before the
-        interruption propagates, as a cancelled acquire does."""
+        """Compare-and-delete on every node; idempotent; never deletes another's key. Per node:
+        GRANTED (deleted our key of every resource), REFUSED (some key was not ours) or ERROR.
+        An interrupted release is sent again before the interruption propagates."""
         [outcomes] = yield from self.release_many([state])
         return outcomes
 
     def release_many(self, states: Sequence[LockState]) -> Flow[list[tuple[NodeResult, ...]]]:
-        """:meth:`release` of several acquisitions in one request (each node gets its
-        calls pipelined), decided once each is; per acquisition, its outcomes. The
-        renewal loop releases the acquisitions whose handles are all gone this way: one
-        by one, a hung majority cost each a whole request timeout, and the renewals of
-        the others waited behind them."""
+        """:meth:`release` of several acquisitions in one request, decided once each is; per
+        acquisition, its outcomes (the renewal loop's, for those whose handles are gone: one by
+        one, a hung majority would cost each a request timeout)."""
         request = (self.release_request(states[0]) if len(states) == 1
                    else self._joined([self.release_request(state) for state in states]))
         try:
@@ -185,9 +160,8 @@ class Holding:
         return self.released(states, replies)
 
     def release_request(self, state: LockState) -> Broadcast:
-        """The request that releases ``state`` (a holder's: patient, see
-        :meth:`release_calls`)."""
-        return self.release_calls(state.resources, state.owner, state.ttl, patient=True,
+        """The request that releases ``state`` (a holder's: patient, see :meth:`release_calls`)."""
+        return self.release_calls(state.resources, state.value, state.ttl, patient=True,
                                    kind=state.kind)
 
     def released(self, states: Sequence[LockState],
@@ -224,14 +198,11 @@ class Holding:
     def extend_many(self, items: Sequence[tuple[LockState, float]], *, lane: str | None = None,
                     until: float | None = None, racing_ttl: float | None = None,
                     ) -> Flow[list[tuple[NodeResult, ...] | None]]:
-        """One extend round for several acquisitions (one request: each node gets its
-        calls pipelined). Per acquisition: None on success, else the per-node outcomes.
-        Success needs a quorum of acks for every resource before the old validity ran
-        out; the new validity is measured from this round's start. ``until``: when the
-        validity of another acquisition that waits for this round runs out (the renewal
-        loop's others). ``racing_ttl``: the TTL a renewal still in flight may set after
-        this round (an explicit extend of an auto-extended lock, docs/design.md §5.2): a
-        node keeps the PEXPIRE that came last, so the new validity counts the shorter."""
+        """One extend round for several acquisitions, in one request. Per acquisition: None on
+        success (a quorum of acks for every resource before the old validity ran out; the new
+        validity measured from this round's start), else the per-node outcomes. ``until``: when
+        another acquisition waiting for this round runs out of validity. ``racing_ttl``: the TTL
+        a renewal still in flight may set after this round (§5.2): the shorter counts."""
         started = self.clock()
         live = [(state, ttl) for state, ttl in items
                 if state.status == Status.HELD and started < state.deadline]
@@ -240,24 +211,19 @@ class Holding:
             epoch = self.membership.rule.epoch
             for _ in range(2):  # again at once if a node taught us a newer epoch (§13.1)
                 calls = with_epoch((
-                    state.kind.extend_call(self.keys, i, r, state.owner,
+                    state.kind.extend_call(self.keys, i, r, state.value,
                                            max(1, int(ttl * 1000)))
                     for state, ttl in live for i in range(self.n) for r in state.resources),
                     self.keys, epoch)
-                # A round may take up to half the validity left (and at least a request
-                # timeout): an answer that comes later than a round trip is still in
-                # time while the lock is valid, and a round given up too early is only
-                # sent again (a batch of 200 renewals on a busy event loop took longer
-                # than the 50 ms a single round trip gave it, again and again, until 33
-                # of 200 locks were lost). Early decisions end it as soon as a quorum
-                # answered (§2.4). Half of what the others waiting for it have left, too:
-                # a lock of TTL 10 s whose round met a hung majority kept the renewal loop
-                # 3.3 s, and a lock of TTL 2 s beside it was told its loss 3 s late.
+                # A round may take up to half the validity left (at least a request timeout):
+                # a late answer is still in time while the lock is valid, and a round given
+                # up too early is only sent again (a batch of renewals on a busy loop lost
+                # locks that way). Also half of what the others waiting for it have left, so
+                # that a hung majority does not delay their loss.
                 now = self.clock()
                 validity_left = min(s.deadline for s, _ in live) - now
                 spare = validity_left if until is None else min(validity_left, until - now)
-                timeout = min(max(self.timeout(max(t for _, t in live)), spare / 2),
-                              validity_left)
+                timeout = min(max(self.timeout(max(t for _, t in live)), spare / 2), validity_left)
                 replies = yield Broadcast(calls, timeout,
                                           enough=self.settled(calls, acks=True), lane=lane)
                 if self.membership.rule.epoch == epoch or min(
@@ -292,13 +258,9 @@ class Holding:
 
     def extend_or_lose(self, state: LockState, ttl: float,
                        racing_ttl: float | None = None) -> Flow[None]:
-        """Explicit extend(): renewed on a quorum, or the lock is lost (marked, what is left
-        of its keys released, LockLost raised with the nodes' answers).
-
-        A round that fails while no majority says our key is gone (timeouts, errors: the
-        nodes were slow or briefly unreachable) is tried again, with backoff, as long as
-        validity is left, as the renewal loop does: the lock is still ours until then,
-        and giving it up would delete a lock we hold because of replies we did not get."""
+        """Explicit extend(): renewed on a quorum, or the lock is lost (marked, its keys
+        released, LockLost raised). A round that fails while no majority says our key is gone
+        is tried again, with backoff, while validity is left: the lock is still ours."""
         state.check()
         delay = 0.0
         answers: tuple[NodeResult, ...] = ()  # the last round's, for the loss report
@@ -334,19 +296,16 @@ class Holding:
         return (f"no quorum of the {self.n} nodes renewed it before its validity ran out"
                 f" ({gone} answered that our key is gone, the others did not answer in time)")
 
-    def lose(self, state: LockState, reason: str,
-             outcomes: Sequence[NodeResult]) -> Flow[bool]:
+    def lose(self, state: LockState, reason: str, outcomes: Sequence[NodeResult]) -> Flow[bool]:
         """Mark the lock lost and drop what is left of our keys; True the first time."""
         [first] = yield from self.lose_many([(state, reason, outcomes)])
         return first
 
     def lose_many(self, losses: Sequence[tuple[LockState, str, Sequence[NodeResult]]],
                   ) -> Flow[list[bool]]:
-        """:meth:`lose` for several acquisitions (state, reason, outcomes), their keys
-        dropped in one request: the renewal loop loses the locks a hung majority stopped
-        renewing together, and dropping each one's keys in a request of its own cost a
-        whole request timeout per lock before the next one's holder was told (16 locks,
-        node_timeout 0.1 s: the last was told 1.6 s after its validity ran out)."""
+        """:meth:`lose` for several acquisitions (state, reason, outcomes), their keys dropped
+        in one request (one each would cost a request timeout per lock before the next one's
+        holder is told)."""
         firsts = []
         for state, reason, outcomes in losses:
             first = state.mark_lost(reason, outcomes)
@@ -357,6 +316,6 @@ class Holding:
         dropped = [state for (state, _, _), first in zip(losses, firsts, strict=True) if first]
         if dropped:
             # Drop what is left of our keys so the next holder need not wait for the TTL.
-            yield self._joined([self.release_calls(state.resources, state.owner, state.ttl,
+            yield self._joined([self.release_calls(state.resources, state.value, state.ttl,
                                                    kind=state.kind) for state in dropped])
         return firsts

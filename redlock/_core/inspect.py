@@ -1,17 +1,6 @@
-"""Operator views and tools: what the nodes hold for a resource, and a forced release.
-
-``Admin(dlm).inspect(resource)`` (:mod:`redlock.admin`) reads, on every node at once, the
-lock key's remaining PTTL, the node's fence counter, the node marker and any repair claim
-(one read-only script, so each node's answer is one consistent snapshot), and adds what
-the manager knows about amnesiac nodes. The owner value is never read out: a holder is
-shown as a short fingerprint (a SHA1 prefix), enough to tell whether the keys on
-different nodes belong to one holder. ``is_locked(resource)`` answers from that view
-whether anyone holds the resource; a handle's ``locked()`` says whether *its caller*
-holds it, without I/O. ``force_release(resource)`` deletes the lock key on every node
-whoever holds it.
-
-Each operation is a flow (see :mod:`redlock._core.requests`) that both admins drive.
-"""
+"""Operator views and tools (``redlock.admin``): what the nodes hold for a resource, read in one
+read-only script per node (a consistent snapshot), and a forced release. The lock value is never
+read out: a holder is shown as a SHA1 prefix of its waiter id, enough to tell holders apart."""
 
 from __future__ import annotations
 
@@ -37,22 +26,19 @@ logger = get_logger("redlock.locks")
 class NodeLockStatus:
     """One node's view of a resource.
 
-    ``held``: a lock key exists on the node (someone, maybe us, holds it there);
-    ``pttl_ms``: milliseconds left on that key (0 when free, -1 for a key without
-    expiry, which no Redlock client writes); ``fence``: the node's fence counter, from
-    which every resource's tokens come (0 before the first lock);
-    ``marker``: the node marker is present (absent: a new node, or one that lost its
-    data); ``format``: the node format its marker names (this client's is
-    ``redlock._scripts.node.FORMAT``, 1; a higher one: a newer release initialised the
-    node, and this client does not use it, docs/design.md §4.1; None: no marker, or one
-    naming no format); ``repairing``: a repair has claimed the node; ``holder``: a
-    fingerprint of the holder's owner value (never the value);
-    ``benched``: the node lost its data (or restarted without durable persistence) and
-    is kept out of quorums: it rejoins once repaired, ``rejoins_in_s`` from now at the
-    earliest (read from its amnesia episode, by its own clock; None while unknown).
-    A node that could not be read has ``reachable`` False, ``error`` saying why, and
-    None in the fields it could not read.
-    """
+    ``held``: a lock key exists on the node (someone, maybe us, holds it there); ``pttl_ms``:
+    milliseconds left on that key (0 when free, -1 for a key without expiry, which no Redlock
+    client writes); ``fence``: the node's fence counter, from which every resource's tokens come (0
+    before the first lock); ``marker``: the node marker is present (absent: a new node, or one that
+    lost its data); ``format``: the node format its marker names (this client's is
+    ``redlock._scripts.node.FORMAT``, 1; a higher one: a newer release initialised the node, and
+    this client does not use it, docs/design.md §4.1; None: no marker, or one naming no format);
+    ``repairing``: a repair has claimed the node; ``holder``: a fingerprint of the holder's lock
+    value (never the value); ``benched``: the node lost its data (or restarted without durable
+    persistence) and is kept out of quorums: it rejoins once repaired, ``rejoins_in_s`` from now at
+    the earliest (read from its amnesia episode, by its own clock; None while unknown). A node that
+    could not be read has ``reachable`` False, ``error`` saying why, and None in the fields it
+    could not read."""
 
     node: str
     reachable: bool
@@ -114,8 +100,7 @@ class ReleaseReport:
 
 def _lock_calls(core: RedlockCore, script: Script, keys: tuple[str, ...],
                 args: tuple[str, ...] = ()) -> Broadcast:
-    return Broadcast(tuple(Call(i, args, script, keys) for i in range(core.n)),
-                     core.timeout())
+    return Broadcast(tuple(Call(i, args, script, keys) for i in range(core.n)), core.timeout())
 
 
 def _node_status(core: RedlockCore, index: int, reply: object) -> NodeLockStatus:
@@ -134,9 +119,8 @@ def _node_status(core: RedlockCore, index: int, reply: object) -> NodeLockStatus
     held = seen.pttl_ms != -2
     return NodeLockStatus(address, True, held=held, pttl_ms=seen.pttl_ms if held else 0,
                           fence=seen.fence, marker=seen.marker, repairing=seen.repairing,
-                          holder=seen.holder if held else None,
-                          format=seen.format, benched=benched,
-                          rejoins_in_s=rejoins)
+                          holder=seen.holder if held else None, format=seen.format,
+                          benched=benched, rejoins_in_s=rejoins)
 
 
 def inspect_lock(core: RedlockCore, resource: str) -> Flow[LockStatus]:

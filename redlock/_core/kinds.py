@@ -1,25 +1,11 @@
-"""Kinds of grant (docs/design.md §12.0): what one acquisition holds on each node.
+"""Kinds of grant (docs/design.md §12.0): what one acquisition holds on each node, and which
+scripts grant, commit, renew and release it: :data:`MUTEX` (and sets), :class:`Leadership`
+(§12.1), :class:`Permit` (§12.2), :data:`READ` and :data:`WRITE` (§12.3). Each kind's keys are its
+own; its tokens come from the counter of :meth:`Kind.token_name`.
 
-The algorithm (:mod:`redlock._core.algorithm`, :mod:`redlock._core.holding`) is one for
-every kind; a kind only says which keys of a name it uses and which scripts grant,
-commit (write back), renew and give back a grant:
-
-- :data:`MUTEX`, the lock (and a set of locks, ``lock_many``);
-- :class:`Leadership`, an election's leader (a mutex on the election's own key, with a
-  term record written after the grant, §12.1);
-- :class:`Permit`, one of a semaphore's K slots (§12.2);
-- :data:`READ` and :data:`WRITE`, a read-write lock's two modes (§12.3).
-
-Each kind's keys are its own, so a name can be a lock, an election, a semaphore and a
-read-write lock at once. A kind's tokens come from the counter of a name
-(:meth:`Kind.token_name`): the name itself, or for a permit its slot's name.
-
-The two scripts every lock's acquire and release run, ACQUIRE of one resource and
-RELEASE, are made from templates only (:class:`Template`, docs/design.md §2.6): a call of
-one name is the same on every call but for a few values (the owner, the floor, ...), so
-it is made once per name, with a :class:`Hole` where each of those goes, and filled in,
-its command packed around them. The other scripts' calls are built each time.
-"""
+ACQUIRE of one resource and RELEASE, which every lock runs, are made from templates only
+(:class:`Template`, docs/design.md §2.6): made once per name with a :class:`Hole` for each value
+that changes per call, their command packed around the holes. Other calls are built each time."""
 
 from __future__ import annotations
 
@@ -48,7 +34,7 @@ Vote = Callable[[object], "int | None"]
 class AcquireArgs(NamedTuple):  # (one per attempt: a third of a frozen dataclass's time)
     """What every kind's acquire call carries (the mutex's ARGV, §2.2)."""
 
-    owner: str
+    value: str
     ttl_ms: int
     floor: int
     ticket: str  # '' for a single try: it neither joins nor jumps the line
@@ -62,9 +48,8 @@ def with_epoch(calls: Iterable[Call], keys: Keys, epoch: int) -> tuple[Call, ...
     node's membership record as last key and the client's epoch as last argument (§13.1;
     the scripts' EPOCH_CHECK). Every such call a kind builds goes out through here."""
     members = keys.members
-    # Calls that shared their keys and arguments (one per node, in a row) still share
-    # them: the transports pack a command once per request and reuse it for the next
-    # node when it is the same (redlock._io.wire.Packing).
+    # Calls that shared their keys and arguments still share them: the transports pack
+    # a command once per request (redlock._io.wire.Packing).
     made: list[Call] = []
     before: Call | None = None  # the previous call as given
     for call in calls:
@@ -88,17 +73,16 @@ class ResourceKeys(NamedTuple):
 
 
 def _places_back(args: tuple[CommandArg, ...]) -> bool:
-    """A release's ``args`` (owner, leave[, patience, ticket]) are a failed attempt's
-    give-back of a waiter in line, which puts its place back where its grant took it out
+    """A release's ``args`` (value, leave[, patience, ticket]) are a failed attempt's
+    release of a waiter in line, which puts its place back where its grant took it out
     (a permit's, a reader's: §12.2) or never put it in (a mutex's on an empty line: §6.3)."""
     return len(args) == 4 and args[1] == "0" and args[3] != ""
 
 
 @functools.lru_cache(maxsize=1024)
 def _resource_keys(kind: Kind, namespace: str, resource: str) -> ResourceKeys:
-    # Built on every acquire and release of a name: kept for the names used lately (a
-    # bounded cache: the client's memory does not grow with the names ever locked), by
-    # the namespace (a string hashes in C, a Keys dataclass in Python).
+    # Built on every acquire and release of a name: kept for the names used lately
+    # (bounded), by the namespace string (cheaper to hash than Keys).
     keys = Keys(namespace)
     line, deadlines = kind.line(keys, resource)
     name = kind.token_name(resource)
@@ -123,15 +107,11 @@ class Hole:
 
 class Template:
     """The calls of one script with fixed keys and arguments but for its holes
-    (:class:`Hole`), one per node of a request, all sharing their argument and key tuples (the
-    transports pack a command once per request); and their command, packed (RESP,
-    EVALSHA) around the holes, so that filling it in is joining bytes.
+    (:class:`Hole`), one per node, sharing their tuples; and their command packed around the
+    holes, so that filling it in is joining bytes. A hole placed twice, or among the keys, is
+    a ValueError; it is filled with ``width`` values."""
 
-    Checked when made: a hole is placed at most once, and never among the keys (a
-    ValueError); filled with ``width`` values."""
-
-    __slots__ = ("_head", "_one", "_pick", "_tails", "args", "holes", "keys", "script",
-                 "width")
+    __slots__ = ("_head", "_one", "_pick", "_tails", "args", "holes", "keys", "script", "width")
 
     def __init__(self, script: Script, keys: tuple[str, ...],
                  args: tuple[CommandArg | Hole, ...], width: int) -> None:
@@ -176,14 +156,13 @@ class Template:
     def fill(self, values: tuple[CommandArg, ...], nodes: Iterable[int]
              ) -> tuple[tuple[Call, ...], bytes]:
         """One call per node of ``nodes`` with ``values`` in the holes, and the command
-        each sends, packed. (Once per attempt and per release: no call of its own below,
-        a loop where a comprehension would be a frame more.)"""
+        each sends, packed (on every attempt and release: kept to plain loops)."""
         args = self._pick(values + self.args)
         if self._one:
             args = (args,)
         script, keys = self.script, self.keys
         calls = []
-        for node in nodes:  # (tuple.__new__: Call's own __new__ is a Python frame more)
+        for node in nodes:  # (tuple.__new__: Call's generated __new__ is slower)
             calls.append(_new(Call, (node, args, script, keys)))
         parts = [self._head]
         for index, tail in self._tails:
@@ -203,15 +182,13 @@ _new = tuple.__new__
 
 # An acquire's values are its AcquireArgs; these holes stand for the fields that change
 # per call or attempt (the TTL and the route are a template's own).
-_OWNER, _FLOOR, _TICKET, _PATIENCE, _ATTEMPT = (
+_VALUE, _FLOOR, _TICKET, _PATIENCE, _ATTEMPT = (
     Hole(AcquireArgs._fields.index(name), name)
-    for name in ("owner", "floor", "ticket", "patience_ms", "attempt"))
-# A release's values are its arguments (owner, leave[, patience[, ticket]]).
-_RELEASE_OWNER, _RELEASE_PATIENCE, _RELEASE_TICKET = (
-    Hole(0, "owner"), Hole(2, "patience"), Hole(3, "ticket"))
-# Templates kept (the names used lately: the client's memory does not grow with the
-# names it ever locked).
-_KEPT = 1024
+    for name in ("value", "floor", "ticket", "patience_ms", "attempt"))
+# A release's values are its arguments (value, leave[, patience[, ticket]]).
+_RELEASE_VALUE, _RELEASE_PATIENCE, _RELEASE_TICKET = (
+    Hole(0, "value"), Hole(2, "patience"), Hole(3, "ticket"))
+_KEPT = 1024  # templates kept, for the names used lately (bounded memory)
 
 
 @functools.lru_cache(maxsize=_KEPT)
@@ -224,7 +201,7 @@ def _acquire_template(kind: Kind, namespace: str, resource: str, ttl_ms: int, ro
     keys = Keys(namespace)
     named = kind.names(keys, resource)
     args: tuple[CommandArg | Hole, ...] = (
-        _OWNER, ttl_ms, _FLOOR, _TICKET if queued else "", _PATIENCE, named.bucket,
+        _VALUE, ttl_ms, _FLOOR, _TICKET if queued else "", _PATIENCE, named.bucket,
         _ATTEMPT if record else "", *((route,) if record and route else ()))
     call_keys: tuple[str, ...] = (named.lock, keys.counter, keys.marker, named.line,
                                   named.deadlines, named.line_ttls)
@@ -242,14 +219,14 @@ def _release_template(kind: Kind, namespace: str, resource: str, leave: str,
     keys = Keys(namespace)
     named = kind.names(keys, resource)
     args: tuple[CommandArg | Hole, ...] = (
-        _RELEASE_OWNER, leave, _RELEASE_PATIENCE if patience else "", named.bucket,
+        _RELEASE_VALUE, leave, _RELEASE_PATIENCE if patience else "", named.bucket,
         *((_RELEASE_TICKET,) if places_back else ()))
     return Template(scripts.RELEASE,
                     (named.lock, named.channel, named.line, named.deadlines,
                      named.line_ttls, keys.counter, keys.marker, keys.members), args, 4)
 
 class Kind:
-    """The mutex: one key per name holding the owner value (``ns:{R}:lock``)."""
+    """The mutex: one key per name holding the lock value (``ns:{R}:lock``)."""
 
     name = "lock"  # in events, spans and the CLI
     noun = "lock on"  # in messages: "lock on 'orders'"
@@ -265,15 +242,14 @@ class Kind:
         return keys.lock(resource)
 
     def channel(self, keys: Keys, resource: str) -> str:
-        """Where releases of ``resource`` publish; also its local line's key."""
+        """Where releases of ``resource`` publish; also its local turns' key."""
         return keys.channel(resource)
 
     def names(self, keys: Keys, resource: str) -> ResourceKeys:
         """``resource``'s key names for this kind (cached: asked on every call)."""
         return _resource_keys(self, keys.namespace, resource)
 
-    def wait_channels(self, keys: Keys, resources: Sequence[str],
-                      route: str) -> tuple[str, ...]:
+    def wait_channels(self, keys: Keys, resources: Sequence[str], route: str) -> tuple[str, ...]:
         """Where a waiter hears releases: each resource's channel, and, for a queued
         waiter (``route``: its manager's) of a kind that hands off, the route's (§6.7)."""
         channels = tuple(self.channel(keys, r) for r in resources)
@@ -305,7 +281,7 @@ class Kind:
         :func:`with_epoch`)."""
         if len(resources) == 1:
             return self._acquire_one(keys, nodes, resources[0], args, None)[0]
-        return tuple(Call(i, (args.owner, args.ttl_ms, args.floor,
+        return tuple(Call(i, (args.value, args.ttl_ms, args.floor,
                               *(bucket(r) for r in resources)),
                           scripts.ACQUIRE_MANY,
                           (keys.marker, keys.counter, *(keys.lock(r) for r in resources)))
@@ -351,37 +327,34 @@ class Kind:
         prefers, from this attempt's grants)."""
         return self
 
-    def for_call(self, owner: str) -> Kind:
+    def for_call(self, secret: str) -> Kind:
         """The kind an acquire call's first attempt sends."""
         return self
 
     # -- holding -----------------------------------------------------------------------
 
-    def write_back_call(self, keys: Keys, node: int, resource: str, owner: str,
+    def write_back_call(self, keys: Keys, node: int, resource: str, value: str,
                         token: int) -> Call:
-        """Raise a granting node's counter to the token, if it still holds our grant
-        (§3.2)."""
-        return Call(node, (owner, token, bucket(self.token_name(resource))), scripts.WRITE_BACK,
+        """Raise a granting node's counter to the token, if it still holds our grant (§3.2)."""
+        return Call(node, (value, token, bucket(self.token_name(resource))), scripts.WRITE_BACK,
                     (self.lock_key(keys, resource), keys.counter, keys.marker))
 
     def release_call(self, keys: Keys, node: int, resource: str,
                      args: tuple[CommandArg, ...]) -> Call:
-        """Give the grant back, owner-checked; ``args``: (owner, leave[, patience,
-        ticket]). The release hands the lock to the first in line if it left a record
-        (§6.7). A failed attempt's ticket puts its place back where its grant found the
-        line empty (§6.3)."""
+        """Give the grant back, value-checked; ``args``: (value, leave[, patience, ticket]). The
+        release hands the lock to the first in line if it left a record (§6.7). A failed attempt's
+        ticket puts its place back where its grant found the line empty (§6.3)."""
         [call], _ = self.release_request(keys, (node,), (resource,), args)
         return call
 
     def release_request(self, keys: Keys, nodes: Sequence[int], resources: Sequence[str],
-                        args: tuple[CommandArg, ...]
-                        ) -> tuple[tuple[Call, ...], bytes | None]:
+                        args: tuple[CommandArg, ...]) -> tuple[tuple[Call, ...], bytes | None]:
         """A release's calls to ``nodes`` (a set's, one per resource, node by node), and
         for one resource the command each sends, packed (else None)."""
-        if len(args) == 2:  # (owner, leave): a holder's, or the end of a call
+        if len(args) == 2:  # (value, leave): a holder's, or the end of a call
             values: tuple[CommandArg, ...] = (*args, "", "")
             shape = (str(args[1]), False, False)
-        else:  # (owner, leave, patience[, ticket]): a failed attempt's
+        else:  # (value, leave, patience[, ticket]): a failed attempt's
             values = (*args, "", "")[:4]
             shape = (str(args[1]), True, _places_back(args))
         if len(resources) == 1:
@@ -391,9 +364,8 @@ class Kind:
             _release_template(self, keys.namespace, r, *shape) for r in resources)]
         return tuple([Call(i, *call) for i in nodes for call in filled]), None
 
-    def extend_call(self, keys: Keys, node: int, resource: str, owner: str,
-                    ttl_ms: int) -> Call:
-        return Call(node, (owner, ttl_ms), scripts.EXTEND, (self.lock_key(keys, resource),))
+    def extend_call(self, keys: Keys, node: int, resource: str, value: str, ttl_ms: int) -> Call:
+        return Call(node, (value, ttl_ms), scripts.EXTEND, (self.lock_key(keys, resource),))
 
     def describe(self, resources: Sequence[str]) -> str:
         """The acquisition in messages: ``lock on 'orders'``."""
@@ -425,14 +397,12 @@ class Leadership(Kind):
     def line(self, keys: Keys, resource: str) -> tuple[str, str]:
         return keys.part(resource, "leader-line"), keys.part(resource, "leader-line-deadlines")
 
-    def extend_call(self, keys: Keys, node: int, resource: str, owner: str,
-                    ttl_ms: int) -> Call:
-        return Call(node, (owner, ttl_ms), family.EXTEND_LEADER,
+    def extend_call(self, keys: Keys, node: int, resource: str, value: str, ttl_ms: int) -> Call:
+        return Call(node, (value, ttl_ms), family.EXTEND_LEADER,
                     (self.lock_key(keys, resource), keys.part(resource, "term")))
 
-    def proclaim_call(self, keys: Keys, node: int, resource: str, owner: str,
-                      term: int) -> Call:
-        return Call(node, (owner, term, self.identity), family.PROCLAIM,
+    def proclaim_call(self, keys: Keys, node: int, resource: str, value: str, term: int) -> Call:
+        return Call(node, (value, term, self.identity), family.PROCLAIM,
                     (self.lock_key(keys, resource), keys.part(resource, "term"),
                      keys.part(resource, "elected")))
 
@@ -481,17 +451,16 @@ class Permit(Kind):
         slots = range(self.permits) if self.slot is None else (self.slot,)
         return tuple(bucket(self.slot_name(r, s)) for s in slots)
 
-    def for_call(self, owner: str) -> Kind:
+    def for_call(self, secret: str) -> Kind:
         # Concurrent callers start on different slots (§12.2).
-        return replace(self, slot=None, preferred=zlib.crc32(owner.encode()) % self.permits)
+        return replace(self, slot=None, preferred=zlib.crc32(secret.encode()) % self.permits)
 
     def acquire_request(self, keys: Keys, nodes: Sequence[int], resources: tuple[str, ...],
                         args: AcquireArgs, epoch: int) -> tuple[tuple[Call, ...], bytes | None]:
         return with_epoch(self.acquire_calls(keys, nodes, resources, args), keys, epoch), None
 
     def release_request(self, keys: Keys, nodes: Sequence[int], resources: Sequence[str],
-                        args: tuple[CommandArg, ...]
-                        ) -> tuple[tuple[Call, ...], bytes | None]:
+                        args: tuple[CommandArg, ...]) -> tuple[tuple[Call, ...], bytes | None]:
         return _built_release(self, keys, nodes, resources, args), None
 
     def acquire_calls(self, keys: Keys, nodes: Sequence[int], resources: tuple[str, ...],
@@ -503,7 +472,7 @@ class Permit(Kind):
                      *(self.slot_key(keys, r, s) for s in slots),
                      self.slot_key(keys, r, self.permits))
         call_args: tuple[CommandArg, ...] = (
-            args.owner, args.ttl_ms, args.floor, args.ticket, args.patience_ms, self.preferred,
+            args.value, args.ttl_ms, args.floor, args.ticket, args.patience_ms, self.preferred,
             *(bucket(self.slot_name(r, s)) for s in slots))
         return tuple(Call(i, call_args, family.SEM_ACQUIRE, call_keys) for i in nodes)
 
@@ -522,8 +491,7 @@ class Permit(Kind):
             by_slot.setdefault(self._slot(reply), []).append(node)
         # The slot most nodes granted (ties: the preferred one, then the lowest).
         slot = max(by_slot, key=lambda s: (len(by_slot[s]), s == self.preferred, -s))
-        return (replace(self, slot=slot, preferred=slot),
-                {i: replies[i] for i in by_slot[slot]})
+        return (replace(self, slot=slot, preferred=slot), {i: replies[i] for i in by_slot[slot]})
 
     def stray(self, replies: Mapping[int, object]) -> tuple[int, ...]:
         kept = self.slot
@@ -582,8 +550,7 @@ class ReadWrite(Kind):
         return with_epoch(self.acquire_calls(keys, nodes, resources, args), keys, epoch), None
 
     def release_request(self, keys: Keys, nodes: Sequence[int], resources: Sequence[str],
-                        args: tuple[CommandArg, ...]
-                        ) -> tuple[tuple[Call, ...], bytes | None]:
+                        args: tuple[CommandArg, ...]) -> tuple[tuple[Call, ...], bytes | None]:
         if self.mode == "w":
             return super().release_request(keys, nodes, resources, args)
         return _built_release(self, keys, nodes, resources, args), None
@@ -597,15 +564,15 @@ class ReadWrite(Kind):
         score = "" if not args.ticket else str(2 * int(args.ticket) + (self.mode == "w"))
         call_keys = (keys.marker, keys.counter, keys.part(r, "write"), keys.part(r, "read"),
                      line, deadlines, self.channel(keys, r))
-        call_args = (self.mode, args.owner, args.ttl_ms, args.floor, score,
+        call_args = (self.mode, args.value, args.ttl_ms, args.floor, score,
                      args.patience_ms, bucket(r))
         return tuple(Call(i, call_args, family.RW_ACQUIRE, call_keys) for i in nodes)
 
-    def write_back_call(self, keys: Keys, node: int, resource: str, owner: str,
+    def write_back_call(self, keys: Keys, node: int, resource: str, value: str,
                         token: int) -> Call:
         if self.mode == "w":
-            return super().write_back_call(keys, node, resource, owner, token)
-        return Call(node, (owner, token, bucket(resource)), family.READ_WRITE_BACK,
+            return super().write_back_call(keys, node, resource, value, token)
+        return Call(node, (value, token, bucket(resource)), family.READ_WRITE_BACK,
                     (keys.part(resource, "read"), keys.counter, keys.marker))
 
     def release_call(self, keys: Keys, node: int, resource: str,
@@ -614,16 +581,14 @@ class ReadWrite(Kind):
             return super().release_call(keys, node, resource, args)
         line, deadlines = self.line(keys, resource)
         # A reader's place is its score in the line (the ticket, even: §12.3).
-        return Call(node, (*args[:3], str(2 * int(args[3]))) if _places_back(args)
-                    else args[:2], family.READ_RELEASE,
-                    (keys.part(resource, "read"), self.channel(keys, resource), line,
-                     deadlines))
+        return Call(node, (*args[:3], str(2 * int(args[3]))) if _places_back(args) else args[:2],
+                    family.READ_RELEASE,
+                    (keys.part(resource, "read"), self.channel(keys, resource), line, deadlines))
 
-    def extend_call(self, keys: Keys, node: int, resource: str, owner: str,
-                    ttl_ms: int) -> Call:
+    def extend_call(self, keys: Keys, node: int, resource: str, value: str, ttl_ms: int) -> Call:
         if self.mode == "w":
-            return super().extend_call(keys, node, resource, owner, ttl_ms)
-        return Call(node, (owner, ttl_ms), family.READ_EXTEND, (keys.part(resource, "read"),))
+            return super().extend_call(keys, node, resource, value, ttl_ms)
+        return Call(node, (value, ttl_ms), family.READ_EXTEND, (keys.part(resource, "read"),))
 
 
 def _built_release(kind: Kind, keys: Keys, nodes: Sequence[int], resources: Sequence[str],

@@ -1,15 +1,6 @@
-"""Cluster membership (docs/design.md §13): a configuration with its epoch, and the
-quorum rule it sets, free of I/O.
-
-A configuration is *stable* (one set C of node addresses) or *joint* (the old set O and
-the new set N, during a change). A set of nodes satisfies a stable configuration when
-it holds a majority of C, a joint one when it holds a majority of O *and* a majority of
-N. Epoch 0 is the configuration of a cluster that never changed: the nodes the client
-was given.
-
-:class:`Rule` applies a configuration to one client's nodes (its indexes 0..n-1, named
-by ``addresses``): a client counts only the members it knows, and a member it does not
-know never answers yes.
+"""Cluster membership (docs/design.md §13.1, §13.2), free of I/O: a configuration with its epoch
+(stable, or joint during a change: a majority of the old set *and* of the new), and the quorum
+:class:`Rule` it sets for one client's nodes (a member the client does not know never answers yes).
 """
 
 from __future__ import annotations
@@ -75,9 +66,8 @@ class Rule:
         return all(len(known & chosen) >= need for known, _, need in self.groups)
 
     def lost(self, nodes: Iterable[int]) -> bool:
-        """Whether the rule can no longer be met without ``nodes`` (those that said no):
-        in some set, they and the members this client does not know are more than the
-        set can spare."""
+        """Whether the rule can no longer be met without ``nodes`` (those that said no): in some
+        set, they and the members this client does not know are more than the set can spare."""
         out = set(nodes)
         if len(self.groups) == 1:
             known, size, need = self.groups[0]

@@ -1,15 +1,6 @@
-"""Changing the cluster's nodes online (docs/design.md §13.3), free of I/O.
-
-A change from the members O to the members N goes through a joint configuration (O, N)
-under which every decision needs a majority of both: read the records; write the joint
-record (epoch e + 1) on O and N together; seed the new nodes (fence counters from a majority of O,
-marker); wait until every lock granted under epoch e has expired; seed N again from a
-majority of O; write the stable record (epoch e + 2, N) on N and retire the nodes that
-leave. Each step is idempotent: a change that stopped anywhere is completed by running
-it again with the same N.
-
-The manager that runs it must be configured with every node of O and N together.
-"""
+"""Changing the cluster's nodes online (docs/design.md §13.3), free of I/O: through a joint
+configuration, each step idempotent, so a change that stopped anywhere is completed by running it
+again. The manager that runs it must be configured with every node of the old and new sets."""
 
 from __future__ import annotations
 
@@ -119,8 +110,7 @@ def change_members(core: RedlockCore, new: Sequence[str], *, current: Sequence[s
 
     # 1. Read: the records, and which nodes are reachable and marked.
     found = yield from read_members(core)
-    probe = yield Broadcast(tuple(core.amnesia.identify_call(i) for i in range(core.n)),
-                            timeout)
+    probe = yield Broadcast(tuple(core.amnesia.identify_call(i) for i in range(core.n)), timeout)
     other = [i for i, reply in enumerate(probe) if foreign(reply)]
     if other:
         found_format = marker_format((identity(probe[other[0]]) or ("", b""))[1] or b"")
@@ -195,8 +185,7 @@ def change_members(core: RedlockCore, new: Sequence[str], *, current: Sequence[s
 
     # 5. Seed every node of N again from a majority of O: tokens committed under the old
     # configuration are then below every counter a majority of N holds.
-    reseeded = yield from _seed(core, joint, [index[a] for a in old],
-                                [index[a] for a in new])
+    reseeded = yield from _seed(core, joint, [index[a] for a in old], [index[a] for a in new])
     if not Rule(addresses, stable(new)).met(reseeded):
         raise MembershipError(f"the new set's counters were seeded on {len(reseeded)} of"
                               f" {len(new)} nodes, need {quorum(len(new))}; run the change"
@@ -205,10 +194,9 @@ def change_members(core: RedlockCore, new: Sequence[str], *, current: Sequence[s
     # 6. The stable record on N; the nodes that leave are retired.
     final = Members(joint.epoch + 1, tuple(new))
     unreached = yield from _finish(core, final, old)
-    return MembersChange(final.epoch, final.members, old,
-                         tuple(addresses[i] for i in joining),
-                         tuple(a for a in old if a not in new and a not in unreached),
-                         unreached, round(max(0.0, left), 3))
+    return MembersChange(final.epoch, final.members, old, tuple(addresses[i] for i in joining),
+                         tuple(a for a in old if a not in new and a not in unreached), unreached,
+                         round(max(0.0, left), 3))
 
 
 def _write(core: RedlockCore, nodes: Sequence[int], record: Members) -> Flow[set[int]]:
@@ -231,9 +219,8 @@ def _write(core: RedlockCore, nodes: Sequence[int], record: Members) -> Flow[set
 
 def _seed(core: RedlockCore, joint: Members, sources: Sequence[int],
           targets: Sequence[int]) -> Flow[set[int]]:
-    """Per bucket the highest counter of a majority of ``sources`` (the old set),
-    written on ``targets`` (max-merge) with their marker if they have none; the targets
-    that took it."""
+    """Per bucket the highest counter of a majority of ``sources`` (the old set), written on
+    ``targets`` (max-merge) with their marker if they have none; the targets that took it."""
     if not targets:
         return set()
     seed: dict[str, int] = {}
@@ -283,6 +270,5 @@ def _finish(core: RedlockCore, final: Members, old: Sequence[str]) -> Flow[tuple
     unreached = tuple(addresses[i] for i in members + leaving
                       if i not in written and i not in gone)
     logger.warning("redlock.members_changed", epoch=final.epoch, members=list(final.members),
-                   retired=[addresses[i] for i in leaving if i in gone],
-                   unreached=list(unreached))
+                   retired=[addresses[i] for i in leaving if i in gone], unreached=list(unreached))
     return unreached

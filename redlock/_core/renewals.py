@@ -1,17 +1,8 @@
-"""Auto-extend for every lock of one manager from one loop (docs/design.md §5).
-
-Each auto-extended acquisition is renewed when a third of the validity it has left
-has passed (measured from the acquire or the last renewal, never from the TTL: an
-acquire may return late). The renewals due together are sent in one request, so
-each node gets them pipelined on one connection; a thousand auto-extended locks
-cost one loop, not a thousand threads. A failed renewal is retried quickly while
-validity remains; when it runs out, or a majority says our key is gone, the lock is
-lost: its keys are dropped and the handles are told (``on_lost``).
-
-The loop holds acquisitions strongly and their handles weakly: an acquisition whose
-handles were all garbage-collected without a release is released, not renewed for
-ever.
-"""
+"""Auto-extend for every lock of one manager from one loop (docs/design.md §5.1, §5.2): each
+acquisition is renewed when a third of the validity it has left has passed, the renewals due
+together in one request; a lock whose validity runs out, or whose key a majority lost, is lost and
+its handles told. Acquisitions are held strongly, their handles weakly: one whose handles were all
+collected without a release is released, not renewed for ever."""
 
 from __future__ import annotations
 
@@ -72,8 +63,7 @@ class Renewals:
     """The auto-extended acquisitions of one manager, and the loop that renews them.
 
     ``start_loop`` runs a flow in the background (the shell's thread or task);
-    ``lost`` is told of every acquisition lost while renewed, with its live handles.
-    """
+    ``lost`` is told of every acquisition lost while renewed, with its live handles."""
 
     def __init__(self, core: RedlockCore, new_event: Callable[[], Wakeable],
                  start_loop: Callable[[Flow[None]], Any],
@@ -192,12 +182,11 @@ class Renewals:
             raise
 
     def _closed(self) -> None:
-        """The manager was closed while it renewed locks: nobody renews them any more, so
-        their holders must not go on believing they hold them. Each is marked lost (its
-        check(), token, extend() and release() raise LockLost); its keys stay on the
-        nodes until their TTL (its holder may still be writing: releasing would let the
-        next holder in at once). on_lost is not called: the application closed the
-        manager itself."""
+        """The manager was closed while it renewed locks: nobody renews them any more, so their
+        holders must not go on believing they hold them. Each is marked lost (its check(), token,
+        extend() and release() raise LockLost); its keys stay on the nodes until their TTL (its
+        holder may still be writing: releasing would let the next holder in at once). on_lost is
+        not called: the application closed the manager itself."""
         with self._mutex:
             renewals = list(self._renewals.values())
             self._renewals.clear()
@@ -258,10 +247,7 @@ class Renewals:
         stopped, self._stopped_since = self._stopped_since, None
         if not losing:
             return
-        # All in one request, then their holders are told: a lost lock's keys dropped
-        # one request at a time, each waiting a whole request timeout on a hung
-        # majority, made the loop tell each next holder that much later.
-        core = self._core
+        core = self._core  # (one request for all: see Holding.lose_many)
         firsts = yield from core.holding.lose_many([
             (r.state, self._loss_reason(r, stopped), r.answers) for r in losing])
         for renewal, first in zip(losing, firsts, strict=True):
@@ -278,9 +264,8 @@ class Renewals:
     def _failed(self, renewal: Renewal, failure: tuple[NodeResult, ...], now: float) -> bool:
         """Retry later (False), or the lock is to be lost (True; removed already)."""
         state = renewal.state
-        # Released (or lost) meanwhile, or its release is under way: a round that was in
-        # flight when the owner released finds the keys the release deleted, and that is
-        # no loss (on a busy event loop on_lost fired for locks being released).
+        # Released (or lost) meanwhile, or its release under way: a round in flight then
+        # finds the keys the release deleted, which is no loss.
         if state.status != Status.HELD or state.release_called:
             self.remove(state)
             return False

@@ -9,20 +9,12 @@ docs/design.md §10)::
         reply = <run request.calls on their nodes in parallel> or <wait> or <invoke>
         request = flow.send(reply)        # StopIteration carries the result
 
-A :class:`Broadcast` asks for some *calls* on some nodes in parallel, each bounded by
-``timeout``; its reply (:class:`Replies`) holds, per call, the node's reply or the
-exception it raised (never raised into the flow), and what the I/O learnt on the way
-(the identity of servers met on new connections, round trips measured). A wait
-(:class:`Pause`, :class:`PauseUntilWoken`, :class:`Backoff`) asks to wait, an
-:class:`Invoke` for a user callback; both reply with an empty tuple. If executing a
-request raises (asyncio cancellation, KeyboardInterrupt, a callback's error), the driver
-throws the exception into the flow, which cleans up (releases keys it may have set) and
-re-raises or handles it.
-
-:func:`drive` and :func:`drive_async` are the only flow loops: the sync and asyncio
-clients pass them an executor that knows their transport and how to wait, and the core's
-``absorb``, told what each broadcast learnt before its flow goes on.
-"""
+A :class:`Broadcast` asks for *calls* on nodes in parallel; its reply (:class:`Replies`) holds, per
+call, the node's reply or the exception it raised (never raised into the flow). A wait
+(:class:`Pause`, :class:`PauseUntilWoken`, :class:`Backoff`) or an :class:`Invoke` replies with an
+empty tuple. If executing a request raises (cancellation, KeyboardInterrupt, a callback's error),
+the driver throws it into the flow, which releases what it may have set and re-raises or handles
+it. :func:`drive` and :func:`drive_async` are the only flow loops."""
 
 from __future__ import annotations
 
@@ -52,9 +44,8 @@ class Wakeable(Protocol):
 
 
 class Call(NamedTuple):
-    """One command for one node: a script (EVALSHA, EVAL on NOSCRIPT) or a plain command.
-    (A named tuple: a request makes one per node and call, and a tuple is made in less
-    than half the time of a frozen dataclass.)"""
+    """One command for one node: a script (EVALSHA, EVAL on NOSCRIPT) or a plain command
+    (a named tuple: made per node and call, it is cheaper than a dataclass)."""
 
     node: int
     args: tuple[CommandArg, ...]
@@ -67,50 +58,35 @@ class Call(NamedTuple):
 Decision = Callable[[Sequence[object], Mapping[int, object]], bool]
 
 
-# Not frozen: made twice per acquire+release, and a frozen dataclass takes three times
-# as long to make (its fields are set through object.__setattr__). Nothing changes one
-# once made: a request with another timeout is a new one (dataclasses.replace).
+# Not frozen (cheaper to make), but never changed: another timeout is a new request.
 @dataclass(slots=True)
 class Broadcast:
     """Run ``calls`` in parallel; each must answer within ``timeout`` seconds.
 
-    ``enough`` lets the request end before every node answered (early quorum,
-    docs/design.md §2.4): a pure function of the replies so far, decided as soon as it
-    is true.
+    ``enough`` lets the request end before every node answered (early quorum, docs/design.md §2.4):
+    a pure function of the replies so far, decided as soon as it is true.
 
-    ``line``: the local line (a resource's key, see :mod:`redlock._client.lines`) of an
-    acquire attempt. With ``turns``, attempts on it from one manager take turns instead
-    of overlapping: two attempts racing from the same process would split the nodes
-    between them (each wins some, neither a quorum) and both fail. Attempts of waiters
-    in the nodes' waiting line do not take turns (``turns=False``): the line already
-    decides who may win (only its first), and serialising the others' attempts, which
-    only keep their places, made a hundred waiters of one busy event loop queue for
-    seconds behind each other while the lock sat free (docs/design.md §6.5).
+    ``turns_key``: the key of an acquire attempt's local turns (its resource's release channel,
+    :mod:`redlock._client.waiting_room`). With ``turns``, attempts on it from one manager take
+    turns instead of splitting the nodes; waiters in the nodes' line do not (``turns=False``): the
+    line already decides who may win (docs/design.md §6.5).
 
-    ``learn``: for a request made before the nodes' round trips are known (a manager's
-    first), which therefore waits up to its ceiling: once ``learn`` nodes (a quorum)
-    answered, the others get as long again as that took, and at least
-    ``TIMEOUT_FLOOR`` in all: the timeout the adaptive rule would have set from these
-    replies (docs/design.md §2.4). Without it, a new manager's first attempt waited its
-    whole ceiling for nodes that hung or lost their data, where a warm one waits 50 ms.
-    0: the timeout as given.
+    ``learn``: for a request made before the nodes' round trips are known (a manager's first): once
+    ``learn`` nodes (a quorum) answered, the others get as long again as that took, at least
+    ``TIMEOUT_FLOOR`` (docs/design.md §2.4), instead of the whole ceiling. 0: the timeout as given.
 
-    ``lane``: a lane of connections of its own (one per node, kept between requests):
-    the renewal loop's, so that a renewal never waits for a connection behind a burst of
-    other requests (on a busy event loop it waited 80-170 ms for one, and a lock with a
-    1 s TTL was lost). None: the shared connections.
-    """
+    ``lane``: connections of its own (one per node, kept between requests): the renewal
+    loop's, so that a renewal never waits for a connection behind a burst of other
+    requests. None: the shared connections."""
 
     calls: tuple[Call, ...]
     timeout: float
-    line: str | None = None
+    turns_key: str | None = None
     turns: bool = True
     lane: str | None = None
     enough: Decision | None = None
     learn: int = 0
-    # The command every call sends, packed (RESP, EVALSHA), when they all send one: a
-    # template's (redlock._core.kinds.Template). None: the transports pack the calls.
-    packed: bytes | None = None
+    packed: bytes | None = None  # every call's command, packed by a template (kinds.py)
 
 
 @dataclass(frozen=True)
@@ -131,25 +107,21 @@ class PauseUntilWoken:
 
 @dataclass(frozen=True)
 class Backoff:
-    """A blocking acquire's wait between two attempts, ``seconds``.
+    """A blocking acquire's wait between two attempts, ``seconds`` (docs/design.md §6.4).
 
-    The client keeps the caller's place in the local ``line`` and wakes it early when a
-    handle of the same manager releases; a release published on one of ``channels`` (a
-    release anywhere) wakes it too, if it names ``waiter`` (the first in the nodes'
-    waiting line), or names nobody when ``waiter`` is None. ``patient``: how long to wait
-    instead, once releases on ``channels`` are heard (docs/design.md §6.4).
+    The client keeps the caller's place in its local turns (``turns_key``) and wakes it
+    early when a handle of the manager releases, or when a release on one of ``channels``
+    names ``waiter`` (or nobody, when ``waiter`` is None). ``patient``: how long to wait
+    instead, once releases on ``channels`` are heard.
 
     The reply: the hand-offs to ``waiter`` heard so far (a
-    :class:`~redlock._core.handoff.Handoffs`, docs/design.md §6.7; empty when the
-    client collects none). ``heard_before``: a wait for more of them, which returns at
-    once if more than that many were heard already. ``wake_at``: (attempt, k), hand-offs
-    end such a wait only once k nodes' latest messages are hand-offs of that attempt (a
-    message that is no hand-off still ends it, and so does its time): a waiter that
-    needs three nodes is not woken by each of them in turn.
-    """
+    :class:`~redlock._core.handoff.Handoffs`, §6.7). ``heard_before``: a wait for more of
+    them, which returns at once if more were heard already. ``wake_at``: (attempt, k):
+    such a wait ends only once k nodes' latest messages are hand-offs of that attempt (or
+    a message that is no hand-off, or its time)."""
 
     seconds: float
-    line: str
+    turns_key: str
     channels: tuple[str, ...] = ()
     waiter: str | None = None
     patient: float | None = None
@@ -169,10 +141,9 @@ class Invoke:
 
 
 class Replies(list[object]):
-    """A broadcast's replies, one per call: the node's reply or the exception it raised;
-    and what the I/O learnt on the way, as data for the core (``absorb``):
-    ``identities``, node -> the IDENTIFY reply of a new connection (docs/design.md §4.4),
-    and ``round_trips``, node -> seconds from sending to its first reply."""
+    """A broadcast's replies, one per call (the node's reply or the exception it raised),
+    and what the I/O learnt on the way, for the core's ``absorb``: ``identities`` (node ->
+    a new connection's IDENTIFY reply, §4.4) and ``round_trips`` (node -> seconds)."""
 
     def __init__(self, replies: Sequence[object] = ()) -> None:
         super().__init__(replies)
@@ -182,14 +153,12 @@ class Replies(list[object]):
 
 Request = Broadcast | Wait | Invoke
 
-# The least a request waits for the nodes when its timeout adapts to their round trips
-# (RoundTrips, or a request that learns it, Broadcast.learn): a busy machine's hiccup is
-# not an outage.
+# The least a request waits for the nodes when its timeout adapts to their round trips (RoundTrips,
+# or a request that learns it, Broadcast.learn): a busy machine's hiccup is not an outage.
 TIMEOUT_FLOOR = 0.05
 
 
-def learnt_deadline(request: Broadcast, started: float, now: float,
-                    answered: int) -> float | None:
+def learnt_deadline(request: Broadcast, started: float, now: float, answered: int) -> float | None:
     """The deadline a request that learns its timeout (``Broadcast.learn``) takes once
     ``answered`` nodes replied by ``now`` (None: not yet, or it does not learn)."""
     if not request.learn or answered < request.learn:
@@ -198,17 +167,14 @@ def learnt_deadline(request: Broadcast, started: float, now: float,
 
 
 # A round that starts at (or after) its caller's deadline still gets this long: its
-# calls go out (an asyncio exchange needs a turn of the event loop to write) and the
-# replies already on their way are read. On the acquire path that is the release of a
-# failed attempt, or an attempt that a wait cut to the deadline brought there.
+# calls go out (a failed attempt's release) and replies on their way are read.
 LAST_ROUND = 0.01
 
 
 class Deadline:
     """When a caller's operation must be over, by the core's monotonic ``clock`` (``at``
-    None: no limit). Every request a flow makes on the caller's behalf is bounded by
-    what is left (docs/design.md §2.5), so no phase (a first connection, a hung node, a
-    new cluster's initialisation, a second look at a node) can run past it."""
+    None: no limit); every request made on the caller's behalf is bounded by what is
+    left (docs/design.md §2.5)."""
 
     __slots__ = ("_clock", "at")
 
@@ -245,12 +211,10 @@ Absorb = Callable[[Replies], None]
 
 def drive(flow: Flow[T], execute: Callable[[Request], Sequence[object]],
           absorb: Absorb | None = None) -> T:
-    """Run a flow to its end with a blocking executor (the sync client, unit tests): each
-    request's outcome goes back into the flow, its replies handed to ``absorb`` first;
-    an exception it raised (an interruption, a failure), or that ``absorb`` raised, is
-    thrown into the flow, which decides (raised out of the driver, it passed the flow's
-    own handlers: the renewal loop died without telling its holders, docs/design.md
-    §5.2)."""
+    """Run a flow to its end with a blocking executor: each request's outcome goes back
+    into the flow, its replies handed to ``absorb`` first; an exception raised by either
+    is thrown into the flow, which decides (raised past it, it would skip the flow's own
+    handlers, docs/design.md §5.2)."""
     try:
         request = next(flow)
         while True:
@@ -267,12 +231,9 @@ def drive(flow: Flow[T], execute: Callable[[Request], Sequence[object]],
 
 
 async def drive_async(flow: Flow[T], execute: Callable[[Request], Awaitable[Sequence[object]]],
-                      absorb: Absorb | None = None,
-                      end: Callable[[], None] | None = None) -> T:
-    """Run a flow to its end with an asyncio executor (the asyncio client), as
-    :func:`drive` does; ``end()`` once it is over, whichever way. (The executor's own
-    bookkeeping goes in ``end`` rather than in a coroutine around this one: every
-    resumption of a request passes through each coroutine of the chain.)"""
+                      absorb: Absorb | None = None, end: Callable[[], None] | None = None) -> T:
+    """:func:`drive` with an asyncio executor; ``end()`` once it is over, whichever way
+    (a callback, not a coroutine around this one, which every resumption would cross)."""
     try:
         request = next(flow)
         while True:

@@ -144,10 +144,9 @@ class Settings:
         return 1.0 if ttl is None else min(2.0, max(ttl / 5, 0.01))
 
     def patience(self, request_timeout: float) -> float:
-        """How long a waiting-line entry stays without a new attempt from its waiter: two
-        of the longest waits between attempts (a wait and an attempt), so a live waiter
-        keeps its place and a dead one blocks the line briefly (about 1.1 s by default;
-        docs/design.md §6.3)."""
+        """How long a waiting-line entry stays without a new attempt from its waiter: two of the
+        longest waits between attempts (a wait and an attempt), so a live waiter keeps its place
+        and a dead one blocks the line briefly (about 1.1 s by default; docs/design.md §6.3)."""
         longest_wait = max(self.retry_delay_max, LINE_POLL_MAX)
         return 2 * (longest_wait + request_timeout) + 0.05
 
@@ -191,7 +190,7 @@ class Keys:
         return f"{self.namespace}:{{{resource}}}:{suffix}"
 
     def channel(self, resource: str) -> str:
-        """Where a release publishes; also the key of the resource's local line."""
+        """Where a release publishes; also the key of the resource's local turns."""
         return f"{self.namespace}:{{{resource}}}:released"
 
     def line(self, resource: str) -> str:

@@ -26,7 +26,7 @@ class Status(str, enum.Enum):
     HELD = "held"
     RELEASED = "released"
     LOST = "lost"
-    HANDED_OVER = "handed over"  # exported: another handle (maybe elsewhere) owns it now
+    HANDED_OVER = "handed over"  # exported: another handle (maybe elsewhere) holds it now
 
 
 class Lease(Protocol):
@@ -44,27 +44,26 @@ class Lease(Protocol):
         ...
 
     def lose(self) -> None:
-        """This process lost it (the renewer's word counts; the holder's changes
-        nothing there)."""
+        """This process lost it (the renewer's word counts; the holder's changes nothing there)."""
         ...
 
 
 class LockState:
-    """One acquisition (of one resource, or of a set: ``tokens`` has one per resource):
-    shared by the handles that re-entered it and by the renewal loop. ``resource`` is
-    what it is called in messages (the resource's name, or the set's label) and
-    ``token`` its largest token."""
+    """One acquisition (of one resource, or of a set: ``tokens`` has one per resource): shared by
+    the handles that re-entered it and by the renewal loop. ``resource`` is what it is called in
+    messages (the resource's name, or the set's label) and ``token`` its largest token."""
 
     __slots__ = ("__weakref__", "_clock", "_deadline", "auto_extended", "depth", "generation",
-                 "holder", "kind", "lease", "lost_outcomes", "lost_reason", "mutex", "owner",
-                 "release_called", "resource", "resources", "status", "token", "tokens", "ttl")
+                 "holder", "kind", "lease", "lost_outcomes", "lost_reason", "mutex",
+                 "release_called", "resource", "resources", "status", "token", "tokens", "ttl",
+                 "value")
 
-    def __init__(self, resource: str, owner: str, ttl: float, token: int, deadline: float,
+    def __init__(self, resource: str, value: str, ttl: float, token: int, deadline: float,
                  clock: Callable[[], float], mutex: Mutex, *,
                  tokens: Mapping[str, int] | None = None, kind: Kind = MUTEX) -> None:
         self.resource = resource
         self.kind = kind  # what is held on the nodes (docs/design.md §12.0)
-        self.owner = owner
+        self.value = value
         self.ttl = ttl
         self.tokens: dict[str, int] = dict(tokens) if tokens else {resource: token}
         self.resources = tuple(self.tokens)

@@ -40,20 +40,19 @@ def bucket(resource: str) -> str:
 
 
 
-def attempt_owner(call: str, attempt: int) -> str:
-    """The owner value an attempt of the acquire call ``call`` sets (docs/design.md
-    §2.1): the call's secret, then the attempt's number in 8 hex digits, so that two
-    values of one call compare as their attempts do. A command of an earlier attempt
-    that reaches a node late (a reply lost, a connection stalled) then cannot delete or
-    refresh what a later attempt set there."""
+def lock_value(call: str, attempt: int) -> str:
+    """The lock value an attempt of the acquire call ``call`` sets (docs/design.md §2.1): the
+    call's secret, then the attempt's number in 8 hex digits, so that two values of one call
+    compare as their attempts do. A command of an earlier attempt that reaches a node late (a reply
+    lost, a connection stalled) then cannot delete or refresh what a later attempt set there."""
     return f"{call}{attempt:08x}"
 
 
-def waiter_id(owner: str) -> str:
+def waiter_id(value: str) -> str:
     """An acquire call's name in the nodes' waiting lines and wake-up messages: SHA1 of
-    its secret, the owner values' first :data:`CALL_DIGITS` (the scripts compute the
+    its secret, the lock values' first :data:`CALL_DIGITS` (the scripts compute the
     same; every attempt of the call is the same waiter), which does not reveal it."""
-    return hashlib.sha1(owner[:CALL_DIGITS].encode()).hexdigest()
+    return hashlib.sha1(value[:CALL_DIGITS].encode()).hexdigest()
 
 
 def validity_left(settings: Settings, ttl: float, started: float, now: float) -> float:

@@ -1,9 +1,7 @@
-"""Read-only views of the lock family (docs/design.md §12), free of I/O: who leads an
-election now (``leader()``, and the waits of ``observe()``), who holds a semaphore's
-permits, who holds a read-write lock. Each reads every node and believes only what a
-quorum of healthy nodes says (by the membership rule, §13.2): a snapshot, which may
-be stale by the time it returns.
-"""
+"""Read-only views of the lock family (docs/design.md §12), free of I/O: who leads an election now
+(``leader()``, and the waits of ``observe()``), who holds a semaphore's permits, who holds a
+read-write lock. Each reads every node and believes only what a quorum of healthy nodes says (by
+the membership rule, §13.2): a snapshot, which may be stale by the time it returns."""
 
 from __future__ import annotations
 
@@ -37,8 +35,7 @@ class Leader:
     time_left: float
 
     def same_term(self, other: Leader | None) -> bool:
-        return other is not None and (self.identity, self.token) == (other.identity,
-                                                                       other.token)
+        return other is not None and (self.identity, self.token) == (other.identity, other.token)
 
 
 def _believed(core: RedlockCore, replies: Sequence[object]) -> list[tuple[int, object]]:
@@ -46,8 +43,7 @@ def _believed(core: RedlockCore, replies: Sequence[object]) -> list[tuple[int, o
     not of another format, §4.1), with their node."""
     health = core.amnesia.health
     doubted = set(health.suspect) | set(health.incompatible)
-    return [(node, reply) for node, reply in enumerate(replies[:core.n])
-            if node not in doubted]
+    return [(node, reply) for node, reply in enumerate(replies[:core.n]) if node not in doubted]
 
 
 #: Per holder, the nodes that name it and the ms its grant has left on each.
@@ -127,9 +123,8 @@ def election_channels(keys: Keys, name: str) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class Holder:
-    """A holder a quorum of nodes agrees on: the first 12 hex digits of SHA1 of its
-    owner value (tells holders apart without revealing it) and the seconds its grant
-    lasts at least."""
+    """A holder a quorum of nodes agrees on: the first 12 hex digits of SHA1 of its lock value
+    (tells holders apart without revealing it) and the seconds its grant lasts at least."""
 
     holder: str
     time_left: float
@@ -194,8 +189,7 @@ def rwlock_status(core: RedlockCore, name: str) -> Flow[ReadWriteStatus]:
     keys = core.keys
     writer_key, readers_key = (ReadWrite(mode="w").lock_key(keys, name),
                                ReadWrite(mode="r").lock_key(keys, name))
-    calls = tuple(Call(i, (), family.RW_INSPECT, (writer_key, readers_key))
-                  for i in range(core.n))
+    calls = tuple(Call(i, (), family.RW_INSPECT, (writer_key, readers_key)) for i in range(core.n))
     started = core.clock()
     replies = yield Broadcast(calls, core.timeout())
     elapsed = core.clock() - started

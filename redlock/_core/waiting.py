@@ -33,7 +33,7 @@ class Waits:
                 multiplier=settings.retry_delay_min, max=settings.retry_delay_max)
         self._state.attempt_number = attempt
         # tenacity's full jitter draws from [0, cap]; retry_delay_min is the floor its
-        # name promises (a near-zero wait only hammers the nodes the holder still owns).
+        # name promises (a near-zero wait only hammers the nodes the holder still holds).
         delay = max(settings.retry_delay_min, float(self._wait(self._state)))
         # The holder's key cannot free itself before its PTTL: no point polling faster
         # than that, but never sleep past it either.

@@ -1,9 +1,6 @@
-"""The asyncio client's release listener: per node, one subscription connection (its
-messages parsed as they arrive, :class:`~redlock._io.async_wire.Wire`) and a task that
-keeps its subscriptions, started when a blocking acquire first waits and stopped after
-a while with nothing to listen to (docs/design.md §6; what to subscribe to and whom a
-message wakes is decided in :mod:`redlock._io.wakeups`).
-"""
+"""The asyncio client's release listener (docs/design.md §6.4): per node, one subscription
+connection (:class:`~redlock._io.async_wire.Wire`) and a task that keeps its subscriptions;
+what to subscribe to and whom to wake: :mod:`redlock._io.wakeups`."""
 
 from __future__ import annotations
 

@@ -1,22 +1,14 @@
-"""The asyncio transport: a request's nodes are asked concurrently. A node with an open
-connection gets its commands written at once, in the caller's task, and its replies
-are parsed as they arrive by the connection's protocol (:mod:`redlock._io.async_wire`);
-a node without one gets a task that opens one (TCP or TLS, the handshake:
-:func:`~redlock._io.async_wire.open_wire`) and then does the same. The request returns
-as soon as its replies decide it (early quorum) or at its deadline; the exchanges it
-did not wait for go on in the background within the connection's own budget
-(``connect_timeout``), so a new connection finishes its handshake and a late reply is
-read: the connection is kept for the next request. An acquire still unanswered on such
-a connection gets its owner's release written behind it (see :mod:`redlock._io.wire`).
-Cancelling a request leaves its exchanges running the same way.
+"""The asyncio transport (docs/design.md §2.4): a node with an open connection gets its
+commands written at once, in the caller's task, its replies parsed as they arrive by the
+connection's protocol (:mod:`redlock._io.async_wire`); a node without one gets a task that
+opens one, then does the same. The request returns once its replies decide it or at its
+deadline; the exchanges it did not wait for (or that a cancellation left) go on within the
+connection's budget (``connect_timeout``), so the connection is kept, and an acquire still
+unanswered gets its release written behind it (:mod:`redlock._io.wire`).
 
-Per request and node an :class:`Exchange` (:class:`redlock._io.wire.Exchange` on a
-:class:`~redlock._io.async_wire.Wire`: which reply is whose, NOSCRIPT), per request a
-:class:`Gathering` (its replies as the exchanges finish, the early decision and the
-stragglers' grace of :class:`redlock._io.wire.Gathering`, the future that wakes it), per
-node the :class:`Slots` for new connections, and per event loop one timer for every
-request's deadline (:class:`Deadlines`).
-"""
+Per request and node an :class:`Exchange`, per request a :class:`Gathering`, per node the
+:class:`Slots` for new connections, per event loop one timer for every request's deadline
+(:class:`Deadlines`)."""
 
 from __future__ import annotations
 
@@ -63,9 +55,8 @@ _LAST_TURNS = 8
 
 
 async def within(awaitable: Awaitable[T], timeout: float) -> T:
-    """``asyncio.wait_for`` without its extra Task per call where the language allows:
-    ``asyncio.timeout`` (3.11+) cancels the current task in place, which is cheaper
-    (BENCHMARKS.md, the asyncio overhead section)."""
+    """``asyncio.wait_for`` without its extra Task per call: ``asyncio.timeout`` (3.11+)
+    cancels the current task in place."""
     if sys.version_info >= (3, 11):
         async with asyncio.timeout(timeout):
             return await awaitable
@@ -80,22 +71,16 @@ async def wait_event(event: asyncio.Event, seconds: float) -> None:
         await within(event.wait(), seconds)
 
 
-# New connections opening at once per node: a hung node (it accepts TCP, never answers
-# the handshake) does not collect sockets. An exchange that needs a connection beyond
-# this waits for a slot, or for a connection another exchange gives back, within its
-# budget: it never fails at once, so a healthy node under a burst of concurrent requests
-# serves them all (failing at once, as a cap did, lost auto-extended locks under load).
-# See Slots for who is served first.
+# New connections opening at once per node, so that a hung node does not collect sockets.
+# An exchange beyond this waits for a slot or a connection given back, within its budget:
+# never failing at once, a healthy node under a burst serves every request (see Slots).
 OPENING_PER_NODE = 16
 
 
 class Exchange(wire.Exchange):
-    """One node's calls of one request on a :class:`~redlock._io.async_wire.Wire`: its
-    replies are handed to it in order by the connection as they are parsed
-    (:meth:`take_reply`, the wire's sink), and it tells ``on_done`` once each call has
-    its result. An exchange may outlive its request (``over``): it goes on within its
-    connection's budget, so a new connection finishes its handshake and a late reply is
-    read."""
+    """One node's calls of one request on a :class:`~redlock._io.async_wire.Wire`, which
+    hands it their replies in order (:meth:`take_reply`); it tells ``on_done`` once each
+    call has its result. It may outlive its request (``over``), within its budget."""
 
     __slots__ = ("late", "on_done", "over", "started")
 
@@ -161,23 +146,17 @@ class Exchange(wire.Exchange):
 
 
 class Slots:
-    """The new connections opening to one node (at most OPENING_PER_NODE at once), and
-    the exchanges waiting to open one. A freed slot, or a connection given back, wakes
-    one waiter, in this order: requests still waiting that hold locks (extends, releases,
-    and the rest that is not an acquire), then acquires still waiting, then requests
-    that are over. A holder must not queue behind a burst of new acquires: the first of
-    200 auto-extended locks renewed while the other 199 were still being acquired, and
-    its renewal waited for their connections until its validity ran out. An acquire
-    whose request is over stops waiting: it would send nothing."""
+    """The new connections opening to one node (at most OPENING_PER_NODE at once), and the
+    exchanges waiting to open one. A freed slot, or a connection given back, wakes one waiter:
+    first requests still waiting that are no acquire (a holder's renewal must not queue behind a
+    burst of new acquires until its validity runs out), then acquires still waiting, then requests
+    that are over. An acquire whose request is over stops waiting: it would send nothing."""
 
     def __init__(self) -> None:
         self.free = OPENING_PER_NODE
-        # The waiters in arrival order (dicts: one leaves in O(1)). ``droppable``: those
-        # that send nothing once their request is over (acquires), the only ones
-        # wake_over looks at. A hung node collects a final release per request, each
-        # waiting out its budget (connect_timeout), and scanning them all at every
-        # request's end was most of the client's time (BENCHMARKS.md, "Issue 21: silent
-        # stragglers").
+        # The waiters in arrival order (dicts: one leaves in O(1)). ``droppable``: those that send
+        # nothing once their request is over (acquires), the only ones wake_over looks at: a hung
+        # node collects a final release per request, too many to scan at every request's end.
         self.waiting: dict[asyncio.Future[None], Exchange] = {}
         self.droppable: dict[asyncio.Future[None], Exchange] = {}
 
@@ -223,11 +202,9 @@ LAG_HALF_LIFE = 1.0
 
 
 class Deadlines:
-    """The deadlines of one transport's requests waiting on one event loop, behind one
-    timer: armed for the earliest, it wakes the requests whose deadline passed and is
-    armed again for the next. A timer per request cost a handle, a heap push among the
-    loop's cancelled timers and a cancel, on every request, though almost every request
-    is answered long before its deadline."""
+    """The deadlines of one transport's requests on one event loop, behind one timer
+    armed for the earliest (a timer per request costs every request a handle, a heap push
+    and a cancel, though almost all are answered long before their deadline)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
@@ -285,10 +262,9 @@ class Deadlines:
 
 class Gathering(wire.Gathering):
     """The replies of one request as its exchanges finish, and the future that wakes the
-    request when there is something to do: every exchange is done, a first request
-    learnt its timeout, or the deadline (one timer). A decision (early quorum) wakes
-    nobody: it moves the deadline to the stragglers' grace, and the request wakes when
-    they are in or that is over (one task step less per request)."""
+    request: every exchange done, a first request's timeout learnt, or the deadline. A
+    decision (early quorum) wakes nobody: it moves the deadline to the stragglers' grace
+    (one task step less per request)."""
 
     __slots__ = ("armed", "deadlines", "exchanges", "left", "loop", "wake")
 
@@ -333,12 +309,9 @@ class Gathering(wire.Gathering):
 class AsyncTransport:
     """The nodes' connections; each request's nodes asked concurrently."""
 
-    def __init__(self, endpoints: list[Endpoint], addresses: list[str],
-                 connect_timeout: float,
+    def __init__(self, endpoints: list[Endpoint], addresses: list[str], connect_timeout: float,
                  identify: tuple[CommandArg, ...] | None = None) -> None:
-        # ``identify``: the command sent first on every new connection (IDENTIFY, docs/
-        # design.md §4.4); its reply is returned with the request's (Replies.identities).
-        self.identify = identify
+        self.identify = identify  # sent first on every new connection (§4.4)
         self._probe = resp.pack_one(identify) if identify is not None else None
         self.endpoints = list(endpoints)
         self.addresses = list(addresses)
@@ -359,27 +332,21 @@ class AsyncTransport:
         """Every call's reply or exception (NOT_AWAITED for those the request was
         decided without). Calls for one node share one connection and one write."""
         if self._closed:  # a background flow (maintenance) racing the manager's close
-            return Replies([as_failure(Unreachable(CLOSED))]
-                           * len(request.calls))
+            return Replies([as_failure(Unreachable(CLOSED))] * len(request.calls))
         replies = Replies([PENDING] * len(request.calls))
         exchanges = exchanges_of(request.calls, replies, request.lane, Exchange)
-        if self._late.total:  # releases go behind their owner's unanswered acquires
+        if self._late.total:  # releases go behind their value's unanswered acquires
             self.write_behind(request)
         loop = asyncio.get_running_loop()
         started = time.monotonic()
         deadlines = self._deadlines
         if deadlines is None or deadlines.loop is not loop:
             deadlines = self._deadlines = Deadlines(loop)
-        # A loop that runs late gives the request less of its own time: that much more
-        # (docs/design.md §2.4, "a late event loop is not a slow node").
-        lag = deadlines.lag(started)
-        gathering = Gathering(loop, request, replies, started,
-                              started + request.timeout + lag, deadlines, exchanges,
-                              self._silence)
+        lag = deadlines.lag(started)  # a late loop is not a slow node (§2.4)
+        gathering = Gathering(loop, request, replies, started, started + request.timeout + lag,
+                              deadlines, exchanges, self._silence)
         packing = Packing(request)
-        # Nodes with an open connection: written at once, here; the others: a task each
-        # opens one (within the connection's budget), then the same.
-        wires = self._idle_wires(exchanges)
+        wires = self._idle_wires(exchanges)  # written here; the others: a task each
         refused: list[tuple[Exchange, BaseException]] = []
         for exchange in exchanges:
             exchange.started = started
@@ -400,12 +367,8 @@ class AsyncTransport:
         last_turns = _LAST_TURNS
         owed = True  # a request woken late at its deadline gets that time again, once
         try:
-            # Not one wake-up per reply: the exchanges tell the gathering as they
-            # finish, which wakes this task when every exchange is done or (its timer)
-            # at the deadline; a decision moves the deadline (see Gathering).
+            # Not one wake-up per reply: the gathering wakes this task (see Gathering).
             while gathering.left:
-                # (Before any exchange finished there is nothing to decide on; after,
-                # Gathering.finished asks as each one finishes.)
                 if (not gathering.decided and gathering.left < len(exchanges)
                         and gathering.enough is not None):
                     gathering.decide(gathering.stragglers)
@@ -420,9 +383,8 @@ class AsyncTransport:
                         last_turns -= 1
                         await asyncio.sleep(0)
                         continue
-                    # Woken this late by the loop's own work: the exchanges (replies on
-                    # their way, connections being opened) had that much less of its
-                    # time; they get it again, once.
+                    # Woken this late by the loop's own work: the exchanges get that
+                    # time again, once.
                     if owed and -left >= LAG_NOTICED and not gathering.decided:
                         owed = False
                         deadlines.late(-left, now)
@@ -447,10 +409,8 @@ class AsyncTransport:
 
     def _end(self, request: Broadcast, exchanges: list[Exchange], replies: Replies,
              waited: float, lag: float) -> None:
-        """The request is over: what was read counts; the rest goes on in the background."""
-        # Every reply an exchange has read counts (it wrote it into the replies as it
-        # came, whether or not the gathering has been told): a reply that was read is
-        # never lost, and one that was not is never taken for an answer.
+        """The request is over: every reply read counts (whether or not the gathering
+        was told), one not read never does; the rest goes on in the background."""
         for exchange in exchanges:
             exchange.replies = None  # late exchanges must not write into these replies
         # (Asked only if some exchange is unfinished: what it says is for those.)
@@ -478,7 +438,7 @@ class AsyncTransport:
                          else NoReply(f"no reply within {waited * 1000:.0f} ms{late}"))
 
     def _late_exchange(self, exchange: Exchange) -> None:
-        """An exchange whose request stopped waiting: a release of the same owner goes
+        """An exchange whose request stopped waiting: a release of the same lock value goes
         behind its acquires, and it has until its budget ends to be answered."""
         if any(acquire_keys(call) for call in exchange.calls):
             exchange.late = Late(exchange.conn, exchange.node, exchange.calls, 0,
@@ -540,14 +500,8 @@ class AsyncTransport:
         if wire is None:  # an acquire whose request ended while it waited for a slot
             exchange.finish()
             return
-        if exchange.needless():
-            # Connected only after the request was over: an acquire sent now would set
-            # a key nobody waits for (its release may already have gone), and a failed
-            # attempt's release is never sent late (redlock._io.wire.late_sendable). A
-            # final release or an extend still goes: its caller may have been cancelled
-            # (asyncio.timeout around ``async with``) and nothing else would free the
-            # key before its TTL. The connection is warm for the next request either way.
-            exchange.finish()
+        if exchange.needless():  # connected after its request: nothing to send late
+            exchange.finish()  # (redlock._io.wire.late_sendable); the connection is kept
             self._give_back(wire, exchange.lane)
             return
         self._send(exchange, wire)
@@ -557,9 +511,8 @@ class AsyncTransport:
         Slots); None for an acquire whose request ended while it waited."""
         node = exchange.node
         if exchange.lane is not None:
-            # The lane's own connection; the first time, a shared one (served first among
-            # waiters: a lock holder's request), which then stays in the lane. Opening a
-            # new one instead took 300 ms on a busy event loop.
+            # The lane's own connection; the first time, a shared one, which then stays
+            # in the lane (opening a new one is slow on a busy event loop).
             wire = self._kept(node, exchange.lane, checked=True)
             if wire is not None:
                 return wire
@@ -637,8 +590,7 @@ class AsyncTransport:
         self._idle[wire.node].append(wire)
         self._slots[wire.node].wake_one()
 
-    def _kept(self, node: int, lane: str | None = None, *,
-              checked: bool = False) -> Wire | None:
+    def _kept(self, node: int, lane: str | None = None, *, checked: bool = False) -> Wire | None:
         """An idle connection (of the lane), alive as far as the loop knows; ``checked``:
         and nothing to read in its socket (see _idle_wires, which checks in bulk)."""
         idle = self._idle[node] if lane is None else self._lane(lane)[node]
@@ -674,7 +626,7 @@ class AsyncTransport:
                 wire.abort(Unreachable("Connection closed by the client."))
 
     def write_behind(self, request: Broadcast) -> None:  # (see redlock._io.wire)
-        """Write each release behind the unanswered acquires of the same owner."""
+        """Write each release behind the unanswered acquires of the same lock value."""
         for call in request.calls:
             for late in self._late.behind(call):
                 if late.closed:
@@ -689,8 +641,8 @@ class AsyncTransport:
         for task in list(self._running):
             with contextlib.suppress(BaseException):
                 await task
-        # Every connection at once, each until it is closed (TLS: its shutdown; an event
-        # loop that ends right after would otherwise leave the socket open).
+        # Every connection at once, each until closed (an event loop that ends right
+        # after would otherwise leave a TLS socket open).
         self._late.drain()
         for stacks in (self._idle, *self._lanes.values()):
             for idle in stacks:

@@ -1,14 +1,7 @@
-"""The asyncio client's connections: the library's own (docs/design.md §2.4).
-
-:func:`open_wire` connects to an :class:`~redlock._io.endpoint.Endpoint` with the event
-loop's public API (``create_connection``, ``create_unix_connection``; TLS by the loop)
-and logs in (AUTH, SELECT, CLIENT SETNAME). A :class:`Wire` is the connection's
-protocol: a request's commands are written with one ``transport.write`` per node, and
-replies are parsed in ``data_received`` as the bytes arrive and handed, in order, to
-whoever is owed the next one (``Sink``: an exchange's calls, a release written behind
-an acquire). No task, no stream read and no await per command: a request is one future
-and one timer however many nodes it asks.
-"""
+"""The asyncio client's connections: the library's own (docs/design.md §2.4), opened with the
+event loop's public API. A :class:`Wire` is the connection's protocol: commands written with one
+``transport.write`` per node, replies parsed in ``data_received`` and handed in order to whoever is
+owed the next (``Sink``). No task, stream read or await per command."""
 
 from __future__ import annotations
 
@@ -139,9 +132,8 @@ class Wire(asyncio.Protocol):
             self.on_broken(self)
 
     def readable(self) -> bool:
-        """Bytes in the socket the event loop has not handed over yet (a busy loop), or
-        the socket is closed: a reply that arrived, or an idle connection the server
-        closed."""
+        """Bytes in the socket the event loop has not handed over yet (a busy loop), or the socket
+        is closed: a reply that arrived, or an idle connection the server closed."""
         if not self.alive:
             return True
         if self.sock is None:
@@ -169,8 +161,7 @@ async def open_wire(endpoint: Endpoint, node: int, timeout: float) -> Wire:
                 lambda: Wire(node), endpoint.path, ssl=context,
                 server_hostname="" if context is not None else None)
         else:
-            _, wire = await loop.create_connection(
-                lambda: Wire(node), host, port, ssl=context)
+            _, wire = await loop.create_connection(lambda: Wire(node), host, port, ssl=context)
             if endpoint.keepalive and wire.sock is not None:
                 wire.sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
     except OSError as exc:

@@ -1,13 +1,7 @@
-"""The sync client's connections to a node: the library's own sockets (docs/design.md
-§2.4, "the library owns its sockets").
-
-:func:`open_connection` connects to an :class:`~redlock._io.endpoint.Endpoint` (TCP or a
-Unix socket, TLS, the master a Sentinel names) and logs in (AUTH, SELECT, CLIENT
-SETNAME) within the connect budget; a :class:`Connection` then carries packed commands
-out and replies in, without ever waiting for one: :func:`receive` returns a whole reply
-or :data:`NOTHING`, so that a reply half received holds up no other node's. The asyncio
-client's connections are :mod:`redlock._io.async_wire`'s.
-"""
+"""The sync client's connections: the library's own sockets (docs/design.md §2.4).
+:func:`open_connection` connects (TCP, Unix socket, TLS, a Sentinel's master) and logs in within
+the connect budget; a :class:`Connection` never waits for a reply: :func:`receive` returns a whole
+reply or :data:`NOTHING`, so a reply half received holds up no other node's."""
 
 from __future__ import annotations
 
@@ -83,8 +77,7 @@ def open_connection(endpoint: Endpoint, timeout: float) -> Connection:
         if endpoint.tls is not None:
             context = endpoint.tls.context()
             try:
-                sock = context.wrap_socket(sock, server_hostname=None if endpoint.path
-                                           else host)
+                sock = context.wrap_socket(sock, server_hostname=None if endpoint.path else host)
             except BaseException:
                 sock.close()
                 raise
@@ -196,10 +189,9 @@ def send(conn: Connection, data: bytes) -> None:
 
 
 def receive(conn: Connection) -> object:
-    """The next reply if the whole of it is there, else :data:`NOTHING`: never waits.
-    Takes from the socket only what is in it now (at most one ``recv``, with no
-    ``select()`` first when ``conn.readable`` says one just found it readable). An
-    error reply is returned, not raised."""
+    """The next reply if the whole of it is there, else :data:`NOTHING`: never waits. Takes from
+    the socket only what is in it now (at most one ``recv``, with no ``select()`` first when
+    ``conn.readable`` says one just found it readable). An error reply is returned, not raised."""
     reply = _parsed(conn)
     if reply is not False:
         return reply

@@ -1,15 +1,7 @@
-"""Where a node is and how to log in to it (docs/design.md §2.4): an :class:`Endpoint`.
-
-The library owns the sockets of its requests (:mod:`redlock._io.connection`); from
-redis-py it takes only what redis-py offers publicly: a client's settings
-(``connection_pool.connection_kwargs`` and ``connection_class``), a credential
-provider's ``get_credentials()``, and Sentinel's ``discover_master()``. URLs are parsed
-here. An endpoint is the same for both flavours and crosses to another process as it
-is (the renewer, docs/design.md §5.2), a credential provider of the application's own
-permitting.
-
-A Redis Cluster client is refused, saying why (docs/design.md §11.4).
-"""
+"""Where a node is and how to log in to it (docs/design.md §2.4): an :class:`Endpoint`, parsed
+from a URL or read from a redis-py client through its public settings (``connection_kwargs``,
+``connection_class``, a credential provider, Sentinel's ``discover_master()``). An endpoint crosses
+to the renewer process as it is (§5.2). A Redis Cluster client is refused (§11.4)."""
 
 from __future__ import annotations
 
@@ -35,8 +27,7 @@ CLUSTER_REASON = (
     " masters instead (docs/design.md §11.4)"
 )
 
-_CERT_REQS = {"none": ssl.CERT_NONE, "optional": ssl.CERT_OPTIONAL,
-              "required": ssl.CERT_REQUIRED}
+_CERT_REQS = {"none": ssl.CERT_NONE, "optional": ssl.CERT_OPTIONAL, "required": ssl.CERT_REQUIRED}
 _TRUE = ("1", "true", "yes", "on")
 
 
@@ -112,11 +103,10 @@ class Endpoint:
 
     @property
     def server(self) -> str:
-        """Which *server* it is, however spelled: the database, user and password
-        ignored (two databases of one server are one failure domain); host names
-        compared case-insensitively, IP literals in canonical form, ``localhost`` as
-        127.0.0.1, Unix paths normalised; a Sentinel master by its service and
-        sentinels. No name resolution."""
+        """Which *server* it is, however spelled: the database, user and password ignored (two
+        databases of one server are one failure domain); host names compared case-insensitively, IP
+        literals in canonical form, ``localhost`` as 127.0.0.1, Unix paths normalised; a Sentinel
+        master by its service and sentinels. No name resolution."""
         if self.sentinels is not None:
             hosts = ",".join(sorted(f"{h}:{p}" for h, p in self.sentinels.hosts))
             return f"sentinel:{self.sentinels.service}@{hosts}"
@@ -212,8 +202,7 @@ def from_client(client: Any) -> Endpoint:
         own = manager.sentinel_kwargs or {}
         sentinels = Sentinels(tuple(hosts), service, own.get("username"), own.get("password"),
                               _tls(own) if own.get("ssl") else None)
-        return Endpoint(sentinels=sentinels, tls=_tls(kwargs) if _is_tls(pool) else None,
-                        **common)
+        return Endpoint(sentinels=sentinels, tls=_tls(kwargs) if _is_tls(pool) else None, **common)
     name = pool.connection_class.__name__
     if "Unix" in name:
         return Endpoint(path=str(kwargs.get("path")), **common)
@@ -273,12 +262,10 @@ def type_name(value: object) -> str:
 # -- the node list -----------------------------------------------------------------------
 
 
-def endpoints(nodes: object, client_types: tuple[type, ...],
-              client_name: str) -> list[Endpoint]:
+def endpoints(nodes: object, client_types: tuple[type, ...], client_name: str) -> list[Endpoint]:
     """The caller's node list, checked at the call site: a collection of URLs or clients
-    (``client_types``), none twice. A bare string, a mapping, an empty list, an item of
-    another type, an unparsable URL and the same server listed twice raise
-    ``TypeError``/``ValueError``."""
+    (``client_types``), none twice. A bare string, a mapping, an empty list, an item of another
+    type, an unparsable URL and the same server listed twice raise ``TypeError``/``ValueError``."""
     if isinstance(nodes, str | bytes | bytearray | Mapping) or not isinstance(nodes, Iterable):
         raise TypeError(
             f"nodes must be a collection (list, tuple, set...) of URLs or {client_name}"

@@ -1,11 +1,6 @@
-"""What goes wrong with a node, in the library's own terms, at the I/O boundary:
-everything above sees a :class:`~redlock._scripts.replies.NodeFailure` with a kind
-(timeout, unreachable, authentication, permission, read-only, cluster, error reply,
-closed) and the error's type and text for people.
-
-The transports raise the exceptions defined here (the sockets are the library's own,
-:mod:`redlock._io.connection`); an error *reply* is the parser's
-:data:`redlock._io.resp.ReplyError`, classified by the code it starts with."""
+"""What goes wrong with a node, in the library's own terms, mapped once at the I/O boundary:
+everything above sees a :class:`~redlock._scripts.replies.NodeFailure` with a kind and the
+error's type and text; an error *reply* is classified by the code it starts with."""
 
 from __future__ import annotations
 
@@ -52,9 +47,8 @@ CLOSED = "the manager is closed"
 
 # A cluster-mode node's replies: the node is in cluster mode, not a lock node.
 _CLUSTER_CODES = ("CROSSSLOT", "MOVED", "ASK ", "CLUSTERDOWN", "TRYAGAIN")
-# What a node that wants a password answers a client that gave none: NOAUTH, or, to a
-# command of more than 10 arguments (our scripts' calls), a protocol error before it
-# closes the connection.
+# What a node that wants a password answers a client that gave none: NOAUTH, or, to a command of
+# more than 10 arguments (our scripts' calls), a protocol error before it closes the connection.
 _AUTHENTICATION_CODES = ("WRONGPASS", "NOAUTH", "ERR Protocol error: unauthenticated",
                          "ERR invalid password", "ERR AUTH", "ERR Client sent AUTH")
 

@@ -1,11 +1,9 @@
 """RESP, the nodes' protocol: commands packed, replies parsed from the socket's bytes
 (docs/design.md §2.4).
 
-Replies are parsed with :func:`Reader`: hiredis's reader where hiredis is installed
-(its public ``Reader``), else :class:`PlainReader`, a small RESP2 parser in Python. An
-error reply is an instance of :data:`ReplyError`, returned, not raised: it is that
-call's result.
-"""
+Replies are parsed with :func:`Reader`: hiredis's reader where hiredis is installed (its public
+``Reader``), else :class:`PlainReader`, a small RESP2 parser in Python. An error reply is an
+instance of :data:`ReplyError`, returned, not raised: it is that call's result."""
 
 from __future__ import annotations
 
@@ -136,12 +134,10 @@ class _PlainReplyError(Exception):
     """An error reply (hiredis's ``ReplyError`` where hiredis is installed)."""
 
 
-ReplyError: type[Exception] = (
-    _hiredis.ReplyError if _hiredis is not None else _PlainReplyError)
+ReplyError: type[Exception] = (_hiredis.ReplyError if _hiredis is not None else _PlainReplyError)
 
 
 def Reader() -> Any:
-    """A new reply parser: hiredis's where installed, else :class:`PlainReader`. Both
-    raise on bytes that are no reply (hiredis's ``ProtocolError``, our
-    :class:`InvalidReply`)."""
+    """A new reply parser: hiredis's where installed, else :class:`PlainReader`. Both raise on
+    bytes that are no reply (hiredis's ``ProtocolError``, our :class:`InvalidReply`)."""
     return _hiredis.Reader() if _hiredis is not None else PlainReader()

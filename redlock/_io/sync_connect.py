@@ -1,10 +1,8 @@
-"""The sync transport's new connections (see :mod:`redlock._io.sync_transport`): each
-opened in a thread of its own, with its own budget (``connect_timeout``), so that a
-request waits for it only until its own deadline and a hung node that accepts TCP but
-never answers the handshake costs one node timeout, not the connect budget. At most
-:data:`CONNECTS_PER_NODE` open at once per node; a node that refused a moment ago fails
-at once (:class:`~redlock._io.wire.Refusals`).
-"""
+"""The sync transport's new connections (see :mod:`redlock._io.sync_transport`): each opened in a
+thread of its own, with its own budget (``connect_timeout``), so that a request waits for it only
+until its own deadline and a hung node that accepts TCP but never answers the handshake costs one
+node timeout, not the connect budget. At most :data:`CONNECTS_PER_NODE` open at once per node; a
+node that refused a moment ago fails at once (:class:`~redlock._io.wire.Refusals`)."""
 
 from __future__ import annotations
 
@@ -18,10 +16,8 @@ from redlock._io.endpoint import Endpoint
 from redlock._io.wire import Refusals, Silence, late_sendable
 from redlock._scripts import lock as scripts
 
-# Connections opening at once per node: a hung node does not collect threads. A request
-# that needs one beyond this waits (polling every 2 ms) for a slot, or a connection given
-# back, until its deadline: it never fails at once, so a burst of threads on healthy
-# nodes (64 threads' first requests, or after a restart) is served.
+# Connections opening at once per node, so that a hung node does not collect threads; a
+# request beyond this waits for a slot or a connection given back (never fails at once).
 CONNECTS_PER_NODE = 16
 
 
@@ -34,11 +30,9 @@ def given(node: int, conn: Connection) -> Connect:
 
 
 class Connect:
-    """A connection one request is opening in the background, with its own budget. If
-    the request stops waiting, the connection joins the pool when it is ready: the
-    next request finds it warm. A request of releases that stopped waiting still has
-    them sent on it then (``late``): nothing else would free those keys before their TTL,
-    and a release touches only its owner's key (the asyncio transport does the same)."""
+    """A connection one request is opening in the background, with its own budget. If the
+    request stops waiting, it joins the pool when ready, its final releases sent on it
+    first (``late``, :func:`~redlock._io.wire.late_sendable`)."""
 
     def __init__(self, node: int) -> None:
         self.node = node
@@ -61,17 +55,16 @@ class Connect:
 
 
 class Connector:
-    """Opens one transport's new connections, each in a thread of its own (see the
-    module's doc); ``hand_back(attempt)`` takes a connection whose request gave up on
-    it once it is open."""
+    """Opens one transport's new connections, each in a thread of its own (see the module's doc);
+    ``connected_late(attempt)`` takes a connection whose request gave up on it once it is open."""
 
     def __init__(self, endpoints: list[Endpoint], connect_timeout: float, silence: Silence,
-                 hand_back: Callable[[Connect], None]) -> None:
+                 connected_late: Callable[[Connect], None]) -> None:
         self._endpoints = endpoints
         self._connect_timeout = connect_timeout
         self._silence = silence  # its transport's: which nodes answer
         self.refusals = Refusals(len(endpoints))  # the nodes refusing connections
-        self._hand_back = hand_back
+        self._connected_late = connected_late
         self._connects = [0] * len(endpoints)  # opening now, per node
         self._opening: set[threading.Thread] = set()  # their threads (close() joins them)
         self._mutex = threading.Lock()
@@ -103,7 +96,7 @@ class Connector:
                 attempt.ready.set()
                 abandoned = attempt.abandoned
             if abandoned and attempt.conn is not None:
-                self._hand_back(attempt)  # warm, for the next request
+                self._connected_late(attempt)  # warm, for the next request
             with self._mutex:
                 self._opening.discard(threading.current_thread())
 
@@ -120,7 +113,7 @@ class Connector:
         """The request gives up on the connection: to the pool now, or when ready (with
         ``calls`` sent on it first if they are all final releases: True)."""
         if attempt.abandon(calls):
-            self._hand_back(attempt)
+            self._connected_late(attempt)
         return bool(attempt.late)
 
     def close(self) -> list[threading.Thread]:

@@ -1,12 +1,7 @@
-"""The sync transport's background reader (see :mod:`redlock._io.wire`).
-
-A request that ends before every reply came in (decided early, timed out, interrupted)
-leaves its connection here with the number of replies still owed: one thread, the
-drainer, reads them as they arrive and gives the connection back to its pool (or
-closes it, past its deadline: the node is hung). Releases of the same owner go out
-behind unanswered acquires on such a connection (``trail_releases``). Final releases
-that found no free connection wait, per node, for the next one given back (``queue``).
-"""
+"""The sync transport's background reader (see :mod:`redlock._io.wire`): one thread reads the
+replies still owed on connections whose request ended, then gives them back (or closes them past
+their deadline). Releases go behind unanswered acquires of their lock value (``trail_releases``);
+final releases that found no free connection wait for the next one given back (``queue``)."""
 
 from __future__ import annotations
 
@@ -104,7 +99,7 @@ class SyncDrainer:
         thread.start()
 
     def trail_releases(self, request: Broadcast) -> None:
-        """Write each release behind the unanswered acquires of the same owner."""
+        """Write each release behind the unanswered acquires of the same lock value."""
         for call in request.calls:
             for late in self.late.behind(call):
                 with late.mutex, contextlib.suppress(Exception):  # the normal release too
@@ -171,12 +166,9 @@ class SyncDrainer:
         self._dispose(late, give_back=late.outstanding == 0)
 
     def _dispose(self, late: Late[Connection], *, give_back: bool) -> None:
-        """Done with a late connection: back to the pool (everything read) or closed.
-        Whoever marks it closed, under its lock, disposes of it, exactly once: given
-        back twice, a connection could be handed to two requests at once, and one would
-        read the other's replies (seen: a release got an IDENTIFY reply, another the
-        reply of a handshake's CLIENT SETINFO), and the drainer must never read from a
-        connection the pool has given to another request since."""
+        """Done with a late connection: back to the pool (everything read) or closed, exactly
+        once, by whoever marks it closed under its lock: given back twice, it could serve two
+        requests at once, each reading the other's replies."""
         with late.mutex:
             if late.closed or (give_back and late.outstanding):
                 return  # disposed of already; or a release was written behind meanwhile

@@ -1,11 +1,7 @@
-"""The sync client's release listener: one subscription connection per node, all read
-by one thread (a release's messages from N nodes arrive together: one wake-up reads
-them all), started when a blocking acquire first waits and stopped after a while with
-nothing to listen to (docs/design.md §6; what to subscribe to and whom a message wakes
-is decided in :mod:`redlock._io.wakeups`). Connections are opened by short-lived helper
-threads (:func:`~redlock._io.connection.open_connection`), so a node that is slow to
-answer holds up no other node's messages.
-"""
+"""The sync client's release listener (docs/design.md §6.4): one subscription connection per
+node, all read by one thread (a release's messages from N nodes arrive together: one wake-up
+reads them all); connections opened by short-lived helper threads, so a slow node holds up no
+other's messages. What to subscribe to and whom to wake: :mod:`redlock._io.wakeups`."""
 
 from __future__ import annotations
 
@@ -50,8 +46,7 @@ class SyncReleaseListener:
         self._addresses = addresses
         self._connect_timeout = connect_timeout
         self._registry = registry
-        self._nodes = [_Node(wakeups.NodeSubscription(i, registry))
-                       for i in range(len(endpoints))]
+        self._nodes = [_Node(wakeups.NodeSubscription(i, registry)) for i in range(len(endpoints))]
         self._mutex = threading.Lock()
         self._thread: threading.Thread | None = None
         self._poke_r, self._poke_w = socket.socketpair()  # a byte here wakes the thread
@@ -151,8 +146,7 @@ class SyncReleaseListener:
                 while (message := connection.receive(conn)) is not NOTHING:
                     if isinstance(message, resp.ReplyError):  # SUBSCRIBE refused: an ACL
                         self._registry.refused(node.subscription.node,
-                                               self._addresses[node.subscription.node],
-                                               message)
+                                               self._addresses[node.subscription.node], message)
                         node.refused = True
                         self._lost(node)
                         return

@@ -1,21 +1,13 @@
-"""The sync transport: parallel requests to N nodes from one thread, on one route.
+"""The sync transport: parallel requests to N nodes from one thread, on one route (docs/design.md
+§2.4).
 
-Parallel means parallel on one thread: a request's calls are grouped per node
-(:class:`~redlock._io.wire.Exchange`), each node's written with one write on a
-connection taken from the node's stack of idle ones (scatter), then the replies are
-read as they arrive (gather: one ``select`` over the sockets, each reply parsed as its
-bytes come), so N nodes cost one round trip, not N. A request whose replies are all in
-returns at once; one whose replies decide it early waits the stragglers' grace
-(:class:`~redlock._io.wire.Gathering`); at its deadline what has arrived is read and the
-rest is left to the drainer (:mod:`redlock._io.sync_drainer`), which reads it in the
-background. Everything else is a branch of this one route: a node without an idle
-connection gets one opened in the background with its own budget
-(:mod:`redlock._io.sync_connect`), the request waiting for it only until its own
-deadline; a new connection is identified first (IDENTIFY) and sent the scripts'
-bodies; a NOSCRIPT is answered by the bodies; a reply half received is read on when
-more of it comes, holding up no other node; an interruption (KeyboardInterrupt) leaves
-every connection either in the pool, with the drainer, or closed.
-"""
+Scatter: each node's calls written with one write on a connection from its stack of idle ones;
+gather: one ``select`` over the sockets, each reply parsed as its bytes come. A request returns
+once its replies are in, or decide it (the stragglers' grace, :class:`~redlock._io.wire.Gathering`),
+or at its deadline, leaving the rest to the drainer (:mod:`redlock._io.sync_drainer`). Everything
+else is a branch of this route: new connections opened in the background
+(:mod:`redlock._io.sync_connect`), NOSCRIPT, replies half received, an interruption (every
+connection is left in the pool, with the drainer, or closed)."""
 
 from __future__ import annotations
 
@@ -87,8 +79,7 @@ class SyncTransport:
     """Connections to each node, and scatter/gather over them."""
 
     def __init__(self, endpoints: Sequence[Endpoint], addresses: Sequence[str],
-                 connect_timeout: float,
-                 identify: tuple[CommandArg, ...] | None = None) -> None:
+                 connect_timeout: float, identify: tuple[CommandArg, ...] | None = None) -> None:
         # ``identify``: the command sent first on every new connection (IDENTIFY, docs/
         # design.md §4.4); its reply is returned with the request's (Replies.identities).
         self.identify = identify
@@ -104,11 +95,9 @@ class SyncTransport:
         self._drainer = SyncDrainer(n, connect_timeout, give_back=self._give_back,
                                     discard=_discard, silence=self._silence)
         self._connector = Connector(self.endpoints, connect_timeout, self._silence,
-                                    self._hand_back)
-        # Per node, the open connections between requests: a stack (last in, first out,
-        # so that the ones a burst opened and nobody needs any more stay at its bottom,
-        # where the shrink looks; see _put_idle). A push and a pop are single list
-        # operations, safe across threads without a lock.
+                                    self._connected_late)
+        # Per node, the idle connections: a stack, so that those a burst opened stay at
+        # its bottom, where the shrink looks (_put_idle); push and pop need no lock.
         self._idle: list[list[Connection]] = [[] for _ in range(n)]
         self._shrinking = threading.Lock()
         # Lanes (Broadcast.lane): per lane and node, its connections, kept aside.
@@ -123,17 +112,15 @@ class SyncTransport:
     def broadcast(self, request: Broadcast) -> Replies:
         """Every call's reply or exception (NOT_AWAITED for those the request was
         decided without). Calls for one node share one connection and one write."""
-        # close() waits for the requests under way. Without a lock (a set's add and
-        # discard are atomic): close() sets _closed, then waits for the set to empty, so
-        # a request added after that look sees _closed, and one that ends after it
-        # wakes close().
+        # close() sets _closed, then waits for the requests under way to leave this set (add
+        # and discard are atomic: no lock).
         me = object()
         under_way = self._under_way
         under_way.add(me)
         try:
             if self._closed:  # a thread or background flow racing the manager's close
                 return Replies([as_failure(Unreachable(CLOSED))] * len(request.calls))
-            if self._drainer.late.total:  # releases go behind their owner's unanswered
+            if self._drainer.late.total:  # releases go behind their value's unanswered
                 self._drainer.trail_releases(request)  # acquires (sync_drainer.py)
             started = time.monotonic()
             replies = Replies([PENDING] * len(request.calls))
@@ -208,8 +195,7 @@ class SyncTransport:
                 self._send(exchange, packing, waiting)
         return packing
 
-    def _send(self, exchange: Exchange, packing: Packing,
-              waiting: dict[Any, Exchange]) -> None:
+    def _send(self, exchange: Exchange, packing: Packing, waiting: dict[Any, Exchange]) -> None:
         conn = exchange.conn
         # A new connection: identify the server first, and send script bodies (the
         # server may be new, or restarted: EVALSHA would cost a NOSCRIPT round trip).
@@ -354,10 +340,9 @@ class SyncTransport:
 
     def _end(self, gathering: Gathering, exchanges: list[Exchange], connecting: Connecting,
              *, interrupted: bool) -> None:
-        """A request that ends with calls unanswered (decided without them, at its
-        deadline, interrupted): a connection still opening joins the pool when it is
-        ready, one with replies owed goes to the drainer, one taken and not written goes
-        back, and the calls without a reply get what the request knows of them."""
+        """A request that ends with calls unanswered: a connection still opening joins the
+        pool when ready, one with replies owed goes to the drainer, one not written on goes
+        back; the calls without a reply get what the request knows of them."""
         replies = gathering.replies
         for exchange in exchanges:  # (every reply read is in the replies already)
             exchange.replies = None
@@ -413,7 +398,7 @@ class SyncTransport:
             conn.close()
         return None
 
-    def _hand_back(self, attempt: Connect) -> None:
+    def _connected_late(self, attempt: Connect) -> None:
         """A connection its request gave up on: its late releases go out on it (read by
         the drainer, which then gives it back), else it joins the pool at once."""
         conn, node = attempt.conn, attempt.node
@@ -424,10 +409,8 @@ class SyncTransport:
         self._drainer.send(node, conn, attempt.late)
 
     def _give_back(self, node: int, conn: Connection, lane: str | None = None) -> None:
-        """A connection back to its node's stack (first carrying the node's queued
-        releases, if any), or to its lane; once the manager is closed, closed instead (a
-        request that was under way when close() ran must not leave it open). Ones that
-        sat unused for IDLE_KEPT_FOR are closed."""
+        """A connection back to its node's stack (first carrying the node's queued releases)
+        or its lane; closed instead once the manager is. Ones unused for IDLE_KEPT_FOR close."""
         if self._closed:
             conn.close()
             return
@@ -474,8 +457,7 @@ class SyncTransport:
             self._closed = True
             # Requests under way notice within _CLOSE_NOTICED and end: their sockets
             # must be closed below, not after this returns.
-            self._idle_now.wait_for(lambda: not self._under_way,
-                                   timeout=2 * self.connect_timeout)
+            self._idle_now.wait_for(lambda: not self._under_way, timeout=2 * self.connect_timeout)
         threads = self._connector.close()  # (a request that ended meanwhile: its too)
         self._drainer.close()
         for thread in threads:

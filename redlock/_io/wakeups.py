@@ -1,21 +1,11 @@
-"""Wake-ups from releases anywhere (docs/design.md §6): the bookkeeping shared by the
-sync and asyncio listeners, which only add the connections and the reading.
+"""Wake-ups from releases anywhere (docs/design.md §6.4): the bookkeeping shared by the sync and
+asyncio listeners, which add the connections and the reading.
 
-A release publishes, on each node, the waiter id of the first in that node's waiting
-line (``''`` when nobody is in line). A manager keeps one subscription connection per
-node, subscribed to the release channels its blocking acquires wait on right now
-(and, for :data:`LINGER` seconds after, so steady contention does not churn
-subscriptions). A message wakes the local waiter it names, or, naming nobody, the
-first local waiter on that channel: one, not the herd. Wake-ups are hints: a lost one
-costs a waiter its backoff, never safety.
-
-A subscription only hears what is published after it is in place, so a release
-between a waiter's refused attempt and the subscription would be missed: when a
-channel's subscription comes up (on its first node, or again after every node lost
-it) its waiters are woken to look again. A waiter watches from its first wait on; a
-release heard during its first attempt woke nobody and is kept for a while, and the
-waiter's first watch claims it (see :meth:`WakeRegistry._claim`).
-"""
+A message wakes the local waiter it names, or, naming nobody, the first local waiter on that
+channel: one, not the herd. Subscriptions linger :data:`LINGER` seconds after the last wait. A
+release before a subscription came up was missed, so its waiters are woken to look again then; a
+message that woke nobody is kept a while for a waiter's first watch to claim
+(:meth:`WakeRegistry._claim`). Wake-ups are hints: a lost one costs a wait, never safety."""
 
 from __future__ import annotations
 
@@ -62,10 +52,9 @@ class Watch:
     expect: tuple[int, int] | None = None
 
     def expected(self, live: int) -> bool:
-        """The wait has the hand-offs it waits for (call under the registry's mutex).
-        ``live``: on how many nodes its channel is subscribed now: no more messages
-        than that can come (a cold start, nodes whose subscription is down), so it
-        waits for no more than that."""
+        """The wait has the hand-offs it waits for (call under the registry's mutex). ``live``: on
+        how many nodes its channel is subscribed now: no more messages than that can come (a cold
+        start, nodes whose subscription is down), so it waits for no more than that."""
         if self.expect is None:
             return True
         attempt, nodes = self.expect
@@ -202,10 +191,9 @@ class WakeRegistry:
             return Handoffs(watch.heard.values(), watch.count)
 
     def expect(self, watch: Watch, than: int, wake_at: tuple[int, int] | None) -> bool:
-        """A wait for more hand-offs starts on ``watch``: hand-offs wake it only as
-        ``wake_at`` says (:class:`~redlock._core.requests.Backoff`) until
-        :meth:`handoffs` is asked. True if it has that already (more than ``than``
-        heard, without ``wake_at``): the wait ends at once."""
+        """A wait for more hand-offs starts on ``watch``: hand-offs wake it only as ``wake_at``
+        says (:class:`~redlock._core.requests.Backoff`) until :meth:`handoffs` is asked. True if it
+        has that already (more than ``than`` heard, without ``wake_at``): the wait ends at once."""
         with self._mutex:
             watch.expect = wake_at
             if wake_at is None:
@@ -214,11 +202,10 @@ class WakeRegistry:
 
     def deliver(self, channel: str, data: str, node: int | None = None,
                 wake: list[Wakeable] | None = None) -> None:
-        """A release on ``node``: wake the waiter it names, or the first one; a hand-off
-        to a waiter is recorded on its watch. Woken nobody: kept for a while, for a
-        waiter still in its first attempt (below). ``wake``: the events to set are
-        added to it instead (a listener that read several messages at once sets them
-        after the last: a waiter then wakes once with every message that came)."""
+        """A release on ``node``: wake the waiter it names, or the first one; a hand-off is
+        recorded on its waiter's watch; a message that woke nobody is kept a while (below).
+        ``wake``: collects the events to set, for a listener that sets them after the last
+        message it read (a waiter then wakes once)."""
         named, handoff = parse_message(data)
         with self._mutex:
             since = None if node is None else self._live_since.get((channel, node))
@@ -242,10 +229,8 @@ class WakeRegistry:
             watch.event.set()
 
     def _claim(self, channels: tuple[str, ...], waiter: str | None, since: float) -> bool:
-        """A release heard since ``since`` that named ``waiter``, or nobody, and woke
-        no one (call under the mutex). A waiter watches from its first wait on, so a
-        release during its first attempt (the lock was still held when the attempt
-        reached the nodes) would otherwise cost it its whole patient wait."""
+        """A release heard since ``since`` that named ``waiter``, or nobody, and woke no one
+        (under the mutex): a release during a waiter's first attempt, before its watch."""
         watch = next((w for c in channels for w in self._watches.get(c, ())
                       if w.waiter == waiter), None)
         claimed = False
@@ -323,8 +308,7 @@ class NodeSubscription:
         return wanted
 
     def heard(self, message: Any, wake: list[Wakeable] | None = None) -> None:
-        """One message read from the connection (``wake``: see
-        :meth:`WakeRegistry.deliver`)."""
+        """One message read from the connection (``wake``: see :meth:`WakeRegistry.deliver`)."""
         self.last_heard = time.monotonic()
         if not isinstance(message, list) or not message:
             if message in (b"PONG", "PONG"):  # (a PING before any SUBSCRIBE)

@@ -1,24 +1,11 @@
-"""What the sync and asyncio transports share (docs/design.md §2.4, §5.5).
-
-* Rendering calls as commands: EVALSHA, or EVAL with the body on a connection the
-  server has not seen scripts on yet (a new connection, maybe to a restarted server:
-  loading the script costs no extra round trip) and after NOSCRIPT.
-* Early decisions: a request may carry ``enough(replies)``; the transport stops waiting
-  as soon as it is true (a quorum granted, or can no longer grant) and returns the
-  replies it has, :data:`NOT_AWAITED` standing for the others.
-* Late connections: a connection whose replies were not all read (the request was
-  decided without them, timed out, or was interrupted) is not closed. Its replies are
-  read in the background, off the hot path, and it goes back to the pool: a reply that
-  is merely late does not cost a healthy connection. An acquire among them may still
-  run on its node (a hung node works through its socket when it comes back): the
-  release for the same owner is written *behind* it on the same socket, so the node
-  runs our release after our acquire, in order; a release on a new connection would
-  wait for a handshake that a hung node never answers.
-* One node's share of a request (:class:`Exchange`): which reply is whose, the identity
-  probe of a new connection, and NOSCRIPT (the calls sent again with their bodies).
-* A request's end (:class:`Gathering`): its deadline, the timeout a first request
-  learns, the early decision and the stragglers' grace.
-"""
+"""What the sync and asyncio transports share (docs/design.md §2.4, §5.5): rendering
+calls (EVALSHA; EVAL with the body on a connection that has not run scripts yet, and
+after NOSCRIPT), one node's share of a request (:class:`Exchange`: which reply is whose,
+the identity probe, NOSCRIPT), a request's end (:class:`Gathering`: its deadline, the
+timeout a first request learns, the early decision, the stragglers' grace), and late
+connections: one whose replies were not all read is kept, read in the background and
+given back; an acquire still unanswered on it gets the release of its lock value written
+*behind* it, so the node runs them in order (§5.5)."""
 
 from __future__ import annotations
 
@@ -43,9 +30,8 @@ from redlock._io.resp import ReplyError
 from redlock._scripts import lock as scripts
 
 __all__ = ["DONE", "IDENTIFIED", "MORE", "NOT_AWAITED", "PENDING", "RESEND", "SENT_LATE",
-           "Exchange", "Gathering", "Late", "LateConnections", "NotAwaited", "Packing",
-           "Silence", "exchanges_of", "fill_pending", "is_noscript", "late_sendable",
-           "render"]
+           "Exchange", "Gathering", "Late", "LateConnections", "NotAwaited", "Packing", "Silence",
+           "exchanges_of", "fill_pending", "is_noscript", "late_sendable", "render"]
 
 Conn = TypeVar("Conn")
 E = TypeVar("E", bound="Exchange")
@@ -53,10 +39,9 @@ E = TypeVar("E", bound="Exchange")
 # Late connections kept per node; beyond this the oldest is closed.
 LATE_PER_NODE = 16
 
-# Once a request is decided (a quorum answered), the stragglers get as long again as the
-# decision took, but at least this long: on loopback the decision takes ~0.1 ms and the
-# last node's reply is typically a few tens of microseconds behind. Reading it costs
-# nothing and keeps the connection out of the late pool (and its vote counts).
+# Once a request is decided, the stragglers get as long again as the decision took, at
+# least this long: their replies are usually right behind, and reading them keeps the
+# connection out of the late pool.
 STRAGGLER_GRACE_MIN = 0.001
 # ... unless every straggler is silent: it owed replies and answered nothing, on any
 # connection, for this many graces (Silence).
@@ -67,10 +52,8 @@ SILENT_AFTER_GRACES = 10
 RETRY_CONNECT_MIN = 0.005
 RETRY_CONNECT_MAX = 0.05
 # An idle connection given back more recently than this is reused without a look for
-# bytes nobody asked for (a server that closed it, or wrote unasked): its replies were
-# read to the end a moment ago (an acquire's, reused by its release), and the look would
-# only narrow a window the server can hit after it as well, for a system call per
-# request. Both transports.
+# bytes nobody asked for: its replies were read to the end a moment ago, and the look
+# would only narrow a window the server can hit after it as well, for a system call.
 FRESH = 0.001
 
 
@@ -118,15 +101,14 @@ def is_noscript(reply: object) -> bool:
 
 
 class Exchange:
-    """One node's calls of one request, written on one connection (pipelined), and what
-    came back. A transport hands it each reply as it is parsed (:meth:`take`), which
-    says whose it is: on a new connection the identity probe's first (IDENTIFY, docs/
-    design.md §4.4), then one per call in order, each written into the request's replies
-    at once (none once the request is over: ``replies`` None). A call answered NOSCRIPT
-    (the server lost its scripts: SCRIPT FLUSH, a restart) is written again with its
-    script's body once every call answered (:meth:`bodies`), and its reply to that is
-    the call's. Both transports run their requests through it; they differ only in how
-    bytes come and go."""
+    """One node's calls of one request, written on one connection (pipelined), and what came back.
+    A transport hands it each reply as it is parsed (:meth:`take`), which says whose it is: on a
+    new connection the identity probe's first (IDENTIFY, docs/ design.md §4.4), then one per call
+    in order, each written into the request's replies at once (none once the request is over:
+    ``replies`` None). A call answered NOSCRIPT (the server lost its scripts: SCRIPT FLUSH, a
+    restart) is written again with its script's body once every call answered (:meth:`bodies`), and
+    its reply to that is the call's. Both transports run their requests through it; they differ
+    only in how bytes come and go."""
 
     __slots__ = ("calls", "conn", "done", "heard", "indexes", "lane", "next", "node",
                  "probed", "replies", "sent_at", "unknown")
@@ -282,19 +264,12 @@ class Gathering:
 
 
 class Silence:
-    """Per node, since when it has owed a reply without answering anything: the time a
-    request was written to it, cleared by any reply it sends (in a request, or read in
-    the background) and by any failure that is not a timeout (:func:`answered`). A
-    decided request waits the stragglers' grace only for a node that may still answer in
-    it: a node silent for many graces (blackholed, hung, stalled) would not, and waiting
-    for it cost every request the whole grace (BENCHMARKS.md, "Issue 21: silent
-    stragglers"). The grace changes no decision (the quorum decided without the
-    straggler), so this rule cannot either; it only sends the straggler's connection to
-    the late pool sooner, where a hung node's goes anyway. A healthy node answers within
-    its round, so it is never silent for long; a slow one is silent only while it
-    answers nothing at all. Threads race on it (one float per node, no lock): a node may
-    seem to owe a reply from a moment before its last answer, by as long as a thread is
-    held up between writing a request and noting it, far below 10 graces."""
+    """Per node, since when it has owed a reply without answering anything: set when a
+    request is written to it, cleared by any reply and by any failure but a timeout
+    (:func:`answered`). A decided request waits the stragglers' grace only for a node
+    that may still answer in it, not one silent for many graces (hung, blackholed). The
+    grace changes no decision, so this rule cannot either. Threads race on it without a
+    lock: the error is a thread's delay between writing and noting, far below 10 graces."""
 
     __slots__ = ("since",)
 
@@ -330,17 +305,11 @@ class Silence:
 
 
 class Refusals:
-    """Per node, a connection attempt that failed fast (refused, reset, no such host, a wrong
-    password: any failure but a timeout, :func:`answered`), and when the next may be
-    made. Until then a request fails that node's calls at once with the same error,
-    instead of opening a connection (a thread or a task) that would fail the same way,
-    which with a refusing minority cost each acquire+release several healthy cycles
-    (BENCHMARKS.md, "A refusing minority"). The wait starts at RETRY_CONNECT_MIN and
-    doubles with each failure, up to RETRY_CONNECT_MAX, so a node that comes back is
-    asked again within that; any connection made to the node clears it. Failing a call
-    at once changes no decision: the attempt would have failed it a moment later. A
-    timeout does not count: a connection that takes its whole budget is already one at a
-    time per slot."""
+    """Per node, a connection attempt that failed fast (any failure but a timeout,
+    :func:`answered`), and when the next may be made: until then a request fails that
+    node's calls at once with the same error instead of opening a connection that would
+    fail the same way (which changes no decision). The wait doubles from
+    RETRY_CONNECT_MIN up to RETRY_CONNECT_MAX; any connection made clears it."""
 
     __slots__ = ("errors", "retry_at", "waits")
 
@@ -393,14 +362,14 @@ class Late(Generic[Conn]):
         self.node = node
         self.outstanding = outstanding
         self.deadline = deadline  # give up (close it) after this
-        # The (lock key, owner) of acquires among its unread calls: releases go behind.
+        # The (lock key, lock value) of acquires among its unread calls: releases go behind.
         self.acquires = {key for call in calls for key in acquire_keys(call)}
         self.closed = False  # drained and given back: nothing more may be written behind
         self.mutex = threading.Lock()  # one reader or writer at a time
 
 
 def acquire_keys(call: Call) -> list[tuple[object, object]]:
-    """What a release must match to go behind an acquire: (lock key, owner) pairs."""
+    """What a release must match to go behind an acquire: (lock key, lock value) pairs."""
     if call.script is scripts.ACQUIRE:
         return [(call.keys[0], call.args[0])]
     if call.script is scripts.ACQUIRE_MANY:
@@ -411,15 +380,12 @@ def acquire_keys(call: Call) -> list[tuple[object, object]]:
 
 
 def late_sendable(call: Call) -> bool:
-    """May this call still be sent once its request is over (its connection came up
-    late)? A release that ends an acquire call or a held lock (leave '1'), or an extend:
-    they touch only their owner's key, and nothing else would free it before its TTL.
-    Never an acquire (nobody would wait for its reply, and its release may have gone),
-    and never the release of a failed attempt (leave '0'): the call's next attempt takes
-    over what it would delete, and the call's final release deletes it (docs/design.md
-    §2.1). When every attempt of a call set the same owner value, such a late release
-    deleted the next attempt's grant (held locks found gone on 3 of 5 nodes at their
-    release, 10 ms after their grant, under a burst on a busy event loop)."""
+    """May this call still be sent once its request is over (its connection came up late)? A
+    release that ends an acquire call or a held lock (leave '1'), or an extend: they touch only
+    their own key, and nothing else would free it before its TTL. Never an acquire (nobody would
+    wait for its reply, and its release may have gone), and never the release of a failed attempt
+    (leave '0'): the call's next attempt takes over what it would delete, and the call's final
+    release deletes it (docs/design.md §2.1)."""
     if call.script is scripts.RELEASE:
         return len(call.args) > 1 and call.args[1] == "1"
     return call.script is scripts.EXTEND
@@ -463,7 +429,7 @@ class LateConnections(Generic[Conn]):
             return [late for entries in self._late for late in entries]
 
     def behind(self, release: Call) -> list[Late[Conn]]:
-        """The late connections on the release's node carrying an acquire of its owner:
+        """The late connections on the release's node carrying an acquire of its lock value:
         the release is written behind each (and their acquire is forgotten)."""
         key = release_key(release)
         if key is None:

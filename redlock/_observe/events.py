@@ -1,16 +1,7 @@
-"""What each log event says to a person: its sentence, over the event's fields.
-
-The one place where the library's log lines are worded (docs/events.md shows them).
-A record's message is its event's sentence, so a plain ``logging.basicConfig()`` prints
-which node or resource, what happened, what it means and what to do; the event's name
-stays on the record as the ``event`` attribute and each field as an attribute of its
-own, for machines.
-
-A template is a ``str.format`` string whose placeholders name the event's fields
-(``tests/test_logging.py`` checks that every event logged has one and that it uses no
-other name). Lists read as ``a, b`` (``none`` when empty). Sentences start in lower case
-and name nodes by ``host:port``, as the ``node`` field does.
-"""
+"""What each log event says to a person: its sentence, over the event's fields (docs/events.md
+shows them). A template is a ``str.format`` string naming the event's fields
+(``tests/test_logging.py`` checks them); lists read as ``a, b`` (``none`` when empty); sentences
+start in lower case and name nodes by ``host:port``."""
 
 from __future__ import annotations
 

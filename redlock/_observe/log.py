@@ -1,18 +1,10 @@
-"""Logging: flat events through the standard library, silent unless the application
-configures ``logging`` (docs/events.md lists every event).
+"""Logging: flat events through the standard library, silent unless the application configures
+``logging`` (docs/events.md lists every event and how to get them as structured data).
 
-Each event has a flat name (``redlock.acquired``) and fields. It becomes one
-``logging`` record on a logger under ``redlock`` (``redlock._core.algorithm``, ...): the
-message is the event's sentence (worded in :mod:`redlock._observe.events`, so that a plain
-``basicConfig()`` prints something a person can act on), the name is the record
-attribute ``event`` and the fields are record attributes too (``extra``), so a JSON
-formatter or structlog's ``ProcessorFormatter`` with ``ExtraAdder`` gets them as
-structured data, and ``logging.getLogger("redlock")`` controls them all. The top
-loggers carry a ``NullHandler``: an application that configures nothing sees nothing
-(not even warnings through logging's last-resort handler).
-
-Usage in a module: ``log = get_logger(__name__)``, then ``log.debug("redlock.x", a=1)``.
-"""
+Each event is one record on a logger under ``redlock``: the message is its sentence
+(:mod:`redlock._observe.events`), the record attribute ``event`` its name and its fields are record
+attributes too (``extra``). The top loggers carry a ``NullHandler``. Usage: ``log =
+get_logger(__name__)``, then ``log.debug("redlock.x", a=1)``."""
 
 from __future__ import annotations
 
@@ -86,9 +78,8 @@ def event_fields(record: logging.LogRecord) -> dict[str, Any]:
 
 
 class EventFormatter(logging.Formatter):
-    """The standard format followed by the event's name and fields as ``key=value``
-    pairs, for applications that log to a terminal or a plain file (the demo and the CLI
-    use it)."""
+    """The standard format followed by the event's name and fields as ``key=value`` pairs, for
+    applications that log to a terminal or a plain file (the demo and the CLI use it)."""
 
     def format(self, record: logging.LogRecord) -> str:
         text = super().format(record)

@@ -1,28 +1,13 @@
-"""Repeated node failures logged once per node and outage, then counted.
+"""Repeated node failures logged once per node and outage, then counted (docs/events.md, "A
+node that keeps failing"): a down node would otherwise fail every release and renewal, one
+warning each.
 
-A node that is down fails every release and, when too few nodes answer, every renewal
-of every lock: logged one by one, that is thousands of identical warnings a minute (one
-killed node of five under 64 threads: 1,475 ``redlock.release_incomplete`` in 10 s).
-Instead, per node:
-
-- the first release that misses it logs ``redlock.release_incomplete``, and the first
-  failed renewal with it ``redlock.extend_retry`` (WARNING, with the node and its error);
-  later ones are only counted;
-- while it keeps failing, ``redlock.node_still_failing`` (WARNING) gives the counts at
-  most once per ``summary_every_s`` (60 s), when a failure is counted;
-- once it answers again, and has not failed for ``settle_s`` (5 s),
-  ``redlock.node_answers_again`` (INFO) gives the counts and the outage ends; a later
-  failure begins a new one. The quiet time keeps one outage one: replies in flight
-  when the node went down, requests that timed out just as it came back, and the
-  bursts of "no connection: still opening" failures while the pools reconnect to a
-  restarted node (seen for several seconds after a restart under 16 and 64 threads on
-  2 cores) belong to it. With 2 s, a node killed for 10 s under 16 threads made three
-  outages, each with its warning; with 5 s, one.
-
-Each manager's core owns one :class:`NodeOutages`. With every node answering it costs
-the hot path one truth test of an empty dict (``current``); a lock is taken only while
-some node is in trouble.
-"""
+Per node: the first missed release and the first failed renewal log their event, later ones are
+counted; ``redlock.node_still_failing`` gives the counts at most once per ``summary_every_s``; once
+the node has answered again and not failed for ``settle_s`` (long enough that the failures in
+flight, and the reconnections after a restart, belong to the same outage),
+``redlock.node_answers_again`` ends the outage. With every node answering the hot path pays one
+truth test of an empty dict (``current``)."""
 
 from __future__ import annotations
 

@@ -1,12 +1,10 @@
 """The library's warnings: mistakes in the calling code that still work, told through
 :mod:`warnings` (never through logging, never printed by the library itself).
 
-Each is shown once per call site by Python's default filter, at the caller's line:
-:func:`warn` points the warning at the first frame outside the library, however deep
-the call that noticed it. ``warnings.filterwarnings("ignore", category=...)`` silences
-one kind; ``"error"`` turns it into an exception (as the test suites of careful
-applications do).
-"""
+Each is shown once per call site by Python's default filter, at the caller's line: :func:`warn`
+points the warning at the first frame outside the library, however deep the call that noticed it.
+``warnings.filterwarnings("ignore", category=...)`` silences one kind; ``"error"`` turns it into an
+exception (as the test suites of careful applications do)."""
 
 from __future__ import annotations
 
@@ -23,10 +21,9 @@ class RedlockWarning(UserWarning):
 
 
 class DurationWarning(RedlockWarning):
-    """A ``ttl`` or ``timeout`` so large that it was probably meant in milliseconds
-    (every duration of the library is in seconds). Silence it with
-    ``warnings.filterwarnings("ignore", category=redlock.DurationWarning)`` where such
-    durations are meant."""
+    """A ``ttl`` or ``timeout`` so large that it was probably meant in milliseconds (every duration
+    of the library is in seconds). Silence it with ``warnings.filterwarnings("ignore",
+    category=redlock.DurationWarning)`` where such durations are meant."""
 
 
 class BlockingInEventLoopWarning(RedlockWarning):

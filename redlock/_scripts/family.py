@@ -1,24 +1,15 @@
-"""Lua scripts of the lock family (docs/design.md §12): leadership, permits, read and
-write grants. The mutex's scripts (:mod:`redlock._scripts.lock`) serve these kinds
-wherever a grant is one key holding an owner value: ACQUIRE grants an election's
-leadership, RELEASE / EXTEND / WRITE_BACK give back, renew and commit a leadership, a
-write grant and a permit (with that kind's keys). The scripts here do the rest.
-
-Every script that grants, commits or renews starts with the membership check
-(``guarded``, docs/design.md §13.1), and every granting script then with the node's
-marker check (no marker: ``{-1, 0}``, the node refuses, §4; a marker of another format:
-``{-4, format}``, §4.1) and takes tokens with ``settle`` of the mutex's scripts, from
-the bucket of the name whose counter the kind uses (§12.0), so the amnesia, format and
-token rules are the mutex's.
-"""
+"""Lua scripts of the lock family (docs/design.md §12): what the mutex's scripts
+(:mod:`redlock._scripts.lock`) do not already serve with the kind's keys. Every script that grants,
+commits or renews starts with the membership check (``guarded``, §13.1), every granting one then
+with the marker check (§4, §4.1), and takes tokens with the mutex's ``settle``."""
 
 from __future__ import annotations
 
 from redlock._scripts.script import Script
 from redlock._scripts.shared import (
     LINE_FUNCTIONS,
-    OWNER_FUNCTIONS,
     TOKEN_FUNCTIONS,
+    VALUE_FUNCTIONS,
     guarded,
     raise_horizon,
 )
@@ -33,12 +24,12 @@ PROCLAIM = guarded(
     "proclaim",
     """
 -- KEYS[1] the election's leader key, KEYS[2] its term record, KEYS[3] the elected channel
--- ARGV[1] owner value, ARGV[2] term, ARGV[3] identity
+-- ARGV[1] lock value, ARGV[2] term, ARGV[3] identity
 -- returns 1 when the node still holds our leadership and now records our term, else 0
 -- The record (<term> <holder> <identity>, holder = first 12 hex digits of the waiter
--- id, SHA1 of the owner value's call part, docs/design.md §2.1)
+-- id, SHA1 of the lock value's call part, docs/design.md §2.1)
 -- lives as long as the leader key; an observer is woken with the identity.
-""" + OWNER_FUNCTIONS + """
+""" + VALUE_FUNCTIONS + """
 local pttl = redis.call('PTTL', KEYS[1])
 if pttl <= 0 or redis.call('GET', KEYS[1]) ~= ARGV[1] then
     return 0
@@ -54,7 +45,7 @@ EXTEND_LEADER = guarded(
     "extend_leader",
     """
 -- KEYS[1] the election's leader key, KEYS[2] its term record
--- ARGV[1] owner value, ARGV[2] new ttl in ms
+-- ARGV[1] lock value, ARGV[2] new ttl in ms
 -- returns 1 when our key was still there and its TTL (and the record's) was reset, else 0
 if redis.call('GET', KEYS[1]) == ARGV[1] then
     redis.call('PEXPIRE', KEYS[1], ARGV[2])
@@ -72,16 +63,16 @@ LEADER = Script(
 -- KEYS[1] the election's leader key, KEYS[2] its term record, KEYS[3] node marker
 -- returns {pttl, holder, record, format}; writes nothing
 --   pttl    PTTL of the leader key (-2: nobody holds it)
---   holder  first 12 hex digits of its waiter id (SHA1 of the owner value's call part),
+--   holder  first 12 hex digits of its waiter id (SHA1 of the lock value's call part),
 --           '' when free
 --   record  '<term> <holder> <identity>' of the last proclaimed term, '' when none
 --   format  the node's format: 1 this client's; 0 no marker, it lost its data, or
 --           another (a newer release's, -1 none this client reads): not to be believed
-""" + TOKEN_FUNCTIONS + OWNER_FUNCTIONS + """
-local owner = redis.call('GET', KEYS[1])
+""" + TOKEN_FUNCTIONS + VALUE_FUNCTIONS + """
+local value = redis.call('GET', KEYS[1])
 local holder = ''
-if owner then
-    holder = holder_id(owner)
+if value then
+    holder = holder_id(value)
 end
 return {redis.call('PTTL', KEYS[1]), holder, redis.call('GET', KEYS[2]) or '',
         node_format(KEYS[3])}
@@ -96,11 +87,11 @@ SEM_ACQUIRE = guarded(
 -- KEYS[1] node marker, KEYS[2] node fence counters, KEYS[3] the semaphore's line,
 -- KEYS[4] line deadlines, KEYS[5] its release channel, KEYS[6..K+5] the slot keys
 -- 0..K-1, KEYS[K+6] slot K's key
--- ARGV[1] owner value, ARGV[2] ttl in ms, ARGV[3] token floor, ARGV[4] ticket ('' for a
+-- ARGV[1] lock value, ARGV[2] ttl in ms, ARGV[3] token floor, ARGV[4] ticket ('' for a
 -- single try), ARGV[5] patience in ms, ARGV[6] preferred slot, ARGV[7..K+6] the slots'
 -- buckets (fields of KEYS[2])
 -- returns {1, token, slot}  granted: the preferred slot if free, else the lowest free one
---         {2, counter, slot} that slot already holds our owner value, or an earlier
+--         {2, counter, slot} that slot already holds our lock value, or an earlier
 --                            attempt's of our call (§2.1): ours now, TTL refreshed
 --         {0, pttl}          every slot is held; pttl = the soonest to expire (ms) (or
 --                            one holds a later attempt's of our call: this acquire came
@@ -111,7 +102,7 @@ SEM_ACQUIRE = guarded(
 --         {-4, format}       the marker names another format (see ACQUIRE): refuses
 -- A waiter granted leaves the line (several are served at once, §12.2); if slots are
 -- left, the next in line is woken.
-""" + LINE_FUNCTIONS + TOKEN_FUNCTIONS + OWNER_FUNCTIONS + """
+""" + LINE_FUNCTIONS + TOKEN_FUNCTIONS + VALUE_FUNCTIONS + """
 local format = node_format(KEYS[1])
 if format == 0 then
     return {-1, 0}
@@ -190,13 +181,13 @@ SEM_RELEASE = Script(
     """
 -- KEYS[1] the semaphore's release channel, KEYS[2] its line, KEYS[3] line deadlines,
 -- KEYS[4..] slot keys: the one held (or every slot, when which one is not known)
--- ARGV[1] owner value, ARGV[2] '1': also leave the line (the acquire call is over: a slot
+-- ARGV[1] lock value, ARGV[2] '1': also leave the line (the acquire call is over: a slot
 -- goes if any attempt of our call holds it, §2.1; with '0', only if this attempt does)
--- ARGV[3] patience in ms, ARGV[4] ticket: a failed attempt's give-back (ARGV[2] '0') of
+-- ARGV[3] patience in ms, ARGV[4] ticket: a failed attempt's release (ARGV[2] '0') of
 -- a waiter in line, which gets its place back where the grant took it (absent: none)
--- returns 1 when a slot holding our owner value was deleted, 0 when none was ours
+-- returns 1 when a slot holding our lock value was deleted, 0 when none was ours
 -- When a slot became free, publishes the waiter id of the first in line ('' if none).
-""" + LINE_FUNCTIONS + OWNER_FUNCTIONS + """
+""" + LINE_FUNCTIONS + VALUE_FUNCTIONS + """
 local released = 0
 for i = 4, #KEYS do
     local holder = redis.call('GET', KEYS[i])
@@ -210,7 +201,7 @@ if ARGV[2] == '1' and redis.call('EXISTS', KEYS[2]) == 1 then
     redis.call('ZREM', KEYS[2], me)
     redis.call('ZREM', KEYS[3], me)
 end
-if released == 1 then  -- (a give-back's giver: SHA1 only then)
+if released == 1 then  -- (a failed attempt's: SHA1 only then)
     local now = now_ms()
     local me = ARGV[2] == '0' and waiter_of(ARGV[1]) or nil
     if me and ARGV[4] and ARGV[4] ~= '' then
@@ -229,14 +220,14 @@ SEM_INSPECT = Script(
     """
 -- KEYS[1..K] the slot keys
 -- returns per slot {pttl, holder}: PTTL (-2 free) and the first 12 hex digits of the
--- holder's waiter id (SHA1 of the owner value's call part; '' free); writes nothing
-""" + OWNER_FUNCTIONS + """
+-- holder's waiter id (SHA1 of the lock value's call part; '' free); writes nothing
+""" + VALUE_FUNCTIONS + """
 local reply = {}
 for i = 1, #KEYS do
-    local owner = redis.call('GET', KEYS[i])
+    local value = redis.call('GET', KEYS[i])
     local holder = ''
-    if owner then
-        holder = holder_id(owner)
+    if value then
+        holder = holder_id(value)
     end
     reply[#reply + 1] = redis.call('PTTL', KEYS[i])
     reply[#reply + 1] = holder
@@ -268,7 +259,7 @@ RW_ACQUIRE = guarded(
 -- KEYS[4] the readers (zset: reader id -> expiry ms, node clock; a reader id is the
 -- waiter id, then the attempt's number: one entry per attempt, §2.1), KEYS[5] the line,
 -- KEYS[6] line deadlines, KEYS[7] the release channel
--- ARGV[1] 'w' write or 'r' read, ARGV[2] owner value, ARGV[3] ttl in ms, ARGV[4] token
+-- ARGV[1] 'w' write or 'r' read, ARGV[2] lock value, ARGV[3] ttl in ms, ARGV[4] token
 -- floor, ARGV[5] line score (2 * ticket + 1 writer, 2 * ticket reader; '' a single try),
 -- ARGV[6] patience in ms, ARGV[7] the name's bucket
 -- returns {1, token}   write granted: token = counter + 1; read granted: the counter as
@@ -280,7 +271,7 @@ RW_ACQUIRE = guarded(
 --         {3, ahead}   not our turn: a writer waits ahead (read), or someone (write)
 --         {-1, 0}      no node marker: amnesiac node, refuses
 --         {-4, format} the marker names another format (see ACQUIRE): refuses
-""" + LINE_FUNCTIONS + TOKEN_FUNCTIONS + OWNER_FUNCTIONS + _READERS_FUNCTIONS + """
+""" + LINE_FUNCTIONS + TOKEN_FUNCTIONS + VALUE_FUNCTIONS + _READERS_FUNCTIONS + """
 local format = node_format(KEYS[1])
 if format == 0 then
     return {-1, 0}
@@ -376,9 +367,9 @@ READ_EXTEND = guarded(
     "read_extend",
     """
 -- KEYS[1] the readers
--- ARGV[1] owner value, ARGV[2] new ttl in ms
+-- ARGV[1] lock value, ARGV[2] new ttl in ms
 -- returns 1 when our read was still live and its lease was reset, else 0
-""" + LINE_FUNCTIONS + OWNER_FUNCTIONS + _READERS_FUNCTIONS + """
+""" + LINE_FUNCTIONS + VALUE_FUNCTIONS + _READERS_FUNCTIONS + """
 local now = now_ms()
 local reader = waiter_of(ARGV[1]) .. attempt_of(ARGV[1])
 local score = redis.call('ZSCORE', KEYS[1], reader)
@@ -396,10 +387,10 @@ READ_WRITE_BACK = guarded(
     "read_write_back",
     """
 -- KEYS[1] the readers, KEYS[2] node fence counters, KEYS[3] node marker
--- ARGV[1] owner value, ARGV[2] token, ARGV[3] the name's bucket
+-- ARGV[1] lock value, ARGV[2] token, ARGV[3] the name's bucket
 -- returns 1 when our read is live on the node and its counter is now >= token, else 0
 -- (also where the marker is missing or of another format: not counted)
-""" + LINE_FUNCTIONS + TOKEN_FUNCTIONS + OWNER_FUNCTIONS + """
+""" + LINE_FUNCTIONS + TOKEN_FUNCTIONS + VALUE_FUNCTIONS + """
 if node_format(KEYS[3]) ~= 1 then
     return 0
 end
@@ -417,12 +408,12 @@ READ_RELEASE = Script(
     "read_release",
     """
 -- KEYS[1] the readers, KEYS[2] the release channel, KEYS[3] the line, KEYS[4] deadlines
--- ARGV[1] owner value (its attempt's read goes, §2.1), ARGV[2] '1': also leave the line
--- ARGV[3] patience in ms, ARGV[4] the reader's score in line: a failed attempt's
--- give-back (ARGV[2] '0'), which puts its place back where the grant took it
+-- ARGV[1] lock value (its attempt's read goes, §2.1), ARGV[2] '1': also leave the line
+-- ARGV[3] patience in ms, ARGV[4] the reader's score in line: a failed attempt's release
+-- (ARGV[2] '0') puts its place back where the grant took it
 -- returns 1 when our read was there and is gone, 0 when it was not
 -- When the last reader left, publishes the waiter id of the first in line ('' if none).
-""" + LINE_FUNCTIONS + OWNER_FUNCTIONS + """
+""" + LINE_FUNCTIONS + VALUE_FUNCTIONS + """
 local me = waiter_of(ARGV[1])
 local now = now_ms()
 local released = redis.call('ZREM', KEYS[1], me .. attempt_of(ARGV[1]))
@@ -447,15 +438,15 @@ RW_INSPECT = Script(
     """
 -- KEYS[1] the writer's key, KEYS[2] the readers
 -- returns {writer pttl, writer holder, reader holder, ms left, ...}: the writer's PTTL
--- (-2 none) and the first 12 hex digits of its waiter id (SHA1 of the owner value's call
+-- (-2 none) and the first 12 hex digits of its waiter id (SHA1 of the lock value's call
 -- part, '' none), then each live reader's (the first 12 hex digits of its id: the same)
 -- and lease left; writes nothing
-""" + LINE_FUNCTIONS + OWNER_FUNCTIONS + """
+""" + LINE_FUNCTIONS + VALUE_FUNCTIONS + """
 local now = now_ms()
-local owner = redis.call('GET', KEYS[1])
+local value = redis.call('GET', KEYS[1])
 local reply = {redis.call('PTTL', KEYS[1]), ''}
-if owner then
-    reply[2] = holder_id(owner)
+if value then
+    reply[2] = holder_id(value)
 end
 local readers = redis.call('ZRANGEBYSCORE', KEYS[2], '(' .. now, '+inf', 'WITHSCORES')
 for i = 1, #readers, 2 do

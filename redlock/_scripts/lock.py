@@ -1,17 +1,6 @@
-"""Lua scripts run atomically on each Redis node.
-
-Every script is a module constant with a header naming its KEYS, ARGV and
-replies. Reply codes are small integers, named here; :mod:`redlock._scripts.replies`
-is the one place that reads replies.
-
-Keys of one resource share a hash tag (``ns:{resource}:lock``, ``:line``, ...) so
-they live in one slot, and all of them expire. A node keeps a fixed set of keys of its
-own: its fence counters (``ns:node:fence``, a hash of 1024 counters; a resource's tokens
-come from the one its name hashes to, docs/design.md §3), and its marker
-(``ns:node:marker``), which tells a node that still remembers its counters from one that
-lost its data (amnesia, docs/design.md §4) and names the node's format (§4.1): a node of
-another format refuses this client's grants.
-"""
+"""Lua scripts run atomically on each Redis node (the keys: docs/design.md's key table). Every
+script is a module constant with a header naming its KEYS, ARGV and replies; reply codes are named
+here, and :mod:`redlock._scripts.replies` is the one place that reads replies."""
 
 from __future__ import annotations
 
@@ -22,8 +11,8 @@ from redlock._scripts.script import Script
 from redlock._scripts.shared import (
     LINE_FUNCTIONS,
     OTHER_FORMAT,
-    OWNER_FUNCTIONS,
     TOKEN_FUNCTIONS,
+    VALUE_FUNCTIONS,
     guarded,
     raise_horizon,
 )
@@ -43,7 +32,7 @@ ACQUIRE = guarded(
 -- KEYS[4] waiting line (zset: waiter id by ticket), KEYS[5] line deadlines (zset: by ms),
 -- KEYS[6] the line's hand-off records (hash: waiter id -> '<ttl_ms> <attempt> <floor>[
 -- <route>]')
--- ARGV[1] owner value, ARGV[2] ttl in ms, ARGV[3] token floor (highest counter the client saw)
+-- ARGV[1] lock value, ARGV[2] ttl in ms, ARGV[3] token floor (highest counter the client saw)
 -- ARGV[4] ticket: the waiter's place in line ('' for a single try, which does not queue)
 -- ARGV[5] patience in ms: how long the entry stays without a new attempt from its waiter
 -- ARGV[6] the resource's bucket: its field in KEYS[2]
@@ -56,7 +45,7 @@ ACQUIRE = guarded(
 --                        max(counters, floor): the hand-off raised it)
 --                        (a waiter granted as first in line keeps its place until its
 --                        call is over: RELEASE with leave '1')
---         {2, token}     the key already holds our owner value, or an earlier attempt's
+--         {2, token}     the key already holds our lock value, or an earlier attempt's
 --                        of our call (§2.1): it holds ours now, TTL refreshed; token =
 --                        the counter as it is now (no new one)
 --         {0, pttl}      held by another owner, pttl ms left (a ticket joins the line);
@@ -67,14 +56,9 @@ ACQUIRE = guarded(
 --         {-4, format}   the marker names another format than this client's (-1: none
 --                        it reads): a newer release's node, which this client must not
 --                        use (docs/design.md §4.1); nothing changed
--- The usual case first, before the membership check, the shared functions (a script
--- defines them anew on every call) and the copies of KEYS and ARGV without the epoch's
--- two: a marker, and neither a membership record (a cluster that never changed its
--- nodes: the check would pass, and costs a command) nor a line. One EXISTS tells, and
--- whether there is a line: it counts a key once per mention, so the record, named four
--- times, makes 4 or more, the line, named twice, adds 2, the marker 1. The usual case
--- reads only that the marker exists: its format is checked on every new connection
--- (IDENTIFY, docs/design.md §4.4), and by the rest of this script.
+-- The usual case first (docs/design.md §2.2): a marker, no membership record, no line, told by
+-- one EXISTS that counts a key once per mention (the record, named four times, makes 4 or more,
+-- the line 2, the marker 1). Its format is checked on every new connection (IDENTIFY, §4.4).
 local marker, line, record = KEYS[3], KEYS[4], KEYS[#KEYS]
 local present = redis.call('EXISTS', marker, line, line, record, record, record, record)
 local usual = present == 1
@@ -91,7 +75,7 @@ if usual and redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
 end
 """,
     checked_usual=False,
-    source=LINE_FUNCTIONS + TOKEN_FUNCTIONS + OWNER_FUNCTIONS + """
+    source=LINE_FUNCTIONS + TOKEN_FUNCTIONS + VALUE_FUNCTIONS + """
 local format = usual and 1 or node_format(KEYS[3])
 if format == 0 then
     return {-1, 0}
@@ -99,8 +83,7 @@ elseif format ~= 1 then
     return {-4, format}
 end
 local queued = present % 4 >= 2
--- Free, and nobody in line: one command checks and sets the key (the usual case tried
--- it above).
+-- Free, and nobody in line: one command checks and sets the key (the usual case tried it above).
 if not usual and not queued and redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
 """ + raise_horizon("MEMBERS_KEY", "ARGV[2]") + """
     return {1, settle(KEYS[2], ARGV[6], tonumber(ARGV[3]), 1)}
@@ -198,7 +181,7 @@ ACQUIRE_MANY = guarded(
     "acquire_many",
     """
 -- KEYS[1] node marker, KEYS[2] node fence counters, KEYS[3..k+2] lock keys
--- ARGV[1] owner value, ARGV[2] ttl in ms, ARGV[3] token floor, ARGV[4..k+3] the
+-- ARGV[1] lock value, ARGV[2] ttl in ms, ARGV[3] token floor, ARGV[4..k+3] the
 -- resources' buckets (fields of KEYS[2], same order)
 -- returns {-1, 0}          no node marker: amnesiac node, refuses
 --         {-4, format}     the marker names another format (see ACQUIRE): refuses
@@ -210,7 +193,7 @@ ACQUIRE_MANY = guarded(
 --                          for the whole set, one above every counter involved (or, when
 --                          every key was ours already, the highest of them as it is), to
 --                          which every member's bucket is raised
-""" + TOKEN_FUNCTIONS + OWNER_FUNCTIONS + """
+""" + TOKEN_FUNCTIONS + VALUE_FUNCTIONS + """
 local format = node_format(KEYS[1])
 if format == 0 then
     return {-1, 0}
@@ -260,14 +243,14 @@ WRITE_BACK = guarded(
     "write_back",
     """
 -- KEYS[1] lock key, KEYS[2] node fence counters, KEYS[3] node marker key
--- ARGV[1] owner value, ARGV[2] token, ARGV[3] the resource's bucket
+-- ARGV[1] lock value, ARGV[2] token, ARGV[3] the resource's bucket
 -- returns 1 when the node still holds our lock key and now has counter >= token, else 0
 -- (also where the marker is missing or of another format: not counted)
--- (a reservation for us, docs/design.md §6.7, is our key: it becomes our owner value,
+-- (a reservation for us, docs/design.md §6.7, is our key: it becomes our lock value,
 -- with the PTTL it had; another attempt's value of our call is not this attempt's grant)
--- The owner check is what makes the write-back safe: counting a node that does not
+-- The value check is what makes the write-back safe: counting a node that does not
 -- hold our key could let a stale token overtake a committed one (docs/design.md §3.3).
-""" + TOKEN_FUNCTIONS + OWNER_FUNCTIONS + """
+""" + TOKEN_FUNCTIONS + VALUE_FUNCTIONS + """
 if node_format(KEYS[3]) ~= 1 then
     return 0
 end
@@ -295,7 +278,7 @@ RELEASE = Script(
 -- KEYS[3] waiting line, KEYS[4] line deadlines (see ACQUIRE)
 -- KEYS[5] the line's hand-off records, KEYS[6] node fence counters, KEYS[7] node marker,
 -- KEYS[8] the node's membership record (KEYS[5..8] absent: no hand-off)
--- ARGV[1] owner value, ARGV[2] '1': also leave the line (the acquire call is over: the
+-- ARGV[1] lock value, ARGV[2] '1': also leave the line (the acquire call is over: the
 -- key goes if any attempt of our call set it, §2.1), '0': keep our place (a failed
 -- attempt that will try again: the key goes only if this attempt set it); ARGV[3] (with
 -- '0') the patience in ms: our entry, cut to our key's TTL when it was granted, lasts
@@ -303,21 +286,17 @@ RELEASE = Script(
 -- (with '0' and a patience) the waiter's ticket: its entry is put back where it is not
 -- in the line (a grant on an empty line did not enter it, §6.3) ('' or absent: none)
 -- returns 1 when our key was deleted, 0 when the key is absent or not ours to delete
--- When the lock became free, hands it to the first in line if that waiter left a
--- hand-off record (docs/design.md §6.7): SET lock 'handoff:<waiter id>' PX its ttl, its
--- counter raised as its grant would, and publishes '<waiter id> <counter> <epoch>
--- <attempt>' (on '<KEYS[2]>:<route>' when the record names the waiter's route, else on
--- KEYS[2]; a routed waiter only if that channel has a subscriber here); else publishes
--- the waiter id of the first in line ('' when nobody is in line): only that waiter
--- wakes (§6.4); no hand-off on a node whose marker is missing or of another format, or
--- that a membership change retired. With '1', a reservation for us (§6.7) is our key;
--- with '0' it is left alone.
+-- When the lock became free, hands it to the first in line if that waiter left a hand-off
+-- record and listens (docs/design.md §6.7: the reservation, the counter, the message and its
+-- channel), else publishes the first's waiter id ('' when nobody is in line, §6.4). No
+-- hand-off on a node without its marker (or of another format), or retired. With '1', a
+-- reservation for us is our key; with '0' it is left alone.
 local holder = redis.call('GET', KEYS[1])
 local queued = redis.call('EXISTS', KEYS[3]) == 1
 local ticket = ARGV[5] or ''
 -- The usual case first, before the shared functions are defined (a script defines them
 -- anew on every call): our key, nobody in line, no place to put back. What the rest of
--- the script does then: delete, and (but for a give-back) publish that nobody is first.
+-- the script does then: delete, and (but for a failed attempt's) publish that nobody is first.
 if holder == ARGV[1] and not queued and ticket == '' then
     redis.call('DEL', KEYS[1])
     if ARGV[2] ~= '0' then
@@ -325,7 +304,7 @@ if holder == ARGV[1] and not queued and ticket == '' then
     end
     return 1
 end
-""" + LINE_FUNCTIONS + TOKEN_FUNCTIONS + OWNER_FUNCTIONS + """
+""" + LINE_FUNCTIONS + TOKEN_FUNCTIONS + VALUE_FUNCTIONS + """
 local ttls = KEYS[5]
 -- Our waiter id, where a line or a reservation needs it (most releases: neither, and
 -- SHA1 is the costliest step of this script without them).
@@ -379,9 +358,9 @@ if first ~= '' and first ~= me and ttls then
         if ttl and route ~= '' then  -- told to the waiter's manager only (§6.7)...
             channel = KEYS[2] .. ':' .. route
             -- ...and handed to it only if it listens here: a manager that died closed
-            -- its connections, and a reservation would keep the lock from everyone for
+            -- its connections, and a reservation would hold the lock from everyone for
             -- the TTL. Unheard (or not yet subscribed here), the waiter stays first,
-            -- and takes the lock with its next attempt or lapses after its patience.
+            -- and acquires the lock with its next attempt or lapses after its patience.
             local heard = redis.pcall('PUBSUB', 'NUMSUB', channel)
             if type(heard) == 'table' and heard[2] == 0 then  -- (an error: handed off, as before)
                 ttl, channel = nil, KEYS[2]
@@ -403,7 +382,7 @@ if first ~= '' and first ~= me and ttls then
         end
     end
 end
--- A give-back ('0') wakes only another waiter, named (see wake_first).
+-- A failed attempt's release ('0') wakes only another waiter, named (see wake_first).
 if ARGV[2] ~= '0' or (first ~= '' and first ~= me) then
     redis.pcall('PUBLISH', channel, message)
 end
@@ -416,9 +395,9 @@ EXTEND = guarded(
     copies=False,
     source="""
 -- KEYS[1] lock key
--- ARGV[1] owner value, ARGV[2] new ttl in ms
+-- ARGV[1] lock value, ARGV[2] new ttl in ms
 -- returns 1 when our key was still there and its TTL was reset, else 0 (a reservation
--- for us, docs/design.md §6.7, is our key: it becomes our owner value)
+-- for us, docs/design.md §6.7, is our key: it becomes our lock value)
 local holder = redis.call('GET', KEYS[1])
 if holder == ARGV[1] then
     redis.call('PEXPIRE', KEYS[1], ARGV[2])
@@ -426,7 +405,7 @@ if holder == ARGV[1] then
     return 1
 end
 -- (The shared functions only past the usual case: a renewal, on every call.)
-""" + OWNER_FUNCTIONS + """
+""" + VALUE_FUNCTIONS + """
 if holder and holder == 'handoff:' .. waiter_of(ARGV[1]) then
     redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 """ + raise_horizon("MEMBERS_KEY", "ARGV[2]") + """
@@ -442,10 +421,10 @@ OWNED_PTTL = Script(
     "owned_pttl",
     """
 -- KEYS[1] lock key
--- ARGV[1] owner value
--- returns the key's PTTL in ms when it holds this owner value (or a reservation for it,
+-- ARGV[1] lock value
+-- returns the key's PTTL in ms when it holds this lock value (or a reservation for it,
 -- docs/design.md §6.7), else -2
-""" + OWNER_FUNCTIONS + """
+""" + VALUE_FUNCTIONS + """
 local holder = redis.call('GET', KEYS[1])
 if holder == ARGV[1] or (holder and holder == 'handoff:' .. waiter_of(ARGV[1])) then
     return redis.call('PTTL', KEYS[1])

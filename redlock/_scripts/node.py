@@ -1,15 +1,7 @@
-"""Lua scripts of node identity and repair (docs/design.md §4): the node marker, its
-format and run-id stamp, amnesia episodes, re-seeding. The lock scripts are in
-:mod:`redlock._scripts.lock`; the same conventions hold (a header per script naming its
-KEYS, ARGV and replies).
-
-Every marker this release writes begins with the node format it reads and writes,
-``format=1`` (:data:`FORMAT`): ``format=1 run_id=<server run> <what wrote it>``. A
-marker that names another format (a newer release's, docs/operations.md "Upgrading: the
-node format") is not this client's: the scripts here neither re-stamp nor remove it,
-and the granting scripts refuse on such a node (``node_format``,
-:mod:`redlock._scripts.shared`).
-"""
+"""Lua scripts of node identity and repair (docs/design.md §4): the node marker, its format and
+run-id stamp, amnesia episodes, re-seeding; conventions as in :mod:`redlock._scripts.lock`. Every
+marker written begins with :data:`FORMAT` (``format=1 run_id=<server run> <what wrote it>``); a
+marker of another format (§4.1) is neither re-stamped nor removed here."""
 
 from __future__ import annotations
 
@@ -107,17 +99,11 @@ return 1
 """,
 )
 
-# -- node identity: restarts and data loss (docs/design.md §4) -------------------------
+# -- node identity: restarts and data loss (docs/design.md §4.4, §4.3.1) ---------------
 #
-# The node marker is stamped with the run id of the server that wrote it. A server that
-# restarted (or a replica promoted in its place) has another run id: it may have come
-# back with an older copy of its data, so the client checks it (IDENTIFY, on every new
-# connection) and either re-stamps it (durable persistence, same server) or turns the
-# restart into an amnesia episode (DEMOTE). An episode key records, by the node's own
-# clock and with its run id, when this node was first seen without its marker: every
-# client measures the rejoin delay from it, and a new data loss restarts it. The run id
-# comes from INFO; a user who may not run it (ACL -@dangerous) gets 'unknown' there,
-# which turns restart detection off for that node (the manager warns).
+# The marker is stamped with the server's run id (from INFO; 'unknown' for a user who may not
+# run it, which turns restart detection off for that node). A restarted node is re-stamped
+# (durable) or demoted into an amnesia episode, recorded on the node by its own clock.
 
 IDENTIFY = Script(
     "identify",
@@ -182,9 +168,8 @@ DEMOTE = Script(
 -- ARGV[1] the marker value the client judged, ARGV[2] why, ARGV[3] how long the node
 -- stays out, ms from now (docs/design.md §4.3.1)
 -- returns {1, now, until} when the marker was removed and an episode begun now (ms by
--- this node's clock), {0} when the marker changed meanwhile or is of another format
--- (not this client's to remove). A node without its marker refuses every acquire until
--- repaired.
+-- this node's clock), {0} when the marker changed meanwhile or is of another format (not this
+-- client's to remove). A node without its marker refuses every acquire until repaired.
 """ + _MARKER_FUNCTIONS + """
 local found = redis.call('GET', KEYS[1])
 if found ~= ARGV[1] or not ours(found) then

@@ -16,9 +16,8 @@ SEPARATOR = "\n"
 
 @dataclass(frozen=True)
 class Members:
-    """A configuration: ``members`` (stable), or ``members`` (the old set) and
-    ``joining`` (the new set) during a change; ``retired``: the node that stored it was
-    removed by a change."""
+    """A configuration: ``members`` (stable), or ``members`` (the old set) and ``joining`` (the new
+    set) during a change; ``retired``: the node that stored it was removed by a change."""
 
     epoch: int
     members: tuple[str, ...]

@@ -1,14 +1,7 @@
-"""Reading the nodes' replies: the one place that knows each script's reply shape and
-codes (docs/design.md §2.2, §3, §4, §5); everything else sees what is returned here:
-outcomes (:class:`~redlock.errors.NodeResult`), votes, counters, typed views.
-
-The transports hand over raw replies (redis-py is asked not to decode): bytes, ints,
-lists; or, for a call that failed, a :class:`NodeFailure` (the I/O layer maps redis-py's
-exceptions once, :mod:`redlock._io.failures`), or ``NotAwaited``. Parsers here never
-raise on a malformed reply: a reply that is not what the script returns is a failure of
-that node, said as such. (The membership record's own scripts, WRITE_MEMBERS and its
-read, have their readers next to the record, :mod:`redlock._scripts.record`.)
-"""
+"""Reading the nodes' replies: the one place that knows each script's reply shape and codes
+(docs/design.md §2.2, §3, §4, §5). Replies come raw (bytes, ints, lists), or as a
+:class:`NodeFailure` or ``NotAwaited``; a malformed reply is never raised, it is a failure of that
+node. (The membership record's scripts have their readers in :mod:`redlock._scripts.record`.)"""
 
 from __future__ import annotations
 
@@ -141,8 +134,7 @@ def _not_read(node: str, reply: object) -> NodeResult | None:
 def epoch_refusal(reply: object) -> Members | None:
     """The record a guarded script refused with (its epoch is above the client's, or the
     node is retired), or None if the reply is no such refusal."""
-    if (isinstance(reply, list | tuple) and len(reply) == 5
-            and reply[0] == shared.STALE_EPOCH):
+    if (isinstance(reply, list | tuple) and len(reply) == 5 and reply[0] == shared.STALE_EPOCH):
         return from_fields(*reply[1:])
     return None
 
@@ -182,8 +174,7 @@ def acquire_outcome(node: str, reply: object, resources: int = 1) -> NodeResult:
         return NodeResult(node, Outcome.ERROR, f"unexpected reply {reply!r}")
     if code == scripts.ACQUIRE_REFUSED:
         held = "held by another owner" if resources == 1 else "a key is held by another owner"
-        return NodeResult(node, Outcome.REFUSED, f"{held}, {values[0]} ms left",
-                          pttl_ms=values[0])
+        return NodeResult(node, Outcome.REFUSED, f"{held}, {values[0]} ms left", pttl_ms=values[0])
     if code == scripts.ACQUIRE_NOT_YOUR_TURN:
         waiters = "1 waiter is" if values[0] == 1 else f"{values[0]} waiters are"
         return NodeResult(node, Outcome.REFUSED, f"free, but {waiters} first in line")
@@ -223,7 +214,7 @@ def acquire_set_nothing(reply: object) -> bool:
         scripts.ACQUIRE_OTHER_FORMAT, shared.STALE_EPOCH)
 
 
-# -- the owner-checked scripts: EXTEND, WRITE_BACK, RELEASE ------------------------------
+# -- the value-checked scripts: EXTEND, WRITE_BACK, RELEASE ------------------------------
 
 
 def acked(reply: object) -> bool:
@@ -237,7 +228,7 @@ def key_gone(reply: object) -> bool:
 
 
 def ack_outcome(node: str, reply: object, *, refused: str) -> NodeResult:
-    """An owner-checked script's reply: 1 = done, 0 = our key is not there. Only a 0 the
+    """An value-checked script's reply: 1 = done, 0 = our key is not there. Only a 0 the
     node sent is a refusal: anything else (no reply read, a failure, a reply of another
     shape, a refusal of the client's epoch) is an error and says nothing about our key."""
     if type(reply) is int and reply == 1:  # the usual case first
@@ -277,7 +268,7 @@ class Inspected:
     marker: bool
     format: int | None  # the format the marker names (None: no marker, or none readable)
     repairing: bool
-    holder: str  # a fingerprint of the owner value, '' when free
+    holder: str  # a fingerprint of the lock value, '' when free
     episode: str  # the amnesia episode, '' when none
     now_ms: int  # the node's clock
 
@@ -375,11 +366,10 @@ def foreign(reply: object) -> bool:
 
 
 def restarted(reply: object) -> bool:
-    """An IDENTIFY reply of a node whose marker was stamped by another known server run
-    than the one answering: it restarted, or a replica was promoted in its place, and
-    its grants do not count until it is judged (docs/design.md §4.4). A marker without a
-    known run, or a server that will not say its run, is not a restart as far as anyone
-    can tell."""
+    """An IDENTIFY reply of a node whose marker was stamped by another known server run than the
+    one answering: it restarted, or a replica was promoted in its place, and its grants do not
+    count until it is judged (docs/design.md §4.4). A marker without a known run, or a server that
+    will not say its run, is not a restart as far as anyone can tell."""
     found = identity(reply)
     if found is None or found[1] is None or found[0] == "unknown":
         return False
@@ -494,7 +484,6 @@ def horizon(reply: object) -> Horizon | None:
         run_id, marker = text(reply[0]), reply[1]
         healthy = marker is not None and ours(marker) and stamped_run(marker) == run_id
         rejoins = int(reply[3])
-        return Horizon(healthy, int(reply[2]) / 1000.0,
-                       None if rejoins < 0 else rejoins / 1000.0)
+        return Horizon(healthy, int(reply[2]) / 1000.0, None if rejoins < 0 else rejoins / 1000.0)
     except (TypeError, ValueError):
         return None

@@ -9,13 +9,12 @@ from redlock._scripts.script import Script
 
 # -- membership (docs/design.md §13) ---------------------------------------------------
 #
-# Every script that grants, commits or renews takes the node's membership record as its
-# last key and the client's epoch as its last argument, and starts with EPOCH_CHECK: a
-# node whose record's epoch is above the client's, or that a change retired, refuses
-# with the record and changes nothing; the rest of the script sees KEYS and ARGV without
-# them (local copies shadow the globals), so its own indexes are unchanged. A script's
-# usual case may come between the two (``guarded(usual=...)``): the call that goes no
-# further makes no copies.
+# Every script that grants, commits or renews takes the node's membership record as its last key
+# and the client's epoch as its last argument, and starts with EPOCH_CHECK: a node whose record's
+# epoch is above the client's, or that a change retired, refuses with the record and changes
+# nothing; the rest of the script sees KEYS and ARGV without them (local copies shadow the
+# globals), so its own indexes are unchanged. A script's usual case may come between the two
+# (``guarded(usual=...)``): the call that goes no further makes no copies.
 
 STALE_EPOCH = -3  # {-3, epoch, members, joining, retired}: the client must adopt it
 
@@ -39,14 +38,13 @@ local ARGV = {unpack(ARGV, 1, #ARGV - 1)}
 
 def guarded(name: str, source: str, *, usual: str = "", copies: bool = True,
             checked_usual: bool = True) -> Script:
-    """A granting, committing or renewing script, behind :data:`EPOCH_CHECK`. ``usual``:
-    its usual case, run after the check on KEYS and ARGV as sent (the membership key and
-    the epoch still last: it may use only indexes below them), before ``source``.
-    ``copies=False``: ``source`` too reads only such indexes, and goes without the
-    copies of KEYS and ARGV (a renewal, on every call). ``checked_usual=False``: the
-    usual case runs before the check, which it must then make needless: it may change
-    something only where the node has no membership record (the check passes there for
-    every client, whose epoch is 0 or more, and nothing retired the node)."""
+    """A granting, committing or renewing script, behind :data:`EPOCH_CHECK`. ``usual``: its usual
+    case, run after the check on KEYS and ARGV as sent (the membership key and the epoch still
+    last: it may use only indexes below them), before ``source``. ``copies=False``: ``source`` too
+    reads only such indexes, and goes without the copies of KEYS and ARGV (a renewal, on every
+    call). ``checked_usual=False``: the usual case runs before the check, which it must then make
+    needless: it may change something only where the node has no membership record (the check
+    passes there for every client, whose epoch is 0 or more, and nothing retired the node)."""
     if not checked_usual:
         return Script(name, usual + EPOCH_CHECK + (WITHOUT_EPOCH if copies else "") + source)
     return Script(name, EPOCH_CHECK + usual + (WITHOUT_EPOCH if copies else "") + source)
@@ -54,12 +52,9 @@ def guarded(name: str, source: str, *, usual: str = "", copies: bool = True,
 
 # -- the node's format and fence counters (docs/design.md §3, §4.1) ---------------------
 #
-# A node's format is the one its marker names (``format=<n>`` first, written by the node
-# scripts, :mod:`redlock._scripts.node`). ``node_format`` answers 0 for no marker (it lost
-# its data, or is new: it refuses to grant), 1 for this client's format, else the other
-# format the marker names (a newer release's; -1 when it names none this client reads): a
-# node this client must not use. A resource's counter is one field (its bucket, from a
-# hash of its name) of the node's hash of counters.
+# ``node_format``: 0 for no marker (it refuses to grant), 1 for this client's format, else
+# the other format the marker names (-1: none this client reads). A resource's counter is
+# one field (its bucket) of the node's hash of counters.
 
 #: A granting script's refusal on a node whose marker names another format than this
 #: client's: ``{-4, format}`` (-1: it names none this client reads), nothing changed.
@@ -82,11 +77,10 @@ local function highest(counters, bucket, floor)
     return math.max(tonumber(redis.call('HGET', counters, bucket) or '0'), floor)
 end
 -- The resource's counter on this node becomes max(its bucket, floor) + step, returned:
--- a grant (step 1), a refresh of our own key (step 0, floor 0), a write-back or a set's
--- token (step 0, floor = that token). HINCRBY keeps the stored value an integer string
--- (no Lua float formatting). A grant raises the bucket first and reads what it was from
--- the reply: one command where the bucket holds the highest value (nearly always), not
--- two.
+-- a grant (step 1), a refresh of our own key (step 0, floor 0), a write-back or a set's token
+-- (step 0, floor = that token). HINCRBY keeps the stored value an integer string (no Lua float
+-- formatting). A grant raises the bucket first and reads what it was from the reply: one command
+-- where the bucket holds the highest value (nearly always), not two.
 local function settle(counters, bucket, floor, step)
     if step == 1 then
         local raised = redis.call('HINCRBY', counters, bucket, 1)
@@ -108,11 +102,9 @@ end
 
 # -- the node's lease horizon (docs/design.md §4.3.1) ----------------------------------
 #
-# ``ns:node:horizon``: a key whose own expiry is, within HORIZON_SLACK_MS, the latest
-# expiry of any lease the node granted or extended. Every script that sets or extends a
-# lease's TTL raises it; a node that lost data is kept out of quorums until the horizons
-# of the nodes that could have granted with it have passed. Its name is the membership
-# record's (the last key of every granting script) with ``members`` replaced.
+# ``ns:node:horizon``: its expiry is, within HORIZON_SLACK_MS, the latest of any lease the
+# node granted or extended; named as the membership record (the last key) with ``members``
+# replaced.
 
 def raise_horizon(record: str, ttl: str) -> str:
     """Lua (a block) that raises the node's lease horizon to a lease of ``ttl`` ms from
@@ -123,51 +115,44 @@ def raise_horizon(record: str, ttl: str) -> str:
             f"redis.call('SET', hk, '1', 'PX', {ttl}) end end\n")
 
 
-# -- the waiting line (docs/design.md §6) ----------------------------------------------
+# -- the waiting line (docs/design.md §6.3) --------------------------------------------
 #
-# A blocking acquire waits in a line per resource on each node: a sorted set of waiter
-# ids (SHA1 of the owner value: the line never shows an owner value) ordered by a ticket
-# the waiter sends unchanged to every node, so every node agrees on the order. A free
-# lock is granted only to the first in line; waiters woken together therefore do not
-# split the nodes between them. Each entry has a deadline (a second sorted set, by the
-# node's clock) that every attempt of its waiter pushes back by the patience: the entry
-# of a waiter that died lapses on its own, however long the holder keeps the lock. Both
-# keys expire with their last entry.
+# Per resource, a sorted set of waiter ids by ticket, and one of their deadlines by the node's
+# clock (each attempt pushes its entry's back by the patience). Both expire with their last entry.
 
-# An owner value starts with its acquire call's secret, this many hex digits, drawn once
-# per call; then comes its attempt's number (docs/design.md §2.1; redlock._core.tokens
-# makes them).
+# A lock value starts with its acquire call's secret, this many hex digits, drawn once per call;
+# then comes its attempt's number (docs/design.md §2.1; redlock._core.tokens makes them).
 CALL_DIGITS = 32
 
-OWNER_FUNCTIONS = f"""
--- Owner values are '<call><attempt>' (docs/design.md §2.1): the acquire call's secret,
+VALUE_FUNCTIONS = f"""
+-- Lock values are '<call><attempt>' (docs/design.md §2.1): the acquire call's secret,
 -- {CALL_DIGITS} hex digits, then its attempt's number in 8, so two values of one call
 -- compare as their attempts do.
-local function call_of(owner)
-    return string.sub(owner, 1, {CALL_DIGITS})
+local function call_of(value)
+    return string.sub(value, 1, {CALL_DIGITS})
 end
-local function attempt_of(owner)
-    return string.sub(owner, {CALL_DIGITS + 1})
+local function attempt_of(value)
+    return string.sub(value, {CALL_DIGITS + 1})
 end
--- A waiter is its call: SHA1 of the secret, the same for every attempt (the owner value
+-- A waiter is its call: SHA1 of the secret, the same for every attempt (the lock value
 -- itself is never shown); a holder is shown by the first 12 hex digits of it.
-local function waiter_of(owner)
-    return redis.sha1hex(call_of(owner))
+local function waiter_of(value)
+    return redis.sha1hex(call_of(value))
 end
-local function holder_id(owner)
-    return string.sub(waiter_of(owner), 1, 12)
+local function holder_id(value)
+    return string.sub(waiter_of(value), 1, 12)
 end
--- Whose `held` is, seen from `owner`: 1 its own or an earlier attempt's of its call (the
--- later attempt takes it over), -1 a later attempt's (`owner`'s command came late: it
--- must change nothing), 0 another owner's, or nothing.
-local function kin(held, owner)
-    if held == owner then
+-- Whose `held` is, seen from `value`: 1 its own or an earlier attempt's of its call (the
+-- later attempt takes it over), -1 a later attempt's (`value`'s command came late: it
+-- must change nothing), 0 someone else's, or nothing.
+local function kin(held, value)
+    if held == value then
         return 1
     end
-    if not held or #held ~= #owner or call_of(held) ~= call_of(owner) then
+    if not held or #held ~= #value or call_of(held) ~= call_of(value) then
         return 0
     end
-    return held < owner and 1 or -1
+    return held < value and 1 or -1
 end
 """
 
@@ -192,10 +177,9 @@ end
 -- in line): only that waiter wakes (docs/design.md §6). Only a hint that wakes a waiter
 -- early: a user without channel permissions (Redis 7 ACL resetchannels) must still
 -- release cleanly, so errors are ignored. ``giver``: the waiter id of a failed attempt
--- giving back its grant (nil for a release): then only another waiter, named, wakes.
--- A message naming nobody, or the giver, would wake the giver itself (its own process
--- hears it first), which would try again at once: refused again by the nodes the
--- holder still has, as fast as round trips go (docs/design.md §6.4).
+-- releasing its grant (nil for a holder's release): then only another waiter, named, wakes.
+-- A message naming nobody, or the giver, would wake the giver itself, which would try
+-- again at once, as fast as round trips go (docs/design.md §6.4).
 local function wake_first(line, deadlines, channel, now, giver)
     local first = ''
     if redis.call('EXISTS', line) == 1 then
@@ -224,7 +208,7 @@ local function enter_line(line, deadlines, waiter, ticket, until_ms, now, ttls)
     keep_until(line, deadlines, waiter, until_ms, now, ttls)
 end
 -- A reservation: the value a release's hand-off sets for the first in line
--- (docs/design.md §6.7). Owner values are hex digits: none has this prefix.
+-- (docs/design.md §6.7). Lock values are hex digits: none has this prefix.
 local function reservation(waiter)
     return 'handoff:' .. waiter
 end

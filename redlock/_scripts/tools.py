@@ -1,12 +1,11 @@
-"""Lua scripts of the operator tools (:mod:`redlock._core.inspect`): read a lock's state
-on a node, and delete a lock's key whoever holds it. The conventions of
-:mod:`redlock._scripts.lock` hold (a header per script naming its KEYS, ARGV and replies);
-that module re-exports both."""
+"""Lua scripts of the operator tools (:mod:`redlock._core.inspect`): read a lock's state on a node,
+and delete a lock's key whoever holds it. The conventions of :mod:`redlock._scripts.lock` hold (a
+header per script naming its KEYS, ARGV and replies); that module re-exports both."""
 
 from __future__ import annotations
 
 from redlock._scripts.script import Script
-from redlock._scripts.shared import LINE_FUNCTIONS, OWNER_FUNCTIONS, TOKEN_FUNCTIONS
+from redlock._scripts.shared import LINE_FUNCTIONS, TOKEN_FUNCTIONS, VALUE_FUNCTIONS
 
 INSPECT = Script(
     "inspect",
@@ -21,19 +20,19 @@ INSPECT = Script(
 --   marker     the node's format: 1 this client's, 0 no marker, else the other format
 --              its marker names (-1: none this client reads)
 --   repairing  1 when a repair has claimed the node, else 0
---   holder     the first 12 hex digits of its waiter id, SHA1 of the owner value's call
+--   holder     the first 12 hex digits of its waiter id, SHA1 of the lock value's call
 --              part (docs/design.md §2.1), '' when free: tells holders apart without
---              revealing the owner value (which would let anyone release)
+--              revealing the lock value (which would let anyone release)
 --   episode    the amnesia episode ('<since ms> <run id> <why>'), '' when none
 --   now        this node's clock in ms (the episode's age is measured on it)
-""" + TOKEN_FUNCTIONS + OWNER_FUNCTIONS + """
-local owner = redis.call('GET', KEYS[1])
+""" + TOKEN_FUNCTIONS + VALUE_FUNCTIONS + """
+local value = redis.call('GET', KEYS[1])
 local holder = ''
-if owner and string.sub(owner, 1, 8) == 'handoff:' then
+if value and string.sub(value, 1, 8) == 'handoff:' then
     -- a reservation (docs/design.md §6.7): for its waiter id
-    holder = string.sub(owner, 9, 20)
-elseif owner then
-    holder = holder_id(owner)
+    holder = string.sub(value, 9, 20)
+elseif value then
+    holder = holder_id(value)
 end
 local t = redis.call('TIME')
 return {redis.call('PTTL', KEYS[1]), highest(KEYS[2], ARGV[1], 0),

@@ -12,13 +12,11 @@ and the operator's tools. docs/operations.md has the whole story.
     redlock demo [--count 3 | --nodes URL ...]      workers contending on local redis-servers
                                                     (or on the nodes given)
 
-``--nodes`` may come from ``$REDLOCK_NODES`` (URLs separated by spaces or commas).
-Tables for people (drawn with ``rich`` when it is installed: ``pip install
-"redlock-fenced[cli]"``), ``--json`` for scripts. Problems with nodes (bad URL,
-connection refused, wrong password, timeout) are one line each on stderr, never a
-traceback. This module parses, runs the commands and picks the exit codes; what they
-print is rendered by :mod:`redlock.cli.render`.
-"""
+``--nodes`` may come from ``$REDLOCK_NODES`` (URLs separated by spaces or commas). Tables for
+people (drawn with ``rich`` when it is installed: ``pip install "redlock-fenced[cli]"``),
+``--json`` for scripts. Problems with nodes (bad URL, connection refused, wrong password, timeout)
+are one line each on stderr, never a traceback. This module parses, runs the commands and picks the
+exit codes; what they print is rendered by :mod:`redlock.cli.render`."""
 
 from __future__ import annotations
 
@@ -158,8 +156,7 @@ def _family_status(args: argparse.Namespace) -> int:
     the writer and the readers (docs/design.md §12), as a quorum of nodes says."""
     with open_manager(args) as dlm:
         if args.kind == "election":
-            show_family(args.resource, "election", dlm.election(args.resource).leader(),
-                        args.json)
+            show_family(args.resource, "election", dlm.election(args.resource).leader(), args.json)
         elif args.kind == "semaphore":
             show_family(args.resource, "semaphore",
                         dlm.semaphore(args.resource, permits=args.permits).status(), args.json)
@@ -259,8 +256,7 @@ def cmd_members(args: argparse.Namespace) -> int:
             show_members(admin.members(), args.json)
             return EXIT_OK
         new = _named(args, dlm, args.change, "--change")
-        current = (None if args.current is None
-                   else _named(args, dlm, args.current, "--current"))
+        current = (None if args.current is None else _named(args, dlm, args.current, "--current"))
         confirm(args, "change the members",
                 f"Make {', '.join(new)} the cluster's members? Acquires need a majority of"
                 f" the old and of the new set for about {args.wait:g} s; give clients the new"
@@ -354,8 +350,7 @@ def build_parser() -> argparse.ArgumentParser:
     repair.add_argument("--force", action="store_true",
                         help="skip the rejoin delay (asks for confirmation; --yes)")
     initialise = command("initialise", cmd_initialise,
-                         "mark a new or partially initialised cluster (node markers)",
-                         confirmable)
+                         "mark a new or partially initialised cluster (node markers)", confirmable)
     initialise.add_argument("--force", action="store_true",
                             help="also when some nodes have markers (asks; --yes)")
     members = command("members", cmd_members,

@@ -5,8 +5,7 @@ An operator's view, read with plain redis-py clients (bounded timeouts, no retri
 never on the lock path. The warnings are those the library logs on a manager's first
 acquire (:func:`redlock._scripts.node_config.unsafe_config`: a replica, an evicting memory policy),
 plus what docs/design.md §4 and §9 say about persistence and markers, which the library
-cannot check on the lock path.
-"""
+cannot check on the lock path."""
 
 from __future__ import annotations
 
@@ -169,8 +168,7 @@ def namespaces_on(urls: Sequence[str], timeout: float, pages: int = 20) -> list[
     hint, not an inventory."""
     suffix = ":node:marker"
     for url in urls:
-        client = redis.Redis.from_url(url, socket_timeout=timeout,
-                                      socket_connect_timeout=timeout,
+        client = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout,
                                       retry=Retry(NoBackoff(), 0), health_check_interval=0)
         found: set[str] = set()
         try:

@@ -3,8 +3,7 @@
 Tables for people (drawn with ``rich`` when it is installed, aligned plain columns
 otherwise), ``--json`` documents for scripts, and node problems in words an operator
 acts on, one line each on stderr. :mod:`redlock.cli.commands` decides what to do and which exit
-code it ends with; everything here only renders.
-"""
+code it ends with; everything here only renders."""
 
 from __future__ import annotations
 

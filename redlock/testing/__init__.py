@@ -11,9 +11,8 @@
         nodes[2].restore(backup)            # ... and later restart from them (a rollback)
         nodes[3].replicate(nodes[4])        # REPLICAOF; nodes[3].promote(): REPLICAOF NO ONE
 
-``manager(nodes, clock=..., sleep=..., asynchronous=False, **options)`` builds a
-``Redlock`` (or ``AsyncRedlock``) with a test's clock and sleep: the public constructor
-takes neither.
+``manager(nodes, clock=..., sleep=..., asynchronous=False, **options)`` builds a ``Redlock`` (or
+``AsyncRedlock``) with a test's clock and sleep: the public constructor takes neither.
 
 ``RedisSentinel`` runs a real Sentinel (``redis-server --sentinel``) monitoring some of
 those nodes under service names, for nodes given as ``Sentinel.master_for(service)``.
@@ -24,17 +23,15 @@ front of each node: refuse, blackhole, lose replies, latency, reset connections)
 Everything started here is stopped on ``close()``, on leaving the ``with`` block and,
 as a last resort, at interpreter exit.
 
-The same servers can run in Docker containers instead (testcontainers; the ``docker``
-extra): ``start_nodes(5, backend="docker")``, ``start_toxiproxy(backend="docker")``,
-or ``$REDLOCK_TEST_BACKEND=docker`` (:mod:`redlock.testing.backends`; local processes
-stay the default). The pytest plugin (:mod:`redlock.testing.pytest_plugin`) offers
-clusters, clients and faults as fixtures. ``capture_events()`` collects the library's
-log events in a test.
+The same servers can run in Docker containers instead (testcontainers; the ``docker`` extra):
+``start_nodes(5, backend="docker")``, ``start_toxiproxy(backend="docker")``, or
+``$REDLOCK_TEST_BACKEND=docker`` (:mod:`redlock.testing.backends`; local processes stay the
+default). The pytest plugin (:mod:`redlock.testing.pytest_plugin`) offers clusters, clients and
+faults as fixtures. ``capture_events()`` collects the library's log events in a test.
 
 Importing this package imports none of that: each name is loaded from its module on
 first use, so that the pytest plugin (a module of this package, loaded into every pytest
-session that has the package installed) costs nothing until a fixture is used.
-"""
+session that has the package installed) costs nothing until a fixture is used."""
 
 from __future__ import annotations
 
@@ -63,25 +60,13 @@ if TYPE_CHECKING:
     )
 
 # Public name -> the module that defines it (loaded on first access, PEP 562).
-_LAZY = {
-    "start_nodes": "backends",
-    "start_toxiproxy": "backends",
-    "capture_events": "logs",
-    "manager": "managers",
-    "Node": "node",
-    "Nodes": "node",
-    "NodeBackup": "redis_nodes",
-    "RedisNode": "redis_nodes",
-    "RedisNodes": "redis_nodes",
-    "find_redis_server": "redis_nodes",
-    "free_port": "redis_nodes",
-    "RedisSentinel": "sentinel",
-    "Proxies": "toxiproxy",
-    "Proxy": "toxiproxy",
-    "ToxiproxyError": "toxiproxy",
-    "ToxiproxyServer": "toxiproxy",
-    "find_toxiproxy_server": "toxiproxy",
-}
+_LAZY = {"start_nodes": "backends", "start_toxiproxy": "backends", "capture_events": "logs",
+         "manager": "managers", "Node": "node", "Nodes": "node", "NodeBackup": "redis_nodes",
+         "RedisNode": "redis_nodes", "RedisNodes": "redis_nodes",
+         "find_redis_server": "redis_nodes", "free_port": "redis_nodes",
+         "RedisSentinel": "sentinel", "Proxies": "toxiproxy", "Proxy": "toxiproxy",
+         "ToxiproxyError": "toxiproxy", "ToxiproxyServer": "toxiproxy",
+         "find_toxiproxy_server": "toxiproxy"}
 
 
 def __getattr__(name: str) -> Any:
@@ -97,22 +82,7 @@ def __dir__() -> list[str]:
     return sorted({*globals(), *_LAZY})
 
 
-__all__ = [
-    "Node",
-    "NodeBackup",
-    "Nodes",
-    "Proxies",
-    "Proxy",
-    "RedisNode",
-    "RedisNodes",
-    "RedisSentinel",
-    "ToxiproxyError",
-    "ToxiproxyServer",
-    "capture_events",
-    "find_redis_server",
-    "find_toxiproxy_server",
-    "free_port",
-    "manager",
-    "start_nodes",
-    "start_toxiproxy",
-]
+__all__ = ["Node", "NodeBackup", "Nodes", "Proxies", "Proxy", "RedisNode", "RedisNodes",
+           "RedisSentinel", "ToxiproxyError", "ToxiproxyServer", "capture_events",
+           "find_redis_server", "find_toxiproxy_server", "free_port", "manager", "start_nodes",
+           "start_toxiproxy"]

@@ -8,8 +8,7 @@
 ``local``: real ``redis-server`` / ``toxiproxy-server`` processes on loopback
 (:class:`~redlock.testing.RedisNodes`, :class:`~redlock.testing.ToxiproxyServer`).
 ``docker``: the same servers in containers through testcontainers
-(:mod:`redlock.testing.containers`; imported only when asked for).
-"""
+(:mod:`redlock.testing.containers`; imported only when asked for)."""
 
 from __future__ import annotations
 

@@ -8,17 +8,16 @@ containers, started with testcontainers.
         nodes[0].pause()                      # docker pause: hung, sockets stay open
         nodes[1].restart(keep_data=False)     # a new, empty container on the same port
 
-Each node is testcontainers' ``RedisContainer`` on the image ``redis:7``, the Toxiproxy
-server a ``DockerContainer`` on Shopify's ``ghcr.io/shopify/toxiproxy:2.12.0``; the
-engine pulls them when missing, as for any testcontainers container. Other images are
-chosen with ``image=``, or for every container of a run with ``$REDLOCK_REDIS_IMAGE`` /
-``$REDLOCK_TOXIPROXY_IMAGE`` (what ``start_nodes(..., backend="docker")`` and the
-pytest plugin's ``--redlock-backend=docker`` use): any image whose ``redis-server`` is
-on PATH, any whose entry point is the Toxiproxy server (this project's own CI, where no
-registry is reachable, points them at images it builds from the machine's binaries).
-Every container uses host networking and listens on 127.0.0.1, on a free port, so
-clients reach it exactly as a local process and no traffic leaves loopback (no port
-mapping); the engine must therefore run on this machine (Linux).
+Each node is testcontainers' ``RedisContainer`` on the image ``redis:7``, the Toxiproxy server a
+``DockerContainer`` on Shopify's ``ghcr.io/shopify/toxiproxy:2.12.0``; the engine pulls them when
+missing, as for any testcontainers container. Other images are chosen with ``image=``, or for every
+container of a run with ``$REDLOCK_REDIS_IMAGE`` / ``$REDLOCK_TOXIPROXY_IMAGE`` (what
+``start_nodes(..., backend="docker")`` and the pytest plugin's ``--redlock-backend=docker`` use):
+any image whose ``redis-server`` is on PATH, any whose entry point is the Toxiproxy server (this
+project's own CI, where no registry is reachable, points them at images it builds from the
+machine's binaries). Every container uses host networking and listens on 127.0.0.1, on a free port,
+so clients reach it exactly as a local process and no traffic leaves loopback (no port mapping);
+the engine must therefore run on this machine (Linux).
 
 Clean-up: ``close()`` removes a container with its volumes, an atexit hook removes
 what a test left, and the first start of a process removes the containers whose
@@ -29,8 +28,7 @@ run left behind. testcontainers' own reaper (Ryuk) is left as its configuration 
 Needs the ``docker`` extra (``pip install 'redlock-fenced[docker]'``: testcontainers,
 with the docker SDK) and a Docker engine on this machine (``$DOCKER_HOST``, the
 current docker context, or the default socket, as testcontainers finds it).
-testcontainers is imported on the first start, not with this module.
-"""
+testcontainers is imported on the first start, not with this module."""
 
 from __future__ import annotations
 
@@ -92,17 +90,9 @@ class ContainerRedisNode:
     """One Redis server in a container on the host's network (same surface as
     :class:`~redlock.testing.RedisNode`)."""
 
-    def __init__(
-        self,
-        *,
-        port: int | None = None,
-        host: str = "127.0.0.1",
-        appendonly: bool = False,
-        password: str | None = None,
-        image: str | None = None,
-        extra_args: Sequence[str] = (),
-        start_timeout: float = 30.0,
-    ) -> None:
+    def __init__(self, *, port: int | None = None, host: str = "127.0.0.1",
+                 appendonly: bool = False, password: str | None = None, image: str | None = None,
+                 extra_args: Sequence[str] = (), start_timeout: float = 30.0) -> None:
         self.host = host
         self.port = port or free_port(host)
         self.appendonly = appendonly
@@ -346,21 +336,7 @@ class ContainerToxiproxy(ToxiproxyServer):
         return self.start()
 
 
-__all__ = [
-    "DEFAULT_REDIS_IMAGE",
-    "DEFAULT_TOXIPROXY_IMAGE",
-    "OWNER_LABEL",
-    "REDIS_IMAGE_ENV",
-    "TESTING_LABEL",
-    "TOXIPROXY_IMAGE_ENV",
-    "ContainerRedisNode",
-    "ContainerRedisNodes",
-    "ContainerToxiproxy",
-    "DockerUnavailable",
-    "engine_leftovers",
-    "labels",
-    "prepare",
-    "redis_image",
-    "remove_orphans",
-    "toxiproxy_image",
-]
+__all__ = ["DEFAULT_REDIS_IMAGE", "DEFAULT_TOXIPROXY_IMAGE", "OWNER_LABEL", "REDIS_IMAGE_ENV",
+           "TESTING_LABEL", "TOXIPROXY_IMAGE_ENV", "ContainerRedisNode", "ContainerRedisNodes",
+           "ContainerToxiproxy", "DockerUnavailable", "engine_leftovers", "labels", "prepare",
+           "redis_image", "remove_orphans", "toxiproxy_image"]

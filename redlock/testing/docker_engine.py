@@ -1,7 +1,6 @@
 """The Docker engine side of the Docker backend (:mod:`redlock.testing.containers`):
 which images, the labels every container gets, the engine client, and the clean-up of
-containers whose creating process is gone (a killed run).
-"""
+containers whose creating process is gone (a killed run)."""
 
 from __future__ import annotations
 
@@ -86,9 +85,8 @@ def _our_containers(client: Any) -> list[Any]:
 
 
 def remove_orphans(client: Any = None) -> list[str]:
-    """Remove the containers of ours whose creating process is gone (a killed run);
-    the short ids removed. ``client``: a ``docker.DockerClient``, else one on the
-    engine testcontainers uses."""
+    """Remove the containers of ours whose creating process is gone (a killed run); the short ids
+    removed. ``client``: a ``docker.DockerClient``, else one on the engine testcontainers uses."""
     own = client is None
     engine = _docker_client() if own else client
     try:

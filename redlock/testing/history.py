@@ -33,8 +33,7 @@ lock (one leader per term, terms increasing: the checks above); a permit is a ho
 its slot's name (``sem:permit:3``), exclusive per slot, and :meth:`History.most_at_once`
 counts permits held at once; a read-write lock's holds are ``"r"`` or ``"w"``
 (:meth:`History.rw_violations`: a write overlaps nothing, write tokens increase, a read's
-token is at least every earlier write's and below every later write's).
-"""
+token is at least every earlier write's and below every later write's)."""
 
 from __future__ import annotations
 

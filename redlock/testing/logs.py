@@ -6,13 +6,11 @@
         dlm.lock("r").acquire(blocking=False)
     assert [e for e in events if e["event"] == "redlock.quorum_failed"]
 
-Each event is a dict: ``event`` (its name), ``log_level`` (``"debug"``, ``"info"``,
-``"warning"``, ``"error"``), ``logger`` (``redlock._core.algorithm``, ...), ``message`` (the
-sentence a person reads) and the event's fields; the shape of
-``structlog.testing.capture_logs``, plus the message. pytest's ``caplog`` works too:
-the records' message is the event's sentence, the name is their ``event`` attribute and
-the fields are record attributes.
-"""
+Each event is a dict: ``event`` (its name), ``log_level`` (``"debug"``, ``"info"``, ``"warning"``,
+``"error"``), ``logger`` (``redlock._core.algorithm``, ...), ``message`` (the sentence a person
+reads) and the event's fields; the shape of ``structlog.testing.capture_logs``, plus the message.
+pytest's ``caplog`` works too: the records' message is the event's sentence, the name is their
+``event`` attribute and the fields are record attributes."""
 
 from __future__ import annotations
 

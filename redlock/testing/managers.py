@@ -6,9 +6,7 @@ hands, kept out of the public constructor (docs/design.md §10).
     dlm = manager(urls, clock=fake.now, sleep=fake.advance, node_timeout=0.2)
     adlm = manager(urls, asynchronous=True, sleep=fake.asleep)    # an AsyncRedlock
 
-Everything else is ``Redlock(nodes, **options)`` (``AsyncRedlock``) as applications
-build it.
-"""
+Everything else is ``Redlock(nodes, **options)`` (``AsyncRedlock``) as applications build it."""
 
 from __future__ import annotations
 
@@ -38,9 +36,8 @@ def manager(nodes: Iterable[Any], *, clock: Callable[[], float] | None = None,
 def manager(nodes: Iterable[Any], *, clock: Callable[[], float] | None = None,
             sleep: Callable[[float], Any] | None = None, asynchronous: bool = False,
             **options: Any) -> Redlock | AsyncRedlock:
-    """A :class:`redlock.Redlock` (``asynchronous=True``: an
-    :class:`redlock.AsyncRedlock`) built as ``Redlock(nodes, **options)`` builds it,
-    with a test's clock and sleep.
+    """A :class:`redlock.Redlock` (``asynchronous=True``: an :class:`redlock.AsyncRedlock`) built
+    as ``Redlock(nodes, **options)`` builds it, with a test's clock and sleep.
 
     Args:
         nodes: the nodes, as the constructor takes them.
@@ -52,13 +49,12 @@ def manager(nodes: Iterable[Any], *, clock: Callable[[], float] | None = None,
             ``asynchronous=True``): between attempts and in every other pause of its
             calls, but not in the waits of its background work that an event ends early
             (the renewal loop, the maintenance, ``Election.observe()``). Default: the
-            real waits, between attempts in the manager's local line, where a release
+            real waits, between attempts in the manager's local turns, where a release
             wakes the first waiter.
         asynchronous: an :class:`redlock.AsyncRedlock` instead of a
             :class:`redlock.Redlock`.
         **options: the constructor's other options (``namespace``, ``node_timeout``,
-            ``max_ttl``...).
-    """
+            ``max_ttl``...)."""
     hooks = Hooks(time.monotonic if clock is None else clock, sleep)
     if asynchronous:
         from redlock.aio import AsyncRedlock

@@ -49,15 +49,13 @@ answer, so inject faults after one acquisition, as above):
   ``restart(i)`` (kill -9 and back with its data), ``restart_empty(i)`` (back with
   none: amnesia), ``heal()``. The network faults need Toxiproxy.
 
-Backends (``--redlock-backend``, ini ``redlock_backend``, or ``$REDLOCK_TEST_BACKEND``):
-``local`` (default) runs ``redis-server`` and ``toxiproxy-server`` processes from
-PATH (``$REDIS_SERVER`` / ``$TOXIPROXY_SERVER``); without a Toxiproxy binary the
-cluster is direct and the network faults raise. ``docker`` runs them in containers
-with testcontainers (``pip install 'redlock-fenced[docker]'`` and a Docker engine on
-this machine), on the images ``redis:7`` and ``ghcr.io/shopify/toxiproxy:2.12.0``
-unless ``$REDLOCK_REDIS_IMAGE`` / ``$REDLOCK_TOXIPROXY_IMAGE`` name others, see
-:mod:`redlock.testing.containers`.
-"""
+Backends (``--redlock-backend``, ini ``redlock_backend``, or ``$REDLOCK_TEST_BACKEND``): ``local``
+(default) runs ``redis-server`` and ``toxiproxy-server`` processes from PATH (``$REDIS_SERVER`` /
+``$TOXIPROXY_SERVER``); without a Toxiproxy binary the cluster is direct and the network faults
+raise. ``docker`` runs them in containers with testcontainers (``pip install
+'redlock-fenced[docker]'`` and a Docker engine on this machine), on the images ``redis:7`` and
+``ghcr.io/shopify/toxiproxy:2.12.0`` unless ``$REDLOCK_REDIS_IMAGE`` / ``$REDLOCK_TOXIPROXY_IMAGE``
+name others, see :mod:`redlock.testing.containers`."""
 
 from __future__ import annotations
 

@@ -36,9 +36,8 @@ def find_redis_server(explicit: str | None = None) -> str:
     return candidate
 
 
-# Ports handed out lately by this process: nodes built together take their ports before
-# any of them listens, and the kernel may give the same free port twice (CI: two nodes of
-# one cluster on one port).
+# Ports handed out lately by this process: nodes built together take their ports before any
+# of them listens, and the kernel may give the same free port twice.
 _ISSUED: collections.OrderedDict[tuple[str, int], None] = collections.OrderedDict()
 _ISSUED_LOCK = threading.Lock()
 
@@ -77,23 +76,13 @@ class RedisNode:
 
     ``appendonly`` turns the AOF on, with ``appendfsync`` (``always`` by default: every
     write is on disk before the reply, so a kill -9 loses nothing; ``everysec`` may lose
-    the last second). Both attributes may be changed between a stop and the next start.
-    """
+    the last second). Both attributes may be changed between a stop and the next start."""
 
-    def __init__(
-        self,
-        *,
-        data_dir: Path,
-        port: int | None = None,
-        host: str = "127.0.0.1",
-        appendonly: bool = False,
-        appendfsync: str = "always",
-        password: str | None = None,
-        redis_server: str | None = None,
-        extra_args: Sequence[str] = (),
-        env: Mapping[str, str] | None = None,
-        start_timeout: float = 10.0,
-    ) -> None:
+    def __init__(self, *, data_dir: Path, port: int | None = None, host: str = "127.0.0.1",
+                 appendonly: bool = False, appendfsync: str = "always",
+                 password: str | None = None, redis_server: str | None = None,
+                 extra_args: Sequence[str] = (), env: Mapping[str, str] | None = None,
+                 start_timeout: float = 10.0) -> None:
         if appendfsync not in ("always", "everysec", "no"):
             raise ValueError(f"appendfsync must be always, everysec or no, not {appendfsync!r}")
         self.host = host
@@ -138,17 +127,10 @@ class RedisNode:
     # -- lifecycle -----------------------------------------------------------------------
 
     def _command(self) -> list[str]:
-        args = [
-            self.redis_server,
-            "--port", str(self.port),
-            "--bind", self.host,
-            "--dir", str(self.data_dir),
-            "--daemonize", "no",
-            "--save", "",
-            "--appendonly", "yes" if self.appendonly else "no",
-            "--logfile", str(self.data_dir / "redis.log"),
-            "--protected-mode", "no",
-        ]
+        args = [self.redis_server, "--port", str(self.port), "--bind", self.host, "--dir",
+                str(self.data_dir), "--daemonize", "no", "--save", "", "--appendonly",
+                "yes" if self.appendonly else "no", "--logfile", str(self.data_dir / "redis.log"),
+                "--protected-mode", "no"]
         if self.appendonly:
             # always: every write is on disk before the reply, a kill -9 loses nothing.
             args += ["--appendfsync", self.appendfsync]
@@ -161,13 +143,9 @@ class RedisNode:
             return self
         env = None if self.env is None else {**os.environ, **self.env}
         for attempt in range(3):
-            self.process = subprocess.Popen(
-                self._command(),
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                env=env,
-            )
+            self.process = subprocess.Popen(self._command(), stdin=subprocess.DEVNULL,
+                                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                            env=env)
             self.paused = False
             track(self)
             try:
@@ -193,10 +171,8 @@ class RedisNode:
             try:
                 with self.client(socket_timeout=0.5, socket_connect_timeout=0.5) as probe:
                     if probe.ping():
-                        # Ours, not a server another process started on the same port in
-                        # the moment between free_port() and our bind (ours then exits:
-                        # "address in use", raised above). Seen: a demo run beside the
-                        # test suite was handed a test's node, its first token 94.
+                        # Ours, not a server another process started on the same port
+                        # between free_port() and our bind (ours then exits, raised above).
                         if self.process is None or int(probe.info("server")[
                                 "process_id"]) == self.process.pid:
                             return
@@ -269,8 +245,7 @@ class RedisNode:
         """kill -9 and start again on the same port, with or without its files.
 
         Without AOF there is nothing on disk, so the node comes back empty either way:
-        the node amnesia of docs/design.md §4.
-        """
+        the node amnesia of docs/design.md §4."""
         self.kill()
         if not keep_data:
             self.wipe()
@@ -299,9 +274,8 @@ class RedisNode:
         return NodeBackup(target, time.time())
 
     def restore(self, backup: NodeBackup) -> RedisNode:
-        """kill -9, replace the node's files with ``backup``'s, start again on the same
-        port: the node comes back with the data it had when the backup was taken (and a
-        new run id)."""
+        """kill -9, replace the node's files with ``backup``'s, start again on the same port: the
+        node comes back with the data it had when the backup was taken (and a new run id)."""
         self.kill()
         self.wipe()
         for child in self._persisted(backup.path):
@@ -359,8 +333,7 @@ class RedisNode:
         with self.client() as client:
             client.replicaof("NO", "ONE")
 
-    def _wait(self, ready: Callable[[dict[str, str]], bool], timeout: float,
-              failure: str) -> None:
+    def _wait(self, ready: Callable[[dict[str, str]], bool], timeout: float, failure: str) -> None:
         deadline = time.monotonic() + timeout
         while True:
             info = self.replication()
@@ -385,19 +358,11 @@ class RedisNode:
 class RedisNodes(NodeSet[RedisNode]):
     """N independent redis-server processes, each on its own loopback port and temp dir."""
 
-    def __init__(
-        self,
-        count: int = 3,
-        *,
-        appendonly: bool = False,
-        appendfsync: str = "always",
-        password: str | None = None,
-        redis_server: str | None = None,
-        extra_args: Sequence[str] = (),
-        host: str = "127.0.0.1",
-        base_dir: str | os.PathLike[str] | None = None,
-        env: Mapping[str, str] | None = None,
-    ) -> None:
+    def __init__(self, count: int = 3, *, appendonly: bool = False, appendfsync: str = "always",
+                 password: str | None = None, redis_server: str | None = None,
+                 extra_args: Sequence[str] = (), host: str = "127.0.0.1",
+                 base_dir: str | os.PathLike[str] | None = None,
+                 env: Mapping[str, str] | None = None) -> None:
         if count < 1:
             raise ValueError("count must be at least 1")
         self._owns_dir = base_dir is None

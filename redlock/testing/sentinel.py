@@ -6,8 +6,7 @@
         dlm = Redlock([sentinels.master_for(name) for name in ("s0", "s1", "s2")])
 
 The sentinel runs from a config file in its own temp dir (Sentinel rewrites it), on a
-free loopback port, and is stopped (and the dir removed) by ``close()``.
-"""
+free loopback port, and is stopped (and the dir removed) by ``close()``."""
 
 from __future__ import annotations
 
@@ -31,8 +30,7 @@ class RedisSentinel:
     """One Sentinel process monitoring the given masters, each under its service name.
 
     ``down_after`` is Sentinel's ``down-after-milliseconds`` in seconds: long by default,
-    so that a test that pauses a master is not surprised by a failover attempt.
-    """
+    so that a test that pauses a master is not surprised by a failover attempt."""
 
     def __init__(self, masters: Mapping[str, RedisNode], *, host: str = "127.0.0.1",
                  port: int | None = None, redis_server: str | None = None,
@@ -59,18 +57,11 @@ class RedisSentinel:
         return self.host, self.port
 
     def _write_config(self) -> Path:
-        lines = [
-            f"port {self.port}",
-            f"bind {self.host}",
-            f"dir {self.data_dir}",
-            f"logfile {self.data_dir / 'sentinel.log'}",
-            "protected-mode no",
-        ]
+        lines = [f"port {self.port}", f"bind {self.host}", f"dir {self.data_dir}",
+                 f"logfile {self.data_dir / 'sentinel.log'}", "protected-mode no"]
         for name, master in self.masters.items():
-            lines += [
-                f"sentinel monitor {name} {master.host} {master.port} 1",
-                f"sentinel down-after-milliseconds {name} {int(self.down_after * 1000)}",
-            ]
+            lines += [f"sentinel monitor {name} {master.host} {master.port} 1",
+                      f"sentinel down-after-milliseconds {name} {int(self.down_after * 1000)}"]
             if master.password:
                 lines.append(f"sentinel auth-pass {name} {master.password}")
         config = self.data_dir / "sentinel.conf"

@@ -16,8 +16,7 @@ github.com/Shopify/toxiproxy/v2/cmd/server@v2.12.0``; ``bash scripts/setup.sh`` 
 in ``.tools/bin``). It is driven through its HTTP API with the standard library rather
 than toxiproxy-python: that client keeps the API address in class attributes (one
 server per interpreter), sends requests without a timeout (a wedged server would hang
-the test instead of failing it), and needs the ``future`` compatibility package.
-"""
+the test instead of failing it), and needs the ``future`` compatibility package."""
 
 from __future__ import annotations
 
@@ -130,7 +129,7 @@ class Proxy:
 
     def lose_replies(self) -> None:
         """Requests reach the node and run; every reply is dropped (downstream-only
-        ``timeout`` toxic, timeout 0): the node takes the lock, the client never hears."""
+        ``timeout`` toxic, timeout 0): the node grants the lock, the client never hears."""
         self.add_toxic("timeout", stream="downstream", timeout=0)
 
     def latency(self, seconds: float, jitter: float = 0.0) -> None:

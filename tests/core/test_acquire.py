@@ -155,7 +155,7 @@ def test_acquire_protocol_blocking_backs_off_and_stops_at_the_deadline() -> None
     assert not result.unavailable  # contention, not an outage
     assert result.attempts > 1
     sleeps = [r for r in nodes.requests if isinstance(r, Wait)]
-    assert sleeps and all(s.line == "redlock:{r}:released" for s in sleeps)
+    assert sleeps and all(s.turns_key == "redlock:{r}:released" for s in sleeps)
     # Between retry_delay_min and retry_delay_max, except the last one cut at the deadline.
     settings = Settings()
     assert all(settings.retry_delay_min <= s.seconds <= settings.retry_delay_max

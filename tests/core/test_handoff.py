@@ -210,7 +210,7 @@ def test_a_waiter_handed_the_lock_on_every_node_completes_without_an_acquire_rou
     assert result.state is not None
     assert result.state.token == 5
     assert nodes.scripts_sent() == ["acquire"]  # the refused attempt, nothing more
-    waiter = RESERVED + waiter_id(result.state.owner)
+    waiter = RESERVED + waiter_id(result.state.value)
     assert [nodes.data[i][lock_key("r")] for i in range(3)] == [waiter] * 3
     assert [e["heard"] for e in events if e["event"] == "redlock.handed_off"] == [3]
     # An ordinary lock: it releases its reservations (and hands off to nobody).
@@ -227,8 +227,8 @@ def test_counters_that_differ_are_written_back_onto_the_reservations() -> None:
     assert result.state.token == 11
     assert nodes.scripts_sent() == ["acquire", "write_back"]
     assert counters(nodes) == [11, 11, 11]
-    # WRITE_BACK turned the reservations into the owner value.
-    assert [nodes.data[i][lock_key("r")] for i in (1, 2)] == [result.state.owner] * 2
+    # WRITE_BACK turned the reservations into the lock value.
+    assert [nodes.data[i][lock_key("r")] for i in (1, 2)] == [result.state.value] * 2
 
 
 def test_messages_that_do_not_count_fall_back_to_an_acquire_that_takes_the_reservations(

@@ -264,7 +264,7 @@ def test_a_waiter_sleeps_its_patient_wait_only_once_releases_since_its_attempt_a
     wait. A cold start of 8 threads on one lock slept 0.5 s that way in 3 of 33
     benchmark runs (BENCHMARKS.md, "Issue 21: where a contended hand-off spends its
     time"). Patient once a quorum of nodes was subscribed before its latest attempt."""
-    from tests.internals import Ticket, WaitingRoom
+    from tests.internals import Waiter, WaitingRoom
 
     now = [100.0]
     monkeypatch.setattr("redlock._io.wakeups.time.monotonic", lambda: now[0])
@@ -281,26 +281,26 @@ def test_a_waiter_sleeps_its_patient_wait_only_once_releases_since_its_attempt_a
 
     room = WaitingRoom(Core(), threading.Event, threading.Lock,  # type: ignore[arg-type]
                        lambda _registry: Listener(), threading.Event())
-    ticket: Ticket[threading.Event] = Ticket()
-    ticket.wake, ticket.sent = threading.Event(), 100.0
-    backoff = Backoff(0.01, line="c", channels=("c",), waiter="a" * 40, patient=0.5)
-    assert room.watch_releases(backoff, ticket) == 0.01  # nothing subscribed yet
+    waiter: Waiter[threading.Event] = Waiter()
+    waiter.wake, waiter.sent = threading.Event(), 100.0
+    backoff = Backoff(0.01, turns_key="c", channels=("c",), waiter="a" * 40, patient=0.5)
+    assert room.watch_releases(backoff, waiter) == 0.01  # nothing subscribed yet
     now[0] = 100.2
     room.wakeups.subscribed(0, "c")
     room.wakeups.subscribed(1, "c")
     # Subscribed on a quorum, but after the attempt went out: not patient yet.
-    assert room.watch_releases(backoff, ticket) == 0.01
-    ticket.sent = 100.3  # its next attempt
-    assert room.watch_releases(backoff, ticket) == 0.5
+    assert room.watch_releases(backoff, waiter) == 0.01
+    waiter.sent = 100.3  # its next attempt
+    assert room.watch_releases(backoff, waiter) == 0.5
     room.wakeups.node_lost(1)  # one node short of a quorum heard: not patient
-    assert room.watch_releases(backoff, ticket) == 0.01
+    assert room.watch_releases(backoff, waiter) == 0.01
     assert not room.wakeups.heard_since("c", None, 1)
     # A backoff longer than the patient wait (retry_delay_min of seconds) is cut to it
     # while the channel is live: the next attempt then counts on the subscriptions.
-    slow = Backoff(2.0, line="c", channels=("c",), waiter="a" * 40, patient=0.5)
-    assert room.watch_releases(slow, ticket) == 0.5
+    slow = Backoff(2.0, turns_key="c", channels=("c",), waiter="a" * 40, patient=0.5)
+    assert room.watch_releases(slow, waiter) == 0.5
     room.wakeups.node_lost(0)  # nothing heard at all: it polls as configured
-    assert room.watch_releases(slow, ticket) == 2.0
+    assert room.watch_releases(slow, waiter) == 2.0
 
 
 def test_wanted_channels_linger_after_the_last_wait_then_go(monkeypatch: pytest.MonkeyPatch,

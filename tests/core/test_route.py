@@ -14,8 +14,8 @@ from tests.internals import (
     Invoke,
     RedlockCore,
     Wait,
-    attempt_owner,
     drive,
+    lock_value,
     scripts,
 )
 from tests.scripted import FakeClock, ScriptedNodes, lock_key, make_core
@@ -53,8 +53,8 @@ def test_the_usual_replies_hold_the_lock_in_one_request() -> None:
     result = drive(core.acquire("r", 10.0, blocking=True, timeout=None), nodes.execute)
     state = result.state
     assert state is not None and state.token == 42 and result.attempts == 1
-    assert state.owner == attempt_owner(state.owner[:32], 1)  # the first attempt's value
-    assert [nodes.data[i].get(lock_key("r")) for i in range(3)] == [state.owner] * 3
+    assert state.value == lock_value(state.value[:32], 1)  # the first attempt's value
+    assert [nodes.data[i].get(lock_key("r")) for i in range(3)] == [state.value] * 3
     assert nodes.scripts_sent() == ["acquire"]
     assert 9.8 < state.validity() <= 10.0
 

@@ -29,8 +29,8 @@ from tests.internals import (
     CALL_DIGITS,
     KEYS,
     Call,
-    attempt_owner,
     bucket,
+    lock_value,
     node_scripts,
     scripts,
     waiter_id,
@@ -489,7 +489,7 @@ def unheard_hand_offs(c: Contract) -> None:
 
 # One acquire call's attempts (docs/design.md §2.1): its secret, then the attempt's number.
 CALL = "0123456789abcdef" * 2
-FIRST, SECOND, THIRD = (attempt_owner(CALL, n) for n in (1, 2, 3))
+FIRST, SECOND, THIRD = (lock_value(CALL, n) for n in (1, 2, 3))
 
 
 def attempts_of_one_call(c: Contract) -> None:
@@ -747,7 +747,7 @@ MUTATIONS = [  # (script, a line of it, that line changed)
      "if holder == ARGV[1] or (holder and (call_of(holder)"),
     (scripts.RELEASE, "(call_of(holder) == call_of(ARGV[1])", "(holder == ARGV[1]"),
     # Attempts of one call (§2.1): a late one must not take a later one's key back.
-    (scripts.ACQUIRE, "    return held < owner and 1 or -1", "    return 1"),
+    (scripts.ACQUIRE, "    return held < value and 1 or -1", "    return 1"),
     (scripts.ACQUIRE, "elseif ours == -1 then", "elseif false then"),
     (scripts.ACQUIRE_MANY, "    if holder and kin(holder, ARGV[1]) ~= 1 then",
      "    if holder and holder ~= ARGV[1] then"),

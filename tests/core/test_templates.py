@@ -40,7 +40,7 @@ def expected_acquire(n: int, resource: str, args: AcquireArgs, epoch: int) -> tu
     ticket, patience, bucket, attempt and route for a queued waiter, the epoch)."""
     queued = args.ticket != ""
     record = queued and args.attempt != 0
-    call_args = (args.owner, args.ttl_ms, args.floor, args.ticket, args.patience_ms,
+    call_args = (args.value, args.ttl_ms, args.floor, args.ticket, args.patience_ms,
                  bucket(resource), args.attempt if record else "",
                  *((args.route,) if record and args.route else ()), epoch)
     keys = (KEYS.lock(resource), KEYS.counter, KEYS.marker, KEYS.line(resource),

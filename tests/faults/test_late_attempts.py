@@ -9,7 +9,7 @@ written behind the stalled ACQUIRE and sent on another connection too, where it 
 nothing. The next attempt gets nodes 0 and 2, a quorum of 3, and holds the lock. Then
 the stalled connection's bytes arrive: the first attempt's ACQUIRE, then its RELEASE.
 
-When every attempt of a call set the same owner value, that ACQUIRE found "our" key
+When every attempt of a call set the same lock value, that ACQUIRE found "our" key
 and refreshed it, and that RELEASE deleted it: the lock, counted on nodes 0 and 2, held
 on node 2 alone, one node short of a quorum (a client that found node 1 free too would
 have taken it), and its release raised LockLost. Each attempt now sets a value of its

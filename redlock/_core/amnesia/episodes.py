@@ -1,8 +1,7 @@
-"""Restarted and amnesiac nodes, seen to in the background (docs/design.md §4.3, §4.4):
-markers without a known server run adopted, restarted nodes judged (re-stamped if
-durable, else demoted), amnesia episodes opened on the nodes and read (when each node
-may rejoin). Never on an acquire's path: :mod:`redlock._core.amnesia.maintenance` runs
-these, and ``repair()`` too."""
+"""Restarted and amnesiac nodes, seen to in the background (docs/design.md §4.3, §4.4): markers
+without a known server run adopted, restarted nodes judged (re-stamped if durable, else demoted),
+amnesia episodes opened on the nodes and read (when each node may rejoin). Never on an acquire's
+path: :mod:`redlock._core.amnesia.maintenance` runs these, and ``repair()`` too."""
 
 from __future__ import annotations
 
@@ -37,8 +36,7 @@ def adopt_markers(guard: AmnesiaGuard, markers: dict[int, tuple[bytes, str]]) ->
     for (node, found), reply in zip(markers.items(), replies, strict=True):
         guard.health.adopted(node, found)
         if acked(reply):
-            logger.info("redlock.node_marker_adopted", node=guard.addresses[node],
-                        run_id=found[1])
+            logger.info("redlock.node_marker_adopted", node=guard.addresses[node], run_id=found[1])
         # Otherwise the marker or the server changed meanwhile: the next connection
         # identifies it again (a node that did not answer is looked at then, too).
 

@@ -1,31 +1,12 @@
 """Node amnesia: detection, exclusion, repair and rejoin (docs/design.md §4).
 
-A node that lost its data may have forgotten lock keys (breaking mutual exclusion)
-and fence counters (letting tokens go backwards). Two things betray it:
-
-* its marker key is missing (a total loss: restart without persistence, FLUSHALL, a
-  replica that never had it); the acquire script refuses on such a node by itself;
-* its marker was stamped by another server run than the one answering (a restart, or
-  a promoted replica): its data may be an older copy. Every new connection identifies
-  the server first (IDENTIFY, sent by the transports ahead of the first call); until
-  the node is judged, its grants do not count. A durable restart (``appendonly yes``,
-  ``appendfsync always``, not a promoted replica) is re-stamped; anything else becomes
-  a total loss: the marker is removed and an episode begins.
-
-A node whose marker names another format than this client's (a newer release
-initialised it, docs/design.md §4.1) is not used at all: its replies count for nothing,
-it is neither judged nor repaired, and an acquire it leaves without a quorum raises
-:class:`NodeFormatError`.
-
-An episode key records on the node itself, by its own clock and with its run id, when
-it was first seen without its marker and from when it may rejoin: once every lease it may
-have granted before has expired (bounded by its peers' lease horizons, docs/design.md
-§4.3.1). A repair (re-seed every fence counter from a majority of healthy nodes, then
-give the marker back) succeeds only from then on, checked by the node in the script that
-writes the marker: every client reads the same time, and a new loss restarts it.
-Judging and repairing run in the manager's background maintenance, never on an
-acquire's path.
-"""
+A node that lost its data may have forgotten lock keys and fence counters. Its marker betrays it:
+missing (a total loss; the acquire script refuses by itself), or stamped by another server run
+than the one answering (a restart, a promoted replica: until judged, its grants do not count; a
+durable restart is re-stamped, anything else becomes a total loss). A node of another format
+(§4.1) is not used at all. An episode key on the node records when it may rejoin (§4.3.1); a
+repair succeeds only from then on, checked by the node itself. Judging and repairing run in the
+manager's background maintenance, never on an acquire's path."""
 
 from __future__ import annotations
 
@@ -62,9 +43,8 @@ _INIT_RETRIES = 3
 class AmnesiaGuard:
     """Amnesia decisions, judging and repair for one manager's nodes."""
 
-    def __init__(self, addresses: Sequence[str], settings: Settings, keys: Keys,
-                 env: Environment, timeout: Callable[[], float],
-                 membership: Membership) -> None:
+    def __init__(self, addresses: Sequence[str], settings: Settings, keys: Keys, env: Environment,
+                 timeout: Callable[[], float], membership: Membership) -> None:
         self.addresses = tuple(addresses)
         self.membership = membership  # its rule: what a quorum is (§13.2)
         self.settings = settings
@@ -112,13 +92,10 @@ class AmnesiaGuard:
     # -- on the acquire path (no waiting on repairs) ------------------------------
 
     def inspect_calls(self) -> tuple[Call, ...]:
-        """Once per manager, on its first acquire: INFO for every node, to warn about
-        configurations that break the lock's assumptions. Sent with the first attempt's
-        calls, behind them on each node's connection, so the round trip is the
-        attempt's: a round of its own, waiting for a quorum's answers, cost a new
-        manager a whole request timeout when a majority hung, past the caller's
-        deadline. A node whose INFO is not read by the time the attempt is decided is
-        not asked again (its acquire replies say what is wrong with it)."""
+        """Once per manager, on its first acquire: INFO for every node, to warn about unsafe
+        configurations. Sent behind the first attempt's calls, so it costs no round of its own
+        (which a hung majority would make a whole request timeout); a node whose INFO is not read
+        by the time the attempt is decided is not asked again."""
         self.health.inspected = True
         return tuple(Call(i, ("INFO",)) for i in range(self.n))
 
@@ -149,9 +126,8 @@ class AmnesiaGuard:
         return tuple(screened)
 
     def clear(self, outcomes: Sequence[NodeResult]) -> bool:
-        """Nothing for :meth:`check` to do: no amnesiac or incompatible reply, and a
-        marker seen before (the usual attempt: asked first, it spares the attempt a flow
-        of its own)."""
+        """Nothing for :meth:`check` to do: no amnesiac or incompatible reply, and a marker seen
+        before (the usual attempt: asked first, it spares the attempt a flow of its own)."""
         return self.health.marker_seen and all(
             r.outcome is not Outcome.AMNESIAC and r.outcome is not Outcome.INCOMPATIBLE
             for r in outcomes)
@@ -178,11 +154,9 @@ class AmnesiaGuard:
             self.health.initialising(+1)
             try:
                 written = list((yield self._init_markers(range(self.n), deadline)))
-                # Every node answered the acquire a moment ago: one that did not answer
-                # the initialisation in time (a busy client) is asked again, a few
-                # times, rather than left unmarked (it would be benched for max_ttl);
-                # not past the caller's deadline: an attempt then finds it unmarked
-                # beside marked nodes and looks again before calling it amnesia.
+                # A node that did not answer the initialisation in time (a busy client) is
+                # asked again, a few times, within the deadline, rather than left unmarked
+                # (it would be benched for max_ttl).
                 for _ in range(_INIT_RETRIES):
                     unanswered = [i for i, reply in enumerate(written)
                                   if initialised(reply) is Initialised.UNANSWERED]
@@ -204,34 +178,30 @@ class AmnesiaGuard:
             return AttemptResult(None, tuple(outcomes), retry_now=True,
                                  reason="cluster initialised")
         if not with_marker and not self.health.marker_seen:
-            # No node we reached has a marker and we never saw one: most likely a new
-            # cluster with some node not answering. Only a full view may initialise it
-            # (a partial one could be a majority that lost its data), and these nodes
-            # are not amnesiac as far as anyone knows: do not bench them.
+            # No marker anywhere we reached, and none ever seen: most likely a new cluster
+            # with a node silent. Only a full view may initialise it (a partial one could be
+            # a majority that lost its data); nobody is benched.
             silent = self.n - len(amnesiac)
             return AttemptResult(None, tuple(outcomes), unavailable=True, reason=(
                 f"new cluster not initialised yet: all {self.n} nodes must answer once,"
                 f" {silent} did not"))
         newly_missing = [i for i in missing if i not in self.health.unmarked]
         if newly_missing and self.health.initialising_now():
-            # Another acquire of this manager is initialising the cluster right now: its
-            # markers have not reached these nodes yet (on a busy event loop, or with
-            # many threads, that can take longer than a request). Wait, then try again.
+            # Another acquire of this manager is initialising the cluster right now, its
+            # markers not here yet: wait, then try again.
             wait = deadline.pause(self.timeout())
             if wait > 0:
                 yield Pause(wait)
             return AttemptResult(None, tuple(outcomes), retry_now=True,
                                  reason="cluster initialisation in progress")
         if newly_missing and deadline.passed():
-            # No time left for a second look: these nodes are neither benched nor
-            # counted towards a majority loss; the next attempt looks again (they refuse
-            # to grant without their marker anyway).
+            # No time left for a second look: neither benched nor counted towards a
+            # majority loss (they refuse to grant without their marker anyway).
             newly = set(newly_missing)
             missing = [i for i in missing if i not in newly]
         elif newly_missing:
-            # A marker missing beside markers present is most often another client
-            # initialising a new cluster right now: its broadcast is still in flight.
-            # Look again once it must have landed before calling it amnesia.
+            # A marker missing beside markers present is most often another client's
+            # initialisation still in flight: look again before calling it amnesia.
             wait = deadline.pause(self.timeout())
             if wait > 0:
                 yield Pause(wait)
@@ -242,9 +212,7 @@ class AmnesiaGuard:
                 return AttemptResult(None, tuple(outcomes), retry_now=True,
                                      reason="cluster initialisation in progress")
             # Only a node that answered the second look without its marker lost its data;
-            # one that did not answer (a busy or slow node, a loaded client) is neither
-            # benched nor counted towards a majority loss: it is looked at again next time
-            # (it refuses to grant without its marker anyway).
+            # one that did not answer is looked at again next time.
             unconfirmed = {i for i, reply in zip(newly_missing, probe, strict=True)
                            if marker_exists(reply) is not False}
             missing = [i for i in missing if i not in unconfirmed]

@@ -1,9 +1,8 @@
-"""What one manager knows about its nodes' data (docs/design.md §4): which nodes
-restarted and wait to be judged, which lost their data and when they may rejoin, which
-markers carry no known server run, which nodes a newer release initialised (§4.1).
-Health is only bookkeeping: the guard (:mod:`redlock._core.amnesia.guard`) and the
-background work (:mod:`redlock._core.amnesia.episodes`, ``repair``, ``maintenance``) act
-on it."""
+"""What one manager knows about its nodes' data (docs/design.md §4): which nodes restarted and wait
+to be judged, which lost their data and when they may rejoin, which markers carry no known server
+run, which nodes a newer release initialised (§4.1). Health is only bookkeeping: the guard
+(:mod:`redlock._core.amnesia.guard`) and the background work
+(:mod:`redlock._core.amnesia.episodes`, ``repair``, ``maintenance``) act on it."""
 
 from __future__ import annotations
 

@@ -12,11 +12,10 @@ from redlock._core.requests import Flow, PauseUntilWoken, Wakeable
 
 
 def maintenance(guard: AmnesiaGuard, stop: Wakeable, news: Wakeable) -> Flow[None]:
-    """Judge restarted nodes, adopt unstamped markers, open episodes and repair nodes
-    whose rejoin delay has passed; returns when no node needs it any more, or
-    ``stop`` is set (the manager closed). Between rounds it waits for the next
-    repair due, or ``news`` (set when a node newly needs it, and on close).
-    Rate-limited; each step is bounded by ``repair_timeout``."""
+    """Judge restarted nodes, adopt unstamped markers, open episodes and repair nodes whose rejoin
+    delay has passed; returns when no node needs it any more, or ``stop`` is set (the manager
+    closed). Between rounds it waits for the next repair due, or ``news`` (set when a node newly
+    needs it, and on close). Rate-limited; each step is bounded by ``repair_timeout``."""
     health, settings = guard.health, guard.settings
     bounded: dict[int, float] = {}  # when each benched node's rejoin time was last bounded
     while health.pending() and not stop.is_set():

@@ -1,16 +1,7 @@
-"""Repairing nodes that lost their data, and the admin steps around it
-(docs/design.md §4.5, §4.8).
-
-A repair re-seeds the node's fence counters from a majority of healthy nodes (no
-committed token is above what the node will count from), then gives the node its marker
-back; the script that writes the marker refuses unless the node's amnesia episode has
-reached its rejoin time by the node's own clock (every lease it may have granted before
-the loss has expired then: docs/design.md §4.3.1). A node of another format (a newer release's,
-docs/design.md §4.1) is neither repaired nor read: this client reports it, and leaves
-it alone. ``repair()``
-reports every node; ``initialise()`` is the way out of an interrupted initialisation
-and, forced, of a majority that lost its data.
-"""
+"""Repairing nodes that lost their data, and the admin steps around it (docs/design.md §4.5,
+§4.8): counters re-seeded from a majority of healthy nodes, then the marker given back, which the
+node refuses before its episode's rejoin time (§4.3.1). A node of another format is reported and
+left alone. ``initialise()`` ends an interrupted initialisation and, forced, a majority's loss."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Handoff between waiters of one manager: a release wakes the longest local waiter at
+"""The local turns of one manager: a release wakes the longest local waiter at
 once (no waiting out its backoff), and local acquire attempts on one resource take
 turns instead of splitting the nodes between them. Real nodes, both clients
 (tests/clients.py): the owners are threads (sync) or tasks (async)."""
@@ -10,7 +10,7 @@ import time
 
 from redlock.testing import RedisNodes
 from tests.clients import Actor, Flavour
-from tests.internals import lines_idle
+from tests.internals import turns_idle
 
 SLOW_BACKOFF = {"retry_delay_min": 1.5, "retry_delay_max": 3.0}
 
@@ -30,7 +30,7 @@ async def test_release_wakes_a_local_waiter_before_its_backoff_ends(
     assert acquired
     # Woken by the release, not by its backoff (which had at least 1.2 s to go).
     assert acquired_at - released_at < 1.0
-    assert lines_idle(dlm)
+    assert turns_idle(dlm)
 
 
 async def test_contending_owners_all_get_turns(flavour: Flavour, me: Actor,
@@ -56,7 +56,7 @@ async def test_contending_owners_all_get_turns(flavour: Flavour, me: Actor,
     await asyncio.wait_for(asyncio.gather(*(work(i) for i in range(8))), 60)
     assert sum(counts) == 160
     assert min(counts) >= 5, counts
-    assert lines_idle(dlm)
+    assert turns_idle(dlm)
 
 
 async def test_waiters_that_time_out_leave_the_line(flavour: Flavour, me: Actor,
@@ -68,7 +68,7 @@ async def test_waiters_that_time_out_leave_the_line(flavour: Flavour, me: Actor,
         flavour.actor().on(dlm.lock("gone", ttl=10.0)).acquire(timeout=0.3)
         for _ in range(3)))
     assert acquired == [False, False, False]
-    assert lines_idle(dlm)
+    assert turns_idle(dlm)
     await holder.release()  # nobody waits: the notice is a no-op
-    assert lines_idle(dlm)
+    assert turns_idle(dlm)
     assert await me.on(dlm.lock("gone", ttl=10.0)).acquire(blocking=False)
