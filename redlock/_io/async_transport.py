@@ -335,7 +335,7 @@ class AsyncTransport:
             return Replies([as_failure(Unreachable(CLOSED))] * len(request.calls))
         replies = Replies([PENDING] * len(request.calls))
         exchanges = exchanges_of(request.calls, replies, request.lane, Exchange)
-        if self._late.total:  # releases go behind their value's unanswered acquires
+        if self._late.total:  # releases go behind unanswered acquires of their lock value
             self.write_behind(request)
         loop = asyncio.get_running_loop()
         started = time.monotonic()

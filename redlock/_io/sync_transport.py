@@ -120,8 +120,8 @@ class SyncTransport:
         try:
             if self._closed:  # a thread or background flow racing the manager's close
                 return Replies([as_failure(Unreachable(CLOSED))] * len(request.calls))
-            if self._drainer.late.total:  # releases go behind their value's unanswered
-                self._drainer.trail_releases(request)  # acquires (sync_drainer.py)
+            if self._drainer.late.total:  # releases go behind unanswered acquires of
+                self._drainer.trail_releases(request)  # their lock value (sync_drainer.py)
             started = time.monotonic()
             replies = Replies([PENDING] * len(request.calls))
             exchanges = exchanges_of(request.calls, replies, request.lane, Exchange)
