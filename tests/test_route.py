@@ -2,11 +2,9 @@
 new manager or of one that has long known its nodes, goes the same way, and the rare
 cases are branches of it. What is counted is the requests the handles send (the usual
 acquire is one, the usual release one, from a manager's very first call); what is
-asserted besides is the outcome on the nodes: keys, owners and fence counters.
-
-Formerly the quick lane's tests: each of its cases (the clean grant, a refusal and a
-wait in line, counters written back, a silent node) is here, on the one route, without
-warming the manager first.
+asserted besides is the outcome on the nodes: keys, lock values and fence counters.
+The cases: a clean grant, a refusal and a wait in line, counters written back, a silent
+node; none warms the manager first.
 """
 
 from __future__ import annotations
