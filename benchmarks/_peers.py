@@ -182,8 +182,9 @@ def checked(acquire: Callable[[Any], Any], who: str) -> Callable[[Any], None]:
 class Peers:
     """The peers of one run, the event loop of the async ones, and what to close."""
 
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
+    def __init__(self, new_loop: Callable[[], asyncio.AbstractEventLoop] = asyncio.new_event_loop
+                 ) -> None:
+        self.loop = new_loop()
         self.all: list[Peer] = []
         self.skipped: dict[str, str] = {}
         self.closers: list[Callable[[], Any]] = []

@@ -47,13 +47,25 @@ from _peers import (
 )
 from _sections import rotated
 
+LOOP = "asyncio"  # --loop
+
 # (ours, theirs): ratio ours/theirs of p50s; below 1 is ours faster
 PAIRS = (("ours_async", "aioredlock"), ("ours", "floor"), ("ours_async", "floor_async"),
          ("ours", "redispy"), ("ours", "prl"), ("ours_async", "redispy_async"))
 
 
+def new_loop() -> asyncio.AbstractEventLoop:
+    """The async peers' event loop: asyncio's own, or uvloop's with ``--loop uvloop`` (what
+    ``uvicorn[standard]`` installs)."""
+    if LOOP == "uvloop":
+        import uvloop
+
+        return uvloop.new_event_loop()
+    return asyncio.new_event_loop()
+
+
 def peer_set(urls: list[str]) -> tuple[Peers, list[Peer]]:
-    peers = Peers()
+    peers = Peers(new_loop)
     chosen: list[Peer] = []
     chosen.append(raw_floor(peers, urls))  # first: it initialises the first N nodes
     chosen.append(ours_sync(peers, urls, "ours", "ours sync"))
@@ -200,14 +212,19 @@ def main() -> int:
                         help="where this process and the nodes run (see _environment.pin)")
     parser.add_argument("--top", type=int, default=0,
                         help="with --profile: also the top functions by tottime")
+    parser.add_argument("--loop", choices=["asyncio", "uvloop"], default="asyncio",
+                        help="the async peers' event loop")
     args = parser.parse_args()
+    global LOOP
+    LOOP = args.loop
     configure_logging()
     from redlock.testing import RedisNodes
 
     print("issue 21 hot path" + (" (profile)" if args.profile else ""))
     for line in machine_lines():
         print("  " + line)
-    print(f"  N={args.ns} rounds={args.rounds} cycles={args.cycles}; loadavg {loadavg_text()}")
+    print(f"  N={args.ns} rounds={args.rounds} cycles={args.cycles} loop={args.loop}; "
+          f"loadavg {loadavg_text()}")
     with RedisNodes(max(args.ns)) as nodes:
         print("  " + pin(args.pin, [node.pid for node in nodes if node.pid is not None]))
         for n in args.ns:
