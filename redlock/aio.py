@@ -144,10 +144,13 @@ class AsyncElection(ElectionBase[AsyncLeadership]):
         """See :meth:`redlock.Election.observe` (an async iterator)."""
         wake = self._registry.new_event()
         stop = self._registry.watch_every(self._channels(), wake)
+        closing = self._registry.closing
         try:
             last, first = None, True
-            while True:
+            while not closing.is_set():
                 last = await self._registry.drive(self._next_flow(last, first, wake))
+                if closing.is_set():
+                    return
                 first = False
                 yield last
         finally:

@@ -146,13 +146,16 @@ class Election(ElectionBase[Leadership]):
     def observe(self) -> Iterator[Leader | None]:
         """Yield the leadership now, then each change (a new term, or vacancy: None),
         woken by the nodes' notifications, or when a leader's time runs out. Runs until
-        the caller stops iterating."""
+        the caller stops iterating, or the manager is closed."""
         wake = self._registry.new_event()
         stop = self._registry.watch_every(self._channels(), wake)
+        closing = self._registry.closing
         try:
             last, first = None, True
-            while True:
+            while not closing.is_set():
                 last = self._registry.drive(self._next_flow(last, first, wake))
+                if closing.is_set():
+                    return
                 first = False
                 yield last
         finally:

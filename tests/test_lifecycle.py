@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import threading
+import time
 import weakref
 from typing import Any
 
@@ -233,3 +234,63 @@ def test_a_new_thread_never_inherits_a_dead_threads_lock(nodes3: RedisNodes) -> 
                 break
         assert seen[-1][0] == idents[0], "no thread reused the ident: the test proves nothing"
         assert seen[-1][1] is False
+
+
+def test_close_ends_blocking_acquires_and_observers_at_once(nodes3: RedisNodes) -> None:
+    """A thread in a blocking acquire (timeout 20 s) and one iterating an election's
+    observe() when the application closes the manager: both end within a second (the
+    acquire with the reason, the observer's loop without an error), not at their next
+    poll, nor after outage_timeout (5 s)."""
+    dlm = Redlock(nodes3.urls)
+    other = Redlock(nodes3.urls)
+    results: dict[str, object] = {}
+
+    def wait_for_lock() -> None:
+        try:
+            results["acquire"] = dlm.lock("closing:busy", ttl=10.0).acquire(timeout=20.0)
+        except QuorumUnavailable as error:
+            results["acquire"] = error
+
+    def observe() -> None:
+        results["changes"] = list(dlm.election("closing:vote", ttl=10.0).observe())
+
+    try:
+        with other.lock("closing:busy", ttl=10.0):
+            threads = [threading.Thread(target=wait_for_lock), threading.Thread(target=observe)]
+            for thread in threads:
+                thread.start()
+            time.sleep(0.7)  # the acquire refused and waiting, the observer watching
+            stopwatch = Stopwatch()
+            dlm.close()
+            for thread in threads:
+                thread.join(5.0)
+            assert not any(t.is_alive() for t in threads), "close() left a caller waiting"
+            assert stopwatch() < 1.0, stopwatch()
+    finally:
+        dlm.close()
+        other.close()
+    assert isinstance(results["acquire"], QuorumUnavailable), results
+    assert "the manager is closed" in str(results["acquire"])
+    assert results["changes"] == [None]  # the leadership when it started: vacant
+
+
+async def test_close_ends_an_async_observer_at_once(nodes3: RedisNodes) -> None:
+    """The asyncio twin for observe(): the async for loop ends when the manager closes."""
+    dlm = AsyncRedlock(nodes3.urls)
+    changes: list[object] = []
+
+    async def observe() -> None:
+        async for change in dlm.election("closing:avote", ttl=10.0).observe():
+            changes.append(change)
+
+    task = asyncio.ensure_future(observe())
+    try:
+        assert await eventually(lambda: len(changes) == 1, 5.0)
+        stopwatch = Stopwatch()
+        await dlm.close()
+        await asyncio.wait_for(task, 1.0)
+        assert stopwatch() < 1.0
+    finally:
+        task.cancel()
+        await dlm.close()
+    assert changes == [None]

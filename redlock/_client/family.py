@@ -258,7 +258,8 @@ class ElectionBase(Generic[L]):
         return read_leader(self._registry.core, self._name)
 
     def _next_flow(self, last: Leader | None, first: bool, wake: Any) -> Flow[Leader | None]:
-        return next_leader(self._registry.core, self._name, last, first, self._ttl, wake)
+        return next_leader(self._registry.core, self._name, last, first, self._ttl, wake,
+                           self._registry.closing)
 
     def _channels(self) -> tuple[str, ...]:
         return election_channels(self._registry.core.keys, self._name)

@@ -188,7 +188,7 @@ class ManagerBase(Generic[H, MH]):
         self._executor = self._executor_class(self._transport, self._room, self._core,
                                               self._maintain, self._sleep)
         self._registry.start_process(self._open_renewals(), self._room.released,
-                                     self._room.watch_every, backend.new_event)
+                                     self._room.watch_every, backend.new_event, self._closing)
 
     def _open_renewals(self) -> Renewer | Renewals:
         """Where the renewal loop runs (docs/design.md §5.2): in the renewer, a process of the
@@ -362,6 +362,7 @@ class ManagerBase(Generic[H, MH]):
         self._in_this_process()  # in a forked child: nothing of the parent's is closed
         self._closing.set()
         self._maintenance_news.set()  # a waiting maintenance stops at once
+        self._room.wakeups.wake_all()  # so do the calls waiting for a release
         renewals = self._registry.renewals
         renewals.stop()  # and so does the renewal loop, after its current round
         return self._maintenance_runner, renewals.runner

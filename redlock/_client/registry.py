@@ -42,11 +42,13 @@ class Registry:
 
     def start_process(self, renewals: Renewing, released: Callable[[LockState], None],
                       watch_every: Callable[[tuple[str, ...], Any], Callable[[], None]],
-                      new_event: Callable[[], Any]) -> None:
+                      new_event: Callable[[], Any], closing: Any) -> None:
         """What lives in one process only (called again in a forked child). ``watch_every(channels,
         event)`` sets ``event`` on every message published on ``channels`` until the function it
-        returns is called (an election's observer); ``new_event`` makes the flavour's event."""
+        returns is called (an election's observer); ``new_event`` makes the flavour's event;
+        ``closing`` is the manager's, set by ``close()``."""
         self.renewals = renewals
+        self.closing = closing
         self.released = released
         self.watch_every = watch_every
         self.new_event = new_event

@@ -98,17 +98,20 @@ def read_leader(core: RedlockCore, name: str) -> Flow[Leader | None]:
 
 
 def next_leader(core: RedlockCore, name: str, last: Leader | None, first: bool,
-                ttl: float, wake: Wakeable) -> Flow[Leader | None]:
+                ttl: float, wake: Wakeable, closing: Wakeable) -> Flow[Leader | None]:
     """``observe()``'s step: the leadership as soon as it differs from ``last`` (or at
     once, the ``first`` time). Between reads it waits to be woken (a release or a
     proclamation, published on the election's channels), until the current leader's
-    time would run out, or at most ``ttl`` (§12.1)."""
+    time would run out, or at most ``ttl`` (§12.1). Once the manager is ``closing``, at
+    once ``last`` (the observer then stops)."""
     while True:
         wake.clear()  # a message during the read below wakes the next wait at once
         current = yield from read_leader(core, name)
         if first or (current is None) != (last is None) or (
                 current is not None and not current.same_term(last)):
             return current
+        if closing.is_set():  # (set before close() wakes the waits: none is missed)
+            return last
         wait = ttl if current is None else min(ttl, current.time_left + 0.05)
         yield PauseUntilWoken(max(wait, 0.01), wake)
 

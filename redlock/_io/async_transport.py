@@ -331,7 +331,8 @@ class AsyncTransport:
     async def broadcast(self, request: Broadcast) -> Replies:
         """Every call's reply or exception (NOT_AWAITED for those the request was
         decided without). Calls for one node share one connection and one write."""
-        if self._closed:  # a background flow (maintenance) racing the manager's close
+        if self._closed:  # a call, or a background flow, racing the manager's close
+            await asyncio.sleep(0)  # (a caller retrying at once must not hold up the loop)
             return Replies([as_failure(Unreachable(CLOSED))] * len(request.calls))
         replies = Replies([PENDING] * len(request.calls))
         exchanges = exchanges_of(request.calls, replies, request.lane, Exchange)

@@ -128,6 +128,14 @@ class WakeRegistry:
                     del self._watches[channel]
                     self._idle_since[channel] = now
 
+    def wake_all(self) -> None:
+        """Wake every wait: the manager closes, and its waiters (blocking acquires, an
+        election's observers) end now rather than at their next poll."""
+        with self._mutex:
+            events = [w.event for waits in self._watches.values() for w in waits]
+        for event in events:
+            event.set()
+
     # -- the listeners' side -------------------------------------------------------
 
     def wanted(self) -> set[str]:

@@ -60,9 +60,10 @@ class FailureKind(enum.Enum):
     OTHER = "other"
 
 
-#: Failures that retrying cannot fix: an acquire in an outage that meets them stops.
+#: Failures that retrying cannot fix: an acquire in an outage that meets them stops (a
+#: closed manager's at once, rather than after outage_timeout).
 PERMANENT = frozenset({FailureKind.AUTHENTICATION, FailureKind.PERMISSION,
-                       FailureKind.READ_ONLY, FailureKind.CLUSTER})
+                       FailureKind.READ_ONLY, FailureKind.CLUSTER, FailureKind.CLOSED})
 
 #: Why a node in cluster mode answers CROSSSLOT: the lock scripts take the resource's
 #: keys and the node marker together, in different slots (docs/design.md §11.4).
