@@ -235,6 +235,9 @@ class Kind:
     hands_off = True
     #: Whether a quorum must grant the same ``group`` (a permit's slot, §12.2).
     grouped = False
+    #: Whether one resource's acquire is filled in from a template (§2.6); the semaphore's
+    #: and the read-write lock's are built each time.
+    templated = True
 
     # -- keys --------------------------------------------------------------------------
 
@@ -291,7 +294,7 @@ class Kind:
                         args: AcquireArgs, epoch: int) -> tuple[tuple[Call, ...], bytes | None]:
         """An attempt's calls as they are sent (with the membership epoch), and the
         command every one of them sends, packed (None: the transports pack them)."""
-        if len(resources) == 1:
+        if len(resources) == 1 and self.templated:
             return self._acquire_one(keys, nodes, resources[0], args, epoch)
         return with_epoch(self.acquire_calls(keys, nodes, resources, args), keys, epoch), None
 
@@ -422,6 +425,7 @@ class Permit(Kind):
     name = "semaphore"
     hands_off = False
     grouped = True
+    templated = False
     noun = "permit of"
 
     def slot_key(self, keys: Keys, resource: str, slot: int) -> str:
@@ -454,10 +458,6 @@ class Permit(Kind):
     def for_call(self, secret: str) -> Kind:
         # Concurrent callers start on different slots (§12.2).
         return replace(self, slot=None, preferred=zlib.crc32(secret.encode()) % self.permits)
-
-    def acquire_request(self, keys: Keys, nodes: Sequence[int], resources: tuple[str, ...],
-                        args: AcquireArgs, epoch: int) -> tuple[tuple[Call, ...], bytes | None]:
-        return with_epoch(self.acquire_calls(keys, nodes, resources, args), keys, epoch), None
 
     def release_request(self, keys: Keys, nodes: Sequence[int], resources: Sequence[str],
                         args: tuple[CommandArg, ...]) -> tuple[tuple[Call, ...], bytes | None]:
@@ -531,6 +531,7 @@ class ReadWrite(Kind):
     mode: str = "w"
     name = "rwlock"
     hands_off = False
+    templated = False
 
     @property
     def noun(self) -> str:  # type: ignore[override]
@@ -544,10 +545,6 @@ class ReadWrite(Kind):
 
     def line(self, keys: Keys, resource: str) -> tuple[str, str]:
         return keys.part(resource, "rw-line"), keys.part(resource, "rw-line-deadlines")
-
-    def acquire_request(self, keys: Keys, nodes: Sequence[int], resources: tuple[str, ...],
-                        args: AcquireArgs, epoch: int) -> tuple[tuple[Call, ...], bytes | None]:
-        return with_epoch(self.acquire_calls(keys, nodes, resources, args), keys, epoch), None
 
     def release_request(self, keys: Keys, nodes: Sequence[int], resources: Sequence[str],
                         args: tuple[CommandArg, ...]) -> tuple[tuple[Call, ...], bytes | None]:
