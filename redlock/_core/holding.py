@@ -21,6 +21,7 @@ from redlock._core.requests import (
 )
 from redlock._core.settings import Keys, Settings
 from redlock._core.state import LockState, Status
+from redlock._core.tokens import quorum
 from redlock._observe.log import get_logger
 from redlock._observe.outages import NodeOutages
 from redlock._scripts.replies import ack_outcome, acked, key_gone
@@ -48,7 +49,7 @@ class Holding:
         self.timeout = timeout
         self.node_outages = node_outages
         self.clock = clock
-        self.quorum = len(self.addresses) // 2 + 1
+        self.quorum = quorum(self.n)
         # A holder's release's decision, and every node's outcome when each did it (made
         # once, shared: immutable).
         self.quorum_answered = self._answered(self.quorum)
