@@ -321,8 +321,10 @@ class ScriptedNodes:
         had_record = False
         if isinstance(script, scripts.Script) and scripts.EPOCH_CHECK in script.source:
             # (ACQUIRE's usual case comes before the check, where it would pass.)
-            # The membership check (docs/design.md §13.1): last key and argument.
-            *key_list, members_key = keys
+            # The membership check (docs/design.md §13.1): the last two keys (the horizon
+            # and the record) and the last argument.
+            *key_list, horizon_key, members_key = keys
+            assert horizon_key == HORIZON, horizon_key
             *arg_list, client_epoch = args
             had_record = members_key in db
             epoch, members, joining, retired = record(members_key)
@@ -499,7 +501,8 @@ class ScriptedNodes:
             line = self._line(node, line_key)
             first = min(line, key=lambda w: (line[w][0], w)) if line else ""
             if first and first != me and handoffs:
-                _, fence, marker, members_key = handoffs
+                _, fence, marker, members_key, horizon_key = handoffs
+                assert horizon_key == HORIZON, horizon_key
                 record_of = records.get(first)
                 parts = record_of.split(" ") if record_of else []
                 if (record_of and node_format(marker) == 1 and record(members_key)[3] != "1"

@@ -451,7 +451,8 @@ def acquire_by_hand(client: redis.Redis, resource: str, owner: str,
     """One node's ACQUIRE as a blocking acquire sends it (with a ticket)."""
     keys = (KEYS.lock(resource), KEYS.counter, KEYS.marker, KEYS.line(resource),
             KEYS.line_deadlines(resource),
-            KEYS.members)  # the membership record and epoch 0 last (docs/design.md §13.1)
+            KEYS.horizon, KEYS.members)  # the horizon, the membership record and epoch 0
+    # last (docs/design.md §4.3.1, §13.1)
     return [int(v) for v in client.eval(scripts.ACQUIRE.source, len(keys), *keys, owner,
                                         ttl_ms, 0, ticket, patience_ms, bucket(resource), 0)]
 

@@ -45,9 +45,10 @@ class AcquireArgs(NamedTuple):  # (one per attempt: a third of a frozen dataclas
 
 def with_epoch(calls: Iterable[Call], keys: Keys, epoch: int) -> tuple[Call, ...]:
     """Calls of the scripts that grant, commit or renew, as they are sent: with the
-    node's membership record as last key and the client's epoch as last argument (§13.1;
-    the scripts' EPOCH_CHECK). Every such call a kind builds goes out through here."""
-    members = keys.members
+    node's lease horizon and membership record as last keys and the client's epoch as last
+    argument (§4.3.1, §13.1; the scripts' EPOCH_CHECK). Every such call a kind builds goes
+    out through here."""
+    node_keys = (keys.horizon, keys.members)
     # Calls that shared their keys and arguments still share them: the transports pack
     # a command once per request (redlock._io.wire.Packing).
     made: list[Call] = []
@@ -56,7 +57,7 @@ def with_epoch(calls: Iterable[Call], keys: Keys, epoch: int) -> tuple[Call, ...
         same_args = before is not None and call.args is before.args
         same_keys = before is not None and call.keys is before.keys
         made.append(Call(call.node, made[-1].args if same_args else (*call.args, epoch),
-                         call.script, made[-1].keys if same_keys else (*call.keys, members)))
+                         call.script, made[-1].keys if same_keys else (*call.keys, *node_keys)))
         before = call
     return tuple(made)
 
@@ -192,13 +193,15 @@ _KEPT = 1024  # templates kept, for the names used lately (bounded memory)
 
 
 @functools.lru_cache(maxsize=_KEPT)
-def _acquire_template(kind: Kind, namespace: str, resource: str, ttl_ms: int, route: str,
-                      queued: bool, record: bool, epoch: int | None) -> Template:
+def _acquire_template(kind: Kind, namespace: str, hash_slot: int | None, resource: str,
+                      ttl_ms: int, route: str, queued: bool, record: bool,
+                      epoch: int | None) -> Template:
     """ACQUIRE of one resource (docs/design.md §2.2): a queued call's (``queued``) with
     its ticket, one that records its attempt for a hand-off (``record``, §6.7) with it
-    and its route; with the membership epoch as the last argument and the record as the
-    last key (None: without, as :func:`with_epoch` would add them)."""
-    keys = Keys(namespace)
+    and its route; with the membership epoch as the last argument and the horizon and the
+    record as the last keys (None: without, as :func:`with_epoch` would add them).
+    ``namespace`` and ``hash_slot`` make the :class:`Keys` (a cluster node's: its hash slot's)."""
+    keys = Keys(namespace, hash_slot)
     named = kind.names(keys, resource)
     args: tuple[CommandArg | Hole, ...] = (
         _VALUE, ttl_ms, _FLOOR, _TICKET if queued else "", _PATIENCE, named.bucket,
@@ -206,24 +209,25 @@ def _acquire_template(kind: Kind, namespace: str, resource: str, ttl_ms: int, ro
     call_keys: tuple[str, ...] = (named.lock, keys.counter, keys.marker, named.line,
                                   named.deadlines, named.line_ttls)
     if epoch is not None:
-        args, call_keys = (*args, epoch), (*call_keys, keys.members)
+        args, call_keys = (*args, epoch), (*call_keys, keys.horizon, keys.members)
     return Template(scripts.ACQUIRE, call_keys, args, len(AcquireArgs._fields))
 
 
 @functools.lru_cache(maxsize=_KEPT)
-def _release_template(kind: Kind, namespace: str, resource: str, leave: str,
-                      patience: bool, places_back: bool) -> Template:
+def _release_template(kind: Kind, namespace: str, hash_slot: int | None, resource: str,
+                      leave: str, patience: bool, places_back: bool) -> Template:
     """RELEASE of one resource (docs/design.md §5.3): ``leave`` '1' ends the call or the
     hold, '0' a failed attempt (with its line entry's ``patience``; ``places_back``: with
     its ticket, to put its place back, §6.3)."""
-    keys = Keys(namespace)
+    keys = Keys(namespace, hash_slot)
     named = kind.names(keys, resource)
     args: tuple[CommandArg | Hole, ...] = (
         _RELEASE_VALUE, leave, _RELEASE_PATIENCE if patience else "", named.bucket,
         *((_RELEASE_TICKET,) if places_back else ()))
     return Template(scripts.RELEASE,
                     (named.lock, named.channel, named.line, named.deadlines,
-                     named.line_ttls, keys.counter, keys.marker, keys.members), args, 4)
+                     named.line_ttls, keys.counter, keys.marker, keys.members, keys.horizon),
+                    args, 4)
 
 class Kind:
     """The mutex: one key per name holding the lock value (``ns:{R}:lock``)."""
@@ -303,7 +307,7 @@ class Kind:
         # A queued waiter of a kind that hands off records its attempt (§6.7).
         queued = args.ticket != ""
         return _acquire_template(
-            self, keys.namespace, resource, args.ttl_ms, args.route, queued,
+            self, keys.namespace, keys.hash_slot, resource, args.ttl_ms, args.route, queued,
             self.hands_off and queued and args.attempt != 0, epoch).fill(args, nodes)
 
     vote: Vote = staticmethod(acquire_vote)
@@ -360,11 +364,12 @@ class Kind:
         else:  # (value, leave, patience[, ticket]): a failed attempt's
             values = (*args, "", "")[:4]
             shape = (str(args[1]), True, _places_back(args))
+        namespace, hash_slot = keys.namespace, keys.hash_slot
         if len(resources) == 1:
-            return _release_template(self, keys.namespace, resources[0], *shape).fill(
+            return _release_template(self, namespace, hash_slot, resources[0], *shape).fill(
                 values, nodes)
         filled = [(t.filled(values), t.script, t.keys) for t in (
-            _release_template(self, keys.namespace, r, *shape) for r in resources)]
+            _release_template(self, namespace, hash_slot, r, *shape) for r in resources)]
         return tuple([Call(i, *call) for i in nodes for call in filled]), None
 
     def extend_call(self, keys: Keys, node: int, resource: str, value: str, ttl_ms: int) -> Call:

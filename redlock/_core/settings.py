@@ -7,10 +7,11 @@ import math
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, lru_cache
 
 from redlock._observe.warn import check_units, milliseconds_hint
 from redlock._scripts import node as node_scripts
+from redlock._scripts.hash_slots import hash_slot, tag_of
 
 # The longest TTL a lock may ask for by default, and how long a node that lost data stays
 # out where nothing that survived bounds its leases (docs/design.md §4.3.1). Auto-extend
@@ -175,11 +176,26 @@ class Settings:
 @dataclass(frozen=True)
 class Keys:
     """Key names (the table at the top of docs/design.md). A resource's keys share a
-    hash tag (``{resource}``): one slot. A node keeps a fixed set of keys of its own
+    hash tag (``{resource}``): one hash slot. A node keeps a fixed set of keys of its own
     (``ns:node:*``): its marker, its fence counters (one hash), its membership record,
-    its amnesia episode and repair claim; the resources' lock keys and lines expire."""
+    its lease horizon, its amnesia episode and repair claim; the resources' lock keys and
+    lines expire. A cluster node keeps that set once per hash slot (``hash_slot``), named
+    ``ns:node:{T}:*`` with the hash slot's tag (docs/design.md §11.4): :meth:`beside`."""
 
     namespace: str
+    hash_slot: int | None = None
+
+    def beside(self, resource: str) -> Keys:
+        """The keys a cluster node uses for ``resource``: its node keys of the hash slot
+        the resource's keys are stored in (one hash slot per script)."""
+        return _in_hash_slot(self.namespace, hash_slot(self.lock(resource)))
+
+    @cached_property
+    def node(self) -> str:
+        """The prefix of the node's own keys: ``ns:node`` (``ns:node:{T}`` on a cluster)."""
+        if self.hash_slot is None:
+            return f"{self.namespace}:node"
+        return f"{self.namespace}:node:{{{tag_of(self.hash_slot)}}}"
 
     def lock(self, resource: str) -> str:
         return f"{self.namespace}:{{{resource}}}:lock"
@@ -205,18 +221,18 @@ class Keys:
     def counter(self) -> str:
         """The node's fence counters: a hash of ``COUNTER_BUCKETS`` fields; a resource's
         tokens come from the one its name hashes to (``tokens.bucket``)."""
-        return f"{self.namespace}:node:fence"
+        return f"{self.node}:fence"
 
     @cached_property  # (read on every call: made once)
     def members(self) -> str:
         """The node's membership record (docs/design.md §13.1): a hash, no TTL."""
-        return f"{self.namespace}:node:members"
+        return f"{self.node}:members"
 
     @cached_property  # (read on every call: made once)
     def marker(self) -> str:
         """The node marker: the node's format and the server run that stamped it
         (docs/design.md §4.1)."""
-        return f"{self.namespace}:node:marker"
+        return f"{self.node}:marker"
 
     def identify_command(self) -> tuple[str | int, ...]:
         """IDENTIFY, as the transports send it first on every new connection: an EVAL
@@ -227,15 +243,21 @@ class Keys:
     def episode(self) -> str:
         """When (by the node's clock) and in which server run it lost its data, and from
         when it may rejoin."""
-        return f"{self.namespace}:node:amnesia"
+        return f"{self.node}:amnesia"
 
     @property
     def horizon(self) -> str:
         """The node's lease horizon (docs/design.md §4.3.1): a key whose expiry is the
         latest of the leases it granted or extended. The scripts name it from
         :attr:`members` (``members`` replaced by ``horizon``)."""
-        return f"{self.namespace}:node:horizon"
+        return f"{self.node}:horizon"
 
     @property
     def repair_guard(self) -> str:
-        return f"{self.namespace}:node:repair"
+        return f"{self.node}:repair"
+
+
+@lru_cache(maxsize=1024)
+def _in_hash_slot(namespace: str, slot: int) -> Keys:
+    # Asked on every call to a cluster node: kept for the hash slots used lately.
+    return Keys(namespace, slot)

@@ -373,9 +373,9 @@ def acquire_keys(call: Call) -> list[tuple[object, object]]:
     if call.script is scripts.ACQUIRE:
         return [(call.keys[0], call.args[0])]
     if call.script is scripts.ACQUIRE_MANY:
-        # KEYS: 2 of the node's (marker, counters), the lock keys, and the membership
-        # record (redlock._core.kinds.with_epoch)
-        return [(key, call.args[0]) for key in call.keys[2:-1]]
+        # KEYS: 2 of the node's (marker, counters), the lock keys, and the horizon and
+        # membership record (redlock._core.kinds.with_epoch)
+        return [(key, call.args[0]) for key in call.keys[2:-2]]
     return []
 
 

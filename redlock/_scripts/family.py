@@ -50,7 +50,7 @@ EXTEND_LEADER = guarded(
 if redis.call('GET', KEYS[1]) == ARGV[1] then
     redis.call('PEXPIRE', KEYS[1], ARGV[2])
     redis.call('PEXPIRE', KEYS[2], ARGV[2])
-""" + raise_horizon("MEMBERS_KEY", "ARGV[2]") + """
+""" + raise_horizon("HORIZON_KEY", "ARGV[2]") + """
     return 1
 end
 return 0
@@ -120,7 +120,7 @@ for i = 0, k - 1 do
     local ours = kin(holder, ARGV[1])
     if ours == 1 then
         redis.call('SET', key, ARGV[1], 'PX', ARGV[2])
-""" + raise_horizon("MEMBERS_KEY", "ARGV[2]") + """
+""" + raise_horizon("HORIZON_KEY", "ARGV[2]") + """
         return {2, settle(KEYS[2], ARGV[7 + i], 0, 0), i}
     elseif ours == -1 then
         return {0, redis.call('PTTL', key)}
@@ -154,7 +154,7 @@ if #free > ahead then
         end
     end
     redis.call('SET', KEYS[6 + slot], ARGV[1], 'PX', ARGV[2])
-""" + raise_horizon("MEMBERS_KEY", "ARGV[2]") + """
+""" + raise_horizon("HORIZON_KEY", "ARGV[2]") + """
     if ARGV[4] ~= '' and redis.call('ZREM', KEYS[3], me) == 1 then
         redis.call('ZREM', KEYS[4], me)
         if #free > 1 then
@@ -297,7 +297,7 @@ if ARGV[1] == 'w' then
     local ours = kin(writer, ARGV[2])
     if ours == 1 then
         redis.call('SET', KEYS[3], ARGV[2], 'PX', ttl)
-""" + raise_horizon("MEMBERS_KEY", "ttl") + """
+""" + raise_horizon("HORIZON_KEY", "ttl") + """
         return {2, settle(KEYS[2], ARGV[7], 0, 0)}
     elseif ours == -1 then  -- came late: changes nothing (§2.1)
         return {0, redis.call('PTTL', KEYS[3])}
@@ -322,14 +322,14 @@ if ARGV[1] == 'w' then
         keep_until(KEYS[5], KEYS[6], me, now + math.min(tonumber(ARGV[6]), ttl), now)
     end
     redis.call('SET', KEYS[3], ARGV[2], 'PX', ttl)
-""" + raise_horizon("MEMBERS_KEY", "ttl") + """
+""" + raise_horizon("HORIZON_KEY", "ttl") + """
     return {1, settle(KEYS[2], ARGV[7], tonumber(ARGV[4]), 1)}
 end
 local mine = redis.call('ZSCORE', KEYS[4], reader)
 if mine then
     redis.call('ZADD', KEYS[4], now + ttl, reader)
     keep_readers(KEYS[4], now)
-""" + raise_horizon("MEMBERS_KEY", "ttl") + """
+""" + raise_horizon("HORIZON_KEY", "ttl") + """
     return {2, settle(KEYS[2], ARGV[7], 0, 0)}
 end
 if writer then
@@ -350,7 +350,7 @@ for i = 2, #ahead, 2 do
 end
 redis.call('ZADD', KEYS[4], now + ttl, reader)
 keep_readers(KEYS[4], now)
-""" + raise_horizon("MEMBERS_KEY", "ttl") + """
+""" + raise_horizon("HORIZON_KEY", "ttl") + """
 if ARGV[5] ~= '' and redis.call('ZREM', KEYS[5], me) == 1 then
     redis.call('ZREM', KEYS[6], me)
     -- The next in line, if a reader, may go too: wake it.
@@ -378,7 +378,7 @@ if not score or tonumber(score) <= now then
 end
 redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), reader)
 keep_readers(KEYS[1], now)
-""" + raise_horizon("MEMBERS_KEY", "ARGV[2]") + """
+""" + raise_horizon("HORIZON_KEY", "ARGV[2]") + """
 return 1
 """,
 )

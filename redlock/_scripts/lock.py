@@ -59,13 +59,13 @@ ACQUIRE = guarded(
 -- The usual case first (docs/design.md §2.2): a marker, no membership record, no line, told by
 -- one EXISTS that counts a key once per mention (the record, named four times, makes 4 or more,
 -- the line 2, the marker 1). Its format is checked on every new connection (IDENTIFY, §4.4).
-local marker, line, record = KEYS[3], KEYS[4], KEYS[#KEYS]
+local marker, line, record, horizon = KEYS[3], KEYS[4], KEYS[#KEYS], KEYS[#KEYS - 1]
 local present = redis.call('EXISTS', marker, line, line, record, record, record, record)
 local usual = present == 1
 if usual and redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
     -- Free, and granted: the node's lease horizon (docs/design.md §4.3.1), and the
     -- token as settle(..., 1) makes it.
-""" + raise_horizon("record", "ARGV[2]") + """
+""" + raise_horizon("horizon", "ARGV[2]") + """
     local raised = redis.call('HINCRBY', KEYS[2], ARGV[6], 1)
     local token = math.max(raised, tonumber(ARGV[3]) + 1)
     if token > raised then
@@ -85,14 +85,14 @@ end
 local queued = present % 4 >= 2
 -- Free, and nobody in line: one command checks and sets the key (the usual case tried it above).
 if not usual and not queued and redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-""" + raise_horizon("MEMBERS_KEY", "ARGV[2]") + """
+""" + raise_horizon("HORIZON_KEY", "ARGV[2]") + """
     return {1, settle(KEYS[2], ARGV[6], tonumber(ARGV[3]), 1)}
 end
 local holder = redis.call('GET', KEYS[1])
 local ours = kin(holder, ARGV[1])
 if ours == 1 then
     redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-""" + raise_horizon("MEMBERS_KEY", "ARGV[2]") + """
+""" + raise_horizon("HORIZON_KEY", "ARGV[2]") + """
     return {2, settle(KEYS[2], ARGV[6], 0, 0)}
 elseif ours == -1 then
     -- A later attempt of our call set it: this one is over (a reply lost, a connection
@@ -117,7 +117,7 @@ if holder and string.sub(holder, 1, 8) == 'handoff:' then
             redis.call('HDEL', ttls, me)
         end
         redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-""" + raise_horizon("MEMBERS_KEY", "ARGV[2]") + """
+""" + raise_horizon("HORIZON_KEY", "ARGV[2]") + """
         return {1, settle(KEYS[2], ARGV[6], tonumber(ARGV[3]), 0)}
     end
 end
@@ -169,7 +169,7 @@ if first then
     end
 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-""" + raise_horizon("MEMBERS_KEY", "ARGV[2]") + """
+""" + raise_horizon("HORIZON_KEY", "ARGV[2]") + """
 return {1, settle(KEYS[2], ARGV[6], tonumber(ARGV[3]), 1)}
 """,
 )
@@ -234,7 +234,7 @@ for i = 1, k do
     settle(KEYS[2], ARGV[3 + i], token, 0)
     reply[#reply + 1] = token
 end
-""" + raise_horizon("MEMBERS_KEY", "ARGV[2]") + """
+""" + raise_horizon("HORIZON_KEY", "ARGV[2]") + """
 return reply
 """,
 )
@@ -277,7 +277,8 @@ RELEASE = Script(
 -- KEYS[1] lock key, KEYS[2] release notification channel,
 -- KEYS[3] waiting line, KEYS[4] line deadlines (see ACQUIRE)
 -- KEYS[5] the line's hand-off records, KEYS[6] node fence counters, KEYS[7] node marker,
--- KEYS[8] the node's membership record (KEYS[5..8] absent: no hand-off)
+-- KEYS[8] the node's membership record, KEYS[9] its lease horizon (KEYS[5..9] absent: no
+-- hand-off)
 -- ARGV[1] lock value, ARGV[2] '1': also leave the line (the acquire call is over: the
 -- key goes if any attempt of our call set it, §2.1), '0': keep our place (a failed
 -- attempt that will try again: the key goes only if this attempt set it); ARGV[3] (with
@@ -368,7 +369,7 @@ if first ~= '' and first ~= me and ttls then
         end
         if ttl then
             redis.call('SET', KEYS[1], reservation(first), 'PX', ttl)
-""" + raise_horizon("KEYS[8]", "ttl") + """
+""" + raise_horizon("KEYS[9]", "ttl") + """
             local counter = settle(KEYS[6], ARGV[4], tonumber(floor), 1)
             local deadline = tonumber(redis.call('ZSCORE', KEYS[4], first))
             local cut = now + tonumber(ttl)
@@ -401,14 +402,14 @@ EXTEND = guarded(
 local holder = redis.call('GET', KEYS[1])
 if holder == ARGV[1] then
     redis.call('PEXPIRE', KEYS[1], ARGV[2])
-""" + raise_horizon("MEMBERS_KEY", "ARGV[2]") + """
+""" + raise_horizon("HORIZON_KEY", "ARGV[2]") + """
     return 1
 end
 -- (The shared functions only past the usual case: a renewal, on every call.)
 """ + VALUE_FUNCTIONS + """
 if holder and holder == 'handoff:' .. waiter_of(ARGV[1]) then
     redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-""" + raise_horizon("MEMBERS_KEY", "ARGV[2]") + """
+""" + raise_horizon("HORIZON_KEY", "ARGV[2]") + """
     return 1
 end
 return 0

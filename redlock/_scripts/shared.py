@@ -9,19 +9,23 @@ from redlock._scripts.script import Script
 
 # -- membership (docs/design.md §13) ---------------------------------------------------
 #
-# Every script that grants, commits or renews takes the node's membership record as its last key
-# and the client's epoch as its last argument, and starts with EPOCH_CHECK: a node whose record's
-# epoch is above the client's, or that a change retired, refuses with the record and changes
-# nothing; the rest of the script sees KEYS and ARGV without them (local copies shadow the
-# globals), so its own indexes are unchanged. A script's usual case may come between the two
+# Every script that grants, commits or renews takes the node's lease horizon and membership
+# record as its last two keys and the client's epoch as its last argument, and starts with
+# EPOCH_CHECK: a node whose record's epoch is above the client's, or that a change retired, refuses
+# with the record and changes nothing; the rest of the script sees KEYS and ARGV without them
+# (local copies shadow the globals), so its own indexes are unchanged. Both node keys are
+# declared, as Redis asks of every key a script touches (on a cluster node they are the copies
+# of the resource's hash slot, docs/design.md §11.4). A script's usual case may come between the two
 # (``guarded(usual=...)``): the call that goes no further makes no copies.
 
 STALE_EPOCH = -3  # {-3, epoch, members, joining, retired}: the client must adopt it
 
 EPOCH_CHECK = """
+-- KEYS[#KEYS - 1] the node's lease horizon (docs/design.md §4.3.1),
 -- KEYS[#KEYS] the node's membership record (hash: epoch, members, joining, retired),
 -- ARGV[#ARGV] the client's epoch; refuses with {-3, epoch, members, joining, retired}
-local MEMBERS_KEY, CLIENT_EPOCH = KEYS[#KEYS], tonumber(ARGV[#ARGV])
+local HORIZON_KEY, MEMBERS_KEY = KEYS[#KEYS - 1], KEYS[#KEYS]
+local CLIENT_EPOCH = tonumber(ARGV[#ARGV])
 do
     local record = redis.call('HMGET', MEMBERS_KEY, 'epoch', 'members', 'joining', 'retired')
     local epoch = tonumber(record[1] or '0') or 0
@@ -31,7 +35,7 @@ do
 end
 """
 WITHOUT_EPOCH = """
-local KEYS = {unpack(KEYS, 1, #KEYS - 1)}
+local KEYS = {unpack(KEYS, 1, #KEYS - 2)}
 local ARGV = {unpack(ARGV, 1, #ARGV - 1)}
 """
 
@@ -39,12 +43,13 @@ local ARGV = {unpack(ARGV, 1, #ARGV - 1)}
 def guarded(name: str, source: str, *, usual: str = "", copies: bool = True,
             checked_usual: bool = True) -> Script:
     """A granting, committing or renewing script, behind :data:`EPOCH_CHECK`. ``usual``: its usual
-    case, run after the check on KEYS and ARGV as sent (the membership key and the epoch still
-    last: it may use only indexes below them), before ``source``. ``copies=False``: ``source`` too
-    reads only such indexes, and goes without the copies of KEYS and ARGV (a renewal, on every
-    call). ``checked_usual=False``: the usual case runs before the check, which it must then make
-    needless: it may change something only where the node has no membership record (the check
-    passes there for every client, whose epoch is 0 or more, and nothing retired the node)."""
+    case, run after the check on KEYS and ARGV as sent (the horizon, the membership key and
+    the epoch still last: it may use only indexes below them), before ``source``.
+    ``copies=False``: ``source`` too reads only such indexes, and goes without the copies of
+    KEYS and ARGV (a renewal, on every call). ``checked_usual=False``: the usual case runs
+    before the check, which it must then make needless: it may change something only where
+    the node has no membership record (the check passes there for every client, whose epoch
+    is 0 or more, and nothing retired the node)."""
     if not checked_usual:
         return Script(name, usual + EPOCH_CHECK + (WITHOUT_EPOCH if copies else "") + source)
     return Script(name, EPOCH_CHECK + usual + (WITHOUT_EPOCH if copies else "") + source)
@@ -103,16 +108,14 @@ end
 # -- the node's lease horizon (docs/design.md §4.3.1) ----------------------------------
 #
 # ``ns:node:horizon``: its expiry is, within HORIZON_SLACK_MS, the latest of any lease the
-# node granted or extended; named as the membership record (the last key) with ``members``
-# replaced.
+# node granted or extended; a declared key of every script that raises it.
 
-def raise_horizon(record: str, ttl: str) -> str:
+def raise_horizon(horizon: str, ttl: str) -> str:
     """Lua (a block) that raises the node's lease horizon to a lease of ``ttl`` ms from
-    now; ``record`` and ``ttl`` are Lua expressions: the membership record's key name,
-    the TTL. One PTTL, and a SET only when the lease ends past the key by the slack."""
-    return (f"do local hk = string.sub({record}, 1, -8) .. 'horizon'\n"
-            f"if redis.call('PTTL', hk) < tonumber({ttl}) - {HORIZON_SLACK_MS} then\n"
-            f"redis.call('SET', hk, '1', 'PX', {ttl}) end end\n")
+    now; ``horizon`` and ``ttl`` are Lua expressions: the horizon's key name (a declared
+    key), the TTL. One PTTL, and a SET only when the lease ends past the key by the slack."""
+    return (f"if redis.call('PTTL', {horizon}) < tonumber({ttl}) - {HORIZON_SLACK_MS} then\n"
+            f"redis.call('SET', {horizon}, '1', 'PX', {ttl}) end\n")
 
 
 # -- the waiting line (docs/design.md §6.3) --------------------------------------------

@@ -14,6 +14,9 @@
 ``manager(nodes, clock=..., sleep=..., asynchronous=False, **options)`` builds a ``Redlock`` (or
 ``AsyncRedlock``) with a test's clock and sleep: the public constructor takes neither.
 
+``RedisClusterNodes(masters=3, replicas=1)`` runs a real Redis Cluster (hash slots migrated,
+masters killed and their replicas promoted), and the ``redis_cluster_nodes`` fixture gives one.
+
 ``RedisSentinel`` runs a real Sentinel (``redis-server --sentinel``) monitoring some of
 those nodes under service names, for nodes given as ``Sentinel.master_for(service)``.
 
@@ -43,6 +46,7 @@ if TYPE_CHECKING:
     from redlock.testing.logs import capture_events
     from redlock.testing.managers import manager
     from redlock.testing.node import Node, Nodes
+    from redlock.testing.redis_cluster import RedisClusterNodes
     from redlock.testing.redis_nodes import (
         NodeBackup,
         RedisNode,
@@ -63,6 +67,7 @@ if TYPE_CHECKING:
 _LAZY = {"start_nodes": "backends", "start_toxiproxy": "backends", "capture_events": "logs",
          "manager": "managers", "Node": "node", "Nodes": "node", "NodeBackup": "redis_nodes",
          "RedisNode": "redis_nodes", "RedisNodes": "redis_nodes",
+         "RedisClusterNodes": "redis_cluster",
          "find_redis_server": "redis_nodes", "free_port": "redis_nodes",
          "RedisSentinel": "sentinel", "Proxies": "toxiproxy", "Proxy": "toxiproxy",
          "ToxiproxyError": "toxiproxy", "ToxiproxyServer": "toxiproxy",
@@ -82,7 +87,8 @@ def __dir__() -> list[str]:
     return sorted({*globals(), *_LAZY})
 
 
-__all__ = ["Node", "NodeBackup", "Nodes", "Proxies", "Proxy", "RedisNode", "RedisNodes",
+__all__ = ["Node", "NodeBackup", "Nodes", "Proxies", "Proxy", "RedisClusterNodes", "RedisNode",
+           "RedisNodes",
            "RedisSentinel", "ToxiproxyError", "ToxiproxyServer", "capture_events",
            "find_redis_server", "find_toxiproxy_server", "free_port", "manager", "start_nodes",
            "start_toxiproxy"]

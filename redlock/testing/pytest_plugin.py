@@ -48,6 +48,11 @@ answer, so inject faults after one acquisition, as above):
   the reply is dropped), ``refuse(i)`` (connections refused), ``latency(i, seconds)``,
   ``restart(i)`` (kill -9 and back with its data), ``restart_empty(i)`` (back with
   none: amnesia), ``heal()``. The network faults need Toxiproxy.
+- ``redis_cluster_nodes``: a real Redis Cluster (:class:`redlock.testing.RedisClusterNodes`:
+  3 masters with a replica each, local processes only), one per test module, emptied before
+  each test; ``client()``, ``master_of(hash_slot)``, ``migrate(hash_slot, master)``,
+  ``kill_master(hash_slot)`` (its replica promoted). A cluster is not yet accepted as a
+  lock node (docs/proposals/cluster.md).
 
 Backends (``--redlock-backend``, ini ``redlock_backend``, or ``$REDLOCK_TEST_BACKEND``): ``local``
 (default) runs ``redis-server`` and ``toxiproxy-server`` processes from PATH (``$REDIS_SERVER`` /
@@ -71,6 +76,7 @@ if TYPE_CHECKING:
     from redlock.testing.backends import AnyNodes
     from redlock.testing.history import History
     from redlock.testing.node import Node
+    from redlock.testing.redis_cluster import RedisClusterNodes
     from redlock.testing.toxiproxy import Proxies, Proxy, ToxiproxyServer
 
 DEFAULT_NODES = 3
@@ -316,6 +322,27 @@ def redlock_client(redlock_cluster: Cluster) -> Iterator[Redlock]:
 
     with Redlock(redlock_cluster.urls) as dlm:
         yield dlm
+
+
+@pytest.fixture(scope="module")
+def _redis_cluster_of_module() -> Iterator[RedisClusterNodes]:
+    from redlock.testing.redis_cluster import RedisClusterNodes
+
+    with RedisClusterNodes(masters=3, replicas=1) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def redis_cluster_nodes(_redis_cluster_of_module: RedisClusterNodes
+                        ) -> Iterator[RedisClusterNodes]:
+    """A real Redis Cluster (3 masters, each with a replica) on loopback, shared by a
+    module's tests and emptied before each (FLUSHALL on every master). A test that kills a
+    master or migrates hash slots leaves the cluster so for the module's next tests."""
+    cluster = _redis_cluster_of_module
+    for master in cluster.masters():
+        with master.client() as client:
+            client.flushall()
+    yield cluster
 
 
 @pytest.fixture

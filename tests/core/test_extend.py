@@ -28,7 +28,7 @@ def test_extend_with_a_quorum_of_acks_renews_from_the_start_of_the_extend() -> N
     assert drive(core.holding.extend(state, 20.0), nodes.execute) is None
     [request] = nodes.broadcasts()
     assert [(c.node, c.script, c.keys, c.args) for c in request.calls] == [
-        (i, scripts.EXTEND, (lock_key("r"), KEYS.members), (state.value, 20_000, 0))
+        (i, scripts.EXTEND, (lock_key("r"), KEYS.horizon, KEYS.members), (state.value, 20_000, 0))
         for i in range(3)]  # the membership key and epoch last (docs/design.md §13.1)
     # Adaptive (no round trip measured yet: the ceiling), or half the validity left if
     # that is longer: an answer is in time as long as the lock is valid.

@@ -54,8 +54,8 @@ def server() -> Iterator[redis.Redis]:
 
 
 def guarded(call: Call, epoch: int) -> Call:
-    """A granting, committing or renewing call, with the membership key and the
-    client's epoch last (docs/design.md §13.1)."""
+    """A granting, committing or renewing call, with the horizon and membership keys
+    and the client's epoch last (docs/design.md §4.3.1, §13.1)."""
     [sent] = with_epoch([call], K, epoch)
     return sent
 
@@ -99,7 +99,7 @@ def release(r: str, owner: str, *, leave: bool = True, patience: int | None = No
             bucket(r))
     return Call(0, (*args, ticket) if ticket else args, scripts.RELEASE,
                 (K.lock(r), K.channel(r), K.line(r), K.line_deadlines(r), K.line(r) + "-ttls",
-                 K.counter, K.marker, K.members))
+                 K.counter, K.marker, K.members, K.horizon))
 
 
 def extend(r: str, owner: str, ttl: int = 2 * TTL, epoch: int = 0) -> Call:
@@ -369,6 +369,8 @@ def lease_horizons(c: Contract) -> None:
         acquire_many(["d", "e"], "dave", ttl=4 * TTL), horizon(),
         acquire("b", "bob", ttl=5 * TTL), horizon(),  # our own key refreshed
         inspect("b"),
+        acquire("h", "hal"), acquire("h", "ivy", ticket="2", attempt=1, ttl=6 * TTL),
+        release("h", "hal"), horizon(),  # a hand-off's reservation is a lease too (§6.7)
     ])
 
 
@@ -776,8 +778,13 @@ MUTATIONS = [  # (script, a line of it, that line changed)
     (node_scripts.OPEN_EPISODE, "        if tonumber(was) <= until_ms then",
      "        if true then"),
     (node_scripts.HORIZON, "local left = redis.call('PTTL', KEYS[3])", "local left = 0"),
-    (scripts.EXTEND, "redis.call('SET', hk, '1', 'PX', ARGV[2])", "redis.call('GET', hk)"),
-    (scripts.ACQUIRE_MANY, "redis.call('SET', hk, '1', 'PX', ARGV[2])", "redis.call('GET', hk)"),
+    (scripts.EXTEND, "redis.call('SET', HORIZON_KEY, '1', 'PX', ARGV[2])",
+     "redis.call('GET', HORIZON_KEY)"),
+    (scripts.ACQUIRE_MANY, "redis.call('SET', HORIZON_KEY, '1', 'PX', ARGV[2])",
+     "redis.call('GET', HORIZON_KEY)"),
+    (scripts.ACQUIRE, "redis.call('SET', horizon, '1', 'PX', ARGV[2])",
+     "redis.call('GET', horizon)"),
+    (scripts.RELEASE, "redis.call('SET', KEYS[9], '1', 'PX', ttl)", "redis.call('GET', KEYS[9])"),
     (node_scripts.HORIZON, "    if rid == run_id then", "    if rid then"),
     (node_scripts.SEED_COUNTERS, "if seed > current then", "if seed < current then"),
     (node_scripts.FINISH_REPAIR, "if rid ~= run_id or now < tonumber(until_ms) then",

@@ -44,7 +44,8 @@ def expected_acquire(n: int, resource: str, args: AcquireArgs, epoch: int) -> tu
                  bucket(resource), args.attempt if record else "",
                  *((args.route,) if record and args.route else ()), epoch)
     keys = (KEYS.lock(resource), KEYS.counter, KEYS.marker, KEYS.line(resource),
-            KEYS.line_deadlines(resource), KEYS.line(resource) + "-ttls", KEYS.members)
+            KEYS.line_deadlines(resource), KEYS.line(resource) + "-ttls", KEYS.horizon,
+            KEYS.members)
     return tuple(Call(i, call_args, scripts.ACQUIRE, keys) for i in range(n))
 
 
@@ -108,12 +109,12 @@ def test_a_holders_release_is_the_scripts_call(n: int) -> None:
         state = LockState("orders", owner, 10.0, 1, 100.0, lambda: 0.0, threading.Lock())
         request = core.holding.release_request(state)
         # RELEASE's header: KEYS lock, channel, line, deadlines, hand-off records,
-        # counters, marker, membership record; ARGV owner, leave, patience, bucket.
+        # counters, marker, membership record, horizon; ARGV owner, leave, patience, bucket.
         assert request.calls == tuple(Call(
             i, (owner, "1", "", bucket("orders")), scripts.RELEASE,
             (KEYS.lock("orders"), KEYS.channel("orders"), KEYS.line("orders"),
              KEYS.line_deadlines("orders"), KEYS.line("orders") + "-ttls", KEYS.counter,
-             KEYS.marker, KEYS.members)) for i in range(n))
+             KEYS.marker, KEYS.members, KEYS.horizon)) for i in range(n))
         assert request.calls == tuple(MUTEX.release_call(KEYS, i, "orders", (owner, "1"))
                                       for i in range(n))
         assert_packed(request.calls, request.packed)

@@ -1,0 +1,278 @@
+"""A real Redis Cluster on loopback: ``redis-server --cluster-enabled yes`` processes made
+into one cluster with the cluster's own commands (ADDSLOTSRANGE, MEET, REPLICATE), for the
+tests of a cluster as a lock node (docs/proposals/cluster.md) and for users' own suites.
+
+    from redlock.testing import RedisClusterNodes
+
+    with RedisClusterNodes(masters=3, replicas=1) as cluster:
+        client = cluster.client()              # redis.cluster.RedisCluster
+        cluster.migrate(slot, cluster.masters()[1])   # a hash slot and its keys moved
+        cluster.kill_master(slot)              # its replica is promoted (about 3-4 s)
+
+Nodes time out after ``node_timeout`` ms (2000 by default: a failover in seconds, as in
+production with a shorter timeout). ``full_coverage`` is ``cluster-require-full-coverage``
+(docs/proposals/cluster.md, P2: a lock cluster runs better without it)."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import NamedTuple
+
+import redis
+import redis.cluster
+
+from redlock.testing.redis_nodes import RedisNode, free_port
+
+_HASH_SLOTS = 16384
+
+
+class Seen(NamedTuple):
+    """A node as one line of ``CLUSTER NODES`` shows it."""
+
+    id: str
+    address: str  # host:port
+    flags: tuple[str, ...]
+    role: str  # master, replica
+    master: str | None  # a replica's master's id
+
+
+class RedisClusterNodes:
+    """``masters`` shards of a Redis Cluster, each a master with ``replicas`` replicas,
+    one redis-server process per node on its own port and temp dir; stopped by ``close()``."""
+
+    def __init__(self, masters: int = 3, replicas: int = 1, *, node_timeout: int = 2000,
+                 full_coverage: bool = False, redis_server: str | None = None,
+                 host: str = "127.0.0.1", start_timeout: float = 20.0) -> None:
+        if masters < 1:
+            raise ValueError("a cluster needs at least one master")
+        if replicas < 0:
+            raise ValueError("replicas must be 0 or more")
+        self.host = host
+        self.start_timeout = start_timeout
+        self.base_dir = Path(tempfile.mkdtemp(prefix="redlock-cluster-"))
+        args = ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+                "--cluster-node-timeout", str(node_timeout),
+                "--cluster-require-full-coverage", "yes" if full_coverage else "no",
+                # A replica with a stale link may still be promoted: the harness kills
+                # masters on purpose, and a failover must follow (the default factor
+                # would refuse one after a long test step without writes).
+                "--cluster-replica-validity-factor", "0",
+                # A replica's first sync starts at once (the default waits 5 s for more
+                # replicas to share one transfer).
+                "--repl-diskless-sync-delay", "0"]
+        # The cluster bus port is given: by default it is the port + 10000, and a free
+        # port above 55535 has none.
+        self._bus = [free_port(host) for _ in range(masters * (1 + replicas))]
+        self.nodes = [RedisNode(data_dir=self.base_dir / f"node{i}", host=host,
+                                redis_server=redis_server,
+                                extra_args=[*args, "--cluster-port", str(bus)])
+                      for i, bus in enumerate(self._bus)]
+        self._masters, self._replicas = masters, replicas
+        try:
+            for node in self.nodes:
+                node.start()
+            self._form()
+        except BaseException:
+            self.close()
+            raise
+
+    # -- forming the cluster ---------------------------------------------------------------
+
+    def _form(self) -> None:
+        first = self.nodes[: self._masters]
+        for i, (node, (low, high)) in enumerate(zip(first, slot_ranges(self._masters),
+                                                    strict=True)):
+            with node.client() as client:
+                client.execute_command("CLUSTER", "ADDSLOTSRANGE", low, high)
+                client.execute_command("CLUSTER", "SET-CONFIG-EPOCH", i + 1)
+        with self.nodes[0].client() as client:
+            for node, bus in zip(self.nodes[1:], self._bus[1:], strict=True):
+                client.execute_command("CLUSTER", "MEET", node.host, node.port, bus)
+        self._until(lambda: all(len(self._view(node)) == len(self.nodes) for node in self.nodes),
+                    "every node to know every other")
+        for r, node in enumerate(self.nodes[self._masters:]):
+            with node.client() as client:
+                client.execute_command("CLUSTER", "REPLICATE",
+                                       self.node_id(first[r % self._masters]))
+        self._until(self._settled, "the cluster to be ok on every node, replicas in sync")
+
+    def _until(self, done: Callable[[], bool], what: str, timeout: float | None = None) -> None:
+        deadline = time.monotonic() + (timeout or self.start_timeout)
+        while True:
+            try:
+                if done():
+                    return
+            except redis.RedisError:
+                pass  # a node still starting or failing over: asked again
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"waited {timeout or self.start_timeout} s for {what}:"
+                                   f" {self.describe()}")
+            time.sleep(0.05)
+
+    def _settled(self) -> bool:
+        running = [node for node in self.nodes if node.running]
+        for node in running:
+            with node.client() as client:
+                if cluster_info(client).get("cluster_state") != "ok":
+                    return False
+                info = client.info("replication")
+                if info["role"] == "slave" and info.get("master_link_status") != "up":
+                    return False
+        views = {tuple(sorted((n.id, n.role) for n in self._view(node).values()
+                              if "fail" not in n.flags)) for node in running}
+        return len(views) == 1  # every running node sees the same masters and replicas
+
+    @staticmethod
+    def _view(node: RedisNode) -> dict[str, Seen]:
+        """CLUSTER NODES as this node sees it, by node id."""
+        with node.client() as client:
+            text = _text(client.execute_command("CLUSTER", "NODES"))
+        view: dict[str, Seen] = {}
+        for line in text.splitlines():
+            fields = line.split()
+            flags = tuple(fields[2].split(","))
+            view[fields[0]] = Seen(fields[0], fields[1].split("@")[0], flags,
+                                   "master" if "master" in flags else "replica",
+                                   None if fields[3] == "-" else fields[3])
+        return view
+
+    # -- addresses --------------------------------------------------------------------------
+
+    @staticmethod
+    def node_id(node: RedisNode) -> str:
+        with node.client() as client:
+            return _text(client.execute_command("CLUSTER", "MYID"))
+
+    def _by_address(self, address: str) -> RedisNode:
+        for node in self.nodes:
+            if f"{node.host}:{node.port}" == address:
+                return node
+        raise LookupError(f"no node of this cluster at {address}")
+
+    def masters(self) -> list[RedisNode]:
+        """The running masters that serve hash slots, in the order of their first slot."""
+        owners = sorted(self._shards().items())
+        return [node for _, node in owners]
+
+    def _shards(self) -> dict[int, RedisNode]:
+        """First hash slot of each master -> that master, read from a running node."""
+        node = next(n for n in self.nodes if n.running and not n.paused)
+        with node.client() as client:
+            slots = client.execute_command("CLUSTER", "SLOTS")
+        return {int(entry[0]): self._by_address(f"{_text(entry[2][0])}:{entry[2][1]}")
+                for entry in slots}
+
+    def master_of(self, slot: int) -> RedisNode:
+        """The master serving hash slot ``slot`` now."""
+        node = next(n for n in self.nodes if n.running and not n.paused)
+        with node.client() as client:
+            for entry in client.execute_command("CLUSTER", "SLOTS"):
+                if int(entry[0]) <= slot <= int(entry[1]):
+                    return self._by_address(f"{_text(entry[2][0])}:{entry[2][1]}")
+        raise LookupError(f"no master serves hash slot {slot}")
+
+    def replicas_of(self, master: RedisNode) -> list[RedisNode]:
+        wanted = self.node_id(master)
+        return [self._by_address(n.address) for n in self._view(master).values()
+                if n.master == wanted and "fail" not in n.flags]
+
+    @property
+    def seeds(self) -> list[tuple[str, int]]:
+        return [(node.host, node.port) for node in self.nodes if node.running]
+
+    @property
+    def url(self) -> str:
+        """The first running node's URL (a cluster client discovers the rest from it)."""
+        node = next(n for n in self.nodes if n.running)
+        return node.url
+
+    def client(self, **kwargs: object) -> redis.cluster.RedisCluster:
+        """A redis-py cluster client (the caller closes it)."""
+        options: dict[str, object] = {"socket_timeout": 5.0, "socket_connect_timeout": 5.0}
+        options.update(kwargs)
+        startup = [redis.cluster.ClusterNode(host, port) for host, port in self.seeds]
+        return redis.cluster.RedisCluster(startup_nodes=startup, **options)  # type: ignore[arg-type]
+
+    def __iter__(self) -> Iterator[RedisNode]:
+        return iter(self.nodes)
+
+    def describe(self) -> str:
+        states = []
+        for node in self.nodes:
+            states.append(f"{node.host}:{node.port} {'up' if node.running else 'down'}")
+        return ", ".join(states)
+
+    # -- faults and operations ----------------------------------------------------------------
+
+    def migrate(self, slot: int, target: RedisNode, *, batch: int = 100) -> int:
+        """Move hash slot ``slot`` and its keys to master ``target`` as ``redis-cli --cluster
+        reshard`` does (SETSLOT IMPORTING / MIGRATING, MIGRATE in batches, SETSLOT NODE on
+        every master); returns how many keys moved."""
+        source = self.master_of(slot)
+        if source is target:
+            return 0
+        source_id, target_id = self.node_id(source), self.node_id(target)
+        moved = 0
+        with source.client() as src, target.client() as dst:
+            dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", source_id)
+            src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", target_id)
+            while keys := src.execute_command("CLUSTER", "GETKEYSINSLOT", slot, batch):
+                src.execute_command("MIGRATE", target.host, target.port, "", 0, 5000,
+                                    "KEYS", *keys)
+                moved += len(keys)
+            dst.execute_command("CLUSTER", "SETSLOT", slot, "NODE", target_id)
+            src.execute_command("CLUSTER", "SETSLOT", slot, "NODE", target_id)
+        for master in self.masters():
+            if master not in (source, target):
+                with master.client() as client:
+                    client.execute_command("CLUSTER", "SETSLOT", slot, "NODE", target_id)
+        return moved
+
+    def kill_master(self, slot: int, *, timeout: float = 20.0) -> tuple[RedisNode, RedisNode]:
+        """kill -9 the master of hash slot ``slot`` and wait until one of its replicas
+        serves the slot; returns (the killed master, the promoted replica)."""
+        master = self.master_of(slot)
+        if not self.replicas_of(master):
+            raise RuntimeError(f"the master of hash slot {slot} has no replica to promote")
+        master.kill()
+
+        def promoted() -> bool:
+            return self.master_of(slot) is not master
+        self._until(promoted, f"a replica to take hash slot {slot} over", timeout)
+        return master, self.master_of(slot)
+
+    def close(self) -> None:
+        for node in self.nodes:
+            node.close()
+        shutil.rmtree(self.base_dir, ignore_errors=True)
+
+    def __enter__(self) -> RedisClusterNodes:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"RedisClusterNodes({self.describe()})"
+
+
+def cluster_info(client: redis.Redis) -> dict[str, str]:
+    """``CLUSTER INFO`` as text fields (redis-py parses it on some versions only)."""
+    reply = client.execute_command("CLUSTER", "INFO")
+    if isinstance(reply, dict):
+        return {str(k): _text(v) for k, v in reply.items()}
+    return dict(line.split(":", 1) for line in _text(reply).splitlines() if ":" in line)
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def slot_ranges(count: int) -> Sequence[tuple[int, int]]:
+    """The hash slots a cluster of ``count`` masters formed here gives each master."""
+    bounds = [round(i * _HASH_SLOTS / count) for i in range(count + 1)]
+    return [(bounds[i], bounds[i + 1] - 1) for i in range(count)]
