@@ -255,7 +255,7 @@ def test_nodes_json_shape_and_a_clean_cluster(nodes3: RedisNodes) -> None:
     for node, url in zip(shape["nodes"], nodes3.urls, strict=True):
         assert set(node) == {"node", "reachable", "rtt_ms", "marker", "marker_value",
                              "format", "fence_counter", "repairing", "run_id",
-                             "version", "role", "appendonly",
+                             "version", "role", "replicas", "replica_lag_s", "appendonly",
                              "appendfsync", "save", "maxmemory", "maxmemory_policy",
                              "warnings", "notes", "error"}
         assert node["node"] == url.removeprefix("redis://")
@@ -264,6 +264,7 @@ def test_nodes_json_shape_and_a_clean_cluster(nodes3: RedisNodes) -> None:
         # Stamped with the run id of the server that answers (restart detection).
         assert node["marker_value"].startswith(f"format=1 run_id={node['run_id']} initialised ")
         assert node["role"] == "master" and node["maxmemory_policy"] == "noeviction"
+        assert node["replicas"] == 0 and node["replica_lag_s"] is None
         assert node["appendonly"] is False and node["save"] == ""  # the harness's nodes
         assert node["warnings"] == [] and len(node["notes"]) == 1  # no persistence: a note
         assert len(node["run_id"]) == 40

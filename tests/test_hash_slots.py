@@ -74,9 +74,9 @@ def test_node_keys_beside_a_resource_share_its_hash_slot() -> None:
 # -- on a real cluster -----------------------------------------------------------------
 
 
-def test_the_cluster_computes_the_same_hash_slots(redis_cluster_nodes: RedisClusterNodes
+def test_the_cluster_computes_the_same_hash_slots(redlock_redis_cluster: RedisClusterNodes
                                                   ) -> None:
-    with redis_cluster_nodes.masters()[0].client() as client:
+    with redlock_redis_cluster.masters()[0].client() as client:
         pipe = client.pipeline(transaction=False)
         for slot in range(HASH_SLOTS):
             pipe.execute_command("CLUSTER", "KEYSLOT", f"redlock:node:{{{tag_of(slot)}}}:fence")
@@ -110,10 +110,10 @@ def _mark(client: redis.cluster.RedisCluster, keys: Keys) -> None:
 
 
 def test_every_lock_script_runs_on_a_cluster_with_its_hash_slots_node_keys(
-        redis_cluster_nodes: RedisClusterNodes) -> None:
-    client = redis_cluster_nodes.client()
+        redlock_redis_cluster: RedisClusterNodes) -> None:
+    client = redlock_redis_cluster.client()
     try:
-        for name in _resources_on_every_master(redis_cluster_nodes):
+        for name in _resources_on_every_master(redlock_redis_cluster):
             keys = KEYS.beside(name)
             _mark(client, keys)
             args = AcquireArgs(VALUE, 5000, 0, "", 5000)
@@ -162,24 +162,24 @@ def _with_epoch(call: Call, keys: Keys) -> tuple[Call, ...]:
 
 
 def test_the_standalone_node_keys_are_refused_by_a_cluster(
-        redis_cluster_nodes: RedisClusterNodes) -> None:
+        redlock_redis_cluster: RedisClusterNodes) -> None:
     """Why a cluster node needs its own layout: ``ns:node:marker`` is in another hash slot."""
     name = next(n for n in (f"r{i}" for i in range(100))
                 if hash_slot(KEYS.lock(n)) != hash_slot(KEYS.marker))
     [acquire], _ = MUTEX.acquire_request(KEYS, (0,), (name,),
                                          AcquireArgs(VALUE, 5000, 0, "", 5000), 0)
-    master = redis_cluster_nodes.master_of(hash_slot(KEYS.lock(name)))
+    master = redlock_redis_cluster.master_of(hash_slot(KEYS.lock(name)))
     refused = pytest.raises(redis.ResponseError, match="don't hash to the same slot")
     with master.client() as direct, refused:
         direct.execute_command("EVAL", acquire.script.source, len(acquire.keys),
                                *acquire.keys, *acquire.args)
 
 
-def test_a_fence_counter_moves_with_its_hash_slot(redis_cluster_nodes: RedisClusterNodes
+def test_a_fence_counter_moves_with_its_hash_slot(redlock_redis_cluster: RedisClusterNodes
                                                   ) -> None:
     """docs/proposals/cluster.md P1: a counter is a key of its resource's hash slot, so a
     reshard moves it with the slot, and the next grant on the new master is above."""
-    cluster = redis_cluster_nodes
+    cluster = redlock_redis_cluster
     name = "invoices:7"
     keys, slot = KEYS.beside(name), hash_slot(KEYS.lock(name))
     client = cluster.client()

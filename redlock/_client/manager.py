@@ -9,7 +9,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar, Generic, TypeVar
 
 import redis
@@ -125,7 +125,12 @@ class ManagerBase(Generic[H, MH]):
             this long, whatever its own timeout; None waits through outages.
         tracer_provider, meter_provider: OpenTelemetry providers to record spans and
             metrics with (needs the ``otel`` extra); by default the global ones, and
-            nothing is recorded while those are OpenTelemetry's no-op defaults."""
+            nothing is recorded while those are OpenTelemetry's no-op defaults.
+        replica_acks: a grant, commit or renewal on a node counts only once this many
+            of the node's replicas have it (``WAIT``, docs/design.md §11.3): for nodes
+            with replicas (Sentinel-managed), so that a primary cut off from them counts
+            nothing. A node with fewer reachable replicas grants nothing. 0 (default):
+            replicas are not asked."""
 
     _handle_class: type[H]
     _multi_handle_class: type[MH]
@@ -143,16 +148,18 @@ class ManagerBase(Generic[H, MH]):
                  drift_factor: float = 0.01, retry_delay_min: float = 0.005,
                  retry_delay_max: float = 0.25, max_ttl: float = DEFAULT_MAX_TTL,
                  outage_timeout: float | None = 5.0, tracer_provider: Any = None,
-                 meter_provider: Any = None) -> None:
+                 meter_provider: Any = None, replica_acks: int = 0) -> None:
         settings = Settings(namespace=namespace, node_timeout=node_timeout,
                             connect_timeout=connect_timeout, drift_factor=drift_factor,
                             retry_delay_min=retry_delay_min, retry_delay_max=retry_delay_max,
-                            max_ttl=max_ttl, outage_timeout=outage_timeout)
+                            max_ttl=max_ttl, outage_timeout=outage_timeout,
+                            replica_acks=replica_acks)
         self._backend = self._backend_class()
         # The nodes, checked at the call site: where each is and how to log in (docs/
         # design.md §2.4). The transport opens no connection before first use, so nothing
         # leaks if anything below raises.
-        self._endpoints = endpoints(nodes, _CLIENTS, "redis-py")
+        self._endpoints = [replace(endpoint, replica_acks=settings.replica_acks)
+                           for endpoint in endpoints(nodes, _CLIENTS, "redis-py")]
         self._addresses = labels(self._endpoints)
         self._transport = self._open_transport(settings)
         self._core = RedlockCore(self._addresses, settings, environment.real(self._hooks.clock))

@@ -116,6 +116,7 @@ class Settings:
     repair_interval: float = 5.0
     repair_timeout: float = 2.0
     outage_timeout: float | None = 5.0
+    replica_acks: int = 0  # replicas that must have a grant before it counts (§11.3)
 
     def __post_init__(self) -> None:
         if not isinstance(self.namespace, str) or not _NAMESPACE_RE.match(self.namespace):
@@ -134,6 +135,11 @@ class Settings:
             raise ValueError(f"drift_factor must be in [0, 0.5), got {self.drift_factor!r}")
         if self.retry_delay_min > self.retry_delay_max:
             raise ValueError("retry_delay_min must not exceed retry_delay_max")
+        if isinstance(self.replica_acks, bool) or not isinstance(self.replica_acks, int):
+            raise TypeError("replica_acks must be an int (the replicas that must acknowledge"
+                            f" a grant), not {type(self.replica_acks).__name__}")
+        if not 0 <= self.replica_acks <= 16:
+            raise ValueError(f"replica_acks must be in 0..16, got {self.replica_acks}")
 
     def drift(self, ttl: float) -> float:
         """Clock drift allowance: ttl * drift_factor + a constant for timer granularity."""

@@ -106,7 +106,7 @@ class Exchange(wire.Exchange):
                 self.on_done(self)
         elif state == RESEND:  # SCRIPT FLUSH since: the bodies go
             try:
-                conn.send(self.bodies(), self.take_reply, len(self.unknown or ()))
+                conn.send(self.bodies(), self.take_reply, self.resent())
             except Exception as exc:
                 self.fail(exc)
         elif state == IDENTIFIED:
@@ -314,6 +314,7 @@ class AsyncTransport:
         self.identify = identify  # sent first on every new connection (§4.4)
         self._probe = resp.pack_one(identify) if identify is not None else None
         self.endpoints = list(endpoints)
+        self._acks = [endpoint.replica_acks for endpoint in self.endpoints]
         self.addresses = list(addresses)
         self.connect_timeout = connect_timeout  # a connection's budget: open, log in
         count = len(self.endpoints)
@@ -335,7 +336,8 @@ class AsyncTransport:
             await asyncio.sleep(0)  # (a caller retrying at once must not hold up the loop)
             return Replies([as_failure(Unreachable(CLOSED))] * len(request.calls))
         replies = Replies([PENDING] * len(request.calls))
-        exchanges = exchanges_of(request.calls, replies, request.lane, Exchange)
+        exchanges = exchanges_of(request.calls, replies, request.lane, Exchange,
+                                     request.timeout)
         if self._late.total:  # releases go behind unanswered acquires of their lock value
             self.write_behind(request)
         loop = asyncio.get_running_loop()
@@ -470,7 +472,10 @@ class AsyncTransport:
         # A new connection: identify the server first, and send script bodies (the
         # server may be new, or restarted: EVALSHA would cost a NOSCRIPT round trip).
         data = (packing or Packing()).calls(exchange.calls, wire.identified)
-        count = len(exchange.calls)
+        acks = self._acks[exchange.node]
+        if acks:  # a grant counts once replicas have it (docs/design.md §11.3)
+            data += exchange.replicated(acks)
+        count = len(exchange.calls) + (exchange.acks > 0)
         if not wire.identified and self._probe is not None:
             exchange.probed = True
             data = self._probe + data

@@ -92,6 +92,9 @@ class Endpoint:
     client_name: str | None = None
     keepalive: bool = True  # TCP keepalive (a dead peer is noticed even while idle)
     sentinels: Sentinels | None = None
+    #: How many of its replicas must have a grant, commit or renewal before it counts
+    #: (WAIT, docs/design.md §11.3); 0: none.
+    replica_acks: int = 0
 
     @property
     def address(self) -> str:

@@ -37,6 +37,11 @@ class ProtocolError(NodeError):
     """The node's bytes were no reply this client can read: the stream cannot be trusted."""
 
 
+class NotReplicated(NodeError):
+    """A grant, commit or renewal the node made that fewer of its replicas than
+    ``replica_acks`` acknowledged in time (WAIT, docs/design.md §11.3): not counted."""
+
+
 class NotSent(NoReply):
     """A call its request stopped waiting for before its connection was open (still
     opening, or waiting for a slot to open one), and that will not be sent later: it
@@ -64,6 +69,8 @@ def kind_of(error: BaseException) -> FailureKind:
         return FailureKind.PERMISSION
     if text.startswith("READONLY"):
         return FailureKind.READ_ONLY
+    if isinstance(error, NotReplicated):
+        return FailureKind.NOT_REPLICATED
     if isinstance(error, TimeoutError | asyncio.TimeoutError):
         return FailureKind.TIMEOUT
     if isinstance(error, ConnectionError | OSError | ProtocolError):

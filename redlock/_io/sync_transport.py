@@ -85,6 +85,7 @@ class SyncTransport:
         self.identify = identify
         self._probe = resp.pack_one(identify) if identify is not None else None
         self.endpoints = list(endpoints)
+        self._acks = [endpoint.replica_acks for endpoint in self.endpoints]
         self.addresses = list(addresses)
         # Connecting and logging in are bounded by this (and so is a send that cannot
         # proceed); reads carry each request's own deadline.
@@ -124,7 +125,8 @@ class SyncTransport:
                 self._drainer.trail_releases(request)  # their lock value (sync_drainer.py)
             started = time.monotonic()
             replies = Replies([PENDING] * len(request.calls))
-            exchanges = exchanges_of(request.calls, replies, request.lane, Exchange)
+            exchanges = exchanges_of(request.calls, replies, request.lane, Exchange,
+                                     request.timeout)
             gathering = Gathering(request, replies, started, started + request.timeout,
                                   self._silence)
             waiting: dict[Any, Exchange] = {}  # socket -> the exchange owed replies on it
@@ -200,6 +202,9 @@ class SyncTransport:
         # A new connection: identify the server first, and send script bodies (the
         # server may be new, or restarted: EVALSHA would cost a NOSCRIPT round trip).
         data = packing.calls(exchange.calls, conn.identified)
+        acks = self._acks[exchange.node]
+        if acks:  # a grant counts once replicas have it (docs/design.md §11.3)
+            data += exchange.replicated(acks)
         if not conn.identified and self._probe is not None:
             exchange.probed = True
             data = self._probe + data

@@ -25,7 +25,7 @@ from redlock._core.requests import (
     learnt_deadline,
 )
 from redlock._io import resp
-from redlock._io.failures import answered
+from redlock._io.failures import NotReplicated, answered
 from redlock._io.resp import ReplyError
 from redlock._scripts import lock as scripts
 
@@ -107,11 +107,14 @@ class Exchange:
     in order, each written into the request's replies at once (none once the request is over:
     ``replies`` None). A call answered NOSCRIPT (the server lost its scripts: SCRIPT FLUSH, a
     restart) is written again with its script's body once every call answered (:meth:`bodies`), and
-    its reply to that is the call's. Both transports run their requests through it; they differ
-    only in how bytes come and go."""
+    its reply to that is the call's. For a node with ``replica_acks``, a WAIT goes behind the
+    calls that grant, commit or renew (and behind their bodies), and their replies are held
+    until its reply says whether they count (:meth:`replicated`). Both transports run their
+    requests through it; they differ only in how bytes come and go."""
 
-    __slots__ = ("calls", "conn", "done", "heard", "indexes", "lane", "next", "node",
-                 "probed", "replies", "sent_at", "unknown")
+    __slots__ = ("acks", "calls", "conn", "done", "heard", "held", "indexes", "lane", "next",
+                 "node", "probed", "replies", "sent_at", "timeout", "unknown", "wait",
+                 "wait_ms")
 
     def __init__(self, node: int, replies: Replies | None, index: int, call: Call,
                  lane: str | None = None) -> None:
@@ -128,18 +131,40 @@ class Exchange:
         self.next = 0  # the next reply's position: the calls', then the resent ones'
         self.unknown: list[int] | None = None  # the calls (positions) that answered NOSCRIPT
         self.sent_at = 0.0
+        self.timeout = 0.0  # its request's (exchanges_of): how long a WAIT may block
         self.done = False  # every call has its result (a reply or a failure)
         # The node replied (set by the asyncio transport, whose gathering clears the node's
         # silence as an exchange finishes), or failed other than by a timeout.
         self.heard = False
+        # replica_acks (docs/design.md §11.3): the replicas WAIT must report (0: no WAIT),
+        # the WAIT command's bytes, and the replies held until its reply.
+        self.acks = 0
+        self.wait = b""
+        self.wait_ms = 0
+        self.held: list[tuple[int, object]] | None = None
 
     def add(self, index: int, call: Call) -> None:
         self.indexes += (index,)
         self.calls += (call,)
 
+    def replicated(self, acks: int) -> bytes:
+        """What to write behind its calls for a node with ``replica_acks`` = ``acks``: where
+        a call grants, commits or renews, ``WAIT acks t``, whose reply its replies then
+        wait for; else nothing. ``t``: half its request's timeout (the other half carries
+        the round trip, so that a refusal arrives in time), at least 1 ms (``WAIT k 0``
+        blocks for ever)."""
+        if not acks or not any(call.script is not None and call.script.replicated
+                               for call in self.calls):
+            return b""
+        self.acks, self.held = acks, []
+        self.wait_ms = max(1, int(self.timeout * 500))
+        self.wait = resp.pack_one(("WAIT", acks, self.wait_ms))
+        return self.wait
+
     def take(self, reply: object) -> int:
         """The next reply on its connection: MORE, DONE, RESEND (write :meth:`bodies`
-        now) or IDENTIFIED."""
+        now) or IDENTIFIED. Replies come in this order: the calls', the WAIT's behind them
+        (replica_acks), then those of the calls sent again and their WAIT."""
         replies = self.replies
         if self.probed:
             self.probed = False
@@ -149,39 +174,84 @@ class Exchange:
         position = self.next
         self.next = position + 1
         count = len(self.calls)
+        wait = self.acks > 0
         if position < count:
-            if position == 0 and replies is not None:
+            if position == 0 and replies is not None and not wait:
                 replies.round_trips[self.node] = time.monotonic() - self.sent_at
             # (is_noscript, inline: this runs for every reply)
             if isinstance(reply, ReplyError) and str(reply).startswith("NOSCRIPT"):
                 if self.unknown is None:
                     self.unknown = []
                 self.unknown.append(position)
-            elif replies is not None:
-                replies[self.indexes[position]] = reply
-            if position + 1 < count:
+            else:
+                self._store(position, reply)
+            if position + 1 < count or wait:
                 return MORE
+            if self.unknown:
+                return RESEND
+        elif wait and position == count:  # the WAIT behind the calls
+            self._acknowledged(reply)
             if self.unknown:
                 return RESEND
         else:
             unknown = self.unknown or []
-            if replies is not None:
-                replies[self.indexes[unknown[position - count]]] = reply
-            if position + 1 < count + len(unknown):
-                return MORE
+            again = position - count - wait  # among the calls sent again
+            if again < len(unknown):
+                self._store(unknown[again], reply)
+                if again + 1 < len(unknown) or wait:
+                    return MORE
+            else:  # their WAIT
+                self._acknowledged(reply)
         self.done = True
         return DONE
 
+    def _store(self, position: int, reply: object) -> None:
+        held = self.held
+        if held is not None:
+            script = self.calls[position].script
+            if script is not None and script.replicated:
+                held.append((self.indexes[position], reply))
+                return
+        if self.replies is not None:
+            self.replies[self.indexes[position]] = reply
+
+    def _acknowledged(self, reply: object) -> None:
+        """WAIT's reply: the replies held for it are the calls' if ``acks`` replicas have
+        their writes, else each is a :class:`~redlock._io.failures.NotReplicated`."""
+        held, self.held = self.held or [], []
+        replies = self.replies
+        if replies is None:
+            return
+        replies.round_trips[self.node] = time.monotonic() - self.sent_at
+        if type(reply) is not int or reply < self.acks:
+            got = (f"WAIT answered {reply}" if type(reply) is int else
+                   f"WAIT failed: {reply}")
+            failure = NotReplicated(
+                f"not on {self.acks} replica{'s' if self.acks > 1 else ''} within"
+                f" {self.wait_ms} ms ({got}): what it granted or renewed does not count"
+                " (replica_acks); check the node's replicas (INFO replication)")
+            for index, _ in held:
+                replies[index] = failure
+            return
+        for index, value in held:
+            replies[index] = value
+
     def bodies(self) -> bytes:
-        """The calls that answered NOSCRIPT, with their scripts' bodies (EVAL)."""
-        return resp.pack([render(self.calls[i], evalsha=False) for i in self.unknown or ()])
+        """The calls that answered NOSCRIPT, with their scripts' bodies (EVAL), and the
+        WAIT behind them (replica_acks)."""
+        return resp.pack([render(self.calls[i], evalsha=False)
+                          for i in self.unknown or ()]) + self.wait
+
+    def resent(self) -> int:
+        """How many replies :meth:`bodies` asks for."""
+        return len(self.unknown or ()) + (self.acks > 0)
 
     def owed(self) -> int:
         """How many replies its connection still owes it (written, not read)."""
-        count = len(self.calls)
-        if self.next < count:
-            return self.probed + count - self.next
-        return count + len(self.unknown or ()) - self.next
+        first = len(self.calls) + (self.acks > 0)  # the calls, and their WAIT
+        if self.next < first:
+            return self.probed + first - self.next
+        return first + (self.resent() if self.unknown else 0) - self.next
 
     def fail(self, exc: BaseException) -> None:
         """Every call still without a result gets ``exc``; the exchange is done."""
@@ -192,8 +262,9 @@ class Exchange:
 
 
 def exchanges_of(calls: Sequence[Call], replies: Replies, lane: str | None,
-                 make: type[E]) -> list[E]:
-    """A request's calls as exchanges, one per node (in the order of their first call)."""
+                 make: type[E], timeout: float) -> list[E]:
+    """A request's calls as exchanges, one per node (in the order of their first call);
+    ``timeout``: the request's."""
     exchanges: list[E] = []
     by_node: dict[int, E] | None = None
     last = -1
@@ -202,6 +273,7 @@ def exchanges_of(calls: Sequence[Call], replies: Replies, lane: str | None,
         if node > last:  # (the usual request: one call per node, in the nodes' order)
             last = node
             exchange = make(node, replies, index, call, lane)
+            exchange.timeout = timeout
             exchanges.append(exchange)
             if by_node is not None:
                 by_node[node] = exchange
@@ -211,6 +283,7 @@ def exchanges_of(calls: Sequence[Call], replies: Replies, lane: str | None,
         found = by_node.get(node)
         if found is None:
             found = by_node[node] = make(node, replies, index, call, lane)
+            found.timeout = timeout
             exchanges.append(found)
         else:
             found.add(index, call)

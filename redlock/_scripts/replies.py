@@ -57,6 +57,7 @@ class FailureKind(enum.Enum):
     CLUSTER = "cluster"  # a Redis Cluster node (CROSSSLOT, MOVED)
     ERROR_REPLY = "error reply"  # the node answered with an error
     CLOSED = "closed"  # the manager was closed
+    NOT_REPLICATED = "not replicated"  # fewer replicas than replica_acks have it (WAIT)
     OTHER = "other"
 
 

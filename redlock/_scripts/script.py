@@ -13,6 +13,10 @@ class Script:
 
     name: str
     source: str
+    #: Whether a call of it grants, commits or renews (the scripts behind EPOCH_CHECK): with
+    #: ``replica_acks``, its reply counts only once replicas have its writes (WAIT,
+    #: docs/design.md §11.3).
+    replicated: bool = False
     sha: str = field(init=False)
 
     def __post_init__(self) -> None:

@@ -51,8 +51,10 @@ def guarded(name: str, source: str, *, usual: str = "", copies: bool = True,
     the node has no membership record (the check passes there for every client, whose epoch
     is 0 or more, and nothing retired the node)."""
     if not checked_usual:
-        return Script(name, usual + EPOCH_CHECK + (WITHOUT_EPOCH if copies else "") + source)
-    return Script(name, EPOCH_CHECK + usual + (WITHOUT_EPOCH if copies else "") + source)
+        return Script(name, usual + EPOCH_CHECK + (WITHOUT_EPOCH if copies else "") + source,
+                      replicated=True)
+    return Script(name, EPOCH_CHECK + usual + (WITHOUT_EPOCH if copies else "") + source,
+                  replicated=True)
 
 
 # -- the node's format and fence counters (docs/design.md §3, §4.1) ---------------------

@@ -43,6 +43,8 @@ class NodeReport:
     run_id: str | None = None
     version: str | None = None
     role: str | None = None
+    replicas: int | None = None  # online replicas (what replica_acks can count on, §11.3)
+    replica_lag_s: int | None = None  # the most any of them lags (INFO replication), s
     appendonly: bool | None = None
     appendfsync: str | None = None  # None when CONFIG GET is not allowed
     save: str | None = None
@@ -117,6 +119,13 @@ def read_node(url: str, address: str, keys: Keys, timeout: float) -> NodeReport:
         report.run_id = info.get("run_id")
         report.version = info.get("redis_version")
         report.role = info.get("role")
+        online = [dict(part.split("=", 1) for part in value.split(",") if "=" in part)
+                  for key, value in info.items()
+                  if key.startswith("slave") and key[5:].isdigit()]
+        online = [replica for replica in online if replica.get("state") == "online"]
+        report.replicas = len(online)
+        lags = [int(r["lag"]) for r in online if r.get("lag", "").isdigit()]
+        report.replica_lag_s = max(lags) if lags else None
         report.appendonly = info.get("aof_enabled") == "1" if "aof_enabled" in info else None
         report.maxmemory = int(info["maxmemory"]) if info.get("maxmemory", "").isdigit() else None
         report.maxmemory_policy = info.get("maxmemory_policy")

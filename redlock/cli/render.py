@@ -261,6 +261,15 @@ def _marker(report: NodeReport) -> str:
     return _yes_no(report.marker)
 
 
+def _role(report: NodeReport) -> str:
+    """The node's role, and its online replicas with the largest lag (replica_acks)."""
+    if not report.replicas:
+        return report.role or "-"
+    lag = "" if report.replica_lag_s is None else f", lag {report.replica_lag_s} s"
+    plural = "s" if report.replicas > 1 else ""
+    return f"{report.role} ({report.replicas} replica{plural}{lag})"
+
+
 def show_nodes(reports: Sequence[NodeReport], as_json: bool) -> None:
     """``redlock nodes``: one row per node (an unreachable one says no, and why on
     stderr), then the warnings and notes."""
@@ -270,7 +279,7 @@ def show_nodes(reports: Sequence[NodeReport], as_json: bool) -> None:
         return
     rows = [[r.node, "yes", "-" if r.rtt_ms is None else f"{r.rtt_ms:.2f} ms",
              _marker(r), "-" if r.fence_counter is None else str(r.fence_counter),
-             (r.run_id or "-")[:12], r.role or "-", r.version or "-",
+             (r.run_id or "-")[:12], _role(r), r.version or "-",
              _persistence(r), _memory(r), str(len(r.warnings))]
             if r.reachable else [r.node, "no", *["-"] * 9]
             for r in reports]

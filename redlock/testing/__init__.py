@@ -15,7 +15,7 @@
 ``AsyncRedlock``) with a test's clock and sleep: the public constructor takes neither.
 
 ``RedisClusterNodes(masters=3, replicas=1)`` runs a real Redis Cluster (hash slots migrated,
-masters killed and their replicas promoted), and the ``redis_cluster_nodes`` fixture gives one.
+masters killed and their replicas promoted), and the ``redlock_redis_cluster`` fixture gives one.
 
 ``RedisSentinel`` runs a real Sentinel (``redis-server --sentinel``) monitoring some of
 those nodes under service names, for nodes given as ``Sentinel.master_for(service)``.

@@ -48,7 +48,7 @@ answer, so inject faults after one acquisition, as above):
   the reply is dropped), ``refuse(i)`` (connections refused), ``latency(i, seconds)``,
   ``restart(i)`` (kill -9 and back with its data), ``restart_empty(i)`` (back with
   none: amnesia), ``heal()``. The network faults need Toxiproxy.
-- ``redis_cluster_nodes``: a real Redis Cluster (:class:`redlock.testing.RedisClusterNodes`:
+- ``redlock_redis_cluster``: a real Redis Cluster (:class:`redlock.testing.RedisClusterNodes`:
   3 masters with a replica each, local processes only), one per test module, emptied before
   each test; ``client()``, ``master_of(hash_slot)``, ``migrate(hash_slot, master)``,
   ``kill_master(hash_slot)`` (its replica promoted). A cluster is not yet accepted as a
@@ -325,7 +325,9 @@ def redlock_client(redlock_cluster: Cluster) -> Iterator[Redlock]:
 
 
 @pytest.fixture(scope="module")
-def _redis_cluster_of_module() -> Iterator[RedisClusterNodes]:
+def redlock_redis_cluster_of_module() -> Iterator[RedisClusterNodes]:
+    """The Redis Cluster of ``redlock_redis_cluster``, one per test module, as the last
+    test left it (not emptied)."""
     from redlock.testing.redis_cluster import RedisClusterNodes
 
     with RedisClusterNodes(masters=3, replicas=1) as cluster:
@@ -333,12 +335,12 @@ def _redis_cluster_of_module() -> Iterator[RedisClusterNodes]:
 
 
 @pytest.fixture
-def redis_cluster_nodes(_redis_cluster_of_module: RedisClusterNodes
-                        ) -> Iterator[RedisClusterNodes]:
+def redlock_redis_cluster(redlock_redis_cluster_of_module: RedisClusterNodes
+                          ) -> Iterator[RedisClusterNodes]:
     """A real Redis Cluster (3 masters, each with a replica) on loopback, shared by a
     module's tests and emptied before each (FLUSHALL on every master). A test that kills a
     master or migrates hash slots leaves the cluster so for the module's next tests."""
-    cluster = _redis_cluster_of_module
+    cluster = redlock_redis_cluster_of_module
     for master in cluster.masters():
         with master.client() as client:
             client.flushall()

@@ -60,10 +60,7 @@ class RedisClusterNodes:
                 # A replica with a stale link may still be promoted: the harness kills
                 # masters on purpose, and a failover must follow (the default factor
                 # would refuse one after a long test step without writes).
-                "--cluster-replica-validity-factor", "0",
-                # A replica's first sync starts at once (the default waits 5 s for more
-                # replicas to share one transfer).
-                "--repl-diskless-sync-delay", "0"]
+                "--cluster-replica-validity-factor", "0"]
         # The cluster bus port is given: by default it is the port + 10000, and a free
         # port above 55535 has none.
         self._bus = [free_port(host) for _ in range(masters * (1 + replicas))]

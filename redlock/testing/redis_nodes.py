@@ -130,7 +130,10 @@ class RedisNode:
         args = [self.redis_server, "--port", str(self.port), "--bind", self.host, "--dir",
                 str(self.data_dir), "--daemonize", "no", "--save", "", "--appendonly",
                 "yes" if self.appendonly else "no", "--logfile", str(self.data_dir / "redis.log"),
-                "--protected-mode", "no"]
+                "--protected-mode", "no",
+                # A replica's first sync starts at once (the default waits 5 s for more
+                # replicas to share one transfer).
+                "--repl-diskless-sync-delay", "0"]
         if self.appendonly:
             # always: every write is on disk before the reply, a kill -9 loses nothing.
             args += ["--appendfsync", self.appendfsync]

@@ -49,7 +49,8 @@ def test_fixtures_are_all_prefixed_and_shadow_none_of_ours(pytester: pytest.Pyte
     names = plugin_fixture_names(pytester)
     assert names == {"redlock_backend", "redlock_pool", "redlock_cluster", "redlock_faults",
                      "redlock_client", "redlock_async_client", "redlock_fenced_store",
-                     "redlock_history"}
+                     "redlock_history", "redlock_redis_cluster",
+                     "redlock_redis_cluster_of_module"}
     assert not names & OUR_FIXTURES
 
 

@@ -1,0 +1,196 @@
+"""replica_acks (docs/design.md §11.3): a grant, commit or renewal counts only once that
+many of the node's replicas have it (WAIT behind the scripts, on the same connection).
+Real primaries with real replicas; a replica hung with SIGSTOP; both clients; the renewer
+process's renewals; a SCRIPT FLUSH between calls (the scripts sent again, then WAIT)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import pytest
+
+from redlock import AsyncRedlock, LockLost, QuorumUnavailable, Redlock
+from redlock.errors import Outcome
+from redlock.testing import RedisNode, RedisNodes
+from tests.internals import renewed_by_a_renewer
+from tests.peek import lock_keys
+
+# Long enough that WAIT's own timeout (half the request's) ends before the request's: Redis
+# looks at blocked clients' timeouts about `hz` (10) times a second.
+NODE_TIMEOUT = 0.5
+
+
+@pytest.fixture
+def replicated(fresh_nodes: Callable[..., RedisNodes]) -> Iterator[tuple[RedisNode, RedisNode]]:
+    """A primary and its replica."""
+    primary, replica = fresh_nodes(2)
+    replica.replicate(primary)
+    yield primary, replica
+    replica.resume()
+
+
+@contextmanager
+def hung(node: RedisNode) -> Iterator[None]:
+    node.pause()
+    try:
+        yield
+    finally:
+        node.resume()
+
+
+def on(node: RedisNode, key: str) -> int:
+    with node.client() as client:
+        return int(client.pttl(key))
+
+
+def test_every_counted_grant_is_on_the_replica(replicated: tuple[RedisNode, RedisNode]
+                                               ) -> None:
+    primary, replica = replicated
+    with Redlock([primary.url], replica_acks=1, node_timeout=NODE_TIMEOUT) as dlm:
+        for i in range(50):
+            with dlm.lock(f"r{i}", ttl=5.0) as held:
+                # Read at once from the replica: WAIT answered 1 before the grant counted.
+                assert on(replica, f"redlock:{{r{i}}}:lock") > 0
+                assert held.token == 1
+                held.extend(8.0)
+                assert on(replica, f"redlock:{{r{i}}}:lock") > 5000  # the renewal too
+
+
+def test_a_primary_whose_replica_is_hung_counts_no_grant(
+        replicated: tuple[RedisNode, RedisNode]) -> None:
+    primary, replica = replicated
+    with Redlock([primary.url], replica_acks=1, node_timeout=NODE_TIMEOUT) as dlm:
+        with dlm.lock("warm", ttl=5.0):
+            pass
+        with hung(replica):
+            started = time.monotonic()
+            with pytest.raises(QuorumUnavailable) as raised:
+                dlm.lock("r", ttl=5.0, blocking=False).acquire()
+            assert time.monotonic() - started < 2 * NODE_TIMEOUT
+            [outcome] = raised.value.outcomes
+            assert outcome.outcome is Outcome.ERROR
+            assert "NotReplicated: not on 1 replica within 250 ms (WAIT answered 0)" in (
+                outcome.detail), outcome.detail
+            assert lock_keys([primary], "r") == [False]  # the failed attempt released there
+        with dlm.lock("r", ttl=5.0) as held:  # back once the replica is
+            assert held.token >= 1
+
+
+def test_a_held_lock_is_not_renewed_without_its_replica(
+        replicated: tuple[RedisNode, RedisNode]) -> None:
+    primary, replica = replicated
+    with Redlock([primary.url], replica_acks=1, node_timeout=NODE_TIMEOUT) as dlm:
+        held = dlm.lock("r", ttl=1.0)
+        held.acquire()
+        with hung(replica), pytest.raises(LockLost):
+            held.extend(1.0)
+
+
+def test_a_node_without_replicas_grants_nothing(fresh_nodes: Callable[..., RedisNodes]
+                                                ) -> None:
+    [alone] = fresh_nodes(1)
+    with Redlock([alone.url], replica_acks=1, node_timeout=NODE_TIMEOUT) as dlm, \
+            pytest.raises(QuorumUnavailable, match=r"WAIT answered 0"):
+        dlm.lock("r", ttl=5.0, blocking=False).acquire()
+
+
+def test_a_quorum_of_replicated_nodes_grants(fresh_nodes: Callable[..., RedisNodes]) -> None:
+    """N=3, each primary with a replica; one replica hung: its primary does not count,
+    the other two grant."""
+    nodes = fresh_nodes(6)
+    primaries, replicas = list(nodes)[:3], list(nodes)[3:]
+    for primary, replica in zip(primaries, replicas, strict=True):
+        replica.replicate(primary)
+    with Redlock([p.url for p in primaries], replica_acks=1,
+                 node_timeout=NODE_TIMEOUT) as dlm:
+        with dlm.lock("warm", ttl=5.0):
+            pass
+        with hung(replicas[1]), dlm.lock("r", ttl=5.0) as held:
+            assert held.token == 1
+            assert on(replicas[0], "redlock:{r}:lock") > 0
+            assert on(replicas[2], "redlock:{r}:lock") > 0
+        assert lock_keys(primaries, "r") == [False] * 3
+
+
+def test_scripts_sent_again_are_acknowledged_too(replicated: tuple[RedisNode, RedisNode]
+                                                 ) -> None:
+    """SCRIPT FLUSH between calls: EVALSHA answers NOSCRIPT, the bodies go again, and their
+    WAIT behind them decides."""
+    primary, replica = replicated
+    with Redlock([primary.url], replica_acks=1, node_timeout=NODE_TIMEOUT) as dlm:
+        with dlm.lock("warm", ttl=5.0):
+            pass
+        for i in range(3):
+            with primary.client() as client:
+                client.script_flush()
+            with dlm.lock(f"r{i}", ttl=5.0):
+                assert on(replica, f"redlock:{{r{i}}}:lock") > 0
+        with primary.client() as client:
+            client.script_flush()
+        # Refused: NotReplicated, or no reply in time (two WAITs, each up to half the
+        # request's time and Redis's timer tick, one behind the calls, one behind the
+        # bodies: this rare path may take longer than the request).
+        with hung(replica), pytest.raises(QuorumUnavailable):
+            dlm.lock("x", ttl=5.0, blocking=False).acquire()
+        assert lock_keys([primary], "x") == [False]
+
+
+def test_auto_extend_in_the_renewer_process_waits_for_the_replica(
+        replicated: tuple[RedisNode, RedisNode]) -> None:
+    primary, replica = replicated
+    with Redlock([primary.url], replica_acks=1, node_timeout=NODE_TIMEOUT) as dlm:
+        held = dlm.lock("r", ttl=1.0, auto_extend=True)
+        held.acquire()
+        assert renewed_by_a_renewer(dlm)
+        time.sleep(2.5)  # renewed every third of the TTL
+        held.check()
+        assert on(replica, "redlock:{r}:lock") > 0
+        with hung(replica):
+            time.sleep(1.5)  # renewals not counted: the lock lapses
+            with pytest.raises(LockLost):
+                held.check()
+        with pytest.raises(LockLost):
+            held.release()
+
+
+async def test_asyncio_acknowledged_and_refused(replicated: tuple[RedisNode, RedisNode]
+                                                ) -> None:
+    primary, replica = replicated
+    async with AsyncRedlock([primary.url], replica_acks=1, node_timeout=NODE_TIMEOUT) as dlm:
+        for i in range(20):
+            async with dlm.lock(f"r{i}", ttl=5.0) as held:
+                assert on(replica, f"redlock:{{r{i}}}:lock") > 0
+                await held.extend(6.0)
+        with primary.client() as client:
+            client.script_flush()
+        async with dlm.lock("again", ttl=5.0):
+            assert on(replica, "redlock:{again}:lock") > 0
+        with hung(replica), pytest.raises(QuorumUnavailable, match="NotReplicated"):
+            await dlm.lock("r", ttl=5.0, blocking=False).acquire()
+
+
+def test_redlock_nodes_shows_each_primarys_replicas(replicated: tuple[RedisNode, RedisNode]
+                                                    ) -> None:
+    primary, _ = replicated
+    result = subprocess.run([sys.executable, "-m", "redlock", "nodes", "--json", "--nodes",
+                             primary.url], capture_output=True, text=True, timeout=60)
+    [node] = json.loads(result.stdout)["nodes"]
+    assert (node["role"], node["replicas"]) == ("master", 1)
+    assert 0 <= node["replica_lag_s"] <= 2
+    table = subprocess.run([sys.executable, "-m", "redlock", "nodes", "--nodes", primary.url],
+                           capture_output=True, text=True, timeout=60).stdout
+    assert "master (1 replica, lag " in table
+
+
+@pytest.mark.parametrize(("value", "error"), [(-1, ValueError), (17, ValueError),
+                                              ("1", TypeError), (True, TypeError),
+                                              (1.0, TypeError)])
+def test_replica_acks_is_checked_at_the_call_site(value: object, error: type[Exception]
+                                                  ) -> None:
+    with pytest.raises(error, match="replica_acks"):
+        Redlock(["redis://127.0.0.1:1"], replica_acks=value)  # type: ignore[arg-type]
