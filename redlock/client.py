@@ -97,7 +97,8 @@ class Semaphore(_SyncHandle, SemaphoreBase):
     threads (each thread gets its own permit)."""
 
     def status(self) -> SemaphoreStatus:
-        """Who holds each permit now, by a quorum of the nodes (a snapshot)."""
+        """Who holds each permit now, by a quorum of the nodes (a snapshot);
+        :class:`QuorumUnavailable` when fewer than a quorum answered."""
         return cast(SemaphoreStatus, self._registry.drive(self._status_flow()))
 
 
@@ -117,7 +118,8 @@ class ReadWriteLock(ReadWriteLockBase[ReadLock, WriteLock]):
     _write_class = WriteLock
 
     def status(self) -> ReadWriteStatus:
-        """The writer and the readers now, by a quorum of the nodes (a snapshot)."""
+        """The writer and the readers now, by a quorum of the nodes (a snapshot);
+        :class:`QuorumUnavailable` when fewer than a quorum answered."""
         return cast(ReadWriteStatus, self._registry.drive(self._status_flow()))
 
 
@@ -139,14 +141,18 @@ class Election(ElectionBase[Leadership]):
 
     def leader(self) -> Leader | None:
         """Who leads now (identity, term, time left), read from a quorum; None when
-        nobody does (or an election is under way). A snapshot: it may be stale on
-        return; the term in the leader's hands is what fences."""
+        nobody does (or an election is under way); :class:`QuorumUnavailable` when fewer
+        than a quorum of nodes answered (the leadership is then unknown, not vacant). A
+        snapshot: it may be stale on return; the term in the leader's hands is what
+        fences."""
         return cast("Leader | None", self._registry.drive(self._leader_flow()))
 
     def observe(self) -> Iterator[Leader | None]:
         """Yield the leadership now, then each change (a new term, or vacancy: None),
         woken by the nodes' notifications, or when a leader's time runs out. Runs until
-        the caller stops iterating, or the manager is closed."""
+        the caller stops iterating, or the manager is closed. Through an outage it yields
+        nothing; one that lasts the manager's ``outage_timeout`` raises
+        :class:`QuorumUnavailable` (docs/design.md §12.1)."""
         wake = self._registry.new_event()
         stop = self._registry.watch_every(self._channels(), wake)
         closing = self._registry.closing

@@ -20,6 +20,7 @@ from redlock._scripts.family_replies import (
     slots_seen,
     term_record,
 )
+from redlock.errors import NodeResult, Outcome, QuorumUnavailable, describe
 
 
 @dataclass(frozen=True)
@@ -38,12 +39,29 @@ class Leader:
         return other is not None and (self.identity, self.token) == (other.identity, other.token)
 
 
-def _believed(core: RedlockCore, replies: Sequence[object]) -> list[tuple[int, object]]:
-    """The replies of nodes whose word counts (not being judged after a restart, §4.4;
-    not of another format, §4.1), with their node."""
+def _believed(core: RedlockCore, replies: Sequence[object], what: str,
+              name: str) -> list[tuple[int, object]]:
+    """The replies of nodes that answered and whose word counts (not being judged after a
+    restart, §4.4; not of another format, §4.1), with their node. Where those do not meet
+    the quorum rule, what they do not name is unknown, not free: QuorumUnavailable (§12.1),
+    naming ``what`` (of ``name``) and each node that did not count."""
     health = core.amnesia.health
     doubted = set(health.suspect) | set(health.incompatible)
-    return [(node, reply) for node, reply in enumerate(replies[:core.n]) if node not in doubted]
+    answered = [(node, reply) for node, reply in enumerate(replies[:core.n])
+                if node not in doubted and not isinstance(reply, BaseException)]
+    rule = core.membership.rule
+    if not rule.met([node for node, _ in answered]):
+        silent = [NodeResult(core.addresses[node], Outcome.ERROR,
+                             "its word does not count until it is judged (a restart or"
+                             " another format)" if node in doubted else
+                             getattr(reply, "detail", None) or str(reply))
+                  for node, reply in enumerate(replies[:core.n])
+                  if node in doubted or isinstance(reply, BaseException)]
+        raise QuorumUnavailable(
+            f"{what} of {name!r} is unknown: {rule.count([n for n, _ in answered], 'answered')};"
+            " what the others hold cannot be told from here (per node: "
+            f"{describe(silent)})", resource=name, outcomes=silent)
+    return answered
 
 
 #: Per holder, the nodes that name it and the ms its grant has left on each.
@@ -78,7 +96,7 @@ def read_leader(core: RedlockCore, name: str) -> Flow[Leader | None]:
     elapsed = core.clock() - started
     holders: Named = {}
     records: dict[str, list[str]] = {}
-    for node, reply in _believed(core, replies):
+    for node, reply in _believed(core, replies, "the leadership", name):
         answer = leader_seen(reply)
         if answer is not None:
             (pttl, holder), record = answer
@@ -102,11 +120,26 @@ def next_leader(core: RedlockCore, name: str, last: Leader | None, first: bool,
     """``observe()``'s step: the leadership as soon as it differs from ``last`` (or at
     once, the ``first`` time). Between reads it waits to be woken (a release or a
     proclamation, published on the election's channels), until the current leader's
-    time would run out, or at most ``ttl`` (§12.1). Once the manager is ``closing``, at
+    time would run out, or at most ``ttl`` (§12.1). Through an outage, nothing (the
+    leadership is unknown), read again every ``retry_delay_max``, until the outage has
+    lasted ``outage_timeout``: then QuorumUnavailable. Once the manager is ``closing``, at
     once ``last`` (the observer then stops)."""
+    unknown_since: float | None = None
     while True:
         wake.clear()  # a message during the read below wakes the next wait at once
-        current = yield from read_leader(core, name)
+        try:
+            current = yield from read_leader(core, name)
+        except QuorumUnavailable:
+            if closing.is_set():
+                return last
+            now = core.clock()
+            unknown_since = now if unknown_since is None else unknown_since
+            limit = core.settings.outage_timeout
+            if limit is not None and now - unknown_since >= limit:
+                raise
+            yield PauseUntilWoken(core.settings.retry_delay_max, wake)
+            continue
+        unknown_since = None
         if first or (current is None) != (last is None) or (
                 current is not None and not current.same_term(last)):
             return current
@@ -181,7 +214,7 @@ def semaphore_status(core: RedlockCore, name: str, permits: int) -> Flow[Semapho
     replies = yield Broadcast(calls, core.timeout())
     elapsed = core.clock() - started
     per_slot: list[Named] = [{} for _ in range(permits)]
-    for node, reply in _believed(core, replies):
+    for node, reply in _believed(core, replies, "the semaphore", name):
         for slot, seen in enumerate(slots_seen(reply, permits) or ()):
             _count(per_slot[slot], node, seen)
     slots = tuple(next(iter(_agreed(core, seen, elapsed)), None) for seen in per_slot)
@@ -198,7 +231,7 @@ def rwlock_status(core: RedlockCore, name: str) -> Flow[ReadWriteStatus]:
     elapsed = core.clock() - started
     writers: Named = {}
     readers: Named = {}
-    for node, reply in _believed(core, replies):
+    for node, reply in _believed(core, replies, "the read-write lock", name):
         seen = readers_writer_seen(reply)
         if seen is not None:
             _count(writers, node, seen[0])
