@@ -254,8 +254,8 @@ class Keys:
     @property
     def horizon(self) -> str:
         """The node's lease horizon (docs/design.md §4.3.1): a key whose expiry is the
-        latest of the leases it granted or extended. The scripts name it from
-        :attr:`members` (``members`` replaced by ``horizon``)."""
+        latest of the leases it granted or extended; a declared key of every script
+        that raises it, before :attr:`members`."""
         return f"{self.node}:horizon"
 
     @property

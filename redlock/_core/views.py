@@ -133,7 +133,8 @@ def next_leader(core: RedlockCore, name: str, last: Leader | None, first: bool,
             if closing.is_set():
                 return last
             now = core.clock()
-            unknown_since = now if unknown_since is None else unknown_since
+            if unknown_since is None:
+                unknown_since = now
             limit = core.settings.outage_timeout
             if limit is not None and now - unknown_since >= limit:
                 raise
