@@ -47,6 +47,26 @@ def test_a_leader_is_unknown_without_a_quorum_of_answers(nodes3: RedisNodes) -> 
         assert dlm.election("jobs").leader() is None  # vacant, and said so by all
 
 
+def test_a_leader_the_answering_quorum_cannot_rule_out_is_unknown(nodes3: RedisNodes) -> None:
+    """The leader's key on nodes 0 and 2 only (node 1's is gone, as a grant that did not
+    reach it); node 2 hung: nodes 0 and 1 answer, a quorum, but only node 0 names the
+    leader, who may hold nodes 0 and 2: unknown, not vacant (before: None)."""
+    with Redlock(nodes3.urls) as dlm:
+        term = dlm.election("jobs", ttl=10.0, identity="a").campaign()
+        assert term.acquire()
+        with nodes3[1].client() as client:
+            assert client.delete("redlock:{jobs}:leader") == 1
+        with hung(nodes3, [2]), pytest.raises(QuorumUnavailable) as raised:
+            dlm.election("jobs").leader()
+        assert str(raised.value).startswith(
+            "the leadership of 'jobs' is unknown: a holder is named by 1 of the nodes that"
+            " answered, and with the 1 that did not it may hold a quorum;"), str(raised.value)
+        leader = dlm.election("jobs").leader()  # all three answer: the leader, by nodes 0, 2
+        assert leader is not None and leader.identity == "a"
+        term.release()
+        assert dlm.election("jobs").leader() is None
+
+
 def test_semaphore_and_rwlock_status_are_unknown_without_a_quorum(nodes3: RedisNodes) -> None:
     with Redlock(nodes3.urls) as dlm:
         permits, rwlock = dlm.semaphore("pool", permits=2, ttl=5.0), dlm.rwlock("doc", ttl=5.0)

@@ -45,23 +45,32 @@ def _believed(core: RedlockCore, replies: Sequence[object], what: str,
     restart, §4.4; not of another format, §4.1), with their node. Where those do not meet
     the quorum rule, what they do not name is unknown, not free: QuorumUnavailable (§12.1),
     naming ``what`` (of ``name``) and each node that did not count."""
-    health = core.amnesia.health
-    doubted = set(health.suspect) | set(health.incompatible)
     answered = [(node, reply) for node, reply in enumerate(replies[:core.n])
-                if node not in doubted and not isinstance(reply, BaseException)]
+                if node not in _doubted(core) and not isinstance(reply, BaseException)]
     rule = core.membership.rule
     if not rule.met([node for node, _ in answered]):
-        silent = [NodeResult(core.addresses[node], Outcome.ERROR,
-                             "its word does not count until it is judged (a restart or"
-                             " another format)" if node in doubted else
-                             getattr(reply, "detail", None) or str(reply))
-                  for node, reply in enumerate(replies[:core.n])
-                  if node in doubted or isinstance(reply, BaseException)]
-        raise QuorumUnavailable(
-            f"{what} of {name!r} is unknown: {rule.count([n for n, _ in answered], 'answered')};"
-            " what the others hold cannot be told from here (per node: "
-            f"{describe(silent)})", resource=name, outcomes=silent)
+        raise _unknown(core, replies, f"{what} of {name!r} is unknown: "
+                       f"{rule.count([n for n, _ in answered], 'answered')}", name)
     return answered
+
+
+def _doubted(core: RedlockCore) -> set[int]:
+    health = core.amnesia.health
+    return set(health.suspect) | set(health.incompatible)
+
+
+def _unknown(core: RedlockCore, replies: Sequence[object], why: str,
+             name: str) -> QuorumUnavailable:
+    """The error of a view that cannot tell: ``why``, and each node that did not count."""
+    doubted = _doubted(core)
+    silent = [NodeResult(core.addresses[node], Outcome.ERROR,
+                         "its word does not count until it is judged (a restart or another"
+                         " format)" if node in doubted else
+                         getattr(reply, "detail", None) or str(reply))
+              for node, reply in enumerate(replies[:core.n])
+              if node in doubted or isinstance(reply, BaseException)]
+    return QuorumUnavailable(f"{why}; what the others hold cannot be told from here (per"
+                             f" node: {describe(silent)})", resource=name, outcomes=silent)
 
 
 #: Per holder, the nodes that name it and the ms its grant has left on each.
@@ -96,7 +105,8 @@ def read_leader(core: RedlockCore, name: str) -> Flow[Leader | None]:
     elapsed = core.clock() - started
     holders: Named = {}
     records: dict[str, list[str]] = {}
-    for node, reply in _believed(core, replies, "the leadership", name):
+    answered = _believed(core, replies, "the leadership", name)
+    for node, reply in answered:
         answer = leader_seen(reply)
         if answer is not None:
             (pttl, holder), record = answer
@@ -112,6 +122,15 @@ def read_leader(core: RedlockCore, name: str) -> Flow[Leader | None]:
             return None
         token, identity = max(terms)
         return Leader(identity, token, time_left)
+    # Nobody by the rule among those that answered: vacant only if no holder they name
+    # could make a quorum with the nodes that did not answer (§12.1).
+    silent = set(range(core.n)) - {node for node, _ in answered}
+    rule = core.membership.rule
+    for named in holders.values():
+        if silent and rule.met({node for node, _ in named} | silent):
+            raise _unknown(core, replies, f"the leadership of {name!r} is unknown: a holder"
+                           f" is named by {len(named)} of the nodes that answered, and with"
+                           f" the {len(silent)} that did not it may hold a quorum", name)
     return None
 
 
