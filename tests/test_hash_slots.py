@@ -98,8 +98,8 @@ def _resources_on_every_master(cluster: RedisClusterNodes, count: int = 12) -> l
     raise AssertionError("no names over every master")
 
 
-def _run(client: redis.cluster.RedisCluster, script: Script, keys: tuple[str, ...],
-         args: tuple[object, ...]) -> object:
+def _run(client: redis.Redis | redis.cluster.RedisCluster, script: Script,
+         keys: tuple[str, ...], args: tuple[object, ...]) -> object:
     # redis-py sends a script to the master of its keys' hash slot (one slot, or it refuses).
     return client.execute_command("EVAL", script.source, len(keys), *keys, *args)
 
@@ -206,3 +206,31 @@ def test_a_fence_counter_moves_with_its_hash_slot(redlock_redis_cluster: RedisCl
         assert tokens == [1, 2, 3]
     finally:
         client.close()
+
+
+def test_a_killed_masters_replica_takes_its_hash_slots_over(
+        redlock_redis_cluster: RedisClusterNodes) -> None:
+    """The harness's failover (docs/proposals/cluster.md P3): kill -9 the master of a hash
+    slot; its replica serves the slot, with what WAIT said it had (the grant and its
+    counter), and grants above it. (Last in this module: it leaves a master down.)"""
+    cluster = redlock_redis_cluster
+    name = "invoices:8"
+    keys, slot = KEYS.beside(name), hash_slot(KEYS.lock(name))
+    master = cluster.master_of(slot)
+    [replica] = cluster.replicas_of(master)
+    args = AcquireArgs(VALUE, 60_000, 0, "", 5000)
+    with master.client() as direct:
+        _run(direct, node_scripts.INIT_MARKER, (keys.marker, keys.episode), ("format=1 t",))
+        [acquire], _ = MUTEX.acquire_request(keys, (0,), (name,), args, 0)
+        assert _run(direct, acquire.script, acquire.keys, acquire.args) == [1, 1]
+        assert direct.execute_command("WAIT", 1, 5000) == 1  # the replica has it
+    killed, promoted = cluster.kill_master(slot)
+    assert (killed, promoted) == (master, replica) and not master.running
+    with promoted.client() as direct:
+        assert direct.pttl(keys.lock(name)) > 0
+        [again], _ = MUTEX.acquire_request(keys, (0,), (name,), args._replace(
+            value="0" * 31 + "9" + "00000001"), 0)
+        assert _run(direct, again.script, again.keys, again.args)[0] == 0  # still held
+        [release], _ = MUTEX.release_request(keys, (0,), (name,), (VALUE, "1"))
+        assert _run(direct, release.script, release.keys, release.args) == 1
+        assert _run(direct, again.script, again.keys, again.args) == [1, 2]

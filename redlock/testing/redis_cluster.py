@@ -9,7 +9,8 @@ tests of a cluster as a lock node (docs/proposals/cluster.md) and for users' own
         cluster.migrate(slot, cluster.masters()[1])   # a hash slot and its keys moved
         cluster.kill_master(slot)              # its replica is promoted (about 3-4 s)
 
-Nodes time out after ``node_timeout`` ms (2000 by default: a failover in seconds, as in
+Needs Redis 7.0 or later (``CLUSTER ADDSLOTSRANGE``, ``--cluster-port``). Nodes time out
+after ``node_timeout`` ms (2000 by default: a failover in seconds, as in
 production with a shorter timeout). ``full_coverage`` is ``cluster-require-full-coverage``
 (docs/proposals/cluster.md, P2: a lock cluster runs better without it)."""
 
@@ -99,15 +100,17 @@ class RedisClusterNodes:
 
     def _until(self, done: Callable[[], bool], what: str, timeout: float | None = None) -> None:
         deadline = time.monotonic() + (timeout or self.start_timeout)
+        last: redis.RedisError | None = None
         while True:
             try:
                 if done():
                     return
-            except redis.RedisError:
-                pass  # a node still starting or failing over: asked again
+            except redis.RedisError as exc:
+                last = exc  # a node still starting or failing over: asked again
             if time.monotonic() > deadline:
                 raise TimeoutError(f"waited {timeout or self.start_timeout} s for {what}:"
-                                   f" {self.describe()}")
+                                   f" {self.describe()}" + (f" (last error: {last})"
+                                                            if last else ""))
             time.sleep(0.05)
 
     def _settled(self) -> bool:
