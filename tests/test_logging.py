@@ -124,12 +124,13 @@ async def test_caplog_sees_events_with_their_fields(managers: tuple[Any, Any],
     [acquired] = records("redlock.acquired")[-1:]
     assert acquired.levelno == logging.DEBUG and acquired.name == "redlock.locks"
     fields = event_fields(acquired)
+    # (2 or 3: the round ends once a quorum granted and the stragglers' grace is over, §2.4)
+    assert fields["granted"] in (2, 3)
     assert acquired.getMessage() == (
-        f"acquired log:fields (lock) with fencing token {token}: 3 of 3 nodes granted it,"
-        f" valid for {fields['validity_ms']:.0f} ms")
+        f"acquired log:fields (lock) with fencing token {token}: {fields['granted']} of 3"
+        f" nodes granted it, valid for {fields['validity_ms']:.0f} ms")
     assert set(fields) == {"resource", "token", "validity_ms", "granted", "nodes", "kind"}
-    assert (fields["resource"], fields["token"], fields["granted"], fields["nodes"]) == (
-        "log:fields", token, 3, 3)
+    assert (fields["resource"], fields["token"], fields["nodes"]) == ("log:fields", token, 3)
     assert 0 < fields["validity_ms"] <= 10_000
     assert acquired.funcName == "held"  # the library's function, not the log helper
     [failed] = records("redlock.quorum_failed")
