@@ -3,9 +3,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import redis
@@ -30,6 +31,18 @@ def on_nodes(nodes: Sequence[RedisNode], command: Callable[[redis.Redis], Any]) 
         with node.client() as client:
             results.append(command(client))
     return results
+
+
+@contextlib.contextmanager
+def paused(nodes: Sequence[RedisNode], indexes: Sequence[int]) -> Iterator[None]:
+    """SIGSTOP the nodes at ``indexes`` for the block; SIGCONT whatever happens."""
+    try:
+        for i in indexes:
+            nodes[i].pause()
+        yield
+    finally:
+        for i in indexes:
+            nodes[i].resume()
 
 
 def get(node: RedisNode, key: str) -> bytes | None:

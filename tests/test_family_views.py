@@ -8,25 +8,13 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
 
 import pytest
 
 from redlock import AsyncRedlock, Leader, QuorumUnavailable, Redlock
 from redlock.errors import Outcome
 from redlock.testing import RedisNodes
-
-
-@contextmanager
-def hung(nodes: RedisNodes, which: Sequence[int]) -> Iterator[None]:
-    for i in which:
-        nodes[i].pause()
-    try:
-        yield
-    finally:
-        for i in which:
-            nodes[i].resume()
+from tests.peek import paused
 
 
 def test_a_leader_is_unknown_without_a_quorum_of_answers(nodes3: RedisNodes) -> None:
@@ -35,13 +23,13 @@ def test_a_leader_is_unknown_without_a_quorum_of_answers(nodes3: RedisNodes) -> 
         with election.campaign() as term:
             assert dlm.election("jobs").leader() == Leader("a", term.token, pytest.approx(5.0,
                                                                                           abs=0.2))
-            with hung(nodes3, [1, 2]), pytest.raises(QuorumUnavailable) as raised:
+            with paused(nodes3, [1, 2]), pytest.raises(QuorumUnavailable) as raised:
                 dlm.election("jobs").leader()
             assert str(raised.value).startswith(
                 "the leadership of 'jobs' is unknown: 1 of 3 nodes answered, need 2;")
             assert [o.outcome for o in raised.value.outcomes] == [Outcome.ERROR] * 2
             assert raised.value.resource == "jobs"
-            with hung(nodes3, [2]):  # a quorum answers: the leader, as before
+            with paused(nodes3, [2]):  # a quorum answers: the leader, as before
                 leader = dlm.election("jobs").leader()
                 assert leader is not None and leader.identity == "a"
         assert dlm.election("jobs").leader() is None  # vacant, and said so by all
@@ -56,7 +44,7 @@ def test_a_leader_the_answering_quorum_cannot_rule_out_is_unknown(nodes3: RedisN
         assert term.acquire()
         with nodes3[1].client() as client:
             assert client.delete("redlock:{jobs}:leader") == 1
-        with hung(nodes3, [2]), pytest.raises(QuorumUnavailable) as raised:
+        with paused(nodes3, [2]), pytest.raises(QuorumUnavailable) as raised:
             dlm.election("jobs").leader()
         assert str(raised.value).startswith(
             "the leadership of 'jobs' is unknown: a holder is named by 1 of the nodes that"
@@ -73,7 +61,7 @@ def test_semaphore_and_rwlock_status_are_unknown_without_a_quorum(nodes3: RedisN
         with permits, rwlock.write():
             assert permits.status().held == 1
             assert rwlock.status().writer is not None
-            with hung(nodes3, [0, 1]):
+            with paused(nodes3, [0, 1]):
                 with pytest.raises(QuorumUnavailable, match="the semaphore of 'pool' is"):
                     permits.status()
                 with pytest.raises(QuorumUnavailable, match="the read-write lock of 'doc' is"):
@@ -102,12 +90,12 @@ def test_observe_rides_through_a_short_outage_and_gives_up_after_outage_timeout(
         while not seen and time.monotonic() < deadline:
             time.sleep(0.01)
         assert seen == [None]
-        with hung(nodes3, [1, 2]):
+        with paused(nodes3, [1, 2]):
             time.sleep(1.2)  # at least one read in the outage, shorter than outage_timeout
             assert seen == [None]
         time.sleep(0.2)
         started = time.monotonic()
-        with hung(nodes3, [1, 2]):
+        with paused(nodes3, [1, 2]):
             watcher.join(timeout=6)
             ended = time.monotonic() - started
         assert not watcher.is_alive()
@@ -119,7 +107,7 @@ def test_observe_rides_through_a_short_outage_and_gives_up_after_outage_timeout(
 async def test_asyncio_views_and_observe_in_an_outage(nodes3: RedisNodes) -> None:
     async with AsyncRedlock(nodes3.urls, outage_timeout=0.5) as dlm, \
             dlm.election("jobs", ttl=5.0, identity="a").campaign():
-        with hung(nodes3, [0, 2]):
+        with paused(nodes3, [0, 2]):
             with pytest.raises(QuorumUnavailable, match="1 of 3 nodes answered"):
                 await dlm.election("jobs").leader()
             seen = []

@@ -10,7 +10,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 
 import pytest
 
@@ -18,7 +17,7 @@ from redlock import AsyncRedlock, LockLost, QuorumUnavailable, Redlock
 from redlock.errors import Outcome
 from redlock.testing import RedisNode, RedisNodes
 from tests.internals import renewed_by_a_renewer
-from tests.peek import lock_keys
+from tests.peek import lock_keys, lock_pttls, paused
 
 # Long enough that WAIT's own timeout (half the request's) ends before the request's: Redis
 # looks at blocked clients' timeouts about `hz` (10) times a second.
@@ -34,20 +33,6 @@ def replicated(fresh_nodes: Callable[..., RedisNodes]) -> Iterator[tuple[RedisNo
     replica.resume()
 
 
-@contextmanager
-def hung(node: RedisNode) -> Iterator[None]:
-    node.pause()
-    try:
-        yield
-    finally:
-        node.resume()
-
-
-def on(node: RedisNode, key: str) -> int:
-    with node.client() as client:
-        return int(client.pttl(key))
-
-
 def test_every_counted_grant_is_on_the_replica(replicated: tuple[RedisNode, RedisNode]
                                                ) -> None:
     primary, replica = replicated
@@ -55,10 +40,10 @@ def test_every_counted_grant_is_on_the_replica(replicated: tuple[RedisNode, Redi
         for i in range(50):
             with dlm.lock(f"r{i}", ttl=5.0) as held:
                 # Read at once from the replica: WAIT answered 1 before the grant counted.
-                assert on(replica, f"redlock:{{r{i}}}:lock") > 0
+                assert lock_pttls([replica], f"r{i}")[0] > 0
                 assert held.token == 1
                 held.extend(8.0)
-                assert on(replica, f"redlock:{{r{i}}}:lock") > 5000  # the renewal too
+                assert lock_pttls([replica], f"r{i}")[0] > 5000  # the renewal too
 
 
 def test_a_primary_whose_replica_is_hung_counts_no_grant(
@@ -67,7 +52,7 @@ def test_a_primary_whose_replica_is_hung_counts_no_grant(
     with Redlock([primary.url], replica_acks=1, node_timeout=NODE_TIMEOUT) as dlm:
         with dlm.lock("warm", ttl=5.0):
             pass
-        with hung(replica):
+        with paused([replica], [0]):
             started = time.monotonic()
             with pytest.raises(QuorumUnavailable) as raised:
                 dlm.lock("r", ttl=5.0, blocking=False).acquire()
@@ -87,7 +72,7 @@ def test_a_held_lock_is_not_renewed_without_its_replica(
     with Redlock([primary.url], replica_acks=1, node_timeout=NODE_TIMEOUT) as dlm:
         held = dlm.lock("r", ttl=1.0)
         held.acquire()
-        with hung(replica), pytest.raises(LockLost):
+        with paused([replica], [0]), pytest.raises(LockLost):
             held.extend(1.0)
 
 
@@ -110,10 +95,10 @@ def test_a_quorum_of_replicated_nodes_grants(fresh_nodes: Callable[..., RedisNod
                  node_timeout=NODE_TIMEOUT) as dlm:
         with dlm.lock("warm", ttl=5.0):
             pass
-        with hung(replicas[1]), dlm.lock("r", ttl=5.0) as held:
+        with paused([replicas[1]], [0]), dlm.lock("r", ttl=5.0) as held:
             assert held.token == 1
-            assert on(replicas[0], "redlock:{r}:lock") > 0
-            assert on(replicas[2], "redlock:{r}:lock") > 0
+            assert lock_pttls([replicas[0]], "r")[0] > 0
+            assert lock_pttls([replicas[2]], "r")[0] > 0
         assert lock_keys(primaries, "r") == [False] * 3
 
 
@@ -129,13 +114,13 @@ def test_scripts_sent_again_are_acknowledged_too(replicated: tuple[RedisNode, Re
             with primary.client() as client:
                 client.script_flush()
             with dlm.lock(f"r{i}", ttl=5.0):
-                assert on(replica, f"redlock:{{r{i}}}:lock") > 0
+                assert lock_pttls([replica], f"r{i}")[0] > 0
         with primary.client() as client:
             client.script_flush()
         # Refused: NotReplicated, or no reply in time (two WAITs, each up to half the
         # request's time and Redis's timer tick, one behind the calls, one behind the
         # bodies: this rare path may take longer than the request).
-        with hung(replica), pytest.raises(QuorumUnavailable):
+        with paused([replica], [0]), pytest.raises(QuorumUnavailable):
             dlm.lock("x", ttl=5.0, blocking=False).acquire()
         assert lock_keys([primary], "x") == [False]
 
@@ -149,8 +134,8 @@ def test_auto_extend_in_the_renewer_process_waits_for_the_replica(
         assert renewed_by_a_renewer(dlm)
         time.sleep(2.5)  # renewed every third of the TTL
         held.check()
-        assert on(replica, "redlock:{r}:lock") > 0
-        with hung(replica):
+        assert lock_pttls([replica], "r")[0] > 0
+        with paused([replica], [0]):
             time.sleep(1.5)  # renewals not counted: the lock lapses
             with pytest.raises(LockLost):
                 held.check()
@@ -164,13 +149,13 @@ async def test_asyncio_acknowledged_and_refused(replicated: tuple[RedisNode, Red
     async with AsyncRedlock([primary.url], replica_acks=1, node_timeout=NODE_TIMEOUT) as dlm:
         for i in range(20):
             async with dlm.lock(f"r{i}", ttl=5.0) as held:
-                assert on(replica, f"redlock:{{r{i}}}:lock") > 0
+                assert lock_pttls([replica], f"r{i}")[0] > 0
                 await held.extend(6.0)
         with primary.client() as client:
             client.script_flush()
         async with dlm.lock("again", ttl=5.0):
-            assert on(replica, "redlock:{again}:lock") > 0
-        with hung(replica), pytest.raises(QuorumUnavailable, match="NotReplicated"):
+            assert lock_pttls([replica], "again")[0] > 0
+        with paused([replica], [0]), pytest.raises(QuorumUnavailable, match="NotReplicated"):
             await dlm.lock("r", ttl=5.0, blocking=False).acquire()
 
 

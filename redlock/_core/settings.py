@@ -251,7 +251,7 @@ class Keys:
         when it may rejoin."""
         return f"{self.node}:amnesia"
 
-    @property
+    @cached_property  # (read on every granting, committing or renewing call: made once)
     def horizon(self) -> str:
         """The node's lease horizon (docs/design.md §4.3.1): a key whose expiry is the
         latest of the leases it granted or extended; a declared key of every script

@@ -45,8 +45,9 @@ def _believed(core: RedlockCore, replies: Sequence[object], what: str,
     restart, §4.4; not of another format, §4.1), with their node. Where those do not meet
     the quorum rule, what they do not name is unknown, not free: QuorumUnavailable (§12.1),
     naming ``what`` (of ``name``) and each node that did not count."""
+    doubted = _doubted(core)
     answered = [(node, reply) for node, reply in enumerate(replies[:core.n])
-                if node not in _doubted(core) and not isinstance(reply, BaseException)]
+                if node not in doubted and not isinstance(reply, BaseException)]
     rule = core.membership.rule
     if not rule.met([node for node, _ in answered]):
         raise _unknown(core, replies, f"{what} of {name!r} is unknown: "

@@ -153,8 +153,7 @@ class Exchange:
         wait for; else nothing. ``t``: half its request's timeout (the other half carries
         the round trip, so that a refusal arrives in time), at least 1 ms (``WAIT k 0``
         blocks for ever)."""
-        if not acks or not any(call.script is not None and call.script.replicated
-                               for call in self.calls):
+        if not any(call.script is not None and call.script.replicated for call in self.calls):
             return b""
         self.acks, self.held = acks, []
         self.wait_ms = max(1, int(self.timeout * 500))
@@ -183,8 +182,10 @@ class Exchange:
                 if self.unknown is None:
                     self.unknown = []
                 self.unknown.append(position)
-            else:
-                self._store(position, reply)
+            elif self.held is not None:
+                self._hold(position, reply)
+            elif replies is not None:
+                replies[self.indexes[position]] = reply
             if position + 1 < count or wait:
                 return MORE
             if self.unknown:
@@ -197,7 +198,10 @@ class Exchange:
             unknown = self.unknown or []
             again = position - count - wait  # among the calls sent again
             if again < len(unknown):
-                self._store(unknown[again], reply)
+                if self.held is not None:
+                    self._hold(unknown[again], reply)
+                elif replies is not None:
+                    replies[self.indexes[unknown[again]]] = reply
                 if again + 1 < len(unknown) or wait:
                     return MORE
             else:  # their WAIT
@@ -205,14 +209,14 @@ class Exchange:
         self.done = True
         return DONE
 
-    def _store(self, position: int, reply: object) -> None:
-        held = self.held
-        if held is not None:
-            script = self.calls[position].script
-            if script is not None and script.replicated:
-                held.append((self.indexes[position], reply))
-                return
-        if self.replies is not None:
+    def _hold(self, position: int, reply: object) -> None:
+        """(replica_acks) A call's reply: held until WAIT's if the call grants, commits or
+        renews, else the request's at once."""
+        script = self.calls[position].script
+        if script is not None and script.replicated:
+            assert self.held is not None
+            self.held.append((self.indexes[position], reply))
+        elif self.replies is not None:
             self.replies[self.indexes[position]] = reply
 
     def _acknowledged(self, reply: object) -> None:

@@ -167,13 +167,12 @@ class RedisClusterNodes:
                 for entry in slots}
 
     def master_of(self, slot: int) -> RedisNode:
-        """The master serving hash slot ``slot`` now."""
+        """The master serving hash slot ``slot`` now (as a running node sees it)."""
         node = next(n for n in self.nodes if n.running and not n.paused)
-        with node.client() as client:
-            for entry in client.execute_command("CLUSTER", "SLOTS"):
-                if int(entry[0]) <= slot <= int(entry[1]):
-                    return self._by_address(f"{_text(entry[2][0])}:{entry[2][1]}")
-        raise LookupError(f"no master serves hash slot {slot}")
+        owner = self._owner_seen_by(node, slot)
+        if owner is None:
+            raise LookupError(f"no master serves hash slot {slot}")
+        return owner
 
     def replicas_of(self, master: RedisNode) -> list[RedisNode]:
         wanted = self.node_id(master)
@@ -230,7 +229,19 @@ class RedisClusterNodes:
             if master not in (source, target):
                 with master.client() as client:
                     client.execute_command("CLUSTER", "SETSLOT", slot, "NODE", target_id)
+        # Replicas learn it by gossip: done once every node names the new owner (a client
+        # that starts from a replica's stale map would be sent back and forth meanwhile).
+        self._until(lambda: all(self._owner_seen_by(node, slot) == target
+                                for node in self.nodes if node.running),
+                    f"every node to see hash slot {slot} on its new master")
         return moved
+
+    def _owner_seen_by(self, node: RedisNode, slot: int) -> RedisNode | None:
+        with node.client() as client:
+            for entry in client.execute_command("CLUSTER", "SLOTS"):
+                if int(entry[0]) <= slot <= int(entry[1]):
+                    return self._by_address(f"{_text(entry[2][0])}:{entry[2][1]}")
+        return None
 
     def kill_master(self, slot: int, *, timeout: float = 20.0) -> tuple[RedisNode, RedisNode]:
         """kill -9 the master of hash slot ``slot`` and wait until one of its replicas

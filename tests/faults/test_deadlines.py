@@ -17,7 +17,6 @@ request timeout for a quorum that could not answer.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -29,7 +28,7 @@ import redis.asyncio.sentinel
 from redlock import ClusterAmnesiaError, LockNotAcquired, Outcome, QuorumUnavailable
 from redlock.testing import RedisNode, RedisNodes, RedisSentinel
 from tests.clients import Actor, Flavour, Held, Stopwatch, admin, resolve
-from tests.peek import markers, outcomes_by_node
+from tests.peek import markers, outcomes_by_node, paused
 
 pytestmark = pytest.mark.faults
 
@@ -39,18 +38,6 @@ SLACK = 0.2
 BOUND = TIMEOUT + SLACK  # for a try (ceiling 1 s) and for timeout=1.0 alike
 MODES = ("try", "timeout=1.0")
 PAUSED = [0, 2, 3]  # a majority of five
-
-
-@contextlib.contextmanager
-def paused(nodes: Sequence[RedisNode], indexes: Sequence[int]) -> Iterator[None]:
-    """SIGSTOP the nodes at ``indexes`` for the block; SIGCONT whatever happens."""
-    try:
-        for i in indexes:
-            nodes[i].pause()
-        yield
-    finally:
-        for i in indexes:
-            nodes[i].resume()
 
 
 async def attempt(me: Actor, dlm: Any, mode: str, resource: str = "dl",
