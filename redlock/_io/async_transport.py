@@ -6,9 +6,11 @@ deadline; the exchanges it did not wait for (or that a cancellation left) go on 
 connection's budget (``connect_timeout``), so the connection is kept, and an acquire still
 unanswered gets its release written behind it (:mod:`redlock._io.wire`).
 
-Per request and node an :class:`Exchange`, per request a :class:`Gathering`, per node the
-:class:`Slots` for new connections, per event loop one timer for every request's deadline
-(:class:`Deadlines`)."""
+Per request and target (a node, or a cluster node's master: :mod:`redlock._io.routing`) an
+:class:`Exchange`, per request a :class:`Gathering`, per target the :class:`Slots` for new
+connections, per event loop one timer for every request's deadline (:class:`Deadlines`). A
+cluster node's calls go to the master of their hash slot; redirects are followed as new
+exchanges of the request."""
 
 from __future__ import annotations
 
@@ -24,7 +26,9 @@ from redlock._io import resp, wire
 from redlock._io.async_wire import IGNORE, Wire, open_wire, readable_wires
 from redlock._io.endpoint import Endpoint
 from redlock._io.failures import CLOSED, NoReply, NotSent, Unreachable, as_failure, map_failures
+from redlock._io.routing import REMAP_EVERY, UNROUTED, Routes, slot_map_command
 from redlock._io.wire import (
+    ASKING,
     DONE,
     FRESH,
     IDENTIFIED,
@@ -40,6 +44,7 @@ from redlock._io.wire import (
     acquire_keys,
     exchanges_of,
     fill_pending,
+    follow,
     late_sendable,
     render,
 )
@@ -52,6 +57,18 @@ T = TypeVar("T")
 # that reply arrived in time. Before calling the node late, the request lets the loop run
 # this many more turns while such replies wait to be read.
 _LAST_TURNS = 8
+
+
+async def _ask(endpoint: Endpoint, command: tuple[Any, ...], timeout: float) -> object:
+    """``command``'s reply on a connection of its own, closed after (a cluster node's hash
+    slot map; ``within`` bounds it)."""
+    wire = await open_wire(endpoint, UNROUTED, timeout)
+    try:
+        reply: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+        wire.send(resp.pack_one(command), reply.set_result, 1)
+        return await reply
+    finally:
+        wire.close()
 
 
 async def within(awaitable: Awaitable[T], timeout: float) -> T:
@@ -71,10 +88,10 @@ async def wait_event(event: asyncio.Event, seconds: float) -> None:
         await within(event.wait(), seconds)
 
 
-# New connections opening at once per node, so that a hung node does not collect sockets.
+# New connections opening at once per target, so that a hung one does not collect sockets.
 # An exchange beyond this waits for a slot or a connection given back, within its budget:
 # never failing at once, a healthy node under a burst serves every request (see Slots).
-OPENING_PER_NODE = 16
+OPENING_PER_TARGET = 16
 
 
 class Exchange(wire.Exchange):
@@ -146,14 +163,14 @@ class Exchange(wire.Exchange):
 
 
 class Slots:
-    """The new connections opening to one node (at most OPENING_PER_NODE at once), and the
+    """The new connections opening to one target (at most OPENING_PER_TARGET at once), and the
     exchanges waiting to open one. A freed slot, or a connection given back, wakes one waiter:
     first requests still waiting that are no acquire (a holder's renewal must not queue behind a
     burst of new acquires until its validity runs out), then acquires still waiting, then requests
     that are over. An acquire whose request is over stops waiting: it would send nothing."""
 
     def __init__(self) -> None:
-        self.free = OPENING_PER_NODE
+        self.free = OPENING_PER_TARGET
         # The waiters in arrival order (dicts: one leaves in O(1)). ``droppable``: those that send
         # nothing once their request is over (acquires), the only ones wake_over looks at: a hung
         # node collects a final release per request, too many to scan at every request's end.
@@ -280,7 +297,7 @@ class Gathering(wire.Gathering):
         self.armed = False
 
     def stragglers(self) -> Iterable[int]:
-        return (exchange.node for exchange in self.exchanges if not exchange.done)
+        return (exchange.target for exchange in self.exchanges if not exchange.done)
 
     def arm(self) -> None:
         """Wake the request at its deadline."""
@@ -295,7 +312,7 @@ class Gathering(wire.Gathering):
     def finished(self, exchange: Exchange) -> None:
         self.left -= 1
         if exchange.heard:
-            self.silence.heard(exchange.node)
+            self.silence.heard(exchange.target)
         if self.wake.done():
             return
         if self.left == 0 or (self.learn and len(self.replies.round_trips) >= self.learn):
@@ -314,20 +331,25 @@ class AsyncTransport:
         self.identify = identify  # sent first on every new connection (§4.4)
         self._probe = resp.pack_one(identify) if identify is not None else None
         self.endpoints = list(endpoints)
-        self._acks = [endpoint.replica_acks for endpoint in self.endpoints]
         self.addresses = list(addresses)
         self.connect_timeout = connect_timeout  # a connection's budget: open, log in
-        count = len(self.endpoints)
+        # The targets: the nodes, then cluster nodes' masters as they are found (_grow).
+        self._routes = Routes(self.endpoints, self._grow)
+        self._targets = self._routes.endpoints
+        self._mapped_at = -REMAP_EVERY  # when a stale hash slot map was last read again
+        self._acks = [endpoint.replica_acks for endpoint in self._targets]
+        count = len(self._targets)
         self._late: LateConnections[Any] = LateConnections(count)
-        self._silence = Silence(count)  # the nodes that stopped answering
-        self._refusals = Refusals(count)  # the nodes refusing connections
+        self._silence = Silence(count)  # the targets that stopped answering
+        self._refusals = Refusals(count)  # the targets refusing connections
         self._running: set[asyncio.Task[None]] = set()
         self._slots = [Slots() for _ in range(count)]
-        self._idle: list[list[Wire]] = [[] for _ in range(count)]  # per node, open and free
-        self._lanes: dict[str, list[list[Wire]]] = {}  # lane -> per node, its connections
+        self._idle: list[list[Wire]] = [[] for _ in range(count)]  # per target, open and free
+        self._lanes: dict[str, list[list[Wire]]] = {}  # lane -> per target, its connections
         self._wires: set[Wire] = set()  # every open connection (close() closes them)
         self._closed = False
         self._deadlines: Deadlines | None = None  # the requests' timer (on their loop)
+        self._reading: dict[int, asyncio.Future[None]] = {}  # hash slot maps being read
 
     async def broadcast(self, request: Broadcast) -> Replies:
         """Every call's reply or exception (NOT_AWAITED for those the request was
@@ -335,9 +357,17 @@ class AsyncTransport:
         if self._closed:  # a call, or a background flow, racing the manager's close
             await asyncio.sleep(0)  # (a caller retrying at once must not hold up the loop)
             return Replies([as_failure(Unreachable(CLOSED))] * len(request.calls))
+        routes = self._routes
+        if routes.clustered:  # each cluster node's hash slot map, read if unknown
+            unknown, stale = routes.unread(request.calls)
+            until = time.monotonic() + request.timeout
+            for node in unknown:  # (within the request's deadline: a failure leaves its
+                await self._read_map(node, until)  # calls unrouted)
+            if stale:
+                self._refresh()
         replies = Replies([PENDING] * len(request.calls))
         exchanges = exchanges_of(request.calls, replies, request.lane, Exchange,
-                                     request.timeout)
+                                 request.timeout, routes)
         if self._late.total:  # releases go behind unanswered acquires of their lock value
             self.write_behind(request)
         loop = asyncio.get_running_loop()
@@ -351,20 +381,19 @@ class AsyncTransport:
         packing = Packing(request)
         wires = self._idle_wires(exchanges)  # written here; the others: a task each
         refused: list[tuple[Exchange, BaseException]] = []
+        finished = self._follow(gathering) if routes.clustered else gathering.finished
         for exchange in exchanges:
             exchange.started = started
-            exchange.on_done = gathering.finished
-            conn = wires.get(exchange.node)
+            exchange.on_done = finished
+            conn = wires.get(exchange.target)
             if conn is not None:
                 self._send(exchange, conn, packing)
                 continue
-            error = self._refusals.refusing(exchange.node, started)
+            error = self._refused(exchange, started)
             if error is not None:  # it failed a moment ago: fails the same way, at once
                 refused.append((exchange, error))  # (after the others are written)
                 continue
-            task = loop.create_task(self._exchange(exchange))
-            self._running.add(task)
-            task.add_done_callback(self._running.discard)
+            self._open(exchange)
         for exchange, error in refused:
             exchange.fail(error)
         last_turns = _LAST_TURNS
@@ -410,6 +439,121 @@ class AsyncTransport:
                 break
         return replies
 
+    def _refused(self, exchange: Exchange, now: float) -> BaseException | None:
+        """Why the exchange fails at once: its target refused a moment ago, or it is a
+        cluster node's call whose hash slot has no known master; else None."""
+        if exchange.target == UNROUTED:
+            return Unreachable(self._routes.unrouted(exchange.node))
+        return self._refusals.refusing(exchange.target, now)
+
+    def _open(self, exchange: Exchange) -> None:
+        """A task connects, then writes the exchange."""
+        task = asyncio.get_running_loop().create_task(self._exchange(exchange))
+        self._running.add(task)
+        task.add_done_callback(self._running.discard)
+
+    # -- cluster nodes ---------------------------------------------------------------
+
+    def _follow(self, gathering: Gathering) -> Callable[[Exchange], None]:
+        """A routed request's exchanges end here: the calls a cluster redirected go again
+        as new exchanges of the request (redlock._io.wire.follow), written at once or
+        after TRYAGAIN's wait, before the gathering is told."""
+        def finished(exchange: Exchange) -> None:
+            if exchange.redirected and not self._closed:
+                loop = gathering.loop
+                now = time.monotonic()
+                for at, follower in follow(exchange, self._routes, Exchange, now,
+                                           gathering.deadline):
+                    follower.started = exchange.started
+                    follower.on_done = finished
+                    gathering.exchanges.append(follower)
+                    gathering.left += 1
+                    if at <= now:
+                        self._start(follower)
+                    else:
+                        loop.call_later(at - now, self._start, follower)
+                if self._routes.stale():
+                    self._refresh()
+            gathering.finished(exchange)
+        return finished
+
+    def _start(self, exchange: Exchange) -> None:
+        """An exchange joining its request late (a redirect followed)."""
+        if exchange.done:
+            return
+        if exchange.over and exchange.needless():  # its request ended meanwhile
+            exchange.finish()
+            return
+        error = self._refused(exchange, time.monotonic())
+        if error is not None:
+            exchange.fail(error)
+            return
+        wire = self._kept(exchange.target, exchange.lane, checked=True)
+        if wire is None and exchange.lane is not None:
+            wire = self._kept(exchange.target, checked=True)
+        if wire is not None:
+            self._send(exchange, wire)
+        else:
+            self._open(exchange)
+
+    async def _read_map(self, node: int, until: float) -> None:
+        """Read cluster node ``node``'s hash slot map from its masters or the server it was
+        given as, whichever answers first (requests of this loop read it one at a time:
+        a reading under way is waited for)."""
+        routes = self._routes
+        slot_map = routes.maps[node]
+        assert slot_map is not None
+        reading = self._reading.get(node)
+        if reading is not None and not reading.done():
+            with contextlib.suppress(Exception):
+                await within(asyncio.shield(reading), max(until - time.monotonic(), 0.0))
+            return
+        reading = self._reading[node] = asyncio.get_running_loop().create_future()
+        try:
+            for source in routes.sources(node):
+                left = min(until, time.monotonic() + self.connect_timeout) - time.monotonic()
+                if left <= 0 or self._closed:
+                    return
+                try:
+                    reply = await within(_ask(source, slot_map_command(), left), left)
+                    routes.apply(node, reply, source)
+                    return
+                except Exception as exc:  # the next source; the calls say why if none
+                    if isinstance(exc, asyncio.TimeoutError):
+                        exc = NoReply(f"no reply to CLUSTER SLOTS within {left * 1000:.0f} ms")
+                    slot_map.error = as_failure(exc)
+        finally:
+            reading.set_result(None)
+
+    def _refresh(self) -> None:
+        """The stale hash slot maps read again in a task (at most every REMAP_EVERY),
+        within the connect budget; requests go on with the owners MOVED named."""
+        now = time.monotonic()
+        if self._closed or now - self._mapped_at < REMAP_EVERY:
+            return
+        self._mapped_at = now
+
+        async def refresh() -> None:
+            for node, slot_map in enumerate(self._routes.maps):
+                if slot_map is not None and slot_map.stale:
+                    await self._read_map(node, time.monotonic() + self.connect_timeout)
+
+        task = asyncio.get_running_loop().create_task(refresh(), name="redlock-slot-map")
+        self._running.add(task)
+        task.add_done_callback(self._running.discard)
+
+    def _grow(self, endpoint: Endpoint) -> None:
+        """A cluster node's master was found: a target more (Routes calls this after
+        appending ``endpoint`` to the targets, before routing to it)."""
+        self._idle.append([])
+        self._acks.append(endpoint.replica_acks)
+        self._slots.append(Slots())
+        self._silence.grow()
+        self._refusals.grow()
+        self._late.grow()
+        for stacks in self._lanes.values():
+            stacks.append([])
+
     def _end(self, request: Broadcast, exchanges: list[Exchange], replies: Replies,
              waited: float, lag: float) -> None:
         """The request is over: every reply read counts (whether or not the gathering
@@ -426,7 +570,7 @@ class AsyncTransport:
                 continue
             exchange.over = True  # it goes on in the background (see the module's doc)
             if exchange.conn is None:
-                self._slots[exchange.node].wake_over()
+                self._slots[exchange.target].wake_over()
             else:
                 self._late_exchange(exchange)
             # Still waiting for a connection, and nothing of it may go late: never sent.
@@ -444,7 +588,7 @@ class AsyncTransport:
         """An exchange whose request stopped waiting: a release of the same lock value goes
         behind its acquires, and it has until its budget ends to be answered."""
         if any(acquire_keys(call) for call in exchange.calls):
-            exchange.late = Late(exchange.conn, exchange.node, exchange.calls, 0,
+            exchange.late = Late(exchange.conn, exchange.target, exchange.calls, 0,
                                  exchange.started + self.connect_timeout)
             self._late.add(exchange.late)
         left = exchange.started + self.connect_timeout - time.monotonic()
@@ -459,7 +603,7 @@ class AsyncTransport:
 
     def _late_done(self, exchange: Exchange) -> None:
         if exchange.heard:
-            self._silence.heard(exchange.node)
+            self._silence.heard(exchange.target)
         late = exchange.late
         if late is not None:
             late.closed = True  # nothing more may be written behind now
@@ -472,10 +616,14 @@ class AsyncTransport:
         # A new connection: identify the server first, and send script bodies (the
         # server may be new, or restarted: EVALSHA would cost a NOSCRIPT round trip).
         data = (packing or Packing()).calls(exchange.calls, wire.identified)
-        acks = self._acks[exchange.node]
+        acks = self._acks[exchange.target]
         if acks:  # a grant counts once replicas have it (docs/design.md §11.3)
             data += exchange.replicated(acks)
         count = len(exchange.calls) + (exchange.acks > 0)
+        if exchange.ask:  # a hash slot being imported: its master serves the next command
+            exchange.asking = True
+            data = ASKING + data
+            count += 1
         if not wire.identified and self._probe is not None:
             exchange.probed = True
             data = self._probe + data
@@ -487,7 +635,7 @@ class AsyncTransport:
             self._discard_soon(wire)
             return
         exchange.sent_at = time.monotonic()
-        self._silence.owed(exchange.node, exchange.sent_at)
+        self._silence.owed(exchange.target, exchange.sent_at)
         if exchange.over:  # sent after its request ended (a late release): its budget
             self._late_exchange(exchange)
 
@@ -500,8 +648,10 @@ class AsyncTransport:
             if isinstance(exc, asyncio.TimeoutError):  # the node is hung
                 exc = NoReply(f"no connection within connect_timeout"
                               f" {self.connect_timeout:g} s")
-            self._refusals.failed(exchange.node, exc, time.monotonic())
+            self._refusals.failed(exchange.target, exc, time.monotonic())
             exchange.fail(exc)
+            if self._routes.clustered and self._routes.lost(exchange.target):
+                self._refresh()  # (a cluster's master failing over)
             return
         if wire is None:  # an acquire whose request ended while it waited for a slot
             exchange.finish()
@@ -513,18 +663,18 @@ class AsyncTransport:
         self._send(exchange, wire)
 
     async def _checkout(self, exchange: Exchange) -> Wire | None:
-        """A connection to the exchange's node: the last one given back, or a new one (see
+        """A connection to the exchange's target: the last one given back, or a new one (see
         Slots); None for an acquire whose request ended while it waited."""
-        node = exchange.node
+        target = exchange.target
         if exchange.lane is not None:
             # The lane's own connection; the first time, a shared one, which then stays
             # in the lane (opening a new one is slow on a busy event loop).
-            wire = self._kept(node, exchange.lane, checked=True)
+            wire = self._kept(target, exchange.lane, checked=True)
             if wire is not None:
                 return wire
-        slots = self._slots[node]
+        slots = self._slots[target]
         while True:
-            wire = self._kept(node, checked=True)
+            wire = self._kept(target, checked=True)
             if wire is not None:
                 return wire
             if exchange.needless():
@@ -532,7 +682,7 @@ class AsyncTransport:
             if slots.free > 0:
                 slots.free -= 1
                 try:
-                    wire = await open_wire(self.endpoints[node], node, self.connect_timeout)
+                    wire = await open_wire(self._targets[target], target, self.connect_timeout)
                     return self._wrap(wire)
                 finally:
                     slots.free += 1
@@ -554,33 +704,35 @@ class AsyncTransport:
 
     def _broken(self, wire: Wire) -> None:
         if not wire.identified and wire.error is not None:  # it never answered
-            self._refusals.failed(wire.node, wire.error, time.monotonic())
+            self._refusals.failed(wire.target, wire.error, time.monotonic())
+        if self._routes.clustered and self._routes.lost(wire.target):
+            self._refresh()
         self._discard_soon(wire)
 
     def _idle_wires(self, exchanges: Iterable[Exchange]) -> dict[int, Wire]:
-        """An open connection per node that has one idle, with one readability check for
+        """An open connection per target that has one idle, with one readability check for
         all: one the server closed while it sat idle (it restarted), or that has bytes
         nobody asked for, must not carry a request (it is closed; a task opens another)."""
         found = {}
         for exchange in exchanges:
-            wire = self._kept(exchange.node, exchange.lane)
+            wire = self._kept(exchange.target, exchange.lane)
             if wire is None and exchange.lane is not None:
-                wire = self._kept(exchange.node)
+                wire = self._kept(exchange.target)
             if wire is not None:
-                found[exchange.node] = wire
+                found[exchange.target] = wire
         # (Not for a connection freed less than FRESH ago: see redlock._io.wire.)
         now = time.monotonic()
         stale = [wire for wire in found.values() if now - wire.freed_at >= FRESH]
         if stale:
             for wire in readable_wires(stale):
-                del found[wire.node]
+                del found[wire.target]
                 self._discard_soon(wire)
         return found
 
     def _wire_free(self, wire: Wire) -> None:
         """Every reply owed on ``wire`` was read: it is free for the next request."""
-        if self._refusals.errors[wire.node] is not None:  # it answered (Refusals)
-            self._refusals.connected(wire.node)
+        if self._refusals.errors[wire.target] is not None:  # it answered (Refusals)
+            self._refusals.connected(wire.target)
         if self._closed:
             self._discard_soon(wire)
         else:
@@ -590,16 +742,17 @@ class AsyncTransport:
         """A connection for the next request (of its lane); an exchange waiting for one
         takes it."""
         if lane is not None:
-            self._lane(lane)[wire.node].append(wire)
+            self._lane(lane)[wire.target].append(wire)
             return
         wire.freed_at = time.monotonic()
-        self._idle[wire.node].append(wire)
-        self._slots[wire.node].wake_one()
+        self._idle[wire.target].append(wire)
+        self._slots[wire.target].wake_one()
 
-    def _kept(self, node: int, lane: str | None = None, *, checked: bool = False) -> Wire | None:
+    def _kept(self, target: int, lane: str | None = None, *,
+              checked: bool = False) -> Wire | None:
         """An idle connection (of the lane), alive as far as the loop knows; ``checked``:
         and nothing to read in its socket (see _idle_wires, which checks in bulk)."""
-        idle = self._idle[node] if lane is None else self._lane(lane)[node]
+        idle = self._idle[target] if lane is None else self._lane(lane)[target]
         while idle:
             wire: Wire = idle.pop()
             if wire.alive and not (checked and wire.readable()):
@@ -610,7 +763,7 @@ class AsyncTransport:
     def _lane(self, lane: str) -> list[list[Wire]]:
         found = self._lanes.get(lane)
         if found is None:
-            found = self._lanes[lane] = [[] for _ in self.endpoints]
+            found = self._lanes[lane] = [[] for _ in self._targets]
         return found
 
     def _discard_soon(self, wire: Wire) -> None:
@@ -634,7 +787,7 @@ class AsyncTransport:
     def write_behind(self, request: Broadcast) -> None:  # (see redlock._io.wire)
         """Write each release behind the unanswered acquires of the same lock value."""
         for call in request.calls:
-            for late in self._late.behind(call):
+            for late in self._late.behind(call, self._routes.target_of(call)):
                 if late.closed:
                     continue
                 with contextlib.suppress(Exception):  # the normal release goes out too

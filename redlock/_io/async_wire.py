@@ -30,8 +30,8 @@ IGNORE: Sink = _ignore
 class Wire(asyncio.Protocol):
     """One connection to a node, read and written by the transport."""
 
-    def __init__(self, node: int) -> None:
-        self.node = node
+    def __init__(self, target: int) -> None:
+        self.target = target  # a node, or a cluster node's master (redlock._io.routing)
         self.lane: str | None = None  # the lane it goes back to when free
         self.transport: asyncio.Transport | None = None
         self.sock: socket.socket | None = None
@@ -145,7 +145,7 @@ class Wire(asyncio.Protocol):
         return bool(readable)
 
 
-async def open_wire(endpoint: Endpoint, node: int, timeout: float) -> Wire:
+async def open_wire(endpoint: Endpoint, target: int, timeout: float) -> Wire:
     """A new connection to ``endpoint``, logged in. The caller bounds the wait by
     ``timeout`` (the connect budget); cancelled, it leaves nothing open. Raises
     :class:`Unreachable` or :class:`LoginRefused` (the node's words)."""
@@ -158,10 +158,10 @@ async def open_wire(endpoint: Endpoint, node: int, timeout: float) -> Wire:
     try:
         if endpoint.path:
             _, wire = await loop.create_unix_connection(
-                lambda: Wire(node), endpoint.path, ssl=context,
+                lambda: Wire(target), endpoint.path, ssl=context,
                 server_hostname="" if context is not None else None)
         else:
-            _, wire = await loop.create_connection(lambda: Wire(node), host, port, ssl=context)
+            _, wire = await loop.create_connection(lambda: Wire(target), host, port, ssl=context)
             if endpoint.keepalive and wire.sock is not None:
                 wire.sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
     except OSError as exc:

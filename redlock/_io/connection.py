@@ -122,15 +122,22 @@ def where(endpoint: Endpoint, host: str, port: int) -> str:
     return f"unix:{endpoint.path}" if endpoint.path else f"{host}:{port}"
 
 
-def _wait_reply(conn: Connection, until: float) -> object:
-    """The next reply, waiting for it until ``until`` (the handshake's only)."""
+def ask(conn: Connection, command: tuple[Any, ...], until: float) -> object:
+    """``command``'s reply on a connection nothing else is written on (a cluster node's
+    hash slot map), waiting for it until ``until``."""
+    send(conn, resp.pack_one(command))
+    return _wait_reply(conn, until, " ".join(map(str, command)))
+
+
+def _wait_reply(conn: Connection, until: float, what: str = "the handshake") -> object:
+    """The next reply, waiting for it until ``until`` (the handshake's and ask's)."""
     while True:
         reply = receive(conn)
         if reply is not NOTHING:
             return reply
         left = until - time.monotonic()
         if left <= 0:
-            raise NoReply("Timeout reading the handshake's reply")
+            raise NoReply(f"Timeout reading the reply to {what}")
         wait_readable([conn], left)
 
 

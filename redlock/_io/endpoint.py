@@ -95,6 +95,9 @@ class Endpoint:
     #: How many of its replicas must have a grant, commit or renewal before it counts
     #: (WAIT, docs/design.md §11.3); 0: none.
     replica_acks: int = 0
+    #: A Redis Cluster, reached first at this address: each call goes to the master
+    #: serving its hash slot (redlock._io.routing).
+    cluster: bool = False
 
     @property
     def address(self) -> str:

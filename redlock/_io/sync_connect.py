@@ -1,8 +1,8 @@
 """The sync transport's new connections (see :mod:`redlock._io.sync_transport`): each opened in a
 thread of its own, with its own budget (``connect_timeout``), so that a request waits for it only
 until its own deadline and a hung node that accepts TCP but never answers the handshake costs one
-node timeout, not the connect budget. At most :data:`CONNECTS_PER_NODE` open at once per node; a
-node that refused a moment ago fails at once (:class:`~redlock._io.wire.Refusals`)."""
+node timeout, not the connect budget. At most :data:`CONNECTS_PER_TARGET` open at once per target; a
+target that refused a moment ago fails at once (:class:`~redlock._io.wire.Refusals`)."""
 
 from __future__ import annotations
 
@@ -16,14 +16,14 @@ from redlock._io.endpoint import Endpoint
 from redlock._io.wire import Refusals, Silence, late_sendable
 from redlock._scripts import lock as scripts
 
-# Connections opening at once per node, so that a hung node does not collect threads; a
+# Connections opening at once per target, so that a hung target does not collect threads; a
 # request beyond this waits for a slot or a connection given back (never fails at once).
-CONNECTS_PER_NODE = 16
+CONNECTS_PER_TARGET = 16
 
 
-def given(node: int, conn: Connection) -> Connect:
+def given(target: int, conn: Connection) -> Connect:
     """A connection found idle while waiting for a slot: as if opened for this request."""
-    attempt = Connect(node)
+    attempt = Connect(target)
     attempt.conn = conn
     attempt.ready.set()
     return attempt
@@ -34,8 +34,8 @@ class Connect:
     request stops waiting, it joins the pool when ready, its final releases sent on it
     first (``late``, :func:`~redlock._io.wire.late_sendable`)."""
 
-    def __init__(self, node: int) -> None:
-        self.node = node
+    def __init__(self, target: int) -> None:
+        self.target = target
         self.ready = threading.Event()
         self.conn: Connection | None = None
         self.error: BaseException | None = None
@@ -65,17 +65,23 @@ class Connector:
         self._silence = silence  # its transport's: which nodes answer
         self.refusals = Refusals(len(endpoints))  # the nodes refusing connections
         self._connected_late = connected_late
-        self._connects = [0] * len(endpoints)  # opening now, per node
+        self._connects = [0] * len(endpoints)  # opening now, per target
         self._opening: set[threading.Thread] = set()  # their threads (close() joins them)
         self._mutex = threading.Lock()
         self._closed = False
 
-    def connect(self, node: int, *, anyway: bool = False) -> Connect | None:
-        """A connection to ``node`` opening in the background for one request (None when
-        too many are opening already: the node is slow to accept or to handshake;
+    def grow(self) -> None:
+        """One more target (its endpoint appended to the shared list already)."""
+        self.refusals.grow()
+        with self._mutex:
+            self._connects.append(0)
+
+    def connect(self, target: int, *, anyway: bool = False) -> Connect | None:
+        """A connection to ``target`` opening in the background for one request (None when
+        too many are opening already: the target is slow to accept or to handshake;
         ``anyway``: a lane's, which does not wait for a slot; or once closed)."""
-        attempt = Connect(node)
-        refused = self.refusals.refusing(node, time.monotonic())
+        attempt = Connect(target)
+        refused = self.refusals.refusing(target, time.monotonic())
         if refused is not None:  # it failed a moment ago: fails the same way, at once
             attempt.error = refused
             attempt.ready.set()
@@ -84,14 +90,14 @@ class Connector:
         def run() -> None:
             try:
                 # (Not cleared of its refusals yet: that takes a reply, see SyncTransport)
-                attempt.conn = open_connection(self._endpoints[node], self._connect_timeout)
+                attempt.conn = open_connection(self._endpoints[target], self._connect_timeout)
             except Exception as exc:
                 attempt.error = exc
-                self._silence.failed(node, exc)
-                self.refusals.failed(node, exc, time.monotonic())
+                self._silence.failed(target, exc)
+                self.refusals.failed(target, exc, time.monotonic())
             finally:
                 with self._mutex:
-                    self._connects[node] -= 1
+                    self._connects[target] -= 1
             with attempt.mutex:
                 attempt.ready.set()
                 abandoned = attempt.abandoned
@@ -102,9 +108,9 @@ class Connector:
 
         thread = threading.Thread(target=run, name="redlock-connect", daemon=True)
         with self._mutex:
-            if self._closed or (self._connects[node] >= CONNECTS_PER_NODE and not anyway):
+            if self._closed or (self._connects[target] >= CONNECTS_PER_TARGET and not anyway):
                 return None  # (closed: close() has collected the threads it waits for)
-            self._connects[node] += 1
+            self._connects[target] += 1
             self._opening.add(thread)
         thread.start()
         return attempt

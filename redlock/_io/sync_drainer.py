@@ -19,28 +19,28 @@ from redlock._io.connection import send as send_bytes
 from redlock._io.wire import Late, LateConnections, Silence, late_sendable, render
 from redlock._scripts import lock as scripts
 
-# Final releases queued per node for its next free connection, at most.
-_QUEUED_PER_NODE = 1024
+# Final releases queued per target for its next free connection, at most.
+_QUEUED_PER_TARGET = 1024
 # The drainer's longest wait: in select() for replies, or for a late connection to come.
 _IDLE_WAIT = 0.05
 
-ConnHandler = Callable[[int, Connection], None]  # (node, connection)
+ConnHandler = Callable[[int, Connection], None]  # (target, connection)
 
 
 class SyncDrainer:
     """Late connections of one transport, and the thread that drains them."""
 
-    def __init__(self, node_count: int, connect_timeout: float, *, give_back: ConnHandler,
+    def __init__(self, count: int, connect_timeout: float, *, give_back: ConnHandler,
                  discard: ConnHandler, silence: Silence) -> None:
         self._connect_timeout = connect_timeout  # how long owed replies are waited for
         self._give_back = give_back  # to the pool (after sending any queued releases)
         self._discard = discard  # closed
         self._silence = silence  # its transport's: which nodes answer
-        # (Both read by the transport on every request: ``late.total``, ``queued[node]``.)
-        self.late: LateConnections[Connection] = LateConnections(node_count)
-        # Per node, final releases whose request ended before any connection was free:
-        # sent on the next connection to that node that is given back (bounded).
-        self.queued: list[list[Call]] = [[] for _ in range(node_count)]
+        # (Both read by the transport on every request: ``late.total``, ``queued[target]``.)
+        self.late: LateConnections[Connection] = LateConnections(count)
+        # Per target, final releases whose request ended before any connection was free:
+        # sent on the next connection to that target that is given back (bounded).
+        self.queued: list[list[Call]] = [[] for _ in range(count)]
         self._mutex = threading.Lock()
         self._thread: threading.Thread | None = None
         self._work = threading.Event()  # a late connection was added (wakes the drainer)
@@ -48,41 +48,47 @@ class SyncDrainer:
 
     # -- final releases without a connection ---------------------------------------
 
-    def queue(self, node: int, calls: Sequence[Call]) -> bool:
-        """Queue final releases for the node's next free connection (True), when every
+    def grow(self) -> None:
+        """One more target (redlock._io.routing.Routes)."""
+        self.late.grow()
+        with self._mutex:
+            self.queued.append([])
+
+    def queue(self, target: int, calls: Sequence[Call]) -> bool:
+        """Queue final releases for the target's next free connection (True), when every
         call is one (see redlock._io.wire.late_sendable)."""
         if not all(call.script is scripts.RELEASE and late_sendable(call) for call in calls):
             return False
         with self._mutex:
-            queue = self.queued[node]
+            queue = self.queued[target]
             queue.extend(calls)
-            del queue[:-_QUEUED_PER_NODE]  # the oldest go first: their keys expire by TTL
+            del queue[:-_QUEUED_PER_TARGET]  # the oldest go first: their keys expire by TTL
         return True
 
-    def take_queued(self, node: int) -> list[Call]:
-        """The node's queued releases, for a connection being given back to send."""
+    def take_queued(self, target: int) -> list[Call]:
+        """The target's queued releases, for a connection being given back to send."""
         with self._mutex:
-            calls, self.queued[node] = self.queued[node], []
+            calls, self.queued[target] = self.queued[target], []
         return calls
 
-    def send(self, node: int, conn: Connection, calls: Sequence[Call]) -> None:
+    def send(self, target: int, conn: Connection, calls: Sequence[Call]) -> None:
         """Send calls nobody waits for on ``conn``: the drainer reads the replies, then
         gives the connection back."""
         try:
             send_bytes(conn, resp.pack([render(call, evalsha=False) for call in calls]))
         except Exception:
-            self._discard(node, conn)
+            self._discard(target, conn)
             return
-        self.keep(node, conn, calls, len(calls))
+        self.keep(target, conn, calls, len(calls))
 
     # -- connections with replies owed -----------------------------------------------
 
-    def keep(self, node: int, conn: Connection, calls: Sequence[Call], unread: int) -> None:
+    def keep(self, target: int, conn: Connection, calls: Sequence[Call], unread: int) -> None:
         """``conn`` owes ``unread`` replies to ``calls``: read them in the background."""
         if conn.sock is None or self._closed:
-            self._discard(node, conn)
+            self._discard(target, conn)
             return
-        evicted = self.late.add(Late(conn, node, calls, unread,
+        evicted = self.late.add(Late(conn, target, calls, unread,
                                       time.monotonic() + self._connect_timeout))
         if evicted is not None:
             self._dispose(evicted, give_back=False)
@@ -98,10 +104,11 @@ class SyncDrainer:
         # held across a wait (under gevent a waiting greenlet holding it stops everyone).
         thread.start()
 
-    def trail_releases(self, request: Broadcast) -> None:
-        """Write each release behind the unanswered acquires of the same lock value."""
+    def trail_releases(self, request: Broadcast, route: Callable[[Call], int]) -> None:
+        """Write each release behind the unanswered acquires of the same lock value
+        (``route``: a call's target)."""
         for call in request.calls:
-            for late in self.late.behind(call):
+            for late in self.late.behind(call, route(call)):
                 with late.mutex, contextlib.suppress(Exception):  # the normal release too
                     if late.closed:
                         continue
@@ -110,7 +117,7 @@ class SyncDrainer:
 
     def _drain(self) -> None:
         """Read late replies as they arrive; a drained connection goes back to the pool,
-        one past its deadline (the node is hung) is closed. Ends when none is left.
+        one past its deadline (the target is hung) is closed. Ends when none is left.
         Never spins: it waits in select() for replies, or on ``_work`` (set by keep())
         while no connection is there to read."""
         while not self._closed:
@@ -155,10 +162,10 @@ class SyncDrainer:
                     if receive(late.conn) is NOTHING:  # (an error reply counts: read)
                         break
                     late.outstanding -= 1
-                    self._silence.heard(late.node)
+                    self._silence.heard(late.target)
             except Exception as exc:
                 late.outstanding = -1  # broken: close it
-                self._silence.failed(late.node, exc)
+                self._silence.failed(late.target, exc)
             finally:
                 late.conn.readable = False
             if late.outstanding > 0:
@@ -175,9 +182,9 @@ class SyncDrainer:
             late.closed = True
         self.late.remove(late)
         if give_back:
-            self._give_back(late.node, late.conn)
+            self._give_back(late.target, late.conn)
         else:
-            self._discard(late.node, late.conn)
+            self._discard(late.target, late.conn)
 
     def close(self) -> None:
         """Stop the drainer (it ends within one select) and close what it still held."""
@@ -195,4 +202,4 @@ class SyncDrainer:
             if thread.ident is not None:
                 thread.join(max(0.0, until - time.monotonic()))
         for late in self.late.drain():
-            self._discard(late.node, late.conn)
+            self._discard(late.target, late.conn)

@@ -7,7 +7,9 @@ once its replies are in, or decide it (the stragglers' grace, :class:`~redlock._
 or at its deadline, leaving the rest to the drainer (:mod:`redlock._io.sync_drainer`). Everything
 else is a branch of this route: new connections opened in the background
 (:mod:`redlock._io.sync_connect`), NOSCRIPT, replies half received, an interruption (every
-connection is left in the pool, with the drainer, or closed)."""
+connection is left in the pool, with the drainer, or closed), and on a cluster node, calls
+routed to the master of their hash slot and redirects followed (:mod:`redlock._io.routing`):
+every per-connection list is indexed by *target*, a node or a cluster node's master."""
 
 from __future__ import annotations
 
@@ -22,7 +24,9 @@ from redlock._io import resp
 from redlock._io.connection import (
     NOTHING,
     Connection,
+    ask,
     has_input,
+    open_connection,
     receive_buffered,
     receive_ready,
     send,
@@ -37,9 +41,11 @@ from redlock._io.failures import (
     as_failure,
     map_failures,
 )
-from redlock._io.sync_connect import CONNECTS_PER_NODE, Connect, Connector, given
+from redlock._io.routing import REMAP_EVERY, UNROUTED, Routes, slot_map_command
+from redlock._io.sync_connect import CONNECTS_PER_TARGET, Connect, Connector, given
 from redlock._io.sync_drainer import SyncDrainer
 from redlock._io.wire import (
+    ASKING,
     DONE,
     FRESH,
     IDENTIFIED,
@@ -53,6 +59,7 @@ from redlock._io.wire import (
     Silence,
     exchanges_of,
     fill_pending,
+    follow,
 )
 
 #: Seconds a connection may wait on its node's idle stack unused before it is closed (a
@@ -70,9 +77,11 @@ _LAST_READ = 0.05
 # connection unusable).
 _WRITING = -1.0
 
-# Per node, the connections of a request still opening: its Connect, or None while it
-# waits for a free slot (or a connection given back).
+# The connections of a request still opening: its Connect, or None while it waits for a
+# free slot (or a connection given back).
 Connecting = list[tuple[Exchange, Connect | None]]
+# A request's exchanges to write later (a hash slot migrating: TRYAGAIN), with when.
+Later = list[tuple[float, Exchange]]
 
 
 class SyncTransport:
@@ -85,25 +94,30 @@ class SyncTransport:
         self.identify = identify
         self._probe = resp.pack_one(identify) if identify is not None else None
         self.endpoints = list(endpoints)
-        self._acks = [endpoint.replica_acks for endpoint in self.endpoints]
         self.addresses = list(addresses)
         # Connecting and logging in are bounded by this (and so is a send that cannot
         # proceed); reads carry each request's own deadline.
         self.connect_timeout = connect_timeout
-        n = len(self.endpoints)
-        self._silence = Silence(n)  # the nodes that stopped answering
+        self._mutex = threading.Lock()
+        # The targets: the nodes, then cluster nodes' masters as they are found (_grow).
+        self._routes = Routes(self.endpoints, self._grow)
+        self._mapping: set[threading.Thread] = set()  # hash slot maps being read again
+        self._mapped_at = -REMAP_EVERY  # when that last began
+        targets = self._routes.endpoints
+        self._acks = [endpoint.replica_acks for endpoint in targets]
+        n = len(targets)
+        self._silence = Silence(n)  # the targets that stopped answering
         # Replies owed on connections nobody waits on any more; queued final releases.
         self._drainer = SyncDrainer(n, connect_timeout, give_back=self._give_back,
                                     discard=_discard, silence=self._silence)
-        self._connector = Connector(self.endpoints, connect_timeout, self._silence,
+        self._connector = Connector(targets, connect_timeout, self._silence,
                                     self._connected_late)
-        # Per node, the idle connections: a stack, so that those a burst opened stay at
+        # Per target, the idle connections: a stack, so that those a burst opened stay at
         # its bottom, where the shrink looks (_put_idle); push and pop need no lock.
         self._idle: list[list[Connection]] = [[] for _ in range(n)]
         self._shrinking = threading.Lock()
-        # Lanes (Broadcast.lane): per lane and node, its connections, kept aside.
+        # Lanes (Broadcast.lane): per lane and target, its connections, kept aside.
         self._lanes: dict[str, list[list[Connection]]] = {}
-        self._mutex = threading.Lock()
         self._closed = False
         self._under_way: set[object] = set()  # requests under way (see broadcast)
         self._idle_now = threading.Condition(self._mutex)
@@ -121,12 +135,19 @@ class SyncTransport:
         try:
             if self._closed:  # a thread or background flow racing the manager's close
                 return Replies([as_failure(Unreachable(CLOSED))] * len(request.calls))
+            routes = self._routes
             if self._drainer.late.total:  # releases go behind unanswered acquires of
-                self._drainer.trail_releases(request)  # their lock value (sync_drainer.py)
+                self._drainer.trail_releases(request, routes.target_of)  # their lock value
             started = time.monotonic()
+            if routes.clustered:  # each cluster node's hash slot map, read if unknown
+                unknown, stale = routes.unread(request.calls)
+                for node in unknown:  # (within the request's deadline: a failure leaves
+                    self._read_map(node, started + request.timeout)  # its calls unrouted)
+                if stale:
+                    self._refresh()
             replies = Replies([PENDING] * len(request.calls))
             exchanges = exchanges_of(request.calls, replies, request.lane, Exchange,
-                                     request.timeout)
+                                     request.timeout, routes)
             gathering = Gathering(request, replies, started, started + request.timeout,
                                   self._silence)
             waiting: dict[Any, Exchange] = {}  # socket -> the exchange owed replies on it
@@ -134,7 +155,7 @@ class SyncTransport:
             try:
                 packing = self._scatter(request, exchanges, waiting, connecting)
                 if waiting or connecting:
-                    self._gather(gathering, waiting, connecting, packing,
+                    self._gather(gathering, exchanges, waiting, connecting, packing,
                                  len(waiting) + len(connecting) < len(exchanges))
             except BaseException:  # interrupted (KeyboardInterrupt), or a bug of ours
                 self._end(gathering, exchanges, connecting, interrupted=True)
@@ -164,16 +185,15 @@ class SyncTransport:
             conn: Connection | None
             if lane is None:  # (_take_idle, the usual case written out)
                 try:
-                    conn = idle[exchange.node].pop()
+                    conn = idle[exchange.target].pop()
                 except IndexError:  # (another thread may take the last one: no look first)
                     conn = None
                 if conn is not None and conn.sock is None:
-                    conn = self._take_idle(exchange.node)
-            else:
-                conn = self._take_idle(exchange.node, lane)
+                    conn = self._take_idle(exchange.target)
+            elif exchange.target != UNROUTED:
+                conn = self._take_idle(exchange.target, lane)
             if conn is None:
-                connecting.append((exchange, self._connector.connect(
-                    exchange.node, anyway=lane is not None)))
+                self._open(exchange, connecting)
                 continue
             exchange.conn = conn
             if now - conn.idle_since < FRESH:  # its replies were read a moment ago
@@ -189,22 +209,43 @@ class SyncTransport:
             for exchange in looked:
                 if exchange.conn in unasked:
                     exchange.conn.close()
-                    exchange.conn = self._take_idle(exchange.node, lane, check=True)
+                    exchange.conn = self._take_idle(exchange.target, lane, check=True)
                     if exchange.conn is None:
-                        connecting.append((exchange, self._connector.connect(
-                            exchange.node, anyway=lane is not None)))
+                        self._open(exchange, connecting)
                         continue
                 self._send(exchange, packing, waiting)
         return packing
 
+    def _open(self, exchange: Exchange, connecting: Connecting) -> None:
+        """The exchange's connection, opening (a cluster node's call whose hash slot has
+        no known master fails instead)."""
+        if exchange.target == UNROUTED:
+            exchange.fail(Unreachable(self._routes.unrouted(exchange.node)))
+            return
+        connecting.append((exchange, self._connector.connect(
+            exchange.target, anyway=exchange.lane is not None)))
+
+    def _start(self, exchange: Exchange, packing: Packing, waiting: dict[Any, Exchange],
+               connecting: Connecting) -> None:
+        """An exchange that joins its request late (a redirect followed): written on an
+        idle connection of its target, or on one opening."""
+        if exchange.target != UNROUTED:
+            exchange.conn = self._take_idle(exchange.target, exchange.lane, check=True)
+        if exchange.conn is None:
+            self._open(exchange, connecting)
+        else:
+            self._send(exchange, packing, waiting)
     def _send(self, exchange: Exchange, packing: Packing, waiting: dict[Any, Exchange]) -> None:
         conn = exchange.conn
         # A new connection: identify the server first, and send script bodies (the
         # server may be new, or restarted: EVALSHA would cost a NOSCRIPT round trip).
         data = packing.calls(exchange.calls, conn.identified)
-        acks = self._acks[exchange.node]
+        acks = self._acks[exchange.target]
         if acks:  # a grant counts once replicas have it (docs/design.md §11.3)
             data += exchange.replicated(acks)
+        if exchange.ask:  # a hash slot being imported: its master serves the next command
+            exchange.asking = True
+            data = ASKING + data
         if not conn.identified and self._probe is not None:
             exchange.probed = True
             data = self._probe + data
@@ -215,53 +256,95 @@ class SyncTransport:
             self._failed(exchange, exc)
             return
         exchange.sent_at = now = time.monotonic()
-        self._silence.owed(exchange.node, now)
+        self._silence.owed(exchange.target, now)
         waiting[conn.sock] = exchange
 
-    def _gather(self, gathering: Gathering, waiting: dict[Any, Exchange],
-                connecting: Connecting, packing: Packing, failed: bool) -> None:
+    def _gather(self, gathering: Gathering, exchanges: list[Exchange],
+                waiting: dict[Any, Exchange], connecting: Connecting, packing: Packing,
+                failed: bool) -> None:
         """Read the replies as they arrive until they are in, or the request's deadline
         (moved by its decision: the stragglers' grace; see Gathering). ``failed``: some
-        node's calls failed already (their write)."""
+        node's calls failed already (their write). Calls a cluster redirected join as new
+        ``exchanges`` (written at once, or ``later``)."""
         finished = failed
-        while True:
-            if connecting and self._connected(connecting, waiting, packing):
-                finished = True
-            if (not waiting and not connecting) or self._closed:
-                return  # (closed: close() waits for it; what is unread is lost)
-            left = gathering.deadline - time.monotonic()
-            if left <= 0:
-                # A reply already in a socket came in time, even if this thread (many
-                # threads, one GIL) is only now looking: read what is there, then stop.
-                self._last_reads(waiting)
-                return
-            if waiting:
-                # Wake for a reply, or every few ms while a connection is still opening,
-                # and to notice close(). A reply still incomplete is read on only when
-                # more of it arrived: it never holds up the other nodes' replies.
-                try:
-                    ready, _, _ = select.select(list(waiting), [], [], min(
-                        left, _CONNECTING_POLL if connecting else _CLOSE_NOTICED))
-                except (OSError, TypeError, ValueError):  # a socket closed under us
-                    ready = list(waiting)  # (reading each says why)
-                for sock in ready:
-                    exchange = waiting[sock]
-                    if self._read(exchange):
-                        del waiting[sock]
-                        finished = True
-            else:
-                first = connecting[0][1]
-                if first is not None:
-                    first.ready.wait(min(left, _CONNECTING_POLL))
+        later: Later = []
+        try:
+            while True:
+                if connecting and self._connected(connecting, waiting, packing):
+                    finished = True
+                if later:
+                    finished = self._due(later, packing, waiting, connecting) or finished
+                if (not waiting and not connecting and not later) or self._closed:
+                    return  # (closed: close() waits for it; what is unread is lost)
+                now = time.monotonic()
+                left = gathering.deadline - now
+                if left <= 0:
+                    # A reply already in a socket came in time, even if this thread (many
+                    # threads, one GIL) is only now looking: read what is there, then stop.
+                    self._last_reads(waiting)
+                    return
+                poll = _CONNECTING_POLL if connecting else _CLOSE_NOTICED
+                if later:
+                    poll = min(poll, max(min(at for at, _ in later) - now, 0.0))
+                if waiting:
+                    # Wake for a reply, or every few ms while a connection is still opening,
+                    # and to notice close(). A reply still incomplete is read on only when
+                    # more of it arrived: it never holds up the other nodes' replies.
+                    try:
+                        ready, _, _ = select.select(list(waiting), [], [], min(left, poll))
+                    except (OSError, TypeError, ValueError):  # a socket closed under us
+                        ready = list(waiting)  # (reading each says why)
+                    for sock in ready:
+                        exchange = waiting[sock]
+                        if self._read(exchange):
+                            del waiting[sock]
+                            finished = True
+                            if exchange.redirected:
+                                self._follow(exchange, gathering, exchanges, later, packing,
+                                             waiting, connecting)
+                elif connecting and connecting[0][1] is not None:
+                    connecting[0][1].ready.wait(min(left, poll))
                 else:
-                    time.sleep(min(left, _CONNECTING_POLL))
-            if finished and (waiting or connecting):
-                if gathering.learn:  # a first request: its timeout from its own replies
-                    gathering.learnt()
-                if gathering.enough is not None:  # decided: the stragglers' grace
-                    gathering.decide(lambda: [e.node for e in waiting.values()]
-                                     + [e.node for e, _ in connecting])
-            finished = False
+                    time.sleep(min(left, poll))
+                if finished and (waiting or connecting or later):
+                    if gathering.learn:  # a first request: its timeout from its own replies
+                        gathering.learnt()
+                    if gathering.enough is not None:  # decided: the stragglers' grace
+                        gathering.decide(lambda: [e.target for e in waiting.values()]
+                                         + [e.target for e, _ in connecting]
+                                         + [e.target for _, e in later])
+                finished = False
+        finally:
+            for _, exchange in later:  # (never written: it ran nowhere)
+                exchange.fail(NotSent("its hash slot was migrating (TRYAGAIN) until the"
+                                      " request's deadline"))
+
+    def _follow(self, exchange: Exchange, gathering: Gathering, exchanges: list[Exchange],
+                later: Later, packing: Packing, waiting: dict[Any, Exchange],
+                connecting: Connecting) -> None:
+        """A cluster redirected some of the exchange's calls: they go again, as new
+        exchanges of the request (redlock._io.wire.follow)."""
+        now = time.monotonic()
+        for at, follower in follow(exchange, self._routes, Exchange, now, gathering.deadline):
+            exchanges.append(follower)
+            if at <= now:
+                self._start(follower, packing, waiting, connecting)
+            else:
+                later.append((at, follower))
+        if self._routes.stale():
+            self._refresh()
+
+    def _due(self, later: Later, packing: Packing, waiting: dict[Any, Exchange],
+             connecting: Connecting) -> bool:
+        """The exchanges due now are written; True when one failed at once."""
+        now = time.monotonic()
+        due = [item for item in later if item[0] <= now]
+        failed = False
+        for item in due:
+            later.remove(item)
+            self._start(item[1], packing, waiting, connecting)
+            failed = failed or item[1].done
+        return failed
 
     def _read(self, exchange: Exchange) -> bool:
         """Read what has come of the exchange's replies, without waiting; True once it is
@@ -279,13 +362,13 @@ class SyncTransport:
                     send(conn, exchange.bodies())
                 elif state == IDENTIFIED:  # (an error, a server still LOADING: asked again)
                     conn.identified = not isinstance(reply, BaseException)
-                    self._connector.refusals.connected(exchange.node)  # it answered
+                    self._connector.refusals.connected(exchange.target)  # it answered
                 reply = receive_buffered(conn)
         except Exception as exc:
             self._failed(exchange, exc)
             return True
-        self._silence.heard(exchange.node)
-        self._give_back(exchange.node, conn, exchange.lane)
+        self._silence.heard(exchange.target)
+        self._give_back(exchange.target, conn, exchange.lane)
         return True
 
     def _failed(self, exchange: Exchange, exc: Exception) -> None:
@@ -293,9 +376,11 @@ class SyncTransport:
         new connection that never answered, as if the connection had failed (Refusals: a
         host that accepts and resets is refusing)."""
         exchange.fail(exc)
-        self._silence.failed(exchange.node, exc)
+        self._silence.failed(exchange.target, exc)
+        if self._routes.clustered and self._routes.lost(exchange.target):
+            self._refresh()  # (a cluster's master failing over)
         if not exchange.conn.identified:
-            self._connector.refusals.failed(exchange.node, exc, time.monotonic())
+            self._connector.refusals.failed(exchange.target, exc, time.monotonic())
         exchange.conn.close()
 
     def _connected(self, connecting: Connecting, waiting: dict[Any, Exchange],
@@ -305,10 +390,10 @@ class SyncTransport:
         a connection given back meanwhile, or a slot."""
         for position, (exchange, attempt) in enumerate(connecting):
             if attempt is None:
-                conn = self._take_idle(exchange.node, check=True)
-                connecting[position] = (exchange, given(exchange.node, conn)
+                conn = self._take_idle(exchange.target, check=True)
+                connecting[position] = (exchange, given(exchange.target, conn)
                                         if conn is not None
-                                        else self._connector.connect(exchange.node))
+                                        else self._connector.connect(exchange.target))
         failed = False
         for item in [c for c in connecting if c[1] is not None and c[1].ready.is_set()]:
             exchange, attempt = item
@@ -316,6 +401,8 @@ class SyncTransport:
             if attempt.conn is None:
                 connecting.remove(item)
                 exchange.fail(attempt.error or Unreachable("connection failed"))
+                if self._routes.clustered and self._routes.lost(exchange.target):
+                    self._refresh()
                 failed = True
                 continue
             exchange.conn = attempt.conn  # (before it leaves the list: see _end)
@@ -332,8 +419,12 @@ class SyncTransport:
         until = time.monotonic() + _LAST_READ
         while arriving:
             for sock in arriving:
-                if self._read(waiting[sock]):
+                exchange = waiting[sock]
+                if self._read(exchange):
                     del waiting[sock]
+                    if exchange.redirected:  # no time to follow: the redirect is the reply
+                        now = time.monotonic()
+                        follow(exchange, self._routes, Exchange, now, now)
             left = until - time.monotonic()
             arriving = [sock for sock in arriving if sock in waiting]
             if not arriving or left <= 0 or self._closed:
@@ -356,9 +447,9 @@ class SyncTransport:
         waited = gathering.deadline - gathering.started
         for exchange, attempt in connecting:  # still connecting: it joins the pool later
             if attempt is None:
-                queued = self._drainer.queue(exchange.node, exchange.calls)
+                queued = self._drainer.queue(exchange.target, exchange.calls)
                 fill_pending(exchange.indexes, replies, SENT_LATE if queued else NotSent(
-                    f"no connection: {CONNECTS_PER_NODE} were still opening"))
+                    f"no connection: {CONNECTS_PER_TARGET} were still opening"))
                 continue
             late = self._connector.abandon(attempt, exchange.calls)
             fill_pending(exchange.indexes, replies, SENT_LATE if late else NotSent(
@@ -369,30 +460,96 @@ class SyncTransport:
             if exchange.done or conn is None or id(exchange) in still:
                 continue
             if not exchange.sent_at:  # taken and never written on (interrupted)
-                self._give_back(exchange.node, conn, exchange.lane)
+                self._give_back(exchange.target, conn, exchange.lane)
             elif exchange.sent_at == _WRITING:  # interrupted while writing: unusable
                 exchange.fail(Unreachable("interrupted while writing"))
                 conn.close()
             else:  # decided without it, timed out or interrupted: the rest is read late
                 fill_pending(exchange.indexes, replies, NOT_AWAITED if decided else NoReply(
                     f"no reply within {waited * 1000:.0f} ms"))
-                self._drainer.keep(exchange.node, conn, exchange.calls, exchange.owed())
+                self._drainer.keep(exchange.target, conn, exchange.calls, exchange.owed())
+
+    # -- cluster nodes ---------------------------------------------------------------
+
+    def _read_map(self, node: int, until: float) -> None:
+        """Read cluster node ``node``'s hash slot map (one reading at a time: another
+        thread's is waited for, within ``until``), from its masters or the server it was
+        given as, whichever answers first."""
+        routes = self._routes
+        reading = routes.reading[node]
+        if not reading.acquire(timeout=max(until - time.monotonic(), 0.0)):
+            return
+        try:
+            slot_map = routes.maps[node]
+            assert slot_map is not None
+            if slot_map.known and not slot_map.stale:  # read meanwhile
+                return
+            for source in routes.sources(node):
+                left = min(until, time.monotonic() + self.connect_timeout) - time.monotonic()
+                if left <= 0 or self._closed:
+                    return
+                try:
+                    conn = open_connection(source, left)
+                    try:
+                        reply = ask(conn, slot_map_command(), time.monotonic() + left)
+                    finally:
+                        conn.close()
+                    routes.apply(node, reply, source)
+                    return
+                except Exception as exc:  # the next source; the calls say why if none
+                    slot_map.error = as_failure(exc)
+        finally:
+            reading.release()
+
+    def _refresh(self) -> None:
+        """The stale hash slot maps read again in a thread of their own (one at a time),
+        within the connect budget; requests go on with the owners MOVED named."""
+        with self._mutex:
+            now = time.monotonic()
+            if self._mapping or self._closed or now - self._mapped_at < REMAP_EVERY:
+                return
+            self._mapped_at = now
+            thread = threading.Thread(target=self._refreshing, name="redlock-slot-map",
+                                      daemon=True)
+            self._mapping.add(thread)
+        thread.start()
+
+    def _refreshing(self) -> None:
+        try:
+            for node, slot_map in enumerate(self._routes.maps):
+                if slot_map is not None and slot_map.stale:
+                    self._read_map(node, time.monotonic() + self.connect_timeout)
+        finally:
+            with self._mutex:
+                self._mapping.discard(threading.current_thread())
+
+    def _grow(self, endpoint: Endpoint) -> None:
+        """A cluster node's master was found: a target more (Routes calls this under its
+        lock, after appending ``endpoint`` to the targets and before routing to it)."""
+        self._idle.append([])
+        self._acks.append(endpoint.replica_acks)
+        self._silence.grow()
+        self._connector.grow()
+        self._drainer.grow()
+        with self._mutex:
+            for stacks in self._lanes.values():
+                stacks.append([])
 
     # -- connections ---------------------------------------------------------------
 
-    def _take_idle(self, node: int, lane: str | None = None, *,
+    def _take_idle(self, target: int, lane: str | None = None, *,
                    check: bool = False) -> Connection | None:
-        """An open connection from the node's stack (or the lane's; the first time, one
+        """An open connection from the target's stack (or the lane's; the first time, one
         from the stack), without connecting: None if there is none. ``check``: and with
         nothing to read in it (see _scatter, which looks at all of a request's at once)."""
         if lane is not None:
             with self._mutex:
-                kept = self._lanes.setdefault(lane, [[] for _ in self.endpoints])[node]
+                kept = self._lanes.setdefault(lane, [[] for _ in self._routes.endpoints])[target]
                 while kept:
                     conn = kept.pop()
                     if conn.sock is not None:
                         return conn
-        stack = self._idle[node]
+        stack = self._idle[target]
         while stack:
             try:
                 conn = stack.pop()
@@ -406,30 +563,32 @@ class SyncTransport:
     def _connected_late(self, attempt: Connect) -> None:
         """A connection its request gave up on: its late releases go out on it (read by
         the drainer, which then gives it back), else it joins the pool at once."""
-        conn, node = attempt.conn, attempt.node
+        conn, target = attempt.conn, attempt.target
         assert conn is not None  # (told only of an attempt that connected)
         if not attempt.late or self._closed:
-            self._give_back(node, conn)
+            self._give_back(target, conn)
             return
-        self._drainer.send(node, conn, attempt.late)
+        self._drainer.send(target, conn, attempt.late)
 
-    def _give_back(self, node: int, conn: Connection, lane: str | None = None) -> None:
-        """A connection back to its node's stack (first carrying the node's queued releases)
-        or its lane; closed instead once the manager is. Ones unused for IDLE_KEPT_FOR close."""
+    def _give_back(self, target: int, conn: Connection, lane: str | None = None) -> None:
+        """A connection back to its target's stack (first carrying the target's queued
+        releases) or its lane; closed instead once the manager is. Ones unused for
+        IDLE_KEPT_FOR close."""
         if self._closed:
             conn.close()
             return
         if lane is not None:
             with self._mutex:
-                self._lanes.setdefault(lane, [[] for _ in self.endpoints])[node].append(conn)
+                stacks = self._lanes.setdefault(lane, [[] for _ in self._routes.endpoints])
+                stacks[target].append(conn)
             return
         drainer = self._drainer
-        if drainer.queued[node]:
-            calls = drainer.take_queued(node)
+        if drainer.queued[target]:
+            calls = drainer.take_queued(target)
             if calls:
-                drainer.send(node, conn, calls)
+                drainer.send(target, conn, calls)
                 return
-        stack = self._idle[node]
+        stack = self._idle[target]
         now = conn.idle_since = time.monotonic()
         stack.append(conn)
         try:
@@ -437,11 +596,11 @@ class SyncTransport:
         except IndexError:  # taken meanwhile
             return
         if now - oldest.idle_since > IDLE_KEPT_FOR:
-            self._shrink(node, now)
+            self._shrink(target, now)
 
-    def _shrink(self, node: int, now: float) -> None:
+    def _shrink(self, target: int, now: float) -> None:
         stale = []
-        stack = self._idle[node]
+        stack = self._idle[target]
         with self._shrinking:  # one at a time; requests push and pop the top meanwhile
             while True:
                 try:
@@ -464,6 +623,8 @@ class SyncTransport:
             # must be closed below, not after this returns.
             self._idle_now.wait_for(lambda: not self._under_way, timeout=2 * self.connect_timeout)
         threads = self._connector.close()  # (a request that ended meanwhile: its too)
+        with self._mutex:
+            threads += list(self._mapping)
         self._drainer.close()
         for thread in threads:
             if thread is not threading.current_thread():

@@ -27,17 +27,27 @@ from redlock._core.requests import (
 from redlock._io import resp
 from redlock._io.failures import NotReplicated, answered
 from redlock._io.resp import ReplyError
+from redlock._io.routing import (
+    MAX_HOPS,
+    REDIRECTS,
+    UNROUTED,
+    Routes,
+    redirect_of,
+    retry_delay,
+)
 from redlock._scripts import lock as scripts
 
 __all__ = ["DONE", "IDENTIFIED", "MORE", "NOT_AWAITED", "PENDING", "RESEND", "SENT_LATE",
            "Exchange", "Gathering", "Late", "LateConnections", "NotAwaited", "Packing", "Silence",
-           "exchanges_of", "fill_pending", "is_noscript", "late_sendable", "render"]
+           "exchanges_of", "fill_pending", "follow", "is_noscript", "late_sendable", "render"]
 
 Conn = TypeVar("Conn")
 E = TypeVar("E", bound="Exchange")
 
-# Late connections kept per node; beyond this the oldest is closed.
-LATE_PER_NODE = 16
+# Late connections kept per target; beyond this the oldest is closed.
+LATE_PER_TARGET = 16
+# What goes before a call an ASK redirect sent to a hash slot's importing master.
+ASKING = resp.pack_one(("ASKING",))
 
 # Once a request is decided, the stragglers get as long again as the decision took, at
 # least this long: their replies are usually right behind, and reading them keeps the
@@ -109,16 +119,26 @@ class Exchange:
     restart) is written again with its script's body once every call answered (:meth:`bodies`), and
     its reply to that is the call's. For a node with ``replica_acks``, a WAIT goes behind the
     calls that grant, commit or renew (and behind their bodies), and their replies are held
-    until its reply says whether they count (:meth:`replicated`). Both transports run their
+    until its reply says whether they count (:meth:`replicated`). On a cluster node
+    (``routed``) its ``target`` is the master of its calls' hash slot, and a call answered
+    MOVED, ASK or TRYAGAIN did not run: it is kept aside (``redirected``) and, once every
+    call answered, sent again to the master named (:func:`follow`). Both transports run their
     requests through it; they differ only in how bytes come and go."""
 
-    __slots__ = ("acks", "calls", "conn", "done", "heard", "held", "indexes", "lane", "next",
-                 "node", "probed", "replies", "sent_at", "timeout", "unknown", "wait",
-                 "wait_ms")
+    __slots__ = ("acks", "ask", "asking", "calls", "conn", "done", "heard", "held", "hops",
+                 "indexes", "lane", "next", "node", "probed", "redirected", "replies",
+                 "routed", "sent_at", "target", "timeout", "tries", "unknown", "wait", "wait_ms")
 
     def __init__(self, node: int, replies: Replies | None, index: int, call: Call,
                  lane: str | None = None) -> None:
-        self.node = node
+        self.node = node  # what the core counts its replies as
+        self.target = node  # where it is written: its node, or a cluster node's master
+        self.routed = False  # a cluster node's: redirects are followed
+        self.ask = False  # ASK: each sending writes ASKING before its call
+        self.asking = False  # ASKING's reply is owed (before the calls')
+        self.hops = 0  # how many times its calls were sent elsewhere (MOVED, ASK)
+        self.tries = 0  # how many times in a row they were answered TRYAGAIN
+        self.redirected: list[tuple[int, object]] | None = None  # (position, reply)
         # The request's replies while it waits (None once it is over): each reply, the
         # identity and the round trip go there at once, for the request's early decision.
         self.replies = replies
@@ -170,6 +190,9 @@ class Exchange:
             if replies is not None:  # at once: the early decision must not count a
                 replies.identities[self.node] = reply  # restarted node's grant
             return IDENTIFIED
+        if self.asking:  # (an error says nothing: the call's own reply will)
+            self.asking = False
+            return MORE
         position = self.next
         self.next = position + 1
         count = len(self.calls)
@@ -177,11 +200,8 @@ class Exchange:
         if position < count:
             if position == 0 and replies is not None and not wait:
                 replies.round_trips[self.node] = time.monotonic() - self.sent_at
-            # (is_noscript, inline: this runs for every reply)
-            if isinstance(reply, ReplyError) and str(reply).startswith("NOSCRIPT"):
-                if self.unknown is None:
-                    self.unknown = []
-                self.unknown.append(position)
+            if isinstance(reply, ReplyError) and self._aside(position, reply):
+                pass
             elif self.held is not None:
                 self._hold(position, reply)
             elif replies is not None:
@@ -198,7 +218,9 @@ class Exchange:
             unknown = self.unknown or []
             again = position - count - wait  # among the calls sent again
             if again < len(unknown):
-                if self.held is not None:
+                if self.routed and self._redirect(unknown[again], reply):
+                    pass
+                elif self.held is not None:
                     self._hold(unknown[again], reply)
                 elif replies is not None:
                     replies[self.indexes[unknown[again]]] = reply
@@ -208,6 +230,25 @@ class Exchange:
                 self._acknowledged(reply)
         self.done = True
         return DONE
+
+    def _aside(self, position: int, reply: object) -> bool:
+        """An error reply that is no result: NOSCRIPT (the call goes again with its body) or,
+        on a cluster node, a redirect (True)."""
+        if str(reply).startswith("NOSCRIPT"):
+            if self.unknown is None:
+                self.unknown = []
+            self.unknown.append(position)
+            return True
+        return self.routed and self._redirect(position, reply)
+
+    def _redirect(self, position: int, reply: object) -> bool:
+        """A cluster node's MOVED, ASK or TRYAGAIN: the call did not run (True)."""
+        if not (isinstance(reply, ReplyError) and str(reply).startswith(REDIRECTS)):
+            return False
+        if self.redirected is None:
+            self.redirected = []
+        self.redirected.append((position, reply))
+        return True
 
     def _hold(self, position: int, reply: object) -> None:
         """(replica_acks) A call's reply: held until WAIT's if the call grants, commits or
@@ -254,7 +295,7 @@ class Exchange:
         """How many replies its connection still owes it (written, not read)."""
         first = len(self.calls) + (self.acks > 0)  # the calls, and their WAIT
         if self.next < first:
-            return self.probed + first - self.next
+            return self.probed + self.asking + first - self.next
         return first + (self.resent() if self.unknown else 0) - self.next
 
     def fail(self, exc: BaseException) -> None:
@@ -266,9 +307,12 @@ class Exchange:
 
 
 def exchanges_of(calls: Sequence[Call], replies: Replies, lane: str | None,
-                 make: type[E], timeout: float) -> list[E]:
-    """A request's calls as exchanges, one per node (in the order of their first call);
-    ``timeout``: the request's."""
+                 make: type[E], timeout: float, routes: Routes | None = None) -> list[E]:
+    """A request's calls as exchanges, one per node (in the order of their first call),
+    or with a cluster node among the ``routes``, one per target; ``timeout``: the
+    request's."""
+    if routes is not None and routes.clustered:
+        return _routed(calls, replies, lane, make, timeout, routes)
     exchanges: list[E] = []
     by_node: dict[int, E] | None = None
     last = -1
@@ -292,6 +336,73 @@ def exchanges_of(calls: Sequence[Call], replies: Replies, lane: str | None,
         else:
             found.add(index, call)
     return exchanges
+
+
+def _routed(calls: Sequence[Call], replies: Replies, lane: str | None, make: type[E],
+            timeout: float, routes: Routes) -> list[E]:
+    """exchanges_of with a cluster node: one exchange per target (UNROUTED: a cluster
+    node's calls whose hash slot has no known master, one exchange per node)."""
+    exchanges: list[E] = []
+    by_target: dict[tuple[int, int], E] = {}
+    for index, call in enumerate(calls):
+        target = routes.target_of(call)
+        found = by_target.get((call.node, target))
+        if found is not None:
+            found.add(index, call)
+            continue
+        exchange = by_target[(call.node, target)] = make(call.node, replies, index, call, lane)
+        exchange.timeout = timeout
+        exchange.target = target
+        exchange.routed = routes.maps[call.node] is not None
+        exchanges.append(exchange)
+    return exchanges
+
+
+def follow(exchange: E, routes: Routes, make: type[E], now: float,
+           deadline: float) -> list[tuple[float, E]]:
+    """A done exchange's calls that a cluster redirected (they did not run), as new exchanges
+    of the same request, each with when to write it: MOVED to the master named (the map
+    updated first), ASK to the importing master behind ASKING (one call each: ASKING
+    admits one command), TRYAGAIN (its hash slot migrating) to the same master after 1, 2,
+    4 ... ms, until the ``deadline``. A call that cannot go before the deadline or was sent
+    elsewhere MAX_HOPS times already gets the redirect itself as its reply."""
+    redirected, exchange.redirected = exchange.redirected or [], None
+    replies = exchange.replies
+    if replies is None:  # its request is over
+        return []
+    followers: list[tuple[float, E]] = []
+    grouped: dict[tuple[int, float], E] = {}
+    for position, reply in redirected:
+        index, call = exchange.indexes[position], exchange.calls[position]
+        redirect = redirect_of(reply)
+        again = redirect is not None and redirect.kind == "TRYAGAIN"
+        hops, tries = exchange.hops + (not again), exchange.tries + 1 if again else 0
+        if redirect is None or hops > MAX_HOPS:
+            replies[index] = reply
+            continue
+        at = now
+        if redirect.kind == "MOVED":
+            target = routes.moved(exchange.node, redirect)
+        elif redirect.kind == "ASK":
+            target = routes.target(exchange.node, redirect.host, redirect.port)
+        else:
+            target = routes.target_of(call)
+            at = now + retry_delay(tries)
+        if at >= deadline or target == UNROUTED:
+            replies[index] = reply
+            continue
+        ask = redirect.kind == "ASK"
+        found = None if ask else grouped.get((target, at))
+        if found is not None:
+            found.add(index, call)
+            continue
+        follower = make(exchange.node, replies, index, call, exchange.lane)
+        follower.target, follower.routed, follower.ask = target, True, ask
+        follower.hops, follower.tries, follower.timeout = hops, tries, exchange.timeout
+        if not ask:
+            grouped[(target, at)] = follower
+        followers.append((at, follower))
+    return followers
 
 
 class Gathering:
@@ -341,76 +452,87 @@ class Gathering:
 
 
 class Silence:
-    """Per node, since when it has owed a reply without answering anything: set when a
-    request is written to it, cleared by any reply and by any failure but a timeout
-    (:func:`answered`). A decided request waits the stragglers' grace only for a node
+    """Per target (a node, or a cluster node's master), since when it has owed a reply
+    without answering anything: set when a request is written to it, cleared by any reply
+    and by any failure but a timeout
+    (:func:`answered`). A decided request waits the stragglers' grace only for a target
     that may still answer in it, not one silent for many graces (hung, blackholed). The
     grace changes no decision, so this rule cannot either. Threads race on it without a
     lock: the error is a thread's delay between writing and noting, far below 10 graces."""
 
     __slots__ = ("since",)
 
-    def __init__(self, node_count: int) -> None:
-        self.since = [0.0] * node_count  # 0.0: it answered since it was last written to
+    def __init__(self, count: int) -> None:
+        self.since = [0.0] * count  # 0.0: it answered since it was last written to
 
-    def owed(self, node: int, at: float) -> None:
-        """A request was written to ``node`` at ``at``."""
-        if not self.since[node]:
-            self.since[node] = at
+    def grow(self) -> None:
+        """One more target (redlock._io.routing.Routes)."""
+        self.since.append(0.0)
 
-    def heard(self, node: int) -> None:
-        self.since[node] = 0.0
+    def owed(self, target: int, at: float) -> None:
+        """A request was written to ``target`` at ``at``."""
+        if not self.since[target]:
+            self.since[target] = at
 
-    def failed(self, node: int, exc: BaseException) -> None:
-        """A request to ``node`` failed with ``exc`` (see :func:`answered`)."""
+    def heard(self, target: int) -> None:
+        self.since[target] = 0.0
+
+    def failed(self, target: int, exc: BaseException) -> None:
+        """A request to ``target`` failed with ``exc`` (see :func:`answered`)."""
         if answered(exc):
-            self.since[node] = 0.0
+            self.since[target] = 0.0
 
     def until(self, started: float, decided: float, now: float,
               stragglers: Iterable[int]) -> float:
         """Until when a request started at ``started`` and decided at ``decided`` waits
-        for ``stragglers`` (the nodes it has not read yet), asked at ``now``: as long
+        for ``stragglers`` (the targets it has not read yet), asked at ``now``: as long
         again as the decision took, at least STRAGGLER_GRACE_MIN; not at all (``now``)
         once every straggler is silent."""
         grace = max(decided - started, STRAGGLER_GRACE_MIN)
         cutoff = now - SILENT_AFTER_GRACES * grace
-        for node in stragglers:
-            since = self.since[node]
+        for target in stragglers:
+            since = self.since[target]
             if not since or since > cutoff:
                 return decided + grace
         return now
 
 
 class Refusals:
-    """Per node, a connection attempt that failed fast (any failure but a timeout,
+    """Per target, a connection attempt that failed fast (any failure but a timeout,
     :func:`answered`), and when the next may be made: until then a request fails that
-    node's calls at once with the same error instead of opening a connection that would
+    target's calls at once with the same error instead of opening a connection that would
     fail the same way (which changes no decision). The wait doubles from
     RETRY_CONNECT_MIN up to RETRY_CONNECT_MAX; any connection made clears it."""
 
     __slots__ = ("errors", "retry_at", "waits")
 
-    def __init__(self, node_count: int) -> None:
-        self.errors: list[BaseException | None] = [None] * node_count
-        self.retry_at = [0.0] * node_count
-        self.waits = [0.0] * node_count
+    def __init__(self, count: int) -> None:
+        self.errors: list[BaseException | None] = [None] * count
+        self.retry_at = [0.0] * count
+        self.waits = [0.0] * count
 
-    def failed(self, node: int, exc: BaseException, now: float) -> None:
-        """A connection attempt to ``node`` failed with ``exc`` at ``now``."""
+    def grow(self) -> None:
+        """One more target (redlock._io.routing.Routes)."""
+        self.errors.append(None)
+        self.retry_at.append(0.0)
+        self.waits.append(0.0)
+
+    def failed(self, target: int, exc: BaseException, now: float) -> None:
+        """A connection attempt to ``target`` failed with ``exc`` at ``now``."""
         if not answered(exc):
             return
-        wait = min(max(self.waits[node] * 2, RETRY_CONNECT_MIN), RETRY_CONNECT_MAX)
-        self.errors[node], self.waits[node], self.retry_at[node] = exc, wait, now + wait
+        wait = min(max(self.waits[target] * 2, RETRY_CONNECT_MIN), RETRY_CONNECT_MAX)
+        self.errors[target], self.waits[target], self.retry_at[target] = exc, wait, now + wait
         # (Threads race here: the latest failure wins, which is as good as any.)
 
-    def connected(self, node: int) -> None:
-        if self.errors[node] is not None:
-            self.errors[node], self.waits[node], self.retry_at[node] = None, 0.0, 0.0
+    def connected(self, target: int) -> None:
+        if self.errors[target] is not None:
+            self.errors[target], self.waits[target], self.retry_at[target] = None, 0.0, 0.0
 
-    def refusing(self, node: int, now: float) -> BaseException | None:
-        """The error to fail ``node``'s calls with now, or None: try to connect."""
-        error = self.errors[node]
-        return error if error is not None and now < self.retry_at[node] else None
+    def refusing(self, target: int, now: float) -> BaseException | None:
+        """The error to fail ``target``'s calls with now, or None: try to connect."""
+        error = self.errors[target]
+        return error if error is not None and now < self.retry_at[target] else None
 
 
 def fill_pending(indexes: Sequence[int], replies: list[object], exc: BaseException) -> None:
@@ -431,12 +553,12 @@ def render(call: Call, *, evalsha: bool) -> tuple[Any, ...]:
 class Late(Generic[Conn]):
     """A connection with ``outstanding`` replies nobody waits for any more."""
 
-    __slots__ = ("acquires", "closed", "conn", "deadline", "mutex", "node", "outstanding")
+    __slots__ = ("acquires", "closed", "conn", "deadline", "mutex", "outstanding", "target")
 
-    def __init__(self, conn: Conn, node: int, calls: Sequence[Call], outstanding: int,
+    def __init__(self, conn: Conn, target: int, calls: Sequence[Call], outstanding: int,
                  deadline: float) -> None:
         self.conn = conn
-        self.node = node
+        self.target = target
         self.outstanding = outstanding
         self.deadline = deadline  # give up (close it) after this
         # The (lock key, lock value) of acquires among its unread calls: releases go behind.
@@ -473,10 +595,10 @@ def release_key(call: Call) -> tuple[object, object] | None:
 
 
 class LateConnections(Generic[Conn]):
-    """Per node, the late connections (thread-safe)."""
+    """Per target, the late connections (thread-safe)."""
 
-    def __init__(self, node_count: int) -> None:
-        self._late: list[list[Late[Conn]]] = [[] for _ in range(node_count)]
+    def __init__(self, count: int) -> None:
+        self._late: list[list[Late[Conn]]] = [[] for _ in range(count)]
         self._mutex = threading.Lock()
         # How many there are (an attribute: every request looks whether there are any).
         self.total = 0
@@ -484,35 +606,40 @@ class LateConnections(Generic[Conn]):
     def add(self, late: Late[Conn]) -> Late[Conn] | None:
         """Keep a late connection; returns an evicted one for the caller to close."""
         with self._mutex:
-            entries = self._late[late.node]
+            entries = self._late[late.target]
             entries.append(late)
-            if len(entries) > LATE_PER_NODE:
+            if len(entries) > LATE_PER_TARGET:
                 return entries.pop(0)
             self.total += 1
             return None
 
     def remove(self, late: Late[Conn]) -> None:
         with self._mutex:
-            entries = self._late[late.node]
+            entries = self._late[late.target]
             if late in entries:
                 entries.remove(late)
                 self.total -= 1
 
-    def count(self, node: int) -> int:
-        return len(self._late[node])
+    def grow(self) -> None:
+        """One more target (redlock._io.routing.Routes)."""
+        with self._mutex:
+            self._late.append([])
+
+    def count(self, target: int) -> int:
+        return len(self._late[target])
 
     def entries(self) -> list[Late[Conn]]:
         with self._mutex:
             return [late for entries in self._late for late in entries]
 
-    def behind(self, release: Call) -> list[Late[Conn]]:
-        """The late connections on the release's node carrying an acquire of its lock value:
-        the release is written behind each (and their acquire is forgotten)."""
+    def behind(self, release: Call, target: int) -> list[Late[Conn]]:
+        """The late connections on the release's target carrying an acquire of its lock
+        value: the release is written behind each (and their acquire is forgotten)."""
         key = release_key(release)
         if key is None:
             return []
         with self._mutex:
-            mine = [late for late in self._late[release.node] if key in late.acquires]
+            mine = [late for late in self._late[target] if key in late.acquires]
         for late in mine:
             late.acquires.discard(key)
         return mine
@@ -520,8 +647,8 @@ class LateConnections(Generic[Conn]):
     def drain(self) -> list[Late[Conn]]:
         """Every entry (removed), for closing."""
         with self._mutex:
-            entries = [late for node in self._late for late in node]
-            for node in self._late:
-                node.clear()
+            entries = [late for target in self._late for late in target]
+            for target in self._late:
+                target.clear()
             self.total = 0
         return entries
