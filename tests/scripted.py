@@ -304,14 +304,17 @@ class ScriptedNodes:
                 db[fence] = {**fields(fence), field: value}
             return value
 
+        # The horizon a script declares (a cluster node's: of its resource's hash slot).
+        horizon = HORIZON
+
         def raise_horizon(ttl: object) -> None:
             """The node's lease horizon (docs/design.md §4.3.1): a key SET with a lease's
             TTL when the lease ends past it by more than the slack (its TTL here is the
             one it was set with: keys never expire)."""
-            left = self.ttl_ms[node].get(HORIZON, -2) if HORIZON in db else -2
+            left = self.ttl_ms[node].get(horizon, -2) if horizon in db else -2
             if left < int(as_text(ttl)) - node_scripts.HORIZON_SLACK_MS:
-                db[HORIZON] = "1"
-                self.ttl_ms[node][HORIZON] = int(as_text(ttl))
+                db[horizon] = "1"
+                self.ttl_ms[node][horizon] = int(as_text(ttl))
 
         def record(key: str) -> list[object]:  # HMGET epoch members joining retired
             found = db.get(key) or {}
@@ -323,8 +326,8 @@ class ScriptedNodes:
             # (ACQUIRE's usual case comes before the check, where it would pass.)
             # The membership check (docs/design.md §13.1): the last two keys (the horizon
             # and the record) and the last argument.
-            *key_list, horizon_key, members_key = keys
-            assert horizon_key == HORIZON, horizon_key
+            *key_list, horizon, members_key = keys
+            assert horizon.endswith(":horizon"), horizon
             *arg_list, client_epoch = args
             had_record = members_key in db
             epoch, members, joining, retired = record(members_key)
@@ -501,8 +504,8 @@ class ScriptedNodes:
             line = self._line(node, line_key)
             first = min(line, key=lambda w: (line[w][0], w)) if line else ""
             if first and first != me and handoffs:
-                _, fence, marker, members_key, horizon_key = handoffs
-                assert horizon_key == HORIZON, horizon_key
+                _, fence, marker, members_key, horizon = handoffs
+                assert horizon.endswith(":horizon"), horizon
                 record_of = records.get(first)
                 parts = record_of.split(" ") if record_of else []
                 if (record_of and node_format(marker) == 1 and record(members_key)[3] != "1"

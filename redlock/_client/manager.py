@@ -32,7 +32,7 @@ from redlock._core.renewals import Renewals
 from redlock._core.requests import Flow
 from redlock._core.settings import DEFAULT_MAX_TTL, Keys, Settings
 from redlock._core.state import LockState
-from redlock._io.endpoint import endpoints, labels, portable
+from redlock._io.endpoint import clusters, endpoints, labels, portable
 from redlock._io.wakeups import WakeRegistry
 from redlock._observe.log import get_logger
 
@@ -162,7 +162,8 @@ class ManagerBase(Generic[H, MH]):
                            for endpoint in endpoints(nodes, _CLIENTS, "redis-py")]
         self._addresses = labels(self._endpoints)
         self._transport = self._open_transport(settings)
-        self._core = RedlockCore(self._addresses, settings, environment.real(self._hooks.clock))
+        self._core = RedlockCore(self._addresses, settings, environment.real(self._hooks.clock),
+                                 clusters(self._endpoints))
         self._telemetry = Telemetry.create(settings.namespace, self._core.n, self._core.quorum,
                                            tracer_provider, meter_provider)
         self._sleep = self._hooks.sleep

@@ -25,7 +25,7 @@ from redlock._core.renewals import Renewals
 from redlock._core.requests import Flow
 from redlock._core.settings import Keys, Settings
 from redlock._core.state import LockState
-from redlock._io.endpoint import labels
+from redlock._io.endpoint import clusters, labels
 from redlock._io.sync_transport import SyncTransport
 from redlock._observe.log import event_fields
 
@@ -133,7 +133,8 @@ class _Renewer:
         transport = self.transport = SyncTransport(
             endpoints, labels(endpoints), settings.connect_timeout,
             Keys(settings.namespace).identify_command())
-        core = self.core = RedlockCore(transport.addresses, settings, environment.real())
+        core = self.core = RedlockCore(transport.addresses, settings, environment.real(),
+                                       clusters(endpoints))
         self.closing = threading.Event()
         room = WaitingRoom(core, threading.Event, threading.Lock, lambda _: None, self.closing)
         self.executor = SyncExecutor(transport, room, core, lambda: None, None)

@@ -14,7 +14,8 @@ from redlock._core.amnesia.repair import RepairReport, initialise, repair
 from redlock._core.environment import Environment
 from redlock._core.handoff import Handoffs, counted, enough, may_still, wake_at
 from redlock._core.holding import Holding
-from redlock._core.kinds import MUTEX, AcquireArgs, Kind, Leadership, with_epoch
+from redlock._core.kinds import MUTEX, AcquireArgs, Kind, Leadership, by_node, with_epoch
+from redlock._core.layout import Layout
 from redlock._core.members import Membership, Rule
 from redlock._core.requests import (
     Backoff,
@@ -78,12 +79,16 @@ class RedlockCore:
     """Quorum acquire with fencing for N nodes; release, extend and loss are
     ``holding``'s (:class:`~redlock._core.holding.Holding`)."""
 
-    def __init__(self, addresses: Sequence[str], settings: Settings, env: Environment) -> None:
+    def __init__(self, addresses: Sequence[str], settings: Settings, env: Environment,
+                 clusters: Sequence[int] = ()) -> None:
         validate_node_addresses(addresses)
         self.env = env
         self.addresses = tuple(addresses)
         self.settings = settings
         self.keys = Keys(settings.namespace)
+        # Each node's key names: ``clusters``, the Redis Cluster nodes, use those of each
+        # resource's hash slot (docs/design.md §11.4).
+        self.layout = Layout(self.keys, clusters)
         self.clock = env.clock
         self.n = len(addresses)
         self.nodes = range(self.n)
@@ -100,7 +105,7 @@ class RedlockCore:
         self.node_outages = NodeOutages(env.clock, env.wall_clock, env.new_mutex())
         self.amnesia = AmnesiaGuard(self.addresses, settings, self.keys, env, self.timeout,
                                     self.membership)
-        self.holding = Holding(self.addresses, settings, self.keys, self.membership,
+        self.holding = Holding(self.addresses, settings, self.layout, self.membership,
                                self.timeout, self.node_outages, env.clock)
         # A mutex's local turns key and counters per name (asked on every attempt; the names
         # used lately: the client's memory does not grow with the names it ever locked).
@@ -284,9 +289,10 @@ class RedlockCore:
         kind = state.kind
         assert isinstance(kind, Leadership)
         rule = self.membership.rule
-        calls = with_epoch((kind.proclaim_call(self.keys, i, state.resource, state.value,
-                                               state.token) for i in self.nodes),
-                           self.keys, rule.epoch)
+        layout = self.layout
+        calls = with_epoch((kind.proclaim_call(layout.of(i, state.resource), i, state.resource,
+                                               state.value, state.token) for i in self.nodes),
+                           layout, rule.epoch)
         acks = yield deadline.cap(Broadcast(calls, self.timeout(state.ttl),
                                             enough=self.holding.settled(calls, acks=True)))
         proclaimed = sum(1 for ack in acks if acked(ack))
@@ -326,9 +332,14 @@ class RedlockCore:
         timeout = self.timeout(ttl)  # (the attempt's, its line entry's patience from it)
         turns_key, buckets = (self._mutex_name(resources) if kind is MUTEX
                               else (self.turns_key(resources, kind), kind.buckets(resources)))
-        calls, packed = kind.acquire_request(self.keys, self.nodes, resources, AcquireArgs(
-            value, max(1, int(ttl * 1000)), self.floors.get(buckets), opening.ticket,
-            int(settings.patience(timeout) * 1000), attempt, self.route), epoch)
+        args = AcquireArgs(value, max(1, int(ttl * 1000)), self.floors.get(buckets),
+                           opening.ticket, int(settings.patience(timeout) * 1000), attempt,
+                           self.route)
+        if not self.layout.clusters:
+            calls, packed = kind.acquire_request(self.keys, self.nodes, resources, args, epoch)
+        else:  # (each group of nodes with its key names, docs/design.md §11.4)
+            calls, packed = by_node(kind.acquire_request(keys, nodes, resources, args, epoch)
+                                    for keys, nodes in self.layout.groups(self.nodes, resources))
         # Whose grants do not count: restarted nodes being judged (§4.4), nodes of
         # another format (§4.1).
         uncounted = (health.suspect if not health.incompatible
@@ -375,7 +386,7 @@ class RedlockCore:
         write-back round where counters differ), validity; on failure, releases where
         our key may be and why."""
         resources, deadline = opening.resources, opening.deadline
-        settings, keys, name = self.settings, self.keys, opening.name
+        settings, layout, name = self.settings, self.layout, opening.name
         outcomes = self.amnesia.screen([
             kind.outcome(self.addresses[i], reply, len(resources))
             for i, reply in enumerate(replies)])
@@ -410,8 +421,8 @@ class RedlockCore:
             write_backs = [(r, call) for r, c in choices.items()
                            if not rule.met(committed[r])
                            for call in with_epoch(
-                               (held_kind.write_back_call(keys, i, r, value, c.token)
-                                for i in c.write_back), keys, epoch)]
+                               (held_kind.write_back_call(layout.of(i, r), i, r, value, c.token)
+                                for i in c.write_back), layout, epoch)]
             if write_backs:
                 # Counters diverged: raise the lower ones to the token, but only on
                 # nodes that still hold our key (the script checks the value).
@@ -535,9 +546,10 @@ class RedlockCore:
         choice = choose_token(counters)
         committed = set(choice.committed)
         if not rule.met(committed):
-            calls = with_epoch((kind.write_back_call(self.keys, i, resource, value,
+            layout = self.layout
+            calls = with_epoch((kind.write_back_call(layout.of(i, resource), i, resource, value,
                                                      choice.token)
-                                for i in choice.write_back), self.keys, rule.epoch)
+                                for i in choice.write_back), layout, rule.epoch)
             write_backs = [(resource, call) for call in calls]
             acks = yield Broadcast(calls, deadline.bound(self.timeout(ttl)),
                                    enough=commit_enough(write_backs, {resource: set(committed)},

@@ -8,7 +8,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from logging import DEBUG
 
-from redlock._core.kinds import MUTEX, Kind, with_epoch
+from redlock._core.kinds import MUTEX, Kind, by_node, with_epoch
+from redlock._core.layout import Layout
 from redlock._core.members import Membership
 from redlock._core.requests import (
     PENDING,
@@ -19,7 +20,7 @@ from redlock._core.requests import (
     Flow,
     Pause,
 )
-from redlock._core.settings import Keys, Settings
+from redlock._core.settings import Settings
 from redlock._core.state import LockState, Status
 from redlock._core.tokens import quorum
 from redlock._observe.log import get_logger
@@ -37,14 +38,14 @@ class Holding:
     """Release, extend and loss of acquisitions, for one manager's N nodes (``addresses``),
     counted by ``membership``'s rule; ``timeout(ttl)`` is a request's wait."""
 
-    def __init__(self, addresses: Sequence[str], settings: Settings, keys: Keys,
+    def __init__(self, addresses: Sequence[str], settings: Settings, layout: Layout,
                  membership: Membership, timeout: Callable[[float | None], float],
                  node_outages: NodeOutages, clock: Callable[[], float]) -> None:
         self.addresses = tuple(addresses)
         self.n = len(self.addresses)
         self.nodes = range(self.n)
         self.settings = settings
-        self.keys = keys
+        self.layout = layout  # each node's key names (docs/design.md §11.4)
         self.membership = membership
         self.timeout = timeout
         self.node_outages = node_outages
@@ -67,8 +68,12 @@ class Holding:
         timeout = self.timeout(ttl)
         args: tuple[CommandArg, ...] = (value, "1") if leave else (
             value, "0", int(self.settings.patience(timeout) * 1000), ticket)
-        calls, packed = kind.release_request(self.keys, self.nodes if nodes is None else nodes,
-                                             resources, args)
+        asked = self.nodes if nodes is None else nodes
+        if not self.layout.clusters:
+            calls, packed = kind.release_request(self.layout.keys, asked, resources, args)
+        else:  # (each group of nodes with its key names)
+            calls, packed = by_node(kind.release_request(keys, group, resources, args)
+                                    for keys, group in self.layout.groups(asked, resources))
         if patient:
             # Decided once a quorum answered: the timeout only bounds it when fewer do, and
             # a starved thread or busy event loop reads healthy nodes' answers late.
@@ -88,11 +93,13 @@ class Holding:
         is settled, i.e. a quorum of the nodes asked answered for it (``acks``: replied 1, as an
         extend needs; or more said "our key is gone" than a quorum can spare), by the membership
         rule (§13.2). Until then it waits for every node, up to its timeout."""
-        keys: dict[tuple[object, tuple[str, ...]], list[int]] = {}
+        # A key: the call's value and first key (the resource's; a cluster node's call
+        # declares other node keys than a standalone node's, §11.4).
+        keys: dict[tuple[object, str], list[int]] = {}
         nodes = set()
         for index, call in enumerate(calls):
             nodes.add(call.node)
-            keys.setdefault((call.args[0], call.keys), []).append(index)
+            keys.setdefault((call.args[0], call.keys[0]), []).append(index)
         per_key = list(keys.values())
         needed, rule = min(self.quorum, len(nodes)), self.membership.rule
 
@@ -209,13 +216,13 @@ class Holding:
                 if state.status == Status.HELD and started < state.deadline]
         results: dict[LockState, tuple[NodeResult, ...] | None] = {}
         if live:
-            epoch = self.membership.rule.epoch
+            epoch, layout = self.membership.rule.epoch, self.layout
             for _ in range(2):  # again at once if a node taught us a newer epoch (§13.1)
                 calls = with_epoch((
-                    state.kind.extend_call(self.keys, i, r, state.value,
+                    state.kind.extend_call(layout.of(i, r), i, r, state.value,
                                            max(1, int(ttl * 1000)))
                     for state, ttl in live for i in range(self.n) for r in state.resources),
-                    self.keys, epoch)
+                    layout, epoch)
                 # A round may take up to half the validity left (at least a request timeout):
                 # a late answer is still in time while the lock is valid, and a round given
                 # up too early is only sent again (a batch of renewals on a busy loop lost

@@ -8,8 +8,8 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from redlock._core.kinds import counter_field
 from redlock._core.requests import Broadcast, Call, Flow
-from redlock._core.tokens import bucket
 from redlock._observe.log import get_logger
 from redlock._scripts import tools
 from redlock._scripts.replies import ReleaseStatus, failure_detail, force_released, inspected
@@ -125,9 +125,13 @@ def _node_status(core: RedlockCore, index: int, reply: object) -> NodeLockStatus
 
 def inspect_lock(core: RedlockCore, resource: str) -> Flow[LockStatus]:
     """Every node's view of ``resource`` in one parallel round of read-only scripts."""
-    keys = (core.keys.lock(resource), core.keys.counter, core.keys.marker,
-            core.keys.repair_guard, core.keys.episode)
-    replies = yield _lock_calls(core, tools.INSPECT, keys, (bucket(resource),))
+    calls = []
+    for i in range(core.n):
+        keys = core.layout.of(i, resource)  # (a cluster node's: of the resource's hash slot)
+        calls.append(Call(i, (counter_field(keys, resource),), tools.INSPECT,
+                          (keys.lock(resource), keys.counter, keys.marker, keys.repair_guard,
+                           keys.episode)))
+    replies = yield Broadcast(tuple(calls), core.timeout())
     return LockStatus(resource, core.quorum,
                       tuple(_node_status(core, i, reply) for i, reply in enumerate(replies)))
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from operator import itemgetter
 from typing import NamedTuple
 
+from redlock._core.layout import Layout
 from redlock._core.requests import Call, CommandArg
 from redlock._core.settings import Keys
 from redlock._core.tokens import bucket
@@ -43,11 +44,26 @@ class AcquireArgs(NamedTuple):  # (one per attempt: a third of a frozen dataclas
     route: str = ""  # where a hand-off to it is told: its manager's route (§6.7)
 
 
-def with_epoch(calls: Iterable[Call], keys: Keys, epoch: int) -> tuple[Call, ...]:
+# On a cluster node, the field of a hash slot's fence counters hash: one counter per hash
+# slot (docs/design.md §11.4; a standalone node's buckets are its fields, §3.0).
+SLOT_COUNTER = "0"
+
+
+def counter_field(keys: Keys, name: str) -> str:
+    """The field of ``keys.counter`` that ``name``'s tokens come from: its bucket (§3.0),
+    or on a cluster node its hash slot's one counter."""
+    return bucket(name) if keys.hash_slot is None else SLOT_COUNTER
+
+
+def with_epoch(calls: Iterable[Call], keys: Keys | Layout, epoch: int) -> tuple[Call, ...]:
     """Calls of the scripts that grant, commit or renew, as they are sent: with the
     node's lease horizon and membership record as last keys and the client's epoch as last
     argument (§4.3.1, §13.1; the scripts' EPOCH_CHECK). Every such call a kind builds goes
-    out through here."""
+    out through here. ``keys``: every call's, or the layout that gives each call's."""
+    if isinstance(keys, Layout):
+        if keys.clusters:
+            return tuple(with_epoch((call,), keys.of_call(call), epoch)[0] for call in calls)
+        keys = keys.keys
     node_keys = (keys.horizon, keys.members)
     # Calls that shared their keys and arguments still share them: the transports pack
     # a command once per request (redlock._io.wire.Packing).
@@ -60,6 +76,18 @@ def with_epoch(calls: Iterable[Call], keys: Keys, epoch: int) -> tuple[Call, ...
                          call.script, made[-1].keys if same_keys else (*call.keys, *node_keys)))
         before = call
     return tuple(made)
+
+
+def by_node(requests: Iterable[tuple[tuple[Call, ...], bytes | None]]
+            ) -> tuple[tuple[Call, ...], bytes | None]:
+    """One request made of the requests built for groups of nodes with their own key
+    names (Layout.groups): their calls in the nodes' order (a node's own in theirs), and the
+    packed command they all send if there was one group."""
+    made = list(requests)
+    if len(made) == 1:
+        return made[0]
+    return tuple(sorted((call for calls, _ in made for call in calls),
+                        key=itemgetter(0))), None
 
 
 class ResourceKeys(NamedTuple):
@@ -81,14 +109,15 @@ def _places_back(args: tuple[CommandArg, ...]) -> bool:
 
 
 @functools.lru_cache(maxsize=1024)
-def _resource_keys(kind: Kind, namespace: str, resource: str) -> ResourceKeys:
+def _resource_keys(kind: Kind, namespace: str, clustered: bool, resource: str) -> ResourceKeys:
     # Built on every acquire and release of a name: kept for the names used lately
     # (bounded), by the namespace string (cheaper to hash than Keys).
     keys = Keys(namespace)
     line, deadlines = kind.line(keys, resource)
     name = kind.token_name(resource)
     return ResourceKeys(kind.lock_key(keys, resource), kind.channel(keys, resource), line,
-                        deadlines, kind.line_ttls(keys, resource), bucket(name))
+                        deadlines, kind.line_ttls(keys, resource),
+                        SLOT_COUNTER if clustered else bucket(name))
 
 
 
@@ -254,7 +283,7 @@ class Kind:
 
     def names(self, keys: Keys, resource: str) -> ResourceKeys:
         """``resource``'s key names for this kind (cached: asked on every call)."""
-        return _resource_keys(self, keys.namespace, resource)
+        return _resource_keys(self, keys.namespace, keys.hash_slot is not None, resource)
 
     def wait_channels(self, keys: Keys, resources: Sequence[str], route: str) -> tuple[str, ...]:
         """Where a waiter hears releases: each resource's channel, and, for a queued
@@ -289,7 +318,7 @@ class Kind:
         if len(resources) == 1:
             return self._acquire_one(keys, nodes, resources[0], args, None)[0]
         return tuple(Call(i, (args.value, args.ttl_ms, args.floor,
-                              *(bucket(r) for r in resources)),
+                              *(counter_field(keys, r) for r in resources)),
                           scripts.ACQUIRE_MANY,
                           (keys.marker, keys.counter, *(keys.lock(r) for r in resources)))
                      for i in nodes)
@@ -343,7 +372,8 @@ class Kind:
     def write_back_call(self, keys: Keys, node: int, resource: str, value: str,
                         token: int) -> Call:
         """Raise a granting node's counter to the token, if it still holds our grant (§3.2)."""
-        return Call(node, (value, token, bucket(self.token_name(resource))), scripts.WRITE_BACK,
+        return Call(node, (value, token, counter_field(keys, self.token_name(resource))),
+                    scripts.WRITE_BACK,
                     (self.lock_key(keys, resource), keys.counter, keys.marker))
 
     def release_call(self, keys: Keys, node: int, resource: str,
@@ -478,7 +508,7 @@ class Permit(Kind):
                      self.slot_key(keys, r, self.permits))
         call_args: tuple[CommandArg, ...] = (
             args.value, args.ttl_ms, args.floor, args.ticket, args.patience_ms, self.preferred,
-            *(bucket(self.slot_name(r, s)) for s in slots))
+            *(counter_field(keys, self.slot_name(r, s)) for s in slots))
         return tuple(Call(i, call_args, family.SEM_ACQUIRE, call_keys) for i in nodes)
 
     def outcome(self, address: str, reply: object, resources: int) -> NodeResult:
@@ -567,14 +597,14 @@ class ReadWrite(Kind):
         call_keys = (keys.marker, keys.counter, keys.part(r, "write"), keys.part(r, "read"),
                      line, deadlines, self.channel(keys, r))
         call_args = (self.mode, args.value, args.ttl_ms, args.floor, score,
-                     args.patience_ms, bucket(r))
+                     args.patience_ms, counter_field(keys, r))
         return tuple(Call(i, call_args, family.RW_ACQUIRE, call_keys) for i in nodes)
 
     def write_back_call(self, keys: Keys, node: int, resource: str, value: str,
                         token: int) -> Call:
         if self.mode == "w":
             return super().write_back_call(keys, node, resource, value, token)
-        return Call(node, (value, token, bucket(resource)), family.READ_WRITE_BACK,
+        return Call(node, (value, token, counter_field(keys, resource)), family.READ_WRITE_BACK,
                     (keys.part(resource, "read"), keys.counter, keys.marker))
 
     def release_call(self, keys: Keys, node: int, resource: str,
@@ -605,5 +635,6 @@ def _built_release(kind: Kind, keys: Keys, nodes: Sequence[int], resources: Sequ
 WRITE = ReadWrite(mode="w")
 READ = ReadWrite(mode="r")
 
-__all__ = ["LEADERSHIP", "MUTEX", "READ", "WRITE", "AcquireArgs", "Hole", "Kind", "Leadership",
-           "Permit", "ReadWrite", "Template", "with_epoch"]
+__all__ = ["LEADERSHIP", "MUTEX", "READ", "SLOT_COUNTER", "WRITE", "AcquireArgs", "Hole", "Kind",
+           "Leadership", "Permit", "ReadWrite", "Template", "by_node", "counter_field",
+           "with_epoch"]

@@ -104,6 +104,10 @@ def change_members(core: RedlockCore, new: Sequence[str], *, current: Sequence[s
         raise ValueError(f"the manager must be configured with every node of the new set:"
                          f" {', '.join(missing)} is not among its nodes"
                          f" ({', '.join(addresses)})")
+    if core.layout.clusters:  # (its record would be one per hash slot: not built yet)
+        raise MembershipError(
+            "a membership change with a Redis Cluster among the nodes is not supported"
+            " (docs/proposals/cluster.md, P7)")
     if wait is None:
         wait = settings.max_ttl + settings.drift(settings.max_ttl)
     index = {a: i for i, a in enumerate(addresses)}

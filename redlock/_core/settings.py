@@ -194,7 +194,7 @@ class Keys:
     def beside(self, resource: str) -> Keys:
         """The keys a cluster node uses for ``resource``: its node keys of the hash slot
         the resource's keys are stored in (one hash slot per script)."""
-        return _in_hash_slot(self.namespace, hash_slot(self.lock(resource)))
+        return in_hash_slot(self.namespace, hash_slot(self.lock(resource)))
 
     @cached_property
     def node(self) -> str:
@@ -264,6 +264,7 @@ class Keys:
 
 
 @lru_cache(maxsize=1024)
-def _in_hash_slot(namespace: str, slot: int) -> Keys:
-    # Asked on every call to a cluster node: kept for the hash slots used lately.
+def in_hash_slot(namespace: str, slot: int) -> Keys:
+    """The keys of a cluster node's hash slot ``slot`` (asked on every call to a cluster
+    node: kept for the hash slots used lately)."""
     return Keys(namespace, slot)

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from redlock._core.algorithm import RedlockCore
 from redlock._core.kinds import LEADERSHIP, Permit, ReadWrite
+from redlock._core.layout import Layout
 from redlock._core.requests import Broadcast, Call, Flow, PauseUntilWoken, Wakeable
 from redlock._core.settings import Keys
 from redlock._scripts import family
@@ -92,17 +93,20 @@ def _lasting(core: RedlockCore, named: list[tuple[int, int]], elapsed: float) ->
     return None
 
 
-def leader_calls(keys: Keys, name: str, n: int) -> tuple[Call, ...]:
-    return tuple(Call(i, (), family.LEADER,
-                      (LEADERSHIP.lock_key(keys, name), keys.part(name, "term"), keys.marker))
-                 for i in range(n))
+def leader_calls(layout: Layout, name: str, n: int) -> tuple[Call, ...]:
+    calls = []
+    for i in range(n):
+        keys = layout.of(i, name)
+        calls.append(Call(i, (), family.LEADER, (LEADERSHIP.lock_key(keys, name),
+                                                 keys.part(name, "term"), keys.marker)))
+    return tuple(calls)
 
 
 def read_leader(core: RedlockCore, name: str) -> Flow[Leader | None]:
     """The leader a quorum of nodes names with time left, with the term its record
     gives (§12.1); None when there is none (vacant, or an election under way)."""
     started = core.clock()
-    replies = yield Broadcast(leader_calls(core.keys, name, core.n), core.timeout())
+    replies = yield Broadcast(leader_calls(core.layout, name, core.n), core.timeout())
     elapsed = core.clock() - started
     holders: Named = {}
     records: dict[str, list[str]] = {}

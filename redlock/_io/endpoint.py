@@ -11,7 +11,7 @@ import os
 import pickle
 import re
 import ssl
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -266,6 +266,12 @@ def type_name(value: object) -> str:
 
 
 # -- the node list -----------------------------------------------------------------------
+
+
+def clusters(found: Sequence[Endpoint]) -> tuple[int, ...]:
+    """Which of the nodes are Redis Clusters (their calls use each resource's hash slot's
+    node keys, docs/design.md §11.4)."""
+    return tuple(i for i, endpoint in enumerate(found) if endpoint.cluster)
 
 
 def endpoints(nodes: object, client_types: tuple[type, ...], client_name: str) -> list[Endpoint]:
