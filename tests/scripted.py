@@ -279,11 +279,14 @@ class ScriptedNodes:
             return value.startswith(node_scripts.FORMAT_PREFIX)
 
         def node_format(marker: str) -> int:
-            """0 no marker, 1 this format, else the other format it names (-1: none)."""
+            """0 no marker (on a cluster node: or one stamped by another run), 1 this
+            format, else the other format it names (-1: none)."""
             value = get(marker)
             if value is None:
                 return 0
             if ours(value):
+                if "{" in marker and f" run_id={self.run_id(node)} " not in value:
+                    return 0
                 return 1
             found = re.match(r"format=([0-9]+) ", value)
             return int(found[1]) if found and int(found[1]) > node_scripts.FORMAT else -1
@@ -371,7 +374,8 @@ class ScriptedNodes:
             records = self.handoff_records[node].setdefault(line_key, {})
             # The usual case (a marker, no line, no membership record) reads only that the
             # marker exists; the rest of the script reads its format.
-            usual = marker in db and not self._line(node, line_key) and not had_record
+            usual = (marker in db and "{" not in marker and not self._line(node, line_key)
+                     and not had_record)
             format = 1 if usual else node_format(marker)
             if not format:
                 return [scripts.ACQUIRE_AMNESIAC, 0]

@@ -22,6 +22,7 @@ from redlock._scripts.hash_slot_tags import TABLE, WIDTH
 from redlock._scripts.hash_slots import HASH_SLOTS, hash_slot, tag_of
 from redlock._scripts.script import Script
 from redlock.testing.redis_cluster import RedisClusterNodes
+from redlock.testing.redis_nodes import RedisNode, RedisNodes
 
 ROOT = Path(__file__).resolve().parent.parent
 KEYS = Keys("redlock")
@@ -158,6 +159,43 @@ def test_every_lock_script_runs_on_a_cluster_with_its_hash_slots_node_keys(
         client.close()
 
 
+def test_a_hash_slot_stamped_by_another_server_grants_nothing(
+        redlock_redis_cluster: RedisClusterNodes, nodes1: RedisNodes) -> None:
+    """docs/proposals/cluster.md P3.1a: on a cluster node every granting and committing
+    script checks that its hash slot's marker is stamped by the server running it (a
+    failover or a reshard breaks the slot's history): another stamp refuses as no marker.
+    A standalone node's scripts do not look at the stamp (IDENTIFY does, per connection)."""
+    name = "orders:3"
+    keys = KEYS.beside(name)
+    foreign = "format=1 run_id=" + "ab" * 20 + " initialised elsewhere"
+    args = AcquireArgs(VALUE, 5000, 0, "", 5000)
+    client = redlock_redis_cluster.client()
+    try:
+        client.set(keys.marker, foreign)
+        [acquire], _ = MUTEX.acquire_request(keys, (0,), (name,), args, 0)
+        assert _run(client, acquire.script, acquire.keys, acquire.args) == [-1, 0]
+        queued = AcquireArgs(VALUE, 5000, 0, "1", 5000, attempt=1, route="0badf00d")
+        [acquire], _ = MUTEX.acquire_request(keys, (0,), (name,), queued, 0)
+        assert _run(client, acquire.script, acquire.keys, acquire.args) == [-1, 0]
+        [many] = _with_epoch(MUTEX.acquire_calls(keys, (0,), (name + "}a", name + "}b"),
+                                                 args)[0], keys)
+        assert _run(client, many.script, many.keys, many.args) == [-1, 0]
+        [write_back] = _with_epoch(MUTEX.write_back_call(keys, 0, name, VALUE, 7), keys)
+        assert _run(client, write_back.script, write_back.keys, write_back.args) == 0
+        for kind in (Permit(permits=2), WRITE, LEADERSHIP):
+            [call], _ = kind.acquire_request(keys, (0,), (name,), args, 0)
+            reply = _run(client, call.script, call.keys, call.args)
+            assert isinstance(reply, list) and reply[0] == -1, (kind, reply)
+        assert client.exists(keys.lock(name), keys.counter) == 0  # nothing granted
+    finally:
+        client.close()
+    # The same stamp on a standalone node: granted (its stamp is IDENTIFY's to check).
+    with nodes1[0].client() as direct:
+        direct.set(KEYS.marker, foreign)
+        [acquire], _ = MUTEX.acquire_request(KEYS, (0,), (name,), args, 0)
+        assert _run(direct, acquire.script, acquire.keys, acquire.args) == [1, 1]
+
+
 def _with_epoch(call: Call, keys: Keys) -> tuple[Call, ...]:
     return with_epoch([call], keys, 0)
 
@@ -179,7 +217,9 @@ def test_the_standalone_node_keys_are_refused_by_a_cluster(
 def test_a_fence_counter_moves_with_its_hash_slot(redlock_redis_cluster: RedisClusterNodes
                                                   ) -> None:
     """docs/proposals/cluster.md P1: a counter is a key of its resource's hash slot, so a
-    reshard moves it with the slot, and the next grant on the new master is above."""
+    reshard moves it with the slot, and the next grant on the new master is above. On the
+    new master the slot's marker is stamped by another server: refused as unmarked until
+    re-stamped (P3.1a), as a judgement that nothing was lost does."""
     cluster = redlock_redis_cluster
     name = "invoices:7"
     keys, slot = KEYS.beside(name), hash_slot(KEYS.lock(name))
@@ -192,6 +232,9 @@ def test_a_fence_counter_moves_with_its_hash_slot(redlock_redis_cluster: RedisCl
             source = cluster.master_of(slot)
             target = next(m for m in cluster.masters() if m is not source)
             [acquire], _ = MUTEX.acquire_request(keys, (0,), (name,), args, 0)
+            if round_:  # (moved here by the last round: stamped by the source)
+                assert _run(client, acquire.script, acquire.keys, acquire.args) == [-1, 0]
+                _restamp(client, source, keys)
             granted = _run(client, acquire.script, acquire.keys, acquire.args)
             assert granted[0] == 1, granted
             tokens.append(granted[1])
@@ -209,11 +252,20 @@ def test_a_fence_counter_moves_with_its_hash_slot(redlock_redis_cluster: RedisCl
         client.close()
 
 
+def _restamp(client: redis.cluster.RedisCluster, owner: RedisNode, keys: Keys) -> None:
+    """RESTAMP the marker of ``keys``' hash slot on its master ``owner`` (a judgement's)."""
+    with owner.client() as direct:
+        run = direct.info("server")["run_id"]
+    found = client.get(keys.marker)
+    assert _run(client, node_scripts.RESTAMP, (keys.marker,), (found, "restamped", run)) == 1
+
+
 def test_a_killed_masters_replica_takes_its_hash_slots_over(
         redlock_redis_cluster: RedisClusterNodes) -> None:
     """The harness's failover (docs/proposals/cluster.md P3): kill -9 the master of a hash
     slot; its replica serves the slot, with what WAIT said it had (the grant and its
-    counter), and grants above it. (Last in this module: it leaves a master down.)"""
+    counter), refuses to grant while the slot's marker is its old master's, and once
+    re-stamped grants above. (Last in this module: it leaves a master down.)"""
     cluster = redlock_redis_cluster
     name = "invoices:8"
     keys, slot = KEYS.beside(name), hash_slot(KEYS.lock(name))
@@ -231,6 +283,12 @@ def test_a_killed_masters_replica_takes_its_hash_slots_over(
         assert direct.pttl(keys.lock(name)) > 0
         [again], _ = MUTEX.acquire_request(keys, (0,), (name,), args._replace(
             value="0" * 31 + "9" + "00000001"), 0)
+        # Its marker is the dead master's: refused as unmarked (P3.1a) until judged; a
+        # judgement that nothing was lost (WAIT said so here) re-stamps it.
+        assert _run(direct, again.script, again.keys, again.args) == [-1, 0]
+        run = direct.info("server")["run_id"]
+        assert _run(direct, node_scripts.RESTAMP, (keys.marker,),
+                    (direct.get(keys.marker), "restamped", run)) == 1
         assert _run(direct, again.script, again.keys, again.args)[0] == 0  # still held
         [release], _ = MUTEX.release_request(keys, (0,), (name,), (VALUE, "1"))
         assert _run(direct, release.script, release.keys, release.args) == 1

@@ -59,18 +59,6 @@ T = TypeVar("T")
 _LAST_TURNS = 8
 
 
-async def _ask(endpoint: Endpoint, command: tuple[Any, ...], timeout: float) -> object:
-    """``command``'s reply on a connection of its own, closed after (a cluster node's hash
-    slot map; ``within`` bounds it)."""
-    wire = await open_wire(endpoint, UNROUTED, timeout)
-    try:
-        reply: asyncio.Future[object] = asyncio.get_running_loop().create_future()
-        wire.send(resp.pack_one(command), reply.set_result, 1)
-        return await reply
-    finally:
-        wire.close()
-
-
 async def within(awaitable: Awaitable[T], timeout: float) -> T:
     """``asyncio.wait_for`` without its extra Task per call: ``asyncio.timeout`` (3.11+)
     cancels the current task in place."""
@@ -515,7 +503,7 @@ class AsyncTransport:
                 if left <= 0 or self._closed:
                     return
                 try:
-                    reply = await within(_ask(source, slot_map_command(), left), left)
+                    reply = await within(self._ask(source, slot_map_command(), left), left)
                     routes.apply(node, reply, source)
                     return
                 except Exception as exc:  # the next source; the calls say why if none
@@ -524,6 +512,24 @@ class AsyncTransport:
                     slot_map.error = as_failure(exc)
         finally:
             reading.set_result(None)
+
+    async def _ask(self, endpoint: Endpoint, command: tuple[Any, ...], timeout: float
+                   ) -> object:
+        """``command``'s reply on a connection of its own, closed (and waited for) after:
+        a cluster node's hash slot map. The caller bounds it (``within``)."""
+        wire = await open_wire(endpoint, UNROUTED, timeout)
+        self._wires.add(wire)  # (close() closes it too; never given back to a pool)
+        reply: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+
+        def take(answer: object) -> None:
+            if not reply.done():
+                reply.set_result(answer)
+
+        try:
+            wire.send(resp.pack_one(command), take, 1)
+            return await reply
+        finally:
+            await self._discard(wire)
 
     def _refresh(self) -> None:
         """The stale hash slot maps read again in a task (at most every REMAP_EVERY),

@@ -52,16 +52,18 @@ ACQUIRE = guarded(
 --                        or by a later attempt of our call: this acquire came late, and
 --                        changes nothing
 --         {3, ahead}     free, but `ahead` waiters are before us in line (a ticket joins it)
---         {-1, 0}        no node marker: amnesiac node, refuses until repaired
+--         {-1, 0}        no node marker (on a cluster node: or one stamped by another server
+--                        run): amnesiac node, refuses until repaired
 --         {-4, format}   the marker names another format than this client's (-1: none
 --                        it reads): a newer release's node, which this client must not
 --                        use (docs/design.md §4.1); nothing changed
 -- The usual case first (docs/design.md §2.2): a marker, no membership record, no line, told by
 -- one EXISTS that counts a key once per mention (the record, named four times, makes 4 or more,
--- the line 2, the marker 1). Its format is checked on every new connection (IDENTIFY, §4.4).
+-- the line 2, the marker 1). Its format is checked on every new connection (IDENTIFY, §4.4);
+-- on a cluster node (a marker with a hash tag) its stamp is checked below, on every call.
 local marker, line, record, horizon = KEYS[3], KEYS[4], KEYS[#KEYS], KEYS[#KEYS - 1]
 local present = redis.call('EXISTS', marker, line, line, record, record, record, record)
-local usual = present == 1
+local usual = present == 1 and not string.find(marker, '{', 1, true)
 if usual and redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
     -- Free, and granted: the node's lease horizon (docs/design.md §4.3.1), and the
     -- token as settle(..., 1) makes it.

@@ -18,12 +18,17 @@ FORMAT = 1
 #: How every marker of this format begins.
 FORMAT_PREFIX = f"format={FORMAT} "
 
-# Marker lookups and stamps, shared by the scripts below.
-_MARKER_FUNCTIONS = f"""
+#: The run of the server a script runs on (its INFO's ``run_id``; 'unknown' for a user who
+#: may not run INFO, which turns restart detection off for that node, §4.9).
+SERVER_RUN = """
 local function server_run()
     local info = redis.pcall('INFO', 'server')
     return type(info) == 'string' and string.match(info, 'run_id:(%x+)') or 'unknown'
 end
+"""
+
+# Marker lookups and stamps, shared by the scripts below.
+_MARKER_FUNCTIONS = SERVER_RUN + f"""
 -- A marker of this format (a newer release's is not this client's to change).
 local function ours(value)
     return string.sub(value, 1, {len(FORMAT_PREFIX)}) == '{FORMAT_PREFIX}'

@@ -4,7 +4,7 @@ counters, the waiting line. Each is source text that a script prepends to its ow
 
 from __future__ import annotations
 
-from redlock._scripts.node import FORMAT, FORMAT_PREFIX, HORIZON_SLACK_MS
+from redlock._scripts.node import FORMAT, FORMAT_PREFIX, HORIZON_SLACK_MS, SERVER_RUN
 from redlock._scripts.script import Script
 
 # -- membership (docs/design.md §13) ---------------------------------------------------
@@ -60,20 +60,27 @@ def guarded(name: str, source: str, *, usual: str = "", copies: bool = True,
 # -- the node's format and fence counters (docs/design.md §3, §4.1) ---------------------
 #
 # ``node_format``: 0 for no marker (it refuses to grant), 1 for this client's format, else
-# the other format the marker names (-1: none this client reads). A resource's counter is
-# one field (its bucket) of the node's hash of counters.
+# the other format the marker names (-1: none this client reads). On a cluster node (a
+# marker key with a hash tag: namespaces have no braces) a marker stamped by another server
+# run than the one running the script counts as none: the hash slot's history may be
+# broken by a failover or a reshard (docs/proposals/cluster.md P3.1a). A resource's counter
+# is one field (its bucket) of the node's hash of counters.
 
 #: A granting script's refusal on a node whose marker names another format than this
 #: client's: ``{-4, format}`` (-1: it names none this client reads), nothing changed.
 OTHER_FORMAT = -4
 
-TOKEN_FUNCTIONS = f"""
+TOKEN_FUNCTIONS = SERVER_RUN + f"""
 local function node_format(marker)
     local value = redis.call('GET', marker)
     if not value then
         return 0
     end
     if string.sub(value, 1, {len(FORMAT_PREFIX)}) == '{FORMAT_PREFIX}' then
+        if string.find(marker, '{{', 1, true)
+                and not string.find(value, ' run_id=' .. server_run() .. ' ', 1, true) then
+            return 0
+        end
         return 1
     end
     local other = tonumber(string.match(value, '^format=(%d+) '))

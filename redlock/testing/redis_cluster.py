@@ -147,6 +147,11 @@ class RedisClusterNodes:
         with node.client() as client:
             return _text(client.execute_command("CLUSTER", "MYID"))
 
+    def _address(self, master: Sequence[object]) -> str:
+        """``host:port`` of a CLUSTER SLOTS entry's master (a one-node cluster does not know
+        its own address: an empty host, ours)."""
+        return f"{_text(master[0]) or self.host}:{master[1]}"
+
     def _by_address(self, address: str) -> RedisNode:
         for node in self.nodes:
             if f"{node.host}:{node.port}" == address:
@@ -163,7 +168,7 @@ class RedisClusterNodes:
         node = next(n for n in self.nodes if n.running and not n.paused)
         with node.client() as client:
             slots = client.execute_command("CLUSTER", "SLOTS")
-        return {int(entry[0]): self._by_address(f"{_text(entry[2][0])}:{entry[2][1]}")
+        return {int(entry[0]): self._by_address(self._address(entry[2]))
                 for entry in slots}
 
     def master_of(self, slot: int) -> RedisNode:
@@ -240,7 +245,7 @@ class RedisClusterNodes:
         with node.client() as client:
             for entry in client.execute_command("CLUSTER", "SLOTS"):
                 if int(entry[0]) <= slot <= int(entry[1]):
-                    return self._by_address(f"{_text(entry[2][0])}:{entry[2][1]}")
+                    return self._by_address(self._address(entry[2]))
         return None
 
     def kill_master(self, slot: int, *, timeout: float = 20.0) -> tuple[RedisNode, RedisNode]:
