@@ -278,14 +278,19 @@ class ScriptedNodes:
         def ours(value: str) -> bool:
             return value.startswith(node_scripts.FORMAT_PREFIX)
 
+        # The run a granting call names after its epoch (a cluster master's connection's,
+        # docs/proposals/cluster.md P3.1a); '' asks the node's own.
+        client_run = ""
+
         def node_format(marker: str) -> int:
-            """0 no marker (on a cluster node: or one stamped by another run), 1 this
-            format, else the other format it names (-1: none)."""
+            """0 no marker (on a cluster node: or one stamped by another run than the
+            client's or the node's), 1 this format, else the other format it names (-1:
+            none)."""
             value = get(marker)
             if value is None:
                 return 0
             if ours(value):
-                if "{" in marker and f" run_id={self.run_id(node)} " not in value:
+                if "{" in marker and f" run_id={client_run or self.run_id(node)} " not in value:
                     return 0
                 return 1
             found = re.match(r"format=([0-9]+) ", value)
@@ -331,7 +336,8 @@ class ScriptedNodes:
             # and the record) and the last argument.
             *key_list, horizon, members_key = keys
             assert horizon.endswith(":horizon"), horizon
-            *arg_list, client_epoch = args
+            *arg_list, client_view = args
+            client_epoch, _, client_run = as_text(client_view).partition(" ")
             had_record = members_key in db
             epoch, members, joining, retired = record(members_key)
             if int(str(epoch or 0)) > int(as_text(client_epoch)) or retired == "1":
@@ -374,8 +380,8 @@ class ScriptedNodes:
             records = self.handoff_records[node].setdefault(line_key, {})
             # The usual case (a marker, no line, no membership record) reads only that the
             # marker exists; the rest of the script reads its format.
-            usual = (marker in db and "{" not in marker and not self._line(node, line_key)
-                     and not had_record)
+            usual = (marker in db and not self._line(node, line_key) and not had_record
+                     and ("{" not in marker or node_format(marker) == 1))
             format = 1 if usual else node_format(marker)
             if not format:
                 return [scripts.ACQUIRE_AMNESIAC, 0]
@@ -704,6 +710,9 @@ class ScriptedNodes:
         the transports read them: bytes, lists, maps under RESP3)."""
         db = self.data[node]
         name, *rest = args
+        if name == "EVAL" and rest[0] == node_scripts.SERVER_IDENTITY.source:
+            assert rest[1] == 0, rest
+            return [self.run_id(node).encode(), None]
         if name == "EVAL" and rest[0] == node_scripts.IDENTIFY.source:
             assert rest[1] == 1, rest
             marker = db.get(as_text(rest[2]))

@@ -196,3 +196,39 @@ def test_the_calls_for_a_mixed_cluster_run_on_real_servers(mixed: SyncTransport)
         assert all(outcome.outcome.name == "GRANTED" for outcome in result.outcomes)
         released = drive(core.holding.release(result.state), execute)
         assert [outcome.outcome.name for outcome in released] == ["GRANTED"] * 3, kind
+
+
+def test_a_connection_that_knows_its_masters_run_spares_the_scripts_info(
+        mixed: SyncTransport, redlock_redis_cluster: RedisClusterNodes) -> None:
+    """docs/proposals/cluster.md P3.1a: a cluster master's connection is identified by its
+    server's run, which its granting calls then carry; the scripts compare the hash slot's
+    stamp with it and ask INFO only on a connection's first write."""
+    mark(mixed, "orders")
+    core = core_with_cluster()
+
+    def execute(request: object) -> list[object]:
+        assert isinstance(request, Broadcast)
+        return list(mixed.broadcast(request))
+
+    def cycle() -> None:
+        result = drive(core.acquire("orders", 10.0, blocking=False, timeout=None), execute)
+        assert result.state is not None, result
+        drive(core.holding.release(result.state), execute)
+
+    cycle()  # (the connections identified)
+    masters = redlock_redis_cluster.masters()
+    for master in masters:
+        with master.client() as client:
+            client.config_resetstat()
+    for _ in range(20):
+        cycle()
+    for master in masters:
+        with master.client() as client:
+            assert "cmdstat_info" not in client.info("commandstats")
+    # A stamp of another run is refused all the same on a known connection.
+    with redlock_redis_cluster.master_of(hash_slot(KEYS.lock("orders"))).client() as client:
+        client.set(KEYS.beside("orders").marker, "format=1 run_id=" + "cd" * 20 + " moved")
+    flow = core.acquire("orders", 10.0, blocking=False, timeout=None)
+    replies = execute(next(flow))
+    flow.close()
+    assert replies[CLUSTER] == [-1, 0] and replies[0][0] == 1

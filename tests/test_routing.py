@@ -239,3 +239,24 @@ def killed_master_replica_serves(cluster: RedisClusterNodes, transport: Transpor
     # The other masters' hash slots were served throughout.
     others = [k for k in KEYS[:40] if cluster.master_of(hash_slot(k)) is not promoted]
     assert run(transport, [Call(0, ("1",), INCR, (k,)) for k in others]) == [1] * len(others)
+
+
+# A granting script's stand-in: it answers the last argument it was given (the epoch).
+LAST_ARGUMENT = Script("last_argument", "return ARGV[#ARGV]", replicated=True)
+
+
+def test_a_masters_connection_passes_its_server_run(
+        cluster: RedisClusterNodes, transport_of: Callable[..., Transport]) -> None:
+    """docs/proposals/cluster.md P3.1a: a new connection to a cluster's master is identified
+    by its server's run, which the granting calls written on it later carry after the epoch
+    (their scripts compare it with the hash slot's stamp); its first write, which carries the
+    probe and the calls together, cannot know it yet."""
+    transport = transport_of(cluster)
+    key = KEYS[5]
+    with cluster.master_of(hash_slot(key)).client() as client:
+        server_run = client.info("server")["run_id"]
+    call = Call(0, ("7",), LAST_ARGUMENT, (key,))
+    assert run(transport, [call]) == [b"7"]  # (the connection's first write)
+    assert run(transport, [call]) == [f"7 {server_run}".encode()]
+    plain = Call(0, ("5",), INCR, (key,))  # (a script that grants nothing: as given)
+    assert run(transport, [plain]) == [5]

@@ -36,6 +36,7 @@ from redlock._io.wire import (
     PENDING,
     RESEND,
     SENT_LATE,
+    SERVER_PROBE,
     Late,
     LateConnections,
     Packing,
@@ -47,6 +48,8 @@ from redlock._io.wire import (
     follow,
     late_sendable,
     render,
+    run_of,
+    with_run,
 )
 from redlock._scripts import lock as scripts
 
@@ -118,6 +121,8 @@ class Exchange(wire.Exchange):
             # An error (a server still loading its data: LOADING) identifies nothing: the
             # connection is asked again on its next request (docs/design.md §4.4).
             conn.identified = not isinstance(reply, BaseException)
+            if self.routed:
+                conn.run = run_of(reply) if conn.identified else None
 
     def fail(self, exc: BaseException) -> None:
         """Every call still without a result gets ``exc``; the exchange is done."""
@@ -619,6 +624,8 @@ class AsyncTransport:
         """Write the node's calls on ``wire``; their replies go to the exchange."""
         exchange.conn = wire
         wire.lane = exchange.lane
+        if exchange.routed and wire.run is not None:  # (a cluster master's: P3.1a)
+            exchange.calls = with_run(exchange.calls, wire.run)
         # A new connection: identify the server first, and send script bodies (the
         # server may be new, or restarted: EVALSHA would cost a NOSCRIPT round trip).
         data = (packing or Packing()).calls(exchange.calls, wire.identified)
@@ -630,9 +637,10 @@ class AsyncTransport:
             exchange.asking = True
             data = ASKING + data
             count += 1
-        if not wire.identified and self._probe is not None:
+        probe = SERVER_PROBE if exchange.routed else self._probe
+        if not wire.identified and probe is not None:
             exchange.probed = True
-            data = self._probe + data
+            data = probe + data
             count += 1
         try:
             wire.send(data, exchange.take_reply, count)

@@ -39,6 +39,7 @@ class Wire(asyncio.Protocol):
         self.sinks: deque[Sink] = deque()
         self.alive = True
         self.identified = False  # IDENTIFY was answered on it (docs/design.md §4.4)
+        self.run: str | None = None  # the server's run, once identified (a cluster master's)
         self.freed_at = 0.0  # when it last became idle (time.monotonic())
         # Called once no reply is owed any more (the wire is free) or when it broke.
         self.on_free: Callable[[Wire], None] | None = None

@@ -23,15 +23,17 @@ NOTHING: Any = object()
 
 class Connection:
     """One open connection: its socket, its reply parser, and what the transport keeps
-    about it (identified: IDENTIFY was answered on it, docs/design.md §4.4; when it was
-    last given back; whether ``select()`` just found it readable)."""
+    about it (identified: IDENTIFY was answered on it, docs/design.md §4.4, and on a
+    cluster master the server run it reaches; when it was last given back; whether
+    ``select()`` just found it readable)."""
 
-    __slots__ = ("identified", "idle_since", "readable", "reader", "sock")
+    __slots__ = ("identified", "idle_since", "readable", "reader", "run", "sock")
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock: socket.socket | None = sock
         self.reader = resp.Reader()
         self.identified = False
+        self.run: str | None = None  # the server's run, once identified (a cluster master's)
         self.idle_since = 0.0
         self.readable = False  # select() just said so: the next recv needs no look first
 

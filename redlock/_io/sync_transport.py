@@ -53,6 +53,7 @@ from redlock._io.wire import (
     PENDING,
     RESEND,
     SENT_LATE,
+    SERVER_PROBE,
     Exchange,
     Gathering,
     Packing,
@@ -60,6 +61,8 @@ from redlock._io.wire import (
     exchanges_of,
     fill_pending,
     follow,
+    run_of,
+    with_run,
 )
 
 #: Seconds a connection may wait on its node's idle stack unused before it is closed (a
@@ -237,6 +240,8 @@ class SyncTransport:
             self._send(exchange, packing, waiting)
     def _send(self, exchange: Exchange, packing: Packing, waiting: dict[Any, Exchange]) -> None:
         conn = exchange.conn
+        if exchange.routed and conn.run is not None:  # (a cluster master's: P3.1a)
+            exchange.calls = with_run(exchange.calls, conn.run)
         # A new connection: identify the server first, and send script bodies (the
         # server may be new, or restarted: EVALSHA would cost a NOSCRIPT round trip).
         data = packing.calls(exchange.calls, conn.identified)
@@ -246,9 +251,11 @@ class SyncTransport:
         if exchange.ask:  # a hash slot being imported: its master serves the next command
             exchange.asking = True
             data = ASKING + data
-        if not conn.identified and self._probe is not None:
-            exchange.probed = True
-            data = self._probe + data
+        if not conn.identified:
+            probe = SERVER_PROBE if exchange.routed else self._probe
+            if probe is not None:
+                exchange.probed = True
+                data = probe + data
         exchange.sent_at = _WRITING
         try:
             send(conn, data)
@@ -362,6 +369,8 @@ class SyncTransport:
                     send(conn, exchange.bodies())
                 elif state == IDENTIFIED:  # (an error, a server still LOADING: asked again)
                     conn.identified = not isinstance(reply, BaseException)
+                    if exchange.routed:
+                        conn.run = run_of(reply) if conn.identified else None
                     self._connector.refusals.connected(exchange.target)  # it answered
                 reply = receive_buffered(conn)
         except Exception as exc:

@@ -36,10 +36,12 @@ from redlock._io.routing import (
     retry_delay,
 )
 from redlock._scripts import lock as scripts
+from redlock._scripts import node as node_scripts
 
 __all__ = ["DONE", "IDENTIFIED", "MORE", "NOT_AWAITED", "PENDING", "RESEND", "SENT_LATE",
            "Exchange", "Gathering", "Late", "LateConnections", "NotAwaited", "Packing", "Silence",
-           "exchanges_of", "fill_pending", "follow", "is_noscript", "late_sendable", "render"]
+           "exchanges_of", "fill_pending", "follow", "is_noscript", "late_sendable", "render",
+           "run_of", "with_run"]
 
 Conn = TypeVar("Conn")
 E = TypeVar("E", bound="Exchange")
@@ -48,6 +50,9 @@ E = TypeVar("E", bound="Exchange")
 LATE_PER_TARGET = 16
 # What goes before a call an ASK redirect sent to a hash slot's importing master.
 ASKING = resp.pack_one(("ASKING",))
+# What identifies a new connection to a cluster node's master: its server's run (its hash
+# slots' markers are each checked by the scripts, docs/proposals/cluster.md P3.1a).
+SERVER_PROBE = resp.pack_one(("EVAL", node_scripts.SERVER_IDENTITY.source, 0))
 
 # Once a request is decided, the stragglers get as long again as the decision took, at
 # least this long: their replies are usually right behind, and reading them keeps the
@@ -187,8 +192,8 @@ class Exchange:
         replies = self.replies
         if self.probed:
             self.probed = False
-            if replies is not None:  # at once: the early decision must not count a
-                replies.identities[self.node] = reply  # restarted node's grant
+            if replies is not None and not self.routed:  # at once: the early decision must
+                replies.identities[self.node] = reply  # not count a restarted node's grant
             return IDENTIFIED
         if self.asking:  # (an error says nothing: the call's own reply will)
             self.asking = False
@@ -304,6 +309,29 @@ class Exchange:
         if self.replies is not None:
             fill_pending(self.indexes, self.replies, exc)
         self.done = True
+
+
+def run_of(identity: object) -> str | None:
+    """The server run an identity reply ({run, marker}) names."""
+    if isinstance(identity, list) and identity:
+        run = identity[0]
+        return run.decode() if isinstance(run, bytes) else str(run)
+    return None
+
+
+def with_run(calls: tuple[Call, ...], run: str) -> tuple[Call, ...]:
+    """A cluster node's calls as written on a connection whose server run is known: the last
+    argument of each granting, committing or renewing call (the client's epoch) followed by
+    the run, which the scripts compare with their hash slot's stamp instead of asking INFO
+    (docs/proposals/cluster.md P3.1a; a connection reaches one server run for its life)."""
+    made = []
+    for call in calls:
+        if call.script is not None and call.script.replicated:
+            epoch = call.args[-1]
+            shown = epoch.decode() if isinstance(epoch, bytes) else str(epoch)
+            call = Call(call.node, (*call.args[:-1], f"{shown} {run}"), call.script, call.keys)
+        made.append(call)
+    return tuple(made)
 
 
 def exchanges_of(calls: Sequence[Call], replies: Replies, lane: str | None,

@@ -103,7 +103,7 @@ SEM_ACQUIRE = guarded(
 -- A waiter granted leaves the line (several are served at once, §12.2); if slots are
 -- left, the next in line is woken.
 """ + LINE_FUNCTIONS + TOKEN_FUNCTIONS + VALUE_FUNCTIONS + """
-local format = node_format(KEYS[1])
+local format = node_format(KEYS[1], CLIENT_RUN)
 if format == 0 then
     return {-1, 0}
 elseif format ~= 1 then
@@ -272,7 +272,7 @@ RW_ACQUIRE = guarded(
 --         {-1, 0}      no node marker: amnesiac node, refuses
 --         {-4, format} the marker names another format (see ACQUIRE): refuses
 """ + LINE_FUNCTIONS + TOKEN_FUNCTIONS + VALUE_FUNCTIONS + _READERS_FUNCTIONS + """
-local format = node_format(KEYS[1])
+local format = node_format(KEYS[1], CLIENT_RUN)
 if format == 0 then
     return {-1, 0}
 elseif format ~= 1 then
@@ -391,7 +391,7 @@ READ_WRITE_BACK = guarded(
 -- returns 1 when our read is live on the node and its counter is now >= token, else 0
 -- (also where the marker is missing or of another format: not counted)
 """ + LINE_FUNCTIONS + TOKEN_FUNCTIONS + VALUE_FUNCTIONS + """
-if node_format(KEYS[3]) ~= 1 then
+if node_format(KEYS[3], CLIENT_RUN) ~= 1 then
     return 0
 end
 local reader = waiter_of(ARGV[1]) .. attempt_of(ARGV[1])

@@ -60,10 +60,17 @@ ACQUIRE = guarded(
 -- The usual case first (docs/design.md §2.2): a marker, no membership record, no line, told by
 -- one EXISTS that counts a key once per mention (the record, named four times, makes 4 or more,
 -- the line 2, the marker 1). Its format is checked on every new connection (IDENTIFY, §4.4);
--- on a cluster node (a marker with a hash tag) its stamp is checked below, on every call.
+-- on a cluster node (a marker with a hash tag) its stamp, on every call: it must name the run
+-- the client's connection identified (the epoch's argument '<epoch> <run>'), else the
+-- script goes on to node_format, which asks INFO (docs/proposals/cluster.md P3.1a).
 local marker, line, record, horizon = KEYS[3], KEYS[4], KEYS[#KEYS], KEYS[#KEYS - 1]
 local present = redis.call('EXISTS', marker, line, line, record, record, record, record)
-local usual = present == 1 and not string.find(marker, '{', 1, true)
+local usual = present == 1
+if usual and string.find(marker, '{', 1, true) then
+    local run = string.match(ARGV[#ARGV], ' (%S+)$')
+    usual = run ~= nil
+        and string.find(redis.call('GET', marker), ' run_id=' .. run .. ' ', 1, true) ~= nil
+end
 if usual and redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
     -- Free, and granted: the node's lease horizon (docs/design.md §4.3.1), and the
     -- token as settle(..., 1) makes it.
@@ -78,7 +85,7 @@ end
 """,
     checked_usual=False,
     source=LINE_FUNCTIONS + TOKEN_FUNCTIONS + VALUE_FUNCTIONS + """
-local format = usual and 1 or node_format(KEYS[3])
+local format = usual and 1 or node_format(KEYS[3], CLIENT_RUN)
 if format == 0 then
     return {-1, 0}
 elseif format ~= 1 then
@@ -196,7 +203,7 @@ ACQUIRE_MANY = guarded(
 --                          every key was ours already, the highest of them as it is), to
 --                          which every member's bucket is raised
 """ + TOKEN_FUNCTIONS + VALUE_FUNCTIONS + """
-local format = node_format(KEYS[1])
+local format = node_format(KEYS[1], CLIENT_RUN)
 if format == 0 then
     return {-1, 0}
 elseif format ~= 1 then
@@ -253,7 +260,7 @@ WRITE_BACK = guarded(
 -- The value check is what makes the write-back safe: counting a node that does not
 -- hold our key could let a stale token overtake a committed one (docs/design.md §3.3).
 """ + TOKEN_FUNCTIONS + VALUE_FUNCTIONS + """
-if node_format(KEYS[3]) ~= 1 then
+if node_format(KEYS[3], CLIENT_RUN) ~= 1 then
     return 0
 end
 local holder = redis.call('GET', KEYS[1])

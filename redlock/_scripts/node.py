@@ -121,6 +121,16 @@ return {server_run(), redis.call('GET', KEYS[1])}
 """,
 )
 
+SERVER_IDENTITY = Script(
+    "server_identity",
+    """
+-- returns {run_id, false}: the running server (IDENTIFY's reply without a marker: a cluster
+-- master's connection, whose hash slots each have their own, docs/proposals/cluster.md P3.1a)
+""" + SERVER_RUN + """
+return {server_run(), false}
+""",
+)
+
 INIT_MARKER = Script(
     "init_marker",
     """

@@ -23,9 +23,15 @@ STALE_EPOCH = -3  # {-3, epoch, members, joining, retired}: the client must adop
 EPOCH_CHECK = """
 -- KEYS[#KEYS - 1] the node's lease horizon (docs/design.md §4.3.1),
 -- KEYS[#KEYS] the node's membership record (hash: epoch, members, joining, retired),
--- ARGV[#ARGV] the client's epoch; refuses with {-3, epoch, members, joining, retired}
+-- ARGV[#ARGV] the client's epoch, on a cluster node followed by the run of the server its
+-- connection identified ('<epoch> <run>': node_format compares a hash slot's stamp with
+-- it, docs/proposals/cluster.md P3.1a); refuses with {-3, epoch, members, joining, retired}
 local HORIZON_KEY, MEMBERS_KEY = KEYS[#KEYS - 1], KEYS[#KEYS]
-local CLIENT_EPOCH = tonumber(ARGV[#ARGV])
+local CLIENT_EPOCH, CLIENT_RUN = tonumber(ARGV[#ARGV]), nil
+if not CLIENT_EPOCH then
+    local epoch, run = string.match(ARGV[#ARGV], '^(%d+) (%S+)$')
+    CLIENT_EPOCH, CLIENT_RUN = tonumber(epoch), run
+end
 do
     local record = redis.call('HMGET', MEMBERS_KEY, 'epoch', 'members', 'joining', 'retired')
     local epoch = tonumber(record[1] or '0') or 0
@@ -63,22 +69,25 @@ def guarded(name: str, source: str, *, usual: str = "", copies: bool = True,
 # the other format the marker names (-1: none this client reads). On a cluster node (a
 # marker key with a hash tag: namespaces have no braces) a marker stamped by another server
 # run than the one running the script counts as none: the hash slot's history may be
-# broken by a failover or a reshard (docs/proposals/cluster.md P3.1a). A resource's counter
-# is one field (its bucket) of the node's hash of counters.
+# broken by a failover or a reshard (docs/proposals/cluster.md P3.1a); a granting or
+# committing script passes the run its client identified (CLIENT_RUN, EPOCH_CHECK), else
+# the script asks INFO. A resource's counter is one field (its bucket) of the node's hash
+# of counters.
 
 #: A granting script's refusal on a node whose marker names another format than this
 #: client's: ``{-4, format}`` (-1: it names none this client reads), nothing changed.
 OTHER_FORMAT = -4
 
 TOKEN_FUNCTIONS = SERVER_RUN + f"""
-local function node_format(marker)
+-- ``run``: the server's run as the client's connection identified it (nil: asked here).
+local function node_format(marker, run)
     local value = redis.call('GET', marker)
     if not value then
         return 0
     end
     if string.sub(value, 1, {len(FORMAT_PREFIX)}) == '{FORMAT_PREFIX}' then
         if string.find(marker, '{{', 1, true)
-                and not string.find(value, ' run_id=' .. server_run() .. ' ', 1, true) then
+                and not string.find(value, ' run_id=' .. (run or server_run()) .. ' ', 1, true) then
             return 0
         end
         return 1

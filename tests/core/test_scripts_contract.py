@@ -23,6 +23,8 @@ import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from redlock._core.kinds import SLOT_COUNTER
+from redlock._io.wire import with_run
 from redlock.testing import RedisNodes
 from tests.core.contract import UNHEARD_ROUTE, Contract, listening, plain, shown
 from tests.internals import (
@@ -133,6 +135,11 @@ def inspect(r: str) -> Call:
 
 def identify() -> Call:
     return Call(0, K.identify_command())
+
+
+def server_identity() -> Call:
+    """A cluster master's connection's probe (docs/proposals/cluster.md P3.1a)."""
+    return Call(0, ("EVAL", node_scripts.SERVER_IDENTITY.source, 0))
 
 
 def init_marker() -> Call:
@@ -282,7 +289,7 @@ def other_formats(c: Contract) -> None:
     client checked its format on the connection: IDENTIFY)."""
     c.steps([
         marker(NEWER),
-        identify(), inspect("a"),
+        identify(), server_identity(), inspect("a"),
         acquire("a", "alice"),  # the usual case (no line, no record): granted
         acquire("a", "bob", ticket="1", attempt=1),  # held: refused, joins the line
         acquire("a", "alice"),  # a line now: the marker is read, refused with format 2
@@ -522,10 +529,55 @@ def attempts_of_one_call(c: Contract) -> None:
     ])
 
 
+# A cluster node's keys of resource "a"'s hash slot (docs/design.md §11.4): the same
+# scripts, on keys with a hash tag (a real standalone server runs them as a cluster's
+# master would; the stamp check looks at the marker's name, not the server's mode).
+C = K.beside("a")
+
+
+def in_hash_slot(owner: str, *, run: str = "", write_back_to: int = 0) -> Call:
+    """An acquire (or with ``write_back_to``, a write-back) of "a" on a cluster node; ``run``:
+    the run its connection identified, passed after the epoch ('' on a first write)."""
+    if write_back_to:
+        call = Call(0, (owner, write_back_to, SLOT_COUNTER), scripts.WRITE_BACK,
+                    (C.lock("a"), C.counter, C.marker))
+    else:
+        call = Call(0, (owner, TTL, 0, "", TTL, SLOT_COUNTER, ""), scripts.ACQUIRE,
+                    (C.lock("a"), C.counter, C.marker, C.line("a"), C.line_deadlines("a"),
+                     C.line("a") + "-ttls"))
+    [sent] = with_epoch([call], C, 0)
+    return with_run((sent,), run)[0] if run else sent
+
+
+def hash_slot_stamps(c: Contract) -> None:
+    """docs/proposals/cluster.md P3.1a: a cluster node's hash slot grants and commits only
+    under a marker stamped by the server's run, the one its client's connection identified
+    (passed after the epoch) or, not passed, the one INFO gives; a standalone marker's stamp
+    is not looked at (other_formats, judging)."""
+    c.steps([
+        in_hash_slot("alice", run="<run>"),  # no marker: refused
+        command("SET", C.marker, "format=1 run_id=<run> initialised"),
+        in_hash_slot("alice", run="<run>"),  # the usual case, the run passed: granted
+        in_hash_slot("bob"),  # (a first write: INFO) held by alice
+        in_hash_slot("alice", run="<run>", write_back_to=5),  # committed
+        in_hash_slot("alice", run=FOREIGN),  # a run this server is not: refused
+        command("SET", C.marker, f"format=1 run_id={FOREIGN} migrated in"),
+        in_hash_slot("alice", run="<run>"),  # another server's stamp: refused, as unmarked
+        release("a", "alice"),
+        in_hash_slot("bob", run="<run>"),  # free, and still refused
+        in_hash_slot("alice", run="<run>"),
+        in_hash_slot("carol"),  # also through INFO
+        in_hash_slot("alice", run="<run>", write_back_to=9),  # not counted
+        # The script trusts the run passed (the transport passes its connection's): the
+        # run the stamp names, passed, is accepted.
+        in_hash_slot("alice", run=FOREIGN),
+    ])
+
+
 SEQUENCES: list[Callable[[Contract], None]] = [
     waiting_line, lapsed_places, tokens_and_ownership, other_formats, without_a_marker,
     judging, episodes_and_repair, lease_horizons, membership, hand_offs, unheard_hand_offs,
-    attempts_of_one_call]
+    attempts_of_one_call, hash_slot_stamps]
 
 
 @pytest.mark.parametrize("sequence", SEQUENCES, ids=lambda s: s.__name__)
@@ -638,7 +690,8 @@ def node_calls(tickets: Tickets, owner: str) -> st.SearchStrategy[Call]:
         st.builds(acquire, RESOURCES, st.just(owner), floor=FLOORS),
         st.builds(release, RESOURCES, st.just(owner)),
         st.builds(inspect, RESOURCES),
-        st.sampled_from([identify(), init_marker(), open_episode(), command("DEL", K.marker),
+        st.sampled_from([identify(), server_identity(), init_marker(), open_episode(),
+                         command("DEL", K.marker),
                          restamp(), restamp(run=FOREIGN), demote(), demote("other"),
                          command("DEL", K.repair_guard), command("DEL", K.episode)]),
         st.builds(marker, st.sampled_from(["format=1 run_id=<run> initialised",
@@ -709,7 +762,8 @@ MUTATIONS = [  # (script, a line of it, that line changed)
     (scripts.ACQUIRE, "    return (other and other > 1) and other or -1",
      "    return other or -1"),
     (scripts.ACQUIRE_MANY, "elseif format ~= 1 then", "elseif false then"),
-    (scripts.WRITE_BACK, "if node_format(KEYS[3]) ~= 1 then", "if node_format(KEYS[3]) == 0 then"),
+    (scripts.WRITE_BACK, "if node_format(KEYS[3], CLIENT_RUN) ~= 1 then",
+     "if node_format(KEYS[3], CLIENT_RUN) == 0 then"),
     (scripts.ACQUIRE, "    local token = math.max(raised, tonumber(ARGV[3]) + 1)",
      "    local token = raised"),
     (scripts.RELEASE, "if holder == ARGV[1] and not queued and ticket == '' then",
@@ -766,6 +820,15 @@ MUTATIONS = [  # (script, a line of it, that line changed)
     (scripts.INSPECT, "highest(KEYS[2], ARGV[1], 0)", "highest(KEYS[2], ARGV[1], 0) + 1"),
     (node_scripts.IDENTIFY, "return {server_run(), redis.call('GET', KEYS[1])}",
      "return {'unknown', redis.call('GET', KEYS[1])}"),
+    (node_scripts.SERVER_IDENTITY, "return {server_run(), false}", "return {'unknown', false}"),
+    # A cluster node's hash slot stamp (docs/proposals/cluster.md P3.1a): the usual case and
+    # node_format.
+    (scripts.ACQUIRE,
+     "        and string.find(redis.call('GET', marker), ' run_id=' .. run .. ' ', 1, true) ~= nil",
+     "        and true"),
+    (scripts.ACQUIRE,
+     "                and not string.find(value, ' run_id=' .. (run or server_run()) .. ' ',"
+     " 1, true) then", "                and false then"),
     (node_scripts.INIT_MARKER, "if redis.call('EXISTS', KEYS[2]) == 1 then",
      "if redis.call('EXISTS', KEYS[2]) == 2 then"),
     (node_scripts.RESTAMP, "if run_id ~= ARGV[3] then", "if false then"),
