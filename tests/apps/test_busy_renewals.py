@@ -88,6 +88,13 @@ def _holder(mode: str, nodes: RedisNodes, seconds: float = SECONDS) -> AppProces
                        str(LOCKS), *nodes.urls], cwd=REPO_ROOT, stdin=mode == "web")
 
 
+# The holder holds this much longer than the locks are watched (SECONDS - 0.5): the watch
+# starts once the test has read the holder's "held" line, which a loaded machine delays,
+# and a watch that outlasts the holder sees its release at the end as lost locks (seen once
+# in a clean-clone CI run: every key gone at the 285th of 288 samples, no loss reported).
+HELD_LONGER = 1.5
+
+
 @pytest.fixture
 def nodes(nodes3: RedisNodes) -> Iterator[RedisNodes]:
     yield nodes3
@@ -95,7 +102,7 @@ def nodes(nodes3: RedisNodes) -> Iterator[RedisNodes]:
 
 @pytest.mark.parametrize("mode", ["asyncio", "uvloop", "sync", "web"])
 def test_a_busy_holder_keeps_its_auto_extended_locks(mode: str, nodes: RedisNodes) -> None:
-    with _holder(mode, nodes) as holder:
+    with _holder(mode, nodes, SECONDS + HELD_LONGER) as holder:
         port = holder.expect("held", timeout=30).split()[1]
         load = None
         if mode == "web":
