@@ -26,7 +26,7 @@ from redlock._io import resp, wire
 from redlock._io.async_wire import IGNORE, Wire, open_wire, readable_wires
 from redlock._io.endpoint import Endpoint
 from redlock._io.failures import CLOSED, NoReply, NotSent, Unreachable, as_failure, map_failures
-from redlock._io.routing import REMAP_EVERY, UNROUTED, Routes, slot_map_command
+from redlock._io.routing import UNROUTED, Routes, slot_map_command
 from redlock._io.wire import (
     ASKING,
     DONE,
@@ -329,7 +329,6 @@ class AsyncTransport:
         # The targets: the nodes, then cluster nodes' masters as they are found (_grow).
         self._routes = Routes(self.endpoints, self._grow)
         self._targets = self._routes.endpoints
-        self._mapped_at = -REMAP_EVERY  # when a stale hash slot map was last read again
         self._acks = [endpoint.replica_acks for endpoint in self._targets]
         count = len(self._targets)
         self._late: LateConnections[Any] = LateConnections(count)
@@ -494,8 +493,6 @@ class AsyncTransport:
         given as, whichever answers first (requests of this loop read it one at a time:
         a reading under way is waited for)."""
         routes = self._routes
-        slot_map = routes.maps[node]
-        assert slot_map is not None
         reading = self._reading.get(node)
         if reading is not None and not reading.done():
             with contextlib.suppress(Exception):
@@ -503,18 +500,17 @@ class AsyncTransport:
             return
         reading = self._reading[node] = asyncio.get_running_loop().create_future()
         try:
-            for source in routes.sources(node):
-                left = min(until, time.monotonic() + self.connect_timeout) - time.monotonic()
-                if left <= 0 or self._closed:
+            for source, left in routes.readings(node, until, self.connect_timeout):
+                if self._closed:
                     return
                 try:
                     reply = await within(self._ask(source, slot_map_command(), left), left)
-                    routes.apply(node, reply, source)
+                except asyncio.TimeoutError:
+                    reply = NoReply(f"no reply to CLUSTER SLOTS within {left * 1000:.0f} ms")
+                except Exception as exc:  # (the next source; the calls say why if none)
+                    reply = exc
+                if routes.answered(node, source, reply):
                     return
-                except Exception as exc:  # the next source; the calls say why if none
-                    if isinstance(exc, asyncio.TimeoutError):
-                        exc = NoReply(f"no reply to CLUSTER SLOTS within {left * 1000:.0f} ms")
-                    slot_map.error = as_failure(exc)
         finally:
             reading.set_result(None)
 
@@ -539,15 +535,13 @@ class AsyncTransport:
     def _refresh(self) -> None:
         """The stale hash slot maps read again in a task (at most every REMAP_EVERY),
         within the connect budget; requests go on with the owners MOVED named."""
-        now = time.monotonic()
-        if self._closed or now - self._mapped_at < REMAP_EVERY:
+        stale = [] if self._closed else self._routes.remap_due()
+        if not stale:
             return
-        self._mapped_at = now
 
         async def refresh() -> None:
-            for node, slot_map in enumerate(self._routes.maps):
-                if slot_map is not None and slot_map.stale:
-                    await self._read_map(node, time.monotonic() + self.connect_timeout)
+            for node in stale:
+                await self._read_map(node, time.monotonic() + self.connect_timeout)
 
         task = asyncio.get_running_loop().create_task(refresh(), name="redlock-slot-map")
         self._running.add(task)

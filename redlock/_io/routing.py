@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import time
 from array import array
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import NamedTuple
 
 from redlock._core.requests import Call
 from redlock._io.endpoint import Endpoint
+from redlock._io.failures import as_failure
 from redlock._io.resp import ReplyError
 from redlock._scripts.hash_slots import HASH_SLOTS, hash_slot
 
@@ -113,6 +115,8 @@ class Routes:
         self._mutex = threading.Lock()
         #: Per cluster node, one reading of its map at a time.
         self.reading = [threading.Lock() for _ in self.maps]
+        self._remapped_at = -REMAP_EVERY  # when stale maps were last read again
+        self._remapping = threading.Lock()  # (held for nothing else: any caller may take it)
 
     def target_of(self, call: Call) -> int:
         """The target of a call: its node, or the master its node's map names for the
@@ -187,6 +191,52 @@ class Routes:
         targets.sort(key=lambda t: t not in owning)
         seed = dataclasses.replace(self.endpoints[node], cluster=False)
         return [self.endpoints[t] for t in targets] + [seed]
+
+    def to_read(self, node: int) -> bool:
+        """Whether cluster node ``node``'s map is still to be read (not known, or stale):
+        False once another reading got it meanwhile."""
+        slot_map = self.maps[node]
+        return slot_map is not None and (not slot_map.known or slot_map.stale)
+
+    def readings(self, node: int, until: float, budget: float
+                 ) -> Iterator[tuple[Endpoint, float]]:
+        """The sources to read cluster node ``node``'s map from, one after the other, each
+        with the seconds it may take (``budget`` at most, within ``until``); the caller
+        gives each answer to :meth:`answered` and stops at the first True."""
+        for source in self.sources(node):
+            left = min(until, time.monotonic() + budget) - time.monotonic()
+            if left <= 0:
+                return
+            yield source, left
+
+    def answered(self, node: int, source: Endpoint, reply: object) -> bool:
+        """What ``source`` answered ``CLUSTER SLOTS`` (or the error asking it raised):
+        True if it became cluster node ``node``'s map, else it is kept as the reason the
+        node's calls cannot be routed, and the next source is to be asked."""
+        try:
+            if isinstance(reply, BaseException):
+                raise reply
+            self.apply(node, reply, source)
+        except Exception as exc:
+            slot_map = self.maps[node]
+            assert slot_map is not None
+            slot_map.error = as_failure(exc)
+            return False
+        return True
+
+    def remap_due(self) -> list[int]:
+        """The cluster nodes whose stale map is to be read again in the background now:
+        none if that began less than REMAP_EVERY ago (a request that still finds a map
+        stale asks again)."""
+        with self._remapping:
+            now = time.monotonic()
+            if now - self._remapped_at < REMAP_EVERY:
+                return []
+            stale = [node for node, slot_map in enumerate(self.maps)
+                     if slot_map is not None and slot_map.stale]
+            if stale:
+                self._remapped_at = now
+            return stale
 
     def apply(self, node: int, reply: object, asked: Endpoint) -> None:
         """A ``CLUSTER SLOTS`` reply from ``asked`` becomes cluster node ``node``'s map.

@@ -41,7 +41,7 @@ from redlock._io.failures import (
     as_failure,
     map_failures,
 )
-from redlock._io.routing import REMAP_EVERY, UNROUTED, Routes, slot_map_command
+from redlock._io.routing import UNROUTED, Routes, slot_map_command
 from redlock._io.sync_connect import CONNECTS_PER_TARGET, Connect, Connector, given
 from redlock._io.sync_drainer import SyncDrainer
 from redlock._io.wire import (
@@ -105,7 +105,6 @@ class SyncTransport:
         # The targets: the nodes, then cluster nodes' masters as they are found (_grow).
         self._routes = Routes(self.endpoints, self._grow)
         self._mapping: set[threading.Thread] = set()  # hash slot maps being read again
-        self._mapped_at = -REMAP_EVERY  # when that last began
         targets = self._routes.endpoints
         self._acks = [endpoint.replica_acks for endpoint in targets]
         n = len(targets)
@@ -489,13 +488,10 @@ class SyncTransport:
         if not reading.acquire(timeout=max(until - time.monotonic(), 0.0)):
             return
         try:
-            slot_map = routes.maps[node]
-            assert slot_map is not None
-            if slot_map.known and not slot_map.stale:  # read meanwhile
+            if not routes.to_read(node):  # read meanwhile
                 return
-            for source in routes.sources(node):
-                left = min(until, time.monotonic() + self.connect_timeout) - time.monotonic()
-                if left <= 0 or self._closed:
+            for source, left in routes.readings(node, until, self.connect_timeout):
+                if self._closed:
                     return
                 try:
                     conn = open_connection(source, left)
@@ -503,10 +499,10 @@ class SyncTransport:
                         reply = ask(conn, slot_map_command(), time.monotonic() + left)
                     finally:
                         conn.close()
-                    routes.apply(node, reply, source)
+                except Exception as exc:  # (the next source; the calls say why if none)
+                    reply = exc
+                if routes.answered(node, source, reply):
                     return
-                except Exception as exc:  # the next source; the calls say why if none
-                    slot_map.error = as_failure(exc)
         finally:
             reading.release()
 
@@ -514,20 +510,20 @@ class SyncTransport:
         """The stale hash slot maps read again in a thread of their own (one at a time),
         within the connect budget; requests go on with the owners MOVED named."""
         with self._mutex:
-            now = time.monotonic()
-            if self._mapping or self._closed or now - self._mapped_at < REMAP_EVERY:
+            if self._mapping or self._closed:
                 return
-            self._mapped_at = now
-            thread = threading.Thread(target=self._refreshing, name="redlock-slot-map",
-                                      daemon=True)
+            stale = self._routes.remap_due()
+            if not stale:
+                return
+            thread = threading.Thread(target=self._refreshing, args=(stale,),
+                                      name="redlock-slot-map", daemon=True)
             self._mapping.add(thread)
         thread.start()
 
-    def _refreshing(self) -> None:
+    def _refreshing(self, stale: list[int]) -> None:
         try:
-            for node, slot_map in enumerate(self._routes.maps):
-                if slot_map is not None and slot_map.stale:
-                    self._read_map(node, time.monotonic() + self.connect_timeout)
+            for node in stale:
+                self._read_map(node, time.monotonic() + self.connect_timeout)
         finally:
             with self._mutex:
                 self._mapping.discard(threading.current_thread())
