@@ -88,7 +88,7 @@ class RedlockCore:
         self.keys = Keys(settings.namespace)
         # Each node's key names: ``clusters``, the Redis Cluster nodes, use those of each
         # resource's hash slot (docs/design.md §11.4).
-        self.layout = Layout(self.keys, clusters)
+        self.layout = Layout(self.keys, len(self.addresses), clusters)
         self.clock = env.clock
         self.n = len(addresses)
         self.nodes = range(self.n)
@@ -103,7 +103,7 @@ class RedlockCore:
         self.route = env.random_hex(4)
         # Failing nodes are logged once per outage.
         self.node_outages = NodeOutages(env.clock, env.wall_clock, env.new_mutex())
-        self.amnesia = AmnesiaGuard(self.addresses, settings, self.keys, env, self.timeout,
+        self.amnesia = AmnesiaGuard(self.addresses, settings, self.layout, env, self.timeout,
                                     self.membership)
         self.holding = Holding(self.addresses, settings, self.layout, self.membership,
                                self.timeout, self.node_outages, env.clock)
@@ -391,7 +391,8 @@ class RedlockCore:
             kind.outcome(self.addresses[i], reply, len(resources))
             for i, reply in enumerate(replies)])
         amnesia = (None if self.amnesia.clear(outcomes)
-                   else (yield from self.amnesia.check(outcomes, deadline)))
+                   else (yield from self.amnesia.check(outcomes, deadline,
+                                                       layout.places(resources))))
         if amnesia is not None:  # the call may try again: it keeps its place in line
             yield deadline.cap(self.holding.release_calls(
                 resources, value, ttl, leave=False, kind=kind, ticket=opening.ticket))

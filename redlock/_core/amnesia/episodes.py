@@ -1,7 +1,8 @@
 """Restarted and amnesiac nodes, seen to in the background (docs/design.md §4.3, §4.4): markers
 without a known server run adopted, restarted nodes judged (re-stamped if durable, else demoted),
 amnesia episodes opened on the nodes and read (when each node may rejoin). Never on an acquire's
-path: :mod:`redlock._core.amnesia.maintenance` runs these, and ``repair()`` too."""
+path: :mod:`redlock._core.amnesia.maintenance` runs these, and ``repair()`` too. Each works on
+*places* (a standalone node, or a hash slot of a cluster node: docs/design.md §11.4)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import math
 from collections.abc import Sequence
 
 from redlock._core.amnesia.guard import AmnesiaGuard
-from redlock._core.requests import Broadcast, Call, Flow, ask_one
+from redlock._core.requests import Broadcast, Flow, ask_one
 from redlock._observe.log import get_logger
 from redlock._scripts import node as node_scripts
 from redlock._scripts.node_config import not_durable
@@ -29,30 +30,37 @@ logger = get_logger("redlock.nodes")
 
 def adopt_markers(guard: AmnesiaGuard, markers: dict[int, tuple[bytes, str]]) -> Flow[None]:
     """Stamp unstamped markers (see NodeHealth.identified) with the run id found."""
-    calls = tuple(Call(node, (marker, f"adopted at={guard.env.wall_clock():.3f}", run_id),
-                       node_scripts.RESTAMP, (guard.keys.marker,))
-                  for node, (marker, run_id) in markers.items())
+    calls = tuple(guard.call(place, (marker, f"adopted at={guard.env.wall_clock():.3f}",
+                                     run_id),
+                             node_scripts.RESTAMP, (guard.keys_of(place).marker,))
+                  for place, (marker, run_id) in markers.items())
     replies = yield Broadcast(calls, guard.settings.repair_timeout)
-    for (node, found), reply in zip(markers.items(), replies, strict=True):
-        guard.health.adopted(node, found)
+    for (place, found), reply in zip(markers.items(), replies, strict=True):
+        guard.health.adopted(place, found)
         if acked(reply):
-            logger.info("redlock.node_marker_adopted", node=guard.addresses[node], run_id=found[1])
+            logger.info("redlock.node_marker_adopted", node=guard.where(place), run_id=found[1])
         # Otherwise the marker or the server changed meanwhile: the next connection
         # identifies it again (a node that did not answer is looked at then, too).
 
 
-def lease_bound(guard: AmnesiaGuard, node: int) -> Flow[tuple[float, str]]:
-    """How long ``node``, which lost data, must stay out so that every lease it may have
+def lease_bound(guard: AmnesiaGuard, place: int) -> Flow[tuple[float, str]]:
+    """How long ``place``, which lost data, must stay out so that every lease it may have
     granted before the loss has expired (docs/design.md §4.3.1), and what bounds it: the
-    lease horizons of its peers, read now, if they cover every quorum it could have been
-    part of; else ``max_ttl`` (and the node is noted, to be bounded again later)."""
-    settings = guard.settings
-    others = [i for i in range(guard.n) if i != node]
-    replies = yield Broadcast(tuple(
-        Call(i, (), node_scripts.HORIZON,
-             (guard.keys.marker, guard.keys.episode, guard.keys.horizon)) for i in others),
-        settings.repair_timeout)
-    bounds, unknown = [], {node}
+    lease horizons its peers hold for what it holds, read now, if they cover every quorum
+    it could have been part of; else ``max_ttl`` (and the place is noted, to be bounded
+    again later). A cluster peer of a standalone node is not read (§11.4): unknown."""
+    settings, layout = guard.settings, guard.layout
+    node = layout.node_of(place)
+    peers = {i: layout.peer(i, place) for i in range(guard.n) if i != node}
+    others, calls = [], []
+    for i, peer in peers.items():
+        if peer is not None:
+            keys = guard.keys_of(peer)
+            others.append(i)
+            calls.append(guard.call(peer, (), node_scripts.HORIZON,
+                                    (keys.marker, keys.episode, keys.horizon)))
+    replies = yield Broadcast(tuple(calls), settings.repair_timeout)
+    bounds, unknown = [], {node} | {i for i, peer in peers.items() if peer is None}
     for i, reply in zip(others, replies, strict=True):
         found = horizon(reply)
         if found is not None and found.healthy:
@@ -62,76 +70,80 @@ def lease_bound(guard: AmnesiaGuard, node: int) -> Flow[tuple[float, str]]:
         else:
             unknown.add(i)  # silent, suspected of a restart, or lost data unbounded
     if guard.membership.rule.met(unknown):
-        guard.health.unbounded.add(node)
+        guard.health.unbounded.add(place)
         silent = ", ".join(guard.addresses[i] for i in sorted(unknown - {node}))
         return settings.max_ttl, (f"max_ttl: what {silent} granted could not be read, and a"
                                   " quorum could have granted with it there")
-    guard.health.unbounded.discard(node)
+    guard.health.unbounded.discard(place)
     longest = max(bounds, default=0.0)
     return (longest + settings.drift(longest),
             f"the longest lease its peers granted or extended: {longest:.3f} s")
 
 
 def judge(guard: AmnesiaGuard, suspects: dict[int, tuple[bytes, str]]) -> Flow[None]:
-    """A restarted node: re-stamp it if nothing it acknowledged can have been lost,
-    else turn the restart into an amnesia episode."""
+    """A restarted node (or a hash slot stamped by another server): re-stamp it if
+    nothing it acknowledged can have been lost, else turn it into an amnesia episode.
+    On a hash slot, every call is routed to the master serving it."""
     timeout = guard.settings.repair_timeout
-    nodes = list(suspects)
-    calls = tuple(call for i in nodes for call in (
-        Call(i, ("CONFIG", "GET", "appendonly")), Call(i, ("CONFIG", "GET", "appendfsync")),
-        Call(i, ("INFO", "replication"))))
+    places = list(suspects)
+    calls = tuple(call for p in places for call in (
+        guard.call(p, ("CONFIG", "GET", "appendonly")),
+        guard.call(p, ("CONFIG", "GET", "appendfsync")),
+        guard.call(p, ("INFO", "replication"))))
     replies = yield Broadcast(calls, timeout)
-    for k, node in enumerate(nodes):
+    for k, place in enumerate(places):
         appendonly, appendfsync, replication = replies[3 * k:3 * k + 3]
         why = not_durable(appendonly, appendfsync, replication)
-        marker, run_id = suspects[node]
+        marker, run_id = suspects[place]
+        keys = guard.keys_of(place)
         if why is None and not isinstance(replication, BaseException):
-            done = yield from ask_one(Call(
-                node, (marker, f"restamped at={guard.env.wall_clock():.3f}", run_id),
-                node_scripts.RESTAMP, (guard.keys.marker,)), timeout)
+            done = yield from ask_one(guard.call(
+                place, (marker, f"restamped at={guard.env.wall_clock():.3f}", run_id),
+                node_scripts.RESTAMP, (keys.marker,)), timeout)
             if acked(done):
-                guard.health.healthy(node)
-                logger.info("redlock.node_restamped", node=guard.addresses[node])
+                guard.health.healthy(place)
+                logger.info("redlock.node_restamped", node=guard.where(place))
                 continue
         elif why is not None:
-            wait, bound = yield from lease_bound(guard, node)
-            done = demoted((yield from ask_one(Call(
-                node, (marker, why, max(1, math.ceil(wait * 1000))), node_scripts.DEMOTE,
-                (guard.keys.marker, guard.keys.episode)), timeout)))
+            wait, bound = yield from lease_bound(guard, place)
+            done = demoted((yield from ask_one(guard.call(
+                place, (marker, why, max(1, math.ceil(wait * 1000))), node_scripts.DEMOTE,
+                (keys.marker, keys.episode)), timeout)))
             if done is not None:
-                guard.health.lost_data(node)
-                guard.health.rejoins_at(node, guard.clock() + done.left)
-                logger.warning("redlock.node_amnesiac", node=guard.addresses[node])
-                logger.info("redlock.node_out", node=guard.addresses[node],
+                guard.health.lost_data(place)
+                guard.health.rejoins_at(place, guard.clock() + done.left)
+                logger.warning("redlock.node_amnesiac", node=guard.where(place))
+                logger.info("redlock.node_out", node=guard.where(place),
                             rejoins_after_s=round(done.left, 3), bounded_by=bound)
                 continue
-        # Unreachable, or the marker changed meanwhile: look at the node again.
-        again = identity((yield from ask_one(guard.identify_call(node), timeout)))
+        # Unreachable, or the marker changed meanwhile: look at it again.
+        again = identity((yield from ask_one(guard.identify(place), timeout)))
         if again is not None:
-            guard.health.identified(node, *again)
+            guard.health.identified(place, *again)
 
 
-def open_episodes(guard: AmnesiaGuard, nodes: Sequence[int]) -> Flow[None]:
-    """Begin (or read) the amnesia episode of nodes without their marker, each bounded
+def open_episodes(guard: AmnesiaGuard, places: Sequence[int]) -> Flow[None]:
+    """Begin (or read) the amnesia episode of places without their marker, each bounded
     by its peers' lease horizons (:func:`lease_bound`; an episode already open keeps the
     earlier of its rejoin time and this one), and from it when each may rejoin."""
-    for node in nodes:
-        wait, bound = yield from lease_bound(guard, node)
-        reply = yield from ask_one(Call(
-            node, ("lost its node marker", max(1, math.ceil(wait * 1000))),
-            node_scripts.OPEN_EPISODE, (guard.keys.marker, guard.keys.episode)),
+    for place in places:
+        keys = guard.keys_of(place)
+        wait, bound = yield from lease_bound(guard, place)
+        reply = yield from ask_one(guard.call(
+            place, ("lost its node marker", max(1, math.ceil(wait * 1000))),
+            node_scripts.OPEN_EPISODE, (keys.marker, keys.episode)),
             guard.settings.repair_timeout)
         now = guard.clock()
         found = episode(reply)
         if found is None:
             continue  # unreachable: try again later
         if found.marked:
-            guard.health.marked(node)  # repaired meanwhile (by another client)...
+            guard.health.marked(place)  # repaired meanwhile (by another client)...
             if not ours(found.marker):  # ...of a newer release (docs/design.md §4.1)
-                guard.of_other_format(node, other_format(marker_format(found.marker)))
+                guard.of_other_format(place, other_format(marker_format(found.marker)))
             continue
-        first = guard.health.unmarked.get(node) is None
-        guard.health.rejoins_at(node, now + found.left)
+        first = guard.health.unmarked.get(place) is None
+        guard.health.rejoins_at(place, now + found.left)
         if first:
-            logger.info("redlock.node_out", node=guard.addresses[node],
+            logger.info("redlock.node_out", node=guard.where(place),
                         rejoins_after_s=round(found.left, 3), bounded_by=bound)

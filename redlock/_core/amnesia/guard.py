@@ -6,7 +6,11 @@ than the one answering (a restart, a promoted replica: until judged, its grants 
 durable restart is re-stamped, anything else becomes a total loss). A node of another format
 (§4.1) is not used at all. An episode key on the node records when it may rejoin (§4.3.1); a
 repair succeeds only from then on, checked by the node itself. Judging and repairing run in the
-manager's background maintenance, never on an acquire's path."""
+manager's background maintenance, never on an acquire's path.
+
+The unit of all this is a *place* (docs/design.md §11.4): a standalone node, or one hash slot
+of a cluster node (:class:`~redlock._core.layout.Layout`); the health is kept by place, and
+every call for a place uses its keys and is routed by its marker key."""
 
 from __future__ import annotations
 
@@ -14,8 +18,9 @@ from collections.abc import Callable, Mapping, Sequence
 
 from redlock._core.amnesia.health import NodeHealth
 from redlock._core.environment import Environment
+from redlock._core.layout import Layout
 from redlock._core.members import Membership
-from redlock._core.requests import Broadcast, Call, Deadline, Flow, Pause
+from redlock._core.requests import Broadcast, Call, CommandArg, Deadline, Flow, Pause
 from redlock._core.settings import Keys, Settings
 from redlock._core.state import AttemptResult
 from redlock._core.tokens import quorum
@@ -32,6 +37,7 @@ from redlock._scripts.replies import (
     ours,
     stamped_run,
 )
+from redlock._scripts.script import Script
 from redlock.errors import ClusterAmnesiaError, NodeFormatError, NodeResult, Outcome
 
 logger = get_logger("redlock.nodes")
@@ -43,12 +49,13 @@ _INIT_RETRIES = 3
 class AmnesiaGuard:
     """Amnesia decisions, judging and repair for one manager's nodes."""
 
-    def __init__(self, addresses: Sequence[str], settings: Settings, keys: Keys, env: Environment,
-                 timeout: Callable[[], float], membership: Membership) -> None:
+    def __init__(self, addresses: Sequence[str], settings: Settings, layout: Layout,
+                 env: Environment, timeout: Callable[[], float], membership: Membership) -> None:
         self.addresses = tuple(addresses)
         self.membership = membership  # its rule: what a quorum is (§13.2)
         self.settings = settings
-        self.keys = keys
+        self.layout = layout
+        self.keys = layout.keys
         self.env = env
         self.clock = env.clock
         self.timeout = timeout  # a request's wait on the acquire path (adaptive or set)
@@ -60,6 +67,31 @@ class AmnesiaGuard:
         """What a transport sends first on every new connection to ``node`` (an EVAL with
         the body, not EVALSHA: it never meets NOSCRIPT, and it is rare)."""
         return Call(node, self.keys.identify_command())
+
+    # -- places (docs/design.md §11.4) -------------------------------------------
+
+    def where(self, place: int) -> str:
+        """A place as a person reads it (a node's address, and its hash slot)."""
+        return self.layout.where(place, self.addresses)
+
+    def keys_of(self, place: int) -> Keys:
+        return self.layout.keys_of(place)
+
+    def call(self, place: int, args: tuple[CommandArg, ...], script: Script | None = None,
+             keys: tuple[str, ...] = ()) -> Call:
+        """A call for ``place``: a script with ``keys``, or a plain command routed (on a
+        cluster node) by the place's marker key, to the master serving its hash slot."""
+        node = self.layout.node_of(place)
+        if script is None:
+            return Call(node, args, None, (self.keys_of(place).marker,))
+        return Call(node, args, script, keys)
+
+    def identify(self, place: int) -> Call:
+        """IDENTIFY of a place: the server serving it and its marker."""
+        if place < self.n:
+            return self.identify_call(place)
+        return Call(self.layout.node_of(place), (), node_scripts.IDENTIFY,
+                    (self.keys_of(place).marker,))
 
     def identified(self, identities: Mapping[int, object]) -> None:
         """The replies to :meth:`identify_call` that a request's new connections got."""
@@ -80,11 +112,11 @@ class AmnesiaGuard:
                     logger.info("redlock.node_restarted", node=self.addresses[node],
                                 run_id=run_id, stamped=stamped_run(marker) or "")
 
-    def of_other_format(self, node: int, why: str) -> None:
-        """``node``'s marker names another format than this client's (``why`` says which,
+    def of_other_format(self, place: int, why: str) -> None:
+        """``place``'s marker names another format than this client's (``why`` says which,
         docs/design.md §4.1): it is not used from now on; logged the first time."""
-        if self.health.of_other_format(node, why):
-            logger.warning("redlock.node_incompatible", node=self.addresses[node], why=why)
+        if self.health.of_other_format(place, why):
+            logger.warning("redlock.node_incompatible", node=self.where(place), why=why)
 
     def needs_maintenance(self) -> bool:
         return self.health.pending()
@@ -132,13 +164,15 @@ class AmnesiaGuard:
             r.outcome is not Outcome.AMNESIAC and r.outcome is not Outcome.INCOMPATIBLE
             for r in outcomes)
 
-    def check(self, outcomes: Sequence[NodeResult],
-              deadline: Deadline) -> Flow[AttemptResult | None]:
+    def check(self, outcomes: Sequence[NodeResult], deadline: Deadline,
+              places: Sequence[int] | None = None) -> Flow[AttemptResult | None]:
         """What amnesiac replies in an attempt mean: None (carry on with the others), an
         attempt result to return (the cluster is new or being initialised), or
-        :class:`ClusterAmnesiaError` (a majority lost its data). Every round and wait in
+        :class:`ClusterAmnesiaError` (a majority lost its data). ``places``: per node, the
+        place the attempt's calls used (by default the nodes). Every round and wait in
         here ends by the caller's ``deadline`` (docs/design.md §4.2)."""
-        amnesiac = [i for i, r in enumerate(outcomes) if r.outcome is Outcome.AMNESIAC]
+        at = places if places is not None else range(self.n)
+        amnesiac = [at[i] for i, r in enumerate(outcomes) if r.outcome is Outcome.AMNESIAC]
         for i, r in enumerate(outcomes):
             if r.outcome is Outcome.INCOMPATIBLE:  # a newer release's node (§4.1)
                 self.of_other_format(i, r.detail)
@@ -152,29 +186,34 @@ class AmnesiaGuard:
         if len(missing) == self.n and not self.health.marker_seen:
             # Every node answered and none has a marker: a new cluster. Initialise it.
             self.health.initialising(+1)
+            every = [p for node in range(self.n) for p in self.layout.every_place(node)]
             try:
-                written = list((yield self._init_markers(range(self.n), deadline)))
+                written = list((yield self._init_markers(every, deadline)))
                 # A node that did not answer the initialisation in time (a busy client) is
                 # asked again, a few times, within the deadline, rather than left unmarked
                 # (it would be benched for max_ttl).
                 for _ in range(_INIT_RETRIES):
-                    unanswered = [i for i, reply in enumerate(written)
+                    unanswered = [k for k, reply in enumerate(written)
                                   if initialised(reply) is Initialised.UNANSWERED]
                     if not unanswered or deadline.passed():
                         break
-                    again = yield self._init_markers(unanswered, deadline)
-                    for i, reply in zip(unanswered, again, strict=True):
-                        written[i] = reply
+                    again = yield self._init_markers([every[k] for k in unanswered], deadline)
+                    for k, reply in zip(unanswered, again, strict=True):
+                        written[k] = reply
             finally:
                 self.health.initialising(-1)
-            if sum(1 for reply in written
-                   if initialised(reply) is Initialised.EPISODE) >= self.quorum:
+            found = {p: initialised(reply) for p, reply in zip(every, written, strict=True)}
+            if any(found[p] is Initialised.EXISTS for p in at):
+                # Initialised before (a hash slot stamped by another server, or another
+                # client's markers just written): the next attempt looks at them.
+                self.health.marker_seen = True
+            if sum(1 for p in at if found[p] is Initialised.EPISODE) >= self.quorum:
                 # A quorum would not take one: each holds an amnesia episode. Not a new
                 # cluster: one whose nodes lost their data (another client saw it).
                 raise self._majority_lost(self.n, outcomes)
             logger.info("redlock.cluster_initialised", nodes=self.n,
-                        marked=sum(1 for reply in written
-                                   if initialised(reply) is Initialised.WRITTEN))
+                        marked=sum(1 for found in found.values()
+                                   if found is Initialised.WRITTEN))
             return AttemptResult(None, tuple(outcomes), retry_now=True,
                                  reason="cluster initialised")
         if not with_marker and not self.health.marker_seen:
@@ -205,22 +244,52 @@ class AmnesiaGuard:
             wait = deadline.pause(self.timeout())
             if wait > 0:
                 yield Pause(wait)
-            markers = ("EXISTS", self.keys.marker)
-            probe = yield Broadcast(tuple(Call(i, markers) for i in newly_missing),
+            probe = yield Broadcast(tuple(self._look(p) for p in newly_missing),
                                     deadline.bound(self.timeout()))
-            if any(marker_exists(reply) for reply in probe):
+            looked = {p: self._looked(p, reply)
+                      for p, reply in zip(newly_missing, probe, strict=True)}
+            if any(marked is True for marked in looked.values()):
                 return AttemptResult(None, tuple(outcomes), retry_now=True,
                                      reason="cluster initialisation in progress")
-            # Only a node that answered the second look without its marker lost its data;
-            # one that did not answer is looked at again next time.
-            unconfirmed = {i for i, reply in zip(newly_missing, probe, strict=True)
-                           if marker_exists(reply) is not False}
-            missing = [i for i in missing if i not in unconfirmed]
+            # Only a place that answered the second look without its marker lost its data
+            # (a hash slot stamped by another server is a suspect now); one that did not
+            # answer is looked at again next time.
+            missing = [p for p in missing if looked.get(p, False) is False]
         if len(missing) >= self.quorum:
             raise self._majority_lost(len(missing), outcomes)
-        for i in missing:
-            if self.health.lost_data(i):
-                logger.warning("redlock.node_amnesiac", node=self.addresses[i])
+        for p in missing:
+            if self.health.lost_data(p):
+                logger.warning("redlock.node_amnesiac", node=self.where(p))
+        return None
+
+    def _look(self, place: int) -> Call:
+        """The second look at a place without its marker: EXISTS on a standalone node;
+        IDENTIFY on a hash slot, which also names the run serving it."""
+        if place < self.n:
+            return self.call(place, ("EXISTS", self.keys.marker))
+        return self.identify(place)
+
+    def _looked(self, place: int, reply: object) -> bool | None:
+        """What the second look found: True, a marker its server stamped (an
+        initialisation in progress); False, none (a loss); None, unknown or another
+        run's stamp (a suspect, judged in the background)."""
+        if place < self.n:
+            return marker_exists(reply)
+        found = identity(reply)
+        if found is None:
+            return None
+        run_id, marker = found
+        if marker is None:
+            return False
+        if not ours(marker):
+            self.of_other_format(place, other_format(marker_format(marker)))
+            return None
+        self.health.marker_seen = True
+        if stamped_run(marker) == run_id:
+            return True
+        if self.health.identified(place, run_id, marker):
+            logger.info("redlock.node_restarted", node=self.where(place), run_id=run_id,
+                        stamped=stamped_run(marker) or "")
         return None
 
     def _majority_lost(self, missing: int, outcomes: Sequence[NodeResult]) -> ClusterAmnesiaError:
@@ -248,11 +317,12 @@ class AmnesiaGuard:
             f" \"Upgrading: the node format\"). Per node: {'; '.join(map(str, outcomes))}",
             resource=resource, outcomes=outcomes)
 
-    def _init_markers(self, nodes: Sequence[int] | range, deadline: Deadline) -> Broadcast:
+    def _init_markers(self, places: Sequence[int], deadline: Deadline) -> Broadcast:
         text = f"initialised at={self.env.wall_clock():.3f} by={self.env.random_hex(8)}"
-        return Broadcast(tuple(Call(i, (text,), node_scripts.INIT_MARKER,
-                                    (self.keys.marker, self.keys.episode)) for i in nodes),
-                         deadline.bound(self.timeout()))
+        return Broadcast(tuple(
+            self.call(p, (text,), node_scripts.INIT_MARKER,
+                      (self.keys_of(p).marker, self.keys_of(p).episode)) for p in places),
+            deadline.bound(self.timeout()))
 
     # -- background maintenance ---------------------------------------------------
 

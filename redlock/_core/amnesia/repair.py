@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from redlock._core.amnesia.episodes import judge, open_episodes
 from redlock._core.amnesia.guard import AmnesiaGuard
+from redlock._core.kinds import SLOT_COUNTER
 from redlock._core.requests import Broadcast, Call, CommandArg, Flow, ask_one
 from redlock._observe.log import get_logger
 from redlock._scripts import node as node_scripts
@@ -65,23 +66,27 @@ def _of_other_format(reply: object) -> str:
 def repair_node(guard: AmnesiaGuard, target: int, *, force: bool,
                 sources: Sequence[int] | None = None) -> Flow[RepairReport]:
     """Re-seed ``target``'s fence counters, then give it its marker back (if its episode
-    is one ``max_ttl`` old, or ``force``). ``sources``: the nodes to read counters from
-    (all of them must answer); by default every healthy node, of which a quorum must."""
-    address = guard.addresses[target]
-    timeout = guard.settings.repair_timeout
+    is one ``max_ttl`` old, or ``force``). ``target`` is a place (a node, or a hash slot of
+    a cluster node: docs/design.md §11.4). ``sources``: the places to read counters from
+    (all of them must answer); by default every healthy peer, of which a quorum must."""
+    address = guard.where(target)
+    layout, timeout = guard.layout, guard.settings.repair_timeout
+    keys = guard.keys_of(target)
     repair_id = guard.env.random_hex(8)
-    claim = guard.keys.repair_guard
-    claimed = yield from ask_one(Call(target, ("SET", claim, repair_id, "NX", "PX",
-                                               int(timeout * 1000 * 30))), timeout)
+    claim = keys.repair_guard
+    claimed = yield from ask_one(guard.call(target, ("SET", claim, repair_id, "NX", "PX",
+                                                     int(timeout * 1000 * 30))), timeout)
     if isinstance(claimed, BaseException) or claimed is None:
         detail = failure_detail(claimed) if isinstance(claimed, BaseException) else "busy"
         return RepairReport(address, RepairStatus.FAILED, f"could not claim the repair: {detail}")
     unhealthy = 1  # the target
     if sources is None:
-        others = [i for i in range(guard.n) if i != target]
-        probe = yield Broadcast(tuple(guard.identify_call(i) for i in others), timeout)
-        readers = [i for i, reply in zip(others, probe, strict=True) if is_healthy(reply)]
-        # Nodes that answered without a marker of their own run lost data too (or are
+        node = layout.node_of(target)
+        others = [peer for i in range(guard.n)
+                  if i != node and (peer := layout.peer(i, target)) is not None]
+        probe = yield Broadcast(tuple(guard.identify(p) for p in others), timeout)
+        readers = [p for p, reply in zip(others, probe, strict=True) if is_healthy(reply)]
+        # Places that answered without a marker of their own run lost data too (or are
         # suspects): with the target, a majority of them means no repair can succeed.
         unhealthy += sum(1 for reply in probe
                          if identity(reply) is not None and not is_healthy(reply))
@@ -95,12 +100,14 @@ def repair_node(guard: AmnesiaGuard, target: int, *, force: bool,
         if counters is None:
             continue
         complete += 1
+        if layout.slot_of(target) >= 0:  # a hash slot's one counter (§11.4)
+            counters = {SLOT_COUNTER: max(counters.values(), default=0)}
         for field, value in counters.items():
             seed[field] = max(value, seed.get(field, 0))
     # Max over a majority of the healthy nodes intersects every committed token's
     # commit set (q - 1 healthy members + q readers > N - 1 healthy nodes).
     if complete < needed:
-        yield from ask_one(Call(target, ("DEL", claim)), timeout)
+        yield from ask_one(guard.call(target, ("DEL", claim)), timeout)
         hint = ""
         if sources is None and unhealthy >= guard.quorum:
             hint = ("; a majority of the nodes lost their data or are not trusted, so no"
@@ -113,18 +120,19 @@ def repair_node(guard: AmnesiaGuard, target: int, *, force: bool,
         return RepairReport(address, RepairStatus.FAILED,
                             f"read counters from {complete} healthy nodes, need {needed}{hint}")
     pairs = [arg for field, value in sorted(seed.items()) for arg in (field, value)]
-    seeded = yield from ask_one(Call(target, (repair_id, *pairs), node_scripts.SEED_COUNTERS,
-                                     (claim, guard.keys.counter)), timeout)
+    seeded = yield from ask_one(guard.call(target, (repair_id, *pairs),
+                                           node_scripts.SEED_COUNTERS, (claim, keys.counter)),
+                                timeout)
     if not acked(seeded):
         return RepairReport(address, RepairStatus.FAILED, f"seeding interrupted: {seeded!r}")
     highest = max(seed.values(), default=0)
-    done = yield from ask_one(Call(
+    done = yield from ask_one(guard.call(
         target, (repair_id, f"repaired at={guard.env.wall_clock():.3f} by={repair_id}",
                  "0" if force else "1"),
-        node_scripts.FINISH_REPAIR, (claim, guard.keys.marker, guard.keys.episode)), timeout)
+        node_scripts.FINISH_REPAIR, (claim, keys.marker, keys.episode)), timeout)
     finished = repair_finished(done)
     if finished is RepairFinished.TOO_YOUNG:
-        yield from ask_one(Call(target, ("DEL", claim)), timeout)
+        yield from ask_one(guard.call(target, ("DEL", claim)), timeout)
         # Its episode is read again now, and the repair comes when that says (not one
         # repair_interval later: this was no failure).
         guard.health.episode_unknown(target)
@@ -141,9 +149,10 @@ def repair_node(guard: AmnesiaGuard, target: int, *, force: bool,
                         f"{len(seed)} fence counters re-seeded (highest {highest})")
 
 
-def read_counters(guard: AmnesiaGuard, node: int) -> Flow[dict[str, int] | None]:
-    """Per bucket, the fence counter on one node (HGETALL); or None."""
-    own = yield from ask_one(Call(node, ("HGETALL", guard.keys.counter)),
+def read_counters(guard: AmnesiaGuard, place: int) -> Flow[dict[str, int] | None]:
+    """Per bucket (or a hash slot's one counter), the fence counters of a place
+    (HGETALL); or None."""
+    own = yield from ask_one(guard.call(place, ("HGETALL", guard.keys_of(place).counter)),
                              guard.settings.repair_timeout)
     if isinstance(own, BaseException):
         return None
@@ -170,12 +179,14 @@ def repair(guard: AmnesiaGuard, *, force: bool) -> Flow[list[RepairReport]]:
     when every lock held before the loss has certainly expired)."""
     timeout = guard.settings.repair_timeout
     probe = yield Broadcast(tuple(guard.identify_call(i) for i in range(guard.n)), timeout)
-    reports: dict[int, RepairReport] = {}
-    guard.identified({i: reply for i, reply in enumerate(probe)})
+    reports = _clusters_not_read(guard)
+    guard.identified({i: reply for i, reply in enumerate(probe) if i not in reports})
     marked = [i for i, reply in enumerate(probe) if (found := identity(reply)) and found[1]]
     if marked:
         guard.health.marker_seen = True
     for i, reply in enumerate(probe):
+        if i in reports:
+            continue
         if identity(reply) is None:
             reports[i] = RepairReport(guard.addresses[i], RepairStatus.FAILED, _why(reply))
         elif foreign(reply):  # a newer release's node (docs/design.md §4.1): not ours
@@ -195,7 +206,7 @@ def repair(guard: AmnesiaGuard, *, force: bool) -> Flow[list[RepairReport]]:
     yield from open_episodes(guard, [i for i, due in list(guard.health.unmarked.items())
                                     if due is None and i not in reports])
     now = guard.clock()
-    for i in sorted(guard.health.benched() - set(reports)):
+    for i in sorted(p for p in guard.health.benched() - set(reports) if p < guard.n):
         wait = guard.health.rejoins_in(i, now)
         if i in guard.health.suspect:
             reports[i] = RepairReport(guard.addresses[i], RepairStatus.FAILED,
@@ -212,6 +223,16 @@ def repair(guard: AmnesiaGuard, *, force: bool) -> Flow[list[RepairReport]]:
     for i in range(guard.n):
         reports.setdefault(i, RepairReport(guard.addresses[i], RepairStatus.HEALTHY))
     return [reports[i] for i in range(guard.n)]
+
+
+def _clusters_not_read(guard: AmnesiaGuard) -> dict[int, RepairReport]:
+    """The cluster nodes, which ``repair()`` and ``initialise()`` do not read yet: each of
+    their hash slots is judged and repaired by the manager's maintenance (docs/design.md
+    §11.4), not by these whole-node steps."""
+    return {i: RepairReport(guard.addresses[i], RepairStatus.FAILED,
+                            "a Redis Cluster node: its hash slots are repaired by the"
+                            " manager's background maintenance, not by this command")
+            for i in sorted(guard.layout.clusters)}
 
 
 def _meanwhile(guard: AmnesiaGuard, reports: dict[int, RepairReport], now: float) -> str:
@@ -260,6 +281,11 @@ def initialise(guard: AmnesiaGuard, *, force: bool) -> Flow[list[RepairReport]]:
     held before has expired, and tokens may then restart below earlier ones (the fenced
     stores reject them until they catch up). Every node must answer."""
     timeout = guard.settings.repair_timeout
+    clusters = _clusters_not_read(guard)
+    if clusters:
+        return [clusters.get(i) or RepairReport(guard.addresses[i], RepairStatus.HEALTHY,
+                                                "not changed: a node is a Redis Cluster")
+                for i in range(guard.n)]
     probe = yield Broadcast(tuple(guard.identify_call(i) for i in range(guard.n)), timeout)
     silent = [i for i, reply in enumerate(probe) if identity(reply) is None]
     if silent:
