@@ -92,14 +92,13 @@ class Layout:
             return self.keys
         return in_hash_slot(self.keys.namespace, self.slot_of(place))
 
-    def peer(self, node: int, place: int) -> int | None:
-        """``node``'s place for what ``place`` holds: the node if standalone, the same hash
-        slot if a cluster; None for a cluster node's share of a standalone node's (all of
-        its hash slots: not read)."""
+    def covering(self, node: int, place: int) -> Sequence[int]:
+        """``node``'s places that hold what ``place`` holds: the node if standalone; on a
+        cluster node the same hash slot, or all of them for a standalone node's place."""
         if node not in self.clusters:
-            return node
+            return (node,)
         slot = self.slot_of(place)
-        return None if slot < 0 else self.n + node * HASH_SLOTS + slot
+        return self.every_place(node) if slot < 0 else (self.n + node * HASH_SLOTS + slot,)
 
     def where(self, place: int, addresses: Sequence[str]) -> str:
         """A place as a person reads it: the node's address, and its hash slot."""

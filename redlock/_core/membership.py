@@ -230,7 +230,7 @@ def _seed(core: RedlockCore, joint: Members, sources: Sequence[int],
     seed: dict[str, int] = {}
     complete = 0
     for source in sources:
-        counters = yield from read_counters(core.amnesia, source)
+        counters = yield from read_counters(core.amnesia, (source,))
         if counters is None:
             continue
         complete += 1

@@ -46,29 +46,35 @@ def adopt_markers(guard: AmnesiaGuard, markers: dict[int, tuple[bytes, str]]) ->
 def lease_bound(guard: AmnesiaGuard, place: int) -> Flow[tuple[float, str]]:
     """How long ``place``, which lost data, must stay out so that every lease it may have
     granted before the loss has expired (docs/design.md §4.3.1), and what bounds it: the
-    lease horizons its peers hold for what it holds, read now, if they cover every quorum
-    it could have been part of; else ``max_ttl`` (and the place is noted, to be bounded
-    again later). A cluster peer of a standalone node is not read (§11.4): unknown."""
+    lease horizons its peers hold for what it holds (a cluster peer's, for a standalone
+    node, all its hash slots'), read now, if they cover every quorum it could have been
+    part of; else ``max_ttl`` (and the place is noted, to be bounded again later)."""
     settings, layout = guard.settings, guard.layout
     node = layout.node_of(place)
-    peers = {i: layout.peer(i, place) for i in range(guard.n) if i != node}
-    others, calls = [], []
-    for i, peer in peers.items():
-        if peer is not None:
+    peers = {i: layout.covering(i, place) for i in range(guard.n) if i != node}
+    calls = []
+    for covering in peers.values():
+        for peer in covering:
             keys = guard.keys_of(peer)
-            others.append(i)
             calls.append(guard.call(peer, (), node_scripts.HORIZON,
                                     (keys.marker, keys.episode, keys.horizon)))
-    replies = yield Broadcast(tuple(calls), settings.repair_timeout)
-    bounds, unknown = [], {node} | {i for i, peer in peers.items() if peer is None}
-    for i, reply in zip(others, replies, strict=True):
-        found = horizon(reply)
-        if found is not None and found.healthy:
-            bounds.append(found.leases)  # its leases end within its horizon
-        elif found is not None and found.rejoins is not None:
-            bounds.append(max(found.leases, found.rejoins))  # out itself until then
+    replies = iter((yield Broadcast(tuple(calls), settings.repair_timeout)))
+    bounds, unknown = [], {node}
+    for i, covering in peers.items():
+        bound: float | None = 0.0
+        for found in (horizon(next(replies)) for _ in covering):
+            if bound is None:
+                continue
+            if found is not None and found.healthy:
+                bound = max(bound, found.leases)  # its leases end within its horizon
+            elif found is not None and found.rejoins is not None:
+                bound = max(bound, found.leases, found.rejoins)  # out itself until then
+            else:
+                bound = None  # silent, suspected of a restart, or lost data unbounded
+        if bound is None:
+            unknown.add(i)
         else:
-            unknown.add(i)  # silent, suspected of a restart, or lost data unbounded
+            bounds.append(bound)
     if guard.membership.rule.met(unknown):
         guard.health.unbounded.add(place)
         silent = ", ".join(guard.addresses[i] for i in sorted(unknown - {node}))

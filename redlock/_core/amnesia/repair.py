@@ -13,6 +13,7 @@ from redlock._core.amnesia.episodes import judge, open_episodes
 from redlock._core.amnesia.guard import AmnesiaGuard
 from redlock._core.kinds import SLOT_COUNTER
 from redlock._core.requests import Broadcast, Call, CommandArg, Flow, ask_one
+from redlock._core.tokens import COUNTER_BUCKETS
 from redlock._observe.log import get_logger
 from redlock._scripts import node as node_scripts
 from redlock._scripts.replies import (
@@ -80,28 +81,37 @@ def repair_node(guard: AmnesiaGuard, target: int, *, force: bool,
         detail = failure_detail(claimed) if isinstance(claimed, BaseException) else "busy"
         return RepairReport(address, RepairStatus.FAILED, f"could not claim the repair: {detail}")
     unhealthy = 1  # the target
+    covering = {i: layout.covering(i, target) for i in range(guard.n)}
     if sources is None:
         node = layout.node_of(target)
-        others = [peer for i in range(guard.n)
-                  if i != node and (peer := layout.peer(i, target)) is not None]
-        probe = yield Broadcast(tuple(guard.identify(p) for p in others), timeout)
-        readers = [p for p, reply in zip(others, probe, strict=True) if is_healthy(reply)]
-        # Places that answered without a marker of their own run lost data too (or are
-        # suspects): with the target, a majority of them means no repair can succeed.
-        unhealthy += sum(1 for reply in probe
-                         if identity(reply) is not None and not is_healthy(reply))
+        others = [i for i in range(guard.n) if i != node]
+        places = [p for i in others for p in covering[i]]
+        probe = iter((yield Broadcast(tuple(guard.identify(p) for p in places), timeout)))
+        readers = []
+        for i in others:
+            found = [next(probe) for _ in covering[i]]
+            if all(is_healthy(reply) for reply in found):
+                readers.append(i)
+            # Peers that answered without a marker of their own run lost data too (or
+            # are suspects): with the target, a majority of them means no repair can
+            # succeed.
+            elif all(identity(reply) is not None for reply in found):
+                unhealthy += 1
         needed = guard.quorum
     else:
         readers, needed = list(sources), len(sources)
     seed: dict[str, int] = {}
     complete = 0
     for source in readers:
-        counters = yield from read_counters(guard, source)
+        counters = yield from read_counters(guard, covering[source])
         if counters is None:
             continue
         complete += 1
         if layout.slot_of(target) >= 0:  # a hash slot's one counter (§11.4)
             counters = {SLOT_COUNTER: max(counters.values(), default=0)}
+        elif source in layout.clusters:  # one number for every bucket (§11.4)
+            highest = max(counters.values(), default=0)
+            counters = {str(b): highest for b in range(COUNTER_BUCKETS)} if highest else {}
         for field, value in counters.items():
             seed[field] = max(value, seed.get(field, 0))
     # Max over a majority of the healthy nodes intersects every committed token's
@@ -149,14 +159,19 @@ def repair_node(guard: AmnesiaGuard, target: int, *, force: bool,
                         f"{len(seed)} fence counters re-seeded (highest {highest})")
 
 
-def read_counters(guard: AmnesiaGuard, place: int) -> Flow[dict[str, int] | None]:
-    """Per bucket (or a hash slot's one counter), the fence counters of a place
-    (HGETALL); or None."""
-    own = yield from ask_one(guard.call(place, ("HGETALL", guard.keys_of(place).counter)),
-                             guard.settings.repair_timeout)
-    if isinstance(own, BaseException):
-        return None
-    return {field: int(value) for field, value in hash_fields(own).items()}
+def read_counters(guard: AmnesiaGuard, places: Sequence[int]
+                  ) -> Flow[dict[str, int] | None]:
+    """The fence counters of a node's ``places`` (HGETALL of each; a field found in
+    several, its highest); or None if any could not be read."""
+    replies = yield Broadcast(tuple(guard.call(p, ("HGETALL", guard.keys_of(p).counter))
+                                    for p in places), guard.settings.repair_timeout)
+    counters: dict[str, int] = {}
+    for reply in replies:
+        if isinstance(reply, BaseException):
+            return None
+        for field, value in hash_fields(reply).items():
+            counters[field] = max(int(value), counters.get(field, 0))
+    return counters
 
 
 _SCAN_PAGES = 1_000_000  # bounded: SCAN terminates, this only guards a bug
