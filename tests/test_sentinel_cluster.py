@@ -185,7 +185,7 @@ def test_the_manager_keeps_no_sentinel_connection(
 @pytest.fixture(scope="module")
 def cluster_node() -> Iterator[RedisNodes]:
     """A one-master Redis Cluster (all 16384 slots on one cluster-mode redis-server),
-    shared by this module's tests: nothing here writes lock keys to it (it refuses)."""
+    shared by this module's tests."""
     # The cluster bus port defaults to port + 10000, too high for most free ports.
     with RedisNodes(1, extra_args=["--cluster-enabled", "yes",
                                    "--cluster-port", str(free_port())]) as nodes:
@@ -198,26 +198,44 @@ def cluster_node() -> Iterator[RedisNodes]:
         yield nodes
 
 
-def test_a_redis_cluster_client_is_refused_with_the_reason(cluster_node: RedisNodes) -> None:
+def test_a_redis_cluster_client_is_a_node(cluster_node: RedisNodes) -> None:
+    """docs/design.md §11.4: a RedisCluster client is one node, read from its public
+    settings; its calls go to the master of each resource's hash slot."""
     cluster = redis.cluster.RedisCluster(host=cluster_node[0].host, port=cluster_node[0].port)
     try:
-        cluster.set("proof", "it is a working cluster")  # a real cluster, really up
-        with pytest.raises(TypeError, match="Redis Cluster is not supported") as refused:
-            Redlock([cluster])
-        assert "CROSSSLOT" in str(refused.value) and "§11.4" in str(refused.value)
+        with Redlock([cluster], node_timeout=0.5) as dlm:
+            tokens = []
+            for _ in range(2):
+                with dlm.lock("clu:sync", ttl=5.0, timeout=5.0) as held:
+                    tokens.append(held.token)
+                    assert cluster.get("redlock:{clu:sync}:lock") is not None
+            assert tokens[1] > tokens[0]
     finally:
         cluster.close()
 
 
-async def test_an_asyncio_cluster_client_is_refused_too(cluster_node: RedisNodes) -> None:
+async def test_an_asyncio_cluster_client_is_a_node_too(cluster_node: RedisNodes) -> None:
     cluster = redis.asyncio.cluster.RedisCluster(host=cluster_node[0].host,
                                                  port=cluster_node[0].port)
     try:
-        await cluster.set("proof", "it is a working cluster")
-        with pytest.raises(TypeError, match="Redis Cluster is not supported"):
+        with pytest.raises(ValueError, match="initialize"):  # (it knows no node yet)
             AsyncRedlock([cluster])
+        await cluster.initialize()
+        async with AsyncRedlock([cluster], node_timeout=0.5) as adlm, \
+                adlm.lock("clu:async", ttl=5.0, timeout=5.0) as held:
+            assert held.token >= 1
+            assert await cluster.get("redlock:{clu:async}:lock") is not None
     finally:
         await cluster.aclose()
+
+
+def test_a_cluster_by_url_says_so(cluster_node: RedisNodes) -> None:
+    url = cluster_node.urls[0] + "?cluster=yes"
+    with Redlock([url], node_timeout=0.5) as dlm, \
+            dlm.lock("clu:url", ttl=5.0, timeout=5.0) as held:
+        assert held.token >= 1
+    with pytest.raises(ValueError, match="database 0 only"):
+        Redlock([cluster_node.urls[0] + "/2?cluster=yes"])
 
 
 @pytest.mark.parametrize("kind", ["sync", "async"])
@@ -238,7 +256,7 @@ async def test_a_cluster_mode_node_by_url_fails_at_once_saying_why(
     # The reply as redis-py's parser names it: ClusterCrossSlotError (redis-py 6 and
     # later), a ResponseError that keeps the code before that.
     assert any(name in str(failure.value) for name in ("ClusterCrossSlotError", "CROSSSLOT"))
-    assert "cannot be a Redlock node" in str(failure.value)
+    assert "?cluster=yes" in str(failure.value)
     warned = [e for e in events if e["event"] == "redlock.node_unsafe_config"]
     assert len(warned) == 1 and "cluster mode" in str(warned[0]["problem"])
 

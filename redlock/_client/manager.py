@@ -99,7 +99,9 @@ class ManagerBase(Generic[H, MH]):
             redis-py clients (``Sentinel.master_for(service)`` clients too, named
             ``sentinel:<service>``), one per independent master, in any collection (a
             list, a tuple, a set: the order of a set is arbitrary, and node names in
-            errors follow it). An odd N is best. Redis Cluster clients are refused.
+            errors follow it). An odd N is best. A Redis Cluster is one node: a
+            ``RedisCluster`` client, or a URL with ``?cluster=yes`` (docs/design.md
+            §11.4).
         namespace: key prefix; keys are ``{namespace}:{{resource}}:lock`` (and the
             resource's waiting line) and ``{namespace}:node:fence`` (the node's one
             fence counter).

@@ -1,7 +1,8 @@
 """Where a node is and how to log in to it (docs/design.md §2.4): an :class:`Endpoint`, parsed
 from a URL or read from a redis-py client through its public settings (``connection_kwargs``,
 ``connection_class``, a credential provider, Sentinel's ``discover_master()``). An endpoint crosses
-to the renewer process as it is (§5.2). A Redis Cluster client is refused (§11.4)."""
+to the renewer process as it is (§5.2). A Redis Cluster (a ``RedisCluster`` client, or a URL with
+``?cluster=yes``) is one node whose calls go to the master of each one's hash slot (§11.4)."""
 
 from __future__ import annotations
 
@@ -18,14 +19,6 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 DEFAULT_PORT = 6379
 SENTINEL_PORT = 26379
-
-CLUSTER_REASON = (
-    "a Redis Cluster is not supported as a Redlock node: the lock scripts take the"
-    " resource's keys together with the node marker (ns:node:marker), which hash to"
-    " different slots (CROSSSLOT), and a cluster's failover promotes replicas that may"
-    " lack the newest lock keys and fence counters. Give N independent non-cluster"
-    " masters instead (docs/design.md §11.4)"
-)
 
 _CERT_REQS = {"none": ssl.CERT_NONE, "optional": ssl.CERT_OPTIONAL, "required": ssl.CERT_REQUIRED}
 _TRUE = ("1", "true", "yes", "on")
@@ -143,8 +136,9 @@ class Endpoint:
 def from_url(url: str) -> Endpoint:
     """``redis://[[user]:password@]host[:port][/db][?option=value...]``, ``rediss://``
     (TLS), ``unix://[[user]:password@]/path[?db=n]``; the options are redis-py's
-    (``db``, ``client_name``, ``ssl_cert_reqs``, ``ssl_ca_certs``, ...); timeouts in a
-    URL are ignored (the manager's own bound every wait, docs/design.md §2.4)."""
+    (``db``, ``client_name``, ``ssl_cert_reqs``, ``ssl_ca_certs``, ...), and ours:
+    ``cluster=yes``, a Redis Cluster reached first at that address (docs/design.md
+    §11.4); timeouts in a URL are ignored (the manager's own bound every wait, §2.4)."""
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
     if scheme not in ("redis", "rediss", "unix"):
@@ -176,16 +170,19 @@ def from_url(url: str) -> Endpoint:
         number = int(db or 0)
     except ValueError:
         raise ValueError(f"the database must be a number, not {db!r}") from None
+    cluster = query.get("cluster", "no").lower() in _TRUE
+    if cluster and number:
+        raise ValueError(f"a Redis Cluster has database 0 only, not {number}")
     return Endpoint(host=unquote(parts.hostname or "localhost"), port=port, db=number,
-                    tls=tls, **options)
+                    tls=tls, cluster=cluster, **options)
 
 
 def from_client(client: Any) -> Endpoint:
     """A redis-py client's node (either flavour): its server, credentials and TLS,
-    read from its public settings; a ``Sentinel.master_for()`` client's master."""
-    refusal = cluster_refusal(client)
-    if refusal is not None:
-        raise TypeError(refusal)
+    read from its public settings; a ``Sentinel.master_for()`` client's master; a
+    ``RedisCluster`` client's cluster, reached first at its default node."""
+    if _CLUSTER_CLIENTS and isinstance(client, _CLUSTER_CLIENTS):
+        return _from_cluster(client)
     pool = client.connection_pool
     kwargs: Mapping[str, Any] = pool.connection_kwargs
     common: dict[str, Any] = {"db": int(kwargs.get("db") or 0), "username": kwargs.get("username"),
@@ -215,6 +212,27 @@ def from_client(client: Any) -> Endpoint:
     return Endpoint(host=str(kwargs.get("host") or "localhost"),
                     port=int(kwargs.get("port") or DEFAULT_PORT),
                     tls=_tls(kwargs) if _is_tls(pool) else None, **common)
+
+
+def _from_cluster(client: Any) -> Endpoint:
+    """A ``RedisCluster`` client's cluster (either flavour), from its public settings:
+    ``get_connection_kwargs()`` (credentials, TLS) and ``get_default_node()`` (where to
+    read its hash slot map first; the map names the other masters)."""
+    kwargs: Mapping[str, Any] = client.get_connection_kwargs()
+    seed = client.get_default_node()
+    if seed is None:  # (an asyncio client learns its nodes in initialize())
+        raise ValueError(f"{type_name(client)} has not met its cluster yet: await"
+                         " client.initialize() before giving it, or give the cluster as a"
+                         " URL with ?cluster=yes")
+    connection_class = kwargs.get("connection_class")
+    tls = bool(kwargs.get("ssl")) or (connection_class is not None
+                                      and "SSL" in connection_class.__name__)
+    return Endpoint(host=str(seed.host), port=int(seed.port),
+                    username=kwargs.get("username"), password=kwargs.get("password"),
+                    credential_provider=kwargs.get("credential_provider"),
+                    client_name=kwargs.get("client_name"),
+                    keepalive=kwargs.get("socket_keepalive") is not False,
+                    tls=_tls(kwargs) if tls else None, cluster=True)
 
 
 def _is_tls(pool: Any) -> bool:
@@ -250,13 +268,6 @@ def _cluster_client_types() -> tuple[type, ...]:
 _CLUSTER_CLIENTS = _cluster_client_types()
 
 
-def cluster_refusal(node: object) -> str | None:
-    """Why ``node`` cannot be a Redlock node because it is a cluster client, or None."""
-    if _CLUSTER_CLIENTS and isinstance(node, _CLUSTER_CLIENTS):
-        return f"{type(node).__name__}: {CLUSTER_REASON}"
-    return None
-
-
 def type_name(value: object) -> str:
     """A value's class as a user imports it: ``redis.asyncio.Redis`` (the class names of
     the two redis-py clients are both ``Redis``), ``builtins`` left out."""
@@ -287,15 +298,12 @@ def endpoints(nodes: object, client_types: tuple[type, ...], client_name: str) -
         raise ValueError("at least one Redis node is needed")
     found: list[Endpoint] = []
     for item in items:
-        refusal = cluster_refusal(item)
-        if refusal is not None:
-            raise TypeError(refusal)
         if isinstance(item, str):
             try:
                 found.append(from_url(item))
             except ValueError as exc:
                 raise ValueError(f"bad node URL {_masked(item)!r}: {exc}") from None
-        elif isinstance(item, client_types):
+        elif isinstance(item, client_types + _CLUSTER_CLIENTS):
             found.append(from_client(item))
         else:
             raise TypeError(f"each node must be a URL string or a {client_name} client,"

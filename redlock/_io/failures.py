@@ -48,10 +48,19 @@ class NotSent(NoReply):
     ran nowhere (a failed attempt need not release there, docs/design.md §2.3)."""
 
 
+class Redirected(NotSent):
+    """A cluster node's call its hash slot's master did not run (MOVED, ASK, TRYAGAIN)
+    and that could not be sent on within the request's deadline, or was sent on too
+    often (routing, docs/design.md §11.4): it ran nowhere, and a later request may
+    find the slot's master."""
+
+
 CLOSED = "the manager is closed"
 
-# A cluster-mode node's replies: the node is in cluster mode, not a lock node.
-_CLUSTER_CODES = ("CROSSSLOT", "MOVED", "ASK ", "CLUSTERDOWN", "TRYAGAIN")
+# A cluster-mode server given as a standalone node: its calls' keys are in other hash
+# slots. (A cluster node's redirects not followed are Redirected; CLUSTERDOWN, a cluster
+# without a quorum of masters or a hash slot unserved, passes like an outage.)
+_CLUSTER_CODES = ("CROSSSLOT", "MOVED", "ASK ", "TRYAGAIN")
 # What a node that wants a password answers a client that gave none: NOAUTH, or, to a command of
 # more than 10 arguments (our scripts' calls), a protocol error before it closes the connection.
 _AUTHENTICATION_CODES = ("WRONGPASS", "NOAUTH", "ERR Protocol error: unauthenticated",
@@ -61,6 +70,8 @@ _AUTHENTICATION_CODES = ("WRONGPASS", "NOAUTH", "ERR Protocol error: unauthentic
 def kind_of(error: BaseException) -> FailureKind:
     """What kind of failure an error (or an error reply) is."""
     text = str(error)
+    if isinstance(error, Redirected) or text.startswith("CLUSTERDOWN"):
+        return FailureKind.UNREACHABLE
     if text.startswith(_CLUSTER_CODES):
         return FailureKind.CLUSTER
     if text.startswith(_AUTHENTICATION_CODES):

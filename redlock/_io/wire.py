@@ -25,7 +25,7 @@ from redlock._core.requests import (
     learnt_deadline,
 )
 from redlock._io import resp
-from redlock._io.failures import NotReplicated, answered
+from redlock._io.failures import NotReplicated, Redirected, answered
 from redlock._io.resp import ReplyError
 from redlock._io.routing import (
     MAX_HOPS,
@@ -405,8 +405,12 @@ def follow(exchange: E, routes: Routes, make: type[E], now: float,
         redirect = redirect_of(reply)
         again = redirect is not None and redirect.kind == "TRYAGAIN"
         hops, tries = exchange.hops + (not again), exchange.tries + 1 if again else 0
-        if redirect is None or hops > MAX_HOPS:
+        if redirect is None:
             replies[index] = reply
+            continue
+        if hops > MAX_HOPS:
+            replies[index] = Redirected(f"{reply} (sent on {MAX_HOPS} times already: the"
+                                        " cluster's hash slot map keeps changing)")
             continue
         at = now
         if redirect.kind == "MOVED":
@@ -417,7 +421,9 @@ def follow(exchange: E, routes: Routes, make: type[E], now: float,
             target = routes.target_of(call)
             at = now + retry_delay(tries)
         if at >= deadline or target == UNROUTED:
-            replies[index] = reply
+            replies[index] = Redirected(f"{reply} (not followed: the request's deadline"
+                                        " came first)" if target != UNROUTED else
+                                        f"{reply} (no master known for the hash slot)")
             continue
         ask = redirect.kind == "ASK"
         found = None if ask else grouped.get((target, at))

@@ -8,11 +8,12 @@ from __future__ import annotations
 from redlock._scripts.replies import CLUSTER_MODE_HINT, text
 
 
-def unsafe_config(info: object) -> list[str]:
+def unsafe_config(info: object, *, cluster: bool = False) -> list[str]:
     """What in a node's ``INFO`` reply makes it unsafe for locks (docs/design.md §4.7): a
     replica (writes go elsewhere, and a failover can promote a copy that lacks our keys),
-    cluster mode, or a memory limit with an eviction policy (lock keys carry a TTL, so
-    even the volatile-* policies can evict them; allkeys-* also evicts fence counters).
+    cluster mode on a node not given as a cluster (``cluster``), or a memory limit with an
+    eviction policy (lock keys carry a TTL, so even the volatile-* policies can evict them;
+    allkeys-* also evicts fence counters).
     Anything unreadable yields no findings: this is advice, not a gate."""
     if isinstance(info, bytes):
         info = info.decode("utf-8", "replace")
@@ -22,7 +23,7 @@ def unsafe_config(info: object) -> list[str]:
     findings = []
     if fields.get("role", "").strip() == "slave":
         findings.append("node is a replica (role:slave): lock writes belong on primaries")
-    if fields.get("cluster_enabled", "0").strip() == "1":
+    if fields.get("cluster_enabled", "0").strip() == "1" and not cluster:
         findings.append(f"node runs in cluster mode (cluster_enabled:1): {CLUSTER_MODE_HINT}")
     policy = fields.get("maxmemory_policy", "noeviction").strip()
     if fields.get("maxmemory", "0").strip() not in ("", "0") and policy != "noeviction":

@@ -66,15 +66,17 @@ class FailureKind(enum.Enum):
 PERMANENT = frozenset({FailureKind.AUTHENTICATION, FailureKind.PERMISSION,
                        FailureKind.READ_ONLY, FailureKind.CLUSTER, FailureKind.CLOSED})
 
-#: Why a node in cluster mode answers CROSSSLOT: the lock scripts take the resource's
-#: keys and the node marker together, in different slots (docs/design.md §11.4).
 AUTHENTICATION_HINT = ("the node refused the credentials: give the user and password in the"
                        " URL (redis://USER:PASSWORD@host:port, or redis://:PASSWORD@... for"
                        " the default user) or to the client; a node with a password needs"
                        " one")
-CLUSTER_MODE_HINT = ("a Redis Cluster node cannot be a Redlock node: the lock scripts"
-                     " need the node marker beside the resource's keys (another slot);"
-                     " use independent non-cluster masters, docs/design.md §11.4")
+#: Why a cluster-mode server given as a standalone node answers CROSSSLOT or MOVED: a
+#: standalone node's scripts take the resource's keys with the node's own, in other hash
+#: slots (docs/design.md §11.4).
+CLUSTER_MODE_HINT = ("the node runs in cluster mode: give it as a Redis Cluster, a URL"
+                     " with ?cluster=yes or a RedisCluster client, so that each call goes"
+                     " to the master of its hash slot (docs/operations.md, \"Redis"
+                     " Cluster\")")
 
 
 class NodeFailure(Exception):

@@ -134,7 +134,7 @@ class AmnesiaGuard:
     def inspected(self, replies: Sequence[object]) -> None:
         """The INFO replies of :meth:`inspect_calls` (one per node, in node order)."""
         for i, reply in enumerate(replies):
-            for finding in unsafe_config(reply):
+            for finding in unsafe_config(reply, cluster=i in self.layout.clusters):
                 logger.warning("redlock.node_unsafe_config", node=self.addresses[i],
                                problem=finding)
 
