@@ -284,7 +284,7 @@ def read_counters(core: RedlockCore,
                   node: int) -> Generator[Any, Any, dict[str, int] | None]:
     """The protocol that reads the fence counters of one node, per bucket (None: it
     could not)."""
-    return _read_counters(core.amnesia, node)
+    return _read_counters(core.amnesia, (node,))
 
 
 def renewed_by_a_renewer(manager: Any) -> bool:

@@ -170,13 +170,13 @@ def test_repair_interrupted_by_the_node_losing_its_data_writes_no_marker(
 def test_read_counters_reads_the_nodes_counters_or_gives_up() -> None:
     nodes = ScriptedNodes(3)
     core = make_core(3)
-    assert drive(read_counters(core, (2,)), nodes.execute) == {}  # nothing yet
+    assert drive(read_counters(core, 2), nodes.execute) == {}  # nothing yet
     nodes.set_counter(1, 9, "a")
     nodes.set_counter(1, 3, "b")
-    assert drive(read_counters(core, (1,)), nodes.execute) == {bucket("a"): 9, bucket("b"): 3}
+    assert drive(read_counters(core, 1), nodes.execute) == {bucket("a"): 9, bucket("b"): 3}
     assert nodes.commands_sent() == ["HGETALL"] * 2
     nodes.intercept = lambda call: TimeoutError() if call.args[:1] == ("HGETALL",) else PASS
-    assert drive(read_counters(core, (1,)), nodes.execute) is None
+    assert drive(read_counters(core, 1), nodes.execute) is None
 
 
 def test_a_repair_waits_for_the_rejoin_time_by_the_nodes_clock_not_the_clients() -> None:

@@ -1,11 +1,13 @@
 """What the restart scenarios share (tests/faults/test_restarts.py,
-test_rolling_restarts.py): a Run records acquisitions, holds and fenced writes into one
-history (redlock/testing/history.py) and into a scenario's figures; Load keeps clients
-acquiring, writing and releasing in threads of their own."""
+test_rolling_restarts.py, test_cluster_failover.py): a Run records acquisitions, holds and
+fenced writes into one history (redlock/testing/history.py) and into a scenario's figures;
+Load keeps clients acquiring, writing and releasing in threads of their own; Workload does
+a read-modify-write under each lock and counts lost updates."""
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -13,7 +15,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from fencing import RedisFencedStore
+from fencing import RedisFencedStore, StaleTokenError
 from redlock import (
     ClusterAmnesiaError,
     Lock,
@@ -183,6 +185,121 @@ class Load:
             thread.join(self.timeout + 30)
         assert not any(thread.is_alive() for thread in self.threads), "a client thread hung"
         assert not self.errors, self.errors
+
+
+class Workload:
+    """``threads`` clients, each its own manager (default settings) over the nodes at
+    ``urls``, locking ``names`` names in turn (TTL ``ttl``) and incrementing the name's
+    value in the fenced store under the lock (read, then a fenced write of value + 1).
+    Records acquisitions, holds and writes (``run``), the times of the successful
+    acquires, and the failures by type."""
+
+    def __init__(self, urls: Sequence[str], run: Run, store: RedisFencedStore,
+                 prefix: str, *, threads: int = 4, names: int = 8, ttl: float = 5.0) -> None:
+        self.run = run
+        self.store = store
+        self.ttl = ttl
+        self.names = [f"{prefix}:{i}" for i in range(names)]
+        self.managers = [Redlock(list(urls)) for _ in range(threads)]
+        self.successes: list[float] = []
+        self.increments = 0
+        # Every accepted increment: (resource, token, value read, time written), so a lost
+        # update can be shown where it happened.
+        self.accepted: list[tuple[str, int, int, float]] = []
+        self.failures: dict[str, int] = {}
+        self.examples: dict[str, str] = {}
+        self.errors: list[BaseException] = []
+        self._mutex = threading.Lock()
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._loop, args=(i,), daemon=True)
+                         for i in range(threads)]
+
+    def _failed(self, exc: BaseException) -> None:
+        name = type(exc).__name__
+        with self._mutex:
+            self.failures[name] = self.failures.get(name, 0) + 1
+            self.examples.setdefault(name, str(exc)[:300])
+
+    def _loop(self, index: int) -> None:
+        client, dlm, turn = f"c{index}", self.managers[index], index
+        try:
+            while not self._stop.is_set():
+                resource = self.names[turn % len(self.names)]
+                turn += 1
+                try:
+                    held = self.run.acquire(dlm, client, resource, ttl=self.ttl, timeout=3.0)
+                except ClusterAmnesiaError as exc:  # (counted by run.acquire too)
+                    self._failed(exc)
+                    continue
+                if held is None:
+                    if self.run.last_failure is not None:
+                        self._failed(self.run.last_failure)
+                    self._stop.wait(0.01)
+                    continue
+                with self._mutex:
+                    self.successes.append(held.acquired)
+                try:
+                    self._increment(client, resource, held.token)
+                finally:
+                    self.run.release(held)
+        except BaseException as exc:
+            self.errors.append(exc)
+
+    def _increment(self, client: str, resource: str, token: int) -> None:
+        """Read-modify-write under the lock: the fence first (a stale holder can no
+        longer slip a write in between, docs/design.md §7), then value + 1."""
+        invoked = time.monotonic()
+        try:
+            current = self.store.fence(resource, token)
+            value = int(current or b"0") + 1
+            self.store.write(resource, token, str(value).encode())
+            outcome = ACCEPTED
+        except StaleTokenError:
+            outcome = REJECTED
+        except Exception:  # the store's own node did not answer
+            outcome = ERROR
+        if outcome == ACCEPTED:
+            with self._mutex:
+                self.increments += 1
+                self.accepted.append((resource, token, value - 1, time.monotonic()))
+        self.run.history.wrote(Write(client, resource, token, invoked, time.monotonic(),
+                                     outcome))
+
+    def __enter__(self) -> Workload:
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(30)
+        for dlm in self.managers:
+            dlm.close()
+        assert not any(t.is_alive() for t in self._threads), "a client thread hung"
+        assert not self.errors, self.errors
+
+    def longest_gap(self, since: float, until: float) -> float:
+        """The longest stretch in [since, until] without a successful acquire."""
+        times = sorted(t for t in self.successes if since <= t <= until)
+        points = [since, *times, until]
+        return max(b - a for a, b in itertools.pairwise(points))
+
+    def lost_updates(self) -> int:
+        total = sum(int(self.store.read(name) or b"0") for name in self.names)
+        return self.increments - total
+
+    def where_lost(self) -> list[str]:
+        """Accepted increments that read the value another accepted increment read (by
+        token order per resource): the lost updates, with their tokens."""
+        found = []
+        for name in self.names:
+            mine = sorted((t, v, at) for r, t, v, at in self.accepted if r == name)
+            for (t1, v1, at1), (t2, v2, at2) in itertools.pairwise(mine):
+                if v2 != v1 + 1:
+                    found.append(f"{name}: token {t1} read {v1} at {at1:.3f}, token {t2}"
+                                 f" read {v2} at {at2:.3f}")
+        return found[:5]
 
 
 def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> float:

@@ -29,12 +29,11 @@ from typing import Any
 
 import pytest
 
-from fencing import RedisFencedStore, StaleTokenError
+from fencing import RedisFencedStore
 from redlock import ClusterAmnesiaError, LockLost, LockNotAcquired, Redlock
 from redlock.admin import Admin
 from redlock.testing import RedisNode, RedisNodes
-from redlock.testing.history import ACCEPTED, ERROR, REJECTED, Write
-from tests.faults.load import Run, recorded, wait_for
+from tests.faults.load import Workload, recorded, wait_for
 from tests.internals import KEYS
 from tests.peek import get
 
@@ -56,119 +55,6 @@ def healthy(node: RedisNode) -> bool:
     with node.client() as client:
         run = str(client.info("server")["run_id"])
     return f"run_id={run}" in marker.decode()
-
-
-class Workload:
-    """THREADS clients, each its own manager (default settings) over the nodes, locking
-    NAMES names in turn and incrementing the name's value in the fenced store under the
-    lock (read, then a fenced write of value + 1). Records acquisitions, holds and writes
-    (``run``), the times of the successful acquires, and the failures by type."""
-
-    def __init__(self, nodes: RedisNodes, run: Run, store: RedisFencedStore,
-                 prefix: str) -> None:
-        self.run = run
-        self.store = store
-        self.names = [f"{prefix}:{i}" for i in range(NAMES)]
-        self.managers = [Redlock(nodes.urls) for _ in range(THREADS)]
-        self.successes: list[float] = []
-        self.increments = 0
-        # Every accepted increment: (resource, token, value read, time written), so a lost
-        # update can be shown where it happened.
-        self.accepted: list[tuple[str, int, int, float]] = []
-        self.failures: dict[str, int] = {}
-        self.examples: dict[str, str] = {}
-        self.errors: list[BaseException] = []
-        self._mutex = threading.Lock()
-        self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._loop, args=(i,), daemon=True)
-                         for i in range(THREADS)]
-
-    def _failed(self, exc: BaseException) -> None:
-        name = type(exc).__name__
-        with self._mutex:
-            self.failures[name] = self.failures.get(name, 0) + 1
-            self.examples.setdefault(name, str(exc)[:300])
-
-    def _loop(self, index: int) -> None:
-        client, dlm, turn = f"c{index}", self.managers[index], index
-        try:
-            while not self._stop.is_set():
-                resource = self.names[turn % NAMES]
-                turn += 1
-                try:
-                    held = self.run.acquire(dlm, client, resource, ttl=TTL, timeout=3.0)
-                except ClusterAmnesiaError as exc:  # (counted by run.acquire too)
-                    self._failed(exc)
-                    continue
-                if held is None:
-                    if self.run.last_failure is not None:
-                        self._failed(self.run.last_failure)
-                    self._stop.wait(0.01)
-                    continue
-                with self._mutex:
-                    self.successes.append(held.acquired)
-                try:
-                    self._increment(client, resource, held.token)
-                finally:
-                    self.run.release(held)
-        except BaseException as exc:
-            self.errors.append(exc)
-
-    def _increment(self, client: str, resource: str, token: int) -> None:
-        """Read-modify-write under the lock: the fence first (a stale holder can no
-        longer slip a write in between, docs/design.md §7), then value + 1."""
-        invoked = time.monotonic()
-        try:
-            current = self.store.fence(resource, token)
-            value = int(current or b"0") + 1
-            self.store.write(resource, token, str(value).encode())
-            outcome = ACCEPTED
-        except StaleTokenError:
-            outcome = REJECTED
-        except Exception:  # the store's own node did not answer
-            outcome = ERROR
-        if outcome == ACCEPTED:
-            with self._mutex:
-                self.increments += 1
-                self.accepted.append((resource, token, value - 1, time.monotonic()))
-        self.run.history.wrote(Write(client, resource, token, invoked, time.monotonic(),
-                                     outcome))
-
-    def __enter__(self) -> Workload:
-        for thread in self._threads:
-            thread.start()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self._stop.set()
-        for thread in self._threads:
-            thread.join(30)
-        for dlm in self.managers:
-            dlm.close()
-        assert not any(t.is_alive() for t in self._threads), "a client thread hung"
-        assert not self.errors, self.errors
-
-    def longest_gap(self, since: float, until: float) -> float:
-        """The longest stretch in [since, until] without a successful acquire."""
-        times = sorted(t for t in self.successes if since <= t <= until)
-        points = [since, *times, until]
-        return max(b - a for a, b in itertools.pairwise(points))
-
-    def lost_updates(self) -> int:
-        total = sum(int(self.store.read(name) or b"0") for name in self.names)
-        return self.increments - total
-
-    def where_lost(self) -> list[str]:
-        """Accepted increments that read the value another accepted increment read (by
-        token order per resource): the lost updates, with their tokens."""
-        found = []
-        for name in self.names:
-            mine = sorted((t, v, at) for r, t, v, at in self.accepted if r == name)
-            for (t1, v1, at1), (t2, v2, at2) in itertools.pairwise(mine):
-                if v2 != v1 + 1:
-                    found.append(f"{name}: token {t1} read {v1} at {at1:.3f}, token {t2}"
-                                 f" read {v2} at {at2:.3f}")
-        return found[:5]
 
 
 def roll(nodes: RedisNodes, *, keep_data: bool, spacing: float,
@@ -205,7 +91,7 @@ def test_a_rolling_restart_without_persistence_keeps_locking(
     """Every node restarted empty in turn, SPACING apart, under load, default settings."""
     nodes = fresh_nodes(n)
     with recorded(f"rolling-restart-N{n}", store) as (figures, run):
-        with Workload(nodes, run, store, f"roll{n}") as workload:
+        with Workload(nodes.urls, run, store, f"roll{n}") as workload:
             started = time.monotonic()
             rejoins = []
             for index, when in roll(nodes, keep_data=False, spacing=SPACING):
@@ -224,7 +110,7 @@ def test_a_second_restart_before_the_first_node_is_back(
     horizons and node 0's own rejoin time, so both are back within REJOIN."""
     nodes = fresh_nodes(5)
     with recorded("second-restart-before-the-first-is-back", store) as (figures, run):
-        with Workload(nodes, run, store, "second") as workload:
+        with Workload(nodes.urls, run, store, "second") as workload:
             started = time.monotonic()
             time.sleep(3.0)
             nodes[0].restart(keep_data=False)
@@ -249,7 +135,7 @@ def test_a_rolling_restart_with_appendfsync_everysec(
     expired, like an empty one (docs/design.md §4.4). 10 s apart."""
     nodes = fresh_nodes(3, appendonly=True, appendfsync="everysec")
     with recorded("rolling-restart-everysec", store) as (figures, run):
-        with Workload(nodes, run, store, "everysec") as workload:
+        with Workload(nodes.urls, run, store, "everysec") as workload:
             started = time.monotonic()
             rejoins = []
             for index, when in roll(nodes, keep_data=True, spacing=10.0):

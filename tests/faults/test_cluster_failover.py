@@ -1,0 +1,117 @@
+"""Issue 42: a Redis Cluster as a lock node, its master killed under load.
+
+A cluster's failover promotes a replica that may lack the newest grants and counter
+increments (asynchronous replication): to the lock it is a restart of the failed-over
+shard (docs/design.md §11.4). Each hash slot the promoted replica serves carries the old
+master's stamp, so the granting scripts refuse there until the slot is judged (a promoted
+replica: demoted), benched until every lease it may have granted has expired, and
+repaired.
+
+Every scenario runs the library's default settings under load: THREADS clients (each its
+own manager) lock NAMES names spread over the hash slots and do a read-modify-write of
+the name's value in a fenced store under each lock. Checked, before and after the master
+is killed (at least PHASE acquisitions each): no lost update, no token backwards (the
+fenced store refuses a stale token; the history checker sees each write), no history
+violation, and every hash slot in use served again by the cluster (its marker stamped by
+the promoted master).
+
+Rerun: ``bash scripts/test tests/faults/test_cluster_failover.py -s`` (figures printed).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from fencing import RedisFencedStore
+from redlock._core.settings import in_hash_slot
+from redlock._scripts.hash_slots import hash_slot
+from redlock._scripts.replies import stamped_run
+from redlock.testing import RedisNodes
+from redlock.testing.redis_cluster import RedisClusterNodes
+from tests.faults.load import Workload, recorded, wait_for
+from tests.internals import KEYS
+
+pytestmark = [pytest.mark.faults, pytest.mark.slow, pytest.mark.timeout(300)]
+
+TTL = 5.0  # the locks' TTL: the longest lease in use
+THREADS, NAMES = 4, 32
+PHASE = 500  # acquisitions before the kill, and after the promotion
+BACK = 30.0  # every hash slot in use is served again within this of the promotion
+
+
+@pytest.fixture
+def cluster() -> Iterator[RedisClusterNodes]:
+    """A cluster of its own (a master is killed): 3 masters, each with a replica."""
+    with RedisClusterNodes(masters=3, replicas=1) as nodes:
+        yield nodes
+
+
+def cluster_url(cluster: RedisClusterNodes) -> str:
+    seed = cluster.masters()[0]
+    return f"redis://{seed.host}:{seed.port}?cluster=yes"
+
+
+def served(cluster: RedisClusterNodes, names: list[str]) -> bool:
+    """Every hash slot of ``names`` has its marker stamped by the master serving it."""
+    for slot in {hash_slot(KEYS.lock(name)) for name in names}:
+        master = cluster.master_of(slot)
+        with master.client() as client:
+            marker = client.get(in_hash_slot(KEYS.namespace, slot).marker)
+            run = str(client.info("server")["run_id"])
+        if marker is None or stamped_run(marker) != run:
+            return False
+    return True
+
+
+def successes_after(workload: Workload, since: float) -> int:
+    return sum(1 for t in list(workload.successes) if t >= since)
+
+
+def killed_under_load(workload: Workload, cluster: RedisClusterNodes, figures: object,
+                      *, seed_killed: bool) -> None:
+    """PHASE acquisitions, a master killed (the one at the address the clients were
+    given, or another), PHASE more after its replica is promoted, and every hash slot in
+    use served again."""
+    started = time.monotonic()
+    wait_for(lambda: successes_after(workload, started) >= PHASE, 60.0,
+             f"{PHASE} acquisitions before the kill")
+    before = successes_after(workload, started)
+    seed = cluster.masters()[0]
+    victim = next(name for name in workload.names
+                  if (cluster.master_of(hash_slot(KEYS.lock(name))) is seed) == seed_killed)
+    killed_at = time.monotonic()
+    _, promoted = cluster.kill_master(hash_slot(KEYS.lock(victim)))
+    promoted_at = time.monotonic()
+    wait_for(lambda: successes_after(workload, promoted_at) >= PHASE, 60.0,
+             f"{PHASE} acquisitions after the promotion")
+    wait_for(lambda: served(cluster, workload.names), BACK,
+             "every hash slot in use served again")
+    served_at = time.monotonic()
+    figures.extra.update(  # type: ignore[attr-defined]
+        acquired_before=before, promotion_s=round(promoted_at - killed_at, 2),
+        acquired_after=successes_after(workload, promoted_at),
+        served_again_s=round(served_at - promoted_at, 2),
+        longest_gap_s=round(workload.longest_gap(killed_at, time.monotonic()), 3),
+        promoted=f"{promoted.host}:{promoted.port}", failures=workload.failures)
+
+
+@pytest.mark.parametrize("seed_killed", [False, True], ids=["another-master", "seed-master"])
+def test_a_cluster_beside_two_standalone_nodes_loses_a_master_under_load(
+        cluster: RedisClusterNodes, fresh_nodes: Callable[..., RedisNodes],
+        store: RedisFencedStore, seed_killed: bool) -> None:
+    """N=3: two standalone nodes and a cluster. The failed-over hash slots are benched
+    alone (the standalone nodes keep a quorum, so locking goes on), bounded by the
+    standalone nodes' horizons, then repaired from them."""
+    standalone = fresh_nodes(2)
+    urls = [*standalone.urls, cluster_url(cluster)]
+    name = "cluster-failover-N3" + ("-seed" if seed_killed else "")
+    with recorded(name, store) as (figures, run):
+        with Workload(urls, run, store, "fo3", threads=THREADS, names=NAMES,
+                      ttl=TTL) as workload:
+            killed_under_load(workload, cluster, figures, seed_killed=seed_killed)
+        lost = workload.lost_updates()
+        figures.extra.update(lost_updates=lost, increments=workload.increments)
+        assert lost == 0, (figures.extra, workload.where_lost())
