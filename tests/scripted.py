@@ -22,6 +22,8 @@ import hashlib
 import re
 from collections.abc import Callable, Iterable
 
+from redlock._core.kinds import SLOT_COUNTER
+from redlock._io.resp import ReplyError
 from tests.internals import (
     CALL_DIGITS,
     KEYS,
@@ -105,6 +107,8 @@ class ScriptedNodes:
     ``appendonly no`` / ``appendfsync everysec``; ``promoted`` nodes are replicas
     promoted to primary (``second_repl_offset`` is not -1); ``replicas`` answer
     ``role:slave``. ``skew[node]``: seconds that node's clock runs ahead of the others.
+    ``epochs[node]``: the configEpoch of a node in cluster mode (``CLUSTER INFO``'s
+    ``cluster_my_epoch``; a node without one is not in cluster mode).
 
     Transports send IDENTIFY ahead of the first call on each new connection: a test
     plays that with :meth:`connect` (now) or :meth:`attach` (from now on, as requests
@@ -134,6 +138,7 @@ class ScriptedNodes:
         self.promoted: set[int] = set()
         self.replicas: set[int] = set()
         self.skew: dict[int, float] = {}
+        self.epochs: dict[int, int] = {}
         # Routes (a manager's, in a hand-off record) whose channel nobody subscribes to:
         # a release does not hand the lock to their waiters (docs/design.md §6.7). Every
         # other route is heard.
@@ -568,6 +573,22 @@ class ScriptedNodes:
                 if int(as_text(seed)) > fields(fence).get(as_text(field), 0):
                     db[fence] = {**fields(fence), as_text(field): int(as_text(seed))}
             return 1
+        if script is node_scripts.SEED_EPOCH:
+            guard, fence = keys
+            [repair_id] = args
+            if get(guard) != as_text(repair_id):
+                return [0, 0, 0]
+            if node not in self.epochs:
+                return ReplyError("ERR This instance has cluster support disabled")
+            epoch, counters = self.epochs[node], fields(fence)
+            recorded = counters.get("epoch", 0)
+            if epoch <= recorded or epoch > node_scripts.EPOCH_LIMIT:
+                return [-1, epoch, recorded]
+            floor, counter = epoch * node_scripts.EPOCH_RANGE, counters.get(SLOT_COUNTER, 0)
+            if counter >= floor:
+                return [-2, epoch, counter]
+            db[fence] = {**counters, SLOT_COUNTER: floor, "epoch": epoch}
+            return [1, epoch, floor]
         if script is node_scripts.FINISH_REPAIR:
             guard, marker, episode_key = keys
             repair_id, text, waits = args

@@ -18,7 +18,6 @@ from redlock._io.endpoint import Endpoint
 from redlock._io.sync_transport import SyncTransport
 from redlock._scripts.hash_slots import HASH_SLOTS, hash_slot
 from redlock._scripts.replies import stamped_run
-from redlock.errors import ClusterAmnesiaError
 from redlock.testing.redis_cluster import RedisClusterNodes
 from redlock.testing.redis_nodes import RedisNodes
 from tests.internals import KEYS, Broadcast, RedlockCore, Settings, drive, real_environment
@@ -40,10 +39,10 @@ def endpoints_of(cluster: RedisClusterNodes, standalone: Sequence[object]) -> li
 class Node:
     """A core and its transport, driven as a manager drives them (the real clock)."""
 
-    def __init__(self, endpoints: list[Endpoint]) -> None:
+    def __init__(self, endpoints: list[Endpoint], settings: Settings = SETTINGS) -> None:
         self.transport = SyncTransport(endpoints, [e.address for e in endpoints], 1.0)
         clusters = [i for i, e in enumerate(endpoints) if e.cluster]
-        self.core = RedlockCore([e.address for e in endpoints], SETTINGS,
+        self.core = RedlockCore([e.address for e in endpoints], settings,
                                 real_environment(), clusters=clusters)
         self.core.amnesia.health.inspected = True
 
@@ -74,7 +73,8 @@ class Node:
             return self.execute(request)
 
         drive(maintenance(self.core.amnesia, stop, news), execute)
-        assert not self.core.amnesia.health.pending(), vars(self.core.amnesia.health)
+        health = self.core.amnesia.health
+        assert not health.pending(), f"still pending: {vars(health)}"
 
     def close(self) -> None:
         self.transport.close()
@@ -161,7 +161,7 @@ def test_a_standalone_node_is_benched_and_repaired_with_a_cluster_among_its_peer
     for resource in ("orders", "pool", "a"):
         for _ in range(3):
             mixed.acquire(resource)
-    lost = list(nodes3)[0]
+    lost = nodes3[0]
     with lost.client() as client:
         client.flushall()  # (the node's data lost)
     token, outcomes = mixed.acquire("orders")
@@ -206,22 +206,35 @@ def test_a_hash_slot_stamped_by_another_server_is_judged(
     assert mixed.acquire("orders") == (token + 1, ["GRANTED"] * 3)
 
 
-def test_one_cluster_alone_losing_a_hash_slot_is_a_majority_loss(
+def test_one_cluster_alone_re_seeds_a_lost_hash_slot_from_its_masters_epoch(
         redlock_redis_cluster: RedisClusterNodes) -> None:
-    """N=1: a lost hash slot is all of that slot's nodes (until the epoch floor,
-    proposal P3.4): refused with the repair's instructions; its other slots grant."""
-    alone = Node(endpoints_of(redlock_redis_cluster, []))
+    """N=1 (docs/design.md §11.4, "the epoch floor"): a lost hash slot is benched for
+    max_ttl, its other hash slots granting meanwhile, then its counter is re-seeded to
+    its master's epoch times 2**40, above every token it gave; the same loss again on the
+    same master (no failover since) is refused with what to do."""
+    alone = Node(endpoints_of(redlock_redis_cluster, []),
+                 Settings(repair_interval=0.2, repair_timeout=2.0, max_ttl=2.0))
     try:
         assert alone.acquire("orders") == (1, ["GRANTED"])
         keys = KEYS.beside("orders")
         lost = hash_slot(KEYS.lock("orders"))
         with redlock_redis_cluster.master_of(lost).client() as client:
             client.delete(keys.marker)
-        with pytest.raises(ClusterAmnesiaError):
-            drive(alone.core.acquire("orders", TTL, blocking=False, timeout=None),
-                  alone.execute)
+            epoch = int(client.execute_command("CLUSTER", "INFO").decode().split(
+                "cluster_my_epoch:")[1].split()[0])
+        result = drive(alone.core.acquire("orders", TTL, blocking=False, timeout=None),
+                       alone.execute)
+        assert result.state is None and "re-seeded from its master's epoch" in result.reason
         other = next(r for r in (f"other:{i}" for i in range(100))
                      if hash_slot(KEYS.lock(r)) != lost)
         assert alone.acquire(other) == (1, ["GRANTED"])
+        alone.maintain(within=10.0)
+        assert alone.acquire("orders") == (epoch * 2**40 + 1, ["GRANTED"])
+        # Lost again on the same master: its epoch did not move, so no re-seed.
+        with redlock_redis_cluster.master_of(lost).client() as client:
+            client.delete(keys.marker)
+        drive(alone.core.acquire("orders", TTL, blocking=False, timeout=None), alone.execute)
+        with pytest.raises(AssertionError, match="pending"):
+            alone.maintain(within=4.0)
     finally:
         alone.close()

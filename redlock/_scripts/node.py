@@ -70,6 +70,49 @@ return 1
 """,
 )
 
+#: A lone cluster node's hash slot counts in ranges of this many tokens per epoch of the
+#: master serving it (docs/design.md §11.4, "the epoch floor"); epochs from this one on
+#: would reach 2**53 and are refused.
+EPOCH_RANGE = 2**40
+EPOCH_LIMIT = 2**53 // EPOCH_RANGE - 1
+# Replies of SEED_EPOCH (first item).
+EPOCH_SEEDED = 1
+EPOCH_GUARD_GONE = 0
+EPOCH_NOT_ABOVE = -1  # the master's epoch is not above the one recorded
+EPOCH_OVERFLOW = -2  # the counter is already in the new epoch's range
+
+SEED_EPOCH = Script(
+    "seed_epoch",
+    f"""
+-- KEYS[1] repair guard key, KEYS[2] a cluster hash slot's fence counters (hash: '0' the
+-- counter, 'epoch' the master epoch it was last seeded under)
+-- ARGV[1] repair id
+-- returns {{1, epoch, counter}}   seeded: counter = max(counter, epoch * {EPOCH_RANGE})
+--         {{0, 0, 0}}             the guard is gone (the node restarted mid-repair)
+--         {{-1, epoch, recorded}} this master's epoch is not above the one recorded (no
+--                               failover since: the slot cannot be re-seeded), or past
+--                               the last range
+--         {{-2, epoch, counter}}  the counter is already in this epoch's range
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+    return {{0, 0, 0}}
+end
+local info = redis.call('CLUSTER', 'INFO')
+local epoch = tonumber(string.match(info, 'cluster_my_epoch:(%d+)')) or 0
+local recorded = tonumber(redis.call('HGET', KEYS[2], 'epoch') or '0')
+if epoch <= recorded or epoch > {EPOCH_LIMIT} then
+    return {{-1, epoch, recorded}}
+end
+local floor = epoch * {EPOCH_RANGE}
+local counter = tonumber(redis.call('HGET', KEYS[2], '0') or '0')
+if counter >= floor then
+    return {{-2, epoch, counter}}
+end
+redis.call('HINCRBY', KEYS[2], '0', floor - counter)
+redis.call('HSET', KEYS[2], 'epoch', epoch)
+return {{1, epoch, floor}}
+""",
+)
+
 FINISH_REPAIR = Script(
     "finish_repair",
     """

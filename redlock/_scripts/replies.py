@@ -411,6 +411,25 @@ class RepairFinished(enum.Enum):
     FAILED = "failed"
 
 
+def epoch_seeded(reply: object) -> int | str:
+    """SEED_EPOCH's reply: the counter it seeded, or why not (for people)."""
+    if not isinstance(reply, list | tuple) or len(reply) != 3:
+        return f"epoch seeding interrupted: {failure_detail(reply)}"
+    code, epoch, value = (int(item) for item in reply)
+    if code == node_scripts.EPOCH_SEEDED:
+        return value
+    if code == node_scripts.EPOCH_NOT_ABOVE:
+        return (f"its master's configEpoch {epoch} is not above {value}, the one its counter"
+                " was last seeded under (a loss without failover): run CLUSTER FAILOVER on"
+                " one of its replicas, or CLUSTER BUMPEPOCH on its master, then repair runs"
+                " again (docs/design.md §11.4)")
+    if code == node_scripts.EPOCH_OVERFLOW:
+        return (f"its counter {value} already reached its master's epoch range ({epoch} *"
+                " 2**40): tokens lost in the failover could be above it; run CLUSTER"
+                " FAILOVER on one of its replicas for a higher epoch")
+    return "the repair's claim is gone (the node restarted mid-repair)"
+
+
 def repair_finished(reply: object) -> RepairFinished:
     return _coded(reply, {node_scripts.REPAIR_WRITTEN: RepairFinished.WRITTEN,
                           node_scripts.REPAIR_GUARD_GONE: RepairFinished.GUARD_GONE,

@@ -16,6 +16,7 @@ marker's current value (see :meth:`Contract.step`).
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -24,8 +25,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from redlock._core.kinds import SLOT_COUNTER
+from redlock._core.settings import in_hash_slot as slot_keys
 from redlock._io.wire import with_run
-from redlock.testing import RedisNodes
+from redlock.testing import RedisNodes, free_port
 from tests.core.contract import UNHEARD_ROUTE, Contract, listening, plain, shown
 from tests.internals import (
     CALL_DIGITS,
@@ -860,7 +862,7 @@ MUTATIONS = [  # (script, a line of it, that line changed)
 def test_every_script_is_covered_by_a_mutation() -> None:
     every = {v.name for module in (scripts, node_scripts) for v in vars(module).values()
              if isinstance(v, scripts.Script)}
-    assert {script.name for script, _, _ in MUTATIONS} == every
+    assert {script.name for script, _, _ in MUTATIONS + CLUSTER_MUTATIONS} == every
 
 
 @pytest.mark.parametrize(("script", "line", "changed"), MUTATIONS,
@@ -876,5 +878,75 @@ def test_a_script_changed_without_the_model_breaks_the_contract(
         try:
             sequence(Contract(server, {script.source: source}))
         except (AssertionError, redis.ResponseError):  # (the changed script failed)
+            failed.append(sequence.__name__)
+    assert failed, f"no sequence noticed {script.name}: {line!r} -> {changed!r}"
+
+
+# -- the scripts that read a cluster's state, on a one-node Redis Cluster ---------------
+
+
+@pytest.fixture(scope="module")
+def cluster_server() -> Iterator[redis.Redis]:
+    """One cluster-mode server serving every hash slot, its configEpoch 7: SEED_EPOCH
+    reads ``CLUSTER INFO`` (a standalone server refuses it)."""
+    with RedisNodes(1, extra_args=["--cluster-enabled", "yes",
+                                   "--cluster-port", str(free_port())]) as nodes, \
+            nodes[0].client() as client:
+        client.execute_command("CLUSTER", "ADDSLOTSRANGE", 0, 16383)
+        client.execute_command("CLUSTER", "SET-CONFIG-EPOCH", 7)
+        deadline = time.monotonic() + 10.0
+        while b"cluster_state:ok" not in client.execute_command("CLUSTER", "INFO"):
+            assert time.monotonic() < deadline, "the one-node cluster did not come up"
+            time.sleep(0.05)
+        yield client
+
+
+def seed_epoch(slot: int, repair_id: str) -> Call:
+    keys = slot_keys(K.namespace, slot)
+    return Call(0, (repair_id,), node_scripts.SEED_EPOCH, (keys.repair_guard, keys.counter))
+
+
+def epoch_seeding(c: Contract) -> None:
+    """A lone cluster node's hash slot re-seeded from its master's epoch (docs/design.md
+    §11.4): only with the repair's claim, once per epoch, never below its counter."""
+    c.model.epochs[0] = 7
+    first, second = (slot_keys(K.namespace, slot) for slot in (1234, 9999))
+    c.step(command("SET", first.repair_guard, "r1", "NX", "PX", TTL))
+    c.step(seed_epoch(1234, "r0"))  # not the claim's
+    assert c.step(seed_epoch(1234, "r1")) == [1, 7, 7 * node_scripts.EPOCH_RANGE]
+    assert c.step(seed_epoch(1234, "r1"))[0] == node_scripts.EPOCH_NOT_ABOVE  # same epoch
+    # A counter already at the epoch's range: the tokens lost could be above it.
+    c.step(command("SET", second.repair_guard, "r2", "NX", "PX", TTL))
+    c.step(Call(0, ("r2", SLOT_COUNTER, 7 * node_scripts.EPOCH_RANGE),
+                node_scripts.SEED_COUNTERS, (second.repair_guard, second.counter)))
+    assert c.step(seed_epoch(9999, "r2"))[0] == node_scripts.EPOCH_OVERFLOW
+
+
+CLUSTER_SEQUENCES = [epoch_seeding]
+CLUSTER_MUTATIONS = [
+    (node_scripts.SEED_EPOCH, "if epoch <= recorded or", "if epoch < recorded or"),
+    (node_scripts.SEED_EPOCH, "if counter >= floor then", "if counter > floor then"),
+    (node_scripts.SEED_EPOCH, "if redis.call('GET', KEYS[1]) ~= ARGV[1] then",
+     "if false then"),
+]
+
+
+@pytest.mark.parametrize("sequence", CLUSTER_SEQUENCES, ids=lambda s: s.__name__)
+def test_the_cluster_scripts_agree(cluster_server: redis.Redis,
+                                   sequence: Callable[[Contract], None]) -> None:
+    sequence(Contract(cluster_server))
+
+
+@pytest.mark.parametrize(("script", "line", "changed"), CLUSTER_MUTATIONS,
+                         ids=[f"{s.name}-{i}" for i, (s, _, _) in enumerate(CLUSTER_MUTATIONS)])
+def test_a_cluster_script_changed_without_the_model_breaks_the_contract(
+        cluster_server: redis.Redis, script: scripts.Script, line: str, changed: str) -> None:
+    assert script.source.count(line) >= 1, f"{script.name} no longer has: {line}"
+    source = script.source.replace(line, changed, 1)
+    failed = []
+    for sequence in CLUSTER_SEQUENCES:
+        try:
+            sequence(Contract(cluster_server, {script.source: source}))
+        except (AssertionError, redis.ResponseError):
             failed.append(sequence.__name__)
     assert failed, f"no sequence noticed {script.name}: {line!r} -> {changed!r}"

@@ -255,11 +255,19 @@ class AmnesiaGuard:
             # (a hash slot stamped by another server is a suspect now); one that did not
             # answer is looked at again next time.
             missing = [p for p in missing if looked.get(p, False) is False]
-        if len(missing) >= self.quorum:
+        # A lone cluster node's hash slot is repaired from its master's epoch (docs/
+        # design.md §11.4): benched, not a majority's loss.
+        floored = self.n == 1 and bool(missing) and missing[0] >= self.n
+        if len(missing) >= self.quorum and not floored:
             raise self._majority_lost(len(missing), outcomes)
         for p in missing:
             if self.health.lost_data(p):
                 logger.warning("redlock.node_amnesiac", node=self.where(p))
+        if floored:
+            return AttemptResult(None, tuple(outcomes), unavailable=True, reason=(
+                f"{self.where(missing[0])} lost its data (a failover, or a loss): it stays"
+                " out until every lock it may have granted has expired (max_ttl), then its"
+                " counter is re-seeded from its master's epoch"))
         return None
 
     def _look(self, place: int) -> Call:

@@ -19,6 +19,7 @@ from redlock._scripts import node as node_scripts
 from redlock._scripts.replies import (
     RepairFinished,
     acked,
+    epoch_seeded,
     failure_detail,
     foreign,
     hash_fields,
@@ -80,6 +81,51 @@ def repair_node(guard: AmnesiaGuard, target: int, *, force: bool,
     if isinstance(claimed, BaseException) or claimed is None:
         detail = failure_detail(claimed) if isinstance(claimed, BaseException) else "busy"
         return RepairReport(address, RepairStatus.FAILED, f"could not claim the repair: {detail}")
+    if guard.n == 1 and layout.slot_of(target) >= 0:
+        # A lone cluster node's hash slot: no peer to read, its master's epoch instead
+        # (docs/design.md §11.4, "the epoch floor").
+        seeded = epoch_seeded((yield from ask_one(guard.call(
+            target, (repair_id,), node_scripts.SEED_EPOCH, (claim, keys.counter)), timeout)))
+        if isinstance(seeded, str):
+            yield from ask_one(guard.call(target, ("DEL", claim)), timeout)
+            return RepairReport(address, RepairStatus.FAILED, seeded)
+        seed, complete = {SLOT_COUNTER: seeded}, 0
+    else:
+        found = yield from _seed_from_peers(guard, target, claim, repair_id, sources)
+        if isinstance(found, RepairReport):
+            return found
+        seed, complete = found
+    highest = max(seed.values(), default=0)
+    done = yield from ask_one(guard.call(
+        target, (repair_id, f"repaired at={guard.env.wall_clock():.3f} by={repair_id}",
+                 "0" if force else "1"),
+        node_scripts.FINISH_REPAIR, (claim, keys.marker, keys.episode)), timeout)
+    finished = repair_finished(done)
+    if finished is RepairFinished.TOO_YOUNG:
+        yield from ask_one(guard.call(target, ("DEL", claim)), timeout)
+        # Its episode is read again now, and the repair comes when that says (not one
+        # repair_interval later: this was no failure).
+        guard.health.episode_unknown(target)
+        guard.health.last_try.pop(target, None)
+        yield from open_episodes(guard, [target])
+        return RepairReport(address, RepairStatus.WAITING, "its rejoin time has not come by its"
+                            " clock (it lost data again, or restarted)")
+    if finished is not RepairFinished.WRITTEN:
+        return RepairReport(address, RepairStatus.FAILED, f"marker not written: {done!r}")
+    guard.health.healthy(target)
+    logger.warning("redlock.node_repaired", node=address, counters=len(seed), highest=highest,
+                   sources=complete)
+    return RepairReport(address, RepairStatus.REPAIRED,
+                        f"{len(seed)} fence counters re-seeded (highest {highest})")
+
+
+def _seed_from_peers(guard: AmnesiaGuard, target: int, claim: str, repair_id: str,
+                     sources: Sequence[int] | None
+                     ) -> Flow[tuple[dict[str, int], int] | RepairReport]:
+    """Re-seed ``target``'s counters from its peers (docs/design.md §4.5, §11.4): the
+    seed written and how many peers it was read from, or the report of why not."""
+    layout, timeout = guard.layout, guard.settings.repair_timeout
+    address, keys = guard.where(target), guard.keys_of(target)
     unhealthy = 1  # the target
     covering = {i: layout.covering(i, target) for i in range(guard.n)}
     if sources is None:
@@ -135,28 +181,7 @@ def repair_node(guard: AmnesiaGuard, target: int, *, force: bool,
                                 timeout)
     if not acked(seeded):
         return RepairReport(address, RepairStatus.FAILED, f"seeding interrupted: {seeded!r}")
-    highest = max(seed.values(), default=0)
-    done = yield from ask_one(guard.call(
-        target, (repair_id, f"repaired at={guard.env.wall_clock():.3f} by={repair_id}",
-                 "0" if force else "1"),
-        node_scripts.FINISH_REPAIR, (claim, keys.marker, keys.episode)), timeout)
-    finished = repair_finished(done)
-    if finished is RepairFinished.TOO_YOUNG:
-        yield from ask_one(guard.call(target, ("DEL", claim)), timeout)
-        # Its episode is read again now, and the repair comes when that says (not one
-        # repair_interval later: this was no failure).
-        guard.health.episode_unknown(target)
-        guard.health.last_try.pop(target, None)
-        yield from open_episodes(guard, [target])
-        return RepairReport(address, RepairStatus.WAITING, "its rejoin time has not come by its"
-                            " clock (it lost data again, or restarted)")
-    if finished is not RepairFinished.WRITTEN:
-        return RepairReport(address, RepairStatus.FAILED, f"marker not written: {done!r}")
-    guard.health.healthy(target)
-    logger.warning("redlock.node_repaired", node=address, counters=len(seed), highest=highest,
-                   sources=complete)
-    return RepairReport(address, RepairStatus.REPAIRED,
-                        f"{len(seed)} fence counters re-seeded (highest {highest})")
+    return seed, complete
 
 
 def read_counters(guard: AmnesiaGuard, places: Sequence[int]
