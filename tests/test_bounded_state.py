@@ -13,7 +13,9 @@ from collections.abc import Iterator
 import pytest
 
 from redlock import Redlock
+from redlock._scripts.hash_slots import HASH_SLOTS
 from redlock.testing import RedisNodes
+from redlock.testing.redis_cluster import RedisClusterNodes
 from tests.internals import KEYS
 
 NAMES = 20_000
@@ -101,3 +103,36 @@ def test_twenty_thousand_names_leave_a_fixed_set_of_keys_per_node(nodes: RedisNo
     grown = [after - before for before, after in zip(baseline, used_memory(nodes),
                                                       strict=True)]
     assert max(grown) <= 512 * 1024, (grown, f"{NAMES} names in {elapsed:.1f} s")
+
+
+def test_twenty_thousand_names_leave_at_most_two_keys_per_hash_slot_of_a_cluster(
+        redlock_redis_cluster: RedisClusterNodes) -> None:
+    """A Redis Cluster as the one node (docs/design.md §11.4): its node keys are kept per
+    hash slot (a marker each, a fence counter per hash slot used, a lease horizon while a
+    lease lives), so after 20,000 names each master holds at most two keys per hash slot
+    it serves, none of them a resource's."""
+    seed = redlock_redis_cluster.masters()[0]
+    with Redlock([f"redis://{seed.host}:{seed.port}?cluster=yes"], node_timeout=0.5) as dlm:
+        with dlm.lock("warm-up", ttl=TTL):  # (the cluster initialised: 16,384 markers)
+            pass
+        failures = []
+        for i in range(NAMES):
+            lock = dlm.lock(f"order:{i}", ttl=TTL)
+            if lock.acquire(blocking=True, timeout=3.0):
+                lock.release()
+            else:
+                failures.append(i)
+        assert failures == []
+    deadline = time.monotonic() + 10 * TTL + 5
+    served = {id(master): 0 for master in redlock_redis_cluster.masters()}
+    for slot in range(HASH_SLOTS):
+        served[id(redlock_redis_cluster.master_of(slot))] += 1
+    for master in redlock_redis_cluster.masters():
+        with master.client() as client:
+            while time.monotonic() < deadline and client.dbsize() > 2 * served[id(master)]:
+                time.sleep(0.1)
+            left = [k.decode() for k in client.scan_iter(count=10_000)]
+        assert len(left) <= 2 * served[id(master)], (len(left), served[id(master)])
+        kinds = {name.rsplit(":", 1)[1] for name in left}
+        assert all(name.startswith(f"{KEYS.namespace}:node:{{") for name in left), left[:5]
+        assert kinds <= {"marker", "fence", "horizon"}, kinds

@@ -188,19 +188,20 @@ class Load:
 
 
 class Workload:
-    """``threads`` clients, each its own manager (default settings) over the nodes at
-    ``urls``, locking ``names`` names in turn (TTL ``ttl``) and incrementing the name's
-    value in the fenced store under the lock (read, then a fenced write of value + 1).
-    Records acquisitions, holds and writes (``run``), the times of the successful
-    acquires, and the failures by type."""
+    """``threads`` clients, each its own manager over the nodes at ``urls`` (default
+    settings, but for ``options``), locking ``names`` names in turn (TTL ``ttl``) and
+    incrementing the name's value in the fenced store under the lock (read, then a
+    fenced write of value + 1). Records acquisitions, holds and writes (``run``), the
+    times of the successful acquires, and the failures by type."""
 
     def __init__(self, urls: Sequence[str], run: Run, store: RedisFencedStore,
-                 prefix: str, *, threads: int = 4, names: int = 8, ttl: float = 5.0) -> None:
+                 prefix: str, *, threads: int = 4, names: int = 8, ttl: float = 5.0,
+                 **options: Any) -> None:
         self.run = run
         self.store = store
         self.ttl = ttl
         self.names = [f"{prefix}:{i}" for i in range(names)]
-        self.managers = [Redlock(list(urls)) for _ in range(threads)]
+        self.managers = [Redlock(list(urls), **options) for _ in range(threads)]
         self.successes: list[float] = []
         self.increments = 0
         # Every accepted increment: (resource, token, value read, time written), so a lost
