@@ -8,6 +8,7 @@ identity and health per master are the next sub-steps.)"""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 
 import pytest
@@ -154,6 +155,11 @@ def mixed(redlock_redis_cluster: RedisClusterNodes, nodes3: RedisNodes
     transport.close()
 
 
+def every_reply(request: Broadcast) -> Broadcast:
+    """``request`` awaiting every node's reply (no early quorum): the test reads each."""
+    return dataclasses.replace(request, enough=None)
+
+
 def mark(transport: SyncTransport, resource: str) -> None:
     """Initialise the nodes as a new cluster's first acquire would: the standalone nodes'
     markers, the cluster's of the resource's hash slot."""
@@ -175,7 +181,7 @@ def test_the_calls_for_a_mixed_cluster_run_on_real_servers(mixed: SyncTransport)
 
     def execute(request: object) -> list[object]:
         assert isinstance(request, Broadcast)
-        return list(mixed.broadcast(request))
+        return list(mixed.broadcast(every_reply(request)))
 
     for resource in resources:
         for _ in range(2):
@@ -208,7 +214,7 @@ def test_a_connection_that_knows_its_masters_run_spares_the_scripts_info(
 
     def execute(request: object) -> list[object]:
         assert isinstance(request, Broadcast)
-        return list(mixed.broadcast(request))
+        return list(mixed.broadcast(every_reply(request)))
 
     def cycle() -> None:
         result = drive(core.acquire("orders", 10.0, blocking=False, timeout=None), execute)

@@ -6,6 +6,7 @@ maintenance, with the real clock. (A cluster is not yet accepted as a node by a 
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -13,6 +14,7 @@ from collections.abc import Iterator, Sequence
 import pytest
 
 from redlock._core.amnesia.maintenance import maintenance
+from redlock._core.inspect import inspect_lock
 from redlock._core.requests import Backoff, Pause, PauseUntilWoken
 from redlock._io.endpoint import Endpoint
 from redlock._io.sync_transport import SyncTransport
@@ -48,7 +50,8 @@ class Node:
 
     def execute(self, request: object) -> list[object]:
         if isinstance(request, Broadcast):
-            return list(self.transport.broadcast(request))
+            # (Every node's reply awaited, no early quorum: the test reads each outcome.)
+            return list(self.transport.broadcast(dataclasses.replace(request, enough=None)))
         if isinstance(request, Backoff | Pause | PauseUntilWoken):  # (no waiting room)
             time.sleep(min(request.seconds, 5.0))
             return []
@@ -145,6 +148,10 @@ def test_a_lost_hash_slot_is_benched_alone_and_repaired_from_its_peers(
     other = next(r for r in (f"other:{i}" for i in range(100))
                  if hash_slot(KEYS.lock(r)) != lost)
     assert mixed.acquire(other)[1] == ["GRANTED"] * 3
+    # The lock's status says so for the lost hash slot's names only.
+    status = {r: drive(inspect_lock(mixed.core, r), mixed.execute) for r in ("orders", other)}
+    assert [n.benched for n in status["orders"].nodes] == [False, False, True]
+    assert not any(n.benched for n in status[other].nodes)
     # The maintenance opens the hash slot's episode (bounded by its peers' horizons, one
     # TTL), then re-seeds its one counter from them and stamps its marker.
     mixed.maintain(within=10.0)

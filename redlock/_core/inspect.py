@@ -103,11 +103,13 @@ def _lock_calls(core: RedlockCore, script: Script, keys: tuple[str, ...],
     return Broadcast(tuple(Call(i, args, script, keys) for i in range(core.n)), core.timeout())
 
 
-def _node_status(core: RedlockCore, index: int, reply: object) -> NodeLockStatus:
+def _node_status(core: RedlockCore, index: int, place: int, reply: object) -> NodeLockStatus:
+    """Node ``index``'s view, its health read at ``place`` (the node, or on a cluster node
+    the resource's hash slot: docs/design.md §11.4)."""
     address = core.addresses[index]
     health = core.amnesia.health
-    benched = index in health.benched()
-    rejoins = health.rejoins_in(index, core.clock())
+    benched = place in health.benched()
+    rejoins = health.rejoins_in(place, core.clock())
     seen = inspected(reply)
     if seen is not None and seen.episode.split()[:1] and seen.episode.split()[0].isdigit():
         benched = True  # the node's own account of its amnesia episode
@@ -132,8 +134,9 @@ def inspect_lock(core: RedlockCore, resource: str) -> Flow[LockStatus]:
                           (keys.lock(resource), keys.counter, keys.marker, keys.repair_guard,
                            keys.episode)))
     replies = yield Broadcast(tuple(calls), core.timeout())
-    return LockStatus(resource, core.quorum,
-                      tuple(_node_status(core, i, reply) for i, reply in enumerate(replies)))
+    places = core.layout.places((resource,))
+    return LockStatus(resource, core.quorum, tuple(
+        _node_status(core, i, places[i], reply) for i, reply in enumerate(replies)))
 
 
 def is_locked(core: RedlockCore, resource: str) -> Flow[bool]:

@@ -212,8 +212,8 @@ class AmnesiaGuard:
                 # cluster: one whose nodes lost their data (another client saw it).
                 raise self._majority_lost(self.n, outcomes)
             logger.info("redlock.cluster_initialised", nodes=self.n,
-                        marked=sum(1 for found in found.values()
-                                   if found is Initialised.WRITTEN))
+                        marked=sum(1 for kind in found.values()
+                                   if kind is Initialised.WRITTEN))
             return AttemptResult(None, tuple(outcomes), retry_now=True,
                                  reason="cluster initialised")
         if not with_marker and not self.health.marker_seen:
