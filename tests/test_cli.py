@@ -17,7 +17,9 @@ from typing import Any
 import pytest
 
 from redlock import LockLost, Redlock, cli
+from redlock._scripts.hash_slots import hash_slot
 from redlock.testing import RedisNodes
+from redlock.testing.redis_cluster import RedisClusterNodes
 from redlock.testing.redis_nodes import free_port
 from tests.internals import KEYS, bucket, cli_render
 
@@ -257,7 +259,9 @@ def test_nodes_json_shape_and_a_clean_cluster(nodes3: RedisNodes) -> None:
                              "format", "fence_counter", "repairing", "run_id",
                              "version", "role", "replicas", "replica_lag_s", "appendonly",
                              "appendfsync", "save", "maxmemory", "maxmemory_policy",
-                             "warnings", "notes", "error"}
+                             "warnings", "notes", "error", "shard_of", "hash_slots",
+                             "slots_marked"}
+        assert node["shard_of"] is None and node["hash_slots"] is None
         assert node["node"] == url.removeprefix("redis://")
         assert node["reachable"] is True and node["error"] is None
         assert node["rtt_ms"] > 0 and node["marker"] is True
@@ -269,6 +273,34 @@ def test_nodes_json_shape_and_a_clean_cluster(nodes3: RedisNodes) -> None:
         assert node["warnings"] == [] and len(node["notes"]) == 1  # no persistence: a note
         assert len(node["run_id"]) == 40
     assert len({n["run_id"] for n in shape["nodes"]}) == 3
+
+
+def test_nodes_reports_a_cluster_node_per_shard(
+        redlock_redis_cluster: RedisClusterNodes, nodes3: RedisNodes) -> None:
+    """docs/operations.md, "Redis Cluster": each master of a cluster node, its replica and
+    its hash slots' markers; a hash slot that lost its marker is a warning of its shard."""
+    seed = redlock_redis_cluster.masters()[0]
+    cluster = f"redis://{seed.host}:{seed.port}?cluster=yes"
+    urls = [*nodes3.urls[:2], cluster]
+    with Redlock(urls) as dlm, dlm.lock("cli:shards", ttl=5.0, timeout=10.0):
+        pass  # (the first acquire marks every hash slot: about half a second)
+    result = run("nodes", "--json", "--nodes", *urls)
+    assert result.returncode == cli.EXIT_OK, result.stdout + result.stderr
+    shape = json.loads(result.stdout)
+    assert shape["quorum"] == 2  # three nodes, the cluster one of them
+    shards = [n for n in shape["nodes"] if n["shard_of"] is not None]
+    assert len(shards) == 3 and {n["shard_of"] for n in shards} == {f"{seed.host}:{seed.port}"}
+    assert sum(n["hash_slots"] for n in shards) == 16384
+    assert all(n["slots_marked"] == n["hash_slots"] and n["marker"] for n in shards)
+    assert all(n["role"] == "master" and n["replicas"] == 1 for n in shards)
+    assert all(n["warnings"] == [] for n in shape["nodes"]), shape
+    slot = hash_slot(KEYS.lock("cli:shards"))
+    with redlock_redis_cluster.master_of(slot).client() as client:
+        client.delete(KEYS.beside("cli:shards").marker)
+    shape = json.loads(run("nodes", "--json", "--nodes", *urls).stdout)
+    [lost] = [n for n in shape["nodes"] if n["shard_of"] and not n["marker"]]
+    assert lost["slots_marked"] == lost["hash_slots"] - 1
+    assert "1 of its" in lost["warnings"][0]
 
 
 def test_nodes_table_and_the_warnings_the_library_knows(

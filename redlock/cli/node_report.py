@@ -1,5 +1,7 @@
 """What ``redlock nodes`` reports about each node: reachability, round trip, marker,
-identity, role, persistence, memory policy, and the warnings that follow from them.
+identity, role, persistence, memory policy, and the warnings that follow from them. A Redis
+Cluster node (``?cluster=yes``) is reported per shard: each master, its replicas and their
+lag, and how many of its hash slots carry a marker of its own run (docs/design.md §11.4).
 
 An operator's view, read with plain redis-py clients (bounded timeouts, no retries),
 never on the lock path. The warnings are those the library logs on a manager's first
@@ -9,6 +11,7 @@ cannot check on the lock path."""
 
 from __future__ import annotations
 
+import re
 import statistics
 import time
 from collections import Counter
@@ -16,16 +19,18 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from redlock._core.settings import Keys
+from redlock._core.settings import Keys, in_hash_slot
+from redlock._io.endpoint import from_url
 from redlock._io.failures import as_failure
 from redlock._scripts.node import FORMAT
 from redlock._scripts.node_config import unsafe_config
-from redlock._scripts.replies import marker_format, other_format
+from redlock._scripts.replies import marker_format, other_format, stamped_run
 
 
 @dataclass
@@ -53,6 +58,11 @@ class NodeReport:
     warnings: list[str] = field(default_factory=list)  # unsafe for locks: fix the node
     notes: list[str] = field(default_factory=list)  # safe, with an availability cost
     error: str | None = None
+    # A shard of a Redis Cluster node: the node as given, the hash slots its master
+    # serves, and how many of them have a marker stamped by its run (None: standalone).
+    shard_of: str | None = None
+    hash_slots: int | None = None
+    slots_marked: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -99,11 +109,75 @@ def _persistence_findings(report: NodeReport) -> tuple[list[str], list[str]]:
     return [], []
 
 
-def read_node(url: str, address: str, keys: Keys, timeout: float) -> NodeReport:
-    """Everything ``nodes`` shows about one node; errors end up in ``error``."""
+def _client(url: str, timeout: float) -> redis.Redis:
+    """A plain client of the server at ``url`` (bounded waits, no retries; a cluster
+    URL's own ``cluster`` option left out)."""
+    plain = re.sub(r"([?&])cluster=[^&]*&?", r"\1", url).rstrip("?&")
+    return redis.Redis.from_url(plain, socket_timeout=timeout, socket_connect_timeout=timeout,
+                                retry=Retry(NoBackoff(), 0), health_check_interval=0)
+
+
+def _at(url: str, host: str, port: int) -> str:
+    """``url`` with another server's address (the same credentials and options)."""
+    parts = urlsplit(url)
+    credentials = parts.netloc.rpartition("@")[0]
+    netloc = f"{credentials}@{host}:{port}" if credentials else f"{host}:{port}"
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+
+def read_cluster(url: str, address: str, keys: Keys, timeout: float) -> list[NodeReport]:
+    """A Redis Cluster node, one report per shard: its hash slot map read from the
+    address given (``CLUSTER SLOTS``), then each master as :func:`read_node` reads a
+    node, with its hash slots' markers and fence counters in place of the node's."""
+    seed = _client(url, timeout)
+    try:
+        entries = seed.execute_command("CLUSTER", "SLOTS")
+    except (redis.RedisError, OSError) as exc:
+        return [NodeReport(address, error=as_failure(exc).detail)]
+    finally:
+        seed.close()
+    served: dict[tuple[str, int], list[int]] = {}
+    for entry in entries:
+        host = _text(entry[2][0]) or from_url(url).host
+        served.setdefault((host, int(entry[2][1])), []).extend(
+            range(int(entry[0]), int(entry[1]) + 1))
+    reports = []
+    for (host, port), slots in sorted(served.items()):
+        report = read_node(_at(url, host, port), f"{host}:{port}", keys, timeout, slots)
+        report.shard_of = address
+        reports.append(report)
+    return reports
+
+
+def _slots(client: redis.Redis, report: NodeReport, keys: Keys, slots: Sequence[int]) -> None:
+    """A shard's hash slots: how many have a marker of its master's run, the highest
+    counter, and a warning for the others."""
+    pipe = client.pipeline(transaction=False)
+    for slot in slots:
+        slot_keys = in_hash_slot(keys.namespace, slot)
+        pipe.get(slot_keys.marker)
+        pipe.hget(slot_keys.counter, "0")
+    found = pipe.execute()
+    markers, counters = found[0::2], found[1::2]
+    report.hash_slots = len(slots)
+    report.slots_marked = sum(1 for m in markers if m is not None
+                              and stamped_run(m) == report.run_id)
+    report.marker = report.slots_marked == len(slots)
+    report.fence_counter = max((int(c) for c in counters if c is not None), default=0)
+    left = len(slots) - report.slots_marked
+    if left:
+        report.warnings.append(
+            f"{left} of its {len(slots)} hash slots have no marker of this master's run (a"
+            " failover, a migration or a loss; or a new cluster, which the first acquire"
+            " marks): clients keep them out until judged and repaired")
+
+
+def read_node(url: str, address: str, keys: Keys, timeout: float,
+              slots: Sequence[int] | None = None) -> NodeReport:
+    """Everything ``nodes`` shows about one node (``slots``: a cluster shard's master and
+    the hash slots it serves); errors end up in ``error``."""
     report = NodeReport(address)
-    client = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout,
-                                  retry=Retry(NoBackoff(), 0), health_check_interval=0)
+    client = _client(url, timeout)
     client.set_response_callback("INFO", lambda reply, **_: reply)  # the raw text
     try:
         client.ping()  # connects (and authenticates): not part of the round trip
@@ -131,6 +205,11 @@ def read_node(url: str, address: str, keys: Keys, timeout: float) -> NodeReport:
         report.maxmemory_policy = info.get("maxmemory_policy")
         report.appendfsync = _config(client, "appendfsync")
         report.save = _config(client, "save")
+        warnings, report.notes = _persistence_findings(report)
+        report.warnings = unsafe_config(raw, cluster=slots is not None) + warnings
+        if slots is not None:
+            _slots(client, report, keys, slots)
+            return report
         marker = client.get(keys.marker)
         counters = client.hvals(keys.counter)
         report.marker = marker is not None
@@ -138,8 +217,6 @@ def read_node(url: str, address: str, keys: Keys, timeout: float) -> NodeReport:
         report.marker_value = None if marker is None else _text(marker)
         report.fence_counter = max((int(c) for c in counters), default=0)
         report.repairing = bool(client.exists(keys.repair_guard))
-        warnings, report.notes = _persistence_findings(report)
-        report.warnings = unsafe_config(raw) + warnings
     except (redis.RedisError, OSError) as exc:
         report.error = as_failure(exc).detail
     finally:
@@ -149,10 +226,15 @@ def read_node(url: str, address: str, keys: Keys, timeout: float) -> NodeReport:
 
 def read_nodes(urls: Sequence[str], addresses: Sequence[str], keys: Keys,
                timeout: float) -> list[NodeReport]:
-    """All nodes in parallel (one thread each), then the warnings across nodes."""
+    """All nodes in parallel (one thread each; a cluster node gives one report per
+    shard), then the warnings across nodes."""
+    def read(url: str, address: str) -> list[NodeReport]:
+        if from_url(url).cluster:
+            return read_cluster(url, address, keys, timeout)
+        return [read_node(url, address, keys, timeout)]
+
     with ThreadPoolExecutor(max_workers=len(urls)) as pool:
-        reports = list(pool.map(read_node, urls, addresses, [keys] * len(urls),
-                                [timeout] * len(urls)))
+        reports = [r for found in pool.map(read, urls, addresses) for r in found]
     run_ids = Counter(r.run_id for r in reports if r.run_id)
     marked = sum(1 for r in reports if r.marker)
     for report in reports:
@@ -160,11 +242,11 @@ def read_nodes(urls: Sequence[str], addresses: Sequence[str], keys: Keys,
             others = [r.node for r in reports if r.run_id == report.run_id and r is not report]
             report.warnings.append(f"same run_id as {', '.join(others)}: one Redis server"
                                    " listed twice (a failure domain counted as two nodes)")
-        if report.marker and report.format != FORMAT:
+        if report.marker and report.format != FORMAT and report.shard_of is None:
             report.warnings.append(f"{other_format(report.format)}: clients of this release"
                                    " do not use it (docs/operations.md, \"Upgrading: the"
                                    " node format\")")
-        if report.reachable and not report.marker and marked:
+        if report.reachable and not report.marker and marked and report.shard_of is None:
             report.warnings.append(f"no node marker while {marked} other node(s) have one:"
                                    " it lost its data, or was added empty; clients keep it"
                                    " out until repaired (redlock repair)")

@@ -255,7 +255,14 @@ def _memory(report: NodeReport) -> str:
     return f"{report.maxmemory_policy} ({report.maxmemory} bytes)"
 
 
+def _name(report: NodeReport) -> str:
+    """A node's name; a cluster's shard as the cluster given, then its master."""
+    return report.node if report.shard_of is None else f"{report.shard_of}>{report.node}"
+
+
 def _marker(report: NodeReport) -> str:
+    if report.hash_slots is not None:  # a cluster's shard: its hash slots marked
+        return f"{report.slots_marked}/{report.hash_slots} slots"
     if report.marker and report.format != FORMAT:
         return "?" if report.format is None else f"format {report.format}"
     return _yes_no(report.marker)
@@ -273,15 +280,16 @@ def _role(report: NodeReport) -> str:
 def show_nodes(reports: Sequence[NodeReport], as_json: bool) -> None:
     """``redlock nodes``: one row per node (an unreachable one says no, and why on
     stderr), then the warnings and notes."""
-    if as_json:
-        print_json({"quorum": len(reports) // 2 + 1,
+    if as_json:  # (a cluster node's shards are one node)
+        nodes = len({report.shard_of or report.node for report in reports})
+        print_json({"quorum": nodes // 2 + 1,
                     "nodes": [report.as_dict() for report in reports]})
         return
-    rows = [[r.node, "yes", "-" if r.rtt_ms is None else f"{r.rtt_ms:.2f} ms",
+    rows = [[_name(r), "yes", "-" if r.rtt_ms is None else f"{r.rtt_ms:.2f} ms",
              _marker(r), "-" if r.fence_counter is None else str(r.fence_counter),
              (r.run_id or "-")[:12], _role(r), r.version or "-",
              _persistence(r), _memory(r), str(len(r.warnings))]
-            if r.reachable else [r.node, "no", *["-"] * 9]
+            if r.reachable else [_name(r), "no", *["-"] * 9]
             for r in reports]
     if rows:
         print_table(["node", "reachable", "rtt", "marker", "fence", "run id", "role", "version",
