@@ -16,6 +16,7 @@ production with a shorter timeout). ``full_coverage`` is ``cluster-require-full-
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import tempfile
 import time
@@ -261,6 +262,53 @@ class RedisClusterNodes:
         self._until(promoted, f"a replica to take hash slot {slot} over", timeout)
         return master, self.master_of(slot)
 
+    def kill_shard(self, slot: int) -> list[int]:
+        """kill -9 the master of hash slot ``slot`` and every replica of it: the shard and
+        its data are gone. Returns the hash slots it served (no master serves them now)."""
+        master = self.master_of(slot)
+        served = [s for first, owner in self._shards().items() if owner is master
+                  for s in self._range_of(first)]
+        for node in (master, *self.replicas_of(master)):
+            node.kill()
+        return served
+
+    def _range_of(self, first: int) -> range:
+        node = next(n for n in self.nodes if n.running and not n.paused)
+        with node.client() as client:
+            for entry in client.execute_command("CLUSTER", "SLOTS"):
+                if int(entry[0]) == first:
+                    return range(first, int(entry[1]) + 1)
+        raise LookupError(f"no hash slot range starts at {first}")
+
+    def take_over(self, slots: Sequence[int], target: RedisNode, *,
+                  timeout: float = 20.0) -> None:
+        """An operator's repair after a shard was lost: every running node forgets the
+        dead ones, and master ``target`` serves ``slots`` from now on (empty), its epoch
+        bumped to the cluster's greatest (docs/operations.md, "Redis Cluster")."""
+        dead = [self._dead_id(node) for node in self.nodes if not node.running]
+        for node in self.nodes:
+            if node.running:
+                with node.client() as client:
+                    for node_id in dead:
+                        with contextlib.suppress(redis.ResponseError):  # (forgotten)
+                            client.execute_command("CLUSTER", "FORGET", node_id)
+        with target.client() as client:
+            for low, high in _ranges(slots):
+                client.execute_command("CLUSTER", "ADDSLOTSRANGE", low, high)
+            client.execute_command("CLUSTER", "BUMPEPOCH")
+        self._until(lambda: all(self._owner_seen_by(node, slots[0]) == target
+                                for node in self.nodes if node.running),
+                    f"every node to see hash slot {slots[0]} on {target.host}:{target.port}",
+                    timeout)
+
+    def _dead_id(self, node: RedisNode) -> str:
+        """The cluster id of a node that is not running, as a running node knows it."""
+        alive = next(n for n in self.nodes if n.running)
+        for node_id, seen in self._view(alive).items():
+            if seen.address == f"{node.host}:{node.port}":
+                return node_id
+        raise LookupError(f"no running node knows {node.host}:{node.port}")
+
     def close(self) -> None:
         for node in self.nodes:
             node.close()
@@ -286,6 +334,17 @@ def cluster_info(client: redis.Redis) -> dict[str, str]:
 
 def _text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _ranges(slots: Sequence[int]) -> list[tuple[int, int]]:
+    """Consecutive hash slots as (first, last) ranges."""
+    found: list[tuple[int, int]] = []
+    for slot in sorted(slots):
+        if found and found[-1][1] == slot - 1:
+            found[-1] = (found[-1][0], slot)
+        else:
+            found.append((slot, slot))
+    return found
 
 
 def slot_ranges(count: int) -> Sequence[tuple[int, int]]:

@@ -167,3 +167,42 @@ def test_a_hash_slot_migrated_under_load(
         lost = workload.lost_updates()
         figures.extra.update(lost_updates=lost, increments=workload.increments)
         assert lost == 0, (figures.extra, workload.where_lost())
+
+
+def test_a_cluster_losing_a_whole_shard_beside_two_standalone_nodes(
+        cluster: RedisClusterNodes, fresh_nodes: Callable[..., RedisNodes],
+        store: RedisFencedStore) -> None:
+    """N=3: a shard's master and its replica are killed (its hash slots and their data
+    are gone). The two standalone nodes keep a quorum, so every name keeps being locked;
+    once an operator gives the lost hash slots to another master (``take_over``), they
+    come back empty, are benched as lost and repaired from the standalone nodes, and are
+    served by the cluster again."""
+    standalone = fresh_nodes(2)
+    urls = [*standalone.urls, cluster_url(cluster)]
+    with recorded("cluster-shard-lost-N3", store) as (figures, run):
+        with Workload(urls, run, store, "lost3", threads=THREADS, names=NAMES,
+                      ttl=TTL) as workload:
+            started = time.monotonic()
+            wait_for(lambda: successes_after(workload, started) >= PHASE, 60.0,
+                     f"{PHASE} acquisitions before the shard is lost")
+            seed = cluster.masters()[0]
+            victim = next(name for name in workload.names
+                          if cluster.master_of(hash_slot(KEYS.lock(name))) is not seed)
+            lost_at = time.monotonic()
+            slots = cluster.kill_shard(hash_slot(KEYS.lock(victim)))
+            wait_for(lambda: successes_after(workload, lost_at) >= PHASE, 60.0,
+                     f"{PHASE} acquisitions while the shard is gone")
+            taken_at = time.monotonic()
+            cluster.take_over(slots, seed)
+            wait_for(lambda: served(cluster, workload.names), BACK,
+                     "every hash slot in use served again")
+            served_at = time.monotonic()
+            wait_for(lambda: successes_after(workload, served_at) >= PHASE, 60.0,
+                     f"{PHASE} acquisitions after the hash slots came back")
+            figures.extra.update(
+                hash_slots_lost=len(slots), served_again_s=round(served_at - taken_at, 2),
+                longest_gap_s=round(workload.longest_gap(lost_at, time.monotonic()), 3),
+                failures=workload.failures)
+        lost = workload.lost_updates()
+        figures.extra.update(lost_updates=lost, increments=workload.increments)
+        assert lost == 0, (figures.extra, workload.where_lost())
