@@ -63,6 +63,7 @@ class Node:
                        self.execute)
         assert result.state is not None, result
         drive(self.core.holding.release(result.state), self.execute)
+        self.outcomes = result.outcomes
         return result.state.token, [r.outcome.name for r in result.outcomes]
 
     def maintain(self, within: float) -> None:
@@ -145,6 +146,8 @@ def test_a_lost_hash_slot_is_benched_alone_and_repaired_from_its_peers(
     assert token > 3 and outcomes == ["GRANTED", "GRANTED", "AMNESIAC"]
     health = mixed.core.amnesia.health
     assert set(health.unmarked) == {place(mixed, "orders")}
+    # Its outcome names the hash slot it answered for (per-slot outcomes in errors).
+    assert mixed.outcomes[CLUSTER].node.endswith(f" hash slot {lost}"), mixed.outcomes
     other = next(r for r in (f"other:{i}" for i in range(100))
                  if hash_slot(KEYS.lock(r)) != lost)
     assert mixed.acquire(other)[1] == ["GRANTED"] * 3

@@ -387,12 +387,14 @@ class RedlockCore:
         our key may be and why."""
         resources, deadline = opening.resources, opening.deadline
         settings, layout, name = self.settings, self.layout, opening.name
+        places = layout.places(resources)
+        # (Each outcome names its node; a cluster node's, the hash slot it answered for.)
+        names = self.addresses if not layout.clusters else [
+            layout.where(place, self.addresses) for place in places]
         outcomes = self.amnesia.screen([
-            kind.outcome(self.addresses[i], reply, len(resources))
-            for i, reply in enumerate(replies)])
+            kind.outcome(names[i], reply, len(resources)) for i, reply in enumerate(replies)])
         amnesia = (None if self.amnesia.clear(outcomes)
-                   else (yield from self.amnesia.check(outcomes, deadline,
-                                                       layout.places(resources))))
+                   else (yield from self.amnesia.check(outcomes, deadline, places)))
         if amnesia is not None:  # the call may try again: it keeps its place in line
             yield deadline.cap(self.holding.release_calls(
                 resources, value, ttl, leave=False, kind=kind, ticket=opening.ticket))
