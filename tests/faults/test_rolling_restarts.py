@@ -91,7 +91,8 @@ def test_a_rolling_restart_without_persistence_keeps_locking(
     """Every node restarted empty in turn, SPACING apart, under load, default settings."""
     nodes = fresh_nodes(n)
     with recorded(f"rolling-restart-N{n}", store) as (figures, run):
-        with Workload(nodes.urls, run, store, f"roll{n}") as workload:
+        with Workload(nodes.urls, run, store, f"roll{n}", threads=THREADS, names=NAMES,
+                      ttl=TTL) as workload:
             started = time.monotonic()
             rejoins = []
             for index, when in roll(nodes, keep_data=False, spacing=SPACING):
@@ -110,7 +111,8 @@ def test_a_second_restart_before_the_first_node_is_back(
     horizons and node 0's own rejoin time, so both are back within REJOIN."""
     nodes = fresh_nodes(5)
     with recorded("second-restart-before-the-first-is-back", store) as (figures, run):
-        with Workload(nodes.urls, run, store, "second") as workload:
+        with Workload(nodes.urls, run, store, "second", threads=THREADS, names=NAMES,
+                      ttl=TTL) as workload:
             started = time.monotonic()
             time.sleep(3.0)
             nodes[0].restart(keep_data=False)
@@ -135,7 +137,8 @@ def test_a_rolling_restart_with_appendfsync_everysec(
     expired, like an empty one (docs/design.md §4.4). 10 s apart."""
     nodes = fresh_nodes(3, appendonly=True, appendfsync="everysec")
     with recorded("rolling-restart-everysec", store) as (figures, run):
-        with Workload(nodes.urls, run, store, "everysec") as workload:
+        with Workload(nodes.urls, run, store, "everysec", threads=THREADS, names=NAMES,
+                      ttl=TTL) as workload:
             started = time.monotonic()
             rejoins = []
             for index, when in roll(nodes, keep_data=True, spacing=10.0):
