@@ -26,7 +26,7 @@ from redlock._io.resp import ReplyError
 from redlock._scripts.hash_slots import HASH_SLOTS, hash_slot
 
 __all__ = ["MAX_HOPS", "REDIRECTS", "REMAP_EVERY", "UNROUTED", "Redirect", "Routes", "SlotMap",
-           "redirect_of", "retry_delay", "slot_map_command"]
+           "redirect_of", "retry_delay", "slot_map_command", "slot_owners"]
 
 #: A call's target while its cluster node's hash slot map is not known.
 UNROUTED = -1
@@ -75,6 +75,23 @@ def redirect_of(reply: object) -> Redirect | None:
         return Redirect(parts[0], int(parts[1]), host.strip("[]"), int(port))
     except ValueError:
         return None
+
+
+def slot_owners(reply: object, asked_host: str) -> list[tuple[int, int, str, int]]:
+    """A ``CLUSTER SLOTS`` reply, read: (first hash slot, last, master's host, port) per
+    range; a master that does not know its own address ('' or '?') is at ``asked_host``.
+    Raises ValueError if it is not one."""
+    if not isinstance(reply, list) or not reply:
+        raise ValueError(f"CLUSTER SLOTS answered {reply!r}: no hash slot is served")
+    owners = []
+    for entry in reply:
+        if not isinstance(entry, list) or len(entry) < 3 or not isinstance(entry[2], list):
+            raise ValueError(f"CLUSTER SLOTS answered an entry {entry!r}")
+        master = entry[2]
+        host = master[0].decode() if isinstance(master[0], bytes) else str(master[0])
+        owners.append((int(entry[0]), int(entry[1]),
+                       asked_host if host in ("", "?") else host, int(master[1])))
+    return owners
 
 
 def retry_delay(tries: int) -> float:
@@ -241,17 +258,9 @@ class Routes:
     def apply(self, node: int, reply: object, asked: Endpoint) -> None:
         """A ``CLUSTER SLOTS`` reply from ``asked`` becomes cluster node ``node``'s map.
         Raises ValueError if it is not one."""
-        if not isinstance(reply, list) or not reply:
-            raise ValueError(f"CLUSTER SLOTS answered {reply!r}: no hash slot is served")
         owners = array("i", [UNROUTED]) * HASH_SLOTS
-        for entry in reply:
-            if not isinstance(entry, list) or len(entry) < 3 or not isinstance(entry[2], list):
-                raise ValueError(f"CLUSTER SLOTS answered an entry {entry!r}")
-            start, end, master = int(entry[0]), int(entry[1]), entry[2]
-            host = master[0].decode() if isinstance(master[0], bytes) else str(master[0])
-            if host in ("", "?"):  # (the server's own address is not configured)
-                host = asked.host
-            target = self.target(node, host, int(master[1]))
+        for start, end, host, port in slot_owners(reply, asked.host):
+            target = self.target(node, host, port)
             owners[start:end + 1] = array("i", [target]) * (end + 1 - start)
         slot_map = self.maps[node]
         assert slot_map is not None

@@ -37,6 +37,7 @@ from redlock._io.routing import (
 )
 from redlock._scripts import lock as scripts
 from redlock._scripts import node as node_scripts
+from redlock._scripts.replies import identity
 
 __all__ = ["DONE", "IDENTIFIED", "MORE", "NOT_AWAITED", "PENDING", "RESEND", "SENT_LATE",
            "Exchange", "Gathering", "Late", "LateConnections", "NotAwaited", "Packing", "Silence",
@@ -311,12 +312,10 @@ class Exchange:
         self.done = True
 
 
-def run_of(identity: object) -> str | None:
-    """The server run an identity reply ({run, marker}) names."""
-    if isinstance(identity, list) and identity:
-        run = identity[0]
-        return run.decode() if isinstance(run, bytes) else str(run)
-    return None
+def run_of(reply: object) -> str | None:
+    """The server run an identity reply ({run, marker}) names (``replies.identity``)."""
+    found = identity(reply)
+    return None if found is None else found[0]
 
 
 def with_run(calls: tuple[Call, ...], run: str) -> tuple[Call, ...]:

@@ -28,6 +28,7 @@ from redis.retry import Retry
 from redlock._core.settings import Keys, in_hash_slot
 from redlock._io.endpoint import from_url
 from redlock._io.failures import as_failure
+from redlock._io.routing import slot_map_command, slot_owners
 from redlock._scripts.node import FORMAT
 from redlock._scripts.node_config import unsafe_config
 from redlock._scripts.replies import marker_format, other_format, stamped_run
@@ -131,16 +132,14 @@ def read_cluster(url: str, address: str, keys: Keys, timeout: float) -> list[Nod
     node, with its hash slots' markers and fence counters in place of the node's."""
     seed = _client(url, timeout)
     try:
-        entries = seed.execute_command("CLUSTER", "SLOTS")
-    except (redis.RedisError, OSError) as exc:
+        owners = slot_owners(seed.execute_command(*slot_map_command()), from_url(url).host)
+    except (redis.RedisError, OSError, ValueError) as exc:
         return [NodeReport(address, error=as_failure(exc).detail)]
     finally:
         seed.close()
     served: dict[tuple[str, int], list[int]] = {}
-    for entry in entries:
-        host = _text(entry[2][0]) or from_url(url).host
-        served.setdefault((host, int(entry[2][1])), []).extend(
-            range(int(entry[0]), int(entry[1]) + 1))
+    for first, last, host, port in owners:
+        served.setdefault((host, port), []).extend(range(first, last + 1))
     reports = []
     for (host, port), slots in sorted(served.items()):
         report = read_node(_at(url, host, port), f"{host}:{port}", keys, timeout, slots)

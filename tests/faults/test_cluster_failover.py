@@ -71,26 +71,43 @@ def successes_after(workload: Workload, since: float) -> int:
     return sum(1 for t in list(workload.successes) if t >= since)
 
 
+def phase(workload: Workload, what: str, since: float | None = None) -> float:
+    """PHASE acquisitions from ``since`` (by default now); when the wait began."""
+    began = time.monotonic() if since is None else since
+    wait_for(lambda: successes_after(workload, began) >= PHASE, 60.0,
+             f"{PHASE} acquisitions {what}")
+    return began
+
+
+def served_again(cluster: RedisClusterNodes, workload: Workload) -> float:
+    """Once every hash slot in use is served again (within BACK): when."""
+    wait_for(lambda: served(cluster, workload.names), BACK,
+             "every hash slot in use served again")
+    return time.monotonic()
+
+
+def nothing_lost(workload: Workload, figures: object) -> None:
+    """The read-modify-writes add up: no lost update (into the figures, and checked)."""
+    lost = workload.lost_updates()
+    figures.extra.update(lost_updates=lost,  # type: ignore[attr-defined]
+                         increments=workload.increments)
+    assert lost == 0, (figures.extra, workload.where_lost())  # type: ignore[attr-defined]
+
+
 def killed_under_load(workload: Workload, cluster: RedisClusterNodes, figures: object,
                       *, seed_killed: bool) -> None:
     """PHASE acquisitions, a master killed (the one at the address the clients were
     given, or another), PHASE more after its replica is promoted, and every hash slot in
     use served again."""
-    started = time.monotonic()
-    wait_for(lambda: successes_after(workload, started) >= PHASE, 60.0,
-             f"{PHASE} acquisitions before the kill")
+    started = phase(workload, "before the kill")
     before = successes_after(workload, started)
     seed = cluster.masters()[0]
     victim = next(name for name in workload.names
                   if (cluster.master_of(hash_slot(KEYS.lock(name))) is seed) == seed_killed)
     killed_at = time.monotonic()
     _, promoted = cluster.kill_master(hash_slot(KEYS.lock(victim)))
-    promoted_at = time.monotonic()
-    wait_for(lambda: successes_after(workload, promoted_at) >= PHASE, 60.0,
-             f"{PHASE} acquisitions after the promotion")
-    wait_for(lambda: served(cluster, workload.names), BACK,
-             "every hash slot in use served again")
-    served_at = time.monotonic()
+    promoted_at = phase(workload, "after the promotion")
+    served_at = served_again(cluster, workload)
     figures.extra.update(  # type: ignore[attr-defined]
         acquired_before=before, promotion_s=round(promoted_at - killed_at, 2),
         acquired_after=successes_after(workload, promoted_at),
@@ -113,9 +130,7 @@ def test_a_cluster_beside_two_standalone_nodes_loses_a_master_under_load(
         with Workload(urls, run, store, "fo3", threads=THREADS, names=NAMES,
                       ttl=TTL) as workload:
             killed_under_load(workload, cluster, figures, seed_killed=True)
-        lost = workload.lost_updates()
-        figures.extra.update(lost_updates=lost, increments=workload.increments)
-        assert lost == 0, (figures.extra, workload.where_lost())
+        nothing_lost(workload, figures)
 
 
 def test_one_cluster_alone_loses_a_master_under_load(
@@ -129,9 +144,7 @@ def test_one_cluster_alone_loses_a_master_under_load(
         with Workload([cluster_url(cluster)], run, store, "fo1", threads=THREADS,
                       names=NAMES, ttl=TTL, max_ttl=TTL) as workload:
             killed_under_load(workload, cluster, figures, seed_killed=False)
-        lost = workload.lost_updates()
-        figures.extra.update(lost_updates=lost, increments=workload.increments)
-        assert lost == 0, (figures.extra, workload.where_lost())
+        nothing_lost(workload, figures)
 
 
 def test_a_hash_slot_migrated_under_load(
@@ -147,26 +160,19 @@ def test_a_hash_slot_migrated_under_load(
     with recorded("cluster-migration-N3", store) as (figures, run):
         with Workload(urls, run, store, "mig3", threads=THREADS, names=NAMES,
                       ttl=TTL) as workload:
-            started = time.monotonic()
-            wait_for(lambda: successes_after(workload, started) >= PHASE, 60.0,
-                     f"{PHASE} acquisitions before the migration")
+            phase(workload, "before the migration")
             slot = hash_slot(KEYS.lock(workload.names[0]))
             target = next(m for m in cluster.masters() if m is not cluster.master_of(slot))
             moved_at = time.monotonic()
             keys = cluster.migrate(slot, target, batch=1)
-            migrated_at = time.monotonic()
-            wait_for(lambda: successes_after(workload, migrated_at) >= PHASE, 60.0,
-                     f"{PHASE} acquisitions after the migration")
-            wait_for(lambda: served(cluster, workload.names), BACK,
-                     "every hash slot in use served again")
+            migrated_at = phase(workload, "after the migration")
+            served_at = served_again(cluster, workload)
             figures.extra.update(
                 keys_moved=keys, migration_s=round(migrated_at - moved_at, 3),
-                served_again_s=round(time.monotonic() - migrated_at, 2),
+                served_again_s=round(served_at - migrated_at, 2),
                 longest_gap_s=round(workload.longest_gap(moved_at, time.monotonic()), 3),
                 failures=workload.failures)
-        lost = workload.lost_updates()
-        figures.extra.update(lost_updates=lost, increments=workload.increments)
-        assert lost == 0, (figures.extra, workload.where_lost())
+        nothing_lost(workload, figures)
 
 
 def test_a_cluster_losing_a_whole_shard_beside_two_standalone_nodes(
@@ -182,27 +188,19 @@ def test_a_cluster_losing_a_whole_shard_beside_two_standalone_nodes(
     with recorded("cluster-shard-lost-N3", store) as (figures, run):
         with Workload(urls, run, store, "lost3", threads=THREADS, names=NAMES,
                       ttl=TTL) as workload:
-            started = time.monotonic()
-            wait_for(lambda: successes_after(workload, started) >= PHASE, 60.0,
-                     f"{PHASE} acquisitions before the shard is lost")
+            phase(workload, "before the shard is lost")
             seed = cluster.masters()[0]
             victim = next(name for name in workload.names
                           if cluster.master_of(hash_slot(KEYS.lock(name))) is not seed)
             lost_at = time.monotonic()
             slots = cluster.kill_shard(hash_slot(KEYS.lock(victim)))
-            wait_for(lambda: successes_after(workload, lost_at) >= PHASE, 60.0,
-                     f"{PHASE} acquisitions while the shard is gone")
+            phase(workload, "while the shard is gone", lost_at)
             taken_at = time.monotonic()
             cluster.take_over(slots, seed)
-            wait_for(lambda: served(cluster, workload.names), BACK,
-                     "every hash slot in use served again")
-            served_at = time.monotonic()
-            wait_for(lambda: successes_after(workload, served_at) >= PHASE, 60.0,
-                     f"{PHASE} acquisitions after the hash slots came back")
+            served_at = served_again(cluster, workload)
+            phase(workload, "after the hash slots came back", served_at)
             figures.extra.update(
                 hash_slots_lost=len(slots), served_again_s=round(served_at - taken_at, 2),
                 longest_gap_s=round(workload.longest_gap(lost_at, time.monotonic()), 3),
                 failures=workload.failures)
-        lost = workload.lost_updates()
-        figures.extra.update(lost_updates=lost, increments=workload.increments)
-        assert lost == 0, (figures.extra, workload.where_lost())
+        nothing_lost(workload, figures)

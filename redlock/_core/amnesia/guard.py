@@ -86,6 +86,12 @@ class AmnesiaGuard:
             return Call(node, args, None, (self.keys_of(place).marker,))
         return Call(node, args, script, keys)
 
+    def floored(self, place: int) -> bool:
+        """Whether ``place`` is a hash slot of a lone cluster node (N=1): no peer to
+        re-seed it, its master's epoch does (docs/design.md §11.4, "the epoch floor"); a
+        loss there is benched, not a majority's."""
+        return self.n == 1 and place >= self.n
+
     def identify(self, place: int) -> Call:
         """IDENTIFY of a place: the server serving it and its marker."""
         if place < self.n:
@@ -255,9 +261,7 @@ class AmnesiaGuard:
             # (a hash slot stamped by another server is a suspect now); one that did not
             # answer is looked at again next time.
             missing = [p for p in missing if looked.get(p, False) is False]
-        # A lone cluster node's hash slot is repaired from its master's epoch (docs/
-        # design.md §11.4): benched, not a majority's loss.
-        floored = self.n == 1 and bool(missing) and missing[0] >= self.n
+        floored = bool(missing) and self.floored(missing[0])
         if len(missing) >= self.quorum and not floored:
             raise self._majority_lost(len(missing), outcomes)
         for p in missing:

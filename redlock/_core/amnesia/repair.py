@@ -72,7 +72,7 @@ def repair_node(guard: AmnesiaGuard, target: int, *, force: bool,
     a cluster node: docs/design.md §11.4). ``sources``: the places to read counters from
     (all of them must answer); by default every healthy peer, of which a quorum must."""
     address = guard.where(target)
-    layout, timeout = guard.layout, guard.settings.repair_timeout
+    timeout = guard.settings.repair_timeout
     keys = guard.keys_of(target)
     repair_id = guard.env.random_hex(8)
     claim = keys.repair_guard
@@ -81,9 +81,7 @@ def repair_node(guard: AmnesiaGuard, target: int, *, force: bool,
     if isinstance(claimed, BaseException) or claimed is None:
         detail = failure_detail(claimed) if isinstance(claimed, BaseException) else "busy"
         return RepairReport(address, RepairStatus.FAILED, f"could not claim the repair: {detail}")
-    if guard.n == 1 and layout.slot_of(target) >= 0:
-        # A lone cluster node's hash slot: no peer to read, its master's epoch instead
-        # (docs/design.md §11.4, "the epoch floor").
+    if guard.floored(target):  # (no peer to read: its master's epoch instead)
         seeded = epoch_seeded((yield from ask_one(guard.call(
             target, (repair_id,), node_scripts.SEED_EPOCH, (claim, keys.counter)), timeout)))
         if isinstance(seeded, str):
