@@ -298,7 +298,10 @@ class RedisNode:
 
     def replicate(self, primary: RedisNode, timeout: float = 10.0) -> None:
         """``REPLICAOF primary``, then wait until the first full sync is done and the
-        link is up; with AOF, also until the AOF rewrite that follows a full sync has
+        link is up, and until the primary counts this replica in ``WAIT`` (online, its
+        acknowledged offset at the primary's: after a full sync that can take until the
+        replica's next periodic acknowledgement, up to a second, during which ``WAIT``
+        answers 0); with AOF, also until the AOF rewrite that follows a full sync has
         finished (until then the synced data is in no AOF file that a restart would
         load). The setting is not persisted: a restart makes this a primary again."""
         rewrites = self._persistence()["aof_rewrites"] if self.appendonly else 0
@@ -307,6 +310,13 @@ class RedisNode:
         self._wait(lambda info: info.get("master_link_status") == "up"
                    and info.get("master_sync_in_progress") == "0",
                    timeout, f"replica of {primary.host}:{primary.port} did not sync")
+        deadline = time.monotonic() + timeout
+        while not primary._acknowledges(self):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{primary.host}:{primary.port} did not count its replica"
+                                   f" on port {self.port} as online and caught up within"
+                                   f" {timeout}s: {primary.replication()}")
+            time.sleep(0.02)
         if self.appendonly:
             deadline = time.monotonic() + timeout
             while True:
@@ -317,6 +327,19 @@ class RedisNode:
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"the AOF rewrite after the sync did not finish: {state}")
                 time.sleep(0.02)
+
+    def _acknowledges(self, replica: RedisNode) -> bool:
+        """Whether ``WAIT`` on this primary counts ``replica`` (listed among its replicas)
+        and every other replica it lists: one message published (a write every replica is
+        sent, which stores nothing), then ``WAIT`` for all of them, 100 ms at most."""
+        with self.client() as client:
+            info = client.info("replication")
+            listed = [entry for key, entry in info.items()
+                      if str(key).startswith("slave") and isinstance(entry, dict)]
+            if not any(int(entry.get("port", -1)) == replica.port for entry in listed):
+                return False
+            client.publish("redlock:testing:replicate", "")
+            return int(client.execute_command("WAIT", len(listed), 100)) >= len(listed)
 
     def _persistence(self) -> dict[str, int]:
         with self.client() as client:

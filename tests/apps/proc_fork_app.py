@@ -13,7 +13,7 @@ three threads (tasks) that keep taking a contended resource (so its renewal loop
 release listener and pools are all busy), and an auto-extended lock of its own
 (``app:parent``) held through the whole run. While all that runs it forks
 :data:`CHILDREN` children, :data:`ROUNDS` rounds apart. Each child, with the inherited
-manager, acquires an auto-extended lock (ttl 1 s, ``timeout=30``), holds it 2.5 s while
+manager, acquires an auto-extended lock (ttl 2 s, ``timeout=30``), holds it 2.5 s while
 checking it, and releases it; the first two children of each round contend on
 ``app:shared:a`` / ``app:shared:b`` (so they need release wake-ups), the others take a
 resource of their own.
@@ -49,7 +49,7 @@ ROUNDS = 4
 PER_ROUND = 6
 CHILDREN = ROUNDS * PER_ROUND
 ROUND_GAP = 0.3  # s between rounds of forks
-CHILD_TTL = 1.0
+CHILD_TTL = 2.0  # a child's first auto-extended lock waits for its renewer to start (§5.2)
 CHILD_HOLD = 2.5
 CHILD_TIMEOUT = 30.0
 STUCK_GRACE = 10.0  # s past a call's own bound (timeout=30, or none): the child is hung

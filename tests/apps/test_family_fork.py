@@ -5,11 +5,11 @@ forks children that use the inherited manager and leave the parent's ``with`` bl
 application, not pytest).
 
 What must hold: no child hangs or fails; the children take the free permit in turn (one
-at a time, tokens rising), share the parent's read (same token) and are refused a
-write; they see the parent lead its term and cannot win a campaign; leaving the
-parent's ``with`` blocks in a child releases nothing of the parent's: afterwards a quorum
-still shows its permit, its read and its leadership, its handles pass ``check()``, and
-its own release then frees all three.
+at a time, tokens rising), share the parent's read (a token no lower than its read's)
+and are refused a write; they see the parent lead its term and cannot win a campaign;
+leaving the parent's ``with`` blocks in a child releases nothing of the parent's:
+afterwards a quorum still shows its permit, its read and its leadership, its handles
+pass ``check()``, and its own release then frees all three.
 """
 
 from __future__ import annotations
@@ -64,10 +64,15 @@ def test_children_use_the_family_of_the_parents_manager(tmp_path: Path) -> None:
         problems += [f"child {child['index']}: {e}" for e in child["errors"]]
         if child.get("permit", {}).get("slot") == parent["slot"]:
             problems.append(f"child {child['index']} got the parent's slot {parent['slot']}")
-        if child.get("read_token") != parent["read_token"]:
+        # No write is granted (each child's is refused), so none committed a token after
+        # the parent's read: a child's read sees at least the parent's token; more only if
+        # a refused write was granted on a node the parent's read did not hold then (a
+        # quorum holds it, §12.3), which raised that node's counter.
+        if not isinstance(child.get("read_token"), int) or (
+                child["read_token"] < parent["read_token"]):
             problems.append(f"child {child['index']} read with token"
-                            f" {child.get('read_token')}, the parent's read has"
-                            f" {parent['read_token']} (no write came between)")
+                            f" {child.get('read_token')}, below the parent's read's"
+                            f" {parent['read_token']}")
         if child.get("write_refused") is not True:
             problems.append(f"child {child['index']} was granted a write while the parent"
                             " read")

@@ -5,7 +5,7 @@ The application (``tests/apps/proc_fork_app.py``, run as a subprocess so that it
 copy an application process, not pytest) creates one manager over 3 real nodes, uses it,
 keeps three threads (tasks) locking a contended resource and holds an auto-extended lock
 of its own, then forks 24 children in 4 rounds of 6 that use the inherited manager: each
-acquires an auto-extended lock (ttl 1 s, ``timeout=30``), holds it 2.5 s while checking
+acquires an auto-extended lock (ttl 2 s, ``timeout=30``), holds it 2.5 s while checking
 it, and releases it; two children per round contend on one of two shared resources.
 Before that, every child takes ``app:handoff`` briefly twice (ttl 5 s, held 50 ms): 24
 processes contending, handed the lock from one to the next on release.
@@ -92,7 +92,7 @@ def child_problems(children: list[dict[str, Any]]) -> list[str]:
     lost = [c for c in held if c.get("lost") or c.get("on_lost")]
     if lost:
         problems.append(
-            f"{len(lost)} of {len(held)} children lost their auto-extended lock (ttl 1 s, "
+            f"{len(lost)} of {len(held)} children lost their auto-extended lock (ttl 2 s, "
             f"held 2.5 s); first: child {lost[0]['index']} after {lost[0]['checks']} "
             f"checks: {lost[0].get('lost')}")
     by_resource: dict[str, list[dict[str, Any]]] = {}
