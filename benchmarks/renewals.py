@@ -68,11 +68,10 @@ def _scripts_run(url: str) -> int:
 
 
 def child(mode: str, host: str, urls: list[str], locks: int, seconds: float, ttl: float) -> None:
-    from redlock import AsyncRedlock, Redlock
+    from redlock.testing import manager
 
-    options: dict[str, Any] = {}
-    if mode == "thread":
-        options["clock"] = lambda: time.monotonic()  # not time.monotonic: in-process
+    # Another clock than time.monotonic itself: the renewals run in this process.
+    clock = (lambda: time.monotonic()) if mode == "thread" else None
 
     def measure(idle: float) -> dict[str, Any]:
         renewers = _children(os.getpid())
@@ -89,7 +88,7 @@ def child(mode: str, host: str, urls: list[str], locks: int, seconds: float, ttl
 
     result: dict[str, Any] = {"mode": mode, "host": host}
     if host == "sync":
-        with Redlock(urls, **options) as dlm:
+        with manager(urls, clock=clock) as dlm:
             with dlm.lock("warm", ttl=ttl, auto_extend=True):
                 time.sleep(0.5)  # the renewer is up
             result["idle"] = measure(5.0)
@@ -103,7 +102,7 @@ def child(mode: str, host: str, urls: list[str], locks: int, seconds: float, ttl
                     lock.release()
     else:
         async def run() -> None:
-            async with AsyncRedlock(urls, **options) as dlm:
+            async with manager(urls, clock=clock, asynchronous=True) as dlm:
                 async with dlm.lock("warm", ttl=ttl, auto_extend=True):
                     await asyncio.sleep(0.5)
                 result["idle"] = await asyncio.to_thread(measure, 5.0)

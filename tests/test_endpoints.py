@@ -5,6 +5,9 @@ library reads a client's public settings only."""
 from __future__ import annotations
 
 import pickle
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import redis
@@ -59,20 +62,33 @@ def test_a_sentinel_client_names_its_service_and_sentinels() -> None:
 
 
 def test_the_node_list_is_checked_at_the_call_site() -> None:
-    found = endpoints(["redis://h:1", redis.Redis(host="h", port=2)], CLIENTS, "redis-py")
-    assert labels(found) == ["h:1", "h:2"]
+    found = endpoints(["redis://h:1", redis.Redis(host="h", port=2),
+                       redis.asyncio.Redis(host="h", port=3)])
+    assert labels(found) == ["h:1", "h:2", "h:3"]
     with pytest.raises(TypeError, match="collection"):
-        endpoints("redis://h:1", CLIENTS, "redis-py")
+        endpoints("redis://h:1")
     with pytest.raises(ValueError, match="at least one"):
-        endpoints([], CLIENTS, "redis-py")
+        endpoints([])
     with pytest.raises(TypeError, match="URL string or a redis-py client, not int"):
-        endpoints([42], CLIENTS, "redis-py")
+        endpoints([42])
     with pytest.raises(ValueError, match="same Redis server"):
-        endpoints(["redis://localhost:1/0", "redis://127.0.0.1:1/3"], CLIENTS, "redis-py")
+        endpoints(["redis://localhost:1/0", "redis://127.0.0.1:1/3"])
     with pytest.raises(ValueError, match=r"\*\*\*"):  # (no password in the message)
-        endpoints(["redis://:secret@h:1", "redis://:secret@H:1"], CLIENTS, "redis-py")
+        endpoints(["redis://:secret@h:1", "redis://:secret@H:1"])
 
 
 def test_endpoints_cross_to_another_process() -> None:
     found = [from_url("rediss://u:p@h:1/2"), from_client(redis.Redis(unix_socket_path="/s"))]
     assert pickle.loads(pickle.dumps(found)) == found
+
+
+def test_the_library_and_its_renewer_import_no_redis_py() -> None:
+    """A client's class is found among the modules already imported (an instance means its
+    module is), so importing the library, and the renewer process's start (docs/design.md
+    §5.2), do not import redis-py."""
+    code = (f"import sys; sys.path.insert(0, {str(Path(__file__).parents[1])!r});"
+            " import redlock, redlock.aio, redlock._client.renewer_process;"
+            " print(sorted(m for m in sys.modules if m == 'redis' or m.startswith('redis.')))")
+    shown = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True,
+                           check=True)
+    assert shown.stdout.strip() == "[]", shown.stdout

@@ -12,9 +12,6 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar, Generic, TypeVar
 
-import redis
-import redis.asyncio
-
 from redlock import _fork
 from redlock._client import environment
 from redlock._client.decorator import F, make_decorator
@@ -53,9 +50,6 @@ class _Rebuilding:
 
 _rebuilding = _Rebuilding()
 
-# What a node may be given as, besides a URL: a redis-py client of either flavour (only
-# its settings are read: the library opens its own connections, docs/design.md §2.4).
-_CLIENTS = (redis.Redis, redis.asyncio.Redis)
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_rebuilding.after_fork)
 
@@ -161,7 +155,7 @@ class ManagerBase(Generic[H, MH]):
         # design.md §2.4). The transport opens no connection before first use, so nothing
         # leaks if anything below raises.
         self._endpoints = [replace(endpoint, replica_acks=settings.replica_acks)
-                           for endpoint in endpoints(nodes, _CLIENTS, "redis-py")]
+                           for endpoint in endpoints(nodes)]
         self._addresses = labels(self._endpoints)
         self._transport = self._open_transport(settings)
         self._core = RedlockCore(self._addresses, settings, environment.real(self._hooks.clock),

@@ -6,12 +6,12 @@ to the renewer process as it is (§5.2). A Redis Cluster (a ``RedisCluster`` cli
 
 from __future__ import annotations
 
-import contextlib
 import ipaddress
 import os
 import pickle
 import re
 import ssl
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -181,7 +181,7 @@ def from_client(client: Any) -> Endpoint:
     """A redis-py client's node (either flavour): its server, credentials and TLS,
     read from its public settings; a ``Sentinel.master_for()`` client's master; a
     ``RedisCluster`` client's cluster, reached first at its default node."""
-    if _CLUSTER_CLIENTS and isinstance(client, _CLUSTER_CLIENTS):
+    if isinstance(client, _client_types(*_CLUSTER)):
         return _from_cluster(client)
     pool = client.connection_pool
     kwargs: Mapping[str, Any] = pool.connection_kwargs
@@ -254,18 +254,16 @@ def _tls(kwargs: Mapping[str, Any]) -> Tls:
                min_version=get("min_version"), ciphers=get("ciphers"))
 
 
-def _cluster_client_types() -> tuple[type, ...]:
-    types: list[type] = []
-    with contextlib.suppress(ImportError):
-        from redis.cluster import RedisCluster
-        types.append(RedisCluster)
-    with contextlib.suppress(ImportError):
-        from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
-        types.append(AsyncRedisCluster)
-    return tuple(types)
+def _client_types(*names: tuple[str, str]) -> tuple[type, ...]:
+    """redis-py's client classes ``(module, class)`` of the modules already imported: an
+    instance of one means its module is, so the library does not import redis-py itself
+    (most of a renewer process's start, docs/design.md §5.2)."""
+    found = (getattr(sys.modules.get(module), name, None) for module, name in names)
+    return tuple(cls for cls in found if isinstance(cls, type))
 
 
-_CLUSTER_CLIENTS = _cluster_client_types()
+_PLAIN = (("redis", "Redis"), ("redis.asyncio", "Redis"))
+_CLUSTER = (("redis.cluster", "RedisCluster"), ("redis.asyncio.cluster", "RedisCluster"))
 
 
 def type_name(value: object) -> str:
@@ -285,14 +283,14 @@ def clusters(found: Sequence[Endpoint]) -> tuple[int, ...]:
     return tuple(i for i, endpoint in enumerate(found) if endpoint.cluster)
 
 
-def endpoints(nodes: object, client_types: tuple[type, ...], client_name: str) -> list[Endpoint]:
-    """The caller's node list, checked at the call site: a collection of URLs or clients
-    (``client_types``), none twice. A bare string, a mapping, an empty list, an item of another
-    type, an unparsable URL and the same server listed twice raise ``TypeError``/``ValueError``."""
+def endpoints(nodes: object) -> list[Endpoint]:
+    """The caller's node list, checked at the call site: a collection of URLs or redis-py
+    clients, none twice. A bare string, a mapping, an empty list, an item of another type,
+    an unparsable URL and the same server listed twice raise ``TypeError``/``ValueError``."""
     if isinstance(nodes, str | bytes | bytearray | Mapping) or not isinstance(nodes, Iterable):
         raise TypeError(
-            f"nodes must be a collection (list, tuple, set...) of URLs or {client_name}"
-            f" clients, not {type(nodes).__name__}")
+            "nodes must be a collection (list, tuple, set...) of URLs or redis-py clients,"
+            f" not {type(nodes).__name__}")
     items = list(nodes)
     if not items:
         raise ValueError("at least one Redis node is needed")
@@ -303,10 +301,10 @@ def endpoints(nodes: object, client_types: tuple[type, ...], client_name: str) -
                 found.append(from_url(item))
             except ValueError as exc:
                 raise ValueError(f"bad node URL {_masked(item)!r}: {exc}") from None
-        elif isinstance(item, client_types + _CLUSTER_CLIENTS):
+        elif isinstance(item, _client_types(*_PLAIN, *_CLUSTER)):
             found.append(from_client(item))
         else:
-            raise TypeError(f"each node must be a URL string or a {client_name} client,"
+            raise TypeError("each node must be a URL string or a redis-py client,"
                             f" not {type_name(item)}")
     seen: dict[str, str] = {}
     for item, endpoint in zip(items, found, strict=True):
