@@ -298,12 +298,12 @@ class RedisNode:
 
     def replicate(self, primary: RedisNode, timeout: float = 10.0) -> None:
         """``REPLICAOF primary``, then wait until the first full sync is done and the
-        link is up, and until the primary counts this replica in ``WAIT`` (online, its
-        acknowledged offset at the primary's: after a full sync that can take until the
-        replica's next periodic acknowledgement, up to a second, during which ``WAIT``
-        answers 0); with AOF, also until the AOF rewrite that follows a full sync has
-        finished (until then the synced data is in no AOF file that a restart would
-        load). The setting is not persisted: a restart makes this a primary again."""
+        link is up, and until ``WAIT`` on the primary counts this replica (after a full
+        sync that can take until the replica's next periodic acknowledgement, up to a
+        second, during which ``WAIT`` answers 0); with AOF, also until the AOF rewrite
+        that follows a full sync has finished (until then the synced data is in no AOF
+        file that a restart would load). The setting is not persisted: a restart makes
+        this a primary again."""
         rewrites = self._persistence()["aof_rewrites"] if self.appendonly else 0
         with self.client() as client:
             client.replicaof(primary.host, primary.port)
@@ -313,9 +313,9 @@ class RedisNode:
         deadline = time.monotonic() + timeout
         while not primary._acknowledges(self):
             if time.monotonic() > deadline:
-                raise TimeoutError(f"{primary.host}:{primary.port} did not count its replica"
-                                   f" on port {self.port} as online and caught up within"
-                                   f" {timeout}s: {primary.replication()}")
+                raise TimeoutError(f"WAIT on {primary.host}:{primary.port} did not count its"
+                                   f" replica on port {self.port} within {timeout}s:"
+                                   f" {primary.replication()}")
             time.sleep(0.02)
         if self.appendonly:
             deadline = time.monotonic() + timeout
