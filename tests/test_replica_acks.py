@@ -1,7 +1,8 @@
 """replica_acks (docs/design.md §11.3): a grant, commit or renewal counts only once that
 many of the node's replicas have it (WAIT behind the scripts, on the same connection).
 Real primaries with real replicas; a replica hung with SIGSTOP; both clients; the renewer
-process's renewals; a SCRIPT FLUSH between calls (the scripts sent again, then WAIT)."""
+process's renewals; a SCRIPT FLUSH between calls (the scripts sent again, then WAIT). On a
+Redis Cluster node each hash slot's master waits for its own replica (§11.4)."""
 
 from __future__ import annotations
 
@@ -12,11 +13,13 @@ import time
 from collections.abc import Callable, Iterator
 
 import pytest
+import redis.crc
 
 from redlock import AsyncRedlock, LockLost, QuorumUnavailable, Redlock
 from redlock.errors import Outcome
 from redlock.testing import RedisNode, RedisNodes
-from tests.internals import renewed_by_a_renewer
+from redlock.testing.redis_cluster import RedisClusterNodes
+from tests.internals import KEYS, renewed_by_a_renewer
 from tests.peek import lock_keys, lock_pttls, paused
 
 # Long enough that WAIT's own timeout (half the request's) ends before the request's: Redis
@@ -179,3 +182,68 @@ def test_replica_acks_is_checked_at_the_call_site(value: object, error: type[Exc
                                                   ) -> None:
     with pytest.raises(error, match="replica_acks"):
         Redlock(["redis://127.0.0.1:1"], replica_acks=value)  # type: ignore[arg-type]
+
+
+def _replica_pttl(replica: RedisNode, resource: str) -> int:
+    """The lock key's PTTL as a cluster replica has it (``READONLY``: it answers for the
+    hash slots of its master instead of redirecting)."""
+    with replica.client() as client:
+        client.execute_command("READONLY")
+        return int(client.pttl(KEYS.lock(resource)))
+
+
+def _cluster_url(cluster: RedisClusterNodes) -> str:
+    seed = cluster.masters()[0]
+    return f"redis://{seed.host}:{seed.port}?cluster=yes"
+
+
+def _shard_of(cluster: RedisClusterNodes, resource: str) -> tuple[int, RedisNode, RedisNode]:
+    """The resource's hash slot, that slot's master and the master's replica."""
+    slot = redis.crc.key_slot(KEYS.lock(resource).encode())
+    master = cluster.master_of(slot)
+    [replica] = cluster.replicas_of(master)
+    return slot, master, replica
+
+
+def test_on_a_cluster_each_grant_is_on_its_hash_slots_replica(
+        redlock_redis_cluster: RedisClusterNodes) -> None:
+    cluster = redlock_redis_cluster
+    with Redlock([_cluster_url(cluster)], replica_acks=1, node_timeout=NODE_TIMEOUT) as dlm:
+        with dlm.lock("acks:warm-up", ttl=1.0, timeout=10.0):  # (initialises the slots)
+            pass
+        masters = set()
+        for i in range(30):
+            name = f"acks:{i}"
+            _, master, replica = _shard_of(cluster, name)
+            masters.add(master.port)
+            with dlm.lock(name, ttl=5.0, blocking=False) as held:
+                assert _replica_pttl(replica, name) > 0
+                held.extend(8.0)
+                assert _replica_pttl(replica, name) > 5000  # the renewal too
+        assert len(masters) == 3
+
+
+def test_on_a_cluster_a_shard_whose_replica_is_hung_counts_nothing(
+        redlock_redis_cluster: RedisClusterNodes) -> None:
+    """Its hash slots' grants are refused (NotReplicated, the hash slot named); the other
+    shards' are granted meanwhile; the shard grants again once its replica is back."""
+    cluster = redlock_redis_cluster
+    names = [f"acks:{i}" for i in range(40)]
+    hung_master = cluster.masters()[0]
+    hung = next(n for n in names if _shard_of(cluster, n)[1].port == hung_master.port)
+    other = next(n for n in names if _shard_of(cluster, n)[1].port != hung_master.port)
+    slot, _, replica = _shard_of(cluster, hung)
+    with Redlock([_cluster_url(cluster)], replica_acks=1, node_timeout=NODE_TIMEOUT) as dlm:
+        with dlm.lock(other, ttl=1.0, timeout=10.0):  # (initialises the slots)
+            pass
+        with paused([replica], [0]):  # (shorter than the cluster's node timeout, 2 s)
+            with pytest.raises(QuorumUnavailable) as raised:
+                dlm.lock(hung, ttl=5.0, blocking=False).acquire()
+            [outcome] = raised.value.outcomes
+            assert outcome.outcome is Outcome.ERROR
+            assert "NotReplicated" in outcome.detail, outcome.detail
+            assert f"hash slot {slot}" in str(raised.value), raised.value
+            with dlm.lock(other, ttl=5.0, blocking=False) as held:
+                assert held.token >= 1
+        with dlm.lock(hung, ttl=5.0, timeout=5.0):
+            assert _replica_pttl(replica, hung) > 0
