@@ -111,8 +111,7 @@ def test_twenty_thousand_names_leave_at_most_two_keys_per_hash_slot_of_a_cluster
     hash slot (a marker each, a fence counter per hash slot used, a lease horizon while a
     lease lives), so after 20,000 names each master holds at most two keys per hash slot
     it serves, none of them a resource's."""
-    seed = redlock_redis_cluster.masters()[0]
-    with Redlock([f"redis://{seed.host}:{seed.port}?cluster=yes"], node_timeout=0.5) as dlm:
+    with Redlock([redlock_redis_cluster.node_url], node_timeout=0.5) as dlm:
         with dlm.lock("warm-up", ttl=TTL):  # (the cluster initialised: 16,384 markers)
             pass
         failures = []

@@ -280,7 +280,7 @@ def test_nodes_reports_a_cluster_node_per_shard(
     """docs/operations.md, "Redis Cluster": each master of a cluster node, its replica and
     its hash slots' markers; a hash slot that lost its marker is a warning of its shard."""
     seed = redlock_redis_cluster.masters()[0]
-    cluster = f"redis://{seed.host}:{seed.port}?cluster=yes"
+    cluster = redlock_redis_cluster.node_url
     urls = [*nodes3.urls[:2], cluster]
     with Redlock(urls) as dlm, dlm.lock("cli:shards", ttl=5.0, timeout=10.0):
         pass  # (the first acquire marks every hash slot: about half a second)

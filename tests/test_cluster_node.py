@@ -19,8 +19,7 @@ from tests.clients import Flavour
 @pytest.fixture(params=["alone", "beside-two"])
 def urls(request: pytest.FixtureRequest, redlock_redis_cluster: RedisClusterNodes,
          nodes3: RedisNodes) -> list[str]:
-    seed = redlock_redis_cluster.masters()[0]
-    cluster = f"redis://{seed.host}:{seed.port}?cluster=yes"
+    cluster = redlock_redis_cluster.node_url
     urls = [cluster] if request.param == "alone" else [*nodes3.urls[:2], cluster]
     # The first acquire on the emptied nodes initialises them (16,384 hash slots' markers,
     # about half a second here): done first, so that the tests' non-blocking acquires

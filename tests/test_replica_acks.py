@@ -192,11 +192,6 @@ def _replica_pttl(replica: RedisNode, resource: str) -> int:
         return int(client.pttl(KEYS.lock(resource)))
 
 
-def _cluster_url(cluster: RedisClusterNodes) -> str:
-    seed = cluster.masters()[0]
-    return f"redis://{seed.host}:{seed.port}?cluster=yes"
-
-
 def _shard_of(cluster: RedisClusterNodes, resource: str) -> tuple[int, RedisNode, RedisNode]:
     """The resource's hash slot, that slot's master and the master's replica."""
     slot = redis.crc.key_slot(KEYS.lock(resource).encode())
@@ -208,7 +203,7 @@ def _shard_of(cluster: RedisClusterNodes, resource: str) -> tuple[int, RedisNode
 def test_on_a_cluster_each_grant_is_on_its_hash_slots_replica(
         redlock_redis_cluster: RedisClusterNodes) -> None:
     cluster = redlock_redis_cluster
-    with Redlock([_cluster_url(cluster)], replica_acks=1, node_timeout=NODE_TIMEOUT) as dlm:
+    with Redlock([cluster.node_url], replica_acks=1, node_timeout=NODE_TIMEOUT) as dlm:
         with dlm.lock("acks:warm-up", ttl=1.0, timeout=10.0):  # (initialises the slots)
             pass
         masters = set()
@@ -233,7 +228,7 @@ def test_on_a_cluster_a_shard_whose_replica_is_hung_counts_nothing(
     hung = next(n for n in names if _shard_of(cluster, n)[1].port == hung_master.port)
     other = next(n for n in names if _shard_of(cluster, n)[1].port != hung_master.port)
     slot, _, replica = _shard_of(cluster, hung)
-    with Redlock([_cluster_url(cluster)], replica_acks=1, node_timeout=NODE_TIMEOUT) as dlm:
+    with Redlock([cluster.node_url], replica_acks=1, node_timeout=NODE_TIMEOUT) as dlm:
         with dlm.lock(other, ttl=1.0, timeout=10.0):  # (initialises the slots)
             pass
         with paused([replica], [0]):  # (shorter than the cluster's node timeout, 2 s)

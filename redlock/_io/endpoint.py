@@ -295,13 +295,14 @@ def endpoints(nodes: object) -> list[Endpoint]:
     if not items:
         raise ValueError("at least one Redis node is needed")
     found: list[Endpoint] = []
+    clients = _client_types(*_PLAIN, *_CLUSTER)
     for item in items:
         if isinstance(item, str):
             try:
                 found.append(from_url(item))
             except ValueError as exc:
                 raise ValueError(f"bad node URL {_masked(item)!r}: {exc}") from None
-        elif isinstance(item, _client_types(*_PLAIN, *_CLUSTER)):
+        elif isinstance(item, clients):
             found.append(from_client(item))
         else:
             raise TypeError("each node must be a URL string or a redis-py client,"

@@ -195,6 +195,13 @@ class RedisClusterNodes:
         node = next(n for n in self.nodes if n.running)
         return node.url
 
+    @property
+    def node_url(self) -> str:
+        """The cluster as one lock node (``?cluster=yes``), reached first at its first
+        master (a test that kills that master knows which it is)."""
+        seed = self.masters()[0]
+        return f"redis://{seed.host}:{seed.port}?cluster=yes"
+
     def client(self, **kwargs: object) -> redis.cluster.RedisCluster:
         """A redis-py cluster client (the caller closes it)."""
         options: dict[str, object] = {"socket_timeout": 5.0, "socket_connect_timeout": 5.0}

@@ -16,11 +16,14 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import redis
 
 from redlock.testing._leftovers import track, untrack
 from redlock.testing.node import NodeSet
+
+T = TypeVar("T")
 
 
 def find_redis_server(explicit: str | None = None) -> str:
@@ -307,26 +310,17 @@ class RedisNode:
         rewrites = self._persistence()["aof_rewrites"] if self.appendonly else 0
         with self.client() as client:
             client.replicaof(primary.host, primary.port)
-        self._wait(lambda info: info.get("master_link_status") == "up"
-                   and info.get("master_sync_in_progress") == "0",
-                   timeout, f"replica of {primary.host}:{primary.port} did not sync")
-        deadline = time.monotonic() + timeout
-        while not primary._acknowledges(self):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"WAIT on {primary.host}:{primary.port} did not count its"
-                                   f" replica on port {self.port} within {timeout}s:"
-                                   f" {primary.replication()}")
-            time.sleep(0.02)
+        self._until(self.replication, lambda info: info.get("master_link_status") == "up"
+                    and info.get("master_sync_in_progress") == "0",
+                    timeout, f"replica of {primary.host}:{primary.port} did not sync")
+        self._until(lambda: primary._acknowledges(self), bool, timeout,
+                    f"WAIT on {primary.host}:{primary.port} did not count its replica on"
+                    f" port {self.port}")
         if self.appendonly:
-            deadline = time.monotonic() + timeout
-            while True:
-                state = self._persistence()
-                if (state["aof_rewrites"] > rewrites and not state["aof_rewrite_in_progress"]
-                        and not state["aof_rewrite_scheduled"]):
-                    return
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"the AOF rewrite after the sync did not finish: {state}")
-                time.sleep(0.02)
+            self._until(self._persistence, lambda state: state["aof_rewrites"] > rewrites
+                        and not state["aof_rewrite_in_progress"]
+                        and not state["aof_rewrite_scheduled"],
+                        timeout, "the AOF rewrite after the sync did not finish")
 
     def _acknowledges(self, replica: RedisNode) -> bool:
         """Whether ``WAIT`` on this primary counts ``replica`` (listed among its replicas)
@@ -350,8 +344,9 @@ class RedisNode:
         """Wait until this replica has applied everything ``primary`` has written so far
         (its replication offset reached the primary's)."""
         target = int(primary.replication()["master_repl_offset"])
-        self._wait(lambda info: int(info.get("slave_repl_offset", "-1")) >= target,
-                   timeout, f"replica did not reach offset {target} of its primary")
+        self._until(self.replication,
+                    lambda info: int(info.get("slave_repl_offset", "-1")) >= target,
+                    timeout, f"replica did not reach offset {target} of its primary")
 
     def promote(self) -> None:
         """``REPLICAOF NO ONE``: this replica becomes a primary with the data it has (what
@@ -359,14 +354,18 @@ class RedisNode:
         with self.client() as client:
             client.replicaof("NO", "ONE")
 
-    def _wait(self, ready: Callable[[dict[str, str]], bool], timeout: float, failure: str) -> None:
+    @staticmethod
+    def _until(look: Callable[[], T], ready: Callable[[T], bool], timeout: float,
+               failure: str) -> None:
+        """Look every 20 ms until ``ready`` of what was seen; TimeoutError after
+        ``timeout`` s, with the last thing seen."""
         deadline = time.monotonic() + timeout
         while True:
-            info = self.replication()
-            if ready(info):
+            seen = look()
+            if ready(seen):
                 return
             if time.monotonic() > deadline:
-                raise TimeoutError(f"{failure} within {timeout}s: {info}")
+                raise TimeoutError(f"{failure} within {timeout}s: {seen}")
             time.sleep(0.02)
 
     def close(self) -> None:

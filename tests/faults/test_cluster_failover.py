@@ -50,11 +50,6 @@ def cluster() -> Iterator[RedisClusterNodes]:
         yield nodes
 
 
-def cluster_url(cluster: RedisClusterNodes) -> str:
-    seed = cluster.masters()[0]
-    return f"redis://{seed.host}:{seed.port}?cluster=yes"
-
-
 def served(cluster: RedisClusterNodes, names: list[str]) -> bool:
     """Every hash slot of ``names`` has its marker stamped by the master serving it."""
     for slot in {hash_slot(KEYS.lock(name)) for name in names}:
@@ -125,7 +120,7 @@ def test_a_cluster_beside_two_standalone_nodes_loses_a_master_under_load(
     locking goes on), bounded by the standalone nodes' horizons, then repaired from
     them. (N=1 below kills another master.)"""
     standalone = fresh_nodes(2)
-    urls = [*standalone.urls, cluster_url(cluster)]
+    urls = [*standalone.urls, cluster.node_url]
     with recorded("cluster-failover-N3", store) as (figures, run):
         with Workload(urls, run, store, "fo3", threads=THREADS, names=NAMES,
                       ttl=TTL) as workload:
@@ -141,7 +136,7 @@ def test_one_cluster_alone_loses_a_master_under_load(
     configEpoch (docs/design.md §11.4, "the epoch floor"): their tokens jump above every
     token given before, and no fenced write is refused as stale."""
     with recorded("cluster-failover-N1", store) as (figures, run):
-        with Workload([cluster_url(cluster)], run, store, "fo1", threads=THREADS,
+        with Workload([cluster.node_url], run, store, "fo1", threads=THREADS,
                       names=NAMES, ttl=TTL, max_ttl=TTL) as workload:
             killed_under_load(workload, cluster, figures, seed_killed=False)
         nothing_lost(workload, figures)
@@ -156,7 +151,7 @@ def test_a_hash_slot_migrated_under_load(
     source's stamp, is judged and benched like a failed-over one (docs/design.md §11.4)
     and served again by its new master; nothing is lost meanwhile."""
     standalone = fresh_nodes(2)
-    urls = [*standalone.urls, cluster_url(cluster)]
+    urls = [*standalone.urls, cluster.node_url]
     with recorded("cluster-migration-N3", store) as (figures, run):
         with Workload(urls, run, store, "mig3", threads=THREADS, names=NAMES,
                       ttl=TTL) as workload:
@@ -184,7 +179,7 @@ def test_a_cluster_losing_a_whole_shard_beside_two_standalone_nodes(
     come back empty, are benched as lost and repaired from the standalone nodes, and are
     served by the cluster again."""
     standalone = fresh_nodes(2)
-    urls = [*standalone.urls, cluster_url(cluster)]
+    urls = [*standalone.urls, cluster.node_url]
     with recorded("cluster-shard-lost-N3", store) as (figures, run):
         with Workload(urls, run, store, "lost3", threads=THREADS, names=NAMES,
                       ttl=TTL) as workload:
