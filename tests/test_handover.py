@@ -58,7 +58,9 @@ def test_adopted_by_another_manager_which_extends_and_releases(
     a, b = two
     lock = a.lock("ho:a", ttl=10.0)
     assert lock.acquire()
-    token, owner_value = lock.token, lock_values(nodes3, "ho:a")[0]
+    # (A quorum granted when acquire() returned; a node whose reply was not awaited may
+    # hold no key: the hand-over must leave each node as the acquire left it.)
+    token, held_on = lock.token, lock_values(nodes3, "ho:a")
     exported = lock.export()
 
     # The exporter let go: no token, no extend, and its release sends nothing.
@@ -68,7 +70,8 @@ def test_adopted_by_another_manager_which_extends_and_releases(
     with pytest.raises(NotHeld):
         lock.extend()
     lock.release()
-    assert lock_values(nodes3, "ho:a") == [owner_value] * 3  # still held, by the hand-over
+    assert lock_values(nodes3, "ho:a") == held_on  # still held, by the hand-over
+    assert sum(value is not None for value in held_on) >= 2
 
     adopted = b.adopt(Handover.from_json(exported.to_json()))
     assert adopted.resource == "ho:a" and adopted.ttl == 10.0
